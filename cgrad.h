@@ -1,0 +1,7 @@
+/* cgrad umbrella header: includes the module headers, nothing else. */
+#ifndef CGRAD_H
+#define CGRAD_H
+#include "graph/graph.h"
+#include "graph/gradcheck.h"
+#include "ops/ops.h"
+#endif

@@ -1,0 +1,45 @@
+/* Errors are values: a status code plus a thread-local message naming the op and the shapes. */
+#include <stdio.h>
+
+#include "graph/internal.h"
+
+static _Thread_local char last_error[1024];
+
+const char *cg_last_error(void) { return last_error; }
+
+void cg_clear_error(void) { last_error[0] = 0; }
+
+const char *cg_status_name(cg_status s) {
+    switch (s) {
+    case CG_OK: return "ok";
+    case CG_ERR_ARG: return "bad argument";
+    case CG_ERR_SHAPE: return "shape error";
+    case CG_ERR_RANGE: return "value out of range";
+    case CG_ERR_NOMEM: return "out of memory";
+    case CG_ERR_STATE: return "invalid state";
+    case CG_ERR_IO: return "i/o error";
+    case CG_ERR_FORMAT: return "bad file format";
+    }
+    return "unknown error";
+}
+
+cg_status cgi_fail(cg_status s, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+const char *cgi_dims(int ndim, const int64_t *shape) {
+    static _Thread_local char ring[8][96];
+    static _Thread_local int next;
+    char *b = ring[next++ & 7];
+    int n = snprintf(b, 96, "[");
+    for (int i = 0; i < ndim && n < 90; i++)
+        n += snprintf(b + n, 96 - n, i ? ",%lld" : "%lld", (long long)shape[i]);
+    snprintf(b + n, 96 - n, "]");
+    return b;
+}
+
+const char *cgi_shp(const cg_tensor *t) { return t ? cgi_dims(t->ndim, t->shape) : "(null)"; }

@@ -1,0 +1,36 @@
+/* Gradient checking: analytic gradients from backward against central finite differences. */
+#ifndef CGRAD_GRADCHECK_H
+#define CGRAD_GRADCHECK_H
+
+#include <stdio.h>
+
+#include "graph/graph.h"
+
+typedef struct {
+    const char *name;   /* the input's name */
+    int64_t numel;      /* elements checked */
+    double max_abs_err; /* max |analytic - numeric| over the elements */
+    double max_rel_err; /* max_abs_err / max(|analytic|, |numeric|) over the input (0 if both are 0) */
+} cg_gradcheck_result;
+
+#ifdef CGRAD_DOUBLE
+#define CG_GRADCHECK_EPS 1e-6 /* finite-difference step of this build */
+#define CG_GRADCHECK_TOL 1e-6 /* max relative error a check must stay under in this build */
+#else
+#define CG_GRADCHECK_EPS 1e-2
+#define CG_GRADCHECK_TOL 1e-3
+#endif
+
+/* Checks d(sum(out * R))/d(input) for each of the n inputs (requires-grad input leaves or
+ * trainable parameters of g's graph), R a fixed random tensor (out itself if it is a scalar);
+ * eps <= 0 picks CG_GRADCHECK_EPS. Fills results[n]. Adds nodes to g (train mode). */
+cg_status cg_gradcheck(cg_graph *g, cg_tensor *out, int n, cg_tensor *const *inputs, double eps,
+                       cg_gradcheck_result *results);
+
+/* Runs the built-in check of every op over several shapes (broadcasting, masks, ignored targets,
+ * strided views), printing one table row per case to out (NULL: silent); only cases whose op
+ * name contains filter run (NULL: all). tol <= 0 picks CG_GRADCHECK_TOL. Returns the number of
+ * failed rows, counting an op of the table with no case as failed. */
+int cg_gradcheck_ops(FILE *out, double tol, const char *filter);
+
+#endif

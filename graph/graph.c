@@ -1,0 +1,425 @@
+/* Graphs, tensors and parameters; forward runs nodes in build order, backward sweeps them in
+ * reverse, skipping every node that does not lead from a trainable leaf to the loss. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "graph/internal.h"
+
+const cgi_op_desc cgi_ops[CGI_OP_COUNT] = {
+#define CG_LEAF(ID, nm) [CGI_OP_##ID] = {#nm, CGI_KIND_LEAF, NULL, NULL},
+#define CG_VIEW(ID, nm) [CGI_OP_##ID] = {#nm, CGI_KIND_VIEW, NULL, NULL},
+#define CG_OP(ID, nm, family) [CGI_OP_##ID] = {#nm, CGI_KIND_COMPUTE, cgi_fwd_##nm, cgi_bwd_##nm},
+#include "ops/ops.def"
+#undef CG_LEAF
+#undef CG_VIEW
+#undef CG_OP
+};
+
+static size_t elsize(cg_dtype dt) { return dt == CG_INT32 ? sizeof(int32_t) : sizeof(cg_real); }
+
+/* ---- shapes ---- */
+
+int64_t cgi_numel(int ndim, const int64_t *shape) {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    return n;
+}
+
+void cgi_contig_strides(int ndim, const int64_t *shape, int64_t *stride) {
+    int64_t s = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        stride[i] = s;
+        s *= shape[i];
+    }
+}
+
+bool cgi_contiguous(const cg_tensor *t) {
+    int64_t s = 1;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        if (t->shape[i] != 1 && t->stride[i] != s) return false;
+        s *= t->shape[i];
+    }
+    return true;
+}
+
+bool cgi_broadcast_shape(const cg_tensor *a, const cg_tensor *b, int *ndim, int64_t *out) {
+    int n = a->ndim > b->ndim ? a->ndim : b->ndim;
+    for (int i = 0; i < n; i++) {
+        int ia = a->ndim - n + i, ib = b->ndim - n + i;
+        int64_t da = ia >= 0 ? a->shape[ia] : 1, db = ib >= 0 ? b->shape[ib] : 1;
+        if (da != db && da != 1 && db != 1) return false;
+        out[i] = da == 1 ? db : da;
+    }
+    *ndim = n;
+    return true;
+}
+
+void cgi_broadcast_strides(const cg_tensor *t, int ndim, const int64_t *shape, int64_t *stride) {
+    for (int i = 0; i < ndim; i++) {
+        int it = t->ndim - ndim + i;
+        stride[i] = (it < 0 || (t->shape[it] == 1 && shape[i] != 1)) ? 0 : t->stride[it];
+    }
+}
+
+int cgi_axis(const char *op, const cg_tensor *t, int axis) {
+    int a = axis < 0 ? axis + t->ndim : axis;
+    if (a < 0 || a >= t->ndim) {
+        cgi_fail(CG_ERR_SHAPE, "[%s] axis %d out of range for x%s", op, axis, cgi_shp(t));
+        return -1;
+    }
+    return a;
+}
+
+bool cgi_expect_real(const char *op, const cg_tensor *t, const char *role) {
+    if (t->dtype != CG_REAL) {
+        cgi_fail(CG_ERR_ARG, "[%s] %s%s must be real, got int32", op, role, cgi_shp(t));
+        return false;
+    }
+    return true;
+}
+
+/* ---- graphs ---- */
+
+cg_graph *cg_graph_new(cg_mode mode) {
+    cg_graph *g = calloc(1, sizeof *g);
+    if (!g) {
+        cgi_fail(CG_ERR_NOMEM, "[graph] out of memory");
+        return NULL;
+    }
+    g->mode = mode;
+    g->seed = 0x5eed;
+    return g;
+}
+
+void cg_graph_free(cg_graph *g) {
+    if (!g) return;
+    cgi_arena_free(&g->meta);
+    cgi_arena_free(&g->bufs);
+    free(g->nodes);
+    free(g);
+}
+
+void cg_graph_reset(cg_graph *g) {
+    if (!g) return;
+    cgi_arena_reset(&g->meta);
+    cgi_arena_reset(&g->bufs);
+    g->n = g->n_valued = g->n_graded = 0;
+}
+
+cg_mode cg_graph_mode(const cg_graph *g) { return g ? g->mode : CG_EVAL; }
+void cg_graph_set_rng(cg_graph *g, uint64_t seed, uint64_t step) {
+    if (!g) return;
+    g->seed = seed;
+    g->step = step;
+}
+uint64_t cg_graph_rng_step(const cg_graph *g) { return g ? g->step : 0; }
+int cg_graph_size(const cg_graph *g) { return g ? g->n : 0; }
+size_t cg_graph_bytes(const cg_graph *g) { return g ? g->meta.total + g->bufs.total : 0; }
+
+static bool push_node(cg_graph *g, cg_tensor *t) {
+    if (g->n == g->cap) {
+        int cap = g->cap ? 2 * g->cap : 256;
+        cg_tensor **nodes = realloc(g->nodes, (size_t)cap * sizeof *nodes);
+        if (!nodes) {
+            cgi_fail(CG_ERR_NOMEM, "[graph] out of memory for %d nodes", cap);
+            return false;
+        }
+        g->nodes = nodes;
+        g->cap = cap;
+    }
+    t->id = g->n;
+    g->nodes[g->n++] = t;
+    return true;
+}
+
+bool cgi_inputs_ok(cg_graph *g, const char *op, int n, cg_tensor *const *xs) {
+    if (!g) {
+        cgi_fail(CG_ERR_ARG, "[%s] graph is NULL", op);
+        return false;
+    }
+    for (int i = 0; i < n; i++) {
+        if (!xs[i]) return false; /* keep the message of the op that failed first */
+        if (xs[i]->graph && xs[i]->graph != g) {
+            cgi_fail(CG_ERR_ARG, "[%s] input %d%s belongs to another graph", op, i, cgi_shp(xs[i]));
+            return false;
+        }
+    }
+    return true;
+}
+
+static cg_tensor *alloc_node(cg_graph *g, int op, cg_dtype dt, int ndim, const int64_t *shape,
+                             int nsrc, cg_tensor *const *src) {
+    if (ndim < 0 || ndim > CG_MAX_DIMS) {
+        cgi_fail(CG_ERR_SHAPE, "[%s] %d dims: at most %d supported", cgi_ops[op].name, ndim, CG_MAX_DIMS);
+        return NULL;
+    }
+    for (int i = 0; i < ndim; i++)
+        if (shape[i] < 0) {
+            cgi_fail(CG_ERR_SHAPE, "[%s] negative size in %s", cgi_ops[op].name, cgi_dims(ndim, shape));
+            return NULL;
+        }
+    cg_tensor *t = cgi_arena_alloc(&g->meta, sizeof *t + (size_t)nsrc * sizeof(cg_tensor *));
+    if (!t) return NULL;
+    memset(t, 0, sizeof *t);
+    t->op = op;
+    t->dtype = dt;
+    t->ndim = ndim;
+    memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
+    cgi_contig_strides(ndim, shape, t->stride);
+    t->root = t;
+    t->graph = g;
+    t->name = "";
+    t->nsrc = nsrc;
+    t->src = (cg_tensor **)(t + 1);
+    bool rg = false;
+    for (int i = 0; i < nsrc; i++) {
+        t->src[i] = src[i];
+        rg |= src[i]->requires_grad;
+    }
+    t->requires_grad = rg && g->mode == CG_TRAIN;
+    if (!push_node(g, t)) return NULL;
+    return t;
+}
+
+cg_tensor *cgi_node(cg_graph *g, int op, cg_dtype dt, int ndim, const int64_t *shape, int nsrc,
+                    cg_tensor *const *src) {
+    return alloc_node(g, op, dt, ndim, shape, nsrc, src);
+}
+
+cg_tensor *cgi_view(cg_graph *g, int op, cg_tensor *x, int ndim, const int64_t *shape,
+                    const int64_t *stride, int64_t offset) {
+    cg_tensor *t = alloc_node(g, op, x->dtype, ndim, shape, 1, &x);
+    if (!t) return NULL;
+    memcpy(t->stride, stride, (size_t)ndim * sizeof *stride);
+    t->offset = offset;
+    t->root = x->root;
+    return t;
+}
+
+cg_tensor *cg_input(cg_graph *g, const char *name, cg_dtype dtype, int ndim, const int64_t *shape) {
+    if (!cgi_inputs_ok(g, "input", 0, NULL)) return NULL;
+    if (ndim > 0 && !shape) {
+        cgi_fail(CG_ERR_ARG, "[input] shape is NULL for %d dims", ndim);
+        return NULL;
+    }
+    if (dtype != CG_REAL && dtype != CG_INT32) {
+        cgi_fail(CG_ERR_ARG, "[input] unknown dtype %d", (int)dtype);
+        return NULL;
+    }
+    cg_tensor *t = alloc_node(g, CGI_OP_INPUT, dtype, ndim, shape, 0, NULL);
+    if (!t) return NULL;
+    size_t bytes = (size_t)cgi_numel(ndim, shape) * elsize(dtype);
+    t->data = cgi_arena_alloc(&g->bufs, bytes);
+    if (!t->data) return NULL;
+    memset(t->data, 0, bytes);
+    if (name) {
+        size_t len = strlen(name) + 1;
+        char *copy = cgi_arena_alloc(&g->meta, len);
+        if (!copy) return NULL;
+        memcpy(copy, name, len);
+        t->name = copy;
+    }
+    return t;
+}
+
+cg_tensor *cg_requires_grad(cg_tensor *t) {
+    if (!t) return NULL;
+    if (t->op != CGI_OP_INPUT || t->dtype != CG_REAL) {
+        cgi_fail(CG_ERR_ARG, "[requires_grad] only real input leaves can require a gradient, not %s%s",
+                 cgi_ops[t->op].name, cgi_shp(t));
+        return NULL;
+    }
+    t->requires_grad = t->graph->mode == CG_TRAIN;
+    return t;
+}
+
+/* Gives every node from `from` on its value storage; views point into their root's. */
+static cg_status plan_values(cg_graph *g) {
+    for (int i = g->n_valued; i < g->n; i++) {
+        cg_tensor *t = g->nodes[i];
+        if (cgi_ops[t->op].kind == CGI_KIND_COMPUTE) {
+            t->data = cgi_arena_alloc(&g->bufs, (size_t)cgi_numel(t->ndim, t->shape) * elsize(t->dtype));
+            if (!t->data) return CG_ERR_NOMEM;
+            if (t->aux_bytes) {
+                t->aux = cgi_arena_alloc(&g->bufs, t->aux_bytes);
+                if (!t->aux) return CG_ERR_NOMEM;
+            }
+        }
+    }
+    g->n_valued = g->n;
+    return CG_OK;
+}
+
+static void resolve_views(cg_graph *g) {
+    /* Parameter storage may have moved since the build, so views are re-pointed every run. */
+    for (int i = 0; i < g->n; i++) {
+        cg_tensor *t = g->nodes[i];
+        if (cgi_ops[t->op].kind != CGI_KIND_VIEW) continue;
+        cg_tensor *r = t->root;
+        t->data = r->data ? (char *)r->data + t->offset * elsize(t->dtype) : NULL;
+        t->grad = r->grad ? r->grad + t->offset : NULL;
+    }
+}
+
+cg_status cg_graph_forward(cg_graph *g) {
+    if (!g) return cgi_fail(CG_ERR_ARG, "[forward] graph is NULL");
+    cg_status s = plan_values(g);
+    if (s) return s;
+    resolve_views(g);
+    for (int i = 0; i < g->n; i++) {
+        cg_tensor *t = g->nodes[i];
+        if (cgi_ops[t->op].kind != CGI_KIND_COMPUTE) continue;
+        s = cgi_ops[t->op].forward(t);
+        if (s) return s;
+    }
+    if (g->mode == CG_TRAIN) g->step++;
+    return CG_OK;
+}
+
+static cg_status plan_grads(cg_graph *g) {
+    for (int i = g->n_graded; i < g->n; i++) {
+        cg_tensor *t = g->nodes[i];
+        if (t->requires_grad && t->root == t) {
+            t->grad = cgi_arena_alloc(&g->bufs, (size_t)cgi_numel(t->ndim, t->shape) * sizeof(cg_real));
+            if (!t->grad) return CG_ERR_NOMEM;
+        }
+    }
+    g->n_graded = g->n;
+    return CG_OK;
+}
+
+cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
+    if (!g) return cgi_fail(CG_ERR_ARG, "[backward] graph is NULL");
+    if (!loss) return cgi_fail(CG_ERR_ARG, "[backward] loss is NULL");
+    if (g->mode != CG_TRAIN) return cgi_fail(CG_ERR_STATE, "[backward] graph was built in eval mode");
+    if (loss->graph != g) return cgi_fail(CG_ERR_ARG, "[backward] loss belongs to another graph");
+    if (cgi_numel(loss->ndim, loss->shape) != 1 || loss->dtype != CG_REAL)
+        return cgi_fail(CG_ERR_SHAPE, "[backward] loss must be a real scalar, got %s", cgi_shp(loss));
+    if (!loss->requires_grad)
+        return cgi_fail(CG_ERR_STATE, "[backward] loss depends on no trainable parameter or input");
+    if (g->n_valued < g->n) return cgi_fail(CG_ERR_STATE, "[backward] run cg_graph_forward first");
+    cg_status s = plan_grads(g);
+    if (s) return s;
+    resolve_views(g);
+
+    for (int i = 0; i <= loss->id; i++) g->nodes[i]->mark = false;
+    loss->mark = true;
+    for (int i = loss->id; i >= 0; i--) {
+        cg_tensor *t = g->nodes[i];
+        if (!t->mark) continue;
+        for (int k = 0; k < t->nsrc; k++)
+            if (t->src[k]->requires_grad) t->src[k]->mark = true;
+    }
+    for (int i = 0; i <= loss->id; i++) {
+        cg_tensor *t = g->nodes[i];
+        if (t->mark && t->requires_grad && t->root == t)
+            memset(t->grad, 0, (size_t)cgi_numel(t->ndim, t->shape) * sizeof(cg_real));
+    }
+    loss->grad[0] += 1;
+    for (int i = loss->id; i >= 0; i--) {
+        cg_tensor *t = g->nodes[i];
+        if (t->mark && t->requires_grad && cgi_ops[t->op].backward) cgi_ops[t->op].backward(t);
+    }
+    return CG_OK;
+}
+
+/* ---- tensor accessors ---- */
+
+int cg_ndim(const cg_tensor *t) { return t ? t->ndim : -1; }
+int64_t cg_dim(const cg_tensor *t, int axis) {
+    if (!t) return -1;
+    int a = axis < 0 ? axis + t->ndim : axis;
+    return a >= 0 && a < t->ndim ? t->shape[a] : -1;
+}
+const int64_t *cg_shape(const cg_tensor *t) { return t ? t->shape : NULL; }
+const int64_t *cg_strides(const cg_tensor *t) { return t ? t->stride : NULL; }
+int64_t cg_numel(const cg_tensor *t) { return t ? cgi_numel(t->ndim, t->shape) : 0; }
+cg_dtype cg_tensor_dtype(const cg_tensor *t) { return t ? t->dtype : CG_REAL; }
+bool cg_is_contiguous(const cg_tensor *t) { return t && cgi_contiguous(t); }
+const char *cg_name(const cg_tensor *t) { return t && t->name ? t->name : ""; }
+cg_real *cg_data(cg_tensor *t) { return t && t->dtype == CG_REAL ? t->data : NULL; }
+int32_t *cg_idata(cg_tensor *t) { return t && t->dtype == CG_INT32 ? t->data : NULL; }
+cg_real *cg_grad(cg_tensor *t) { return t ? t->grad : NULL; }
+
+static cg_status read_strided(cg_tensor *t, const cg_real *base, cg_real *dst, const char *what) {
+    if (!t || !dst) return cgi_fail(CG_ERR_ARG, "[%s] NULL argument", what);
+    if (t->dtype != CG_REAL) return cgi_fail(CG_ERR_ARG, "[%s] tensor%s is int32", what, cgi_shp(t));
+    if (!base) return cgi_fail(CG_ERR_STATE, "[%s] tensor%s has no %s yet", what, cgi_shp(t),
+                               base == t->grad ? "gradient" : "value");
+    int64_t cs[CG_MAX_DIMS];
+    cgi_contig_strides(t->ndim, t->shape, cs);
+    cgi_copy(dst, cs, base, t->stride, t->ndim, t->shape, 1.0, false);
+    return CG_OK;
+}
+
+cg_status cg_read(cg_tensor *t, cg_real *dst) { return read_strided(t, t ? t->data : NULL, dst, "read"); }
+cg_status cg_read_grad(cg_tensor *t, cg_real *dst) {
+    if (t && !t->grad) return cgi_fail(CG_ERR_STATE, "[read_grad] tensor%s has no gradient", cgi_shp(t));
+    return read_strided(t, t ? t->grad : NULL, dst, "read_grad");
+}
+
+cg_status cg_write(cg_tensor *t, const cg_real *src) {
+    if (!t || !src) return cgi_fail(CG_ERR_ARG, "[write] NULL argument");
+    if (t->dtype != CG_REAL) return cgi_fail(CG_ERR_ARG, "[write] tensor%s is int32: use cg_write_ids", cgi_shp(t));
+    if (!t->data) return cgi_fail(CG_ERR_STATE, "[write] tensor%s has no storage yet", cgi_shp(t));
+    int64_t cs[CG_MAX_DIMS];
+    cgi_contig_strides(t->ndim, t->shape, cs);
+    cgi_copy(t->data, t->stride, src, cs, t->ndim, t->shape, 1.0, false);
+    return CG_OK;
+}
+
+cg_status cg_write_ids(cg_tensor *t, const int32_t *src) {
+    if (!t || !src) return cgi_fail(CG_ERR_ARG, "[write_ids] NULL argument");
+    if (t->dtype != CG_INT32 || !cgi_contiguous(t) || !t->data)
+        return cgi_fail(CG_ERR_ARG, "[write_ids] tensor%s is not a contiguous int32 input", cgi_shp(t));
+    memcpy(t->data, src, (size_t)cgi_numel(t->ndim, t->shape) * sizeof(int32_t));
+    return CG_OK;
+}
+
+double cg_item(cg_tensor *t) {
+    if (!t || !t->data || cgi_numel(t->ndim, t->shape) != 1) return NAN;
+    return t->dtype == CG_INT32 ? *(int32_t *)t->data : *(cg_real *)t->data;
+}
+
+void cg_print(cg_tensor *t) {
+    if (!t) {
+        fprintf(stderr, "tensor (null)\n");
+        return;
+    }
+    fprintf(stderr, "%s %s%s strides%s:", cgi_ops[t->op].name, cg_name(t), cgi_shp(t),
+            cgi_dims(t->ndim, t->stride));
+    int64_t n = cgi_numel(t->ndim, t->shape);
+    if (t->data && t->dtype == CG_REAL && n <= (1 << 20)) {
+        cg_real *buf = malloc((size_t)n * sizeof *buf);
+        if (buf && cg_read(t, buf) == CG_OK)
+            for (int64_t i = 0; i < n && i < 16; i++) fprintf(stderr, " %.6g", (double)buf[i]);
+        free(buf);
+    }
+    fprintf(stderr, "\n");
+}
+
+/* ---- initialisation ---- */
+
+void cg_fill(cg_tensor *t, double value) {
+    if (!t || !t->data || t->dtype != CG_REAL) return;
+    cg_real v = (cg_real)value;
+    int64_t zero[CG_MAX_DIMS] = {0};
+    cgi_copy(t->data, t->stride, &v, zero, t->ndim, t->shape, 1.0, false);
+}
+
+static void fill_random(cg_tensor *t, cg_rng *r, double a, double b, bool normal) {
+    if (!t || !r || !t->data || t->dtype != CG_REAL) return;
+    int64_t n = cgi_numel(t->ndim, t->shape);
+    cg_real *buf = cgi_contiguous(t) ? t->data : malloc((size_t)n * sizeof *buf);
+    if (!buf) return;
+    for (int64_t i = 0; i < n; i++)
+        buf[i] = (cg_real)(normal ? a + b * cg_rng_normal(r) : a + (b - a) * cg_rng_uniform(r));
+    if (buf != t->data) {
+        cg_write(t, buf);
+        free(buf);
+    }
+}
+
+void cg_fill_normal(cg_tensor *t, cg_rng *r, double mean, double std) { fill_random(t, r, mean, std, true); }
+void cg_fill_uniform(cg_tensor *t, cg_rng *r, double lo, double hi) { fill_random(t, r, lo, hi, false); }

@@ -1,0 +1,177 @@
+/* cgrad graph module: tensors, computation graphs, parameters, errors, threads, RNG.
+ *
+ * Ownership in one paragraph: a cg_graph owns every tensor built on it (nodes, their values,
+ * their gradients) and frees them in cg_graph_free or cg_graph_reset. A cg_params owns the
+ * parameter tensors, their values and their gradients; graphs only borrow them. */
+#ifndef CGRAD_GRAPH_H
+#define CGRAD_GRAPH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef CGRAD_DOUBLE
+typedef double cg_real; /* element type of real tensors: double in the f64 build */
+#else
+typedef float cg_real; /* element type of real tensors: float in the default build */
+#endif
+
+#define CG_MAX_DIMS 6 /* most dimensions a tensor can have */
+
+typedef enum {
+    CG_OK = 0,
+    CG_ERR_ARG,    /* NULL or out-of-range argument */
+    CG_ERR_SHAPE,  /* shapes that do not fit the op */
+    CG_ERR_RANGE,  /* a data value out of range (token id, target class) */
+    CG_ERR_NOMEM,  /* allocation failed */
+    CG_ERR_STATE,  /* call not valid in the object's current state */
+    CG_ERR_IO,     /* file could not be read or written */
+    CG_ERR_FORMAT  /* file contents are malformed */
+} cg_status;
+
+typedef enum {
+    CG_REAL = 0, /* cg_real elements */
+    CG_INT32 = 1 /* int32_t elements: token ids, targets, masks */
+} cg_dtype;
+
+typedef enum {
+    CG_TRAIN = 0, /* records what backward needs; dropout active */
+    CG_EVAL = 1   /* records nothing for backward; dropout is the identity */
+} cg_mode;
+
+typedef struct cg_tensor cg_tensor;
+typedef struct cg_graph cg_graph;
+typedef struct cg_params cg_params;
+
+/* ---- errors ---- */
+
+/* Message of the last failed call on this thread ("[op] ..."); never NULL. */
+const char *cg_last_error(void);
+/* Clears this thread's error message. */
+void cg_clear_error(void);
+/* Short name of a status code ("shape error"). */
+const char *cg_status_name(cg_status s);
+
+/* ---- threads ---- */
+
+/* Sets the threads used by every kernel and by BLIS (n <= 0: CGRAD_THREADS or the core count). */
+void cg_set_threads(int n);
+/* Threads kernels use now. */
+int cg_threads(void);
+
+/* ---- random numbers (splitmix64: one word of state, so checkpoints can store it) ---- */
+
+typedef struct { uint64_t state; } cg_rng;
+
+/* Seeds a generator. */
+void cg_rng_seed(cg_rng *r, uint64_t seed);
+/* Next 64 random bits. */
+uint64_t cg_rng_next(cg_rng *r);
+/* Uniform double in [0, 1). */
+double cg_rng_uniform(cg_rng *r);
+/* Standard normal double (Box-Muller). */
+double cg_rng_normal(cg_rng *r);
+
+/* ---- graphs ---- */
+
+/* New empty graph in the given mode; NULL on allocation failure. Free with cg_graph_free. */
+cg_graph *cg_graph_new(cg_mode mode);
+/* Frees the graph, its nodes and all their buffers. NULL is a no-op. */
+void cg_graph_free(cg_graph *g);
+/* Drops every node but keeps the memory, so a rebuilt graph of the same size allocates nothing. */
+void cg_graph_reset(cg_graph *g);
+/* The graph's mode. */
+cg_mode cg_graph_mode(const cg_graph *g);
+/* Computes every node in build order; errors for data out of range (token ids, targets). */
+cg_status cg_graph_forward(cg_graph *g);
+/* Accumulates d(loss)/d(x) into the gradient of every parameter and requires-grad input the
+ * scalar loss depends on; other graph gradients are recomputed from zero each call. */
+cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss);
+/* Sets the dropout stream: seed and step counter (each training forward advances the step). */
+void cg_graph_set_rng(cg_graph *g, uint64_t seed, uint64_t step);
+/* Current dropout step counter (to checkpoint it). */
+uint64_t cg_graph_rng_step(const cg_graph *g);
+/* Number of nodes built so far. */
+int cg_graph_size(const cg_graph *g);
+/* Bytes the graph holds for nodes, values and gradients. */
+size_t cg_graph_bytes(const cg_graph *g);
+
+/* ---- tensors ---- */
+
+/* New input leaf of the graph, zero-filled; fill it through cg_data/cg_idata before forward. */
+cg_tensor *cg_input(cg_graph *g, const char *name, cg_dtype dtype, int ndim, const int64_t *shape);
+/* Marks an input leaf as needing its gradient; call before using it in ops. Returns t. */
+cg_tensor *cg_requires_grad(cg_tensor *t);
+/* Number of dimensions (0 for a scalar). */
+int cg_ndim(const cg_tensor *t);
+/* Size of dimension axis (negative counts from the end); -1 if out of range. */
+int64_t cg_dim(const cg_tensor *t, int axis);
+/* Pointer to the shape array (cg_ndim entries). */
+const int64_t *cg_shape(const cg_tensor *t);
+/* Pointer to the strides array, in elements. */
+const int64_t *cg_strides(const cg_tensor *t);
+/* Number of elements. */
+int64_t cg_numel(const cg_tensor *t);
+/* Element type. */
+cg_dtype cg_tensor_dtype(const cg_tensor *t);
+/* True when the elements are laid out row-major without gaps. */
+bool cg_is_contiguous(const cg_tensor *t);
+/* Name given at creation ("" for unnamed nodes). */
+const char *cg_name(const cg_tensor *t);
+/* First element of a real tensor (apply cg_strides); NULL before the graph has values. */
+cg_real *cg_data(cg_tensor *t);
+/* First element of an int32 tensor; NULL for real tensors. */
+int32_t *cg_idata(cg_tensor *t);
+/* First element of the gradient (same strides as the data); NULL if it has none. */
+cg_real *cg_grad(cg_tensor *t);
+/* Copies the elements in row-major order into dst (cg_numel entries), whatever the strides. */
+cg_status cg_read(cg_tensor *t, cg_real *dst);
+/* Copies the gradient in row-major order into dst; CG_ERR_STATE if it has none. */
+cg_status cg_read_grad(cg_tensor *t, cg_real *dst);
+/* Copies n = cg_numel values from src into a real tensor in row-major order. */
+cg_status cg_write(cg_tensor *t, const cg_real *src);
+/* Copies n = cg_numel ids from src into an int32 tensor. */
+cg_status cg_write_ids(cg_tensor *t, const int32_t *src);
+/* Value of a one-element tensor, NAN if t is NULL, has no value yet or is larger. */
+double cg_item(cg_tensor *t);
+/* Prints shape, strides and up to 16 values to stderr. */
+void cg_print(cg_tensor *t);
+
+/* ---- parameters ---- */
+
+/* New empty parameter set. Free with cg_params_free. */
+cg_params *cg_params_new(void);
+/* Frees the set and every parameter in it. NULL is a no-op. */
+void cg_params_free(cg_params *ps);
+/* Adds a zero-filled parameter with a gradient; NULL if the name is taken or the shape bad.
+ * The set owns it. Add every parameter before building graphs on the set. */
+cg_tensor *cg_params_add(cg_params *ps, const char *name, int ndim, const int64_t *shape);
+/* The parameter of that name, or NULL. */
+cg_tensor *cg_params_find(const cg_params *ps, const char *name);
+/* Number of parameters. */
+int cg_params_count(const cg_params *ps);
+/* The i-th parameter in insertion order, or NULL. */
+cg_tensor *cg_params_at(const cg_params *ps, int i);
+/* Total number of scalar elements over all parameters. */
+int64_t cg_params_numel(const cg_params *ps);
+/* All values in one contiguous block, parameters in insertion order. */
+cg_real *cg_params_values(cg_params *ps);
+/* All gradients in one contiguous block, same order as cg_params_values. */
+cg_real *cg_params_grads(cg_params *ps);
+/* Zeroes every gradient of the set. */
+void cg_params_zero_grad(cg_params *ps);
+/* Freezes (false) or unfreezes (true) a parameter; call before building graphs that use it. */
+void cg_param_set_trainable(cg_tensor *p, bool trainable);
+/* True when t is a parameter that receives gradients. */
+bool cg_param_trainable(const cg_tensor *p);
+
+/* ---- initialisation ---- */
+
+/* Fills a real tensor (any strides) with a constant. */
+void cg_fill(cg_tensor *t, double value);
+/* Fills with normal(mean, std) draws from r, in row-major order. */
+void cg_fill_normal(cg_tensor *t, cg_rng *r, double mean, double std);
+/* Fills with uniform draws in [lo, hi) from r, in row-major order. */
+void cg_fill_uniform(cg_tensor *t, cg_rng *r, double lo, double hi);
+
+#endif

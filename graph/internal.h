@@ -1,0 +1,203 @@
+/* Internals shared by graph/ and ops/: node layout, the op table, arenas, strided iteration,
+ * and the shared kernels that undo broadcasting. Not installed; prefix cgi_. */
+#ifndef CGRAD_INTERNAL_H
+#define CGRAD_INTERNAL_H
+
+#include <stdarg.h>
+#include <string.h>
+
+#include "graph/graph.h"
+
+#define CGI_ALIGN 64
+
+typedef enum {
+#define CG_LEAF(ID, name) CGI_OP_##ID,
+#define CG_VIEW(ID, name) CGI_OP_##ID,
+#define CG_OP(ID, name, family) CGI_OP_##ID,
+#include "ops/ops.def"
+#undef CG_LEAF
+#undef CG_VIEW
+#undef CG_OP
+    CGI_OP_COUNT
+} cgi_op;
+
+typedef enum { CGI_KIND_LEAF, CGI_KIND_VIEW, CGI_KIND_COMPUTE } cgi_kind;
+
+typedef struct {
+    const char *name;
+    cgi_kind kind;
+    /* Computes out from out->src; may fail only on data values (ids, targets). */
+    cg_status (*forward)(cg_tensor *out);
+    /* Adds d(loss)/d(src) into src->grad for every src with requires_grad, from out->grad. */
+    void (*backward)(cg_tensor *out);
+} cgi_op_desc;
+
+extern const cgi_op_desc cgi_ops[CGI_OP_COUNT];
+
+#define CG_LEAF(ID, name)
+#define CG_VIEW(ID, name)
+#define CG_OP(ID, name, family)                 \
+    cg_status cgi_fwd_##name(cg_tensor *out); \
+    void cgi_bwd_##name(cg_tensor *out);
+#include "ops/ops.def"
+#undef CG_LEAF
+#undef CG_VIEW
+#undef CG_OP
+
+struct cg_tensor {
+    int op;            /* cgi_op */
+    cg_dtype dtype;
+    int ndim;
+    int id;            /* position in the graph's build order; -1 for parameters */
+    bool requires_grad;/* a gradient flows into this node */
+    bool trainable;    /* parameters: receives gradients */
+    bool mark;         /* scratch for the backward sweep */
+    int64_t shape[CG_MAX_DIMS];
+    int64_t stride[CG_MAX_DIMS]; /* elements */
+    int64_t offset;    /* elements from the start of root's storage */
+    cg_tensor *root;   /* owner of the storage (self unless a view) */
+    void *data;        /* root storage + offset, valid once the graph is planned */
+    cg_real *grad;     /* same layout as data, NULL when not required */
+    void *aux;         /* op scratch that forward saves for backward */
+    size_t aux_bytes;
+    int nsrc;
+    cg_tensor **src;
+    int64_t iarg[4];   /* op arguments */
+    double farg[2];
+    cg_graph *graph;   /* NULL for parameters */
+    const char *name;
+};
+
+/* ---- arenas: bump allocation in chunks, reset keeps the memory ---- */
+typedef struct cgi_chunk cgi_chunk;
+typedef struct {
+    cgi_chunk *head;
+    cgi_chunk *cur;
+    size_t total;      /* bytes reserved in all chunks */
+} cgi_arena;
+
+void *cgi_arena_alloc(cgi_arena *a, size_t bytes); /* 64-byte aligned, uninitialised */
+void cgi_arena_reset(cgi_arena *a);                /* rewinds; merges chunks into one */
+void cgi_arena_free(cgi_arena *a);
+
+struct cg_graph {
+    cg_mode mode;
+    cgi_arena meta;    /* node structs, names, source lists */
+    cgi_arena bufs;    /* values, gradients, op scratch */
+    cg_tensor **nodes;
+    int n, cap;
+    int n_valued;      /* nodes [0, n_valued) have value storage */
+    int n_graded;      /* nodes [0, n_graded) have gradient storage */
+    uint64_t seed, step;
+};
+
+/* ---- errors ---- */
+cg_status cgi_fail(cg_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+const char *cgi_shp(const cg_tensor *t);            /* "[2,3]" in a rotating thread-local buffer */
+const char *cgi_dims(int ndim, const int64_t *shape);
+
+/* ---- node construction ---- */
+/* False if g or an input is NULL (message set only for g) or comes from another graph. */
+bool cgi_inputs_ok(cg_graph *g, const char *op, int n, cg_tensor *const *xs);
+/* New contiguous compute node; requires_grad follows the sources and the graph's mode. */
+cg_tensor *cgi_node(cg_graph *g, int op, cg_dtype dt, int ndim, const int64_t *shape, int nsrc,
+                    cg_tensor *const *src);
+/* New view of x with the given shape, strides and offset (elements from x's root). */
+cg_tensor *cgi_view(cg_graph *g, int op, cg_tensor *x, int ndim, const int64_t *shape,
+                    const int64_t *stride, int64_t offset);
+/* Normalises a possibly negative axis; -1 (with message) if out of range. */
+int cgi_axis(const char *op, const cg_tensor *t, int axis);
+bool cgi_expect_real(const char *op, const cg_tensor *t, const char *role);
+int64_t cgi_numel(int ndim, const int64_t *shape);
+bool cgi_contiguous(const cg_tensor *t);
+void cgi_contig_strides(int ndim, const int64_t *shape, int64_t *stride);
+/* Broadcast shape of a and b into out; false if incompatible. */
+bool cgi_broadcast_shape(const cg_tensor *a, const cg_tensor *b, int *ndim, int64_t *out);
+/* Strides of t read as the broadcast shape (0 where t is broadcast). */
+void cgi_broadcast_strides(const cg_tensor *t, int ndim, const int64_t *shape, int64_t *stride);
+
+/* ---- threads ---- */
+int cgi_nthreads(void);
+#define CGI_PAR_MIN 16384 /* elements below which a kernel stays on one thread */
+
+/* ---- strided iteration: shape split into rows x inner, dims collapsed where possible ---- */
+#define CGI_ITER_MAX 4
+typedef struct {
+    int ndim;                       /* >= 1 after collapsing */
+    int nops;
+    int64_t shape[CG_MAX_DIMS];
+    int64_t st[CGI_ITER_MAX][CG_MAX_DIMS];
+    int64_t rows, inner;
+} cgi_iter;
+
+void cgi_iter_init(cgi_iter *it, int ndim, const int64_t *shape, int nops,
+                   const int64_t *const *strides);
+
+/* Start offset of each operand for row r. */
+static inline void cgi_iter_row(const cgi_iter *it, int64_t r, int64_t *off) {
+    for (int k = 0; k < it->nops; k++) off[k] = 0;
+    for (int d = it->ndim - 2; d >= 0; d--) {
+        int64_t i = r % it->shape[d];
+        r /= it->shape[d];
+        for (int k = 0; k < it->nops; k++) off[k] += i * it->st[k][d];
+    }
+}
+
+/* ---- shared kernels ---- */
+/* dst (dst_stride) = or += scale * src (src_stride), over shape. */
+void cgi_copy(cg_real *dst, const int64_t *dst_stride, const cg_real *src, const int64_t *src_stride,
+              int ndim, const int64_t *shape, double scale, bool accumulate);
+/* Sums src (shape, src_stride) over the axes in reduce_mask into dst (dst_stride read over the
+ * same ndim, ignored on reduced axes), times scale, added to dst when accumulate. Deterministic. */
+void cgi_reduce(cg_real *dst, const int64_t *dst_stride, const cg_real *src, const int64_t *src_stride,
+                int ndim, const int64_t *shape, unsigned reduce_mask, double scale, bool accumulate);
+/* Adds a gradient computed in the output's shape (contiguous) into the gradient of input t,
+ * times scale, summing over the axes along which t was broadcast. */
+void cgi_unbroadcast_add(cg_tensor *t, const cg_real *g_out, int ndim, const int64_t *out_shape,
+                         double scale);
+/* Column sums of m[rows, cols] (row stride ld) added into dst[cols]; fixed blocking keeps the
+ * result independent of the thread count. scratch holds cgi_colsum_scratch(rows, cols) reals. */
+void cgi_colsum_add(cg_real *dst, const cg_real *m, int64_t rows, int64_t cols, int64_t ld,
+                    cg_real *scratch);
+size_t cgi_colsum_scratch(int64_t rows, int64_t cols);
+
+/* Counter-based random bits: the same (key, counter) gives the same bits on any thread. */
+static inline uint64_t cgi_hash64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+/* Elementwise loop over a cgi_iter of 4 operands: P0[..] ACC EXPR, where EXPR reads A, B, C,
+ * the current elements of P1..P3 (repeat an operand for an unused slot). ACC is = or +=. Rows run
+ * in parallel; all-unit inner strides get their own loop so the compiler can vectorise it. */
+#define CGI_EW_LOOP(it, P0, P1, P2, P3, ACC, EXPR)                                               \
+    do {                                                                                         \
+        const int64_t s0_ = (it).st[0][(it).ndim - 1], s1_ = (it).st[1][(it).ndim - 1];           \
+        const int64_t s2_ = (it).st[2][(it).ndim - 1], s3_ = (it).st[3][(it).ndim - 1];           \
+        const int64_t n_ = (it).inner;                                                           \
+        const bool unit_ = s0_ == 1 && s1_ == 1 && s2_ == 1 && s3_ == 1;                          \
+        _Pragma("omp parallel for schedule(static) if ((it).rows * n_ > CGI_PAR_MIN) num_threads(cgi_nthreads())") \
+        for (int64_t r_ = 0; r_ < (it).rows; r_++) {                                             \
+            int64_t off_[4];                                                                     \
+            cgi_iter_row(&(it), r_, off_);                                                       \
+            cg_real *p0_ = (P0) + off_[0];                                                       \
+            const cg_real *p1_ = (P1) + off_[1], *p2_ = (P2) + off_[2], *p3_ = (P3) + off_[3];    \
+            if (unit_) {                                                                         \
+                for (int64_t j_ = 0; j_ < n_; j_++) {                                            \
+                    const cg_real A = p1_[j_], B = p2_[j_], C = p3_[j_];                         \
+                    (void)A, (void)B, (void)C;                                                   \
+                    p0_[j_] ACC(EXPR);                                                           \
+                }                                                                                \
+            } else {                                                                             \
+                for (int64_t j_ = 0; j_ < n_; j_++) {                                            \
+                    const cg_real A = p1_[j_ * s1_], B = p2_[j_ * s2_], C = p3_[j_ * s3_];        \
+                    (void)A, (void)B, (void)C;                                                   \
+                    p0_[j_ * s0_] ACC(EXPR);                                                     \
+                }                                                                                \
+            }                                                                                    \
+        }                                                                                        \
+    } while (0)
+
+#endif

@@ -1,0 +1,148 @@
+/* Strided iteration and the few shared kernels every op family leans on: strided copy,
+ * axis reduction, and undoing broadcasting in backward (tinygrad's rule: once, here). */
+#include <stdlib.h>
+
+#include "graph/internal.h"
+
+void cgi_iter_init(cgi_iter *it, int ndim, const int64_t *shape, int nops, const int64_t *const *strides) {
+    it->nops = nops;
+    int n = 0;
+    /* Drop size-1 dims, then merge neighbours that are contiguous in every operand. */
+    for (int d = 0; d < ndim; d++) {
+        if (shape[d] == 1) continue;
+        if (n > 0) {
+            bool merge = true;
+            for (int k = 0; k < nops; k++)
+                if (it->st[k][n - 1] != strides[k][d] * shape[d]) merge = false;
+            if (merge) {
+                it->shape[n - 1] *= shape[d];
+                for (int k = 0; k < nops; k++) it->st[k][n - 1] = strides[k][d];
+                continue;
+            }
+        }
+        it->shape[n] = shape[d];
+        for (int k = 0; k < nops; k++) it->st[k][n] = strides[k][d];
+        n++;
+    }
+    if (n == 0) {
+        it->shape[0] = 1;
+        for (int k = 0; k < nops; k++) it->st[k][0] = 0;
+        n = 1;
+    }
+    it->ndim = n;
+    it->inner = it->shape[n - 1];
+    it->rows = 1;
+    for (int d = 0; d < n - 1; d++) it->rows *= it->shape[d];
+}
+
+void cgi_copy(cg_real *dst, const int64_t *dst_stride, const cg_real *src, const int64_t *src_stride,
+              int ndim, const int64_t *shape, double scale, bool accumulate) {
+    const int64_t *st[2] = {dst_stride, src_stride};
+    cgi_iter it;
+    cgi_iter_init(&it, ndim, shape, 2, st);
+    const int64_t sd = it.st[0][it.ndim - 1], ss = it.st[1][it.ndim - 1], n = it.inner;
+    const cg_real a = (cg_real)scale;
+#pragma omp parallel for schedule(static) if (it.rows * n > CGI_PAR_MIN) num_threads(cgi_nthreads())
+    for (int64_t r = 0; r < it.rows; r++) {
+        int64_t off[2];
+        cgi_iter_row(&it, r, off);
+        cg_real *d = dst + off[0];
+        const cg_real *s = src + off[1];
+        if (sd == 1 && ss == 1) {
+            if (accumulate) for (int64_t j = 0; j < n; j++) d[j] += a * s[j];
+            else if (a == 1) memcpy(d, s, (size_t)n * sizeof *d);
+            else for (int64_t j = 0; j < n; j++) d[j] = a * s[j];
+        } else {
+            if (accumulate) for (int64_t j = 0; j < n; j++) d[j * sd] += a * s[j * ss];
+            else for (int64_t j = 0; j < n; j++) d[j * sd] = a * s[j * ss];
+        }
+    }
+}
+
+void cgi_reduce(cg_real *dst, const int64_t *dst_stride, const cg_real *src, const int64_t *src_stride,
+                int ndim, const int64_t *shape, unsigned reduce_mask, double scale, bool accumulate) {
+    /* Kept axes index the output elements (the parallel loop); reduced axes are summed in a
+     * fixed order per element, so the result does not depend on the thread count. */
+    int64_t kshape[CG_MAX_DIMS], kst_src[CG_MAX_DIMS], kst_dst[CG_MAX_DIMS];
+    int64_t rshape[CG_MAX_DIMS], rst[CG_MAX_DIMS];
+    int nk = 0, nr = 0;
+    for (int d = 0; d < ndim; d++) {
+        if (reduce_mask & (1u << d)) {
+            rshape[nr] = shape[d];
+            rst[nr++] = src_stride[d];
+        } else {
+            kshape[nk] = shape[d];
+            kst_src[nk] = src_stride[d];
+            kst_dst[nk++] = dst_stride[d];
+        }
+    }
+    const int64_t *kst[2] = {kst_dst, kst_src};
+    cgi_iter kit;
+    cgi_iter_init(&kit, nk, kshape, 2, kst);
+    const int64_t *rsts[1] = {rst};
+    cgi_iter rit;
+    cgi_iter_init(&rit, nr, rshape, 1, rsts);
+    const int64_t nout = kit.rows * kit.inner, nred = rit.rows * rit.inner;
+    const int64_t rinner_st = rit.st[0][rit.ndim - 1];
+#pragma omp parallel for schedule(static) if (nout * nred > CGI_PAR_MIN) num_threads(cgi_nthreads())
+    for (int64_t o = 0; o < nout; o++) {
+        int64_t koff[2];
+        cgi_iter_row(&kit, o / kit.inner, koff);
+        int64_t j = o % kit.inner;
+        const cg_real *s = src + koff[1] + j * kit.st[1][kit.ndim - 1];
+        double acc = 0;
+        for (int64_t r = 0; r < rit.rows; r++) {
+            int64_t roff;
+            cgi_iter_row(&rit, r, &roff);
+            const cg_real *p = s + roff;
+            for (int64_t q = 0; q < rit.inner; q++) acc += p[q * rinner_st];
+        }
+        cg_real *d = dst + koff[0] + j * kit.st[0][kit.ndim - 1];
+        if (accumulate) *d += (cg_real)(scale * acc);
+        else *d = (cg_real)(scale * acc);
+    }
+    (void)nred;
+}
+
+void cgi_unbroadcast_add(cg_tensor *t, const cg_real *g_out, int ndim, const int64_t *out_shape, double scale) {
+    int64_t cs[CG_MAX_DIMS], dst[CG_MAX_DIMS];
+    cgi_contig_strides(ndim, out_shape, cs);
+    unsigned mask = 0;
+    for (int d = 0; d < ndim; d++) {
+        int it = t->ndim - ndim + d;
+        if (it < 0 || (t->shape[it] == 1 && out_shape[d] != 1)) {
+            mask |= 1u << d;
+            dst[d] = 0;
+        } else {
+            dst[d] = t->stride[it];
+        }
+    }
+    if (mask == 0) cgi_copy(t->grad, dst, g_out, cs, ndim, out_shape, scale, true);
+    else cgi_reduce(t->grad, dst, g_out, cs, ndim, out_shape, mask, scale, true);
+}
+
+#define COLSUM_BLOCKS 32
+
+size_t cgi_colsum_scratch(int64_t rows, int64_t cols) {
+    (void)rows;
+    return (size_t)COLSUM_BLOCKS * (size_t)cols;
+}
+
+void cgi_colsum_add(cg_real *dst, const cg_real *m, int64_t rows, int64_t cols, int64_t ld, cg_real *scratch) {
+    const int64_t per = (rows + COLSUM_BLOCKS - 1) / COLSUM_BLOCKS;
+#pragma omp parallel for schedule(static) if (rows * cols > CGI_PAR_MIN) num_threads(cgi_nthreads())
+    for (int b = 0; b < COLSUM_BLOCKS; b++) {
+        cg_real *acc = scratch + (int64_t)b * cols;
+        memset(acc, 0, (size_t)cols * sizeof *acc);
+        for (int64_t r = b * per; r < rows && r < (b + 1) * per; r++) {
+            const cg_real *row = m + r * ld;
+            for (int64_t c = 0; c < cols; c++) acc[c] += row[c];
+        }
+    }
+#pragma omp parallel for schedule(static) if (cols > 4096) num_threads(cgi_nthreads())
+    for (int64_t c = 0; c < cols; c++) {
+        cg_real s = 0;
+        for (int b = 0; b < COLSUM_BLOCKS; b++) s += scratch[(int64_t)b * cols + c];
+        dst[c] += s;
+    }
+}

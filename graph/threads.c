@@ -1,0 +1,46 @@
+/* One thread setting for the OpenMP kernels and BLIS. BLIS here is the OpenMP build, so both
+ * draw on libgomp's pool; batched small products run BLIS single-threaded inside our own
+ * parallel loops instead of nesting. */
+#include <blis.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+
+#include "graph/internal.h"
+
+static int n_threads; /* 0: not yet decided */
+
+void cg_set_threads(int n) {
+    if (n <= 0) {
+        const char *env = getenv("CGRAD_THREADS");
+        n = env ? atoi(env) : 0;
+        if (n <= 0) n = omp_get_num_procs();
+    }
+    n_threads = n;
+    omp_set_num_threads(n);
+    bli_thread_set_num_threads(n);
+}
+
+int cg_threads(void) {
+    if (n_threads == 0) cg_set_threads(0);
+    return n_threads;
+}
+
+int cgi_nthreads(void) { return cg_threads(); }
+
+void cg_rng_seed(cg_rng *r, uint64_t seed) { r->state = seed; }
+
+uint64_t cg_rng_next(cg_rng *r) {
+    uint64_t z = (r->state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+double cg_rng_uniform(cg_rng *r) { return (double)(cg_rng_next(r) >> 11) * 0x1.0p-53; }
+
+double cg_rng_normal(cg_rng *r) {
+    double u1 = cg_rng_uniform(r), u2 = cg_rng_uniform(r);
+    if (u1 < 1e-300) u1 = 1e-300;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}

@@ -1,0 +1,315 @@
+/* Elementwise ops: binary with NumPy broadcasting, unary maps, masked_fill, dropout. */
+#include <math.h>
+#include <tgmath.h>
+
+#include "graph/internal.h"
+#include "ops/ops.h"
+
+static bool broadcast_in(const cg_tensor *x, const cg_tensor *out) {
+    return cgi_numel(x->ndim, x->shape) != cgi_numel(out->ndim, out->shape);
+}
+
+/* Iterator over out's shape with operands (out-like, x-like, y-like, z-like) read broadcast. */
+static void iter4(cgi_iter *it, const cg_tensor *shape_of, const int64_t *s0, const int64_t *s1,
+                  const int64_t *s2, const int64_t *s3) {
+    const int64_t *st[4] = {s0, s1, s2, s3};
+    cgi_iter_init(it, shape_of->ndim, shape_of->shape, 4, st);
+}
+
+/* ---- binary ---- */
+
+static cg_tensor *binary(cg_graph *g, int op, cg_tensor *a, cg_tensor *b) {
+    const char *nm = cgi_ops[op].name;
+    cg_tensor *in[2] = {a, b};
+    if (!cgi_inputs_ok(g, nm, 2, in)) return NULL;
+    if (!cgi_expect_real(nm, a, "a") || !cgi_expect_real(nm, b, "b")) return NULL;
+    int nd;
+    int64_t shape[CG_MAX_DIMS];
+    if (!cgi_broadcast_shape(a, b, &nd, shape)) {
+        cgi_fail(CG_ERR_SHAPE, "[%s] a%s and b%s do not broadcast", nm, cgi_shp(a), cgi_shp(b));
+        return NULL;
+    }
+    cg_tensor *t = cgi_node(g, op, CG_REAL, nd, shape, 2, in);
+    if (!t) return NULL;
+    /* mul and div form the product in the output's shape before reducing a broadcast operand. */
+    if ((op == CGI_OP_MUL || op == CGI_OP_DIV) && t->requires_grad &&
+        ((a->requires_grad && broadcast_in(a, t)) || (b->requires_grad && broadcast_in(b, t))))
+        t->aux_bytes = (size_t)cgi_numel(nd, shape) * sizeof(cg_real);
+    return t;
+}
+
+cg_tensor *cg_add(cg_graph *g, cg_tensor *a, cg_tensor *b) { return binary(g, CGI_OP_ADD, a, b); }
+cg_tensor *cg_sub(cg_graph *g, cg_tensor *a, cg_tensor *b) { return binary(g, CGI_OP_SUB, a, b); }
+cg_tensor *cg_mul(cg_graph *g, cg_tensor *a, cg_tensor *b) { return binary(g, CGI_OP_MUL, a, b); }
+cg_tensor *cg_div(cg_graph *g, cg_tensor *a, cg_tensor *b) { return binary(g, CGI_OP_DIV, a, b); }
+
+#define BINARY_SETUP(t)                                                 \
+    cg_tensor *a = (t)->src[0], *b = (t)->src[1];                       \
+    int64_t sa[CG_MAX_DIMS], sb[CG_MAX_DIMS];                           \
+    cgi_broadcast_strides(a, (t)->ndim, (t)->shape, sa);                \
+    cgi_broadcast_strides(b, (t)->ndim, (t)->shape, sb);                \
+    const cg_real *A_ = a->data, *B_ = b->data;                         \
+    cgi_iter it;                                                        \
+    iter4(&it, (t), (t)->stride, sa, sb, sb)
+
+cg_status cgi_fwd_add(cg_tensor *t) {
+    BINARY_SETUP(t);
+    CGI_EW_LOOP(it, (cg_real *)t->data, A_, B_, B_, =, A + B);
+    return CG_OK;
+}
+cg_status cgi_fwd_sub(cg_tensor *t) {
+    BINARY_SETUP(t);
+    CGI_EW_LOOP(it, (cg_real *)t->data, A_, B_, B_, =, A - B);
+    return CG_OK;
+}
+cg_status cgi_fwd_mul(cg_tensor *t) {
+    BINARY_SETUP(t);
+    CGI_EW_LOOP(it, (cg_real *)t->data, A_, B_, B_, =, A * B);
+    return CG_OK;
+}
+cg_status cgi_fwd_div(cg_tensor *t) {
+    BINARY_SETUP(t);
+    CGI_EW_LOOP(it, (cg_real *)t->data, A_, B_, B_, =, A / B);
+    return CG_OK;
+}
+
+void cgi_bwd_add(cg_tensor *t) {
+    for (int k = 0; k < 2; k++)
+        if (t->src[k]->requires_grad) cgi_unbroadcast_add(t->src[k], t->grad, t->ndim, t->shape, 1.0);
+}
+
+void cgi_bwd_sub(cg_tensor *t) {
+    for (int k = 0; k < 2; k++)
+        if (t->src[k]->requires_grad) cgi_unbroadcast_add(t->src[k], t->grad, t->ndim, t->shape, k ? -1.0 : 1.0);
+}
+
+void cgi_bwd_mul(cg_tensor *t) {
+    const cg_real *gy = t->grad;
+    for (int k = 0; k < 2; k++) {
+        cg_tensor *x = t->src[k], *other = t->src[1 - k];
+        if (!x->requires_grad) continue;
+        int64_t sx[CG_MAX_DIMS], so[CG_MAX_DIMS];
+        cgi_broadcast_strides(x, t->ndim, t->shape, sx);
+        cgi_broadcast_strides(other, t->ndim, t->shape, so);
+        const cg_real *O_ = other->data;
+        cgi_iter it;
+        if (!broadcast_in(x, t)) {
+            iter4(&it, t, sx, t->stride, so, so);
+            CGI_EW_LOOP(it, x->grad, gy, O_, O_, +=, A * B);
+        } else {
+            cg_real *tmp = t->aux;
+            iter4(&it, t, t->stride, t->stride, so, so);
+            CGI_EW_LOOP(it, tmp, gy, O_, O_, =, A * B);
+            cgi_unbroadcast_add(x, tmp, t->ndim, t->shape, 1.0);
+        }
+    }
+}
+
+void cgi_bwd_div(cg_tensor *t) {
+    BINARY_SETUP(t);
+    (void)A_;
+    const cg_real *gy = t->grad, *y = t->data;
+    if (a->requires_grad) { /* d/da (a / b) = 1 / b */
+        if (!broadcast_in(a, t)) {
+            iter4(&it, t, sa, t->stride, sb, sb);
+            CGI_EW_LOOP(it, a->grad, gy, B_, B_, +=, A / B);
+        } else {
+            iter4(&it, t, t->stride, t->stride, sb, sb);
+            CGI_EW_LOOP(it, (cg_real *)t->aux, gy, B_, B_, =, A / B);
+            cgi_unbroadcast_add(a, t->aux, t->ndim, t->shape, 1.0);
+        }
+    }
+    if (b->requires_grad) { /* d/db (a / b) = -(a / b) / b = -y / b */
+        if (!broadcast_in(b, t)) {
+            iter4(&it, t, sb, t->stride, t->stride, sb);
+            CGI_EW_LOOP(it, b->grad, gy, y, B_, +=, -A * B / C);
+        } else {
+            iter4(&it, t, t->stride, t->stride, t->stride, sb);
+            CGI_EW_LOOP(it, (cg_real *)t->aux, gy, y, B_, =, A * B / C);
+            cgi_unbroadcast_add(b, t->aux, t->ndim, t->shape, -1.0);
+        }
+    }
+}
+
+/* ---- unary maps: value f(x, p) and local derivative rule dy * f'(x) with y = f(x) ---- */
+
+static cg_tensor *unary(cg_graph *g, int op, cg_tensor *x, double p) {
+    const char *nm = cgi_ops[op].name;
+    if (!cgi_inputs_ok(g, nm, 1, &x) || !cgi_expect_real(nm, x, "x")) return NULL;
+    cg_tensor *t = cgi_node(g, op, CG_REAL, x->ndim, x->shape, 1, &x);
+    if (t) t->farg[0] = p;
+    return t;
+}
+
+#define GELU_K ((cg_real)0.7978845608028654) /* sqrt(2 / pi) */
+#define INV_SQRT2 ((cg_real)0.7071067811865476)
+#define INV_SQRT2PI ((cg_real)0.3989422804014327)
+
+#define UNARY(name, ID, FWD, BWD)                                                              \
+    static inline cg_real name##_f(cg_real x, cg_real p) {                                    \
+        (void)p;                                                                              \
+        return FWD;                                                                           \
+    }                                                                                         \
+    static inline cg_real name##_df(cg_real dy, cg_real x, cg_real y, cg_real p) {            \
+        (void)x, (void)y, (void)p;                                                            \
+        return BWD;                                                                           \
+    }                                                                                         \
+    cg_status cgi_fwd_##name(cg_tensor *t) {                                                  \
+        cg_tensor *x = t->src[0];                                                             \
+        const cg_real p = (cg_real)t->farg[0], *X = x->data;                                  \
+        (void)p;                                                                              \
+        cgi_iter it;                                                                          \
+        iter4(&it, t, t->stride, x->stride, x->stride, x->stride);                            \
+        CGI_EW_LOOP(it, (cg_real *)t->data, X, X, X, =, name##_f(A, p));                      \
+        return CG_OK;                                                                         \
+    }                                                                                         \
+    void cgi_bwd_##name(cg_tensor *t) {                                                       \
+        cg_tensor *x = t->src[0];                                                             \
+        const cg_real p = (cg_real)t->farg[0];                                                \
+        (void)p;                                                                              \
+        cgi_iter it;                                                                          \
+        iter4(&it, t, x->stride, t->stride, x->stride, t->stride);                            \
+        CGI_EW_LOOP(it, x->grad, t->grad, (const cg_real *)x->data, (const cg_real *)t->data, \
+                    +=, name##_df(A, B, C, p));                                               \
+    }
+
+UNARY(neg, NEG, -x, -dy)
+UNARY(scale, SCALE, p * x, p * dy)
+UNARY(add_scalar, ADD_SCALAR, x + p, dy)
+UNARY(exp, EXP, exp(x), dy * y)
+UNARY(log, LOG, log(x), dy / x)
+UNARY(sqrt, SQRT, sqrt(x), dy * (cg_real)0.5 / y)
+UNARY(pow, POW, pow(x, p), dy * p * pow(x, p - 1))
+UNARY(square, SQUARE, x * x, dy * 2 * x)
+UNARY(tanh, TANH, tanh(x), dy * (1 - y * y))
+UNARY(sigmoid, SIGMOID, 1 / (1 + exp(-x)), dy * y * (1 - y))
+UNARY(relu, RELU, x > 0 ? x : 0, x > 0 ? dy : 0)
+UNARY(gelu, GELU, (cg_real)0.5 * x * (1 + erf(x * INV_SQRT2)),
+      dy * ((cg_real)0.5 * (1 + erf(x * INV_SQRT2)) + x * exp((cg_real)-0.5 * x * x) * INV_SQRT2PI))
+UNARY(gelu_tanh, GELU_TANH,
+      (cg_real)0.5 * x * (1 + tanh(GELU_K * (x + (cg_real)0.044715 * x * x * x))),
+      dy * ((cg_real)0.5 * (1 + tanh(GELU_K * (x + (cg_real)0.044715 * x * x * x))) +
+            (cg_real)0.5 * x * (1 - pow(tanh(GELU_K * (x + (cg_real)0.044715 * x * x * x)), 2)) * GELU_K *
+                (1 + (cg_real)3 * (cg_real)0.044715 * x * x)))
+
+cg_tensor *cg_neg(cg_graph *g, cg_tensor *x) { return unary(g, CGI_OP_NEG, x, 0); }
+cg_tensor *cg_scale(cg_graph *g, cg_tensor *x, double s) { return unary(g, CGI_OP_SCALE, x, s); }
+cg_tensor *cg_add_scalar(cg_graph *g, cg_tensor *x, double s) { return unary(g, CGI_OP_ADD_SCALAR, x, s); }
+cg_tensor *cg_exp(cg_graph *g, cg_tensor *x) { return unary(g, CGI_OP_EXP, x, 0); }
+cg_tensor *cg_log(cg_graph *g, cg_tensor *x) { return unary(g, CGI_OP_LOG, x, 0); }
+cg_tensor *cg_sqrt(cg_graph *g, cg_tensor *x) { return unary(g, CGI_OP_SQRT, x, 0); }
+cg_tensor *cg_pow(cg_graph *g, cg_tensor *x, double p) { return unary(g, CGI_OP_POW, x, p); }
+cg_tensor *cg_square(cg_graph *g, cg_tensor *x) { return unary(g, CGI_OP_SQUARE, x, 0); }
+cg_tensor *cg_tanh(cg_graph *g, cg_tensor *x) { return unary(g, CGI_OP_TANH, x, 0); }
+cg_tensor *cg_sigmoid(cg_graph *g, cg_tensor *x) { return unary(g, CGI_OP_SIGMOID, x, 0); }
+cg_tensor *cg_relu(cg_graph *g, cg_tensor *x) { return unary(g, CGI_OP_RELU, x, 0); }
+cg_tensor *cg_gelu(cg_graph *g, cg_tensor *x) { return unary(g, CGI_OP_GELU, x, 0); }
+cg_tensor *cg_gelu_tanh(cg_graph *g, cg_tensor *x) { return unary(g, CGI_OP_GELU_TANH, x, 0); }
+
+/* ---- masked_fill: mask is int32 and broadcasts to x ---- */
+
+cg_tensor *cg_masked_fill(cg_graph *g, cg_tensor *x, cg_tensor *mask, double value) {
+    cg_tensor *in[2] = {x, mask};
+    if (!cgi_inputs_ok(g, "masked_fill", 2, in) || !cgi_expect_real("masked_fill", x, "x")) return NULL;
+    if (mask->dtype != CG_INT32) {
+        cgi_fail(CG_ERR_ARG, "[masked_fill] mask%s must be int32", cgi_shp(mask));
+        return NULL;
+    }
+    int nd;
+    int64_t shape[CG_MAX_DIMS];
+    if (!cgi_broadcast_shape(x, mask, &nd, shape) || nd != x->ndim ||
+        cgi_numel(nd, shape) != cgi_numel(x->ndim, x->shape)) {
+        cgi_fail(CG_ERR_SHAPE, "[masked_fill] mask%s does not broadcast to x%s", cgi_shp(mask), cgi_shp(x));
+        return NULL;
+    }
+    cg_tensor *t = cgi_node(g, CGI_OP_MASKED_FILL, CG_REAL, x->ndim, x->shape, 2, in);
+    if (t) t->farg[0] = value;
+    return t;
+}
+
+static void masked_loop(cg_tensor *t, cg_real *dst, const int64_t *sd, const cg_real *src,
+                        const int64_t *ss, bool accumulate) {
+    cg_tensor *mask = t->src[1];
+    int64_t sm[CG_MAX_DIMS];
+    cgi_broadcast_strides(mask, t->ndim, t->shape, sm);
+    const int64_t *st[3] = {sd, ss, sm};
+    cgi_iter it;
+    cgi_iter_init(&it, t->ndim, t->shape, 3, st);
+    const int32_t *m = mask->data;
+    const cg_real v = (cg_real)t->farg[0];
+    const int64_t s0 = it.st[0][it.ndim - 1], s1 = it.st[1][it.ndim - 1], s2 = it.st[2][it.ndim - 1];
+#pragma omp parallel for schedule(static) if (it.rows * it.inner > CGI_PAR_MIN) num_threads(cgi_nthreads())
+    for (int64_t r = 0; r < it.rows; r++) {
+        int64_t off[3];
+        cgi_iter_row(&it, r, off);
+        for (int64_t j = 0; j < it.inner; j++) {
+            bool hit = m[off[2] + j * s2] != 0;
+            cg_real *d = dst + off[0] + j * s0;
+            cg_real s = src[off[1] + j * s1];
+            if (accumulate) *d += hit ? 0 : s;
+            else *d = hit ? v : s;
+        }
+    }
+}
+
+cg_status cgi_fwd_masked_fill(cg_tensor *t) {
+    cg_tensor *x = t->src[0];
+    masked_loop(t, t->data, t->stride, x->data, x->stride, false);
+    return CG_OK;
+}
+
+void cgi_bwd_masked_fill(cg_tensor *t) {
+    cg_tensor *x = t->src[0];
+    if (x->requires_grad) masked_loop(t, x->grad, x->stride, t->grad, t->stride, true);
+}
+
+/* ---- dropout: the keep mask is a hash of (seed, node, step, index), so backward recomputes it
+ * instead of storing it, and any thread count draws the same mask ---- */
+
+cg_tensor *cg_dropout(cg_graph *g, cg_tensor *x, double p) {
+    if (!cgi_inputs_ok(g, "dropout", 1, &x) || !cgi_expect_real("dropout", x, "x")) return NULL;
+    if (!(p >= 0 && p < 1)) {
+        cgi_fail(CG_ERR_ARG, "[dropout] p = %g must be in [0, 1)", p);
+        return NULL;
+    }
+    if (g->mode == CG_EVAL || p == 0) return x;
+    cg_tensor *t = cgi_node(g, CGI_OP_DROPOUT, CG_REAL, x->ndim, x->shape, 1, &x);
+    if (t) t->farg[0] = p;
+    return t;
+}
+
+static void dropout_loop(cg_tensor *t, cg_real *dst, const int64_t *sd, const cg_real *src,
+                         const int64_t *ss, bool accumulate) {
+    const int64_t *st[3] = {sd, ss, t->stride};
+    cgi_iter it;
+    cgi_iter_init(&it, t->ndim, t->shape, 3, st);
+    const uint64_t key = cgi_hash64(t->graph->seed ^ cgi_hash64((uint64_t)t->id * 0x100000001b3ULL ^
+                                                                 cgi_hash64((uint64_t)t->iarg[0])));
+    const uint64_t threshold = (uint64_t)(t->farg[0] * 18446744073709551616.0);
+    const cg_real keep_scale = (cg_real)(1.0 / (1.0 - t->farg[0]));
+    const int64_t s0 = it.st[0][it.ndim - 1], s1 = it.st[1][it.ndim - 1], s2 = it.st[2][it.ndim - 1];
+#pragma omp parallel for schedule(static) if (it.rows * it.inner > CGI_PAR_MIN) num_threads(cgi_nthreads())
+    for (int64_t r = 0; r < it.rows; r++) {
+        int64_t off[3];
+        cgi_iter_row(&it, r, off);
+        for (int64_t j = 0; j < it.inner; j++) {
+            uint64_t index = (uint64_t)(off[2] + j * s2); /* position in the contiguous output */
+            bool keep = cgi_hash64(key + index * 0x9e3779b97f4a7c15ULL) >= threshold;
+            cg_real v = keep ? src[off[1] + j * s1] * keep_scale : 0;
+            if (accumulate) dst[off[0] + j * s0] += v;
+            else dst[off[0] + j * s0] = v;
+        }
+    }
+}
+
+cg_status cgi_fwd_dropout(cg_tensor *t) {
+    t->iarg[0] = (int64_t)t->graph->step;
+    cg_tensor *x = t->src[0];
+    dropout_loop(t, t->data, t->stride, x->data, x->stride, false);
+    return CG_OK;
+}
+
+void cgi_bwd_dropout(cg_tensor *t) {
+    cg_tensor *x = t->src[0];
+    if (x->requires_grad) dropout_loop(t, x->grad, x->stride, t->grad, t->stride, true);
+}

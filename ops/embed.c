@@ -1,0 +1,82 @@
+/* Embedding lookup. Forward checks every id against the vocabulary (ids are data, so this is
+ * the one place the check can happen); backward scatter-adds rows, each thread owning a slice
+ * of the columns so no two threads touch one element and the order never changes. */
+#include <omp.h>
+
+#include "graph/internal.h"
+#include "ops/ops.h"
+
+cg_tensor *cg_embedding(cg_graph *g, cg_tensor *weight, cg_tensor *ids) {
+    cg_tensor *in[2] = {weight, ids};
+    if (!cgi_inputs_ok(g, "embedding", 2, in) || !cgi_expect_real("embedding", weight, "weight")) return NULL;
+    if (weight->ndim != 2) {
+        cgi_fail(CG_ERR_SHAPE, "[embedding] weight%s must be [V, D]", cgi_shp(weight));
+        return NULL;
+    }
+    if (ids->dtype != CG_INT32 || ids->ndim >= CG_MAX_DIMS) {
+        cgi_fail(CG_ERR_ARG, "[embedding] ids%s must be int32 with fewer than %d dims", cgi_shp(ids), CG_MAX_DIMS);
+        return NULL;
+    }
+    int64_t s[CG_MAX_DIMS];
+    memcpy(s, ids->shape, (size_t)ids->ndim * sizeof *s);
+    s[ids->ndim] = weight->shape[1];
+    return cgi_node(g, CGI_OP_EMBEDDING, CG_REAL, ids->ndim + 1, s, 2, in);
+}
+
+/* Offset of the i-th id (row-major position) in a possibly strided ids tensor. */
+static int64_t id_offset(const cg_tensor *ids, int64_t i) {
+    int64_t off = 0;
+    for (int d = ids->ndim - 1; d >= 0; d--) {
+        off += (i % ids->shape[d]) * ids->stride[d];
+        i /= ids->shape[d];
+    }
+    return off;
+}
+
+cg_status cgi_fwd_embedding(cg_tensor *t) {
+    cg_tensor *w = t->src[0], *ids = t->src[1];
+    const int32_t *id = ids->data;
+    const int64_t n = cgi_numel(ids->ndim, ids->shape), v = w->shape[0], d = w->shape[1];
+    for (int64_t i = 0; i < n; i++) {
+        int32_t k = id[id_offset(ids, i)];
+        if (k < 0 || k >= v)
+            return cgi_fail(CG_ERR_RANGE, "[embedding] id %d at position %lld of ids%s is outside the vocabulary [0, %lld)",
+                            k, (long long)i, cgi_shp(ids), (long long)v);
+    }
+    const cg_real *W = w->data;
+    cg_real *Y = t->data;
+    const int64_t r0 = w->stride[0], c0 = w->stride[1];
+#pragma omp parallel for schedule(static) if (n * d > CGI_PAR_MIN) num_threads(cgi_nthreads())
+    for (int64_t i = 0; i < n; i++) {
+        const cg_real *row = W + id[id_offset(ids, i)] * r0;
+        cg_real *y = Y + i * d;
+        if (c0 == 1) memcpy(y, row, (size_t)d * sizeof *y);
+        else for (int64_t j = 0; j < d; j++) y[j] = row[j * c0];
+    }
+    return CG_OK;
+}
+
+void cgi_bwd_embedding(cg_tensor *t) {
+    cg_tensor *w = t->src[0], *ids = t->src[1];
+    if (!w->requires_grad) return;
+    const int32_t *id = ids->data;
+    const int64_t n = cgi_numel(ids->ndim, ids->shape), d = w->shape[1];
+    const int64_t r0 = w->stride[0], c0 = w->stride[1];
+    const cg_real *DY = t->grad;
+    cg_real *DW = w->grad;
+    const int nt = cgi_nthreads();
+#pragma omp parallel num_threads(nt) if (n * d > CGI_PAR_MIN)
+    {
+        int me = 0, all = 1;
+#ifdef _OPENMP
+        me = omp_get_thread_num();
+        all = omp_get_num_threads();
+#endif
+        const int64_t lo = d * me / all, hi = d * (me + 1) / all;
+        for (int64_t i = 0; i < n; i++) {
+            cg_real *row = DW + id[id_offset(ids, i)] * r0;
+            const cg_real *dy = DY + i * d;
+            for (int64_t j = lo; j < hi; j++) row[j * c0] += dy[j];
+        }
+    }
+}

@@ -1,0 +1,248 @@
+/* Matrix products through BLIS with strides: a transposed or sliced operand is passed as it
+ * lies in memory, never copied. Batches run in parallel over single-threaded BLIS calls when
+ * there are enough of them; otherwise BLIS threads each product. */
+#include <blis.h>
+
+#include "graph/internal.h"
+#include "ops/ops.h"
+
+/* C[m,n] = alpha * A[m,k] @ B[k,n] + beta * C, all general-strided; threads = BLIS threads. */
+static void gemm(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, int64_t csa,
+                 const cg_real *b, int64_t rsb, int64_t csb, cg_real beta, cg_real *c, int64_t rsc,
+                 int64_t csc, int threads) {
+    if (m == 0 || n == 0) return;
+    if (k == 0) { /* an empty sum: C = beta * C */
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) c[i * rsc + j * csc] = beta == 0 ? 0 : beta * c[i * rsc + j * csc];
+        return;
+    }
+    /* BLIS rejects strides it cannot tell apart on size-1 dimensions; give those a plain one. */
+#define FIX(rows, cols, rs, cs)                      \
+    do {                                             \
+        if ((rows) == 1) (rs) = (cs) == 1 ? (cols) : 1; \
+        if ((cols) == 1) (cs) = (rs) == 1 ? (rows) : 1; \
+        if ((rows) == 1 && (cols) == 1) (rs) = (cs) = 1; \
+    } while (0)
+    FIX(m, k, rsa, csa);
+    FIX(k, n, rsb, csb);
+    FIX(m, n, rsc, csc);
+#undef FIX
+    rntm_t rntm = BLIS_RNTM_INITIALIZER;
+    bli_rntm_set_num_threads(threads, &rntm);
+    cg_real one = 1;
+#ifdef CGRAD_DOUBLE
+    bli_dgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, m, n, k, &one, (double *)a, rsa, csa, (double *)b, rsb, csb,
+                 &beta, c, rsc, csc, NULL, &rntm);
+#else
+    bli_sgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, m, n, k, &one, (float *)a, rsa, csa, (float *)b, rsb, csb,
+                 &beta, c, rsc, csc, NULL, &rntm);
+#endif
+}
+
+/* ---- matmul ---- */
+
+cg_tensor *cg_matmul(cg_graph *g, cg_tensor *a, cg_tensor *b) {
+    cg_tensor *in[2] = {a, b};
+    if (!cgi_inputs_ok(g, "matmul", 2, in)) return NULL;
+    if (!cgi_expect_real("matmul", a, "a") || !cgi_expect_real("matmul", b, "b")) return NULL;
+    if (a->ndim < 2 || b->ndim < 2) {
+        cgi_fail(CG_ERR_SHAPE, "[matmul] a%s @ b%s: both need at least 2 dims", cgi_shp(a), cgi_shp(b));
+        return NULL;
+    }
+    if (a->shape[a->ndim - 1] != b->shape[b->ndim - 2]) {
+        cgi_fail(CG_ERR_SHAPE, "[matmul] a%s @ b%s: inner dims %lld != %lld", cgi_shp(a), cgi_shp(b),
+                 (long long)a->shape[a->ndim - 1], (long long)b->shape[b->ndim - 2]);
+        return NULL;
+    }
+    int nb = (a->ndim > b->ndim ? a->ndim : b->ndim) - 2;
+    int64_t s[CG_MAX_DIMS];
+    for (int i = 0; i < nb; i++) {
+        int ia = a->ndim - 2 - nb + i, ib = b->ndim - 2 - nb + i;
+        int64_t da = ia >= 0 ? a->shape[ia] : 1, db = ib >= 0 ? b->shape[ib] : 1;
+        if (da != db && da != 1 && db != 1) {
+            cgi_fail(CG_ERR_SHAPE, "[matmul] a%s @ b%s: batch dims do not broadcast", cgi_shp(a), cgi_shp(b));
+            return NULL;
+        }
+        s[i] = da == 1 ? db : da;
+    }
+    s[nb] = a->shape[a->ndim - 2];
+    s[nb + 1] = b->shape[b->ndim - 1];
+    return cgi_node(g, CGI_OP_MATMUL, CG_REAL, nb + 2, s, 2, in);
+}
+
+typedef struct {
+    int nb;                       /* batch dims */
+    int64_t nbatch, m, n, k;
+    int64_t bshape[CG_MAX_DIMS];
+    int64_t sa[CG_MAX_DIMS], sb[CG_MAX_DIMS], sc[CG_MAX_DIMS]; /* batch strides */
+    int64_t rsa, csa, rsb, csb, rsc, csc;
+    bool a_bcast, b_bcast;        /* an operand is reused across batches */
+    bool fold;                    /* batches of a fold into m: one product */
+} mm_plan;
+
+static void plan(const cg_tensor *t, mm_plan *p) {
+    const cg_tensor *a = t->src[0], *b = t->src[1];
+    p->nb = t->ndim - 2;
+    p->m = t->shape[p->nb];
+    p->n = t->shape[p->nb + 1];
+    p->k = a->shape[a->ndim - 1];
+    p->nbatch = 1;
+    p->a_bcast = p->b_bcast = false;
+    bool b_fixed = true, a_dense = true;
+    for (int i = 0; i < p->nb; i++) {
+        int ia = a->ndim - 2 - p->nb + i, ib = b->ndim - 2 - p->nb + i;
+        p->bshape[i] = t->shape[i];
+        p->sa[i] = (ia < 0 || a->shape[ia] == 1) ? 0 : a->stride[ia];
+        p->sb[i] = (ib < 0 || b->shape[ib] == 1) ? 0 : b->stride[ib];
+        p->sc[i] = t->stride[i];
+        p->nbatch *= t->shape[i];
+        if (t->shape[i] > 1 && p->sa[i] == 0) p->a_bcast = true;
+        if (t->shape[i] > 1 && p->sb[i] == 0) p->b_bcast = true;
+        if (t->shape[i] > 1 && p->sb[i] != 0) b_fixed = false;
+        int64_t next = i + 1 < p->nb ? p->sa[i + 1] * t->shape[i + 1] : a->stride[a->ndim - 2] * p->m;
+        if (t->shape[i] > 1 && p->sa[i] != next) a_dense = false;
+    }
+    p->rsa = a->stride[a->ndim - 2];
+    p->csa = a->stride[a->ndim - 1];
+    p->rsb = b->stride[b->ndim - 2];
+    p->csb = b->stride[b->ndim - 1];
+    p->rsc = t->stride[p->nb];
+    p->csc = 1;
+    /* x[B, T, K] @ w[K, N]: one [B*T, K] @ [K, N] product instead of B small ones. */
+    p->fold = p->nbatch > 1 && b_fixed && a_dense && !p->a_bcast;
+    if (p->fold) {
+        p->m *= p->nbatch;
+        p->nbatch = 1;
+    }
+}
+
+static void batch_offsets(const mm_plan *p, int64_t idx, int64_t *oa, int64_t *ob, int64_t *oc) {
+    *oa = *ob = *oc = 0;
+    for (int i = p->nb - 1; i >= 0 && !p->fold; i--) {
+        int64_t j = idx % p->bshape[i];
+        idx /= p->bshape[i];
+        *oa += j * p->sa[i];
+        *ob += j * p->sb[i];
+        *oc += j * p->sc[i];
+    }
+}
+
+static bool batches_in_parallel(const mm_plan *p, bool writes_shared) {
+    int nt = cgi_nthreads();
+    return !writes_shared && nt > 1 && p->nbatch > 1 && (p->nbatch % nt == 0 || p->nbatch >= 4 * nt);
+}
+
+/* Runs C_i (+)= A_i @ B_i over batches, with operand roles chosen by the caller. */
+typedef struct {
+    const cg_real *a, *b;
+    cg_real *c;
+    int64_t m, n, k, rsa, csa, rsb, csb, rsc, csc;
+    int which_a, which_b, which_c; /* 0: operand a's batch strides, 1: b's, 2: c's */
+} mm_call;
+
+static void run_batches(const mm_plan *p, const mm_call *q, cg_real beta, bool writes_shared) {
+    bool par = batches_in_parallel(p, writes_shared);
+    int nt = cgi_nthreads();
+#pragma omp parallel for schedule(static) if (par) num_threads(nt)
+    for (int64_t i = 0; i < p->nbatch; i++) {
+        int64_t off[3];
+        batch_offsets(p, i, &off[0], &off[1], &off[2]);
+        gemm(q->m, q->n, q->k, q->a + off[q->which_a], q->rsa, q->csa, q->b + off[q->which_b], q->rsb, q->csb,
+             beta, q->c + off[q->which_c], q->rsc, q->csc, par ? 1 : nt);
+    }
+}
+
+cg_status cgi_fwd_matmul(cg_tensor *t) {
+    mm_plan p;
+    plan(t, &p);
+    mm_call q = {t->src[0]->data, t->src[1]->data, t->data, p.m, p.n, p.k, p.rsa, p.csa, p.rsb, p.csb,
+                 p.rsc, p.csc, 0, 1, 2};
+    run_batches(&p, &q, 0, false);
+    return CG_OK;
+}
+
+void cgi_bwd_matmul(cg_tensor *t) {
+    cg_tensor *a = t->src[0], *b = t->src[1];
+    mm_plan p;
+    plan(t, &p);
+    if (a->requires_grad) { /* dA[m,k] += dC[m,n] @ B^T[n,k] */
+        mm_call q = {t->grad, b->data, a->grad, p.m, p.k, p.n, p.rsc, p.csc, p.csb, p.rsb, p.rsa, p.csa, 2, 1, 0};
+        run_batches(&p, &q, 1, p.a_bcast);
+    }
+    if (b->requires_grad) { /* dB[k,n] += A^T[k,m] @ dC[m,n] */
+        mm_call q = {a->data, t->grad, b->grad, p.k, p.n, p.m, p.csa, p.rsa, p.rsc, p.csc, p.rsb, p.csb, 0, 2, 1};
+        run_batches(&p, &q, 1, p.b_bcast || p.fold);
+    }
+}
+
+/* ---- linear: x[..., in] @ w[out, in]^T + bias, the leading dims of x folded into one ---- */
+
+static bool leading_dense(const cg_tensor *x) {
+    for (int d = 0; d + 2 < x->ndim; d++)
+        if (x->shape[d] > 1 && x->stride[d] != x->stride[d + 1] * x->shape[d + 1]) return false;
+    return true;
+}
+
+cg_tensor *cg_linear(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias) {
+    cg_tensor *in[3] = {x, w, bias};
+    if (!cgi_inputs_ok(g, "linear", bias ? 3 : 2, in)) return NULL;
+    if (!cgi_expect_real("linear", x, "x") || !cgi_expect_real("linear", w, "w")) return NULL;
+    if (x->ndim < 1 || w->ndim != 2 || x->shape[x->ndim - 1] != w->shape[1]) {
+        cgi_fail(CG_ERR_SHAPE, "[linear] x%s with w%s: w must be [out, in] with in = x's last dim",
+                 cgi_shp(x), cgi_shp(w));
+        return NULL;
+    }
+    if (bias && (bias->ndim != 1 || bias->shape[0] != w->shape[0] || bias->dtype != CG_REAL)) {
+        cgi_fail(CG_ERR_SHAPE, "[linear] bias%s must be real [%lld] for w%s", cgi_shp(bias),
+                 (long long)w->shape[0], cgi_shp(w));
+        return NULL;
+    }
+    if (!leading_dense(x)) x = cg_contiguous(g, x);
+    if (!x) return NULL;
+    in[0] = x;
+    int64_t s[CG_MAX_DIMS];
+    memcpy(s, x->shape, sizeof s);
+    s[x->ndim - 1] = w->shape[0];
+    cg_tensor *t = cgi_node(g, CGI_OP_LINEAR, CG_REAL, x->ndim, s, bias ? 3 : 2, in);
+    if (t && bias && bias->requires_grad)
+        t->aux_bytes = cgi_colsum_scratch(cgi_numel(x->ndim - 1, x->shape), w->shape[0]) * sizeof(cg_real);
+    return t;
+}
+
+static int64_t rows_of(const cg_tensor *x) { return cgi_numel(x->ndim - 1, x->shape); }
+static int64_t row_stride(const cg_tensor *x) { return x->ndim >= 2 ? x->stride[x->ndim - 2] : 1; }
+
+cg_status cgi_fwd_linear(cg_tensor *t) {
+    cg_tensor *x = t->src[0], *w = t->src[1], *bias = t->nsrc > 2 ? t->src[2] : NULL;
+    int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1];
+    cg_real *c = t->data;
+    if (bias) {
+        const cg_real *bv = bias->data;
+        int64_t bs = bias->stride[0];
+#pragma omp parallel for schedule(static) if (m * n > CGI_PAR_MIN) num_threads(cgi_nthreads())
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) c[i * n + j] = bv[j * bs];
+    }
+    gemm(m, n, k, x->data, row_stride(x), x->stride[x->ndim - 1], w->data, w->stride[1], w->stride[0],
+         bias ? 1 : 0, c, n, 1, cgi_nthreads());
+    return CG_OK;
+}
+
+void cgi_bwd_linear(cg_tensor *t) {
+    cg_tensor *x = t->src[0], *w = t->src[1], *bias = t->nsrc > 2 ? t->src[2] : NULL;
+    int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1];
+    int nt = cgi_nthreads();
+    if (x->requires_grad) /* dX[m,k] += dY[m,n] @ W[n,k] */
+        gemm(m, k, n, t->grad, n, 1, w->data, w->stride[0], w->stride[1], 1, x->grad, row_stride(x),
+             x->stride[x->ndim - 1], nt);
+    if (w->requires_grad) /* dW[n,k] += dY^T[n,m] @ X[m,k] */
+        gemm(n, k, m, t->grad, 1, n, x->data, row_stride(x), x->stride[x->ndim - 1], 1, w->grad, w->stride[0],
+             w->stride[1], nt);
+    if (bias && bias->requires_grad) {
+        if (bias->stride[0] == 1) cgi_colsum_add(bias->grad, t->grad, m, n, n, t->aux);
+        else { /* a strided bias view: sum into scratch row 0 is not enough, go element by element */
+            int64_t cs[2] = {n, 1}, ds[2] = {0, bias->stride[0]}, sh[2] = {m, n};
+            cgi_reduce(bias->grad, ds, t->grad, cs, 2, sh, 1u, 1.0, true);
+        }
+    }
+}

@@ -1,0 +1,202 @@
+/* Views (reshape, permute, slice, detach) and the two ops that copy: contiguous and concat.
+ * A view shares its root's value and gradient storage, so its backward is nothing: gradients
+ * written through it land in the root's gradient directly. */
+#include "graph/internal.h"
+#include "ops/ops.h"
+
+cg_tensor *cg_contiguous(cg_graph *g, cg_tensor *x) {
+    if (!cgi_inputs_ok(g, "contiguous", 1, &x)) return NULL;
+    if (cgi_contiguous(x)) return x;
+    if (!cgi_expect_real("contiguous", x, "x")) return NULL;
+    return cgi_node(g, CGI_OP_COPY, CG_REAL, x->ndim, x->shape, 1, &x);
+}
+
+cg_status cgi_fwd_copy(cg_tensor *t) {
+    cg_tensor *x = t->src[0];
+    cgi_copy(t->data, t->stride, x->data, x->stride, t->ndim, t->shape, 1.0, false);
+    return CG_OK;
+}
+
+void cgi_bwd_copy(cg_tensor *t) {
+    cg_tensor *x = t->src[0];
+    if (x->requires_grad) cgi_copy(x->grad, x->stride, t->grad, t->stride, t->ndim, t->shape, 1.0, true);
+}
+
+cg_tensor *cg_reshape(cg_graph *g, cg_tensor *x, int ndim, const int64_t *shape) {
+    if (!cgi_inputs_ok(g, "reshape", 1, &x)) return NULL;
+    if (ndim < 0 || ndim > CG_MAX_DIMS || (ndim > 0 && !shape)) {
+        cgi_fail(CG_ERR_ARG, "[reshape] x%s: bad target of %d dims", cgi_shp(x), ndim);
+        return NULL;
+    }
+    int64_t s[CG_MAX_DIMS], known = 1, n = cgi_numel(x->ndim, x->shape);
+    int infer = -1;
+    for (int i = 0; i < ndim; i++) {
+        s[i] = shape[i];
+        if (s[i] == -1 && infer < 0) infer = i;
+        else if (s[i] < 0) {
+            cgi_fail(CG_ERR_SHAPE, "[reshape] x%s to %s: bad size", cgi_shp(x), cgi_dims(ndim, shape));
+            return NULL;
+        } else known *= s[i];
+    }
+    if (infer >= 0) s[infer] = known ? n / known : 0;
+    if (cgi_numel(ndim, s) != n) {
+        cgi_fail(CG_ERR_SHAPE, "[reshape] x%s (%lld elements) to %s", cgi_shp(x), (long long)n,
+                 cgi_dims(ndim, shape));
+        return NULL;
+    }
+    if (!cgi_contiguous(x)) x = cg_contiguous(g, x);
+    if (!x) return NULL;
+    int64_t st[CG_MAX_DIMS];
+    cgi_contig_strides(ndim, s, st);
+    return cgi_view(g, CGI_OP_RESHAPE, x, ndim, s, st, x->offset);
+}
+
+cg_tensor *cg_permute(cg_graph *g, cg_tensor *x, const int *perm) {
+    if (!cgi_inputs_ok(g, "permute", 1, &x)) return NULL;
+    if (!perm) {
+        cgi_fail(CG_ERR_ARG, "[permute] perm is NULL for x%s", cgi_shp(x));
+        return NULL;
+    }
+    int64_t s[CG_MAX_DIMS], st[CG_MAX_DIMS];
+    unsigned seen = 0;
+    for (int i = 0; i < x->ndim; i++) {
+        int p = perm[i] < 0 ? perm[i] + x->ndim : perm[i];
+        if (p < 0 || p >= x->ndim || (seen & (1u << p))) {
+            cgi_fail(CG_ERR_SHAPE, "[permute] x%s: perm[%d] = %d is not a fresh axis", cgi_shp(x), i, perm[i]);
+            return NULL;
+        }
+        seen |= 1u << p;
+        s[i] = x->shape[p];
+        st[i] = x->stride[p];
+    }
+    return cgi_view(g, CGI_OP_PERMUTE, x, x->ndim, s, st, x->offset);
+}
+
+cg_tensor *cg_transpose(cg_graph *g, cg_tensor *x, int a0, int a1) {
+    if (!cgi_inputs_ok(g, "transpose", 1, &x)) return NULL;
+    int p0 = cgi_axis("transpose", x, a0), p1 = p0 < 0 ? -1 : cgi_axis("transpose", x, a1);
+    if (p0 < 0 || p1 < 0) return NULL;
+    int perm[CG_MAX_DIMS];
+    for (int i = 0; i < x->ndim; i++) perm[i] = i;
+    perm[p0] = p1;
+    perm[p1] = p0;
+    return cg_permute(g, x, perm);
+}
+
+cg_tensor *cg_slice(cg_graph *g, cg_tensor *x, int axis, int64_t start, int64_t end) {
+    if (!cgi_inputs_ok(g, "slice", 1, &x)) return NULL;
+    int a = cgi_axis("slice", x, axis);
+    if (a < 0) return NULL;
+    int64_t n = x->shape[a], s0 = start < 0 ? start + n : start, s1 = end < 0 ? end + n : end;
+    if (s0 < 0 || s1 > n || s0 > s1) {
+        cgi_fail(CG_ERR_SHAPE, "[slice] x%s axis %d: [%lld, %lld) out of range", cgi_shp(x), axis,
+                 (long long)start, (long long)end);
+        return NULL;
+    }
+    int64_t s[CG_MAX_DIMS];
+    memcpy(s, x->shape, sizeof s);
+    s[a] = s1 - s0;
+    return cgi_view(g, CGI_OP_SLICE, x, x->ndim, s, x->stride, x->offset + s0 * x->stride[a]);
+}
+
+cg_status cg_split(cg_graph *g, cg_tensor *x, int axis, int n, const int64_t *sizes, cg_tensor **out) {
+    if (!out || n <= 0) return cgi_fail(CG_ERR_ARG, "[split] need n > 0 outputs, got %d", n);
+    for (int i = 0; i < n; i++) out[i] = NULL;
+    if (!cgi_inputs_ok(g, "split", 1, &x)) return CG_ERR_ARG;
+    int a = cgi_axis("split", x, axis);
+    if (a < 0) return CG_ERR_SHAPE;
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) total += sizes ? sizes[i] : x->shape[a] / n;
+    if (total != x->shape[a] || (!sizes && x->shape[a] % n))
+        return cgi_fail(CG_ERR_SHAPE, "[split] x%s axis %d of %lld into %d parts that do not add up", cgi_shp(x),
+                        axis, (long long)x->shape[a], n);
+    int64_t at = 0;
+    for (int i = 0; i < n; i++) {
+        int64_t len = sizes ? sizes[i] : x->shape[a] / n;
+        out[i] = cg_slice(g, x, a, at, at + len);
+        if (!out[i]) return CG_ERR_SHAPE;
+        at += len;
+    }
+    return CG_OK;
+}
+
+cg_tensor *cg_detach(cg_graph *g, cg_tensor *x) {
+    if (!cgi_inputs_ok(g, "detach", 1, &x)) return NULL;
+    cg_tensor *t = cgi_view(g, CGI_OP_DETACH, x, x->ndim, x->shape, x->stride, x->offset);
+    if (t) t->requires_grad = false;
+    return t;
+}
+
+cg_tensor *cg_split_heads(cg_graph *g, cg_tensor *x, int heads) {
+    if (!cgi_inputs_ok(g, "split_heads", 1, &x)) return NULL;
+    if (x->ndim != 3 || heads <= 0 || x->shape[2] % heads) {
+        cgi_fail(CG_ERR_SHAPE, "[split_heads] x%s must be [B, T, H*D] with H = %d dividing the last dim",
+                 cgi_shp(x), heads);
+        return NULL;
+    }
+    /* [B, T, H*D] -> [B, T, H, D] -> [B, H, T, D], both views when the last dim is dense. */
+    int64_t B = x->shape[0], T = x->shape[1], D = x->shape[2] / heads;
+    if (x->stride[2] != 1) x = cg_contiguous(g, x);
+    if (!x) return NULL;
+    int64_t s[4] = {B, heads, T, D}, st[4] = {x->stride[0], D, x->stride[1], 1};
+    return cgi_view(g, CGI_OP_PERMUTE, x, 4, s, st, x->offset);
+}
+
+cg_tensor *cg_merge_heads(cg_graph *g, cg_tensor *x) {
+    if (!cgi_inputs_ok(g, "merge_heads", 1, &x)) return NULL;
+    if (x->ndim != 4) {
+        cgi_fail(CG_ERR_SHAPE, "[merge_heads] x%s must be [B, H, T, D]", cgi_shp(x));
+        return NULL;
+    }
+    int perm[4] = {0, 2, 1, 3};
+    cg_tensor *t = cg_contiguous(g, cg_permute(g, x, perm));
+    int64_t s[3] = {x->shape[0], x->shape[2], x->shape[1] * x->shape[3]};
+    return cg_reshape(g, t, 3, s);
+}
+
+/* ---- concat: iarg[0] = axis ---- */
+
+cg_tensor *cg_concat(cg_graph *g, int n, cg_tensor *const *xs, int axis) {
+    if (n <= 0 || !xs) {
+        cgi_fail(CG_ERR_ARG, "[concat] need at least one input, got %d", n);
+        return NULL;
+    }
+    if (!cgi_inputs_ok(g, "concat", n, xs)) return NULL;
+    int a = cgi_axis("concat", xs[0], axis);
+    if (a < 0) return NULL;
+    int64_t s[CG_MAX_DIMS];
+    memcpy(s, xs[0]->shape, sizeof s);
+    s[a] = 0;
+    for (int i = 0; i < n; i++) {
+        if (!cgi_expect_real("concat", xs[i], "input")) return NULL;
+        bool ok = xs[i]->ndim == xs[0]->ndim;
+        for (int d = 0; ok && d < xs[0]->ndim; d++) ok = d == a || xs[i]->shape[d] == xs[0]->shape[d];
+        if (!ok) {
+            cgi_fail(CG_ERR_SHAPE, "[concat] axis %d: input %d%s does not match input 0%s", axis, i,
+                     cgi_shp(xs[i]), cgi_shp(xs[0]));
+            return NULL;
+        }
+        s[a] += xs[i]->shape[a];
+    }
+    cg_tensor *t = cgi_node(g, CGI_OP_CONCAT, CG_REAL, xs[0]->ndim, s, n, xs);
+    if (t) t->iarg[0] = a;
+    return t;
+}
+
+static void concat_walk(cg_tensor *t, bool backward) {
+    int a = (int)t->iarg[0];
+    int64_t at = 0;
+    for (int i = 0; i < t->nsrc; i++) {
+        cg_tensor *x = t->src[i];
+        cg_real *part = (cg_real *)(backward ? (void *)t->grad : t->data) + at * t->stride[a];
+        if (!backward) cgi_copy(part, t->stride, x->data, x->stride, x->ndim, x->shape, 1.0, false);
+        else if (x->requires_grad) cgi_copy(x->grad, x->stride, part, t->stride, x->ndim, x->shape, 1.0, true);
+        at += x->shape[a];
+    }
+}
+
+cg_status cgi_fwd_concat(cg_tensor *t) {
+    concat_walk(t, false);
+    return CG_OK;
+}
+void cgi_bwd_concat(cg_tensor *t) { concat_walk(t, true); }

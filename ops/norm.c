@@ -1,0 +1,122 @@
+/* Fused layer norm over the last axis: one pass for the statistics, one for the output;
+ * backward in one pass per row plus a blocked, thread-count-independent sum for gain and bias. */
+#include <math.h>
+
+#include "graph/internal.h"
+#include "ops/ops.h"
+
+#define LN_BLOCKS 32
+
+/* Sources: x, then gain and bias when given (iarg[0] / iarg[1] = their index or 0). aux holds
+ * mean[rows], rstd[rows], then LN_BLOCKS partial rows for each of d(gain) and d(bias). */
+cg_tensor *cg_layernorm(cg_graph *g, cg_tensor *x, cg_tensor *gain, cg_tensor *bias, double eps) {
+    if (!cgi_inputs_ok(g, "layernorm", 1, &x) || (gain && !cgi_inputs_ok(g, "layernorm", 1, &gain)) ||
+        (bias && !cgi_inputs_ok(g, "layernorm", 1, &bias)))
+        return NULL;
+    if (!cgi_expect_real("layernorm", x, "x")) return NULL;
+    if (x->ndim < 1) {
+        cgi_fail(CG_ERR_SHAPE, "[layernorm] x%s needs at least one axis", cgi_shp(x));
+        return NULL;
+    }
+    int64_t d = x->shape[x->ndim - 1];
+    cg_tensor *pv[2] = {gain, bias};
+    const char *role[2] = {"gain", "bias"};
+    for (int i = 0; i < 2; i++)
+        if (pv[i] && (pv[i]->ndim != 1 || pv[i]->shape[0] != d || pv[i]->dtype != CG_REAL)) {
+            cgi_fail(CG_ERR_SHAPE, "[layernorm] %s%s must be real [%lld] for x%s", role[i], cgi_shp(pv[i]),
+                     (long long)d, cgi_shp(x));
+            return NULL;
+        }
+    if (!(eps >= 0)) {
+        cgi_fail(CG_ERR_ARG, "[layernorm] eps = %g must be >= 0", eps);
+        return NULL;
+    }
+    x = cg_contiguous(g, x);
+    if (!x) return NULL;
+    cg_tensor *src[3] = {x, NULL, NULL};
+    int n = 1, gi = 0, bi = 0;
+    if (gain) gi = n, src[n++] = gain;
+    if (bias) bi = n, src[n++] = bias;
+    cg_tensor *t = cgi_node(g, CGI_OP_LAYERNORM, CG_REAL, x->ndim, x->shape, n, src);
+    if (!t) return NULL;
+    t->iarg[0] = gi;
+    t->iarg[1] = bi;
+    t->farg[0] = eps;
+    int64_t rows = d ? cgi_numel(x->ndim, x->shape) / d : 0;
+    t->aux_bytes = (size_t)(2 * rows + 2 * LN_BLOCKS * d) * sizeof(cg_real);
+    return t;
+}
+
+cg_status cgi_fwd_layernorm(cg_tensor *t) {
+    const int64_t d = t->shape[t->ndim - 1], rows = d ? cgi_numel(t->ndim, t->shape) / d : 0;
+    const cg_tensor *gt = t->iarg[0] ? t->src[t->iarg[0]] : NULL, *bt = t->iarg[1] ? t->src[t->iarg[1]] : NULL;
+    const cg_real *gain = gt ? gt->data : NULL, *bias = bt ? bt->data : NULL;
+    const int64_t gs = gt ? gt->stride[0] : 0, bs = bt ? bt->stride[0] : 0;
+    const cg_real *X = t->src[0]->data;
+    cg_real *Y = t->data, *mean = t->aux, *rstd = mean + rows;
+    const double eps = t->farg[0];
+#pragma omp parallel for schedule(static) if (rows * d > CGI_PAR_MIN) num_threads(cgi_nthreads())
+    for (int64_t r = 0; r < rows; r++) {
+        const cg_real *x = X + r * d;
+        cg_real *y = Y + r * d;
+        double s = 0, v = 0;
+        for (int64_t j = 0; j < d; j++) s += x[j];
+        const double mu = s / (double)d;
+        for (int64_t j = 0; j < d; j++) v += ((double)x[j] - mu) * ((double)x[j] - mu);
+        const double rs = 1.0 / sqrt(v / (double)d + eps);
+        mean[r] = (cg_real)mu;
+        rstd[r] = (cg_real)rs;
+        const cg_real m = (cg_real)mu, q = (cg_real)rs;
+        for (int64_t j = 0; j < d; j++) {
+            cg_real h = (x[j] - m) * q;
+            y[j] = h * (gain ? gain[j * gs] : 1) + (bias ? bias[j * bs] : 0);
+        }
+    }
+    return CG_OK;
+}
+
+void cgi_bwd_layernorm(cg_tensor *t) {
+    cg_tensor *x = t->src[0], *gt = t->iarg[0] ? t->src[t->iarg[0]] : NULL, *bt = t->iarg[1] ? t->src[t->iarg[1]] : NULL;
+    const int64_t d = t->shape[t->ndim - 1], rows = d ? cgi_numel(t->ndim, t->shape) / d : 0;
+    const cg_real *X = x->data, *DY = t->grad, *mean = t->aux, *rstd = mean + rows;
+    const cg_real *gain = gt ? gt->data : NULL;
+    const int64_t gs = gt ? gt->stride[0] : 0;
+    cg_real *part_g = (cg_real *)t->aux + 2 * rows, *part_b = part_g + LN_BLOCKS * d;
+    const bool dx_needed = x->requires_grad, dg = gt && gt->requires_grad, db = bt && bt->requires_grad;
+    const int64_t per = (rows + LN_BLOCKS - 1) / LN_BLOCKS;
+#pragma omp parallel for schedule(static) if (rows * d > CGI_PAR_MIN) num_threads(cgi_nthreads())
+    for (int b = 0; b < LN_BLOCKS; b++) {
+        cg_real *pg = part_g + b * d, *pb = part_b + b * d;
+        if (dg) memset(pg, 0, (size_t)d * sizeof *pg);
+        if (db) memset(pb, 0, (size_t)d * sizeof *pb);
+        for (int64_t r = b * per; r < rows && r < (b + 1) * per; r++) {
+            const cg_real *xr = X + r * d, *dy = DY + r * d, m = mean[r], q = rstd[r];
+            if (dx_needed) {
+                double c1 = 0, c2 = 0;
+                for (int64_t j = 0; j < d; j++) {
+                    cg_real h = (xr[j] - m) * q, dh = dy[j] * (gain ? gain[j * gs] : 1);
+                    c1 += dh;
+                    c2 += (double)dh * h;
+                }
+                const cg_real a1 = (cg_real)(c1 / (double)d), a2 = (cg_real)(c2 / (double)d);
+                cg_real *dx = x->grad + r * d;
+                for (int64_t j = 0; j < d; j++) {
+                    cg_real h = (xr[j] - m) * q, dh = dy[j] * (gain ? gain[j * gs] : 1);
+                    dx[j] += q * (dh - a1 - h * a2);
+                }
+            }
+            if (dg) for (int64_t j = 0; j < d; j++) pg[j] += dy[j] * (xr[j] - m) * q;
+            if (db) for (int64_t j = 0; j < d; j++) pb[j] += dy[j];
+        }
+    }
+    for (int k = 0; k < 2; k++) {
+        cg_tensor *p = k ? bt : gt;
+        const cg_real *part = k ? part_b : part_g;
+        if (!p || !p->requires_grad) continue;
+        for (int64_t j = 0; j < d; j++) {
+            cg_real s = 0;
+            for (int b = 0; b < LN_BLOCKS; b++) s += part[b * d + j];
+            p->grad[j * p->stride[0]] += s;
+        }
+    }
+}

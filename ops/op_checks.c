@@ -1,0 +1,286 @@
+/* The gradient check of every op: one line per case, several shapes per op, covering
+ * broadcasting, masks, ignored targets and strided views. cg_gradcheck_ops walks this table
+ * and also fails any op of ops.def that has no case here. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "graph/gradcheck.h"
+#include "graph/internal.h"
+#include "ops/ops.h"
+
+#define MAX_IN 4
+
+typedef struct {
+    cg_graph *g;
+    cg_rng rng;
+    cg_tensor *in[MAX_IN]; /* the leaves to check */
+    int n;
+} ctx;
+
+/* A requires-grad input of the given shape, uniform in [lo, hi), away from 0 when avoid0. */
+static cg_tensor *leaf(ctx *c, double lo, double hi, bool avoid0, int nd, int64_t d0, int64_t d1, int64_t d2,
+                       int64_t d3) {
+    int64_t s[4] = {d0, d1, d2, d3};
+    cg_tensor *t = cg_requires_grad(cg_input(c->g, "x", CG_REAL, nd, s));
+    if (!t) return NULL;
+    cg_real *v = cg_data(t);
+    for (int64_t i = 0; i < cg_numel(t); i++) {
+        double u = lo + (hi - lo) * cg_rng_uniform(&c->rng);
+        if (avoid0 && fabs(u) < 0.1) u = u < 0 ? -0.1 - fabs(u) : 0.1 + u;
+        v[i] = (cg_real)u;
+    }
+    if (c->n < MAX_IN) c->in[c->n++] = t;
+    return t;
+}
+#define X(...) leaf(c, -1, 1, false, __VA_ARGS__)
+#define X4(a, b, cc, d) leaf(c, -1, 1, false, 4, a, b, cc, d)
+#define X3(a, b, cc) leaf(c, -1, 1, false, 3, a, b, cc, 0)
+#define X2(a, b) leaf(c, -1, 1, false, 2, a, b, 0, 0)
+#define X1(a) leaf(c, -1, 1, false, 1, a, 0, 0, 0)
+#define POS2(a, b) leaf(c, 0.5, 2, false, 2, a, b, 0, 0)
+#define AWAY2(a, b) leaf(c, -1, 1, true, 2, a, b, 0, 0)
+#define T(x) cg_transpose(c->g, x, 0, 1) /* a strided view */
+
+/* An int32 input with values in [lo, hi). */
+static cg_tensor *ids(ctx *c, int lo, int hi, int nd, int64_t d0, int64_t d1) {
+    int64_t s[2] = {d0, d1};
+    cg_tensor *t = cg_input(c->g, "ids", CG_INT32, nd, s);
+    if (!t) return NULL;
+    for (int64_t i = 0; i < cg_numel(t); i++) cg_idata(t)[i] = lo + (int)(cg_rng_next(&c->rng) % (uint64_t)(hi - lo));
+    return t;
+}
+
+typedef cg_tensor *(*build_fn)(ctx *c);
+typedef struct {
+    const char *op, *shapes;
+    build_fn build;
+} check_case;
+
+#define G c->g
+/* elementwise */
+static cg_tensor *add_same(ctx *c) { return cg_add(G, X2(3, 4), X2(3, 4)); }
+static cg_tensor *add_bias(ctx *c) { return cg_add(G, X3(2, 3, 4), X1(4)); }
+static cg_tensor *add_outer(ctx *c) { return cg_add(G, X2(3, 1), X2(1, 4)); }
+static cg_tensor *add_view(ctx *c) { return cg_add(G, T(X2(4, 3)), X2(3, 4)); }
+static cg_tensor *sub_bcast(ctx *c) { return cg_sub(G, X2(3, 1), X3(2, 3, 4)); }
+static cg_tensor *sub_view(ctx *c) { return cg_sub(G, T(X2(4, 3)), X1(4)); }
+static cg_tensor *mul_same(ctx *c) { return cg_mul(G, X2(3, 4), X2(3, 4)); }
+static cg_tensor *mul_bcast(ctx *c) { return cg_mul(G, X3(2, 3, 4), X2(3, 1)); }
+static cg_tensor *mul_self(ctx *c) { cg_tensor *x = X2(3, 4); return cg_mul(G, x, T(T(x))); }
+static cg_tensor *div_same(ctx *c) { return cg_div(G, X2(3, 4), POS2(3, 4)); }
+static cg_tensor *div_bcast(ctx *c) { return cg_div(G, X3(2, 3, 4), POS2(1, 4)); }
+static cg_tensor *div_view(ctx *c) { return cg_div(G, X2(3, 1), T(POS2(4, 3))); }
+static cg_tensor *scale_(ctx *c) { return cg_scale(G, T(X2(4, 3)), -1.7); }
+static cg_tensor *add_scalar_(ctx *c) { return cg_add_scalar(G, X3(2, 3, 4), 0.3); }
+static cg_tensor *neg_(ctx *c) { return cg_neg(G, T(X2(4, 3))); }
+static cg_tensor *exp_(ctx *c) { return cg_exp(G, X2(3, 5)); }
+static cg_tensor *exp_view(ctx *c) { return cg_exp(G, T(X2(5, 3))); }
+static cg_tensor *log_(ctx *c) { return cg_log(G, POS2(3, 5)); }
+static cg_tensor *sqrt_(ctx *c) { return cg_sqrt(G, T(POS2(5, 3))); }
+static cg_tensor *pow_(ctx *c) { return cg_pow(G, POS2(3, 5), 2.5); }
+static cg_tensor *pow_neg(ctx *c) { return cg_pow(G, T(POS2(5, 3)), -1.5); }
+static cg_tensor *square_(ctx *c) { return cg_square(G, X2(3, 5)); }
+static cg_tensor *tanh_(ctx *c) { return cg_tanh(G, T(X2(5, 3))); }
+static cg_tensor *sigmoid_(ctx *c) { return cg_sigmoid(G, X3(2, 3, 4)); }
+static cg_tensor *relu_(ctx *c) { return cg_relu(G, AWAY2(4, 5)); }
+static cg_tensor *relu_view(ctx *c) { return cg_relu(G, T(AWAY2(5, 4))); }
+static cg_tensor *gelu_(ctx *c) { return cg_gelu(G, leaf(c, -3, 3, false, 2, 4, 5, 0, 0)); }
+static cg_tensor *gelu_view(ctx *c) { return cg_gelu(G, T(X2(5, 4))); }
+static cg_tensor *gelu_tanh_(ctx *c) { return cg_gelu_tanh(G, leaf(c, -3, 3, false, 2, 4, 5, 0, 0)); }
+static cg_tensor *gelu_tanh_view(ctx *c) { return cg_gelu_tanh(G, T(X2(5, 4))); }
+static cg_tensor *masked_fill_(ctx *c) { return cg_masked_fill(G, X3(2, 3, 4), ids(c, 0, 2, 2, 3, 4), -2.5); }
+static cg_tensor *masked_fill_view(ctx *c) { return cg_masked_fill(G, T(X2(4, 3)), ids(c, 0, 2, 1, 4, 0), 0); }
+static cg_tensor *dropout_(ctx *c) { return cg_dropout(G, X2(6, 8), 0.3); }
+static cg_tensor *dropout_view(ctx *c) { return cg_dropout(G, T(X2(8, 6)), 0.5); }
+/* reductions */
+static cg_tensor *sum0(ctx *c) { return cg_sum(G, X3(2, 3, 4), 0, false); }
+static cg_tensor *sum_last_keep(ctx *c) { return cg_sum(G, X3(2, 3, 4), -1, true); }
+static cg_tensor *sum_view(ctx *c) { return cg_sum(G, T(X2(4, 3)), 1, false); }
+static cg_tensor *sum_all(ctx *c) { return cg_sum_all(G, T(X2(4, 3))); }
+static cg_tensor *mean1(ctx *c) { return cg_mean(G, X3(2, 3, 4), 1, false); }
+static cg_tensor *mean_all(ctx *c) { return cg_mean_all(G, X3(2, 3, 4)); }
+/* movement */
+static cg_tensor *reshape_(ctx *c) { int64_t s[2] = {4, -1}; return cg_reshape(G, X3(2, 3, 4), 2, s); }
+static cg_tensor *reshape_copy(ctx *c) { int64_t s[1] = {12}; return cg_reshape(G, T(X2(4, 3)), 1, s); }
+static cg_tensor *transpose_(ctx *c) { return cg_exp(G, cg_transpose(G, X3(2, 3, 4), 0, 2)); }
+static cg_tensor *permute_(ctx *c) { int p[3] = {2, 0, 1}; return cg_tanh(G, cg_permute(G, X3(2, 3, 4), p)); }
+static cg_tensor *slice_(ctx *c) { return cg_square(G, cg_slice(G, X3(2, 5, 4), 1, 1, -1)); }
+static cg_tensor *split_(ctx *c) {
+    cg_tensor *p[3];
+    int64_t sz[3] = {1, 2, 3};
+    cg_split(G, X2(6, 2), 0, 3, sz, p);
+    return cg_add(G, cg_mul(G, p[1], p[1]), cg_sum(G, p[2], 0, true));
+}
+static cg_tensor *heads_(ctx *c) { return cg_merge_heads(G, cg_tanh(G, cg_split_heads(G, X3(2, 3, 4), 2))); }
+static cg_tensor *contiguous_(ctx *c) { return cg_contiguous(G, cg_transpose(G, X3(2, 3, 4), 1, 2)); }
+static cg_tensor *concat_(ctx *c) {
+    cg_tensor *xs[3] = {X3(2, 1, 4), X3(2, 3, 4), cg_transpose(G, X3(2, 4, 2), 1, 2)};
+    return cg_concat(G, 3, xs, 1);
+}
+static cg_tensor *concat0(ctx *c) { cg_tensor *xs[2] = {X2(2, 3), X2(1, 3)}; return cg_concat(G, 2, xs, 0); }
+/* matrix products */
+static cg_tensor *mm_2d(ctx *c) { return cg_matmul(G, X2(3, 4), X2(4, 5)); }
+static cg_tensor *mm_batched(ctx *c) { return cg_matmul(G, X3(2, 3, 4), X3(2, 4, 5)); }
+static cg_tensor *mm_fold(ctx *c) { return cg_matmul(G, X3(2, 3, 4), X2(4, 5)); }
+static cg_tensor *mm_bcast_a(ctx *c) { return cg_matmul(G, X2(3, 4), X3(2, 4, 5)); }
+static cg_tensor *mm_trans(ctx *c) { return cg_matmul(G, T(X2(4, 3)), T(X2(5, 4))); }
+static cg_tensor *mm_4d(ctx *c) { return cg_matmul(G, X4(2, 2, 3, 4), cg_transpose(G, X4(2, 1, 3, 4), 2, 3)); }
+static cg_tensor *mm_vec(ctx *c) { return cg_matmul(G, X2(1, 4), X2(4, 1)); }
+static cg_tensor *linear_bias(ctx *c) { return cg_linear(G, X3(2, 3, 4), X2(5, 4), X1(5)); }
+static cg_tensor *linear_nobias(ctx *c) { return cg_linear(G, X2(3, 4), X2(5, 4), NULL); }
+static cg_tensor *linear_view(ctx *c) { return cg_linear(G, T(X2(4, 3)), T(X2(4, 5)), X1(5)); }
+/* softmax family */
+static cg_tensor *softmax_(ctx *c) { return cg_softmax(G, leaf(c, -2, 2, false, 2, 3, 6, 0, 0)); }
+static cg_tensor *softmax_view(ctx *c) { return cg_softmax(G, cg_transpose(G, X3(2, 5, 3), 1, 2)); }
+static cg_tensor *log_softmax_(ctx *c) { return cg_log_softmax(G, leaf(c, -2, 2, false, 2, 3, 6, 0, 0)); }
+static cg_tensor *log_softmax_view(ctx *c) { return cg_log_softmax(G, cg_transpose(G, X3(2, 5, 3), 1, 2)); }
+static cg_tensor *msm_causal(ctx *c) { return cg_masked_softmax(G, X4(2, 2, 4, 4), 0.5, NULL, true, NULL); }
+static cg_tensor *msm_additive(ctx *c) { return cg_masked_softmax(G, X4(2, 2, 3, 4), 0.7, X2(3, 4), false, NULL); }
+static cg_tensor *msm_padding(ctx *c) {
+    cg_tensor *kp = ids(c, 0, 2, 2, 2, 5);
+    for (int b = 0; b < 2; b++) cg_idata(kp)[b * 5] = 1; /* never a fully hidden row */
+    return cg_masked_softmax(G, X4(2, 3, 4, 5), 1.0, NULL, false, kp);
+}
+static cg_tensor *msm_all(ctx *c) {
+    cg_tensor *kp = ids(c, 0, 2, 2, 2, 5);
+    for (int b = 0; b < 2; b++) cg_idata(kp)[b * 5] = 1;
+    return cg_masked_softmax(G, cg_transpose(G, X4(2, 2, 5, 3), 2, 3), 0.4, X1(5), true, kp);
+}
+/* normalisation */
+static cg_tensor *ln_affine(ctx *c) { return cg_layernorm(G, X2(4, 6), leaf(c, 0.5, 1.5, false, 1, 6, 0, 0, 0), X1(6), 1e-5); }
+static cg_tensor *ln_plain(ctx *c) { return cg_layernorm(G, X3(2, 3, 5), NULL, NULL, 1e-5); }
+static cg_tensor *ln_view(ctx *c) { return cg_layernorm(G, cg_transpose(G, X3(2, 5, 3), 1, 2), X1(5), NULL, 0.1); }
+/* lookup and loss */
+static cg_tensor *embedding_(ctx *c) { return cg_embedding(G, X2(7, 3), ids(c, 0, 7, 2, 2, 4)); }
+static cg_tensor *embedding_view(ctx *c) { return cg_embedding(G, T(X2(3, 7)), cg_slice(G, ids(c, 0, 7, 2, 3, 4), 1, 1, 3)); }
+static cg_tensor *ce_basic(ctx *c) { return cg_cross_entropy(G, leaf(c, -2, 2, false, 2, 6, 5, 0, 0), ids(c, 0, 5, 1, 6, 0), -100); }
+static cg_tensor *ce_ignore(ctx *c) {
+    cg_tensor *t = ids(c, 0, 4, 2, 2, 3);
+    cg_idata(t)[1] = cg_idata(t)[4] = -100;
+    return cg_cross_entropy(G, X3(2, 3, 4), t, -100);
+}
+static cg_tensor *ce_view(ctx *c) { return cg_cross_entropy(G, T(X2(5, 4)), ids(c, 0, 5, 1, 4, 0), 0); }
+#undef G
+
+/* slice's case wraps the view in an op so the check covers a strided read */
+static const check_case cases[] = {
+    {"add", "[3,4] + [3,4]", add_same},
+    {"add", "[2,3,4] + [4]", add_bias},
+    {"add", "[3,1] + [1,4]", add_outer},
+    {"add", "[4,3]^T + [3,4]", add_view},
+    {"sub", "[3,1] - [2,3,4]", sub_bcast},
+    {"sub", "[4,3]^T - [4]", sub_view},
+    {"mul", "[3,4] * [3,4]", mul_same},
+    {"mul", "[2,3,4] * [3,1]", mul_bcast},
+    {"mul", "x * x (shared input)", mul_self},
+    {"div", "[3,4] / [3,4]", div_same},
+    {"div", "[2,3,4] / [1,4]", div_bcast},
+    {"div", "[3,1] / [4,3]^T", div_view},
+    {"scale", "-1.7 * [4,3]^T", scale_},
+    {"add_scalar", "[2,3,4] + 0.3", add_scalar_},
+    {"neg", "-[4,3]^T", neg_},
+    {"exp", "[3,5]", exp_},
+    {"exp", "[5,3]^T", exp_view},
+    {"log", "[3,5]", log_},
+    {"sqrt", "[5,3]^T", sqrt_},
+    {"pow", "[3,5] ^ 2.5", pow_},
+    {"pow", "[5,3]^T ^ -1.5", pow_neg},
+    {"square", "[3,5]", square_},
+    {"tanh", "[5,3]^T", tanh_},
+    {"sigmoid", "[2,3,4]", sigmoid_},
+    {"relu", "[4,5]", relu_},
+    {"relu", "[5,4]^T", relu_view},
+    {"gelu", "[4,5]", gelu_},
+    {"gelu", "[5,4]^T", gelu_view},
+    {"gelu_tanh", "[4,5]", gelu_tanh_},
+    {"gelu_tanh", "[5,4]^T", gelu_tanh_view},
+    {"masked_fill", "[2,3,4] mask [3,4]", masked_fill_},
+    {"masked_fill", "[4,3]^T mask [4]", masked_fill_view},
+    {"dropout", "[6,8] p=0.3", dropout_},
+    {"dropout", "[8,6]^T p=0.5", dropout_view},
+    {"sum", "[2,3,4] axis 0", sum0},
+    {"sum", "[2,3,4] axis -1 keepdim", sum_last_keep},
+    {"sum", "[4,3]^T axis 1", sum_view},
+    {"sum", "[4,3]^T all", sum_all},
+    {"mean", "[2,3,4] axis 1", mean1},
+    {"mean", "[2,3,4] all", mean_all},
+    {"reshape", "[2,3,4] -> [4,-1]", reshape_},
+    {"reshape", "[4,3]^T -> [12] (copies)", reshape_copy},
+    {"permute", "transpose [2,3,4] 0<->2", transpose_},
+    {"permute", "[2,3,4] -> (2,0,1)", permute_},
+    {"slice", "[2,5,4] axis 1 [1:-1]", slice_},
+    {"slice", "split [6,2] into 1,2,3", split_},
+    {"permute", "split/merge heads [2,3,4] h=2", heads_},
+    {"copy", "contiguous([2,3,4] 1<->2)", contiguous_},
+    {"concat", "[2,1,4] [2,3,4] [2,4,2]^T axis 1", concat_},
+    {"concat", "[2,3] [1,3] axis 0", concat0},
+    {"matmul", "[3,4] @ [4,5]", mm_2d},
+    {"matmul", "[2,3,4] @ [2,4,5]", mm_batched},
+    {"matmul", "[2,3,4] @ [4,5] (folded)", mm_fold},
+    {"matmul", "[3,4] @ [2,4,5] (a broadcast)", mm_bcast_a},
+    {"matmul", "[4,3]^T @ [5,4]^T", mm_trans},
+    {"matmul", "[2,2,3,4] @ [2,1,3,4]^T", mm_4d},
+    {"matmul", "[1,4] @ [4,1]", mm_vec},
+    {"linear", "[2,3,4] w[5,4] b[5]", linear_bias},
+    {"linear", "[3,4] w[5,4] no bias", linear_nobias},
+    {"linear", "[4,3]^T w[4,5]^T b[5]", linear_view},
+    {"softmax", "[3,6]", softmax_},
+    {"softmax", "[2,5,3] 1<->2", softmax_view},
+    {"log_softmax", "[3,6]", log_softmax_},
+    {"log_softmax", "[2,5,3] 1<->2", log_softmax_view},
+    {"masked_softmax", "[2,2,4,4] causal", msm_causal},
+    {"masked_softmax", "[2,2,3,4] + mask[3,4]", msm_additive},
+    {"masked_softmax", "[2,3,4,5] key padding", msm_padding},
+    {"masked_softmax", "[2,2,3,5]^T causal+pad+mask", msm_all},
+    {"layernorm", "[4,6] gain bias", ln_affine},
+    {"layernorm", "[2,3,5] plain", ln_plain},
+    {"layernorm", "[2,3,5] 1<->2 gain", ln_view},
+    {"embedding", "w[7,3] ids[2,4]", embedding_},
+    {"embedding", "w[3,7]^T ids[3,4][:,1:3]", embedding_view},
+    {"cross_entropy", "[6,5]", ce_basic},
+    {"cross_entropy", "[2,3,4] ignore -100", ce_ignore},
+    {"cross_entropy", "[5,4]^T ignore 0", ce_view},
+};
+
+int cg_gradcheck_ops(FILE *out, double tol, const char *filter) {
+    if (tol <= 0) tol = CG_GRADCHECK_TOL;
+    int failed = 0, ncases = (int)(sizeof cases / sizeof cases[0]);
+    if (out) {
+        fprintf(out, "gradient check, %s, step %g, pass if max rel error <= %g\n",
+                sizeof(cg_real) == 8 ? "float64" : "float32", CG_GRADCHECK_EPS, tol);
+        fprintf(out, "%-15s %-34s %12s %12s  %s\n", "op", "shapes", "max abs err", "max rel err", "result");
+    }
+    for (int i = 0; i < ncases; i++) {
+        if (filter && !strstr(cases[i].op, filter)) continue;
+        ctx c = {0};
+        c.g = cg_graph_new(CG_TRAIN);
+        cg_rng_seed(&c.rng, 1000 + (uint64_t)i);
+        cg_tensor *y = c.g ? cases[i].build(&c) : NULL;
+        cg_gradcheck_result res[MAX_IN];
+        cg_status s = y ? cg_gradcheck(c.g, y, c.n, c.in, 0, res) : CG_ERR_ARG;
+        double abs_err = 0, rel_err = 0;
+        for (int k = 0; !s && k < c.n; k++) {
+            if (res[k].max_abs_err > abs_err) abs_err = res[k].max_abs_err;
+            if (res[k].max_rel_err > rel_err) rel_err = res[k].max_rel_err;
+        }
+        bool pass = !s && rel_err <= tol;
+        failed += !pass;
+        if (out) {
+            if (s) fprintf(out, "%-15s %-34s %12s %12s  FAIL (%s)\n", cases[i].op, cases[i].shapes, "-", "-", cg_last_error());
+            else fprintf(out, "%-15s %-34s %12.3e %12.3e  %s\n", cases[i].op, cases[i].shapes, abs_err, rel_err,
+                         pass ? "PASS" : "FAIL");
+        }
+        cg_graph_free(c.g);
+    }
+    for (int op = 0; op < CGI_OP_COUNT && !filter; op++) {
+        if (cgi_ops[op].kind != CGI_KIND_COMPUTE && op != CGI_OP_RESHAPE && op != CGI_OP_PERMUTE && op != CGI_OP_SLICE)
+            continue;
+        bool covered = false;
+        for (int i = 0; i < ncases; i++) covered |= strcmp(cases[i].op, cgi_ops[op].name) == 0;
+        if (!covered) {
+            failed++;
+            if (out) fprintf(out, "%-15s %-34s %12s %12s  FAIL (no gradient check)\n", cgi_ops[op].name, "-", "-", "-");
+        }
+    }
+    return failed;
+}

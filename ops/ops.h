@@ -1,0 +1,116 @@
+/* cgrad ops: every function adds one node to graph g and returns it, or returns NULL and sets
+ * cg_last_error() to a message naming the op and the shapes. A NULL input makes the op return
+ * NULL without overwriting the first message, so a whole model can be built and checked once.
+ * Outputs belong to g. Inputs may be nodes of g or parameters. Negative axes count from the end. */
+#ifndef CGRAD_OPS_H
+#define CGRAD_OPS_H
+
+#include "graph/graph.h"
+
+/* ---- elementwise, NumPy broadcasting ---- */
+
+/* a + b, broadcast. */
+cg_tensor *cg_add(cg_graph *g, cg_tensor *a, cg_tensor *b);
+/* a - b, broadcast. */
+cg_tensor *cg_sub(cg_graph *g, cg_tensor *a, cg_tensor *b);
+/* a * b, broadcast. */
+cg_tensor *cg_mul(cg_graph *g, cg_tensor *a, cg_tensor *b);
+/* a / b, broadcast. */
+cg_tensor *cg_div(cg_graph *g, cg_tensor *a, cg_tensor *b);
+/* s * x. */
+cg_tensor *cg_scale(cg_graph *g, cg_tensor *x, double s);
+/* x + s. */
+cg_tensor *cg_add_scalar(cg_graph *g, cg_tensor *x, double s);
+/* -x. */
+cg_tensor *cg_neg(cg_graph *g, cg_tensor *x);
+/* e^x. */
+cg_tensor *cg_exp(cg_graph *g, cg_tensor *x);
+/* Natural log of x. */
+cg_tensor *cg_log(cg_graph *g, cg_tensor *x);
+/* Square root of x. */
+cg_tensor *cg_sqrt(cg_graph *g, cg_tensor *x);
+/* x^p for a scalar exponent p. */
+cg_tensor *cg_pow(cg_graph *g, cg_tensor *x, double p);
+/* x * x. */
+cg_tensor *cg_square(cg_graph *g, cg_tensor *x);
+/* tanh(x). */
+cg_tensor *cg_tanh(cg_graph *g, cg_tensor *x);
+/* 1 / (1 + e^-x). */
+cg_tensor *cg_sigmoid(cg_graph *g, cg_tensor *x);
+/* max(x, 0). */
+cg_tensor *cg_relu(cg_graph *g, cg_tensor *x);
+/* Exact GELU: x * Phi(x) with the erf form (BERT). */
+cg_tensor *cg_gelu(cg_graph *g, cg_tensor *x);
+/* Tanh-approximated GELU (GPT-2). */
+cg_tensor *cg_gelu_tanh(cg_graph *g, cg_tensor *x);
+/* x where mask == 0, value where mask != 0; mask is int32 and broadcasts to x. */
+cg_tensor *cg_masked_fill(cg_graph *g, cg_tensor *x, cg_tensor *mask, double value);
+/* Inverted dropout with probability p, seeded by the graph; identity in CG_EVAL or if p == 0. */
+cg_tensor *cg_dropout(cg_graph *g, cg_tensor *x, double p);
+/* The same values, cut off from backward. */
+cg_tensor *cg_detach(cg_graph *g, cg_tensor *x);
+
+/* ---- reductions ---- */
+
+/* Sum over one axis; keepdim leaves it with size 1. */
+cg_tensor *cg_sum(cg_graph *g, cg_tensor *x, int axis, bool keepdim);
+/* Mean over one axis; keepdim leaves it with size 1. */
+cg_tensor *cg_mean(cg_graph *g, cg_tensor *x, int axis, bool keepdim);
+/* Sum of every element, a 0-d scalar. */
+cg_tensor *cg_sum_all(cg_graph *g, cg_tensor *x);
+/* Mean of every element, a 0-d scalar. */
+cg_tensor *cg_mean_all(cg_graph *g, cg_tensor *x);
+
+/* ---- movement: views share storage, copies say so ---- */
+
+/* Same elements in a new shape (one entry may be -1); a view when x is contiguous, else a copy. */
+cg_tensor *cg_reshape(cg_graph *g, cg_tensor *x, int ndim, const int64_t *shape);
+/* View with axes a0 and a1 swapped. */
+cg_tensor *cg_transpose(cg_graph *g, cg_tensor *x, int a0, int a1);
+/* View with axes reordered: output axis i is input axis perm[i]. */
+cg_tensor *cg_permute(cg_graph *g, cg_tensor *x, const int *perm);
+/* x itself if contiguous, else a contiguous copy. */
+cg_tensor *cg_contiguous(cg_graph *g, cg_tensor *x);
+/* View of x[start:end] along axis (Python-style negative indices). */
+cg_tensor *cg_slice(cg_graph *g, cg_tensor *x, int axis, int64_t start, int64_t end);
+/* Splits x along axis into n views of the given sizes (NULL: n equal parts) into out[n]. */
+cg_status cg_split(cg_graph *g, cg_tensor *x, int axis, int n, const int64_t *sizes, cg_tensor **out);
+/* Joins n tensors along axis (all other dims equal) into a new contiguous tensor. */
+cg_tensor *cg_concat(cg_graph *g, int n, cg_tensor *const *xs, int axis);
+/* View [B, T, H*D] -> [B, H, T, D] for attention heads. */
+cg_tensor *cg_split_heads(cg_graph *g, cg_tensor *x, int heads);
+/* [B, H, T, D] -> contiguous [B, T, H*D]. */
+cg_tensor *cg_merge_heads(cg_graph *g, cg_tensor *x);
+
+/* ---- matrix products (BLIS, strided: transposed views cost no copy) ---- */
+
+/* a[..., M, K] @ b[..., K, N] -> [..., M, N], leading dims broadcast. */
+cg_tensor *cg_matmul(cg_graph *g, cg_tensor *a, cg_tensor *b);
+/* x[..., in] @ w[out, in]^T + bias[out] (bias may be NULL), as torch.nn.Linear. */
+cg_tensor *cg_linear(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias);
+
+/* ---- normalisation and softmax (last axis) ---- */
+
+/* Softmax over the last axis. */
+cg_tensor *cg_softmax(cg_graph *g, cg_tensor *x);
+/* Log-softmax over the last axis. */
+cg_tensor *cg_log_softmax(cg_graph *g, cg_tensor *x);
+/* Fused softmax(scale * x + mask) over the last axis of x[B, ..., Tq, Tk]: mask (real, may be
+ * NULL) broadcasts to x; causal hides keys j > i + Tk - Tq; key_padding (int32 [B, Tk], may be
+ * NULL) hides keys whose entry is 0. Rows with every key hidden come out as zeros. */
+cg_tensor *cg_masked_softmax(cg_graph *g, cg_tensor *x, double scale, cg_tensor *mask, bool causal,
+                             cg_tensor *key_padding);
+/* Fused layer norm over the last axis with gain and bias [D] (either may be NULL). */
+cg_tensor *cg_layernorm(cg_graph *g, cg_tensor *x, cg_tensor *gain, cg_tensor *bias, double eps);
+
+/* ---- lookup and loss ---- */
+
+/* Rows of weight[V, D] picked by int32 ids of any shape -> [ids..., D]; forward fails on ids
+ * outside [0, V). */
+cg_tensor *cg_embedding(cg_graph *g, cg_tensor *weight, cg_tensor *ids);
+/* Fused mean cross-entropy of logits[..., C] against int32 targets[...]; targets equal to
+ * ignore_index are skipped (the mean is over the rest; 0 if none is left). Forward fails on
+ * targets outside [0, C) that are not ignore_index. */
+cg_tensor *cg_cross_entropy(cg_graph *g, cg_tensor *logits, cg_tensor *targets, int ignore_index);
+
+#endif
