@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cgrad.h"
+#include "cli/commands.h"
 
 static int cmd_gradcheck(int argc, char **argv) {
     const char *filter = NULL;
@@ -26,6 +27,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: cgrad COMMAND [ARGS]\n"
             "  gradcheck   check every op's gradient against finite differences (table; exit 1 on a failure)\n"
+            "  step        one forward/backward (and AdamW steps) of a zoo model on a batch file, outputs dumped\n"
             "  help        this text\n");
 }
 
@@ -35,6 +37,7 @@ int main(int argc, char **argv) {
         return argc < 2 ? 2 : 0;
     }
     if (!strcmp(argv[1], "gradcheck")) return cmd_gradcheck(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "step")) return cmd_step(argc - 2, argv + 2);
     fprintf(stderr, "cgrad: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;

@@ -165,7 +165,7 @@ static cg_tensor *alloc_node(cg_graph *g, int op, cg_dtype dt, int ndim, const i
     t->op = op;
     t->dtype = dt;
     t->ndim = ndim;
-    memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
+    if (ndim > 0) memcpy(t->shape, shape, (size_t)ndim * sizeof *shape); /* scalars may pass NULL */
     cgi_contig_strides(ndim, shape, t->stride);
     t->root = t;
     t->graph = g;
@@ -223,10 +223,35 @@ cg_tensor *cg_input(cg_graph *g, const char *name, cg_dtype dtype, int ndim, con
     return t;
 }
 
+cg_tensor *cg_wrap(cg_graph *g, const char *name, cg_dtype dtype, int ndim, const int64_t *shape,
+                   const int64_t *strides, void *data) {
+    if (!cgi_inputs_ok(g, "wrap", 0, NULL)) return NULL;
+    if ((ndim > 0 && !shape) || !data) {
+        cgi_fail(CG_ERR_ARG, "[wrap] NULL shape or data");
+        return NULL;
+    }
+    if (dtype != CG_REAL && dtype != CG_INT32) {
+        cgi_fail(CG_ERR_ARG, "[wrap] unknown dtype %d", (int)dtype);
+        return NULL;
+    }
+    cg_tensor *t = alloc_node(g, CGI_OP_INPUT, dtype, ndim, shape, 0, NULL);
+    if (!t) return NULL;
+    if (strides) memcpy(t->stride, strides, (size_t)ndim * sizeof *strides);
+    t->data = data;
+    if (name) {
+        size_t len = strlen(name) + 1;
+        char *copy = cgi_arena_alloc(&g->meta, len);
+        if (!copy) return NULL;
+        memcpy(copy, name, len);
+        t->name = copy;
+    }
+    return t;
+}
+
 cg_tensor *cg_requires_grad(cg_tensor *t) {
     if (!t) return NULL;
-    if (t->op != CGI_OP_INPUT || t->dtype != CG_REAL) {
-        cgi_fail(CG_ERR_ARG, "[requires_grad] only real input leaves can require a gradient, not %s%s",
+    if (t->op != CGI_OP_INPUT || t->dtype != CG_REAL || !cgi_contiguous(t)) {
+        cgi_fail(CG_ERR_ARG, "[requires_grad] only contiguous real input leaves can require a gradient, not %s%s",
                  cgi_ops[t->op].name, cgi_shp(t));
         return NULL;
     }

@@ -84,8 +84,8 @@ void cg_graph_reset(cg_graph *g);
 cg_mode cg_graph_mode(const cg_graph *g);
 /* Computes every node in build order; errors for data out of range (token ids, targets). */
 cg_status cg_graph_forward(cg_graph *g);
-/* Accumulates d(loss)/d(x) into the gradient of every parameter and requires-grad input the
- * scalar loss depends on; other graph gradients are recomputed from zero each call. */
+/* Accumulates d(loss)/d(p) into the gradient of every trainable parameter the scalar loss
+ * depends on; requires-grad inputs and all other graph gradients are recomputed from zero. */
 cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss);
 /* Sets the dropout stream: seed and step counter (each training forward advances the step). */
 void cg_graph_set_rng(cg_graph *g, uint64_t seed, uint64_t step);
@@ -100,6 +100,10 @@ size_t cg_graph_bytes(const cg_graph *g);
 
 /* New input leaf of the graph, zero-filled; fill it through cg_data/cg_idata before forward. */
 cg_tensor *cg_input(cg_graph *g, const char *name, cg_dtype dtype, int ndim, const int64_t *shape);
+/* Leaf that reads caller-owned memory in place (strides NULL: contiguous); data must stay valid
+ * while the graph runs. For caches and zero-copy inputs. */
+cg_tensor *cg_wrap(cg_graph *g, const char *name, cg_dtype dtype, int ndim, const int64_t *shape,
+                   const int64_t *strides, void *data);
 /* Marks an input leaf as needing its gradient; call before using it in ops. Returns t. */
 cg_tensor *cg_requires_grad(cg_tensor *t);
 /* Number of dimensions (0 for a scalar). */
@@ -158,6 +162,8 @@ int64_t cg_params_numel(const cg_params *ps);
 cg_real *cg_params_values(cg_params *ps);
 /* All gradients in one contiguous block, same order as cg_params_values. */
 cg_real *cg_params_grads(cg_params *ps);
+/* Elements in the values/grads blocks, padding between parameters included (padding stays 0). */
+int64_t cg_params_span(const cg_params *ps);
 /* Zeroes every gradient of the set. */
 void cg_params_zero_grad(cg_params *ps);
 /* Freezes (false) or unfreezes (true) a parameter; call before building graphs that use it. */

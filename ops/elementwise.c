@@ -313,3 +313,32 @@ void cgi_bwd_dropout(cg_tensor *t) {
     cg_tensor *x = t->src[0];
     if (x->requires_grad) dropout_loop(t, x->grad, x->stride, t->grad, t->stride, true);
 }
+
+/* ---- cast: int32 -> real ---- */
+
+cg_tensor *cg_cast(cg_graph *g, cg_tensor *x) {
+    if (!cgi_inputs_ok(g, "cast", 1, &x)) return NULL;
+    if (x->dtype != CG_INT32) {
+        cgi_fail(CG_ERR_ARG, "[cast] x%s must be int32", cgi_shp(x));
+        return NULL;
+    }
+    return cgi_node(g, CGI_OP_CAST, CG_REAL, x->ndim, x->shape, 1, &x);
+}
+
+cg_status cgi_fwd_cast(cg_tensor *t) {
+    const cg_tensor *x = t->src[0];
+    const int32_t *X = x->data;
+    cg_real *Y = t->data;
+    const int64_t n = cgi_numel(t->ndim, t->shape);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t off = 0, r = i;
+        for (int d = x->ndim - 1; d >= 0; d--) {
+            off += (r % x->shape[d]) * x->stride[d];
+            r /= x->shape[d];
+        }
+        Y[i] = (cg_real)X[off];
+    }
+    return CG_OK;
+}
+
+void cgi_bwd_cast(cg_tensor *t) { (void)t; }

@@ -92,6 +92,7 @@ static cg_tensor *masked_fill_(ctx *c) { return cg_masked_fill(G, X3(2, 3, 4), i
 static cg_tensor *masked_fill_view(ctx *c) { return cg_masked_fill(G, T(X2(4, 3)), ids(c, 0, 2, 1, 4, 0), 0); }
 static cg_tensor *dropout_(ctx *c) { return cg_dropout(G, X2(6, 8), 0.3); }
 static cg_tensor *dropout_view(ctx *c) { return cg_dropout(G, T(X2(8, 6)), 0.5); }
+static cg_tensor *cast_(ctx *c) { return cg_mul(G, X2(3, 4), cg_cast(G, ids(c, 0, 3, 2, 3, 4))); }
 /* reductions */
 static cg_tensor *sum0(ctx *c) { return cg_sum(G, X3(2, 3, 4), 0, false); }
 static cg_tensor *sum_last_keep(ctx *c) { return cg_sum(G, X3(2, 3, 4), -1, true); }
@@ -198,6 +199,7 @@ static const check_case cases[] = {
     {"masked_fill", "[4,3]^T mask [4]", masked_fill_view},
     {"dropout", "[6,8] p=0.3", dropout_},
     {"dropout", "[8,6]^T p=0.5", dropout_view},
+    {"cast", "[3,4] * cast(int [3,4])", cast_},
     {"sum", "[2,3,4] axis 0", sum0},
     {"sum", "[2,3,4] axis -1 keepdim", sum_last_keep},
     {"sum", "[4,3]^T axis 1", sum_view},

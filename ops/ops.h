@@ -47,6 +47,8 @@ cg_tensor *cg_gelu_tanh(cg_graph *g, cg_tensor *x);
 cg_tensor *cg_masked_fill(cg_graph *g, cg_tensor *x, cg_tensor *mask, double value);
 /* Inverted dropout with probability p, seeded by the graph; identity in CG_EVAL or if p == 0. */
 cg_tensor *cg_dropout(cg_graph *g, cg_tensor *x, double p);
+/* int32 x as real values (masks into weights); no gradient flows into x. */
+cg_tensor *cg_cast(cg_graph *g, cg_tensor *x);
 /* The same values, cut off from backward. */
 cg_tensor *cg_detach(cg_graph *g, cg_tensor *x);
 

@@ -1,0 +1,140 @@
+/* cgrad step: one forward and backward of a zoo model on a batch file, every output dumped to a
+ * safetensors file for comparison with any framework; optionally N AdamW steps on the batch. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cgrad.h"
+#include "cli/commands.h"
+#include "io/safetensors.h"
+#include "models/config_json.h"
+#include "models/zoo.h"
+#include "optim/optim.h"
+
+static const char *const known[] = {"--arch", "--config", "--weights", "--batch", "--out", "--steps", "--optim", "--lr",
+                                    "--beta1", "--beta2", "--eps", "--weight-decay", "--threads", NULL};
+
+static int fail(const char *what) {
+    fprintf(stderr, "cgrad step: %s%s%s\n", what, *cg_last_error() ? ": " : "", cg_last_error());
+    return 1;
+}
+
+static double num(int argc, char **argv, const char *name, double dflt) {
+    const char *v = cli_arg(argc, argv, name);
+    return v ? atof(v) : dflt;
+}
+
+/* Fills every graph input from the batch tensor of the same name. */
+static cg_status fill_inputs(const cg_model_graph *mg, const cg_st *batch) {
+    for (int i = 0; i < mg->n_inputs; i++) {
+        cg_tensor *in = mg->inputs[i];
+        cg_status s = cg_st_read_ids(batch, cg_name(in), cg_idata(in), cg_ndim(in), cg_shape(in));
+        if (s) return s;
+    }
+    return CG_OK;
+}
+
+int cmd_step(int argc, char **argv) {
+    if (!cli_known(argc, argv, known, "step")) return 2;
+    const char *arch_s = cli_arg(argc, argv, "--arch"), *cfg_path = cli_arg(argc, argv, "--config"),
+               *w_path = cli_arg(argc, argv, "--weights"), *b_path = cli_arg(argc, argv, "--batch"),
+               *out_path = cli_arg(argc, argv, "--out");
+    if (!arch_s || !cfg_path || !w_path || !b_path || !out_path) {
+        fprintf(stderr, "usage: cgrad step --arch gpt2|bert|encdec|classifier --config config.json --weights w.safetensors "
+                        "--batch b.safetensors --out o.safetensors [--steps N --optim adamw --lr X --beta1 X --beta2 X "
+                        "--eps X --weight-decay X] [--threads N]\n");
+        return 2;
+    }
+    if (cli_arg(argc, argv, "--threads")) cg_set_threads(atoi(cli_arg(argc, argv, "--threads")));
+    const int steps = (int)num(argc, argv, "--steps", 0);
+    const char *optim_s = cli_arg(argc, argv, "--optim");
+    if (optim_s && strcmp(optim_s, "adamw")) return fail("only --optim adamw is supported");
+    cg_arch arch;
+    if (cg_arch_parse(arch_s, &arch)) return fail("bad --arch");
+    char *cfg = cgi_read_text(cfg_path, NULL);
+    if (!cfg) return fail("cannot read the config");
+    cg_params *ps = cg_params_new();
+    cg_model *m = cg_model_new(arch, cfg, 0.0, ps, 0);
+    free(cfg);
+    cg_st *w = m ? cg_st_open(w_path) : NULL, *batch = w ? cg_st_open(b_path) : NULL;
+    int rc = 0;
+    cg_graph *g = NULL;
+    cg_st_writer *out = NULL;
+    cg_optim *opt = NULL;
+    cg_real *losses = NULL;
+    if (!m || !w || !batch || cg_model_load(m, w)) {
+        rc = fail("cannot set up the model");
+        goto done;
+    }
+    /* Batch and sequence sizes come from the batch file itself. */
+    int ndim;
+    int64_t shape[CG_MAX_DIMS], src_shape[CG_MAX_DIMS] = {0, 0};
+    const char *main_name = arch == CG_ARCH_ENCDEC ? "tgt_in" : "input_ids";
+    if (cg_st_info(batch, main_name, NULL, &ndim, shape) || ndim != 2 ||
+        (arch == CG_ARCH_ENCDEC && (cg_st_info(batch, "src", NULL, &ndim, src_shape) || ndim != 2))) {
+        rc = fail("the batch needs 2-D input tensors");
+        goto done;
+    }
+    g = cg_graph_new(CG_TRAIN);
+    cg_model_graph mg;
+    if (!g || cg_model_build(g, m, shape[0], shape[1], src_shape[1], &mg) || fill_inputs(&mg, batch)) {
+        rc = fail("cannot build the step");
+        goto done;
+    }
+    out = cg_st_writer_new();
+    cg_params_zero_grad(ps);
+    if (cg_graph_forward(g) || cg_graph_backward(g, mg.loss)) {
+        rc = fail("step failed");
+        goto done;
+    }
+    cg_status st = cg_st_add_tensor(out, "logits", mg.logits);
+    cg_real loss = (cg_real)cg_item(mg.loss);
+    if (!st) st = cg_st_add(out, "loss", 1, (int64_t[]){1}, &loss);
+    if (!st && arch == CG_ARCH_BERT) {
+        cg_real l[2] = {(cg_real)cg_item(mg.mlm_loss), (cg_real)cg_item(mg.nsp_loss)};
+        st = cg_st_add_tensor(out, "seq_relationship_logits", mg.nsp_logits);
+        if (!st) st = cg_st_add(out, "mlm_loss", 1, (int64_t[]){1}, &l[0]);
+        if (!st) st = cg_st_add(out, "nsp_loss", 1, (int64_t[]){1}, &l[1]);
+    }
+    for (int i = 0; !st && i < cg_params_count(ps); i++) {
+        cg_tensor *p = cg_params_at(ps, i);
+        char name[300];
+        snprintf(name, sizeof name, "grad.%s", cg_name(p));
+        st = cg_st_add(out, name, cg_ndim(p), cg_shape(p), cg_grad(p));
+    }
+    if (!st && steps > 0) {
+        cg_optim_config oc = cg_optim_defaults(CG_OPT_ADAMW);
+        oc.lr = num(argc, argv, "--lr", 1e-3);
+        oc.beta1 = num(argc, argv, "--beta1", 0.9);
+        oc.beta2 = num(argc, argv, "--beta2", 0.999);
+        oc.eps = num(argc, argv, "--eps", 1e-8);
+        oc.weight_decay = num(argc, argv, "--weight-decay", 0.01);
+        opt = cg_optim_new(ps, &oc); /* decay on every parameter, as AdamW over model.parameters() */
+        losses = malloc((size_t)steps * sizeof *losses);
+        if (!opt || !losses) st = CG_ERR_NOMEM;
+        for (int k = 0; !st && k < steps; k++) {
+            if (k > 0) { /* the first step's gradients are already there */
+                cg_params_zero_grad(ps);
+                if ((st = cg_graph_forward(g)) || (st = cg_graph_backward(g, mg.loss))) break;
+            }
+            losses[k] = (cg_real)cg_item(mg.loss);
+            st = cg_optim_step(opt, oc.lr);
+        }
+        if (!st) st = cg_st_add(out, "losses", 1, (int64_t[]){steps}, losses);
+        if (!st) st = cg_st_add_params(out, ps);
+    }
+    if (!st) st = cg_st_write(out, out_path);
+    if (st) rc = fail("cannot write the outputs");
+    else fprintf(stderr, "cgrad step: %s loss %.6f, %d parameters, wrote %s\n", arch_s, (double)loss,
+                 cg_params_count(ps), out_path);
+done:
+    free(losses);
+    cg_optim_free(opt);
+    cg_st_writer_free(out);
+    cg_graph_free(g);
+    cg_st_close(batch);
+    cg_st_close(w);
+    cg_model_free(m);
+    cg_params_free(ps);
+    return rc;
+}

@@ -1,0 +1,43 @@
+/* BERT-style encoder (Hugging Face BertForPreTraining layout): token, position and segment
+ * embeddings with LayerNorm, post-LN encoder with exact GELU, masked-LM head tied to the word
+ * embeddings, next-sentence head on the tanh pooler over [CLS], optional classification head. */
+#ifndef CGRAD_BERT_H
+#define CGRAD_BERT_H
+
+#include "graph/graph.h"
+
+typedef struct {
+    int64_t vocab_size, hidden_size, num_hidden_layers, num_attention_heads, intermediate_size;
+    int64_t max_position_embeddings, type_vocab_size;
+    int64_t num_labels;    /* > 0 adds the sequence-classification head classifier.{weight,bias} */
+    double layer_norm_eps; /* 1e-12 in BERT */
+    double dropout;        /* hidden and attention dropout */
+} cg_bert_config;
+
+typedef struct {
+    cg_tensor *hidden;     /* [B, T, d] last encoder layer */
+    cg_tensor *mlm_logits; /* [B, T, vocab] */
+    cg_tensor *nsp_logits; /* [B, 2] */
+    cg_tensor *cls_logits; /* [B, num_labels], NULL without the head */
+} cg_bert_outputs;
+
+typedef struct cg_bert cg_bert;
+
+/* Reads a Hugging Face BERT config.json text (num_labels from "num_labels" or id2label, else 0). */
+cg_status cg_bert_config_parse(const char *json, cg_bert_config *cfg);
+/* Writes cfg as a BERT config.json text; malloc'd, caller frees. */
+char *cg_bert_config_json(const cg_bert_config *cfg);
+/* Declares the parameters in ps (normal(0, 0.02) init, seeded); the model borrows ps. */
+cg_bert *cg_bert_new(const cg_bert_config *cfg, cg_params *ps, uint64_t seed);
+/* Frees the model (not its parameters). */
+void cg_bert_free(cg_bert *m);
+/* The model's configuration. */
+const cg_bert_config *cg_bert_cfg(const cg_bert *m);
+/* Adds the model to g. ids [B, T] int32; token_types and attention_mask (1 keep, 0 pad) may be NULL. */
+cg_status cg_bert_forward(cg_graph *g, const cg_bert *m, cg_tensor *ids, cg_tensor *token_types,
+                          cg_tensor *attention_mask, cg_bert_outputs *out);
+/* Pre-training loss: mean masked-LM cross-entropy (labels -100 ignored) + next-sentence cross-entropy. */
+cg_tensor *cg_bert_pretraining_loss(cg_graph *g, const cg_bert_outputs *o, cg_tensor *labels,
+                                    cg_tensor *next_sentence_label, cg_tensor **mlm_loss, cg_tensor **nsp_loss);
+
+#endif

@@ -1,0 +1,97 @@
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "graph/internal.h"
+#include "models/config_json.h"
+
+cJSON *cgi_json_object(const char *text, const char *what) {
+    if (!text) {
+        cgi_fail(CG_ERR_ARG, "[%s] no JSON text", what);
+        return NULL;
+    }
+    cJSON *o = cJSON_Parse(text);
+    if (!o || !cJSON_IsObject(o)) {
+        const char *at = cJSON_GetErrorPtr();
+        cgi_fail(CG_ERR_FORMAT, "[%s] not a JSON object%s%.20s", what, at ? " near: " : "", at ? at : "");
+        cJSON_Delete(o);
+        return NULL;
+    }
+    return o;
+}
+
+static const cJSON *field(const cJSON *o, const char *key, bool required, const char *what, bool *ok) {
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, key);
+    *ok = true;
+    if (!f || cJSON_IsNull(f)) {
+        if (required) {
+            cgi_fail(CG_ERR_FORMAT, "[%s] missing required field \"%s\"", what, key);
+            *ok = false;
+        }
+        return NULL;
+    }
+    if (!cJSON_IsNumber(f)) {
+        cgi_fail(CG_ERR_FORMAT, "[%s] field \"%s\" must be a number", what, key);
+        *ok = false;
+        return NULL;
+    }
+    return f;
+}
+
+bool cgi_json_int(const cJSON *o, const char *key, bool required, int64_t dflt, int64_t *out, const char *what) {
+    bool ok;
+    const cJSON *f = field(o, key, required, what, &ok);
+    if (!ok) return false;
+    if (!f) {
+        *out = dflt;
+        return true;
+    }
+    double v = f->valuedouble;
+    if (v != floor(v) || fabs(v) > 9.0e15) {
+        cgi_fail(CG_ERR_FORMAT, "[%s] field \"%s\" = %g must be an integer", what, key, v);
+        return false;
+    }
+    *out = (int64_t)v;
+    return true;
+}
+
+bool cgi_json_num(const cJSON *o, const char *key, bool required, double dflt, double *out, const char *what) {
+    bool ok;
+    const cJSON *f = field(o, key, required, what, &ok);
+    if (!ok) return false;
+    *out = f ? f->valuedouble : dflt;
+    return true;
+}
+
+char *cgi_read_text(const char *path, size_t *len) {
+    FILE *f = path ? fopen(path, "rb") : NULL;
+    if (!f) {
+        cgi_fail(CG_ERR_IO, "[%s] cannot open for reading", path ? path : "(null)");
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    for (size_t got; buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0;) {
+        n += got;
+        if (cap - n - 1 == 0) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    bool err = ferror(f);
+    fclose(f);
+    if (!buf || err) {
+        free(buf);
+        cgi_fail(CG_ERR_IO, "[%s] read failed", path);
+        return NULL;
+    }
+    buf[n] = 0;
+    if (len) *len = n;
+    return buf;
+}

@@ -1,0 +1,249 @@
+/* GPT-2, composed from ops. The optional key/value cache lets generation feed one token at a
+ * time: each layer's keys and values for earlier positions are read in place from the cache. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "graph/internal.h"
+#include "models/config_json.h"
+#include "models/gpt.h"
+#include "ops/ops.h"
+
+typedef struct {
+    cg_tensor *ln1_w, *ln1_b, *attn_w, *attn_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *fc2_w, *fc2_b;
+} gpt_block;
+
+struct cg_gpt {
+    cg_gpt_config cfg;
+    cg_tensor *wte, *wpe, *lnf_w, *lnf_b;
+    gpt_block *h;
+};
+
+/* Keys and values of positions [0, len) per layer, laid out [H, cap, D]. */
+typedef struct {
+    cg_real *k, *v;
+    int64_t len, cap;
+    cg_tensor **new_k, **new_v; /* this step's head-split keys and values, copied in after forward */
+} kv_cache;
+
+cg_status cg_gpt_config_parse(const char *json, cg_gpt_config *c) {
+    const char *what = "gpt2 config";
+    if (!c) return cgi_fail(CG_ERR_ARG, "[%s] NULL config", what);
+    cJSON *o = cgi_json_object(json, what);
+    if (!o) return CG_ERR_FORMAT;
+    memset(c, 0, sizeof *c);
+    bool ok = cgi_json_int(o, "vocab_size", true, 0, &c->vocab_size, what) &&
+              cgi_json_int(o, "n_positions", true, 0, &c->n_positions, what) &&
+              cgi_json_int(o, "n_embd", true, 0, &c->n_embd, what) &&
+              cgi_json_int(o, "n_layer", true, 0, &c->n_layer, what) &&
+              cgi_json_int(o, "n_head", true, 0, &c->n_head, what) &&
+              cgi_json_int(o, "n_inner", false, 0, &c->n_inner, what) &&
+              cgi_json_num(o, "layer_norm_epsilon", false, 1e-5, &c->layer_norm_epsilon, what);
+    cJSON_Delete(o);
+    return ok ? CG_OK : CG_ERR_FORMAT;
+}
+
+char *cg_gpt_config_json(const cg_gpt_config *c) {
+    char *s = malloc(512);
+    if (!s) return NULL;
+    snprintf(s, 512,
+             "{\"model_type\": \"gpt2\", \"vocab_size\": %lld, \"n_positions\": %lld, \"n_embd\": %lld, "
+             "\"n_layer\": %lld, \"n_head\": %lld, \"n_inner\": %lld, \"layer_norm_epsilon\": %.17g}",
+             (long long)c->vocab_size, (long long)c->n_positions, (long long)c->n_embd, (long long)c->n_layer,
+             (long long)c->n_head, (long long)(c->n_inner ? c->n_inner : 4 * c->n_embd), c->layer_norm_epsilon);
+    return s;
+}
+
+static int64_t ff_width(const cg_gpt_config *c) { return c->n_inner > 0 ? c->n_inner : 4 * c->n_embd; }
+
+cg_gpt *cg_gpt_new(const cg_gpt_config *cfg, cg_params *ps, uint64_t seed) {
+    if (!cfg || !ps) {
+        cgi_fail(CG_ERR_ARG, "[gpt] NULL config or parameter set");
+        return NULL;
+    }
+    const cg_gpt_config *c = cfg;
+    if (c->vocab_size <= 0 || c->n_positions <= 0 || c->n_embd <= 0 || c->n_layer <= 0 || c->n_head <= 0 ||
+        c->n_embd % c->n_head || c->n_inner < 0 || !(c->dropout >= 0 && c->dropout < 1)) {
+        cgi_fail(CG_ERR_ARG, "[gpt] bad config: vocab %lld, positions %lld, n_embd %lld, n_layer %lld, n_head %lld "
+                 "(must divide n_embd), n_inner %lld, dropout %g", (long long)c->vocab_size, (long long)c->n_positions,
+                 (long long)c->n_embd, (long long)c->n_layer, (long long)c->n_head, (long long)c->n_inner, c->dropout);
+        return NULL;
+    }
+    cg_gpt *m = calloc(1, sizeof *m);
+    gpt_block *h = calloc((size_t)c->n_layer, sizeof *h);
+    if (!m || !h) {
+        free(m);
+        free(h);
+        cgi_fail(CG_ERR_NOMEM, "[gpt] out of memory");
+        return NULL;
+    }
+    m->cfg = *c;
+    if (m->cfg.layer_norm_epsilon <= 0) m->cfg.layer_norm_epsilon = 1e-5;
+    m->h = h;
+    cg_rng r;
+    cg_rng_seed(&r, seed);
+    const int64_t d = c->n_embd, f = ff_width(c);
+    const double std = 0.02, proj_std = 0.02 / sqrt(2.0 * (double)c->n_layer); /* GPT-2's residual scaling */
+    bool ok = (m->wte = cg_param_normal(ps, &r, std, 2, (int64_t[]){c->vocab_size, d}, "wte.weight")) &&
+              (m->wpe = cg_param_normal(ps, &r, 0.01, 2, (int64_t[]){c->n_positions, d}, "wpe.weight"));
+    for (int64_t i = 0; ok && i < c->n_layer; i++) {
+        gpt_block *b = &h[i];
+        ok = (b->ln1_w = cg_param_const(ps, 1, 1, &d, "h.%lld.ln_1.weight", (long long)i)) &&
+             (b->ln1_b = cg_param_const(ps, 0, 1, &d, "h.%lld.ln_1.bias", (long long)i)) &&
+             (b->attn_w = cg_param_normal(ps, &r, std, 2, (int64_t[]){d, 3 * d}, "h.%lld.attn.c_attn.weight", (long long)i)) &&
+             (b->attn_b = cg_param_const(ps, 0, 1, (int64_t[]){3 * d}, "h.%lld.attn.c_attn.bias", (long long)i)) &&
+             (b->proj_w = cg_param_normal(ps, &r, proj_std, 2, (int64_t[]){d, d}, "h.%lld.attn.c_proj.weight", (long long)i)) &&
+             (b->proj_b = cg_param_const(ps, 0, 1, &d, "h.%lld.attn.c_proj.bias", (long long)i)) &&
+             (b->ln2_w = cg_param_const(ps, 1, 1, &d, "h.%lld.ln_2.weight", (long long)i)) &&
+             (b->ln2_b = cg_param_const(ps, 0, 1, &d, "h.%lld.ln_2.bias", (long long)i)) &&
+             (b->fc_w = cg_param_normal(ps, &r, std, 2, (int64_t[]){d, f}, "h.%lld.mlp.c_fc.weight", (long long)i)) &&
+             (b->fc_b = cg_param_const(ps, 0, 1, &f, "h.%lld.mlp.c_fc.bias", (long long)i)) &&
+             (b->fc2_w = cg_param_normal(ps, &r, proj_std, 2, (int64_t[]){f, d}, "h.%lld.mlp.c_proj.weight", (long long)i)) &&
+             (b->fc2_b = cg_param_const(ps, 0, 1, &d, "h.%lld.mlp.c_proj.bias", (long long)i));
+    }
+    ok = ok && (m->lnf_w = cg_param_const(ps, 1, 1, &d, "ln_f.weight")) &&
+         (m->lnf_b = cg_param_const(ps, 0, 1, &d, "ln_f.bias"));
+    if (!ok) {
+        cg_gpt_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+void cg_gpt_free(cg_gpt *m) {
+    if (!m) return;
+    free(m->h);
+    free(m);
+}
+
+const cg_gpt_config *cg_gpt_cfg(const cg_gpt *m) { return m ? &m->cfg : NULL; }
+
+/* Conv1D: y = x @ W + b with W stored [in, out]; cg_linear wants [out, in], a transposed view. */
+static cg_tensor *conv1d(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *b) {
+    return cg_linear(g, x, cg_transpose(g, w, 0, 1), b);
+}
+
+/* Joins cached keys (positions before this step) with this step's, along the time axis. */
+static cg_tensor *with_cache(cg_graph *g, cg_real *store, int64_t len, int64_t cap, cg_tensor *fresh) {
+    if (len == 0 || !fresh) return fresh;
+    const int64_t h = cg_dim(fresh, 1), d = cg_dim(fresh, 3);
+    int64_t s[4] = {1, h, len, d}, st[4] = {h * cap * d, cap * d, d, 1};
+    cg_tensor *past = cg_wrap(g, "kv_cache", CG_REAL, 4, s, st, store);
+    cg_tensor *both[2] = {past, fresh};
+    return cg_concat(g, 2, both, 2);
+}
+
+static cg_tensor *gpt_forward(cg_graph *g, const cg_gpt *m, cg_tensor *ids, kv_cache *cache) {
+    if (!m) {
+        cgi_fail(CG_ERR_ARG, "[gpt] model is NULL");
+        return NULL;
+    }
+    if (!cgi_inputs_ok(g, "gpt", 1, &ids)) return NULL;
+    const cg_gpt_config *c = &m->cfg;
+    if (ids->dtype != CG_INT32 || ids->ndim != 2) {
+        cgi_fail(CG_ERR_SHAPE, "[gpt] ids%s must be int32 [B, T]", cgi_shp(ids));
+        return NULL;
+    }
+    const int64_t t = ids->shape[1], past = cache ? cache->len : 0;
+    if (past + t > c->n_positions) {
+        cgi_fail(CG_ERR_SHAPE, "[gpt] %lld positions exceed n_positions %lld", (long long)(past + t),
+                 (long long)c->n_positions);
+        return NULL;
+    }
+    const double eps = c->layer_norm_epsilon, p = c->dropout;
+    const int heads = (int)c->n_head;
+    cg_tensor *x = cg_add(g, cg_embedding(g, m->wte, ids), cg_embedding(g, m->wpe, cg_position_ids(g, t, past)));
+    x = cg_dropout(g, x, p);
+    for (int64_t i = 0; i < c->n_layer; i++) {
+        const gpt_block *b = &m->h[i];
+        cg_tensor *qkv[3];
+        cg_split(g, conv1d(g, cg_layernorm(g, x, b->ln1_w, b->ln1_b, eps), b->attn_w, b->attn_b), -1, 3, NULL, qkv);
+        cg_tensor *q = cg_split_heads(g, qkv[0], heads), *k = cg_split_heads(g, qkv[1], heads),
+                  *v = cg_split_heads(g, qkv[2], heads);
+        if (cache) {
+            const int64_t layer = i * heads * cache->cap * (c->n_embd / heads);
+            cache->new_k[i] = k;
+            cache->new_v[i] = v;
+            k = with_cache(g, cache->k + layer, past, cache->cap, k);
+            v = with_cache(g, cache->v + layer, past, cache->cap, v);
+        }
+        cg_tensor *a = cg_merge_heads(g, cg_attention(g, q, k, v, true, NULL, p));
+        x = cg_add(g, x, cg_dropout(g, conv1d(g, a, b->proj_w, b->proj_b), p));
+        cg_tensor *f = cg_gelu_tanh(g, conv1d(g, cg_layernorm(g, x, b->ln2_w, b->ln2_b, eps), b->fc_w, b->fc_b));
+        x = cg_add(g, x, cg_dropout(g, conv1d(g, f, b->fc2_w, b->fc2_b), p));
+    }
+    x = cg_layernorm(g, x, m->lnf_w, m->lnf_b, eps);
+    return cg_linear(g, x, m->wte, NULL); /* the LM head is the token embedding, tied */
+}
+
+cg_tensor *cg_gpt_logits(cg_graph *g, const cg_gpt *m, cg_tensor *ids) { return gpt_forward(g, m, ids, NULL); }
+
+/* Appends this step's keys and values ([1, H, T, D] nodes) to the cache. */
+static cg_status cache_append(kv_cache *kc, const cg_gpt_config *c, int64_t t, cg_real *tmp) {
+    const int64_t h = c->n_head, d = c->n_embd / c->n_head;
+    for (int64_t i = 0; i < c->n_layer; i++)
+        for (int kv = 0; kv < 2; kv++) {
+            cg_status s = cg_read(kv ? kc->new_v[i] : kc->new_k[i], tmp);
+            if (s) return s;
+            cg_real *store = (kv ? kc->v : kc->k) + i * h * kc->cap * d;
+            for (int64_t hh = 0; hh < h; hh++)
+                memcpy(store + (hh * kc->cap + kc->len) * d, tmp + hh * t * d, (size_t)(t * d) * sizeof(cg_real));
+        }
+    kc->len += t;
+    return CG_OK;
+}
+
+cg_status cg_gpt_generate(const cg_gpt *m, const int32_t *prompt, int64_t n_prompt, int64_t n_new,
+                          const cg_sampling *s, uint64_t seed, bool use_cache, int32_t *out) {
+    if (!m || !prompt || !out || n_prompt <= 0 || n_new < 0)
+        return cgi_fail(CG_ERR_ARG, "[gpt generate] need a model, a non-empty prompt and an output buffer");
+    const cg_gpt_config *c = &m->cfg;
+    const int64_t total = n_prompt + n_new;
+    if (total > c->n_positions)
+        return cgi_fail(CG_ERR_ARG, "[gpt generate] %lld prompt + %lld new tokens exceed n_positions %lld",
+                        (long long)n_prompt, (long long)n_new, (long long)c->n_positions);
+    for (int64_t i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= c->vocab_size)
+            return cgi_fail(CG_ERR_RANGE, "[gpt generate] prompt token %d at %lld outside vocabulary [0, %lld)",
+                            prompt[i], (long long)i, (long long)c->vocab_size);
+    memcpy(out, prompt, (size_t)n_prompt * sizeof *out);
+    cg_graph *g = cg_graph_new(CG_EVAL);
+    kv_cache kc = {0};
+    cg_real *tmp = NULL;
+    cg_status st = g ? CG_OK : CG_ERR_NOMEM;
+    if (!st && use_cache) {
+        size_t per = (size_t)(c->n_layer * c->n_embd * total);
+        kc.cap = total;
+        kc.k = malloc(per * sizeof(cg_real));
+        kc.v = malloc(per * sizeof(cg_real));
+        kc.new_k = calloc((size_t)c->n_layer, sizeof(cg_tensor *));
+        kc.new_v = calloc((size_t)c->n_layer, sizeof(cg_tensor *));
+        tmp = malloc((size_t)(c->n_embd * total) * sizeof(cg_real));
+        if (!kc.k || !kc.v || !kc.new_k || !kc.new_v || !tmp) st = cgi_fail(CG_ERR_NOMEM, "[gpt generate] out of memory");
+    }
+    cg_rng r;
+    cg_rng_seed(&r, seed);
+    for (int64_t n = n_prompt; !st && n < total; n++) {
+        cg_graph_reset(g);
+        /* With the cache, the first step feeds the whole prompt and later steps one token. */
+        const int64_t from = use_cache ? kc.len : 0, t = n - from;
+        cg_tensor *ids = cg_input(g, "ids", CG_INT32, 2, (int64_t[]){1, t});
+        if (ids) memcpy(cg_idata(ids), out + from, (size_t)t * sizeof(int32_t));
+        cg_tensor *logits = gpt_forward(g, m, ids, use_cache ? &kc : NULL);
+        if (!logits) {
+            st = CG_ERR_SHAPE;
+            break;
+        }
+        st = cg_graph_forward(g);
+        if (st) break;
+        if (use_cache) st = cache_append(&kc, c, t, tmp);
+        out[n] = cg_sample(cg_data(logits) + (t - 1) * c->vocab_size, c->vocab_size, s, &r);
+    }
+    free(kc.k);
+    free(kc.v);
+    free(kc.new_k);
+    free(kc.new_v);
+    free(tmp);
+    cg_graph_free(g);
+    return st;
+}

@@ -1,0 +1,37 @@
+/* GPT-style decoder (GPT-2 layout): learned positions, pre-LN blocks with tanh-GELU, causal
+ * attention, final LayerNorm, LM head tied to the token embedding. Parameters carry Hugging
+ * Face GPT-2 names and layouts (Conv1D weights [in, out]): wte.weight, h.0.attn.c_attn.weight... */
+#ifndef CGRAD_GPT_H
+#define CGRAD_GPT_H
+
+#include "graph/graph.h"
+#include "models/layers.h"
+
+typedef struct {
+    int64_t vocab_size, n_positions, n_embd, n_layer, n_head;
+    int64_t n_inner;           /* feed-forward width; 0 means 4 * n_embd */
+    double layer_norm_epsilon; /* 1e-5 in GPT-2 */
+    double dropout;            /* residual, embedding and attention dropout */
+} cg_gpt_config;
+
+typedef struct cg_gpt cg_gpt;
+
+/* Reads a Hugging Face GPT-2 config.json text (n_embd, n_layer, n_head, n_positions, vocab_size,
+ * layer_norm_epsilon, n_inner; null n_inner means 4 * n_embd; other fields ignored). */
+cg_status cg_gpt_config_parse(const char *json, cg_gpt_config *cfg);
+/* Writes cfg as a GPT-2 config.json text; malloc'd, caller frees. */
+char *cg_gpt_config_json(const cg_gpt_config *cfg);
+/* Declares the parameters in ps (GPT-2 initialisation seeded by seed); the model borrows ps. */
+cg_gpt *cg_gpt_new(const cg_gpt_config *cfg, cg_params *ps, uint64_t seed);
+/* Frees the model (not its parameter set). */
+void cg_gpt_free(cg_gpt *m);
+/* The model's configuration. */
+const cg_gpt_config *cg_gpt_cfg(const cg_gpt *m);
+/* Adds the model to g: int32 ids [B, T] -> logits [B, T, vocab]. */
+cg_tensor *cg_gpt_logits(cg_graph *g, const cg_gpt *m, cg_tensor *ids);
+/* Generates n_new tokens after the prompt into out[n_prompt + n_new] (prompt copied first);
+ * with use_cache each step feeds only the new token through cached keys and values. */
+cg_status cg_gpt_generate(const cg_gpt *m, const int32_t *prompt, int64_t n_prompt, int64_t n_new,
+                          const cg_sampling *s, uint64_t seed, bool use_cache, int32_t *out);
+
+#endif

@@ -1,0 +1,122 @@
+/* Composite layers: attention is matmul -> fused masked softmax -> dropout -> matmul, with the
+ * heads split and merged by views, so it needs no backward of its own. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "graph/internal.h"
+#include "models/layers.h"
+#include "ops/ops.h"
+
+static cg_tensor *param_v(cg_params *ps, int ndim, const int64_t *shape, const char *fmt, va_list ap) {
+    char name[256];
+    vsnprintf(name, sizeof name, fmt, ap);
+    return cg_params_add(ps, name, ndim, shape);
+}
+
+cg_tensor *cg_param_normal(cg_params *ps, cg_rng *r, double std, int ndim, const int64_t *shape, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    cg_tensor *t = param_v(ps, ndim, shape, fmt, ap);
+    va_end(ap);
+    if (t && std > 0) cg_fill_normal(t, r, 0, std);
+    return t;
+}
+
+cg_tensor *cg_param_const(cg_params *ps, double value, int ndim, const int64_t *shape, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    cg_tensor *t = param_v(ps, ndim, shape, fmt, ap);
+    va_end(ap);
+    if (t && value != 0) cg_fill(t, value);
+    return t;
+}
+
+cg_tensor *cg_attention(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, bool causal,
+                        cg_tensor *key_padding, double dropout) {
+    if (!q || !k || !v) return NULL;
+    double scale = 1.0 / sqrt((double)cg_dim(q, -1));
+    cg_tensor *scores = cg_matmul(g, q, cg_transpose(g, k, -1, -2));
+    cg_tensor *w = cg_masked_softmax(g, scores, scale, NULL, causal, key_padding);
+    return cg_matmul(g, cg_dropout(g, w, dropout), v);
+}
+
+cg_tensor *cg_multi_head(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, int heads, bool causal,
+                         cg_tensor *key_padding, double dropout) {
+    cg_tensor *o = cg_attention(g, cg_split_heads(g, q, heads), cg_split_heads(g, k, heads),
+                                cg_split_heads(g, v, heads), causal, key_padding, dropout);
+    return cg_merge_heads(g, o);
+}
+
+cg_tensor *cg_position_ids(cg_graph *g, int64_t t, int64_t offset) {
+    cg_tensor *p = cg_input(g, "positions", CG_INT32, 1, &t);
+    for (int64_t i = 0; p && i < t; i++) cg_idata(p)[i] = (int32_t)(offset + i);
+    return p;
+}
+
+cg_tensor *cg_sinusoidal(cg_graph *g, int64_t t, int64_t d, int64_t offset) {
+    int64_t s[2] = {t, d};
+    cg_tensor *pe = cg_input(g, "sinusoidal", CG_REAL, 2, s);
+    if (!pe) return NULL;
+    cg_real *x = cg_data(pe);
+    for (int64_t p = 0; p < t; p++)
+        for (int64_t i = 0; i < d; i += 2) {
+            double angle = (double)(p + offset) / pow(10000.0, (double)i / (double)d);
+            x[p * d + i] = (cg_real)sin(angle);
+            if (i + 1 < d) x[p * d + i + 1] = (cg_real)cos(angle);
+        }
+    return pe;
+}
+
+typedef struct {
+    double p;
+    int32_t id;
+} cand;
+
+static int by_prob_desc(const void *a, const void *b) {
+    const cand *x = a, *y = b;
+    if (x->p != y->p) return x->p < y->p ? 1 : -1;
+    return x->id - y->id; /* ties broken by id so the order never depends on qsort */
+}
+
+int32_t cg_sample(const cg_real *logits, int64_t v, const cg_sampling *s, cg_rng *r) {
+    int32_t best = 0;
+    for (int64_t i = 1; i < v; i++)
+        if (logits[i] > logits[best]) best = (int32_t)i;
+    if (!s || s->temperature <= 0 || v <= 1) return best;
+    cand *c = malloc((size_t)v * sizeof *c);
+    if (!c) return best;
+    double sum = 0;
+    for (int64_t i = 0; i < v; i++) {
+        c[i].id = (int32_t)i;
+        c[i].p = exp(((double)logits[i] - (double)logits[best]) / s->temperature);
+        sum += c[i].p;
+    }
+    qsort(c, (size_t)v, sizeof *c, by_prob_desc);
+    int64_t keep = v;
+    if (s->top_k > 0 && s->top_k < keep) keep = s->top_k;
+    if (s->top_p > 0 && s->top_p < 1) {
+        double acc = 0;
+        for (int64_t i = 0; i < keep; i++) {
+            acc += c[i].p / sum;
+            if (acc >= s->top_p) {
+                keep = i + 1;
+                break;
+            }
+        }
+    }
+    double total = 0;
+    for (int64_t i = 0; i < keep; i++) total += c[i].p;
+    double u = cg_rng_uniform(r) * total, acc = 0;
+    int32_t pick = c[keep - 1].id;
+    for (int64_t i = 0; i < keep; i++) {
+        acc += c[i].p;
+        if (u < acc) {
+            pick = c[i].id;
+            break;
+        }
+    }
+    free(c);
+    return pick;
+}

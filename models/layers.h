@@ -1,0 +1,40 @@
+/* Building blocks of the model zoo. Everything here is composed from ops (no backward of its
+ * own): parameter declaration helpers, attention over head-split tensors, positions, sampling. */
+#ifndef CGRAD_LAYERS_H
+#define CGRAD_LAYERS_H
+
+#include "graph/graph.h"
+
+/* Adds parameter NAME (printf-style) drawn from normal(0, std) (std 0: zeros); NULL on error. */
+cg_tensor *cg_param_normal(cg_params *ps, cg_rng *r, double std, int ndim, const int64_t *shape, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+/* Adds parameter NAME (printf-style) filled with value; NULL on error. */
+cg_tensor *cg_param_const(cg_params *ps, double value, int ndim, const int64_t *shape, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+/* Scaled dot-product attention on head-split q[B,H,Tq,D], k,v[B,H,Tk,D] -> [B,H,Tq,D]; scores
+ * scaled by 1/sqrt(D), causal and key-padding (int32 [B,Tk], 1 keep) masks, dropout on weights. */
+cg_tensor *cg_attention(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, bool causal,
+                        cg_tensor *key_padding, double dropout);
+
+/* Multi-head attention from q[B,Tq,d], k,v[B,Tk,d] (already projected) -> [B,Tq,d] with heads merged. */
+cg_tensor *cg_multi_head(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, int heads, bool causal,
+                         cg_tensor *key_padding, double dropout);
+
+/* int32 input [T] holding offset, offset+1, ... (position ids). */
+cg_tensor *cg_position_ids(cg_graph *g, int64_t t, int64_t offset);
+
+/* Input [T, d] holding the sinusoidal encoding of Vaswani et al. for positions offset.. . */
+cg_tensor *cg_sinusoidal(cg_graph *g, int64_t t, int64_t d, int64_t offset);
+
+/* How to pick the next token from logits. */
+typedef struct {
+    double temperature; /* 0: greedy (argmax) */
+    int top_k;          /* keep the k most likely (0: all) */
+    double top_p;       /* keep the smallest set with probability >= top_p (0 or 1: all) */
+} cg_sampling;
+
+/* Picks a token id from logits[v] as s says, drawing from r. */
+int32_t cg_sample(const cg_real *logits, int64_t v, const cg_sampling *s, cg_rng *r);
+
+#endif

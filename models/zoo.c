@@ -1,0 +1,268 @@
+/* The zoo's common interface: dispatch by arch, and the weight-name rules of each family. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "graph/internal.h"
+#include "models/zoo.h"
+#include "ops/ops.h"
+
+struct cg_model {
+    cg_arch arch;
+    cg_params *ps;
+    void *impl;
+};
+
+static const char *arch_names[] = {"gpt2", "bert", "encdec", "classifier"};
+
+cg_status cg_arch_parse(const char *name, cg_arch *arch) {
+    for (int i = 0; name && i < 4; i++)
+        if (!strcmp(name, arch_names[i])) {
+            *arch = (cg_arch)i;
+            return CG_OK;
+        }
+    return cgi_fail(CG_ERR_ARG, "[arch] unknown architecture '%s' (gpt2, bert, encdec, classifier)", name ? name : "(null)");
+}
+
+const char *cg_arch_name(cg_arch arch) { return (unsigned)arch < 4 ? arch_names[arch] : "?"; }
+
+cg_model *cg_model_new(cg_arch arch, const char *config_json, double dropout, cg_params *ps, uint64_t seed) {
+    cg_model *m = calloc(1, sizeof *m);
+    if (!m) {
+        cgi_fail(CG_ERR_NOMEM, "[model] out of memory");
+        return NULL;
+    }
+    m->arch = arch;
+    m->ps = ps;
+    cg_status s = CG_ERR_ARG;
+    switch (arch) {
+    case CG_ARCH_GPT2: {
+        cg_gpt_config c;
+        if (!(s = cg_gpt_config_parse(config_json, &c))) c.dropout = dropout, m->impl = cg_gpt_new(&c, ps, seed);
+        break;
+    }
+    case CG_ARCH_BERT: {
+        cg_bert_config c;
+        if (!(s = cg_bert_config_parse(config_json, &c))) c.dropout = dropout, m->impl = cg_bert_new(&c, ps, seed);
+        break;
+    }
+    case CG_ARCH_ENCDEC: {
+        cg_encdec_config c;
+        if (!(s = cg_encdec_config_parse(config_json, &c))) c.dropout = dropout, m->impl = cg_encdec_new(&c, ps, seed);
+        break;
+    }
+    case CG_ARCH_CLASSIFIER: {
+        cg_classifier_config c;
+        if (!(s = cg_classifier_config_parse(config_json, &c)))
+            c.dropout = dropout, m->impl = cg_classifier_new(&c, ps, seed);
+        break;
+    }
+    default: cgi_fail(CG_ERR_ARG, "[model] unknown arch %d", (int)arch);
+    }
+    if (!m->impl) {
+        free(m);
+        return NULL;
+    }
+    return m;
+}
+
+void cg_model_free(cg_model *m) {
+    if (!m) return;
+    switch (m->arch) {
+    case CG_ARCH_GPT2: cg_gpt_free(m->impl); break;
+    case CG_ARCH_BERT: cg_bert_free(m->impl); break;
+    case CG_ARCH_ENCDEC: cg_encdec_free(m->impl); break;
+    case CG_ARCH_CLASSIFIER: cg_classifier_free(m->impl); break;
+    }
+    free(m);
+}
+
+cg_arch cg_model_arch(const cg_model *m) { return m ? m->arch : CG_ARCH_GPT2; }
+cg_params *cg_model_params(const cg_model *m) { return m ? m->ps : NULL; }
+cg_gpt *cg_model_gpt(cg_model *m) { return m && m->arch == CG_ARCH_GPT2 ? m->impl : NULL; }
+cg_bert *cg_model_bert(cg_model *m) { return m && m->arch == CG_ARCH_BERT ? m->impl : NULL; }
+cg_encdec *cg_model_encdec(cg_model *m) { return m && m->arch == CG_ARCH_ENCDEC ? m->impl : NULL; }
+cg_classifier *cg_model_classifier(cg_model *m) { return m && m->arch == CG_ARCH_CLASSIFIER ? m->impl : NULL; }
+
+char *cg_model_config_json(const cg_model *m) {
+    if (!m) return NULL;
+    switch (m->arch) {
+    case CG_ARCH_GPT2: return cg_gpt_config_json(cg_gpt_cfg(m->impl));
+    case CG_ARCH_BERT: return cg_bert_config_json(cg_bert_cfg(m->impl));
+    case CG_ARCH_ENCDEC: return cg_encdec_config_json(cg_encdec_cfg(m->impl));
+    case CG_ARCH_CLASSIFIER: return cg_classifier_config_json(cg_classifier_cfg(m->impl));
+    }
+    return NULL;
+}
+
+/* ---- weights by name ---- */
+
+typedef struct {
+    const char *prefix;            /* optional prefix on every stored name */
+    const char *tied[2][2];        /* {duplicate, twin}: the duplicate must equal the twin */
+    const char *skip_suffix[3];    /* buffers that are not parameters */
+} name_rules;
+
+static const name_rules rules[4] = {
+    [CG_ARCH_GPT2] = {"transformer.", {{"lm_head.weight", "wte.weight"}}, {".attn.bias", ".attn.masked_bias"}},
+    [CG_ARCH_BERT] = {NULL,
+                      {{"cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight"},
+                       {"cls.predictions.decoder.bias", "cls.predictions.bias"}},
+                      {"embeddings.position_ids"}},
+    [CG_ARCH_ENCDEC] = {NULL, {{0}}, {0}},
+    [CG_ARCH_CLASSIFIER] = {NULL, {{0}}, {0}},
+};
+
+static bool ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && !strcmp(s + a - b, suffix);
+}
+
+/* The parameter a stored name refers to, without the optional prefix. */
+static const char *strip(const name_rules *r, const char *name) {
+    if (r->prefix && !strncmp(name, r->prefix, strlen(r->prefix))) return name + strlen(r->prefix);
+    return name;
+}
+
+static bool tensors_equal(const cg_st *f, const char *a, const char *b, int64_t n) {
+    cg_real *x = malloc((size_t)n * sizeof *x), *y = malloc((size_t)n * sizeof *y);
+    bool eq = x && y && !cg_st_read(f, a, x, -1, NULL) && !cg_st_read(f, b, y, -1, NULL) &&
+              !memcmp(x, y, (size_t)n * sizeof *x);
+    free(x);
+    free(y);
+    return eq;
+}
+
+cg_status cg_model_load(cg_model *m, const cg_st *f) {
+    if (!m || !f) return cgi_fail(CG_ERR_ARG, "[model load] NULL model or file");
+    const name_rules *r = &rules[m->arch];
+    cg_params *ps = m->ps;
+    const int np = cg_params_count(ps);
+    int *source = malloc((size_t)(np ? np : 1) * sizeof *source);
+    if (!source) return cgi_fail(CG_ERR_NOMEM, "[model load] out of memory");
+    for (int i = 0; i < np; i++) source[i] = -1;
+    cg_status st = CG_OK;
+    /* Pass 1: map every stored tensor and check it, so a bad file changes nothing. */
+    for (int i = 0; !st && i < cg_st_count(f); i++) {
+        const char *stored = cg_st_name(f, i), *name = strip(r, stored);
+        bool skip = false;
+        for (int k = 0; k < 3 && r->skip_suffix[k]; k++) skip |= ends_with(name, r->skip_suffix[k]);
+        if (skip) continue;
+        const char *twin = NULL;
+        for (int k = 0; k < 2 && r->tied[k][0]; k++)
+            if (!strcmp(name, r->tied[k][0])) twin = r->tied[k][1];
+        if (twin) {
+            int j = cg_st_find(f, twin);
+            if (j < 0 && r->prefix) {
+                char full[256];
+                snprintf(full, sizeof full, "%s%s", r->prefix, twin);
+                j = cg_st_find(f, full);
+            }
+            cg_tensor *p = cg_params_find(ps, twin);
+            if (j < 0 || !p || !tensors_equal(f, stored, cg_st_name(f, j), cg_numel(p)))
+                st = cgi_fail(CG_ERR_FORMAT, "[model load] tied tensor %s differs from %s (or %s is missing)", stored,
+                              twin, twin);
+            continue;
+        }
+        cg_tensor *p = cg_params_find(ps, name);
+        if (!p) {
+            st = cgi_fail(CG_ERR_FORMAT, "[model load] tensor %s matches no %s parameter (is the config right?)",
+                          stored, cg_arch_name(m->arch));
+            break;
+        }
+        int ndim;
+        int64_t shape[CG_MAX_DIMS];
+        if ((st = cg_st_info(f, stored, NULL, &ndim, shape))) break;
+        if (ndim != cg_ndim(p) || memcmp(shape, cg_shape(p), (size_t)ndim * sizeof *shape)) {
+            st = cgi_fail(CG_ERR_SHAPE, "[model load] tensor %s has shape %s, the config wants %s", stored,
+                          cgi_dims(ndim, shape), cgi_shp(p));
+            break;
+        }
+        for (int k = 0; k < np; k++)
+            if (cg_params_at(ps, k) == p) {
+                if (source[k] >= 0) st = cgi_fail(CG_ERR_FORMAT, "[model load] parameter %s stored twice", name);
+                source[k] = i;
+            }
+    }
+    for (int k = 0; !st && k < np; k++)
+        if (source[k] < 0)
+            st = cgi_fail(CG_ERR_FORMAT, "[model load] parameter %s is missing from the file", cg_name(cg_params_at(ps, k)));
+    /* Pass 2: read. Shapes were checked, so only a dtype the reader refuses can fail here. */
+    for (int k = 0; !st && k < np; k++) {
+        cg_tensor *p = cg_params_at(ps, k);
+        cg_real *buf = malloc((size_t)cg_numel(p) * sizeof *buf);
+        if (!buf) st = cgi_fail(CG_ERR_NOMEM, "[model load] out of memory");
+        else if (!(st = cg_st_read(f, cg_st_name(f, source[k]), buf, cg_ndim(p), cg_shape(p)))) st = cg_write(p, buf);
+        free(buf);
+    }
+    free(source);
+    return st;
+}
+
+cg_status cg_model_save(cg_model *m, const char *path) {
+    if (!m || !path) return cgi_fail(CG_ERR_ARG, "[model save] NULL argument");
+    cg_st_writer *w = cg_st_writer_new();
+    if (!w) return CG_ERR_NOMEM;
+    char *cfg = cg_model_config_json(m);
+    cg_status st = cg_st_add_params(w, m->ps);
+    if (!st && cfg) st = cg_st_set_metadata(w, "config", cfg);
+    if (!st) st = cg_st_set_metadata(w, "arch", cg_arch_name(m->arch));
+    if (!st) st = cg_st_write(w, path);
+    free(cfg);
+    cg_st_writer_free(w);
+    return st;
+}
+
+/* ---- training graphs ---- */
+
+static cg_tensor *add_input(cg_graph *g, cg_model_graph *o, const char *name, int ndim, int64_t a, int64_t b) {
+    int64_t s[2] = {a, b};
+    cg_tensor *t = cg_input(g, name, CG_INT32, ndim, s);
+    if (t && o->n_inputs < 5) o->inputs[o->n_inputs++] = t;
+    return t;
+}
+
+cg_status cg_model_build(cg_graph *g, cg_model *m, int64_t batch, int64_t t, int64_t s, cg_model_graph *o) {
+    if (!g || !m || !o) return cgi_fail(CG_ERR_ARG, "[model build] NULL argument");
+    memset(o, 0, sizeof *o);
+    switch (m->arch) {
+    case CG_ARCH_GPT2: {
+        cg_tensor *ids = add_input(g, o, "input_ids", 2, batch, t), *tg = add_input(g, o, "targets", 2, batch, t);
+        o->logits = cg_gpt_logits(g, m->impl, ids);
+        o->loss = cg_cross_entropy(g, o->logits, tg, -100);
+        break;
+    }
+    case CG_ARCH_BERT: {
+        cg_tensor *ids = add_input(g, o, "input_ids", 2, batch, t), *tt = add_input(g, o, "token_type_ids", 2, batch, t),
+                  *am = add_input(g, o, "attention_mask", 2, batch, t), *lb = add_input(g, o, "labels", 2, batch, t),
+                  *ns = add_input(g, o, "next_sentence_label", 1, batch, 0);
+        cg_bert_outputs bo;
+        cg_status st = cg_bert_forward(g, m->impl, ids, tt, am, &bo);
+        if (st) return st;
+        o->logits = bo.mlm_logits;
+        o->nsp_logits = bo.nsp_logits;
+        o->loss = cg_bert_pretraining_loss(g, &bo, lb, ns, &o->mlm_loss, &o->nsp_loss);
+        break;
+    }
+    case CG_ARCH_ENCDEC: {
+        cg_tensor *src = add_input(g, o, "src", 2, batch, s), *sm = add_input(g, o, "src_mask", 2, batch, s),
+                  *ti = add_input(g, o, "tgt_in", 2, batch, t), *to = add_input(g, o, "tgt_out", 2, batch, t);
+        o->logits = cg_encdec_logits(g, m->impl, src, sm, ti);
+        o->loss = cg_cross_entropy(g, o->logits, to, -100);
+        break;
+    }
+    case CG_ARCH_CLASSIFIER: {
+        cg_tensor *ids = add_input(g, o, "input_ids", 2, batch, t), *am = add_input(g, o, "attention_mask", 2, batch, t),
+                  *lb = add_input(g, o, "labels", 1, batch, 0);
+        o->logits = cg_classifier_logits(g, m->impl, ids, am);
+        o->loss = cg_cross_entropy(g, o->logits, lb, -100);
+        break;
+    }
+    }
+    return o->loss ? CG_OK : CG_ERR_SHAPE;
+}
+
+cg_tensor *cg_model_graph_input(const cg_model_graph *mg, const char *name) {
+    for (int i = 0; mg && name && i < mg->n_inputs; i++)
+        if (!strcmp(cg_name(mg->inputs[i]), name)) return mg->inputs[i];
+    return NULL;
+}

@@ -1,0 +1,66 @@
+/* One interface over the model zoo, for tools that handle every architecture alike (the cgrad
+ * command, benchmarks, parity tests): a model from its config.json, weights by Hugging Face /
+ * torch names, and a training graph whose inputs carry the batch tensor names. */
+#ifndef CGRAD_ZOO_H
+#define CGRAD_ZOO_H
+
+#include "graph/graph.h"
+#include "io/safetensors.h"
+#include "models/bert.h"
+#include "models/classifier.h"
+#include "models/encdec.h"
+#include "models/gpt.h"
+
+typedef enum { CG_ARCH_GPT2, CG_ARCH_BERT, CG_ARCH_ENCDEC, CG_ARCH_CLASSIFIER } cg_arch;
+
+/* Arch named "gpt2", "bert", "encdec" or "classifier"; CG_ERR_ARG otherwise. */
+cg_status cg_arch_parse(const char *name, cg_arch *arch);
+/* The arch's name. */
+const char *cg_arch_name(cg_arch arch);
+
+typedef struct cg_model cg_model;
+
+/* Model from a config.json text of the arch; declares its parameters in ps (seeded init);
+ * dropout applies everywhere (the config's own dropout fields are ignored). */
+cg_model *cg_model_new(cg_arch arch, const char *config_json, double dropout, cg_params *ps, uint64_t seed);
+/* Frees the model (not its parameters). */
+void cg_model_free(cg_model *m);
+/* The model's arch. */
+cg_arch cg_model_arch(const cg_model *m);
+/* The parameter set the model was declared in. */
+cg_params *cg_model_params(const cg_model *m);
+/* The config as config.json text; malloc'd, caller frees. */
+char *cg_model_config_json(const cg_model *m);
+/* The wrapped model, or NULL if the arch differs. */
+cg_gpt *cg_model_gpt(cg_model *m);
+/* The wrapped model, or NULL if the arch differs. */
+cg_bert *cg_model_bert(cg_model *m);
+/* The wrapped model, or NULL if the arch differs. */
+cg_encdec *cg_model_encdec(cg_model *m);
+/* The wrapped model, or NULL if the arch differs. */
+cg_classifier *cg_model_classifier(cg_model *m);
+
+/* Loads every parameter from f by the arch's names: GPT-2 names may carry a "transformer."
+ * prefix, tied duplicates (lm_head.weight, cls.predictions.decoder.*) must equal their twin,
+ * known buffers (attn.bias masks, position_ids) are skipped; any other unknown tensor, a missing
+ * parameter or a wrong shape is an error naming it, and then no parameter has changed. */
+cg_status cg_model_load(cg_model *m, const cg_st *f);
+/* Writes every parameter under its own name to a safetensors file at path. */
+cg_status cg_model_save(cg_model *m, const char *path);
+
+/* A training graph: the batch inputs (named as in the batch files: gpt2 input_ids, targets;
+ * bert input_ids, token_type_ids, attention_mask, labels, next_sentence_label; encdec src,
+ * src_mask, tgt_in, tgt_out; classifier input_ids, attention_mask, labels) and the outputs. */
+typedef struct {
+    cg_tensor *loss, *logits;
+    cg_tensor *mlm_loss, *nsp_loss, *nsp_logits; /* bert only */
+    int n_inputs;
+    cg_tensor *inputs[5];
+} cg_model_graph;
+
+/* Adds inputs and loss to g for batch rows of t tokens (encdec: t target, s source tokens). */
+cg_status cg_model_build(cg_graph *g, cg_model *m, int64_t batch, int64_t t, int64_t s, cg_model_graph *out);
+/* The input of that name, or NULL. */
+cg_tensor *cg_model_graph_input(const cg_model_graph *mg, const char *name);
+
+#endif

@@ -1,0 +1,243 @@
+/* Parity with PyTorch for every model family (fixtures from tests/make_model_fixtures.py):
+ * `cgrad step` on the committed batch must give PyTorch's logits and loss to 1e-4, every
+ * gradient to 1e-4 relative to its tensor's norm, and the parameters after 3 AdamW steps to 1e-3.
+ * Also: Hugging Face layouts (prefix, tied duplicates, buffers), round trips, bad files. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../cgrad.h"
+#include "../cli/commands.h"
+#include "../io/safetensors.h"
+#include "../models/config_json.h"
+#include "../models/zoo.h"
+#include "check.h"
+
+#define FIX CGRAD_TEST_DIR "/fixtures/models/"
+
+static cg_real *read_all(const cg_st *f, const char *name, int64_t *n) {
+    int ndim;
+    int64_t s[CG_MAX_DIMS];
+    if (cg_st_info(f, name, NULL, &ndim, s)) return NULL;
+    *n = 1;
+    for (int i = 0; i < ndim; i++) *n *= s[i];
+    cg_real *x = malloc((size_t)(*n ? *n : 1) * sizeof *x);
+    if (x && cg_st_read(f, name, x, -1, NULL)) {
+        free(x);
+        return NULL;
+    }
+    return x;
+}
+
+/* max |a - b| (abs) or ||a - b|| / ||b|| (rel), skipping elements where skip[i] != 0. */
+static double compare(const cg_st *ours, const cg_st *ref, const char *name, const char *ref_name, bool rel,
+                      const char *skip_mask) {
+    int64_t n1 = 0, n2 = 0;
+    cg_real *a = read_all(ours, name, &n1), *b = read_all(ref, ref_name, &n2);
+    double out = INFINITY;
+    if (a && b && n1 == n2) {
+        double diff2 = 0, ref2 = 0, mx = 0, ours2 = 0;
+        for (int64_t i = 0; i < n1; i++) {
+            if (skip_mask && skip_mask[i]) continue;
+            double d = (double)a[i] - (double)b[i];
+            diff2 += d * d;
+            ref2 += (double)b[i] * b[i];
+            ours2 += (double)a[i] * a[i];
+            if (fabs(d) > mx) mx = fabs(d);
+        }
+        /* A gradient that is zero in exact arithmetic (the key bias of attention) is float noise
+         * in both frameworks: compare it absolutely. */
+        if (!rel) out = mx;
+        else out = sqrt(ref2) > 1e-6 ? sqrt(diff2 / ref2) : sqrt(ours2) < 1e-5 ? 0 : sqrt(ours2);
+    }
+    free(a);
+    free(b);
+    return out;
+}
+
+static void parity(const char *arch) {
+    char cfg[512], w[512], b[512], out[256], exp_path[512], adam_path[512], adam_json[512];
+    snprintf(cfg, sizeof cfg, FIX "%s/config.json", arch);
+    snprintf(w, sizeof w, FIX "%s/weights.safetensors", arch);
+    snprintf(b, sizeof b, FIX "%s/batch.safetensors", arch);
+    snprintf(exp_path, sizeof exp_path, FIX "%s/expected.safetensors", arch);
+    snprintf(adam_path, sizeof adam_path, FIX "%s/adamw.safetensors", arch);
+    snprintf(adam_json, sizeof adam_json, FIX "%s/adamw.json", arch);
+    snprintf(out, sizeof out, "/tmp/cgrad_test_%s_%d.safetensors", arch, (int)getpid());
+    char *hp = cgi_read_text(adam_json, NULL);
+    cJSON *h = hp ? cJSON_Parse(hp) : NULL;
+    free(hp);
+    CHECK(h != NULL, "%s: cannot read %s", arch, adam_json);
+    if (!h) return;
+    char lr[32], b1[32], b2[32], eps[32], wd[32];
+    snprintf(lr, 32, "%.17g", cJSON_GetObjectItem(h, "lr")->valuedouble);
+    snprintf(b1, 32, "%.17g", cJSON_GetObjectItem(h, "beta1")->valuedouble);
+    snprintf(b2, 32, "%.17g", cJSON_GetObjectItem(h, "beta2")->valuedouble);
+    snprintf(eps, 32, "%.17g", cJSON_GetObjectItem(h, "eps")->valuedouble);
+    snprintf(wd, 32, "%.17g", cJSON_GetObjectItem(h, "weight_decay")->valuedouble);
+    int steps = cJSON_GetObjectItem(h, "steps")->valueint;
+    char steps_s[16];
+    snprintf(steps_s, 16, "%d", steps);
+    cJSON_Delete(h);
+    char *argv[] = {"--arch", (char *)arch, "--config", cfg, "--weights", w, "--batch", b, "--out", out,
+                    "--steps", steps_s, "--optim", "adamw", "--lr", lr, "--beta1", b1, "--beta2", b2,
+                    "--eps", eps, "--weight-decay", wd};
+    int rc = cmd_step((int)(sizeof argv / sizeof argv[0]), argv);
+    CHECK(rc == 0, "%s: cgrad step failed: %s", arch, cg_last_error());
+    cg_st *ours = cg_st_open(out), *ref = cg_st_open(exp_path), *adam = cg_st_open(adam_path);
+    CHECK(ours && ref && adam, "%s: %s", arch, cg_last_error());
+    if (ours && ref && adam) {
+        CHECK(compare(ours, ref, "logits", "logits", false, NULL) <= 1e-4, "%s logits max abs diff %g", arch,
+              compare(ours, ref, "logits", "logits", false, NULL));
+        CHECK(compare(ours, ref, "loss", "loss", false, NULL) <= 1e-4, "%s loss diff %g", arch,
+              compare(ours, ref, "loss", "loss", false, NULL));
+        if (!strcmp(arch, "bert"))
+            for (int k = 0; k < 3; k++) {
+                const char *n = (const char *[]){"seq_relationship_logits", "mlm_loss", "nsp_loss"}[k];
+                double e = compare(ours, ref, n, n, false, NULL);
+                CHECK(e <= 1e-4, "bert %s diff %g", n, e);
+            }
+        int ngrad = 0;
+        double worst = 0;
+        for (int i = 0; i < cg_st_count(ref); i++) {
+            const char *n = cg_st_name(ref, i);
+            if (strncmp(n, "grad.", 5)) continue;
+            double e = compare(ours, ref, n, n, true, NULL);
+            CHECK(e <= 1e-4, "%s %s: relative error %g", arch, n, e);
+            worst = e > worst ? e : worst;
+            ngrad++;
+        }
+        CHECK(ngrad > 10, "%s: only %d gradients in the fixture", arch, ngrad);
+        /* AdamW: leave out elements whose gradient is zero in exact arithmetic (tiny next to the
+         * model's largest gradient), where AdamW amplifies float noise in every framework. */
+        double model_gmax = 0;
+        for (int i = 0; i < cg_st_count(ref); i++) {
+            int64_t ng = 0;
+            if (strncmp(cg_st_name(ref, i), "grad.", 5)) continue;
+            cg_real *gr = read_all(ref, cg_st_name(ref, i), &ng);
+            for (int64_t k = 0; gr && k < ng; k++) model_gmax = fmax(model_gmax, fabs((double)gr[k]));
+            free(gr);
+        }
+        double worst_adam = 0, loss_err = compare(ours, adam, "losses", "losses", false, NULL);
+        CHECK(loss_err <= 1e-4, "%s AdamW losses differ by %g", arch, loss_err);
+        for (int i = 0; i < cg_st_count(adam); i++) {
+            const char *n = cg_st_name(adam, i);
+            if (!strcmp(n, "losses")) continue;
+            char gname[300];
+            snprintf(gname, sizeof gname, "grad.%s", n);
+            int64_t ng = 0;
+            cg_real *gr = read_all(ref, gname, &ng);
+            char *skip = calloc((size_t)(ng > 0 ? ng : 1), 1);
+            for (int64_t k = 0; gr && skip && k < ng; k++) skip[k] = fabs((double)gr[k]) <= 1e-9 * model_gmax;
+            double e = compare(ours, adam, n, n, true, skip);
+            CHECK(e <= 1e-3, "%s AdamW %s: relative error %g", arch, n, e);
+            worst_adam = e > worst_adam ? e : worst_adam;
+            free(skip);
+            free(gr);
+        }
+        printf("%-10s parity: worst gradient rel err %.2e, worst AdamW param rel err %.2e\n", arch, worst, worst_adam);
+    }
+    cg_st_close(ours);
+    cg_st_close(ref);
+    cg_st_close(adam);
+    unlink(out);
+}
+
+static cg_model *load_model(const char *arch, const char *weights_file, cg_params **ps, cg_status *st) {
+    char cfgp[512], wp[512];
+    snprintf(cfgp, sizeof cfgp, FIX "%s/config.json", arch);
+    snprintf(wp, sizeof wp, FIX "%s/%s", arch, weights_file);
+    cg_arch a;
+    cg_arch_parse(arch, &a);
+    char *cfg = cgi_read_text(cfgp, NULL);
+    *ps = cg_params_new();
+    cg_model *m = cg_model_new(a, cfg, 0, *ps, 1);
+    free(cfg);
+    cg_st *f = cg_st_open(wp);
+    *st = f && m ? cg_model_load(m, f) : CG_ERR_IO;
+    cg_st_close(f);
+    return m;
+}
+
+static void hf_layouts(void) {
+    cg_params *ps, *ps2;
+    cg_status st;
+    cg_model *m = load_model("gpt2", "weights_hf_prefixed.safetensors", &ps, &st);
+    CHECK(st == CG_OK, "gpt2 with transformer. prefix, lm_head and attn.bias buffers: %s", cg_last_error());
+    cg_model *m2 = load_model("gpt2", "weights.safetensors", &ps2, &st);
+    CHECK(st == CG_OK && cg_params_numel(ps) == cg_params_numel(ps2) &&
+              !memcmp(cg_params_values(ps), cg_params_values(ps2), (size_t)cg_params_numel(ps) * sizeof(cg_real)),
+          "prefixed and plain gpt2 files must load the same values");
+    cg_model_free(m2);
+    cg_params_free(ps2);
+    /* round trip: save, load into a fresh model, identical bytes */
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/cgrad_roundtrip_%d.safetensors", (int)getpid());
+    CHECK(cg_model_save(m, path) == CG_OK, "%s", cg_last_error());
+    cg_params *ps3 = cg_params_new();
+    char *cfg = cg_model_config_json(m);
+    cg_model *m3 = cg_model_new(CG_ARCH_GPT2, cfg, 0, ps3, 99);
+    free(cfg);
+    cg_st *f = cg_st_open(path);
+    CHECK(m3 && f && cg_model_load(m3, f) == CG_OK, "%s", cg_last_error());
+    bool same = true;
+    for (int i = 0; i < cg_params_count(ps); i++) {
+        cg_tensor *a = cg_params_at(ps, i), *b = cg_params_find(ps3, cg_name(a));
+        same &= b && !memcmp(cg_data(a), cg_data(b), (size_t)cg_numel(a) * sizeof(cg_real));
+    }
+    CHECK(same, "load -> save -> load must give identical bytes");
+    cg_st_close(f);
+    unlink(path);
+    cg_model_free(m3);
+    cg_params_free(ps3);
+    cg_model_free(m);
+    cg_params_free(ps);
+
+    m = load_model("gpt2", "weights_bad_tied.safetensors", &ps, &st);
+    CHECK(st == CG_ERR_FORMAT && strstr(cg_last_error(), "lm_head.weight"), "bad tied duplicate: %s", cg_last_error());
+    cg_model_free(m);
+    cg_params_free(ps);
+    m = load_model("bert", "weights_hf_tied.safetensors", &ps, &st);
+    CHECK(st == CG_OK, "bert with cls.predictions.decoder.*: %s", cg_last_error());
+    cg_model_free(m);
+    cg_params_free(ps);
+    /* a file whose shapes do not fit the config: the message names the tensor and both shapes */
+    char cfgp[512];
+    snprintf(cfgp, sizeof cfgp, FIX "gpt2/config.json");
+    char *text = cgi_read_text(cfgp, NULL);
+    cg_gpt_config c;
+    CHECK(cg_gpt_config_parse(text, &c) == CG_OK, "%s", cg_last_error());
+    free(text);
+    c.vocab_size += 1;
+    ps = cg_params_new();
+    cg_gpt *g = cg_gpt_new(&c, ps, 1);
+    char *j = cg_gpt_config_json(&c);
+    m = cg_model_new(CG_ARCH_GPT2, j, 0, ps2 = cg_params_new(), 1);
+    free(j);
+    f = cg_st_open(FIX "gpt2/weights.safetensors");
+    st = cg_model_load(m, f);
+    CHECK(st == CG_ERR_SHAPE && strstr(cg_last_error(), "wte.weight") && strstr(cg_last_error(), "[97,32]") &&
+              strstr(cg_last_error(), "[98,32]"),
+          "shape mismatch: %s", cg_last_error());
+    cg_st_close(f);
+    cg_model_free(m);
+    cg_params_free(ps2);
+    cg_gpt_free(g);
+    cg_params_free(ps);
+    /* config errors: a missing required field is named; unknown fields are ignored */
+    CHECK(cg_gpt_config_parse("{\"n_embd\": 8, \"n_layer\": 1, \"n_head\": 2, \"n_positions\": 4}", &c) == CG_ERR_FORMAT &&
+              strstr(cg_last_error(), "vocab_size"),
+          "missing field: %s", cg_last_error());
+    cg_encdec_config ec;
+    CHECK(cg_encdec_config_parse("{\"src_vocab_size\": 5}", &ec) == CG_ERR_FORMAT && strstr(cg_last_error(), "tgt_vocab_size"),
+          "%s", cg_last_error());
+}
+
+int main(void) {
+    const char *archs[4] = {"gpt2", "bert", "encdec", "classifier"};
+    for (int i = 0; i < 4; i++) parity(archs[i]);
+    hf_layouts();
+    TEST_END();
+}
