@@ -35,6 +35,7 @@ cg_status cg_gradcheck(cg_graph *g, cg_tensor *out, int n, cg_tensor *const *inp
         loss = cg_sum_all(g, cg_mul(g, out, r));
         if (!loss) return CG_ERR_NOMEM;
     }
+    cg_retain(loss);
     const uint64_t step = g->step;
     double v;
     cg_status s = loss_value(g, loss, step, &v);

@@ -9,7 +9,7 @@
 const cgi_op_desc cgi_ops[CGI_OP_COUNT] = {
 #define CG_LEAF(ID, nm) [CGI_OP_##ID] = {#nm, CGI_KIND_LEAF, NULL, NULL},
 #define CG_VIEW(ID, nm) [CGI_OP_##ID] = {#nm, CGI_KIND_VIEW, NULL, NULL},
-#define CG_OP(ID, nm, family) [CGI_OP_##ID] = {#nm, CGI_KIND_COMPUTE, cgi_fwd_##nm, cgi_bwd_##nm},
+#define CG_OP(ID, nm, family, reads, reads_out) [CGI_OP_##ID] = {#nm, CGI_KIND_COMPUTE, cgi_fwd_##nm, cgi_bwd_##nm, reads, reads_out},
 #include "ops/ops.def"
 #undef CG_LEAF
 #undef CG_VIEW
@@ -104,7 +104,10 @@ void cg_graph_reset(cg_graph *g) {
     if (!g) return;
     cgi_arena_reset(&g->meta);
     cgi_arena_reset(&g->bufs);
-    g->n = g->n_valued = g->n_graded = 0;
+    g->n = 0;
+    g->planned = g->ran_forward = false;
+    g->block = NULL;
+    g->block_bytes = 0;
 }
 
 cg_mode cg_graph_mode(const cg_graph *g) { return g ? g->mode : CG_EVAL; }
@@ -179,6 +182,7 @@ static cg_tensor *alloc_node(cg_graph *g, int op, cg_dtype dt, int ndim, const i
     }
     t->requires_grad = rg && g->mode == CG_TRAIN;
     if (!push_node(g, t)) return NULL;
+    g->planned = g->ran_forward = false; /* a new node changes every lifetime */
     return t;
 }
 
@@ -194,6 +198,8 @@ cg_tensor *cgi_view(cg_graph *g, int op, cg_tensor *x, int ndim, const int64_t *
     memcpy(t->stride, stride, (size_t)ndim * sizeof *stride);
     t->offset = offset;
     t->root = x->root;
+    if (t->root->data && cgi_ops[t->root->op].kind == CGI_KIND_LEAF) /* readable before any run */
+        t->data = (char *)t->root->data + offset * elsize(t->dtype);
     return t;
 }
 
@@ -259,23 +265,6 @@ cg_tensor *cg_requires_grad(cg_tensor *t) {
     return t;
 }
 
-/* Gives every node from `from` on its value storage; views point into their root's. */
-static cg_status plan_values(cg_graph *g) {
-    for (int i = g->n_valued; i < g->n; i++) {
-        cg_tensor *t = g->nodes[i];
-        if (cgi_ops[t->op].kind == CGI_KIND_COMPUTE) {
-            t->data = cgi_arena_alloc(&g->bufs, (size_t)cgi_numel(t->ndim, t->shape) * elsize(t->dtype));
-            if (!t->data) return CG_ERR_NOMEM;
-            if (t->aux_bytes) {
-                t->aux = cgi_arena_alloc(&g->bufs, t->aux_bytes);
-                if (!t->aux) return CG_ERR_NOMEM;
-            }
-        }
-    }
-    g->n_valued = g->n;
-    return CG_OK;
-}
-
 static void resolve_views(cg_graph *g) {
     /* Parameter storage may have moved since the build, so views are re-pointed every run. */
     for (int i = 0; i < g->n; i++) {
@@ -289,7 +278,7 @@ static void resolve_views(cg_graph *g) {
 
 cg_status cg_graph_forward(cg_graph *g) {
     if (!g) return cgi_fail(CG_ERR_ARG, "[forward] graph is NULL");
-    cg_status s = plan_values(g);
+    cg_status s = g->planned ? CG_OK : cgi_plan(g);
     if (s) return s;
     resolve_views(g);
     for (int i = 0; i < g->n; i++) {
@@ -299,19 +288,16 @@ cg_status cg_graph_forward(cg_graph *g) {
         if (s) return s;
     }
     if (g->mode == CG_TRAIN) g->step++;
+    g->ran_forward = true;
     return CG_OK;
 }
 
-static cg_status plan_grads(cg_graph *g) {
-    for (int i = g->n_graded; i < g->n; i++) {
-        cg_tensor *t = g->nodes[i];
-        if (t->requires_grad && t->root == t) {
-            t->grad = cgi_arena_alloc(&g->bufs, (size_t)cgi_numel(t->ndim, t->shape) * sizeof(cg_real));
-            if (!t->grad) return CG_ERR_NOMEM;
-        }
-    }
-    g->n_graded = g->n;
-    return CG_OK;
+/* Gradients share memory with other buffers, so each is zeroed just before its first write. */
+static void zero_once(cg_graph *g, cg_tensor *t) {
+    cg_tensor *r = t->root;
+    if (r->op == CGI_OP_PARAM || r->grad_epoch == g->epoch) return;
+    memset(r->grad, 0, (size_t)cgi_numel(r->ndim, r->shape) * sizeof(cg_real));
+    r->grad_epoch = g->epoch;
 }
 
 cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
@@ -323,10 +309,9 @@ cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
         return cgi_fail(CG_ERR_SHAPE, "[backward] loss must be a real scalar, got %s", cgi_shp(loss));
     if (!loss->requires_grad)
         return cgi_fail(CG_ERR_STATE, "[backward] loss depends on no trainable parameter or input");
-    if (g->n_valued < g->n) return cgi_fail(CG_ERR_STATE, "[backward] run cg_graph_forward first");
-    cg_status s = plan_grads(g);
-    if (s) return s;
+    if (!g->planned || !g->ran_forward) return cgi_fail(CG_ERR_STATE, "[backward] run cg_graph_forward first");
     resolve_views(g);
+    g->epoch++;
 
     for (int i = 0; i <= loss->id; i++) g->nodes[i]->mark = false;
     loss->mark = true;
@@ -336,15 +321,14 @@ cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
         for (int k = 0; k < t->nsrc; k++)
             if (t->src[k]->requires_grad) t->src[k]->mark = true;
     }
-    for (int i = 0; i <= loss->id; i++) {
-        cg_tensor *t = g->nodes[i];
-        if (t->mark && t->requires_grad && t->root == t)
-            memset(t->grad, 0, (size_t)cgi_numel(t->ndim, t->shape) * sizeof(cg_real));
-    }
+    zero_once(g, loss);
     loss->grad[0] += 1;
     for (int i = loss->id; i >= 0; i--) {
         cg_tensor *t = g->nodes[i];
-        if (t->mark && t->requires_grad && cgi_ops[t->op].backward) cgi_ops[t->op].backward(t);
+        if (!t->mark || !t->requires_grad || !cgi_ops[t->op].backward) continue;
+        for (int k = 0; k < t->nsrc; k++)
+            if (t->src[k]->requires_grad) zero_once(g, t->src[k]);
+        cgi_ops[t->op].backward(t);
     }
     return CG_OK;
 }
@@ -363,9 +347,30 @@ int64_t cg_numel(const cg_tensor *t) { return t ? cgi_numel(t->ndim, t->shape) :
 cg_dtype cg_tensor_dtype(const cg_tensor *t) { return t ? t->dtype : CG_REAL; }
 bool cg_is_contiguous(const cg_tensor *t) { return t && cgi_contiguous(t); }
 const char *cg_name(const cg_tensor *t) { return t && t->name ? t->name : ""; }
-cg_real *cg_data(cg_tensor *t) { return t && t->dtype == CG_REAL ? t->data : NULL; }
-int32_t *cg_idata(cg_tensor *t) { return t && t->dtype == CG_INT32 ? t->data : NULL; }
-cg_real *cg_grad(cg_tensor *t) { return t ? t->grad : NULL; }
+/* Values and gradients of intermediate nodes share memory once their last reader has run; only
+ * leaves, outputs and retained nodes can be read after a run. */
+static bool value_readable(const cg_tensor *t) {
+    const cg_tensor *r = t->root;
+    return r->op == CGI_OP_INPUT || r->op == CGI_OP_PARAM || (t->graph && t->graph->planned && r->kept);
+}
+static bool grad_readable(const cg_tensor *t) {
+    const cg_tensor *r = t->root;
+    return r->op == CGI_OP_INPUT || r->op == CGI_OP_PARAM || (r->retain && t->graph && t->graph->planned);
+}
+
+cg_real *cg_data(cg_tensor *t) { return t && t->dtype == CG_REAL && value_readable(t) ? t->data : NULL; }
+int32_t *cg_idata(cg_tensor *t) { return t && t->dtype == CG_INT32 && value_readable(t) ? t->data : NULL; }
+cg_real *cg_grad(cg_tensor *t) { return t && grad_readable(t) ? t->grad : NULL; }
+
+cg_tensor *cg_retain(cg_tensor *t) {
+    if (!t) return NULL;
+    cg_tensor *r = t->root;
+    if (r->id >= 0 && !r->retain) {
+        r->retain = true;
+        r->graph->planned = r->graph->ran_forward = false;
+    }
+    return t;
+}
 
 static cg_status read_strided(cg_tensor *t, const cg_real *base, cg_real *dst, const char *what) {
     if (!t || !dst) return cgi_fail(CG_ERR_ARG, "[%s] NULL argument", what);
@@ -378,9 +383,15 @@ static cg_status read_strided(cg_tensor *t, const cg_real *base, cg_real *dst, c
     return CG_OK;
 }
 
-cg_status cg_read(cg_tensor *t, cg_real *dst) { return read_strided(t, t ? t->data : NULL, dst, "read"); }
+cg_status cg_read(cg_tensor *t, cg_real *dst) {
+    if (t && !value_readable(t))
+        return cgi_fail(CG_ERR_STATE, "[read] %s%s is an intermediate value: cg_retain it before running", cgi_ops[t->op].name,
+                        cgi_shp(t));
+    return read_strided(t, t ? t->data : NULL, dst, "read");
+}
 cg_status cg_read_grad(cg_tensor *t, cg_real *dst) {
-    if (t && !t->grad) return cgi_fail(CG_ERR_STATE, "[read_grad] tensor%s has no gradient", cgi_shp(t));
+    if (t && (!t->grad || !grad_readable(t)))
+        return cgi_fail(CG_ERR_STATE, "[read_grad] tensor%s has no gradient kept (cg_retain intermediate nodes)", cgi_shp(t));
     return read_strided(t, t ? t->grad : NULL, dst, "read_grad");
 }
 
@@ -403,7 +414,7 @@ cg_status cg_write_ids(cg_tensor *t, const int32_t *src) {
 }
 
 double cg_item(cg_tensor *t) {
-    if (!t || !t->data || cgi_numel(t->ndim, t->shape) != 1) return NAN;
+    if (!t || !t->data || !value_readable(t) || cgi_numel(t->ndim, t->shape) != 1) return NAN;
     return t->dtype == CG_INT32 ? *(int32_t *)t->data : *(cg_real *)t->data;
 }
 

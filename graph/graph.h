@@ -104,6 +104,9 @@ cg_tensor *cg_input(cg_graph *g, const char *name, cg_dtype dtype, int ndim, con
  * while the graph runs. For caches and zero-copy inputs. */
 cg_tensor *cg_wrap(cg_graph *g, const char *name, cg_dtype dtype, int ndim, const int64_t *shape,
                    const int64_t *strides, void *data);
+/* Keeps t's value (and gradient) readable after forward/backward; intermediate values otherwise
+ * share memory once their last reader has run (outputs and leaves are always kept). Returns t. */
+cg_tensor *cg_retain(cg_tensor *t);
 /* Marks an input leaf as needing its gradient; call before using it in ops. Returns t. */
 cg_tensor *cg_requires_grad(cg_tensor *t);
 /* Number of dimensions (0 for a scalar). */
@@ -122,11 +125,13 @@ cg_dtype cg_tensor_dtype(const cg_tensor *t);
 bool cg_is_contiguous(const cg_tensor *t);
 /* Name given at creation ("" for unnamed nodes). */
 const char *cg_name(const cg_tensor *t);
-/* First element of a real tensor (apply cg_strides); NULL before the graph has values. */
+/* First element of a real tensor (apply cg_strides); NULL before the graph is planned and for
+ * intermediate nodes that are not retained. */
 cg_real *cg_data(cg_tensor *t);
 /* First element of an int32 tensor; NULL for real tensors. */
 int32_t *cg_idata(cg_tensor *t);
-/* First element of the gradient (same strides as the data); NULL if it has none. */
+/* First element of the gradient (same strides as the data): parameters, requires-grad inputs
+ * and retained nodes; NULL otherwise. */
 cg_real *cg_grad(cg_tensor *t);
 /* Copies the elements in row-major order into dst (cg_numel entries), whatever the strides. */
 cg_status cg_read(cg_tensor *t, cg_real *dst);

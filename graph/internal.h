@@ -13,7 +13,7 @@
 typedef enum {
 #define CG_LEAF(ID, name) CGI_OP_##ID,
 #define CG_VIEW(ID, name) CGI_OP_##ID,
-#define CG_OP(ID, name, family) CGI_OP_##ID,
+#define CG_OP(ID, name, family, reads, reads_out) CGI_OP_##ID,
 #include "ops/ops.def"
 #undef CG_LEAF
 #undef CG_VIEW
@@ -30,13 +30,15 @@ typedef struct {
     cg_status (*forward)(cg_tensor *out);
     /* Adds d(loss)/d(src) into src->grad for every src with requires_grad, from out->grad. */
     void (*backward)(cg_tensor *out);
+    unsigned bwd_reads;   /* bit k: backward reads the value of src[k] */
+    bool bwd_reads_out;   /* backward reads out's own value */
 } cgi_op_desc;
 
 extern const cgi_op_desc cgi_ops[CGI_OP_COUNT];
 
 #define CG_LEAF(ID, name)
 #define CG_VIEW(ID, name)
-#define CG_OP(ID, name, family)                 \
+#define CG_OP(ID, name, family, reads, reads_out) \
     cg_status cgi_fwd_##name(cg_tensor *out); \
     void cgi_bwd_##name(cg_tensor *out);
 #include "ops/ops.def"
@@ -52,6 +54,9 @@ struct cg_tensor {
     bool requires_grad;/* a gradient flows into this node */
     bool trainable;    /* parameters: receives gradients */
     bool mark;         /* scratch for the backward sweep */
+    bool retain;       /* value (and gradient) stay valid after forward and backward */
+    bool kept;         /* planned: the value is still there when forward (and backward) end */
+    uint32_t grad_epoch; /* backward pass in which the gradient was last zeroed */
     int64_t shape[CG_MAX_DIMS];
     int64_t stride[CG_MAX_DIMS]; /* elements */
     int64_t offset;    /* elements from the start of root's storage */
@@ -86,10 +91,16 @@ struct cg_graph {
     cgi_arena bufs;    /* values, gradients, op scratch */
     cg_tensor **nodes;
     int n, cap;
-    int n_valued;      /* nodes [0, n_valued) have value storage */
-    int n_graded;      /* nodes [0, n_graded) have gradient storage */
+    bool planned;      /* the memory plan covers every node */
+    bool ran_forward;  /* values exist for the current plan */
+    uint32_t epoch;    /* backward passes run, to zero each gradient on its first write */
+    void *block;       /* planned storage for values, gradients and scratch */
+    size_t block_bytes;
     uint64_t seed, step;
 };
+
+/* Assigns storage to every value, gradient and scratch buffer of g by liveness (graph/plan.c). */
+cg_status cgi_plan(cg_graph *g);
 
 /* ---- errors ---- */
 cg_status cgi_fail(cg_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -1,4 +1,5 @@
 /* BERT, composed from ops. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -182,4 +183,44 @@ cg_tensor *cg_bert_pretraining_loss(cg_graph *g, const cg_bert_outputs *o, cg_te
     if (mlm_loss) *mlm_loss = mlm;
     if (nsp_loss) *nsp_loss = nsp;
     return nsp ? cg_add(g, mlm, nsp) : mlm;
+}
+
+cg_status cg_bert_fill_mask(const cg_bert *m, const int32_t *ids, int64_t n, int32_t mask_id, int top_k,
+                            int32_t *top_ids, double *top_probs) {
+    if (!m || !ids || !top_ids || !top_probs || n <= 0 || top_k <= 0)
+        return cgi_fail(CG_ERR_ARG, "[bert fill_mask] need a model, ids and output buffers");
+    int64_t at = -1;
+    for (int64_t i = 0; i < n && at < 0; i++)
+        if (ids[i] == mask_id) at = i;
+    if (at < 0) return cgi_fail(CG_ERR_ARG, "[bert fill_mask] no mask token (id %d) in the %lld ids", mask_id, (long long)n);
+    const int64_t v = m->cfg.vocab_size;
+    if (top_k > v) top_k = (int)v;
+    cg_graph *g = cg_graph_new(CG_EVAL);
+    cg_tensor *in = g ? cg_input(g, "input_ids", CG_INT32, 2, (int64_t[]){1, n}) : NULL;
+    if (!in) {
+        cg_graph_free(g);
+        return CG_ERR_NOMEM;
+    }
+    memcpy(cg_idata(in), ids, (size_t)n * sizeof *ids);
+    cg_bert_outputs o;
+    cg_status st = cg_bert_forward(g, m, in, NULL, NULL, &o);
+    if (!st) st = cg_graph_forward(g);
+    if (!st) {
+        const cg_real *row = cg_data(o.mlm_logits) + at * v;
+        double mx = row[0], sum = 0;
+        for (int64_t j = 1; j < v; j++) mx = fmax(mx, row[j]);
+        for (int64_t j = 0; j < v; j++) sum += exp(row[j] - mx);
+        for (int k = 0; k < top_k; k++) { /* selection of the k best; vocabularies are small next to the forward */
+            int32_t best = -1;
+            for (int64_t j = 0; j < v; j++) {
+                bool taken = false;
+                for (int q = 0; q < k; q++) taken |= top_ids[q] == j;
+                if (!taken && (best < 0 || row[j] > row[best])) best = (int32_t)j;
+            }
+            top_ids[k] = best;
+            top_probs[k] = exp(row[best] - mx) / sum;
+        }
+    }
+    cg_graph_free(g);
+    return st;
 }

@@ -40,4 +40,9 @@ cg_status cg_bert_forward(cg_graph *g, const cg_bert *m, cg_tensor *ids, cg_tens
 cg_tensor *cg_bert_pretraining_loss(cg_graph *g, const cg_bert_outputs *o, cg_tensor *labels,
                                     cg_tensor *next_sentence_label, cg_tensor **mlm_loss, cg_tensor **nsp_loss);
 
+/* Fill-mask inference: for ids[n] (one sequence, [CLS] ... [SEP]), writes the top_k most likely
+ * tokens and their probabilities at the first position holding mask_id into top_ids/top_probs. */
+cg_status cg_bert_fill_mask(const cg_bert *m, const int32_t *ids, int64_t n, int32_t mask_id, int top_k,
+                            int32_t *top_ids, double *top_probs);
+
 #endif

@@ -162,8 +162,8 @@ static cg_tensor *gpt_forward(cg_graph *g, const cg_gpt *m, cg_tensor *ids, kv_c
                   *v = cg_split_heads(g, qkv[2], heads);
         if (cache) {
             const int64_t layer = i * heads * cache->cap * (c->n_embd / heads);
-            cache->new_k[i] = k;
-            cache->new_v[i] = v;
+            cache->new_k[i] = cg_retain(k);
+            cache->new_v[i] = cg_retain(v);
             k = with_cache(g, cache->k + layer, past, cache->cap, k);
             v = with_cache(g, cache->v + layer, past, cache->cap, v);
         }

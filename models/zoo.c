@@ -258,6 +258,12 @@ cg_status cg_model_build(cg_graph *g, cg_model *m, int64_t batch, int64_t t, int
         break;
     }
     }
+    /* The caller reads these after the run; the planner would otherwise recycle them. */
+    cg_retain(o->logits);
+    cg_retain(o->nsp_logits);
+    cg_retain(o->mlm_loss);
+    cg_retain(o->nsp_loss);
+    cg_retain(o->loss);
     return o->loss ? CG_OK : CG_ERR_SHAPE;
 }
 

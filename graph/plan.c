@@ -1,0 +1,129 @@
+/* The memory plan. On one time axis (forward of node i at time i, its backward at 2n-1-i) every
+ * value, gradient and op scratch buffer lives from its first write to its last read; buffers whose
+ * lives do not overlap share memory. The op table says which values backward reads, so a value
+ * that only forward needs dies as soon as its last consumer has run, and a gradient dies once its
+ * node's backward has run. The plan is made once per graph and reused by every step. */
+#include <stdlib.h>
+
+#include "graph/internal.h"
+
+typedef struct {
+    int64_t birth, death; /* inclusive times */
+    size_t bytes, offset;
+    void **target;        /* where the address goes */
+} buffer;
+
+static int by_size_desc(const void *a, const void *b) {
+    const buffer *x = *(const buffer *const *)a, *y = *(const buffer *const *)b;
+    if (x->bytes != y->bytes) return x->bytes < y->bytes ? 1 : -1;
+    return x->birth < y->birth ? -1 : x->birth > y->birth;
+}
+
+typedef struct {
+    size_t lo, hi;
+} range;
+
+static int by_lo(const void *a, const void *b) {
+    const range *x = a, *y = b;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+static size_t round_up(size_t n) { return (n + CGI_ALIGN - 1) / CGI_ALIGN * CGI_ALIGN; }
+
+cg_status cgi_plan(cg_graph *g) {
+    const int64_t n = g->n, end = 2 * n;
+    int64_t *vdeath = malloc((size_t)(n ? n : 1) * sizeof *vdeath);
+    int64_t *gbirth = malloc((size_t)(n ? n : 1) * sizeof *gbirth);
+    buffer *bufs = malloc((size_t)(3 * n + 1) * sizeof *bufs);
+    buffer **order = malloc((size_t)(3 * n + 1) * sizeof *order);
+    range *used = malloc((size_t)(3 * n + 1) * sizeof *used);
+    cg_status st = CG_OK;
+    if (!vdeath || !gbirth || !bufs || !order || !used) {
+        st = cgi_fail(CG_ERR_NOMEM, "[plan] out of memory for %lld nodes", (long long)n);
+        goto done;
+    }
+    bool *consumed = (bool *)used; /* scratch before `used` is needed */
+    for (int64_t i = 0; i < n; i++) {
+        vdeath[i] = i;
+        gbirth[i] = INT64_MAX;
+        consumed[i] = false;
+    }
+    for (int64_t c = 0; c < n; c++) {
+        cg_tensor *t = g->nodes[c];
+        const cgi_op_desc *d = &cgi_ops[t->op];
+        const int64_t back = end - 1 - c;
+        for (int k = 0; k < t->nsrc; k++) {
+            cg_tensor *r = t->src[k]->root;
+            if (r->id < 0) continue; /* parameters own their storage */
+            consumed[r->id] = true;
+            if (vdeath[r->id] < c) vdeath[r->id] = c;
+            if (t->requires_grad && k < 32 && (d->bwd_reads & (1u << k)) && vdeath[r->id] < back) vdeath[r->id] = back;
+            if (t->requires_grad && t->src[k]->requires_grad && d->kind == CGI_KIND_COMPUTE && gbirth[r->id] > back)
+                gbirth[r->id] = back;
+        }
+        if (t->requires_grad && d->bwd_reads_out && vdeath[c] < back) vdeath[c] = back;
+    }
+    int nb = 0;
+    for (int64_t i = 0; i < n; i++) {
+        cg_tensor *t = g->nodes[i];
+        if (t->root != t) continue;
+        const int64_t back = end - 1 - i;
+        bool outlives = t->retain || !consumed[i];
+        t->kept = cgi_ops[t->op].kind != CGI_KIND_COMPUTE || outlives;
+        if (cgi_ops[t->op].kind == CGI_KIND_COMPUTE) {
+            size_t es = t->dtype == CG_INT32 ? sizeof(int32_t) : sizeof(cg_real);
+            bufs[nb++] = (buffer){i, outlives ? end : vdeath[i], round_up((size_t)cgi_numel(t->ndim, t->shape) * es),
+                                  0, &t->data};
+            if (t->aux_bytes)
+                bufs[nb++] = (buffer){i, t->requires_grad ? back : i, round_up(t->aux_bytes), 0, &t->aux};
+        }
+        if (t->requires_grad && t->op != CGI_OP_INPUT) {
+            int64_t birth = gbirth[i] == INT64_MAX ? back : gbirth[i];
+            bufs[nb++] = (buffer){birth, t->retain ? end : back,
+                                  round_up((size_t)cgi_numel(t->ndim, t->shape) * sizeof(cg_real)), 0, (void **)&t->grad};
+        }
+        if (t->requires_grad && t->op == CGI_OP_INPUT && !t->grad) { /* the caller reads it after backward */
+            t->grad = cgi_arena_alloc(&g->bufs, round_up((size_t)cgi_numel(t->ndim, t->shape) * sizeof(cg_real)));
+            if (!t->grad) {
+                st = CG_ERR_NOMEM;
+                goto done;
+            }
+        }
+    }
+    for (int i = 0; i < nb; i++) order[i] = &bufs[i];
+    qsort(order, (size_t)nb, sizeof *order, by_size_desc);
+    size_t total = 0;
+    for (int i = 0; i < nb; i++) { /* first fit among the buffers alive at the same time */
+        buffer *b = order[i];
+        int nu = 0;
+        for (int j = 0; j < i; j++) {
+            const buffer *o = order[j];
+            if (o->birth <= b->death && b->birth <= o->death) used[nu++] = (range){o->offset, o->offset + o->bytes};
+        }
+        qsort(used, (size_t)nu, sizeof *used, by_lo);
+        size_t at = 0;
+        for (int j = 0; j < nu; j++) {
+            if (used[j].lo >= at + b->bytes) break;
+            if (used[j].hi > at) at = used[j].hi;
+        }
+        b->offset = at;
+        if (at + b->bytes > total) total = at + b->bytes;
+    }
+    if (total > g->block_bytes) {
+        g->block = cgi_arena_alloc(&g->bufs, total);
+        if (!g->block) {
+            st = CG_ERR_NOMEM;
+            goto done;
+        }
+        g->block_bytes = total;
+    }
+    for (int i = 0; i < nb; i++) *bufs[i].target = (char *)g->block + bufs[i].offset;
+    g->planned = true;
+done:
+    free(vdeath);
+    free(gbirth);
+    free(bufs);
+    free(order);
+    free(used);
+    return st;
+}
