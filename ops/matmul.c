@@ -28,7 +28,7 @@ static void gemm(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa,
     FIX(m, n, rsc, csc);
 #undef FIX
     /* Waking a thread team costs more than a small product takes. */
-    if ((double)m * (double)n * (double)k < 32768.0 * 8) threads = 1;
+    if ((double)m * (double)n * (double)k < (double)(1 << 20)) threads = 1;
     rntm_t rntm = BLIS_RNTM_INITIALIZER;
     bli_rntm_set_num_threads(threads, &rntm);
     cg_real one = 1;
