@@ -37,6 +37,9 @@ cg_tensor *cg_attention(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, b
                         cg_tensor *key_padding, double dropout) {
     if (!q || !k || !v) return NULL;
     double scale = 1.0 / sqrt((double)cg_dim(q, -1));
+    /* The fused kernel stores no [Tq, Tk] matrix; dropout on the weights needs them, so it takes
+     * the composite path (the fused kernel's tested twin). */
+    if (dropout == 0 || cg_graph_mode(g) == CG_EVAL) return cg_sdpa(g, q, k, v, scale, causal, key_padding);
     cg_tensor *scores = cg_matmul(g, q, cg_transpose(g, k, -1, -2));
     cg_tensor *w = cg_masked_softmax(g, scores, scale, NULL, causal, key_padding);
     return cg_matmul(g, cg_dropout(g, w, dropout), v);

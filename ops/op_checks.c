@@ -147,6 +147,18 @@ static cg_tensor *msm_all(ctx *c) {
     for (int b = 0; b < 2; b++) cg_idata(kp)[b * 5] = 1;
     return cg_masked_softmax(G, cg_transpose(G, X4(2, 2, 5, 3), 2, 3), 0.4, X1(5), true, kp);
 }
+static cg_tensor *sdpa_causal(ctx *c) { return cg_sdpa(G, X4(2, 2, 5, 3), X4(2, 2, 5, 3), X4(2, 2, 5, 3), 0.6, true, NULL); }
+static cg_tensor *sdpa_cross(ctx *c) {
+    cg_tensor *kp = ids(c, 0, 2, 2, 2, 7);
+    for (int b = 0; b < 2; b++) cg_idata(kp)[b * 7 + 6] = 1;
+    return cg_sdpa(G, X4(2, 3, 4, 5), X4(2, 3, 7, 5), X4(2, 3, 7, 5), 0.5, false, kp);
+}
+static cg_tensor *sdpa_views(ctx *c) {
+    cg_tensor *qkv[3];
+    cg_split(G, X3(2, 6, 12), -1, 3, NULL, qkv);
+    return cg_sdpa(G, cg_split_heads(G, qkv[0], 2), cg_split_heads(G, qkv[1], 2), cg_split_heads(G, qkv[2], 2), 0.4,
+                   true, NULL);
+}
 /* normalisation */
 static cg_tensor *ln_affine(ctx *c) { return cg_layernorm(G, X2(4, 6), leaf(c, 0.5, 1.5, false, 1, 6, 0, 0, 0), X1(6), 1e-5); }
 static cg_tensor *ln_plain(ctx *c) { return cg_layernorm(G, X3(2, 3, 5), NULL, NULL, 1e-5); }
@@ -234,6 +246,9 @@ static const check_case cases[] = {
     {"masked_softmax", "[2,2,3,4] + mask[3,4]", msm_additive},
     {"masked_softmax", "[2,3,4,5] key padding", msm_padding},
     {"masked_softmax", "[2,2,3,5]^T causal+pad+mask", msm_all},
+    {"attention", "[2,2,5,3] causal", sdpa_causal},
+    {"attention", "q[2,3,4,5] kv[2,3,7,5] key padding", sdpa_cross},
+    {"attention", "heads of a [2,6,12] qkv view, causal", sdpa_views},
     {"layernorm", "[4,6] gain bias", ln_affine},
     {"layernorm", "[2,3,5] plain", ln_plain},
     {"layernorm", "[2,3,5] 1<->2 gain", ln_view},

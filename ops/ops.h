@@ -102,6 +102,12 @@ cg_tensor *cg_log_softmax(cg_graph *g, cg_tensor *x);
  * NULL) hides keys whose entry is 0. Rows with every key hidden come out as zeros. */
 cg_tensor *cg_masked_softmax(cg_graph *g, cg_tensor *x, double scale, cg_tensor *mask, bool causal,
                              cg_tensor *key_padding);
+/* Fused attention softmax(q k^T * scale + masks) v for q[B, H, Tq, D], k, v[B, H, Tk, D] (last
+ * dims dense), masks as cg_masked_softmax: keys are visited in blocks with an online softmax, so
+ * no [Tq, Tk] matrix is ever stored (memory linear in the sequence); backward recomputes the
+ * blocks from the saved log-sum-exp. Returns [B, H, Tq, D]. */
+cg_tensor *cg_sdpa(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, double scale, bool causal,
+                   cg_tensor *key_padding);
 /* Fused layer norm over the last axis with gain and bias [D] (either may be NULL). */
 cg_tensor *cg_layernorm(cg_graph *g, cg_tensor *x, cg_tensor *gain, cg_tensor *bias, double eps);
 

@@ -1,0 +1,222 @@
+/* Fused scaled dot-product attention (the FlashAttention schedule on a CPU): per (batch, head),
+ * query blocks of BQ rows visit key blocks of BK keys; scores, the running max and the running
+ * sum live in a small per-thread scratch, and the products are BLIS calls on strided blocks.
+ * Forward saves one log-sum-exp per query row; backward recomputes each block's probabilities
+ * from it. Each (batch, head) belongs to one thread, so gradient writes never collide and the
+ * result does not depend on the thread count. */
+#include <math.h>
+#include <blis.h>
+#include <omp.h>
+
+#include "graph/internal.h"
+#include "ops/ops.h"
+
+#define BQ 64
+#define BK 64
+
+/* iarg[0] causal, iarg[1] key_padding source index (0: none), iarg[2] scratch slots.
+ * aux: lse[B*H*Tq], then per slot: s[BQ*BK], dp[BQ*BK], acc[BQ*D], rows[3*BQ]. */
+static size_t slot_reals(int64_t d) { return (size_t)(2 * BQ * BK + BQ * d + 3 * BQ); }
+
+cg_tensor *cg_sdpa(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, double scale, bool causal,
+                   cg_tensor *key_padding) {
+    cg_tensor *in[3] = {q, k, v};
+    if (!cgi_inputs_ok(g, "sdpa", 3, in) || (key_padding && !cgi_inputs_ok(g, "sdpa", 1, &key_padding))) return NULL;
+    for (int i = 0; i < 3; i++)
+        if (!cgi_expect_real("sdpa", in[i], (const char *[]){"q", "k", "v"}[i])) return NULL;
+    bool ok = q->ndim == 4 && k->ndim == 4 && v->ndim == 4;
+    for (int d = 0; ok && d < 2; d++) ok = k->shape[d] == q->shape[d] && v->shape[d] == q->shape[d];
+    ok = ok && k->shape[3] == q->shape[3] && v->shape[3] == q->shape[3] && v->shape[2] == k->shape[2];
+    if (!ok) {
+        cgi_fail(CG_ERR_SHAPE, "[sdpa] q%s k%s v%s must be [B, H, Tq, D], [B, H, Tk, D], [B, H, Tk, D]", cgi_shp(q),
+                 cgi_shp(k), cgi_shp(v));
+        return NULL;
+    }
+    if (key_padding && (key_padding->dtype != CG_INT32 || key_padding->ndim != 2 ||
+                        key_padding->shape[0] != q->shape[0] || key_padding->shape[1] != k->shape[2])) {
+        cgi_fail(CG_ERR_SHAPE, "[sdpa] key_padding%s must be int32 [B, Tk] = [%lld, %lld]", cgi_shp(key_padding),
+                 (long long)q->shape[0], (long long)k->shape[2]);
+        return NULL;
+    }
+    for (int i = 0; i < 3; i++) /* BLIS reads rows in place; only the feature axis must be dense */
+        if (in[i]->stride[3] != 1 && (in[i] = cg_contiguous(g, in[i])) == NULL) return NULL;
+    cg_tensor *src[4] = {in[0], in[1], in[2], key_padding};
+    cg_tensor *t = cgi_node(g, CGI_OP_ATTENTION, CG_REAL, 4, q->shape, key_padding ? 4 : 3, src);
+    if (!t) return NULL;
+    t->farg[0] = scale;
+    t->iarg[0] = causal;
+    t->iarg[1] = key_padding ? 3 : 0;
+    t->iarg[2] = cgi_nthreads();
+    t->aux_bytes = ((size_t)(q->shape[0] * q->shape[1] * q->shape[2]) + (size_t)t->iarg[2] * slot_reals(q->shape[3])) *
+                   sizeof(cg_real);
+    return t;
+}
+
+static void gemm1(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, int64_t csa, const cg_real *b,
+                  int64_t rsb, int64_t csb, cg_real alpha, cg_real beta, cg_real *c, int64_t rsc, int64_t csc) {
+    static _Thread_local rntm_t rntm;
+    static _Thread_local bool ready;
+    if (!ready) {
+        bli_rntm_init(&rntm);
+        bli_rntm_set_num_threads(1, &rntm);
+        ready = true;
+    }
+#ifdef CGRAD_DOUBLE
+    bli_dgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, m, n, k, &alpha, (double *)a, rsa, csa, (double *)b, rsb, csb,
+                 &beta, c, rsc, csc, NULL, &rntm);
+#else
+    bli_sgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, m, n, k, &alpha, (float *)a, rsa, csa, (float *)b, rsb, csb,
+                 &beta, c, rsc, csc, NULL, &rntm);
+#endif
+}
+
+typedef struct {
+    const cg_real *q, *k, *v;
+    int64_t qs, ks, vs; /* row strides */
+    const int32_t *keep; int64_t keep_s;
+    int64_t tq, tk, d, shift;
+    bool causal;
+    cg_real scale;
+} head;
+
+static void head_at(const cg_tensor *t, int64_t bh, head *h) {
+    const cg_tensor *q = t->src[0], *k = t->src[1], *v = t->src[2];
+    const int64_t b = bh / q->shape[1], hh = bh % q->shape[1];
+    h->q = (const cg_real *)q->data + b * q->stride[0] + hh * q->stride[1];
+    h->k = (const cg_real *)k->data + b * k->stride[0] + hh * k->stride[1];
+    h->v = (const cg_real *)v->data + b * v->stride[0] + hh * v->stride[1];
+    h->qs = q->stride[2], h->ks = k->stride[2], h->vs = v->stride[2];
+    const cg_tensor *kp = t->iarg[1] ? t->src[t->iarg[1]] : NULL;
+    h->keep = kp ? (const int32_t *)kp->data + b * kp->stride[0] : NULL;
+    h->keep_s = kp ? kp->stride[1] : 0;
+    h->tq = q->shape[2], h->tk = k->shape[2], h->d = q->shape[3];
+    h->shift = h->tk - h->tq;
+    h->causal = t->iarg[0];
+    h->scale = (cg_real)t->farg[0];
+}
+
+/* Scores of query rows [i0, i0+nq) against keys [j0, j0+nk) into s[nq][BK], masked to -inf;
+ * returns false when the whole block is hidden. */
+static bool scores(const head *h, int64_t i0, int64_t nq, int64_t j0, int64_t nk, cg_real *s) {
+    gemm1(nq, nk, h->d, h->q + i0 * h->qs, h->qs, 1, h->k + j0 * h->ks, 1, h->ks, h->scale, 0, s, BK, 1);
+    bool any = false;
+    for (int64_t r = 0; r < nq; r++) {
+        const int64_t limit = h->causal ? i0 + r + h->shift + 1 : h->tk; /* keys [0, limit) visible */
+        for (int64_t c = 0; c < nk; c++) {
+            bool hidden = j0 + c >= limit || (h->keep && h->keep[(j0 + c) * h->keep_s] == 0);
+            if (hidden) s[r * BK + c] = -INFINITY;
+            else any = true;
+        }
+    }
+    return any;
+}
+
+/* Keys beyond this cannot be seen by any row of the query block. */
+static int64_t key_end(const head *h, int64_t i0, int64_t nq) {
+    if (!h->causal) return h->tk;
+    int64_t e = i0 + nq + h->shift;
+    return e < 0 ? 0 : e > h->tk ? h->tk : e;
+}
+
+cg_status cgi_fwd_attention(cg_tensor *t) {
+    const int64_t bhn = t->shape[0] * t->shape[1], tq = t->shape[2], d = t->shape[3];
+    cg_real *lse = t->aux, *out = t->data;
+    const int slots = (int)t->iarg[2];
+#pragma omp parallel for schedule(dynamic, 1) num_threads(slots) if (bhn > 1 && slots > 1)
+    for (int64_t bh = 0; bh < bhn; bh++) {
+        int me = omp_get_thread_num();
+        cg_real *s = lse + bhn * tq + (size_t)me * slot_reals(d), *acc = s + 2 * BQ * BK, *m = acc + BQ * d, *l = m + BQ;
+        head h;
+        head_at(t, bh, &h);
+        cg_real *o = out + bh * tq * d;
+        for (int64_t i0 = 0; i0 < tq; i0 += BQ) {
+            const int64_t nq = tq - i0 < BQ ? tq - i0 : BQ, kend = key_end(&h, i0, nq);
+            for (int64_t r = 0; r < nq; r++) m[r] = -INFINITY, l[r] = 0;
+            memset(acc, 0, (size_t)(nq * d) * sizeof *acc);
+            for (int64_t j0 = 0; j0 < kend; j0 += BK) {
+                const int64_t nk = kend - j0 < BK ? kend - j0 : BK;
+                if (!scores(&h, i0, nq, j0, nk, s)) continue;
+                for (int64_t r = 0; r < nq; r++) { /* online softmax: rescale what came before */
+                    cg_real *sr = s + r * BK, mx = m[r];
+                    for (int64_t c = 0; c < nk; c++) mx = sr[c] > mx ? sr[c] : mx;
+                    if (mx == -INFINITY) {
+                        for (int64_t c = 0; c < nk; c++) sr[c] = 0;
+                        continue;
+                    }
+                    const cg_real corr = m[r] == -INFINITY ? 0 : (cg_real)exp(m[r] - mx);
+                    cg_real sum = 0;
+                    for (int64_t c = 0; c < nk; c++) {
+                        sr[c] = (cg_real)exp(sr[c] - mx);
+                        sum += sr[c];
+                    }
+                    l[r] = l[r] * corr + sum;
+                    m[r] = mx;
+                    if (corr != 1) for (int64_t e = 0; e < d; e++) acc[r * d + e] *= corr;
+                }
+                gemm1(nq, d, nk, s, BK, 1, h.v + j0 * h.vs, h.vs, 1, 1, 1, acc, d, 1);
+            }
+            for (int64_t r = 0; r < nq; r++) {
+                cg_real *orow = o + (i0 + r) * d;
+                if (l[r] == 0) { /* every key hidden: zeros, and no gradient */
+                    memset(orow, 0, (size_t)d * sizeof *orow);
+                    lse[bh * tq + i0 + r] = INFINITY;
+                    continue;
+                }
+                const cg_real inv = 1 / l[r];
+                for (int64_t e = 0; e < d; e++) orow[e] = acc[r * d + e] * inv;
+                lse[bh * tq + i0 + r] = m[r] + (cg_real)log(l[r]);
+            }
+        }
+    }
+    return CG_OK;
+}
+
+void cgi_bwd_attention(cg_tensor *t) {
+    cg_tensor *q = t->src[0], *k = t->src[1], *v = t->src[2];
+    const bool gq = q->requires_grad, gk = k->requires_grad, gv = v->requires_grad;
+    const int64_t bhn = t->shape[0] * t->shape[1], tq = t->shape[2], d = t->shape[3];
+    const cg_real *lse = t->aux, *out = t->data, *dout = t->grad;
+    const int slots = (int)t->iarg[2];
+#pragma omp parallel for schedule(dynamic, 1) num_threads(slots) if (bhn > 1 && slots > 1)
+    for (int64_t bh = 0; bh < bhn; bh++) {
+        int me = omp_get_thread_num();
+        cg_real *p = (cg_real *)lse + bhn * tq + (size_t)me * slot_reals(d), *dp = p + BQ * BK, *dq = dp + BQ * BK,
+                *di = dq + BQ * d;
+        head h;
+        head_at(t, bh, &h);
+        const int64_t b = bh / t->shape[1], hh = bh % t->shape[1];
+        cg_real *gQ = gq ? q->grad + b * q->stride[0] + hh * q->stride[1] : NULL;
+        cg_real *gK = gk ? k->grad + b * k->stride[0] + hh * k->stride[1] : NULL;
+        cg_real *gV = gv ? v->grad + b * v->stride[0] + hh * v->stride[1] : NULL;
+        const cg_real *o = out + bh * tq * d, *dO = dout + bh * tq * d, *L = lse + bh * tq;
+        for (int64_t i0 = 0; i0 < tq; i0 += BQ) {
+            const int64_t nq = tq - i0 < BQ ? tq - i0 : BQ, kend = key_end(&h, i0, nq);
+            for (int64_t r = 0; r < nq; r++) { /* D_i = rowsum(dO * O) */
+                cg_real s = 0;
+                for (int64_t e = 0; e < d; e++) s += dO[(i0 + r) * d + e] * o[(i0 + r) * d + e];
+                di[r] = s;
+            }
+            memset(dq, 0, (size_t)(nq * d) * sizeof *dq);
+            for (int64_t j0 = 0; j0 < kend; j0 += BK) {
+                const int64_t nk = kend - j0 < BK ? kend - j0 : BK;
+                if (!scores(&h, i0, nq, j0, nk, p)) continue;
+                for (int64_t r = 0; r < nq; r++)
+                    for (int64_t c = 0; c < nk; c++) p[r * BK + c] = (cg_real)exp(p[r * BK + c] - L[i0 + r]);
+                if (gV) /* dV[j] += P^T dO[i] */
+                    gemm1(nk, d, nq, p, 1, BK, dO + i0 * d, d, 1, 1, 1, gV + j0 * v->stride[2], v->stride[2], v->stride[3]);
+                if (!gq && !gk) continue;
+                /* dP = dO[i] V[j]^T; dS = P * (dP - D) */
+                gemm1(nq, nk, d, dO + i0 * d, d, 1, h.v + j0 * h.vs, 1, h.vs, 1, 0, dp, BK, 1);
+                for (int64_t r = 0; r < nq; r++)
+                    for (int64_t c = 0; c < nk; c++) dp[r * BK + c] = p[r * BK + c] * (dp[r * BK + c] - di[r]);
+                if (gq) gemm1(nq, d, nk, dp, BK, 1, h.k + j0 * h.ks, h.ks, 1, h.scale, 1, dq, d, 1);
+                if (gk) /* dK[j] += scale * dS^T Q[i] */
+                    gemm1(nk, d, nq, dp, 1, BK, h.q + i0 * h.qs, h.qs, 1, h.scale, 1, gK + j0 * k->stride[2],
+                          k->stride[2], k->stride[3]);
+            }
+            if (gq)
+                for (int64_t r = 0; r < nq; r++)
+                    for (int64_t e = 0; e < d; e++) gQ[(i0 + r) * q->stride[2] + e * q->stride[3]] += dq[r * d + e];
+        }
+    }
+}

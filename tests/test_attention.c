@@ -1,0 +1,99 @@
+/* The fused attention (cg_sdpa) against its composite twin, matmul -> masked softmax -> matmul,
+ * forward and backward, at sizes that span several 64-row blocks, with causal masks (Tq == Tk
+ * and Tq < Tk), key padding, rows with every key hidden, and strided head views. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../cgrad.h"
+#include "check.h"
+
+typedef struct {
+    int64_t b, h, tq, tk, d;
+    bool causal, padding, all_hidden_row, views;
+} cfg;
+
+static void run(const cfg *c, bool fused, cg_real **out, cg_real *grads[3]) {
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    cg_rng r;
+    cg_rng_seed(&r, 5);
+    int64_t sq[4] = {c->b, c->h, c->tq, c->d}, sk[4] = {c->b, c->h, c->tk, c->d};
+    cg_tensor *leaf[3], *q, *k, *v;
+    if (c->views) { /* q, k, v as head views of one [B, T, 3*H*D] tensor, as in GPT-2 */
+        int64_t s3[3] = {c->b, c->tq, 3 * c->h * c->d};
+        leaf[0] = cg_requires_grad(cg_input(g, "qkv", CG_REAL, 3, s3));
+        cg_fill_uniform(leaf[0], &r, -2, 2);
+        cg_tensor *p[3];
+        cg_split(g, leaf[0], -1, 3, NULL, p);
+        q = cg_split_heads(g, p[0], (int)c->h), k = cg_split_heads(g, p[1], (int)c->h), v = cg_split_heads(g, p[2], (int)c->h);
+        leaf[1] = leaf[2] = NULL;
+    } else {
+        leaf[0] = q = cg_requires_grad(cg_input(g, "q", CG_REAL, 4, sq));
+        leaf[1] = k = cg_requires_grad(cg_input(g, "k", CG_REAL, 4, sk));
+        leaf[2] = v = cg_requires_grad(cg_input(g, "v", CG_REAL, 4, sk));
+        for (int i = 0; i < 3; i++) cg_fill_uniform(leaf[i], &r, -2, 2);
+    }
+    cg_tensor *kp = NULL;
+    if (c->padding) {
+        kp = cg_input(g, "keep", CG_INT32, 2, (int64_t[]){c->b, c->tk});
+        for (int64_t i = 0; i < c->b * c->tk; i++) cg_idata(kp)[i] = (cg_rng_next(&r) % 4) != 0;
+        for (int64_t bb = 0; bb < c->b; bb++) cg_idata(kp)[bb * c->tk] = 1;
+        if (c->all_hidden_row) memset(cg_idata(kp), 0, (size_t)c->tk * sizeof(int32_t)); /* batch 0 sees nothing */
+    }
+    const double scale = 1.0 / sqrt((double)c->d);
+    cg_tensor *o;
+    if (fused) o = cg_sdpa(g, q, k, v, scale, c->causal, kp);
+    else o = cg_matmul(g, cg_masked_softmax(g, cg_matmul(g, q, cg_transpose(g, k, -1, -2)), scale, NULL, c->causal, kp), v);
+    cg_tensor *w = cg_input(g, "w", CG_REAL, 4, cg_shape(o));
+    cg_fill_uniform(w, &r, -1, 1);
+    cg_retain(o);
+    cg_tensor *loss = cg_sum_all(g, cg_mul(g, o, w));
+    CHECK(loss && cg_graph_forward(g) == CG_OK && cg_graph_backward(g, loss) == CG_OK, "%s", cg_last_error());
+    *out = malloc((size_t)cg_numel(o) * sizeof(cg_real));
+    cg_read(o, *out);
+    for (int i = 0; i < 3; i++) {
+        grads[i] = NULL;
+        if (!leaf[i]) continue;
+        grads[i] = malloc((size_t)cg_numel(leaf[i]) * sizeof(cg_real));
+        cg_read_grad(leaf[i], grads[i]);
+    }
+    cg_graph_free(g);
+}
+
+static double rel_diff(const cg_real *a, const cg_real *b, int64_t n) {
+    double worst = 0, big = 1e-30;
+    for (int64_t i = 0; i < n; i++) {
+        worst = fmax(worst, fabs((double)a[i] - (double)b[i]));
+        big = fmax(big, fabs((double)b[i]));
+        if (!isfinite(a[i]) || !isfinite(b[i])) return INFINITY;
+    }
+    return worst / big;
+}
+
+static void compare(const char *what, const cfg *c) {
+    cg_real *oa, *ob, *ga[3], *gb[3];
+    run(c, true, &oa, ga);
+    run(c, false, &ob, gb);
+    const double tol = sizeof(cg_real) == 4 ? 2e-5 : 1e-12;
+    int64_t no = c->b * c->h * c->tq * c->d, nk = c->b * c->h * c->tk * c->d;
+    double e = rel_diff(oa, ob, no);
+    CHECK(e <= tol, "%s: output differs by %g", what, e);
+    for (int i = 0; i < 3; i++) {
+        if (!ga[i]) continue;
+        int64_t n = c->views ? c->b * c->tq * 3 * c->h * c->d : i ? nk : no;
+        e = rel_diff(ga[i], gb[i], n);
+        CHECK(e <= tol, "%s: gradient %d differs by %g", what, i, e);
+    }
+    free(oa);
+    free(ob);
+    for (int i = 0; i < 3; i++) free(ga[i]), free(gb[i]);
+}
+
+int main(void) {
+    compare("causal 150x150", &(cfg){2, 3, 150, 150, 16, true, false, false, false});
+    compare("cross 70x130 with padding", &(cfg){2, 2, 70, 130, 8, false, true, false, false});
+    compare("causal Tq 5 < Tk 140 (cached keys)", &(cfg){1, 2, 5, 140, 16, true, false, false, false});
+    compare("causal + padding + a fully hidden batch", &(cfg){2, 2, 80, 80, 8, true, true, true, false});
+    compare("GPT-2 head views of qkv, causal 100", &(cfg){2, 4, 100, 100, 8, true, false, false, true});
+    TEST_END();
+}
