@@ -3,6 +3,7 @@
 #ifndef CGRAD_INTERNAL_H
 #define CGRAD_INTERNAL_H
 
+#include <math.h>
 #include <stdarg.h>
 #include <string.h>
 
@@ -171,6 +172,27 @@ void cgi_unbroadcast_add(cg_tensor *t, const cg_real *g_out, int ndim, const int
 void cgi_colsum_add(cg_real *dst, const cg_real *m, int64_t rows, int64_t cols, int64_t ld,
                     cg_real *scratch);
 size_t cgi_colsum_scratch(int64_t rows, int64_t cols);
+
+/* e^x for the softmax family: a branch-free Cephes-style polynomial (about 2 ulp in float) that
+ * the compiler vectorises, where libm's expf is a scalar call per element. e^-inf is exactly 0. */
+static inline cg_real cgi_exp(cg_real x) {
+#ifdef CGRAD_DOUBLE
+    return exp(x);
+#else
+    float xc = x < -87.0f ? -87.0f : x > 88.3762626647949f ? 88.3762626647949f : x;
+    float fx = __builtin_floorf(xc * 1.44269504088896341f + 0.5f);
+    float r = xc - fx * 0.693359375f + fx * 2.12194440e-4f;
+    float y = 1.9875691500e-4f;
+    y = y * r + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = y * r * r + r + 1.0f;
+    union { int32_t i; float f; } scale = {.i = ((int32_t)fx + 127) << 23};
+    return x < -103.97f ? 0.0f : y * scale.f;
+#endif
+}
 
 /* Counter-based random bits: the same (key, counter) gives the same bits on any thread. */
 static inline uint64_t cgi_hash64(uint64_t x) {

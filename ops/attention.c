@@ -143,10 +143,10 @@ cg_status cgi_fwd_attention(cg_tensor *t) {
                         for (int64_t c = 0; c < nk; c++) sr[c] = 0;
                         continue;
                     }
-                    const cg_real corr = m[r] == -INFINITY ? 0 : (cg_real)exp(m[r] - mx);
+                    const cg_real corr = m[r] == -INFINITY ? 0 : cgi_exp(m[r] - mx);
                     cg_real sum = 0;
                     for (int64_t c = 0; c < nk; c++) {
-                        sr[c] = (cg_real)exp(sr[c] - mx);
+                        sr[c] = cgi_exp(sr[c] - mx);
                         sum += sr[c];
                     }
                     l[r] = l[r] * corr + sum;
@@ -201,7 +201,7 @@ void cgi_bwd_attention(cg_tensor *t) {
                 const int64_t nk = kend - j0 < BK ? kend - j0 : BK;
                 if (!scores(&h, i0, nq, j0, nk, p)) continue;
                 for (int64_t r = 0; r < nq; r++)
-                    for (int64_t c = 0; c < nk; c++) p[r * BK + c] = (cg_real)exp(p[r * BK + c] - L[i0 + r]);
+                    for (int64_t c = 0; c < nk; c++) p[r * BK + c] = cgi_exp(p[r * BK + c] - L[i0 + r]);
                 if (gV) /* dV[j] += P^T dO[i] */
                     gemm1(nk, d, nq, p, 1, BK, dO + i0 * d, d, 1, 1, 1, gV + j0 * v->stride[2], v->stride[2], v->stride[3]);
                 if (!gq && !gk) continue;

@@ -61,7 +61,7 @@ cg_status cgi_fwd_cross_entropy(cg_tensor *t) {
         cg_real mx = -INFINITY;
         for (int64_t j = 0; j < c; j++) mx = x[j] > mx ? x[j] : mx;
         double s = 0;
-        for (int64_t j = 0; j < c; j++) s += exp((double)(x[j] - mx));
+        for (int64_t j = 0; j < c; j++) s += cgi_exp(x[j] - mx);
         lse[r] = mx + (cg_real)log(s);
         loss[r] = lse[r] - x[k];
     }
@@ -85,7 +85,7 @@ void cgi_bwd_cross_entropy(cg_tensor *t) {
         if (k == ignore) continue;
         const cg_real *x = X + r * c;
         cg_real *dx = DX + r * c;
-        for (int64_t j = 0; j < c; j++) dx[j] += gscale * (cg_real)exp((double)(x[j] - lse[r]));
+        for (int64_t j = 0; j < c; j++) dx[j] += gscale * cgi_exp(x[j] - lse[r]);
         dx[k] -= gscale;
     }
 }

@@ -37,7 +37,7 @@ static cg_status softmax_fwd(cg_tensor *t, bool log_form) {
         for (int64_t j = 0; j < n; j++) mx = x[j] > mx ? x[j] : mx;
         double sum = 0;
         for (int64_t j = 0; j < n; j++) {
-            y[j] = (cg_real)exp((double)(x[j] - mx));
+            y[j] = cgi_exp(x[j] - mx);
             sum += y[j];
         }
         if (log_form) {
@@ -65,7 +65,7 @@ static void softmax_bwd(cg_tensor *t, bool log_form) {
         double s = 0;
         if (log_form) { /* dx = dy - softmax * sum(dy) */
             for (int64_t j = 0; j < n; j++) s += dy[j];
-            for (int64_t j = 0; j < n; j++) dx[j] += dy[j] - (cg_real)exp((double)y[j]) * (cg_real)s;
+            for (int64_t j = 0; j < n; j++) dx[j] += dy[j] - cgi_exp(y[j]) * (cg_real)s;
         } else { /* dx = y * (dy - sum(dy * y)) */
             for (int64_t j = 0; j < n; j++) s += (double)dy[j] * y[j];
             for (int64_t j = 0; j < n; j++) dx[j] += y[j] * (dy[j] - (cg_real)s);
@@ -169,7 +169,7 @@ cg_status cgi_fwd_masked_softmax(cg_tensor *t) {
         }
         double sum = 0;
         for (int64_t j = 0; j < n; j++) {
-            y[j] = y[j] == -INFINITY ? 0 : (cg_real)exp((double)(y[j] - mx));
+            y[j] = y[j] == -INFINITY ? 0 : cgi_exp(y[j] - mx);
             sum += y[j];
         }
         cg_real inv = (cg_real)(1.0 / sum);

@@ -1,0 +1,748 @@
+/* Tokenizers: the shared token table and hash index, UTF-8, the character tokenizer, and the
+ * kind-independent API (encode/decode dispatch, lookups, load/save, JSON serialisation). The
+ * byte-level BPE lives in io/tokenizer_bpe.c, WordPiece in io/tokenizer_wordpiece.c. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+
+#include <cjson/cJSON.h>
+
+#include "io/tokenizer_internal.h"
+
+/* ---------------------------------------------------------------- token table and index */
+
+uint64_t cgi_hash_bytes(const char *s, size_t len) {
+    uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a, then mixed: short keys spread well */
+    for (size_t i = 0; i < len; i++) h = (h ^ (unsigned char)s[i]) * 0x100000001b3ULL;
+    return cgi_hash64(h);
+}
+
+cg_tokenizer *cgi_tok_new(cg_tok_kind kind) {
+    cg_tokenizer *t = calloc(1, sizeof *t);
+    if (!t) {
+        cgi_fail(CG_ERR_NOMEM, "[tokenizer] out of memory");
+        return NULL;
+    }
+    t->kind = kind;
+    t->unk = -1;
+    return t;
+}
+
+bool cgi_tok_push(cg_tokenizer *t, const char *s, size_t len) {
+    if ((size_t)t->n == t->tok_cap) {
+        size_t cap = t->tok_cap ? 2 * t->tok_cap : 64;
+        int64_t *off = realloc(t->off, cap * sizeof *off);
+        if (off) t->off = off;
+        int32_t *ln = realloc(t->len, cap * sizeof *ln);
+        if (ln) t->len = ln;
+        if (!off || !ln) goto nomem;
+        t->tok_cap = cap;
+    }
+    if (t->pool_len + len + 1 > t->pool_cap) {
+        size_t cap = t->pool_cap ? t->pool_cap : 4096;
+        while (cap < t->pool_len + len + 1) cap *= 2;
+        char *p = realloc(t->pool, cap);
+        if (!p) goto nomem;
+        t->pool = p;
+        t->pool_cap = cap;
+    }
+    if (len > INT32_MAX || t->n == INT32_MAX) goto nomem;
+    memcpy(t->pool + t->pool_len, s, len);
+    t->pool[t->pool_len + len] = 0;
+    t->off[t->n] = (int64_t)t->pool_len;
+    t->len[t->n] = (int32_t)len;
+    t->pool_len += len + 1;
+    t->n++;
+    return true;
+nomem:
+    cgi_fail(CG_ERR_NOMEM, "[tokenizer] out of memory at token %d", (int)t->n);
+    return false;
+}
+
+void cgi_tokmap_put(cg_tokenizer *t, int32_t id) {
+    const char *s = cgi_tok_str(t, id);
+    size_t len = (size_t)t->len[id];
+    for (size_t h = cgi_hash_bytes(s, len) & t->index.mask;; h = (h + 1) & t->index.mask) {
+        int32_t j = t->index.slot[h];
+        if (j < 0 || ((size_t)t->len[j] == len && memcmp(cgi_tok_str(t, j), s, len) == 0)) {
+            t->index.slot[h] = id;
+            return;
+        }
+    }
+}
+
+bool cgi_tok_reserve(cg_tokenizer *t, size_t expected) {
+    size_t cap = 64;
+    while (cap < 2 * expected + 2) cap *= 2;
+    free(t->index.slot);
+    t->index.slot = malloc(cap * sizeof *t->index.slot);
+    if (!t->index.slot) {
+        cgi_fail(CG_ERR_NOMEM, "[tokenizer] out of memory for the index of %d tokens", (int)t->n);
+        return false;
+    }
+    memset(t->index.slot, 0xff, cap * sizeof *t->index.slot);
+    t->index.mask = cap - 1;
+    return true;
+}
+
+bool cgi_tok_index(cg_tokenizer *t) {
+    if (!cgi_tok_reserve(t, (size_t)t->n)) return false;
+    for (int32_t i = 0; i < t->n; i++) cgi_tokmap_put(t, i);
+    return true;
+}
+
+int32_t cgi_tokmap_get(const cg_tokenizer *t, const char *s, size_t len) {
+    if (!t->index.slot) return -1;
+    for (size_t h = cgi_hash_bytes(s, len) & t->index.mask;; h = (h + 1) & t->index.mask) {
+        int32_t j = t->index.slot[h];
+        if (j < 0) return -1;
+        if ((size_t)t->len[j] == len && memcmp(cgi_tok_str(t, j), s, len) == 0) return j;
+    }
+}
+
+/* ---------------------------------------------------------------- pair map */
+
+bool cgi_pairmap_init(cgi_pairmap *m, size_t expected) {
+    size_t cap = 64;
+    while (cap < 2 * expected + 2) cap *= 2;
+    m->key = malloc(cap * sizeof *m->key);
+    m->val = malloc(cap * sizeof *m->val);
+    m->mask = cap - 1;
+    m->count = 0;
+    if (!m->key || !m->val) {
+        cgi_pairmap_free(m);
+        cgi_fail(CG_ERR_NOMEM, "[tokenizer] out of memory for a map of %zu pairs", expected);
+        return false;
+    }
+    memset(m->key, 0xff, cap * sizeof *m->key);
+    return true;
+}
+
+void cgi_pairmap_free(cgi_pairmap *m) {
+    free(m->key);
+    free(m->val);
+    m->key = NULL;
+    m->val = NULL;
+    m->mask = m->count = 0;
+}
+
+static size_t pair_slot(const cgi_pairmap *m, uint64_t k) {
+    size_t h = cgi_hash64(k) & m->mask;
+    while (m->key[h] != k && m->key[h] != UINT64_MAX) h = (h + 1) & m->mask;
+    return h;
+}
+
+bool cgi_pairmap_put(cgi_pairmap *m, int32_t a, int32_t b, int64_t val) {
+    if (2 * (m->count + 1) > m->mask + 1) { /* keep the load under one half */
+        cgi_pairmap big;
+        if (!cgi_pairmap_init(&big, m->count + 1)) return false;
+        for (size_t i = 0; i <= m->mask; i++) {
+            if (m->key[i] == UINT64_MAX) continue;
+            size_t h = pair_slot(&big, m->key[i]);
+            big.key[h] = m->key[i];
+            big.val[h] = m->val[i];
+        }
+        big.count = m->count;
+        cgi_pairmap_free(m);
+        *m = big;
+    }
+    uint64_t k = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
+    size_t h = pair_slot(m, k);
+    if (m->key[h] == UINT64_MAX) m->count++;
+    m->key[h] = k;
+    m->val[h] = val;
+    return true;
+}
+
+int64_t *cgi_pairmap_get(const cgi_pairmap *m, int32_t a, int32_t b) {
+    if (!m->key) return NULL;
+    size_t h = pair_slot(m, (uint64_t)(uint32_t)a << 32 | (uint32_t)b);
+    return m->key[h] == UINT64_MAX ? NULL : &m->val[h];
+}
+
+bool cgi_ids_push(cgi_ids *a, int32_t x) {
+    if (a->n == a->cap) {
+        int64_t cap = a->cap ? 2 * a->cap : 256;
+        int32_t *v = realloc(a->v, (size_t)cap * sizeof *v);
+        if (!v) {
+            cgi_fail(CG_ERR_NOMEM, "[tokenizer] out of memory for %lld ids", (long long)cap);
+            return false;
+        }
+        a->v = v;
+        a->cap = cap;
+    }
+    a->v[a->n++] = x;
+    return true;
+}
+
+bool cgi_buf_add(cgi_buf *b, const void *p, size_t n) {
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->n + n + 1) cap *= 2;
+        char *s = realloc(b->s, cap);
+        if (!s) {
+            cgi_fail(CG_ERR_NOMEM, "[tokenizer] out of memory for %zu bytes", cap);
+            return false;
+        }
+        b->s = s;
+        b->cap = cap;
+    }
+    if (n) memcpy(b->s + b->n, p, n);
+    b->n += n;
+    b->s[b->n] = 0;
+    return true;
+}
+
+/* ---------------------------------------------------------------- UTF-8 */
+
+size_t cgi_utf8_check(const char *str, size_t len) {
+    const unsigned char *s = (const unsigned char *)str;
+    size_t i = 0;
+    while (i < len) {
+        unsigned c = s[i];
+        if (c < 0x80) { i++; continue; }
+        size_t need;
+        unsigned lo = 0x80, hi = 0xBF; /* allowed range of the second byte */
+        if (c >= 0xC2 && c <= 0xDF) need = 1;
+        else if (c >= 0xE0 && c <= 0xEF) {
+            need = 2;
+            if (c == 0xE0) lo = 0xA0;      /* overlong */
+            else if (c == 0xED) hi = 0x9F; /* surrogates */
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            need = 3;
+            if (c == 0xF0) lo = 0x90;      /* overlong */
+            else if (c == 0xF4) hi = 0x8F; /* past U+10FFFF */
+        } else return i;
+        if (len - i <= need || s[i + 1] < lo || s[i + 1] > hi) return i;
+        for (size_t k = 2; k <= need; k++)
+            if (s[i + k] < 0x80 || s[i + k] > 0xBF) return i;
+        i += need + 1;
+    }
+    return len;
+}
+
+int cgi_utf8_next(const unsigned char *s, uint32_t *cp) {
+    unsigned c = s[0];
+    if (c < 0x80) { *cp = c; return 1; }
+    if (c < 0xE0) { *cp = (c & 0x1Fu) << 6 | (s[1] & 0x3Fu); return 2; }
+    if (c < 0xF0) { *cp = (c & 0x0Fu) << 12 | (s[1] & 0x3Fu) << 6 | (s[2] & 0x3Fu); return 3; }
+    *cp = (c & 0x07u) << 18 | (s[1] & 0x3Fu) << 12 | (s[2] & 0x3Fu) << 6 | (s[3] & 0x3Fu);
+    return 4;
+}
+
+int cgi_utf8_put(uint32_t cp, char *o) {
+    if (cp < 0x80) { o[0] = (char)cp; return 1; }
+    if (cp < 0x800) { o[0] = (char)(0xC0 | cp >> 6); o[1] = (char)(0x80 | (cp & 0x3F)); return 2; }
+    if (cp < 0x10000) {
+        o[0] = (char)(0xE0 | cp >> 12);
+        o[1] = (char)(0x80 | (cp >> 6 & 0x3F));
+        o[2] = (char)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    o[0] = (char)(0xF0 | cp >> 18);
+    o[1] = (char)(0x80 | (cp >> 12 & 0x3F));
+    o[2] = (char)(0x80 | (cp >> 6 & 0x3F));
+    o[3] = (char)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+cg_status cgi_utf8_fail(const char *what, const char *s, size_t len, size_t at) {
+    char bytes[24] = "";
+    int k = 0;
+    for (size_t i = at; i < len && i < at + 4; i++)
+        k += snprintf(bytes + k, sizeof bytes - (size_t)k, "%s0x%02x", k ? " " : "", (unsigned char)s[i]);
+    return cgi_fail(CG_ERR_FORMAT, "[tokenizer] %s: text is not valid UTF-8 at byte %zu (%s)", what, at,
+                    bytes);
+}
+
+/* ---------------------------------------------------------------- files */
+
+char *cgi_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        cgi_fail(CG_ERR_IO, "[tokenizer] cannot open %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (cap - n < 65536) {
+            cap = cap ? 2 * cap : 1 << 20;
+            char *b = realloc(buf, cap + 1);
+            if (!b) {
+                free(buf);
+                fclose(f);
+                cgi_fail(CG_ERR_NOMEM, "[tokenizer] out of memory reading %s", path);
+                return NULL;
+            }
+            buf = b;
+        }
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (got == 0) break;
+    }
+    if (ferror(f)) {
+        free(buf);
+        fclose(f);
+        cgi_fail(CG_ERR_IO, "[tokenizer] cannot read %s", path);
+        return NULL;
+    }
+    fclose(f);
+    buf[n] = 0;
+    if (len) *len = n;
+    return buf;
+}
+
+cg_status cgi_write_file(const char *path, const char *data, size_t len) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return cgi_fail(CG_ERR_IO, "[tokenizer] cannot create %s: %s", path, strerror(errno));
+    bool ok = fwrite(data, 1, len, f) == len;
+    ok = (fclose(f) == 0) && ok;
+    return ok ? CG_OK : cgi_fail(CG_ERR_IO, "[tokenizer] cannot write %s", path);
+}
+
+/* ---------------------------------------------------------------- character tokenizer */
+
+static cg_tokenizer *char_from_codepoints(const uint32_t *cps, int32_t n) {
+    cg_tokenizer *t = cgi_tok_new(CG_TOK_CHAR);
+    if (!t) return NULL;
+    t->cps = malloc((size_t)n * sizeof *t->cps);
+    if (!t->cps) {
+        cgi_fail(CG_ERR_NOMEM, "[tokenizer] out of memory");
+        cg_tokenizer_free(t);
+        return NULL;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        char u[4];
+        t->cps[i] = cps[i];
+        if (!cgi_tok_push(t, u, (size_t)cgi_utf8_put(cps[i], u))) {
+            cg_tokenizer_free(t);
+            return NULL;
+        }
+    }
+    if (!cgi_tok_index(t)) {
+        cg_tokenizer_free(t);
+        return NULL;
+    }
+    return t;
+}
+
+cg_tokenizer *cg_tokenizer_char_new(const char *text, size_t len) {
+    if (!text || len == 0) {
+        cgi_fail(CG_ERR_ARG, "[tokenizer] char_new: empty text");
+        return NULL;
+    }
+    size_t bad = cgi_utf8_check(text, len);
+    if (bad < len) {
+        cgi_utf8_fail("char_new", text, len, bad);
+        return NULL;
+    }
+    uint8_t *seen = calloc(0x110000 / 8, 1); /* one bit per code point */
+    if (!seen) {
+        cgi_fail(CG_ERR_NOMEM, "[tokenizer] out of memory");
+        return NULL;
+    }
+    int32_t n = 0;
+    for (size_t i = 0; i < len;) {
+        uint32_t cp;
+        i += (size_t)cgi_utf8_next((const unsigned char *)text + i, &cp);
+        n += !(seen[cp >> 3] >> (cp & 7) & 1);
+        seen[cp >> 3] |= (uint8_t)(1u << (cp & 7));
+    }
+    uint32_t *cps = malloc((size_t)n * sizeof *cps);
+    if (!cps) {
+        free(seen);
+        cgi_fail(CG_ERR_NOMEM, "[tokenizer] out of memory");
+        return NULL;
+    }
+    n = 0;
+    for (uint32_t cp = 0; cp < 0x110000; cp++)
+        if (seen[cp >> 3] >> (cp & 7) & 1) cps[n++] = cp;
+    cg_tokenizer *t = char_from_codepoints(cps, n);
+    free(seen);
+    free(cps);
+    return t;
+}
+
+static int32_t char_id(const cg_tokenizer *t, uint32_t cp) {
+    int32_t lo = 0, hi = t->n;
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (t->cps[mid] == cp) return mid;
+        if (t->cps[mid] < cp) lo = mid + 1; else hi = mid;
+    }
+    return -1;
+}
+
+static cg_status char_encode(const cg_tokenizer *t, const char *text, size_t len, cgi_ids *out) {
+    for (size_t i = 0; i < len;) {
+        uint32_t cp;
+        int k = cgi_utf8_next((const unsigned char *)text + i, &cp);
+        int32_t id = char_id(t, cp);
+        if (id < 0)
+            return cgi_fail(CG_ERR_RANGE,
+                            "[tokenizer] encode: character U+%04X at byte %zu is not in the %d-character "
+                            "vocabulary", (unsigned)cp, i, (int)t->n);
+        if (!cgi_ids_push(out, id)) return CG_ERR_NOMEM;
+        i += (size_t)k;
+    }
+    return CG_OK;
+}
+
+/* Concatenates token strings: the char tokenizer's decode. */
+static cg_status concat_decode(const cg_tokenizer *t, const int32_t *ids, int64_t n, char **text,
+                               size_t *len) {
+    size_t total = 0;
+    for (int64_t i = 0; i < n; i++) total += (size_t)t->len[ids[i]];
+    char *s = malloc(total + 1);
+    if (!s) return cgi_fail(CG_ERR_NOMEM, "[tokenizer] decode: out of memory for %zu bytes", total);
+    size_t k = 0;
+    for (int64_t i = 0; i < n; i++) {
+        memcpy(s + k, cgi_tok_str(t, ids[i]), (size_t)t->len[ids[i]]);
+        k += (size_t)t->len[ids[i]];
+    }
+    s[k] = 0;
+    *text = s;
+    if (len) *len = k;
+    return CG_OK;
+}
+
+/* ---------------------------------------------------------------- common API */
+
+void cg_tokenizer_free(cg_tokenizer *t) {
+    if (!t) return;
+    free(t->pool);
+    free(t->off);
+    free(t->len);
+    free(t->index.slot);
+    free(t->cps);
+    free(t->raw);
+    free(t->raw_off);
+    free(t->merge);
+    cgi_pairmap_free(&t->ranks);
+    free(t);
+}
+
+cg_tok_kind cg_tokenizer_kind(const cg_tokenizer *t) { return t ? t->kind : CG_TOK_CHAR; }
+
+int32_t cg_tokenizer_vocab_size(const cg_tokenizer *t) { return t ? t->n : 0; }
+
+int32_t cg_tokenizer_token_id(const cg_tokenizer *t, const char *token) {
+    return t && token ? cgi_tokmap_get(t, token, strlen(token)) : -1;
+}
+
+const char *cg_tokenizer_token_str(const cg_tokenizer *t, int32_t id) {
+    return t && id >= 0 && id < t->n ? cgi_tok_str(t, id) : NULL;
+}
+
+cg_status cg_tokenizer_encode(const cg_tokenizer *t, const char *text, size_t len, int32_t **ids,
+                              int64_t *n) {
+    if (!t || !ids || !n || (!text && len))
+        return cgi_fail(CG_ERR_ARG, "[tokenizer] encode: NULL argument");
+    *ids = NULL;
+    *n = 0;
+    size_t bad = cgi_utf8_check(text, len);
+    if (bad < len) return cgi_utf8_fail("encode", text, len, bad);
+    cgi_ids out = {0};
+    cg_status st = CG_OK;
+    if (len) {
+        switch (t->kind) {
+        case CG_TOK_CHAR: st = char_encode(t, text, len, &out); break;
+        case CG_TOK_BPE: st = cgi_bpe_encode(t, text, len, &out.v, &out.n); break;
+        case CG_TOK_WORDPIECE: st = cgi_wordpiece_encode(t, text, len, &out.v, &out.n); break;
+        }
+    }
+    if (st == CG_OK && !out.v) { /* never hand back NULL on success */
+        out.v = malloc(sizeof *out.v);
+        if (!out.v) st = cgi_fail(CG_ERR_NOMEM, "[tokenizer] out of memory");
+    }
+    if (st != CG_OK) {
+        free(out.v);
+        return st;
+    }
+    *ids = out.v;
+    *n = out.n;
+    return CG_OK;
+}
+
+cg_status cg_tokenizer_decode(const cg_tokenizer *t, const int32_t *ids, int64_t n, char **text,
+                              size_t *len) {
+    if (!t || !text || n < 0 || (!ids && n))
+        return cgi_fail(CG_ERR_ARG, "[tokenizer] decode: NULL argument or negative count");
+    *text = NULL;
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= t->n)
+            return cgi_fail(CG_ERR_RANGE,
+                            "[tokenizer] decode: id %d at position %lld is outside the vocabulary [0, %d)",
+                            (int)ids[i], (long long)i, (int)t->n);
+    switch (t->kind) {
+    case CG_TOK_BPE: return cgi_bpe_decode(t, ids, n, text, len);
+    case CG_TOK_WORDPIECE: return cgi_wordpiece_decode(t, ids, n, text, len);
+    default: return concat_decode(t, ids, n, text, len);
+    }
+}
+
+/* ---------------------------------------------------------------- serialisation */
+
+static const char *kind_name(cg_tok_kind k) {
+    return k == CG_TOK_BPE ? "bpe" : k == CG_TOK_WORDPIECE ? "wordpiece" : "char";
+}
+
+cg_status cg_tokenizer_serialize(const cg_tokenizer *t, char **json) {
+    if (!t || !json) return cgi_fail(CG_ERR_ARG, "[tokenizer] serialize: NULL argument");
+    *json = NULL;
+    cJSON *root = cJSON_CreateObject();
+    bool ok = root && cJSON_AddStringToObject(root, "kind", kind_name(t->kind));
+    if (ok && t->kind == CG_TOK_CHAR) {
+        cJSON *a = cJSON_AddArrayToObject(root, "codepoints");
+        ok = a != NULL;
+        for (int32_t i = 0; ok && i < t->n; i++) {
+            cJSON *v = cJSON_CreateNumber(t->cps[i]);
+            ok = v && cJSON_AddItemToArray(a, v);
+        }
+    } else if (ok) {
+        cJSON *a = cJSON_AddArrayToObject(root, "vocab");
+        ok = a != NULL;
+        for (int32_t i = 0; ok && i < t->n; i++) {
+            cJSON *v = cJSON_CreateString(cgi_tok_str(t, i));
+            ok = v && cJSON_AddItemToArray(a, v);
+        }
+        if (ok && t->kind == CG_TOK_BPE) {
+            cJSON *m = cJSON_AddArrayToObject(root, "merges");
+            ok = m != NULL;
+            for (int32_t r = 0; ok && r < t->nmerges; r++) {
+                const char *x = cgi_tok_str(t, t->merge[2 * r]), *y = cgi_tok_str(t, t->merge[2 * r + 1]);
+                size_t lx = strlen(x), ly = strlen(y);
+                char *s = malloc(lx + ly + 2);
+                ok = s != NULL;
+                if (!ok) break;
+                memcpy(s, x, lx);
+                s[lx] = ' ';
+                memcpy(s + lx + 1, y, ly + 1);
+                cJSON *v = cJSON_CreateString(s);
+                free(s);
+                ok = v && cJSON_AddItemToArray(m, v);
+            }
+        }
+    }
+    char *s = ok ? cJSON_PrintUnformatted(root) : NULL;
+    cJSON_Delete(root);
+    if (!s) return cgi_fail(CG_ERR_NOMEM, "[tokenizer] serialize: out of memory");
+    *json = s;
+    return CG_OK;
+}
+
+/* Tokenizer from a parsed cg_tokenizer_serialize object; src names it in messages. */
+static cg_tokenizer *from_json(const cJSON *root, const char *src) {
+    const cJSON *kind = cJSON_GetObjectItemCaseSensitive(root, "kind");
+    if (!cJSON_IsString(kind)) {
+        cgi_fail(CG_ERR_FORMAT, "[tokenizer] %s: no \"kind\" string", src);
+        return NULL;
+    }
+    if (strcmp(kind->valuestring, "char") == 0) {
+        const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, "codepoints");
+        int n = cJSON_GetArraySize(a);
+        if (!cJSON_IsArray(a) || n == 0) {
+            cgi_fail(CG_ERR_FORMAT, "[tokenizer] %s: \"codepoints\" is not a non-empty array", src);
+            return NULL;
+        }
+        uint32_t *cps = malloc((size_t)n * sizeof *cps);
+        if (!cps) {
+            cgi_fail(CG_ERR_NOMEM, "[tokenizer] out of memory");
+            return NULL;
+        }
+        int i = 0;
+        for (const cJSON *v = a->child; v; v = v->next, i++) {
+            double d = cJSON_IsNumber(v) ? v->valuedouble : -1;
+            bool ok = d >= 0 && d < 0x110000 && d == (double)(uint32_t)d && !(d >= 0xD800 && d <= 0xDFFF) &&
+                      (i == 0 || (uint32_t)d > cps[i - 1]);
+            if (!ok) {
+                free(cps);
+                cgi_fail(CG_ERR_FORMAT,
+                         "[tokenizer] %s: codepoints[%d] is not a code point above the previous one", src, i);
+                return NULL;
+            }
+            cps[i] = (uint32_t)d;
+        }
+        cg_tokenizer *t = char_from_codepoints(cps, n);
+        free(cps);
+        return t;
+    }
+    cg_tok_kind k;
+    if (strcmp(kind->valuestring, "bpe") == 0) k = CG_TOK_BPE;
+    else if (strcmp(kind->valuestring, "wordpiece") == 0) k = CG_TOK_WORDPIECE;
+    else {
+        cgi_fail(CG_ERR_FORMAT, "[tokenizer] %s: unknown kind \"%s\" (char, bpe or wordpiece)", src,
+                 kind->valuestring);
+        return NULL;
+    }
+    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(root, "vocab");
+    if (!cJSON_IsArray(vocab) || !vocab->child) {
+        cgi_fail(CG_ERR_FORMAT, "[tokenizer] %s: \"vocab\" is not a non-empty array", src);
+        return NULL;
+    }
+    cg_tokenizer *t = cgi_tok_new(k);
+    if (!t) return NULL;
+    int i = 0;
+    for (const cJSON *v = vocab->child; v; v = v->next, i++) {
+        if (!cJSON_IsString(v)) {
+            cgi_fail(CG_ERR_FORMAT, "[tokenizer] %s: vocab[%d] is not a string", src, i);
+            goto fail;
+        }
+        if (!cgi_tok_push(t, v->valuestring, strlen(v->valuestring))) goto fail;
+    }
+    if (!cgi_tok_index(t)) goto fail;
+    if (k == CG_TOK_WORDPIECE) {
+        if (cgi_wordpiece_finish(t, src) != CG_OK) goto fail;
+        return t;
+    }
+    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(root, "merges");
+    if (!cJSON_IsArray(merges)) {
+        cgi_fail(CG_ERR_FORMAT, "[tokenizer] %s: \"merges\" is not an array", src);
+        goto fail;
+    }
+    i = 0;
+    for (const cJSON *v = merges->child; v; v = v->next, i++) {
+        if (!cJSON_IsString(v)) {
+            cgi_fail(CG_ERR_FORMAT, "[tokenizer] %s: merges[%d] is not a string", src, i);
+            goto fail;
+        }
+        if (cgi_bpe_add_merge(t, v->valuestring, strlen(v->valuestring), src, "merge", i) != CG_OK) goto fail;
+    }
+    if (cgi_bpe_finish(t, src) != CG_OK) goto fail;
+    return t;
+fail:
+    cg_tokenizer_free(t);
+    return NULL;
+}
+
+/* Parses JSON text, naming src and the byte where parsing stopped on failure. */
+static cJSON *parse_json(const char *s, const char *src) {
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithOpts(s, &end, true);
+    if (!root) {
+        size_t at = end ? (size_t)(end - s) : 0;
+        cgi_fail(CG_ERR_FORMAT, "[tokenizer] %s: malformed JSON near byte %zu", src, at);
+    }
+    return root;
+}
+
+cg_tokenizer *cg_tokenizer_deserialize(const char *json) {
+    if (!json) {
+        cgi_fail(CG_ERR_ARG, "[tokenizer] deserialize: NULL argument");
+        return NULL;
+    }
+    cJSON *root = parse_json(json, "deserialize");
+    if (!root) return NULL;
+    cg_tokenizer *t = from_json(root, "deserialize");
+    cJSON_Delete(root);
+    return t;
+}
+
+/* ---------------------------------------------------------------- load and save by path */
+
+static bool is_dir(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static bool is_file(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+/* dir + "/" + name into a malloc'd string, NULL (message set) when out of memory. */
+static char *join(const char *dir, const char *name) {
+    size_t a = strlen(dir), b = strlen(name);
+    char *p = malloc(a + b + 2);
+    if (!p) {
+        cgi_fail(CG_ERR_NOMEM, "[tokenizer] out of memory");
+        return NULL;
+    }
+    memcpy(p, dir, a);
+    p[a] = '/';
+    memcpy(p + a + 1, name, b + 1);
+    return p;
+}
+
+static cg_tokenizer *load_serialized(const char *path) {
+    char *s = cgi_read_file(path, NULL);
+    if (!s) return NULL;
+    cJSON *root = parse_json(s, path);
+    free(s);
+    if (!root) return NULL;
+    cg_tokenizer *t = from_json(root, path);
+    cJSON_Delete(root);
+    return t;
+}
+
+cg_tokenizer *cg_tokenizer_load(const char *path) {
+    if (!path) {
+        cgi_fail(CG_ERR_ARG, "[tokenizer] load: NULL path");
+        return NULL;
+    }
+    if (!is_dir(path)) {
+        if (!is_file(path)) {
+            cgi_fail(CG_ERR_IO, "[tokenizer] load: %s: no such file or directory", path);
+            return NULL;
+        }
+        if (ends_with(path, ".txt")) return cg_tokenizer_wordpiece_load(path);
+        if (ends_with(path, ".json")) return load_serialized(path);
+        cgi_fail(CG_ERR_ARG, "[tokenizer] load: %s: expected a directory, a vocab .txt or a .json file", path);
+        return NULL;
+    }
+    char *ser = join(path, "cg_tokenizer.json"), *enc = join(path, "encoder.json");
+    char *bpe = join(path, "vocab.bpe"), *txt = join(path, "vocab.txt");
+    cg_tokenizer *t = NULL;
+    if (ser && enc && bpe && txt) {
+        if (is_file(ser)) t = load_serialized(ser);
+        else if (is_file(enc) && is_file(bpe)) t = cg_tokenizer_bpe_load(enc, bpe);
+        else if (is_file(txt)) t = cg_tokenizer_wordpiece_load(txt);
+        else
+            cgi_fail(CG_ERR_IO, "[tokenizer] load: %s holds no cg_tokenizer.json, encoder.json + vocab.bpe "
+                     "or vocab.txt", path);
+    }
+    free(ser);
+    free(enc);
+    free(bpe);
+    free(txt);
+    return t;
+}
+
+cg_status cg_tokenizer_save(const cg_tokenizer *t, const char *dir) {
+    if (!t || !dir) return cgi_fail(CG_ERR_ARG, "[tokenizer] save: NULL argument");
+    if (!is_dir(dir) && mkdir(dir, 0777) != 0)
+        return cgi_fail(CG_ERR_IO, "[tokenizer] save: cannot create directory %s: %s", dir, strerror(errno));
+    if (t->kind == CG_TOK_BPE) return cgi_bpe_save(t, dir);
+    char *path = join(dir, t->kind == CG_TOK_WORDPIECE ? "vocab.txt" : "cg_tokenizer.json");
+    if (!path) return CG_ERR_NOMEM;
+    cg_status st;
+    if (t->kind == CG_TOK_WORDPIECE) {
+        /* The pool already holds the tokens NUL-separated: turn the NULs into line ends. */
+        char *s = malloc(t->pool_len + 1);
+        if (!s) {
+            free(path);
+            return cgi_fail(CG_ERR_NOMEM, "[tokenizer] save: out of memory");
+        }
+        memcpy(s, t->pool, t->pool_len);
+        for (size_t i = 0; i < t->pool_len; i++)
+            if (s[i] == 0) s[i] = '\n';
+        st = cgi_write_file(path, s, t->pool_len);
+        free(s);
+    } else {
+        char *s = NULL;
+        st = cg_tokenizer_serialize(t, &s);
+        if (st == CG_OK) st = cgi_write_file(path, s, strlen(s));
+        free(s);
+    }
+    free(path);
+    return st;
+}

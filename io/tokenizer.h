@@ -1,0 +1,79 @@
+/* cgrad tokenizers: text <-> token ids. Three kinds behind one opaque handle:
+ *   char       one token per Unicode code point seen in a training text (ids in code point order);
+ *   bpe        GPT-2's byte-level BPE (encoder.json + vocab.bpe), loadable or trained here;
+ *   wordpiece  bert-base-uncased's WordPiece (vocab.txt) with BERT's basic tokenizer.
+ * Text is UTF-8 in and out; invalid UTF-8 is an error naming the byte offset. A tokenizer is
+ * read-only once built, so one handle may encode and decode on several threads at once. */
+#ifndef CGRAD_TOKENIZER_H
+#define CGRAD_TOKENIZER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "graph/graph.h"
+
+typedef struct cg_tokenizer cg_tokenizer;
+
+typedef enum {
+    CG_TOK_CHAR = 0,     /* code points */
+    CG_TOK_BPE = 1,      /* byte-level BPE, as GPT-2 */
+    CG_TOK_WORDPIECE = 2 /* WordPiece, as bert-base-uncased */
+} cg_tok_kind;
+
+/* ---- building ---- */
+
+/* Character tokenizer whose vocabulary is the distinct code points of text, ascending; NULL if the
+ * text is empty or not UTF-8. Free with cg_tokenizer_free. */
+cg_tokenizer *cg_tokenizer_char_new(const char *text, size_t len);
+/* GPT-2 BPE from its encoder.json (token -> id) and vocab.bpe (merges, best first); NULL on an
+ * unreadable or malformed file, with the file and line named. Free with cg_tokenizer_free. */
+cg_tokenizer *cg_tokenizer_bpe_load(const char *encoder_json, const char *vocab_bpe);
+/* Byte-level BPE trained on text with GPT-2's pre-tokenizer: ids 0-255 are the bytes (in GPT-2's
+ * order), then one token per merge, most frequent pair first (ties: lower ids first), then
+ * "<|endoftext|>" as the last id; at most vocab_size (>= 257) tokens, fewer if the text runs out
+ * of pairs. NULL if the text is not UTF-8. Free with cg_tokenizer_free. */
+cg_tokenizer *cg_tokenizer_bpe_train(const char *text, size_t len, int32_t vocab_size);
+/* WordPiece from a BERT vocab.txt (one token a line, id = line number, must hold [UNK]); text is
+ * lower-cased and stripped of accents. NULL on an unreadable or malformed file. Free with
+ * cg_tokenizer_free. */
+cg_tokenizer *cg_tokenizer_wordpiece_load(const char *vocab_txt);
+/* Loads by path: a directory holding cg_tokenizer.json, encoder.json + vocab.bpe, or vocab.txt
+ * (tried in that order), a *.txt vocab file, or a *.json file from cg_tokenizer_serialize. NULL on
+ * failure. Free with cg_tokenizer_free. */
+cg_tokenizer *cg_tokenizer_load(const char *path);
+/* Writes the tokenizer into directory dir (created if missing) in the form cg_tokenizer_load reads:
+ * bpe -> encoder.json + vocab.bpe (GPT-2's exact format), wordpiece -> vocab.txt, char ->
+ * cg_tokenizer.json. */
+cg_status cg_tokenizer_save(const cg_tokenizer *tok, const char *dir);
+/* The whole tokenizer as one JSON string for a checkpoint ({"kind": "char", "codepoints": [...]},
+ * {"kind": "bpe", "vocab": [...], "merges": ["a b", ...]} or {"kind": "wordpiece", "vocab":
+ * [...]}); *json is malloc'd, the caller frees it. */
+cg_status cg_tokenizer_serialize(const cg_tokenizer *tok, char **json);
+/* Tokenizer from a cg_tokenizer_serialize string; NULL if malformed. Free with cg_tokenizer_free. */
+cg_tokenizer *cg_tokenizer_deserialize(const char *json);
+/* Frees the tokenizer. NULL is a no-op. */
+void cg_tokenizer_free(cg_tokenizer *tok);
+
+/* ---- using ---- */
+
+/* The tokenizer's kind (CG_TOK_CHAR for NULL). */
+cg_tok_kind cg_tokenizer_kind(const cg_tokenizer *tok);
+/* Number of token ids (ids run from 0 to this minus 1); 0 for NULL. */
+int32_t cg_tokenizer_vocab_size(const cg_tokenizer *tok);
+/* Token ids of len bytes of UTF-8 text into *ids (malloc'd, never NULL on success, the caller
+ * frees it) and their count into *n. WordPiece adds no [CLS]/[SEP] and gives [UNK] for words it
+ * cannot spell; char fails on a code point outside its vocabulary (naming the byte offset). */
+cg_status cg_tokenizer_encode(const cg_tokenizer *tok, const char *text, size_t len, int32_t **ids,
+                              int64_t *n);
+/* Text of n ids into *text (malloc'd, NUL-terminated, the caller frees it), its length without
+ * the NUL into *len (may be NULL); fails on an id outside the vocabulary. bpe gives back the exact
+ * bytes (decode(encode(s)) == s; a cut multi-byte character stays cut), wordpiece joins tokens
+ * with spaces and "##" pieces to the previous token. */
+cg_status cg_tokenizer_decode(const cg_tokenizer *tok, const int32_t *ids, int64_t n, char **text,
+                              size_t *len);
+/* Id of a token given as spelled in the vocabulary ("[MASK]", "##ing", "Ġthe", "é"), or -1. */
+int32_t cg_tokenizer_token_id(const cg_tokenizer *tok, const char *token);
+/* Vocabulary spelling of token id (owned by tok), or NULL if out of range. */
+const char *cg_tokenizer_token_str(const cg_tokenizer *tok, int32_t id);
+
+#endif
