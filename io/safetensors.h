@@ -1,0 +1,75 @@
+/* safetensors files: an 8-byte little-endian header length N, N bytes of JSON header
+ * {"name": {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {str: str}}, then the
+ * byte buffer the offsets point into. Readers validate the whole header when they open a file, so
+ * later reads only fail on a caller's shape or dtype mismatch. Assumes a little-endian host (checked
+ * at compile time). Every message names the file (or the label of a memory image). */
+#ifndef CGRAD_SAFETENSORS_H
+#define CGRAD_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "graph/graph.h"
+
+/* ---- reading ---- */
+
+typedef struct cg_st cg_st; /* an opened safetensors file or memory image, read-only */
+
+/* Opens and validates a file, memory-mapped (so it must not be truncated while open); NULL +
+ * cg_last_error() if unreadable or corrupt. */
+cg_st *cg_st_open(const char *path);
+/* Validates a copy of the len bytes (the caller keeps bytes); label names it in messages, NULL
+ * gives "<memory>". NULL + cg_last_error() if corrupt. */
+cg_st *cg_st_open_memory(const void *bytes, size_t len, const char *label);
+/* Closes f and frees everything it holds (names from cg_st_name die with it). NULL is a no-op. */
+void cg_st_close(cg_st *f);
+/* Number of tensors (the __metadata__ entry is not one). */
+int cg_st_count(const cg_st *f);
+/* Name of the i-th tensor, tensors sorted by name (strcmp); NULL if i is out of range. */
+const char *cg_st_name(const cg_st *f, int i);
+/* Index of the tensor called name, or -1. */
+int cg_st_find(const cg_st *f, const char *name);
+/* Stores the dtype ("F32", static string), ndim and shape (CG_MAX_DIMS entries) of a tensor; any
+ * output may be NULL. CG_ERR_ARG if absent, CG_ERR_SHAPE if it has more than CG_MAX_DIMS dims. */
+cg_status cg_st_info(const cg_st *f, const char *name, const char **dtype, int *ndim, int64_t *shape);
+/* The __metadata__ value for key (owned by f), or NULL. */
+const char *cg_st_metadata(const cg_st *f, const char *key);
+/* Reads a F32/F64/F16/BF16/F8_E4M3/F8_E5M2 tensor into dst (numel cg_real, row-major), converting;
+ * fails (naming file, tensor, expected and found shape) unless the shape equals ndim/shape; ndim < 0
+ * skips the check. */
+cg_status cg_st_read(const cg_st *f, const char *name, cg_real *dst, int ndim, const int64_t *shape);
+/* Reads an integer tensor (I64, I32, I16, I8, U64, U32, U16, U8, BOOL) into int32 dst, failing
+ * (dst then partly written) on a value outside int32; shape check as cg_st_read. */
+cg_status cg_st_read_ids(const cg_st *f, const char *name, int32_t *dst, int ndim, const int64_t *shape);
+/* Reads every parameter of ps from the tensor of the same name; checks all names, shapes and
+ * dtypes first, so on failure no parameter has changed. Tensors without a parameter are ignored. */
+cg_status cg_st_read_params(const cg_st *f, cg_params *ps);
+
+/* ---- writing ---- */
+
+/* Collects tensors and metadata, then writes them; data is copied when added. Real tensors are
+ * written as cg_real: F32 in the default build, F64 in the CGRAD_DOUBLE build, so a round trip is
+ * exact in both. The header lists __metadata__ first, then tensors sorted by name, their data laid
+ * out in the same order, and is space-padded to a multiple of 8 bytes. */
+typedef struct cg_st_writer cg_st_writer;
+
+/* New empty writer; NULL on allocation failure. Free with cg_st_writer_free. */
+cg_st_writer *cg_st_writer_new(void);
+/* Adds a real tensor, copying numel values from data now (F32, or F64 in the f64 build). */
+cg_status cg_st_add(cg_st_writer *w, const char *name, int ndim, const int64_t *shape, const cg_real *data);
+/* Adds t's current values (any strides); int32 tensors are written as I32. */
+cg_status cg_st_add_tensor(cg_st_writer *w, const char *name, cg_tensor *t);
+/* Adds an int32 tensor as I32, copying data now. */
+cg_status cg_st_add_ids(cg_st_writer *w, const char *name, int ndim, const int64_t *shape, const int32_t *data);
+/* Adds every parameter of ps under its own name. */
+cg_status cg_st_add_params(cg_st_writer *w, cg_params *ps);
+/* Sets a __metadata__ entry (both strings copied), replacing an earlier value for key. */
+cg_status cg_st_set_metadata(cg_st_writer *w, const char *key, const char *value);
+/* Writes the image to path (plain, not atomic); on failure path may hold a partial file. */
+cg_status cg_st_write(cg_st_writer *w, const char *path);
+/* Stores the whole image in *bytes (malloc'd, the caller frees) and its size in *len. */
+cg_status cg_st_serialize(cg_st_writer *w, void **bytes, size_t *len);
+/* Frees the writer and its copies of the data. NULL is a no-op. */
+void cg_st_writer_free(cg_st_writer *w);
+
+#endif
