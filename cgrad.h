@@ -4,4 +4,9 @@
 #include "graph/graph.h"
 #include "graph/gradcheck.h"
 #include "ops/ops.h"
+#include "models/layers.h"
+#include "models/zoo.h"
+#include "io/safetensors.h"
+#include "io/checkpoint.h"
+#include "io/tokenizer.h"
 #endif

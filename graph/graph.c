@@ -6,6 +6,33 @@
 
 #include "graph/internal.h"
 
+#include <omp.h>
+
+/* CGRAD_PROFILE=1 prints, when a graph is freed, the time spent in each op's kernels. */
+static int profile = -1;
+static double prof_time[CGI_OP_COUNT][2];
+static int64_t prof_calls[CGI_OP_COUNT][2];
+
+static bool profiling(void) {
+    if (profile < 0) profile = getenv("CGRAD_PROFILE") && atoi(getenv("CGRAD_PROFILE")) > 0;
+    return profile;
+}
+
+static void profile_report(void) {
+    double total = 0;
+    for (int i = 0; i < CGI_OP_COUNT; i++) total += prof_time[i][0] + prof_time[i][1];
+    if (total <= 0) return;
+    fprintf(stderr, "%-16s %10s %10s %8s %8s\n", "op", "fwd ms", "bwd ms", "calls", "share");
+    for (int i = 0; i < CGI_OP_COUNT; i++) {
+        double t = prof_time[i][0] + prof_time[i][1];
+        if (t <= 0) continue;
+        fprintf(stderr, "%-16s %10.1f %10.1f %8lld %7.1f%%\n", cgi_ops[i].name, prof_time[i][0] * 1e3,
+                prof_time[i][1] * 1e3, (long long)(prof_calls[i][0] + prof_calls[i][1]), 100 * t / total);
+    }
+    memset(prof_time, 0, sizeof prof_time);
+    memset(prof_calls, 0, sizeof prof_calls);
+}
+
 const cgi_op_desc cgi_ops[CGI_OP_COUNT] = {
 #define CG_LEAF(ID, nm) [CGI_OP_##ID] = {#nm, CGI_KIND_LEAF, NULL, NULL},
 #define CG_VIEW(ID, nm) [CGI_OP_##ID] = {#nm, CGI_KIND_VIEW, NULL, NULL},
@@ -94,6 +121,7 @@ cg_graph *cg_graph_new(cg_mode mode) {
 
 void cg_graph_free(cg_graph *g) {
     if (!g) return;
+    if (profiling()) profile_report();
     cgi_arena_free(&g->meta);
     cgi_arena_free(&g->bufs);
     free(g->nodes);
@@ -284,7 +312,9 @@ cg_status cg_graph_forward(cg_graph *g) {
     for (int i = 0; i < g->n; i++) {
         cg_tensor *t = g->nodes[i];
         if (cgi_ops[t->op].kind != CGI_KIND_COMPUTE) continue;
+        double t0 = profiling() ? omp_get_wtime() : 0;
         s = cgi_ops[t->op].forward(t);
+        if (t0 > 0) prof_time[t->op][0] += omp_get_wtime() - t0, prof_calls[t->op][0]++;
         if (s) return s;
     }
     if (g->mode == CG_TRAIN) g->step++;
@@ -328,8 +358,13 @@ cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
         if (!t->mark || !t->requires_grad || !cgi_ops[t->op].backward) continue;
         for (int k = 0; k < t->nsrc; k++)
             if (t->src[k]->requires_grad) zero_once(g, t->src[k]);
+        double t0 = profiling() ? omp_get_wtime() : 0;
         cgi_ops[t->op].backward(t);
+        if (t0 > 0) prof_time[t->op][1] += omp_get_wtime() - t0, prof_calls[t->op][1]++;
     }
+    /* Gradients took the memory of values that backward had finished reading, so another
+     * backward needs a fresh forward. */
+    g->ran_forward = false;
     return CG_OK;
 }
 
@@ -376,7 +411,7 @@ static cg_status read_strided(cg_tensor *t, const cg_real *base, cg_real *dst, c
     if (!t || !dst) return cgi_fail(CG_ERR_ARG, "[%s] NULL argument", what);
     if (t->dtype != CG_REAL) return cgi_fail(CG_ERR_ARG, "[%s] tensor%s is int32", what, cgi_shp(t));
     if (!base) return cgi_fail(CG_ERR_STATE, "[%s] tensor%s has no %s yet", what, cgi_shp(t),
-                               base == t->grad ? "gradient" : "value");
+                               strcmp(what, "read") ? "gradient" : "value");
     int64_t cs[CG_MAX_DIMS];
     cgi_contig_strides(t->ndim, t->shape, cs);
     cgi_copy(dst, cs, base, t->stride, t->ndim, t->shape, 1.0, false);
