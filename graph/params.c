@@ -106,7 +106,7 @@ cg_tensor *cg_params_add(cg_params *ps, const char *name, int ndim, const int64_
     t->dtype = CG_REAL;
     t->ndim = ndim;
     t->id = -1;
-    memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
+    if (ndim > 0) memcpy(t->shape, shape, (size_t)ndim * sizeof *shape); /* scalars may pass NULL */
     cgi_contig_strides(ndim, shape, t->stride);
     t->root = t;
     t->data = ps->values + ps->used;
@@ -136,6 +136,7 @@ int64_t cg_params_numel(const cg_params *ps) {
 
 cg_real *cg_params_values(cg_params *ps) { return ps ? ps->values : NULL; }
 cg_real *cg_params_grads(cg_params *ps) { return ps ? ps->grads : NULL; }
+int64_t cg_params_span(const cg_params *ps) { return ps ? ps->used : 0; } /* optimizers size their moment blocks by it */
 
 void cg_params_zero_grad(cg_params *ps) {
     if (ps && ps->used) memset(ps->grads, 0, (size_t)ps->used * sizeof(cg_real));

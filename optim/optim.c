@@ -1,0 +1,373 @@
+/* SGD, Adam and AdamW over the contiguous blocks of a cg_params set, plus gradient clipping and
+ * scaling. The blocks are cut into a fixed number of chunks that depend only on the span, and
+ * each chunk walks the parameters that overlap it; an update is elementwise, and the norm sums
+ * chunks in a fixed order, so results do not depend on the thread count at all. Scalars are
+ * rounded to cg_real and applied in torch 1.13's operation order, so float results agree with
+ * torch to an ulp or two. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "graph/internal.h"
+#include "optim/optim.h"
+
+#ifdef CGRAD_DOUBLE
+#define SQRT sqrt
+#else
+#define SQRT sqrtf
+#endif
+
+#define NCHUNK 64         /* fixed chunking of the blocks: the norm's summation order */
+#define CHUNK_ALIGN 16    /* chunk edges every 16 elements: no cache line shared by two threads */
+
+struct cg_optim {
+    cg_params *ps;
+    cg_optim_config cfg;
+    int n;           /* parameters when the optimizer was made */
+    int64_t span;    /* cg_params_span then */
+    bool *decay;     /* per parameter */
+    cg_real *m, *v;  /* moments, span elements each, or NULL */
+    int64_t steps;
+};
+
+/* ---- walking the blocks ---- */
+
+static int64_t param_off(cg_params *ps, int i) {
+    return (cg_real *)cg_params_at(ps, i)->data - cg_params_values(ps);
+}
+
+/* Bounds of chunk c of NCHUNK over span elements. */
+static void chunk_bounds(int64_t span, int c, int64_t *lo, int64_t *hi) {
+    int64_t per = (span + NCHUNK - 1) / NCHUNK;
+    per = (per + CHUNK_ALIGN - 1) / CHUNK_ALIGN * CHUNK_ALIGN;
+    *lo = per * c < span ? per * c : span;
+    *hi = per * (c + 1) < span ? per * (c + 1) : span;
+}
+
+/* First parameter whose elements end after pos (parameters lie in insertion order). */
+static int first_param(cg_params *ps, int n, int64_t pos) {
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        cg_tensor *t = cg_params_at(ps, mid);
+        if (param_off(ps, mid) + cgi_numel(t->ndim, t->shape) <= pos) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* Runs the trailing statements with int i (parameter), int64_t a, e (element range) for every trainable
+ * parameter's part inside chunk [lo_, hi_). */
+#define FOR_RANGES(ps, n, lo_, hi_, ...)                                          \
+    for (int i = first_param(ps, n, lo_); i < (n); i++) {                          \
+        cg_tensor *t_ = cg_params_at(ps, i);                                       \
+        int64_t off_ = param_off(ps, i);                                           \
+        if (off_ >= (hi_)) break;                                                  \
+        if (!t_->trainable) continue;                                              \
+        int64_t end_ = off_ + cgi_numel(t_->ndim, t_->shape);                      \
+        int64_t a = off_ > (lo_) ? off_ : (lo_), e = end_ < (hi_) ? end_ : (hi_);  \
+        __VA_ARGS__                                                                \
+    }
+
+/* ---- configuration ---- */
+
+cg_optim_config cg_optim_defaults(cg_optim_kind kind) {
+    cg_optim_config c = {.kind = kind, .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
+                         .weight_decay = kind == CG_OPT_ADAMW ? 0.01 : 0.0, .momentum = 0.0,
+                         .nesterov = false};
+    return c;
+}
+
+cg_status cg_optim_parse(const char *name, cg_optim_kind *kind) {
+    static const char *names[] = {"sgd", "adam", "adamw"};
+    if (!name || !kind) return cgi_fail(CG_ERR_ARG, "[optim_parse] NULL argument");
+    for (int k = 0; k < 3; k++)
+        if (strcmp(name, names[k]) == 0) {
+            *kind = (cg_optim_kind)k;
+            return CG_OK;
+        }
+    return cgi_fail(CG_ERR_ARG, "[optim_parse] unknown optimizer '%s' (sgd, adam, adamw)", name);
+}
+
+static cg_status check_config(const cg_optim_config *c) {
+    const char *f = "[optim_new]";
+    if (c->kind != CG_OPT_SGD && c->kind != CG_OPT_ADAM && c->kind != CG_OPT_ADAMW)
+        return cgi_fail(CG_ERR_ARG, "%s unknown optimizer kind %d", f, (int)c->kind);
+    if (!(c->lr >= 0 && isfinite(c->lr))) return cgi_fail(CG_ERR_ARG, "%s lr %g must be >= 0", f, c->lr);
+    if (!(c->weight_decay >= 0 && isfinite(c->weight_decay)))
+        return cgi_fail(CG_ERR_ARG, "%s weight_decay %g must be >= 0", f, c->weight_decay);
+    if (c->kind == CG_OPT_SGD) {
+        if (!(c->momentum >= 0 && isfinite(c->momentum)))
+            return cgi_fail(CG_ERR_ARG, "%s momentum %g must be >= 0", f, c->momentum);
+        if (c->nesterov && c->momentum == 0)
+            return cgi_fail(CG_ERR_ARG, "%s nesterov needs momentum > 0", f);
+        return CG_OK;
+    }
+    if (!(c->beta1 >= 0 && c->beta1 < 1)) return cgi_fail(CG_ERR_ARG, "%s beta1 %g not in [0, 1)", f, c->beta1);
+    if (!(c->beta2 >= 0 && c->beta2 < 1)) return cgi_fail(CG_ERR_ARG, "%s beta2 %g not in [0, 1)", f, c->beta2);
+    if (!(c->eps >= 0 && isfinite(c->eps))) return cgi_fail(CG_ERR_ARG, "%s eps %g must be >= 0", f, c->eps);
+    if (c->momentum != 0 || c->nesterov)
+        return cgi_fail(CG_ERR_ARG, "%s momentum/nesterov are SGD options, not for Adam(W)", f);
+    return CG_OK;
+}
+
+static cg_real *moment_block(int64_t span) {
+    cg_real *b = aligned_alloc(CGI_ALIGN, (size_t)span * sizeof(cg_real)); /* span is 64-byte padded */
+    if (b) memset(b, 0, (size_t)span * sizeof(cg_real));
+    return b;
+}
+
+cg_optim *cg_optim_new(cg_params *ps, const cg_optim_config *cfg) {
+    if (!ps || !cfg) {
+        cgi_fail(CG_ERR_ARG, "[optim_new] NULL argument");
+        return NULL;
+    }
+    if (check_config(cfg)) return NULL;
+    int64_t span = cg_params_span(ps);
+    if (cg_params_count(ps) == 0 || span == 0) {
+        cgi_fail(CG_ERR_ARG, "[optim_new] the parameter set is empty");
+        return NULL;
+    }
+    cg_optim *o = calloc(1, sizeof *o);
+    if (!o) goto nomem;
+    o->ps = ps;
+    o->cfg = *cfg;
+    o->n = cg_params_count(ps);
+    o->span = span;
+    o->decay = malloc((size_t)o->n * sizeof *o->decay);
+    if (!o->decay) goto nomem;
+    for (int i = 0; i < o->n; i++) o->decay[i] = true;
+    bool adam = cfg->kind != CG_OPT_SGD;
+    if ((adam || cfg->momentum != 0) && !(o->m = moment_block(span))) goto nomem;
+    if (adam && !(o->v = moment_block(span))) goto nomem;
+    return o;
+nomem:
+    cg_optim_free(o);
+    cgi_fail(CG_ERR_NOMEM, "[optim_new] cannot allocate moments for %lld elements", (long long)span);
+    return NULL;
+}
+
+void cg_optim_free(cg_optim *o) {
+    if (!o) return;
+    free(o->decay);
+    free(o->m);
+    free(o->v);
+    free(o);
+}
+
+const cg_optim_config *cg_optim_config_of(const cg_optim *o) { return o ? &o->cfg : NULL; }
+
+/* ---- parameter groups ---- */
+
+static int index_of(const cg_optim *o, const cg_tensor *p) {
+    for (int i = 0; i < o->n; i++)
+        if (cg_params_at(o->ps, i) == p) return i;
+    return -1;
+}
+
+cg_status cg_optim_set_decay(cg_optim *o, const cg_tensor *param, bool decay) {
+    if (!o || !param) return cgi_fail(CG_ERR_ARG, "[optim_set_decay] NULL argument");
+    int i = index_of(o, param);
+    if (i < 0)
+        return cgi_fail(CG_ERR_ARG, "[optim_set_decay] '%s' is not a parameter of the optimizer's set",
+                        param->name ? param->name : "");
+    o->decay[i] = decay;
+    return CG_OK;
+}
+
+bool cg_optim_decays(const cg_optim *o, const cg_tensor *param) {
+    int i = o && param ? index_of(o, param) : -1;
+    return i >= 0 && o->decay[i];
+}
+
+static bool contains_ci(const char *s, const char *sub) {
+    size_t n = strlen(sub);
+    for (; *s; s++) {
+        size_t k = 0;
+        while (k < n && s[k] && (s[k] | 0x20) == sub[k]) k++;
+        if (k == n) return true;
+    }
+    return false;
+}
+
+/* "emb" covers embed/embedding/word_embeddings/tok_emb; wte/wpe are GPT-2's token and position
+ * tables. A tied output head is the same tensor as wte, so it follows wte. */
+static bool is_embedding(const char *name) {
+    return contains_ci(name, "emb") || contains_ci(name, "wte") || contains_ci(name, "wpe");
+}
+
+int cg_optim_decay_matrices_only(cg_optim *o, bool decay_embeddings) {
+    if (!o) return 0;
+    int count = 0;
+    for (int i = 0; i < o->n; i++) {
+        cg_tensor *t = cg_params_at(o->ps, i);
+        o->decay[i] = t->ndim >= 2 && (decay_embeddings || !is_embedding(t->name));
+        count += o->decay[i];
+    }
+    return count;
+}
+
+/* ---- the update ---- */
+
+typedef struct {
+    cg_real b1, a1, b2, a2; /* moment decays and their complements */
+    cg_real keep;           /* AdamW: 1 - lr*wd */
+    cg_real l2;             /* Adam/SGD: wd */
+    cg_real bc2_sqrt, eps, neg_step; /* Adam: sqrt(1 - beta2^t), eps, -lr / (1 - beta1^t) */
+    cg_real mom, neg_lr;    /* SGD */
+} coefs;
+
+/* torch _single_tensor_adam(w): decay, m = m*b1 + a1*g, v = v*b2 + a2*g*g,
+ * p += -step * m / (sqrt(v) / sqrt(bc2) + eps). */
+static void adam_range(cg_real *restrict p, const cg_real *restrict g, cg_real *restrict m,
+                       cg_real *restrict v, int64_t n, const coefs *k, bool adamw, bool decay) {
+    const cg_real b1 = k->b1, a1 = k->a1, b2 = k->b2, a2 = k->a2, bc2 = k->bc2_sqrt, eps = k->eps,
+                  ns = k->neg_step;
+    /* keep is exactly 1 without decay, so one loop serves both groups */
+    const cg_real keep = adamw && decay ? k->keep : 1, l2 = decay && !adamw ? k->l2 : 0;
+    if (l2 != 0) {
+        for (int64_t j = 0; j < n; j++) {
+            cg_real gj = g[j] + l2 * p[j];
+            m[j] = m[j] * b1 + a1 * gj;
+            v[j] = v[j] * b2 + a2 * gj * gj;
+            p[j] = p[j] + ns * m[j] / (SQRT(v[j]) / bc2 + eps);
+        }
+    } else {
+        for (int64_t j = 0; j < n; j++) {
+            cg_real pj = p[j] * keep, gj = g[j];
+            m[j] = m[j] * b1 + a1 * gj;
+            v[j] = v[j] * b2 + a2 * gj * gj;
+            p[j] = pj + ns * m[j] / (SQRT(v[j]) / bc2 + eps);
+        }
+    }
+}
+
+/* torch _single_tensor_sgd with dampening 0: d = g + wd*p; buf = buf*mom + d;
+ * d = nesterov ? d + mom*buf : buf; p += -lr * d. */
+static void sgd_range(cg_real *restrict p, const cg_real *restrict g, cg_real *restrict buf,
+                      int64_t n, const coefs *k, bool nesterov, bool decay) {
+    const cg_real l2 = decay ? k->l2 : 0, mom = k->mom, nlr = k->neg_lr;
+    for (int64_t j = 0; j < n; j++) {
+        cg_real d = l2 != 0 ? g[j] + l2 * p[j] : g[j];
+        if (buf) {
+            buf[j] = buf[j] * mom + d;
+            d = nesterov ? d + mom * buf[j] : buf[j];
+        }
+        p[j] = p[j] + nlr * d;
+    }
+}
+
+cg_status cg_optim_step(cg_optim *o, double lr) {
+    if (!o) return cgi_fail(CG_ERR_ARG, "[optim_step] optimizer is NULL");
+    if (!(lr >= 0 && isfinite(lr))) return cgi_fail(CG_ERR_ARG, "[optim_step] lr %g must be finite and >= 0", lr);
+    cg_params *ps = o->ps;
+    if (cg_params_count(ps) != o->n || cg_params_span(ps) != o->span)
+        return cgi_fail(CG_ERR_STATE,
+                        "[optim_step] the set now has %d parameters (%lld elements) but the optimizer was "
+                        "made for %d (%lld): make the optimizer after adding every parameter",
+                        cg_params_count(ps), (long long)cg_params_span(ps), o->n, (long long)o->span);
+    const cg_optim_config *c = &o->cfg;
+    double t = (double)(o->steps + 1);
+    coefs k = {
+        .b1 = (cg_real)c->beta1, .a1 = (cg_real)(1 - c->beta1),
+        .b2 = (cg_real)c->beta2, .a2 = (cg_real)(1 - c->beta2),
+        .keep = (cg_real)(1 - lr * c->weight_decay), .l2 = (cg_real)c->weight_decay,
+        .eps = (cg_real)c->eps, .mom = (cg_real)c->momentum, .neg_lr = (cg_real)-lr,
+    };
+    if (c->kind != CG_OPT_SGD) {
+        k.bc2_sqrt = (cg_real)sqrt(1 - pow(c->beta2, t));
+        k.neg_step = (cg_real)(-(lr / (1 - pow(c->beta1, t))));
+    }
+    cg_real *P = cg_params_values(ps), *G = cg_params_grads(ps), *M = o->m, *V = o->v;
+    const bool adamw = c->kind == CG_OPT_ADAMW, sgd = c->kind == CG_OPT_SGD;
+    const int n = o->n;
+    const bool *decay = o->decay;
+#pragma omp parallel for schedule(static) if (o->span > CGI_PAR_MIN) num_threads(cgi_nthreads())
+    for (int ch = 0; ch < NCHUNK; ch++) {
+        int64_t lo, hi;
+        chunk_bounds(o->span, ch, &lo, &hi);
+        if (lo >= hi) continue;
+        FOR_RANGES(ps, n, lo, hi, {
+            if (sgd) sgd_range(P + a, G + a, M ? M + a : NULL, e - a, &k, c->nesterov, decay[i]);
+            else adam_range(P + a, G + a, M + a, V + a, e - a, &k, adamw, decay[i]);
+        })
+    }
+    o->steps++;
+    return CG_OK;
+}
+
+int64_t cg_optim_steps(const cg_optim *o) { return o ? o->steps : 0; }
+
+cg_status cg_optim_set_steps(cg_optim *o, int64_t steps) {
+    if (!o) return cgi_fail(CG_ERR_ARG, "[optim_set_steps] optimizer is NULL");
+    if (steps < 0) return cgi_fail(CG_ERR_ARG, "[optim_set_steps] steps %lld < 0", (long long)steps);
+    o->steps = steps;
+    return CG_OK;
+}
+
+cg_real *cg_optim_moment1(cg_optim *o) { return o ? o->m : NULL; }
+cg_real *cg_optim_moment2(cg_optim *o) { return o ? o->v : NULL; }
+
+/* ---- gradients ---- */
+
+/* Sum of squares in double over 8 fixed lanes: vectorisable without reassociating, and the
+ * same order whatever the thread count. */
+static double sum_squares(const cg_real *x, int64_t n) {
+    double lane[8] = {0};
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int l = 0; l < 8; l++) lane[l] += (double)x[j + l] * (double)x[j + l];
+    double s = 0;
+    for (; j < n; j++) s += (double)x[j] * (double)x[j];
+    for (int l = 0; l < 8; l++) s += lane[l];
+    return s;
+}
+
+double cg_clip_grad_norm(cg_params *ps, double max_norm) {
+    if (!ps) {
+        cgi_fail(CG_ERR_ARG, "[clip_grad_norm] parameter set is NULL");
+        return NAN;
+    }
+    if (!(max_norm >= 0)) {
+        cgi_fail(CG_ERR_ARG, "[clip_grad_norm] max_norm %g must be >= 0", max_norm);
+        return NAN;
+    }
+    int64_t span = cg_params_span(ps);
+    int n = cg_params_count(ps);
+    const cg_real *G = cg_params_grads(ps);
+    double part[NCHUNK];
+#pragma omp parallel for schedule(static) if (span > CGI_PAR_MIN) num_threads(cgi_nthreads())
+    for (int ch = 0; ch < NCHUNK; ch++) {
+        int64_t lo, hi;
+        chunk_bounds(span, ch, &lo, &hi);
+        double s = 0;
+        if (lo < hi) {
+            FOR_RANGES(ps, n, lo, hi, {
+                (void)i;
+                s += sum_squares(G + a, e - a);
+            })
+        }
+        part[ch] = s;
+    }
+    double sum = 0;
+    for (int ch = 0; ch < NCHUNK; ch++) sum += part[ch];
+    double norm = sqrt(sum), coef = max_norm / (norm + 1e-6);
+    if (isfinite(norm) && coef < 1) cg_grads_scale(ps, coef);
+    return norm;
+}
+
+void cg_grads_scale(cg_params *ps, double s) {
+    if (!ps) return;
+    int64_t span = cg_params_span(ps);
+    int n = cg_params_count(ps);
+    cg_real *G = cg_params_grads(ps), f = (cg_real)s;
+#pragma omp parallel for schedule(static) if (span > CGI_PAR_MIN) num_threads(cgi_nthreads())
+    for (int ch = 0; ch < NCHUNK; ch++) {
+        int64_t lo, hi;
+        chunk_bounds(span, ch, &lo, &hi);
+        if (lo >= hi) continue;
+        FOR_RANGES(ps, n, lo, hi, {
+            (void)i;
+            for (int64_t j = a; j < e; j++) G[j] *= f;
+        })
+    }
+}
