@@ -9,4 +9,6 @@
 #include "io/safetensors.h"
 #include "io/checkpoint.h"
 #include "io/tokenizer.h"
+#include "io/data.h"
+#include "optim/optim.h"
 #endif

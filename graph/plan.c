@@ -55,13 +55,17 @@ cg_status cgi_plan(cg_graph *g) {
         for (int k = 0; k < t->nsrc; k++) {
             cg_tensor *r = t->src[k]->root;
             if (r->id < 0) continue; /* parameters own their storage */
-            consumed[r->id] = true;
+            consumed[t->src[k]->id] = true; /* the direct source, so a view nobody reads counts as an output */
             if (vdeath[r->id] < c) vdeath[r->id] = c;
             if (t->requires_grad && k < 32 && (d->bwd_reads & (1u << k)) && vdeath[r->id] < back) vdeath[r->id] = back;
             if (t->requires_grad && t->src[k]->requires_grad && d->kind == CGI_KIND_COMPUTE && gbirth[r->id] > back)
                 gbirth[r->id] = back;
         }
         if (t->requires_grad && d->bwd_reads_out && vdeath[c] < back) vdeath[c] = back;
+    }
+    for (int64_t i = 0; i < n; i++) { /* a root whose view is an output is an output too */
+        cg_tensor *t = g->nodes[i];
+        if (t->root != t && t->root->id >= 0 && !consumed[i]) consumed[t->root->id] = false;
     }
     int nb = 0;
     for (int64_t i = 0; i < n; i++) {

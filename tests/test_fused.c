@@ -1,0 +1,326 @@
+/* Every fused op against its composite twin built from simpler ops, forward and backward with
+ * respect to every real input: cross_entropy, layernorm, masked_softmax, linear. Both versions
+ * get the same inputs (same seed) and the same upstream gradient R (loss = sum(out * R)). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../cgrad.h"
+#include "check.h"
+
+#ifdef CGRAD_DOUBLE
+#define TOL 1e-10
+#else
+#define TOL 1e-5
+#endif
+#define MAX_LEAVES 6
+#define S(...) ((const int64_t[]){__VA_ARGS__})
+/* Reads that must work: a failure says which tensor and why. */
+#define READ(t, buf) CHECK(cg_read(t, buf) == CG_OK, "cg_read(%s): %s", #t, cg_last_error())
+#define READ_GRAD(t, buf) CHECK(cg_read_grad(t, buf) == CG_OK, "cg_read_grad(%s): %s", #t, cg_last_error())
+
+typedef struct {
+    cg_graph *g;
+    cg_params *ps;
+    cg_rng rng;
+    cg_tensor *leaf[MAX_LEAVES]; /* the real inputs whose gradients are compared */
+    int n;
+    const void *arg;
+} bctx;
+
+/* A requires-grad input (or, when param, a parameter of c->ps) uniform in [lo, hi). */
+static cg_tensor *leaf(bctx *c, const char *name, int nd, const int64_t *shape, double lo, double hi, bool param) {
+    cg_tensor *t = param ? cg_params_add(c->ps, name, nd, shape)
+                         : cg_requires_grad(cg_input(c->g, name, CG_REAL, nd, shape));
+    if (!t) return NULL;
+    cg_fill_uniform(t, &c->rng, lo, hi);
+    if (c->n < MAX_LEAVES) c->leaf[c->n++] = t;
+    return t;
+}
+
+static cg_tensor *ints(cg_graph *g, int nd, const int64_t *shape, const int32_t *v) {
+    cg_tensor *t = cg_input(g, "ints", CG_INT32, nd, shape);
+    if (t) cg_write_ids(t, v);
+    return t;
+}
+
+static cg_tensor *reals(cg_graph *g, int nd, const int64_t *shape, const cg_real *v) {
+    cg_tensor *t = cg_input(g, "reals", CG_REAL, nd, shape);
+    if (t) cg_write(t, v);
+    return t;
+}
+
+typedef cg_tensor *(*build_fn)(bctx *c, bool fused);
+
+typedef struct {
+    cg_real *v[MAX_LEAVES + 1]; /* output, then each leaf's gradient */
+    int64_t n[MAX_LEAVES + 1];
+    char name[MAX_LEAVES + 1][32]; /* copied: parameter names die with their set */
+    int count;
+    bool ok;
+} result;
+
+static result run(build_fn f, const void *arg, bool fused) {
+    result r = {0};
+    bctx c = {.g = cg_graph_new(CG_TRAIN), .ps = cg_params_new(), .arg = arg};
+    cg_rng_seed(&c.rng, 2024);
+    cg_tensor *out = cg_retain(f(&c, fused)); /* read after the run */
+    cg_tensor *R = out ? cg_input(c.g, "R", CG_REAL, cg_ndim(out), cg_shape(out)) : NULL;
+    cg_rng_seed(&c.rng, 77);
+    cg_fill_uniform(R, &c.rng, -1, 1);
+    cg_tensor *loss = cg_sum_all(c.g, cg_mul(c.g, out, R));
+    if (!loss || cg_graph_forward(c.g) || cg_graph_backward(c.g, loss)) {
+        CHECK(0, "%s version failed: %s", fused ? "fused" : "composite", cg_last_error());
+    } else {
+        r.ok = true;
+        for (int i = 0; i <= c.n; i++) {
+            cg_tensor *t = i ? c.leaf[i - 1] : out;
+            r.n[i] = cg_numel(t);
+            r.v[i] = malloc((size_t)r.n[i] * sizeof(cg_real));
+            snprintf(r.name[i], sizeof r.name[i], "%s", i ? cg_name(t) : "output");
+            if ((i ? cg_read_grad(t, r.v[i]) : cg_read(t, r.v[i])) != CG_OK) r.ok = false;
+        }
+        r.count = c.n + 1;
+    }
+    cg_graph_free(c.g);
+    cg_params_free(c.ps);
+    return r;
+}
+
+/* Max |fused - composite| over each array, relative to the largest composite magnitude. */
+static void compare(const char *what, build_fn f, const void *arg) {
+    result a = run(f, arg, true), b = run(f, arg, false);
+    CHECK(a.ok && b.ok && a.count == b.count, "%s: runs failed or differ in leaves", what);
+    for (int i = 0; a.ok && b.ok && i < a.count && i < b.count; i++) {
+        CHECK(a.n[i] == b.n[i], "%s %s: %lld vs %lld elements", what, a.name[i], (long long)a.n[i], (long long)b.n[i]);
+        if (a.n[i] != b.n[i]) continue;
+        double worst = 0, big = 0;
+        int64_t at = 0;
+        bool finite = true;
+        for (int64_t k = 0; k < a.n[i]; k++) {
+            double d = fabs((double)a.v[i][k] - (double)b.v[i][k]);
+            finite &= isfinite(a.v[i][k]) && isfinite(b.v[i][k]);
+            if (d > worst) worst = d, at = k;
+            if (fabs((double)b.v[i][k]) > big) big = fabs((double)b.v[i][k]);
+        }
+        double rel = worst / (big > 1e-30 ? big : 1e-30);
+        CHECK(finite && rel <= TOL && big > 0,
+              "%s %s: fused %.9g vs composite %.9g at %lld (rel %.3g, max |composite| %.3g)", what, a.name[i],
+              (double)a.v[i][at], (double)b.v[i][at], (long long)at, rel, big);
+    }
+    for (int i = 0; i < MAX_LEAVES + 1; i++) free(a.v[i]), free(b.v[i]);
+}
+
+/* ---- cross_entropy ---- */
+
+typedef struct {
+    int nd;
+    int64_t shape[4]; /* logits; the last is C */
+    int ignore;
+    const int32_t *targets;
+} ce_arg;
+
+static cg_tensor *ce_build(bctx *c, bool fused) {
+    const ce_arg *a = c->arg;
+    cg_tensor *logits = leaf(c, "logits", a->nd, a->shape, -3, 3, false);
+    cg_tensor *tg = ints(c->g, a->nd - 1, a->shape, a->targets);
+    if (fused) return cg_cross_entropy(c->g, logits, tg, a->ignore);
+    /* -sum(log_softmax(logits) * onehot) / count, the one-hot rows of ignored targets all zero */
+    int64_t rows = cg_numel(tg), C = a->shape[a->nd - 1], count = 0;
+    cg_real *hot = calloc((size_t)(rows * C), sizeof *hot);
+    for (int64_t r = 0; r < rows; r++)
+        if (a->targets[r] != a->ignore) hot[r * C + a->targets[r]] = 1, count++;
+    cg_tensor *onehot = reals(c->g, a->nd, a->shape, hot);
+    free(hot);
+    return cg_scale(c->g, cg_sum_all(c->g, cg_mul(c->g, cg_log_softmax(c->g, logits), onehot)), -1.0 / (double)count);
+}
+
+static void test_cross_entropy(void) {
+    int32_t t[2 * 3 * 5];
+    cg_rng rng;
+    cg_rng_seed(&rng, 5);
+    for (int i = 0; i < 30; i++) t[i] = i % 4 == 1 ? -100 : (int32_t)(cg_rng_next(&rng) % 7);
+    ce_arg a = {4, {2, 3, 5, 7}, -100, t};
+    compare("cross_entropy [2,3,5,7] ignore -100", ce_build, &a);
+    /* ignore_index that is also a valid class (a padding id 0) */
+    int32_t t0[2 * 3 * 5];
+    for (int i = 0; i < 30; i++) t0[i] = (int32_t)(cg_rng_next(&rng) % 7);
+    t0[0] = 1; /* at least one counted */
+    ce_arg b = {4, {2, 3, 5, 7}, 0, t0};
+    compare("cross_entropy [2,3,5,7] ignore 0", ce_build, &b);
+    ce_arg d = {2, {6, 11}, -1, (const int32_t[]){3, 10, 0, 7, -1, 5}};
+    compare("cross_entropy [6,11]", ce_build, &d);
+}
+
+/* ---- layernorm ---- */
+
+typedef struct {
+    int nd;
+    int64_t shape[4];
+    bool gain, bias, transposed;
+    double eps;
+} ln_arg;
+
+static cg_tensor *ln_build(bctx *c, bool fused) {
+    const ln_arg *a = c->arg;
+    int64_t s[4];
+    memcpy(s, a->shape, sizeof s);
+    if (a->transposed) s[a->nd - 1] = a->shape[a->nd - 2], s[a->nd - 2] = a->shape[a->nd - 1];
+    cg_tensor *x = leaf(c, "x", a->nd, s, -2, 3, false); /* mean and scale away from 0 and 1 */
+    if (a->transposed) x = cg_transpose(c->g, x, -1, -2);
+    const int64_t d = a->shape[a->nd - 1];
+    cg_tensor *gain = a->gain ? leaf(c, "gain", 1, &d, 0.5, 1.5, true) : NULL;
+    cg_tensor *bias = a->bias ? leaf(c, "bias", 1, &d, -1, 1, true) : NULL;
+    cg_graph *g = c->g;
+    if (fused) return cg_layernorm(g, x, gain, bias, a->eps);
+    cg_tensor *xc = cg_sub(g, x, cg_mean(g, x, -1, true));
+    cg_tensor *var = cg_mean(g, cg_square(g, xc), -1, true);
+    cg_tensor *y = cg_div(g, xc, cg_sqrt(g, cg_add_scalar(g, var, a->eps)));
+    if (gain) y = cg_mul(g, y, gain);
+    if (bias) y = cg_add(g, y, bias);
+    return y;
+}
+
+static void test_layernorm(void) {
+    ln_arg a = {4, {2, 3, 5, 7}, true, true, false, 1e-5};
+    compare("layernorm [2,3,5,7] gain+bias", ln_build, &a);
+    ln_arg b = {3, {3, 5, 7}, false, false, false, 1e-5};
+    compare("layernorm [3,5,7] plain", ln_build, &b);
+    ln_arg d = {3, {2, 5, 6}, true, false, true, 0.1};
+    compare("layernorm transposed view, gain only, eps 0.1", ln_build, &d);
+    ln_arg e = {2, {4, 9}, false, true, false, 1e-5};
+    compare("layernorm [4,9] bias only", ln_build, &e);
+}
+
+/* ---- masked_softmax ---- */
+
+typedef struct {
+    int64_t b, h, tq, tk;
+    double scale;
+    int mask_nd; /* 0: no additive mask; 2: [Tq, Tk]; 4: [B, 1, Tq, Tk] */
+    bool causal;
+    const int32_t *key_padding; /* [B, Tk] or NULL */
+} ms_arg;
+
+static cg_tensor *ms_build(bctx *c, bool fused) {
+    const ms_arg *a = c->arg;
+    cg_graph *g = c->g;
+    cg_tensor *x = leaf(c, "x", 4, S(a->b, a->h, a->tq, a->tk), -2, 2, false);
+    cg_tensor *mask = a->mask_nd == 2   ? leaf(c, "mask", 2, S(a->tq, a->tk), -1, 1, false)
+                      : a->mask_nd == 4 ? leaf(c, "mask", 4, S(a->b, 1, a->tq, a->tk), -1, 1, false)
+                                        : NULL;
+    cg_tensor *kp = a->key_padding ? ints(g, 2, S(a->b, a->tk), a->key_padding) : NULL;
+    if (fused) return cg_masked_softmax(g, x, a->scale, mask, a->causal, kp);
+    /* hidden[b, i, j] built by hand: key j is hidden from query i when causal and j > i + Tk - Tq,
+     * or when the key is padding */
+    int64_t n = a->b * a->tq * a->tk;
+    int32_t *hidden = calloc((size_t)n, sizeof *hidden);
+    for (int64_t b = 0; b < a->b; b++)
+        for (int64_t i = 0; i < a->tq; i++)
+            for (int64_t j = 0; j < a->tk; j++)
+                hidden[(b * a->tq + i) * a->tk + j] =
+                    (a->causal && j > i + a->tk - a->tq) || (kp && a->key_padding[b * a->tk + j] == 0);
+    cg_tensor *hid = ints(g, 4, S(a->b, 1, a->tq, a->tk), hidden);
+    free(hidden);
+    cg_tensor *s = cg_scale(g, x, a->scale);
+    if (mask) s = cg_add(g, s, mask);
+    return cg_softmax(g, cg_masked_fill(g, s, hid, -INFINITY));
+}
+
+static void test_masked_softmax(void) {
+    /* key 0 stays visible to every query, so no row is fully hidden (the composite would be NaN) */
+    const int32_t kp7[2 * 7] = {1, 1, 0, 1, 1, 0, 0, 1, 0, 1, 1, 1, 1, 0};
+    const int32_t kp6[2 * 6] = {1, 0, 1, 1, 0, 1, 1, 1, 1, 0, 0, 0};
+    ms_arg cases[] = {
+        {2, 3, 5, 7, 0.5, 0, false, NULL}, {2, 3, 6, 6, 0.7, 0, true, NULL},  {2, 3, 5, 7, 1.0, 0, true, NULL},
+        {2, 3, 5, 7, 0.3, 0, false, kp7},  {2, 3, 5, 7, 1.2, 2, false, NULL}, {2, 3, 5, 7, 0.9, 4, false, NULL},
+        {2, 3, 6, 6, 0.6, 2, true, kp6},   {2, 3, 5, 7, 0.8, 4, true, kp7},   {2, 3, 5, 7, 1.1, 0, true, kp7},
+    };
+    const char *names[] = {
+        "masked_softmax [2,3,5,7] scale only",       "masked_softmax causal Tq == Tk",
+        "masked_softmax causal Tq < Tk",             "masked_softmax key padding",
+        "masked_softmax additive mask [Tq,Tk]",      "masked_softmax additive mask [B,1,Tq,Tk]",
+        "masked_softmax causal+padding+mask Tq==Tk", "masked_softmax causal+padding+mask Tq<Tk",
+        "masked_softmax causal+padding Tq<Tk",
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) compare(names[i], ms_build, &cases[i]);
+
+    /* The fused op's own promise where the composite has no answer: a row with every key hidden
+     * (causal with Tq > Tk hides all keys from the first Tq - Tk queries) is zeros, and so is its
+     * gradient; the other rows still sum to 1. */
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    cg_rng rng;
+    cg_rng_seed(&rng, 3);
+    cg_tensor *x = cg_requires_grad(cg_input(g, "x", CG_REAL, 4, S(1, 2, 5, 3)));
+    cg_fill_uniform(x, &rng, -2, 2);
+    cg_tensor *kp = ints(g, 2, S(1, 3), (const int32_t[]){1, 1, 0});
+    cg_tensor *y = cg_retain(cg_masked_softmax(g, x, 1.0, NULL, true, kp));
+    cg_tensor *R = cg_input(g, "R", CG_REAL, 4, S(1, 2, 5, 3));
+    cg_fill_uniform(R, &rng, -1, 1);
+    cg_tensor *loss = cg_sum_all(g, cg_mul(g, y, R));
+    CHECK(loss && cg_graph_forward(g) == CG_OK && cg_graph_backward(g, loss) == CG_OK, "fully hidden rows: %s",
+          cg_last_error());
+    cg_real yv[30], gv[30];
+    READ(y, yv);
+    READ_GRAD(x, gv);
+    int bad = 0;
+    for (int h = 0; h < 2; h++)
+        for (int i = 0; i < 5; i++) {
+            const cg_real *row = yv + (h * 5 + i) * 3, *grow = gv + (h * 5 + i) * 3;
+            int visible = i - 2 + 1; /* keys j <= i + Tk - Tq, and key 2 is padding */
+            if (visible > 2) visible = 2;
+            double sum = 0;
+            for (int j = 0; j < 3; j++) {
+                sum += row[j];
+                if (j >= (visible > 0 ? visible : 0)) bad += row[j] != 0 || grow[j] != 0;
+            }
+            bad += visible <= 0 ? sum != 0 : fabs(sum - 1) > 1e-6;
+            if (visible == 1) bad += fabs(row[0] - 1) > 1e-6;
+        }
+    CHECK(bad == 0, "%d violations in rows with hidden keys", bad);
+    cg_graph_free(g);
+}
+
+/* ---- linear ---- */
+
+typedef struct {
+    int nd;
+    int64_t shape[4]; /* x; the last is in */
+    int64_t out;
+    bool bias, transposed, params;
+} lin_arg;
+
+static cg_tensor *lin_build(bctx *c, bool fused) {
+    const lin_arg *a = c->arg;
+    const int64_t in = a->shape[a->nd - 1];
+    /* parameters first: none may be added after nodes use the set */
+    cg_tensor *w = leaf(c, "w", 2, S(a->out, in), -1, 1, a->params);
+    cg_tensor *b = a->bias ? leaf(c, "b", 1, &a->out, -1, 1, a->params) : NULL;
+    int64_t s[4];
+    memcpy(s, a->shape, sizeof s);
+    if (a->transposed) s[a->nd - 1] = a->shape[a->nd - 2], s[a->nd - 2] = in;
+    cg_tensor *x = leaf(c, "x", a->nd, s, -1, 1, false);
+    if (a->transposed) x = cg_transpose(c->g, x, -1, -2);
+    if (fused) return cg_linear(c->g, x, w, b);
+    cg_tensor *y = cg_matmul(c->g, x, cg_transpose(c->g, w, 0, 1));
+    return b ? cg_add(c->g, y, b) : y;
+}
+
+static void test_linear(void) {
+    lin_arg a = {4, {2, 3, 5, 7}, 4, true, false, false};
+    compare("linear [2,3,5,7] -> 4 with bias", lin_build, &a);
+    lin_arg b = {4, {2, 3, 5, 7}, 6, true, false, true};
+    compare("linear [2,3,5,7] -> 6, parameters", lin_build, &b);
+    lin_arg d = {2, {9, 5}, 3, false, false, false};
+    compare("linear [9,5] -> 3 no bias", lin_build, &d);
+    lin_arg e = {3, {2, 5, 4}, 3, true, true, true};
+    compare("linear of a transposed view", lin_build, &e);
+}
+
+int main(void) {
+    test_cross_entropy();
+    test_layernorm();
+    test_masked_softmax();
+    test_linear();
+    TEST_END();
+}
