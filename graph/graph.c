@@ -300,7 +300,7 @@ static void resolve_views(cg_graph *g) {
         if (cgi_ops[t->op].kind != CGI_KIND_VIEW) continue;
         cg_tensor *r = t->root;
         t->data = r->data ? (char *)r->data + t->offset * elsize(t->dtype) : NULL;
-        t->grad = r->grad ? r->grad + t->offset : NULL;
+        t->grad = r->grad && t->requires_grad ? r->grad + t->offset : NULL; /* detach has none */
     }
 }
 
@@ -332,7 +332,8 @@ static void zero_once(cg_graph *g, cg_tensor *t) {
 
 cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
     if (!g) return cgi_fail(CG_ERR_ARG, "[backward] graph is NULL");
-    if (!loss) return cgi_fail(CG_ERR_ARG, "[backward] loss is NULL");
+    if (!loss) /* keep the message of the op that failed to build it, if there is one */
+        return cg_last_error()[0] ? CG_ERR_ARG : cgi_fail(CG_ERR_ARG, "[backward] loss is NULL");
     if (g->mode != CG_TRAIN) return cgi_fail(CG_ERR_STATE, "[backward] graph was built in eval mode");
     if (loss->graph != g) return cgi_fail(CG_ERR_ARG, "[backward] loss belongs to another graph");
     if (cgi_numel(loss->ndim, loss->shape) != 1 || loss->dtype != CG_REAL)

@@ -133,6 +133,9 @@ int cgi_nthreads(void);
 #define CGI_PAR_MIN 16384 /* elements below which a kernel stays on one thread */
 
 /* ---- strided iteration: shape split into rows x inner, dims collapsed where possible ---- */
+/* Inner runs are cut into chunks so that one long contiguous row still spreads over threads. */
+#define CGI_CHUNK 8192
+static inline int64_t cgi_chunks(int64_t inner) { return inner > 0 ? (inner + CGI_CHUNK - 1) / CGI_CHUNK : 1; }
 #define CGI_ITER_MAX 4
 typedef struct {
     int ndim;                       /* >= 1 after collapsing */
@@ -209,22 +212,24 @@ static inline uint64_t cgi_hash64(uint64_t x) {
     do {                                                                                         \
         const int64_t s0_ = (it).st[0][(it).ndim - 1], s1_ = (it).st[1][(it).ndim - 1];           \
         const int64_t s2_ = (it).st[2][(it).ndim - 1], s3_ = (it).st[3][(it).ndim - 1];           \
-        const int64_t n_ = (it).inner;                                                           \
+        const int64_t n_ = (it).inner, nch_ = cgi_chunks(n_), tot_ = (it).rows * nch_;           \
         const bool unit_ = s0_ == 1 && s1_ == 1 && s2_ == 1 && s3_ == 1;                          \
         _Pragma("omp parallel for schedule(static) if ((it).rows * n_ > CGI_PAR_MIN) num_threads(cgi_nthreads())") \
-        for (int64_t r_ = 0; r_ < (it).rows; r_++) {                                             \
+        for (int64_t c_ = 0; c_ < tot_; c_++) {                                                  \
+            const int64_t r_ = c_ / nch_, lo_ = (c_ % nch_) * CGI_CHUNK;                         \
+            const int64_t hi_ = lo_ + CGI_CHUNK < n_ ? lo_ + CGI_CHUNK : n_;                      \
             int64_t off_[4];                                                                     \
             cgi_iter_row(&(it), r_, off_);                                                       \
             cg_real *p0_ = (P0) + off_[0];                                                       \
             const cg_real *p1_ = (P1) + off_[1], *p2_ = (P2) + off_[2], *p3_ = (P3) + off_[3];    \
             if (unit_) {                                                                         \
-                for (int64_t j_ = 0; j_ < n_; j_++) {                                            \
+                for (int64_t j_ = lo_; j_ < hi_; j_++) {                                         \
                     const cg_real A = p1_[j_], B = p2_[j_], C = p3_[j_];                         \
                     (void)A, (void)B, (void)C;                                                   \
                     p0_[j_] ACC(EXPR);                                                           \
                 }                                                                                \
             } else {                                                                             \
-                for (int64_t j_ = 0; j_ < n_; j_++) {                                            \
+                for (int64_t j_ = lo_; j_ < hi_; j_++) {                                         \
                     const cg_real A = p1_[j_ * s1_], B = p2_[j_ * s2_], C = p3_[j_ * s3_];        \
                     (void)A, (void)B, (void)C;                                                   \
                     p0_[j_ * s0_] ACC(EXPR);                                                     \

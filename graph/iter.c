@@ -40,14 +40,16 @@ void cgi_copy(cg_real *dst, const int64_t *dst_stride, const cg_real *src, const
     const int64_t *st[2] = {dst_stride, src_stride};
     cgi_iter it;
     cgi_iter_init(&it, ndim, shape, 2, st);
-    const int64_t sd = it.st[0][it.ndim - 1], ss = it.st[1][it.ndim - 1], n = it.inner;
+    const int64_t sd = it.st[0][it.ndim - 1], ss = it.st[1][it.ndim - 1], nch = cgi_chunks(it.inner);
     const cg_real a = (cg_real)scale;
-#pragma omp parallel for schedule(static) if (it.rows * n > CGI_PAR_MIN) num_threads(cgi_nthreads())
-    for (int64_t r = 0; r < it.rows; r++) {
+#pragma omp parallel for schedule(static) if (it.rows * it.inner > CGI_PAR_MIN) num_threads(cgi_nthreads())
+    for (int64_t c = 0; c < it.rows * nch; c++) {
+        const int64_t r = c / nch, lo = (c % nch) * CGI_CHUNK;
+        const int64_t n = lo + CGI_CHUNK < it.inner ? CGI_CHUNK : it.inner - lo;
         int64_t off[2];
         cgi_iter_row(&it, r, off);
-        cg_real *d = dst + off[0];
-        const cg_real *s = src + off[1];
+        cg_real *d = dst + off[0] + lo * sd;
+        const cg_real *s = src + off[1] + lo * ss;
         if (sd == 1 && ss == 1) {
             if (accumulate) for (int64_t j = 0; j < n; j++) d[j] += a * s[j];
             else if (a == 1) memcpy(d, s, (size_t)n * sizeof *d);

@@ -265,11 +265,13 @@ static void masked_loop(cg_tensor *t, cg_real *dst, const int64_t *sd, const cg_
     const int32_t *m = mask->data;
     const cg_real v = (cg_real)t->farg[0];
     const int64_t s0 = it.st[0][it.ndim - 1], s1 = it.st[1][it.ndim - 1], s2 = it.st[2][it.ndim - 1];
+    const int64_t nch = cgi_chunks(it.inner);
 #pragma omp parallel for schedule(static) if (it.rows * it.inner > CGI_PAR_MIN) num_threads(cgi_nthreads())
-    for (int64_t r = 0; r < it.rows; r++) {
+    for (int64_t c = 0; c < it.rows * nch; c++) {
+        const int64_t r = c / nch, lo = (c % nch) * CGI_CHUNK, hi = lo + CGI_CHUNK < it.inner ? lo + CGI_CHUNK : it.inner;
         int64_t off[3];
         cgi_iter_row(&it, r, off);
-        for (int64_t j = 0; j < it.inner; j++) {
+        for (int64_t j = lo; j < hi; j++) {
             bool hit = m[off[2] + j * s2] != 0;
             cg_real *d = dst + off[0] + j * s0;
             cg_real s = src[off[1] + j * s1];
@@ -315,11 +317,13 @@ static void dropout_loop(cg_tensor *t, cg_real *dst, const int64_t *sd, const cg
     const uint64_t threshold = (uint64_t)(t->farg[0] * 18446744073709551616.0);
     const cg_real keep_scale = (cg_real)(1.0 / (1.0 - t->farg[0]));
     const int64_t s0 = it.st[0][it.ndim - 1], s1 = it.st[1][it.ndim - 1], s2 = it.st[2][it.ndim - 1];
+    const int64_t nch = cgi_chunks(it.inner);
 #pragma omp parallel for schedule(static) if (it.rows * it.inner > CGI_PAR_MIN) num_threads(cgi_nthreads())
-    for (int64_t r = 0; r < it.rows; r++) {
+    for (int64_t c = 0; c < it.rows * nch; c++) {
+        const int64_t r = c / nch, lo = (c % nch) * CGI_CHUNK, hi = lo + CGI_CHUNK < it.inner ? lo + CGI_CHUNK : it.inner;
         int64_t off[3];
         cgi_iter_row(&it, r, off);
-        for (int64_t j = 0; j < it.inner; j++) {
+        for (int64_t j = lo; j < hi; j++) {
             uint64_t index = (uint64_t)(off[2] + j * s2); /* position in the contiguous output */
             bool keep = cgi_hash64(key + index * 0x9e3779b97f4a7c15ULL) >= threshold;
             cg_real v = keep ? src[off[1] + j * s1] * keep_scale : 0;
