@@ -159,6 +159,9 @@ static inline void cgi_iter_row(const cgi_iter *it, int64_t r, int64_t *off) {
 }
 
 /* ---- shared kernels ---- */
+/* C[m,n] = alpha A[m,k] B[k,n] + beta C through BLIS, any strides (ops/matmul.c). */
+void cgi_gemm(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, int64_t csa, const cg_real *b,
+              int64_t rsb, int64_t csb, cg_real alpha, cg_real beta, cg_real *c, int64_t rsc, int64_t csc, int threads);
 /* dst (dst_stride) = or += scale * src (src_stride), over shape. */
 void cgi_copy(cg_real *dst, const int64_t *dst_stride, const cg_real *src, const int64_t *src_stride,
               int ndim, const int64_t *shape, double scale, bool accumulate);

@@ -5,7 +5,6 @@
  * from it. Each (batch, head) belongs to one thread, so gradient writes never collide and the
  * result does not depend on the thread count. */
 #include <math.h>
-#include <blis.h>
 #include <omp.h>
 
 #include "graph/internal.h"
@@ -52,22 +51,10 @@ cg_tensor *cg_sdpa(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, double
     return t;
 }
 
+/* Block products run inside the per-head parallel loop, so BLIS gets one thread. */
 static void gemm1(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, int64_t csa, const cg_real *b,
                   int64_t rsb, int64_t csb, cg_real alpha, cg_real beta, cg_real *c, int64_t rsc, int64_t csc) {
-    static _Thread_local rntm_t rntm;
-    static _Thread_local bool ready;
-    if (!ready) {
-        bli_rntm_init(&rntm);
-        bli_rntm_set_num_threads(1, &rntm);
-        ready = true;
-    }
-#ifdef CGRAD_DOUBLE
-    bli_dgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, m, n, k, &alpha, (double *)a, rsa, csa, (double *)b, rsb, csb,
-                 &beta, c, rsc, csc, NULL, &rntm);
-#else
-    bli_sgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, m, n, k, &alpha, (float *)a, rsa, csa, (float *)b, rsb, csb,
-                 &beta, c, rsc, csc, NULL, &rntm);
-#endif
+    cgi_gemm(m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, c, rsc, csc, 1);
 }
 
 typedef struct {

@@ -6,39 +6,68 @@
 #include "graph/internal.h"
 #include "ops/ops.h"
 
-/* C[m,n] = alpha * A[m,k] @ B[k,n] + beta * C, all general-strided; threads = BLIS threads. */
-static void gemm(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, int64_t csa,
-                 const cg_real *b, int64_t rsb, int64_t csb, cg_real beta, cg_real *c, int64_t rsc,
-                 int64_t csc, int threads) {
+/* C[m,n] = alpha * A[m,k] @ B[k,n] + beta * C, all general-strided; threads = BLIS threads.
+ * A single row or column goes to gemv: gemm would pack the whole other operand for one vector
+ * (token-by-token generation is all such products). */
+void cgi_gemm(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, int64_t csa, const cg_real *b,
+              int64_t rsb, int64_t csb, cg_real alpha, cg_real beta, cg_real *c, int64_t rsc, int64_t csc, int threads) {
     if (m == 0 || n == 0) return;
     if (k == 0) { /* an empty sum: C = beta * C */
         for (int64_t i = 0; i < m; i++)
             for (int64_t j = 0; j < n; j++) c[i * rsc + j * csc] = beta == 0 ? 0 : beta * c[i * rsc + j * csc];
         return;
     }
-    /* BLIS rejects strides it cannot tell apart on size-1 dimensions; give those a plain one. */
-#define FIX(rows, cols, rs, cs)                      \
-    do {                                             \
-        if ((rows) == 1) (rs) = (cs) == 1 ? (cols) : 1; \
-        if ((cols) == 1) (cs) = (rs) == 1 ? (rows) : 1; \
-        if ((rows) == 1 && (cols) == 1) (rs) = (cs) = 1; \
-    } while (0)
-    FIX(m, k, rsa, csa);
-    FIX(k, n, rsb, csb);
-    FIX(m, n, rsc, csc);
-#undef FIX
+    /* BLIS runs gemv on one thread; a large one is split by output rows over the threads. */
+    if (m == 1 && n > 1 && threads > 1 && (double)n * (double)k >= (double)(1 << 17)) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+        for (int part = 0; part < threads; part++) {
+            const int64_t lo = n * part / threads, hi = n * (part + 1) / threads;
+            cgi_gemm(1, hi - lo, k, a, rsa, csa, b + lo * csb, rsb, csb, alpha, beta, c + lo * csc, rsc, csc, 1);
+        }
+        return;
+    }
     /* Waking a thread team costs more than a small product takes. */
     if ((double)m * (double)n * (double)k < (double)(1 << 20)) threads = 1;
     rntm_t rntm = BLIS_RNTM_INITIALIZER;
     bli_rntm_set_num_threads(threads, &rntm);
-    cg_real one = 1;
 #ifdef CGRAD_DOUBLE
-    bli_dgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, m, n, k, &one, (double *)a, rsa, csa, (double *)b, rsb, csb,
-                 &beta, c, rsc, csc, NULL, &rntm);
+#define GEMV bli_dgemv_ex
+#define GEMM bli_dgemm_ex
+    typedef double real_t;
 #else
-    bli_sgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, m, n, k, &one, (float *)a, rsa, csa, (float *)b, rsb, csb,
-                 &beta, c, rsc, csc, NULL, &rntm);
+#define GEMV bli_sgemv_ex
+#define GEMM bli_sgemm_ex
+    typedef float real_t;
 #endif
+    if (m == 1 && n > 1) { /* c[1,n] = a[1,k] B[k,n]  <=>  c^T = B^T a^T: B^T is [n, k] */
+        GEMV(BLIS_NO_TRANSPOSE, BLIS_NO_CONJUGATE, n, k, &alpha, (real_t *)b, csb, rsb, (real_t *)a, csa, &beta, c, csc,
+             NULL, &rntm);
+        return;
+    }
+    if (n == 1) { /* c[m,1] = A[m,k] b[k,1] */
+        GEMV(BLIS_NO_TRANSPOSE, BLIS_NO_CONJUGATE, m, k, &alpha, (real_t *)a, rsa, csa, (real_t *)b, rsb, &beta, c, rsc,
+             NULL, &rntm);
+        return;
+    }
+    /* BLIS rejects strides it cannot tell apart on size-1 dimensions; give those a plain one. */
+#define FIX(rows, cols, rs, cs)                           \
+    do {                                                  \
+        if ((rows) == 1) (rs) = (cs) == 1 ? (cols) : 1;   \
+        if ((cols) == 1) (cs) = (rs) == 1 ? (rows) : 1;   \
+        if ((rows) == 1 && (cols) == 1) (rs) = (cs) = 1;  \
+    } while (0)
+    FIX(m, k, rsa, csa);
+    FIX(k, n, rsb, csb);
+#undef FIX
+    GEMM(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, m, n, k, &alpha, (real_t *)a, rsa, csa, (real_t *)b, rsb, csb, &beta, c,
+         rsc, csc, NULL, &rntm);
+#undef GEMV
+#undef GEMM
+}
+
+static void gemm(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, int64_t csa, const cg_real *b,
+                 int64_t rsb, int64_t csb, cg_real beta, cg_real *c, int64_t rsc, int64_t csc, int threads) {
+    cgi_gemm(m, n, k, a, rsa, csa, b, rsb, csb, 1, beta, c, rsc, csc, threads);
 }
 
 /* ---- matmul ---- */
