@@ -81,6 +81,7 @@ int cmd_step(int argc, char **argv) {
         rc = fail("cannot build the step");
         goto done;
     }
+    cg_retain(mg.logits); /* dumped after backward */
     out = cg_st_writer_new();
     cg_params_zero_grad(ps);
     if (cg_graph_forward(g) || cg_graph_backward(g, mg.loss)) {

@@ -36,7 +36,7 @@ static void profile_report(void) {
 const cgi_op_desc cgi_ops[CGI_OP_COUNT] = {
 #define CG_LEAF(ID, nm) [CGI_OP_##ID] = {#nm, CGI_KIND_LEAF, NULL, NULL},
 #define CG_VIEW(ID, nm) [CGI_OP_##ID] = {#nm, CGI_KIND_VIEW, NULL, NULL},
-#define CG_OP(ID, nm, family, reads, reads_out) [CGI_OP_##ID] = {#nm, CGI_KIND_COMPUTE, cgi_fwd_##nm, cgi_bwd_##nm, reads, reads_out},
+#define CG_OP(ID, nm, family, reads, reads_out) [CGI_OP_##ID] = {#nm, CGI_KIND_COMPUTE, cgi_fwd_##nm, cgi_bwd_##nm, reads, reads_out, CGI_OP_##ID == CGI_OP_CROSS_ENTROPY},
 #include "ops/ops.def"
 #undef CG_LEAF
 #undef CG_VIEW
@@ -325,7 +325,7 @@ cg_status cg_graph_forward(cg_graph *g) {
 /* Gradients share memory with other buffers, so each is zeroed just before its first write. */
 static void zero_once(cg_graph *g, cg_tensor *t) {
     cg_tensor *r = t->root;
-    if (r->op == CGI_OP_PARAM || r->grad_epoch == g->epoch) return;
+    if (r->op == CGI_OP_PARAM || r->grad_epoch == g->epoch || r->grad_in_value) return;
     memset(r->grad, 0, (size_t)cgi_numel(r->ndim, r->shape) * sizeof(cg_real));
     r->grad_epoch = g->epoch;
 }

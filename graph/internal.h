@@ -33,6 +33,7 @@ typedef struct {
     void (*backward)(cg_tensor *out);
     unsigned bwd_reads;   /* bit k: backward reads the value of src[k] */
     bool bwd_reads_out;   /* backward reads out's own value */
+    bool bwd_inplace;     /* backward can write src[0]'s gradient over src[0]'s value */
 } cgi_op_desc;
 
 extern const cgi_op_desc cgi_ops[CGI_OP_COUNT];
@@ -58,6 +59,7 @@ struct cg_tensor {
     bool retain;       /* value (and gradient) stay valid after forward and backward */
     bool kept;         /* planned: the value is still there when forward (and backward) end */
     uint32_t grad_epoch; /* backward pass in which the gradient was last zeroed */
+    bool grad_in_value;  /* planned: the gradient overwrites the value in place (no zeroing) */
     int64_t shape[CG_MAX_DIMS];
     int64_t stride[CG_MAX_DIMS]; /* elements */
     int64_t offset;    /* elements from the start of root's storage */

@@ -38,15 +38,24 @@ cg_status cgi_plan(cg_graph *g) {
     buffer **order = malloc((size_t)(3 * n + 1) * sizeof *order);
     range *used = malloc((size_t)(3 * n + 1) * sizeof *used);
     cg_status st = CG_OK;
+    int *consumers = NULL, *sole = NULL;
     if (!vdeath || !gbirth || !bufs || !order || !used) {
         st = cgi_fail(CG_ERR_NOMEM, "[plan] out of memory for %lld nodes", (long long)n);
         goto done;
     }
     bool *consumed = (bool *)used; /* scratch before `used` is needed */
+    consumers = malloc((size_t)(n ? n : 1) * sizeof *consumers);
+    sole = malloc((size_t)(n ? n : 1) * sizeof *sole);
+    if (!consumers || !sole) {
+        st = cgi_fail(CG_ERR_NOMEM, "[plan] out of memory for %lld nodes", (long long)n);
+        goto done;
+    }
     for (int64_t i = 0; i < n; i++) {
         vdeath[i] = i;
         gbirth[i] = INT64_MAX;
         consumed[i] = false;
+        consumers[i] = 0;
+        sole[i] = -1;
     }
     for (int64_t c = 0; c < n; c++) {
         cg_tensor *t = g->nodes[c];
@@ -55,6 +64,8 @@ cg_status cgi_plan(cg_graph *g) {
         for (int k = 0; k < t->nsrc; k++) {
             cg_tensor *r = t->src[k]->root;
             if (r->id < 0) continue; /* parameters own their storage */
+            consumers[r->id]++;
+            sole[r->id] = (int)c;
             consumed[t->src[k]->id] = true; /* the direct source, so a view nobody reads counts as an output */
             if (vdeath[r->id] < c) vdeath[r->id] = c;
             if (t->requires_grad && k < 32 && (d->bwd_reads & (1u << k)) && vdeath[r->id] < back) vdeath[r->id] = back;
@@ -74,6 +85,17 @@ cg_status cgi_plan(cg_graph *g) {
         const int64_t back = end - 1 - i;
         bool outlives = t->retain || !consumed[i];
         t->kept = cgi_ops[t->op].kind != CGI_KIND_COMPUTE || outlives;
+        /* Logits read only by a fused loss that writes their gradient in place share one buffer:
+         * the value's life ends where the gradient's begins. */
+        const cg_tensor *reader = consumers[i] == 1 && sole[i] >= 0 ? g->nodes[sole[i]] : NULL;
+        t->grad_in_value = reader && cgi_ops[reader->op].bwd_inplace && reader->src[0] == t && reader->requires_grad &&
+                           t->requires_grad && !outlives && cgi_ops[t->op].kind == CGI_KIND_COMPUTE &&
+                           t->dtype == CG_REAL && vdeath[i] == end - 1 - reader->id;
+        if (t->grad_in_value) {
+            bufs[nb++] = (buffer){i, back, round_up((size_t)cgi_numel(t->ndim, t->shape) * sizeof(cg_real)), 0, &t->data};
+            if (t->aux_bytes) bufs[nb++] = (buffer){i, back, round_up(t->aux_bytes), 0, &t->aux};
+            continue;
+        }
         if (cgi_ops[t->op].kind == CGI_KIND_COMPUTE) {
             size_t es = t->dtype == CG_INT32 ? sizeof(int32_t) : sizeof(cg_real);
             bufs[nb++] = (buffer){i, outlives ? end : vdeath[i], round_up((size_t)cgi_numel(t->ndim, t->shape) * es),
@@ -122,8 +144,13 @@ cg_status cgi_plan(cg_graph *g) {
         g->block_bytes = total;
     }
     for (int i = 0; i < nb; i++) *bufs[i].target = (char *)g->block + bufs[i].offset;
+    for (int64_t i = 0; i < n; i++)
+        if (g->nodes[i]->grad_in_value) g->nodes[i]->grad = g->nodes[i]->data;
+
     g->planned = true;
 done:
+    free(consumers);
+    free(sole);
     free(vdeath);
     free(gbirth);
     free(bufs);

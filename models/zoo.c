@@ -258,8 +258,9 @@ cg_status cg_model_build(cg_graph *g, cg_model *m, int64_t batch, int64_t t, int
         break;
     }
     }
-    /* The caller reads these after the run; the planner would otherwise recycle them. */
-    cg_retain(o->logits);
+    /* The caller reads these after the run; the planner would otherwise recycle them. Large
+     * logits are kept only in eval graphs: in training their memory is the gradient's. */
+    if (cg_graph_mode(g) == CG_EVAL || m->arch == CG_ARCH_CLASSIFIER) cg_retain(o->logits);
     cg_retain(o->nsp_logits);
     cg_retain(o->mlm_loss);
     cg_retain(o->nsp_loss);

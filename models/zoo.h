@@ -58,7 +58,9 @@ typedef struct {
     cg_tensor *inputs[5];
 } cg_model_graph;
 
-/* Adds inputs and loss to g for batch rows of t tokens (encdec: t target, s source tokens). */
+/* Adds inputs and loss to g for batch rows of t tokens (encdec: t target, s source tokens). The
+ * losses are retained; logits are retained in eval graphs (and the classifier's always): in a
+ * training graph cg_retain them to read them, which costs their gradient's memory. */
 cg_status cg_model_build(cg_graph *g, cg_model *m, int64_t batch, int64_t t, int64_t s, cg_model_graph *out);
 /* The input of that name, or NULL. */
 cg_tensor *cg_model_graph_input(const cg_model_graph *mg, const char *name);

@@ -74,7 +74,13 @@ cg_status cgi_fwd_cross_entropy(cg_tensor *t) {
 
 void cgi_bwd_cross_entropy(cg_tensor *t) {
     cg_tensor *lg = t->src[0], *tg = t->src[1];
-    if (!lg->requires_grad || t->iarg[1] == 0) return;
+    if (!lg->requires_grad) return;
+    /* The planner may give the gradient the logits' own memory: then write, do not add. */
+    const bool in_place = lg->grad == lg->data;
+    if (t->iarg[1] == 0) {
+        if (in_place) memset(lg->grad, 0, (size_t)cgi_numel(lg->ndim, lg->shape) * sizeof(cg_real));
+        return;
+    }
     const int64_t c = lg->shape[lg->ndim - 1], rows = cgi_numel(tg->ndim, tg->shape);
     const int32_t *T = tg->data, ignore = (int32_t)t->iarg[0];
     const cg_real gscale = t->grad[0] / (cg_real)t->iarg[1], *X = lg->data, *lse = t->aux;
@@ -82,10 +88,14 @@ void cgi_bwd_cross_entropy(cg_tensor *t) {
 #pragma omp parallel for schedule(static) if (rows * c > CGI_PAR_MIN) num_threads(cgi_nthreads())
     for (int64_t r = 0; r < rows; r++) {
         int32_t k = T[target_offset(tg, r)];
-        if (k == ignore) continue;
         const cg_real *x = X + r * c;
         cg_real *dx = DX + r * c;
-        for (int64_t j = 0; j < c; j++) dx[j] += gscale * cgi_exp(x[j] - lse[r]);
+        if (k == ignore) {
+            if (in_place) memset(dx, 0, (size_t)c * sizeof *dx);
+            continue;
+        }
+        if (in_place) for (int64_t j = 0; j < c; j++) dx[j] = gscale * cgi_exp(x[j] - lse[r]);
+        else for (int64_t j = 0; j < c; j++) dx[j] += gscale * cgi_exp(x[j] - lse[r]);
         dx[k] -= gscale;
     }
 }
