@@ -3,6 +3,7 @@
  * lives do not overlap share memory. The op table says which values backward reads, so a value
  * that only forward needs dies as soon as its last consumer has run, and a gradient dies once its
  * node's backward has run. The plan is made once per graph and reused by every step. */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "graph/internal.h"
@@ -11,6 +12,8 @@ typedef struct {
     int64_t birth, death; /* inclusive times */
     size_t bytes, offset;
     void **target;        /* where the address goes */
+    const cg_tensor *node;
+    char kind;            /* 'v' value, 'g' gradient, 'a' op scratch */
 } buffer;
 
 static int by_size_desc(const void *a, const void *b) {
@@ -92,21 +95,21 @@ cg_status cgi_plan(cg_graph *g) {
                            t->requires_grad && !outlives && cgi_ops[t->op].kind == CGI_KIND_COMPUTE &&
                            t->dtype == CG_REAL && vdeath[i] == end - 1 - reader->id;
         if (t->grad_in_value) {
-            bufs[nb++] = (buffer){i, back, round_up((size_t)cgi_numel(t->ndim, t->shape) * sizeof(cg_real)), 0, &t->data};
-            if (t->aux_bytes) bufs[nb++] = (buffer){i, back, round_up(t->aux_bytes), 0, &t->aux};
+            bufs[nb++] = (buffer){i, back, round_up((size_t)cgi_numel(t->ndim, t->shape) * sizeof(cg_real)), 0, &t->data, t, 'v'};
+            if (t->aux_bytes) bufs[nb++] = (buffer){i, back, round_up(t->aux_bytes), 0, &t->aux, t, 'a'};
             continue;
         }
         if (cgi_ops[t->op].kind == CGI_KIND_COMPUTE) {
             size_t es = t->dtype == CG_INT32 ? sizeof(int32_t) : sizeof(cg_real);
             bufs[nb++] = (buffer){i, outlives ? end : vdeath[i], round_up((size_t)cgi_numel(t->ndim, t->shape) * es),
-                                  0, &t->data};
+                                  0, &t->data, t, 'v'};
             if (t->aux_bytes)
-                bufs[nb++] = (buffer){i, t->requires_grad ? back : i, round_up(t->aux_bytes), 0, &t->aux};
+                bufs[nb++] = (buffer){i, t->requires_grad ? back : i, round_up(t->aux_bytes), 0, &t->aux, t, 'a'};
         }
         if (t->requires_grad && t->op != CGI_OP_INPUT) {
             int64_t birth = gbirth[i] == INT64_MAX ? back : gbirth[i];
             bufs[nb++] = (buffer){birth, t->retain ? end : back,
-                                  round_up((size_t)cgi_numel(t->ndim, t->shape) * sizeof(cg_real)), 0, (void **)&t->grad};
+                                  round_up((size_t)cgi_numel(t->ndim, t->shape) * sizeof(cg_real)), 0, (void **)&t->grad, t, 'g'};
         }
         if (t->requires_grad && t->op == CGI_OP_INPUT && !t->grad) { /* the caller reads it after backward */
             t->grad = cgi_arena_alloc(&g->bufs, round_up((size_t)cgi_numel(t->ndim, t->shape) * sizeof(cg_real)));
@@ -144,6 +147,24 @@ cg_status cgi_plan(cg_graph *g) {
         g->block_bytes = total;
     }
     for (int i = 0; i < nb; i++) *bufs[i].target = (char *)g->block + bufs[i].offset;
+    if (getenv("CGRAD_PLAN")) { /* what the block holds at its fullest moment */
+        int64_t peak_t = 0;
+        size_t peak = 0;
+        for (int64_t tm = 0; tm < end; tm++) {
+            size_t live = 0;
+            for (int i = 0; i < nb; i++) live += bufs[i].birth <= tm && tm <= bufs[i].death ? bufs[i].bytes : 0;
+            if (live > peak) peak = live, peak_t = tm;
+        }
+        fprintf(stderr, "[plan] %d buffers in %.1f MB; %.1f MB live at time %lld of %lld, the largest:\n", nb,
+                (double)total / 1e6, (double)peak / 1e6, (long long)peak_t, (long long)end);
+        for (int i = 0, shown = 0; i < nb && shown < 12; i++) {
+            const buffer *b = order[i];
+            if (b->birth > peak_t || peak_t > b->death) continue;
+            fprintf(stderr, "  %8.1f MB %c %-14s %s [%lld, %lld]\n", (double)b->bytes / 1e6, b->kind,
+                    cgi_ops[b->node->op].name, cgi_shp(b->node), (long long)b->birth, (long long)b->death);
+            shown++;
+        }
+    }
     for (int64_t i = 0; i < n; i++)
         if (g->nodes[i]->grad_in_value) g->nodes[i]->grad = g->nodes[i]->data;
 
