@@ -56,6 +56,7 @@ int cmd_step(int argc, char **argv) {
     cg_params *ps = cg_params_new();
     cg_model *m = cg_model_new(arch, cfg, 0.0, ps, 0);
     free(cfg);
+    cg_model_set_full_logits(m, true); /* the dump holds every position's logits */
     cg_st *w = m ? cg_st_open(w_path) : NULL, *batch = w ? cg_st_open(b_path) : NULL;
     int rc = 0;
     cg_graph *g = NULL;

@@ -139,6 +139,11 @@ const cg_bert_config *cg_bert_cfg(const cg_bert *m) { return m ? &m->cfg : NULL;
 
 cg_status cg_bert_forward(cg_graph *g, const cg_bert *m, cg_tensor *ids, cg_tensor *token_types,
                           cg_tensor *attention_mask, cg_bert_outputs *out) {
+    return cg_bert_forward_ex(g, m, ids, token_types, attention_mask, NULL, out);
+}
+
+cg_status cg_bert_forward_ex(cg_graph *g, const cg_bert *m, cg_tensor *ids, cg_tensor *token_types,
+                             cg_tensor *attention_mask, cg_tensor *mlm_labels, cg_bert_outputs *out) {
     if (!m || !out) return cgi_fail(CG_ERR_ARG, "[bert] NULL model or outputs");
     memset(out, 0, sizeof *out);
     if (!cgi_inputs_ok(g, "bert", 1, &ids)) return CG_ERR_ARG;
@@ -163,12 +168,13 @@ cg_status cg_bert_forward(cg_graph *g, const cg_bert *m, cg_tensor *ids, cg_tens
     }
     out->hidden = x;
     cg_tensor *h = cg_layernorm(g, cg_gelu(g, cg_linear(g, x, m->tr_w, m->tr_b)), m->tln_w, m->tln_b, eps);
-    out->mlm_logits = cg_linear(g, h, m->word, m->mlm_b); /* decoder tied to the word embeddings */
+    if (mlm_labels) out->mlm_loss = cg_linear_cross_entropy(g, h, m->word, m->mlm_b, mlm_labels, -100);
+    else out->mlm_logits = cg_linear(g, h, m->word, m->mlm_b); /* decoder tied to the word embeddings */
     cg_tensor *cls = cg_reshape(g, cg_slice(g, x, 1, 0, 1), 2, (int64_t[]){b, d});
     cg_tensor *pooled = cg_tanh(g, cg_linear(g, cls, m->pool_w, m->pool_b));
     out->nsp_logits = cg_linear(g, pooled, m->nsp_w, m->nsp_b);
     if (m->cls_w) out->cls_logits = cg_linear(g, cg_dropout(g, pooled, p), m->cls_w, m->cls_b);
-    bool ok = out->mlm_logits && out->nsp_logits && (!m->cls_w || out->cls_logits);
+    bool ok = (out->mlm_logits || out->mlm_loss) && out->nsp_logits && (!m->cls_w || out->cls_logits);
     return ok ? CG_OK : CG_ERR_SHAPE;
 }
 
@@ -178,7 +184,7 @@ cg_tensor *cg_bert_pretraining_loss(cg_graph *g, const cg_bert_outputs *o, cg_te
         cgi_fail(CG_ERR_ARG, "[bert loss] NULL outputs");
         return NULL;
     }
-    cg_tensor *mlm = cg_cross_entropy(g, o->mlm_logits, labels, -100);
+    cg_tensor *mlm = o->mlm_loss ? o->mlm_loss : cg_cross_entropy(g, o->mlm_logits, labels, -100);
     cg_tensor *nsp = next_sentence_label ? cg_cross_entropy(g, o->nsp_logits, next_sentence_label, -100) : NULL;
     if (mlm_loss) *mlm_loss = mlm;
     if (nsp_loss) *nsp_loss = nsp;

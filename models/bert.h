@@ -19,6 +19,7 @@ typedef struct {
     cg_tensor *mlm_logits; /* [B, T, vocab] */
     cg_tensor *nsp_logits; /* [B, 2] */
     cg_tensor *cls_logits; /* [B, num_labels], NULL without the head */
+    cg_tensor *mlm_loss;   /* fused masked-LM loss when labels were given, else NULL */
 } cg_bert_outputs;
 
 typedef struct cg_bert cg_bert;
@@ -33,7 +34,13 @@ cg_bert *cg_bert_new(const cg_bert_config *cfg, cg_params *ps, uint64_t seed);
 void cg_bert_free(cg_bert *m);
 /* The model's configuration. */
 const cg_bert_config *cg_bert_cfg(const cg_bert *m);
-/* Adds the model to g. ids [B, T] int32; token_types and attention_mask (1 keep, 0 pad) may be NULL. */
+/* Adds the model to g. ids [B, T] int32; token_types and attention_mask (1 keep, 0 pad) may be NULL.
+ * With mlm_labels (int32 [B, T], -100 ignored) the masked-LM head is the fused
+ * cg_linear_cross_entropy over the labelled positions only: out->mlm_logits is then NULL and
+ * out->mlm_loss holds the loss. Without, out->mlm_logits has every position. */
+cg_status cg_bert_forward_ex(cg_graph *g, const cg_bert *m, cg_tensor *ids, cg_tensor *token_types,
+                             cg_tensor *attention_mask, cg_tensor *mlm_labels, cg_bert_outputs *out);
+/* cg_bert_forward_ex without labels: every position's masked-LM logits. */
 cg_status cg_bert_forward(cg_graph *g, const cg_bert *m, cg_tensor *ids, cg_tensor *token_types,
                           cg_tensor *attention_mask, cg_bert_outputs *out);
 /* Pre-training loss: mean masked-LM cross-entropy (labels -100 ignored) + next-sentence cross-entropy. */

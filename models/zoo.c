@@ -8,6 +8,7 @@
 
 struct cg_model {
     cg_arch arch;
+    bool full_logits; /* training graphs keep every position's logits (no fused loss head) */
     cg_params *ps;
     void *impl;
 };
@@ -77,6 +78,9 @@ void cg_model_free(cg_model *m) {
 }
 
 cg_arch cg_model_arch(const cg_model *m) { return m ? m->arch : CG_ARCH_GPT2; }
+void cg_model_set_full_logits(cg_model *m, bool on) {
+    if (m) m->full_logits = on;
+}
 cg_params *cg_model_params(const cg_model *m) { return m ? m->ps : NULL; }
 cg_gpt *cg_model_gpt(cg_model *m) { return m && m->arch == CG_ARCH_GPT2 ? m->impl : NULL; }
 cg_bert *cg_model_bert(cg_model *m) { return m && m->arch == CG_ARCH_BERT ? m->impl : NULL; }
@@ -236,7 +240,8 @@ cg_status cg_model_build(cg_graph *g, cg_model *m, int64_t batch, int64_t t, int
                   *am = add_input(g, o, "attention_mask", 2, batch, t), *lb = add_input(g, o, "labels", 2, batch, t),
                   *ns = add_input(g, o, "next_sentence_label", 1, batch, 0);
         cg_bert_outputs bo;
-        cg_status st = cg_bert_forward(g, m->impl, ids, tt, am, &bo);
+        const bool fused = cg_graph_mode(g) == CG_TRAIN && !m->full_logits;
+        cg_status st = cg_bert_forward_ex(g, m->impl, ids, tt, am, fused ? lb : NULL, &bo);
         if (st) return st;
         o->logits = bo.mlm_logits;
         o->nsp_logits = bo.nsp_logits;

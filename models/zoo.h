@@ -58,6 +58,9 @@ typedef struct {
     cg_tensor *inputs[5];
 } cg_model_graph;
 
+/* Training graphs fuse BERT's masked-LM head with its loss over the labelled positions only
+ * (logits NULL); on gives every position's logits instead, as `cgrad step` needs. */
+void cg_model_set_full_logits(cg_model *m, bool on);
 /* Adds inputs and loss to g for batch rows of t tokens (encdec: t target, s source tokens). The
  * losses are retained; logits are retained in eval graphs (and the classifier's always): in a
  * training graph cg_retain them to read them, which costs their gradient's memory. */

@@ -99,3 +99,142 @@ void cgi_bwd_cross_entropy(cg_tensor *t) {
         dx[k] -= gscale;
     }
 }
+
+/* ---- linear + cross-entropy in row chunks: iarg[0] ignore_index, iarg[1] counted rows.
+ * aux: lse[rows], row index[rows] (as cg_real-sized slots), then a chunk of gathered inputs
+ * [LCE_ROWS, D], logits [LCE_ROWS, V] and input gradients [LCE_ROWS, D], and colsum scratch. ---- */
+
+#define LCE_ROWS 256
+
+cg_tensor *cg_linear_cross_entropy(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias, cg_tensor *targets,
+                                   int ignore_index) {
+    cg_tensor *in[4] = {x, w, targets, bias};
+    if (!cgi_inputs_ok(g, "linear_cross_entropy", bias ? 4 : 3, in)) return NULL;
+    if (!cgi_expect_real("linear_cross_entropy", x, "x") || !cgi_expect_real("linear_cross_entropy", w, "w")) return NULL;
+    const int64_t d = x->ndim ? x->shape[x->ndim - 1] : 0;
+    bool ok = x->ndim >= 1 && w->ndim == 2 && w->shape[1] == d && targets->dtype == CG_INT32 &&
+              targets->ndim == x->ndim - 1 && (!bias || (bias->ndim == 1 && bias->shape[0] == w->shape[0] &&
+                                                          bias->dtype == CG_REAL));
+    for (int i = 0; ok && i < targets->ndim; i++) ok = targets->shape[i] == x->shape[i];
+    if (!ok) {
+        cgi_fail(CG_ERR_SHAPE, "[linear_cross_entropy] x%s [..., D], w%s [V, D], bias%s [V], int32 targets%s [...]",
+                 cgi_shp(x), cgi_shp(w), bias ? cgi_shp(bias) : "(none)", cgi_shp(targets));
+        return NULL;
+    }
+    in[0] = cg_contiguous(g, x);
+    if (!in[0]) return NULL;
+    cg_tensor *t = cgi_node(g, CGI_OP_LINEAR_CROSS_ENTROPY, CG_REAL, 0, NULL, bias ? 4 : 3, in);
+    if (!t) return NULL;
+    t->iarg[0] = ignore_index;
+    const int64_t rows = cgi_numel(targets->ndim, targets->shape), v = w->shape[0];
+    t->aux_bytes = (size_t)(2 * rows + 2 * LCE_ROWS * d + LCE_ROWS * v) * sizeof(cg_real) +
+                   cgi_colsum_scratch(LCE_ROWS, v) * sizeof(cg_real);
+    return t;
+}
+
+typedef struct {
+    const cg_real *X, *W, *B;
+    int64_t d, v, n, wr, wc, bs; /* n: counted rows */
+    cg_real *lse, *xs, *logits, *dxs, *colsum;
+    const int32_t *tg;
+    const cg_real *index; /* row positions of the counted targets, stored as reals */
+} lce;
+
+static void lce_setup(cg_tensor *t, lce *c) {
+    cg_tensor *x = t->src[0], *w = t->src[1], *tg = t->src[2], *b = t->nsrc > 3 ? t->src[3] : NULL;
+    const int64_t rows = cgi_numel(tg->ndim, tg->shape);
+    c->X = x->data, c->W = w->data, c->B = b ? b->data : NULL;
+    c->d = w->shape[1], c->v = w->shape[0], c->wr = w->stride[0], c->wc = w->stride[1], c->bs = b ? b->stride[0] : 0;
+    c->lse = t->aux;
+    c->index = c->lse + rows;
+    c->xs = (cg_real *)c->index + rows;
+    c->dxs = c->xs + LCE_ROWS * c->d;
+    c->logits = c->dxs + LCE_ROWS * c->d;
+    c->colsum = c->logits + LCE_ROWS * c->v;
+    c->tg = tg->data;
+    c->n = t->iarg[1];
+}
+
+/* Gathers rows [r0, r0+m) of the counted list and computes their logits into c->logits. */
+static void lce_logits(const lce *c, int64_t r0, int64_t m) {
+    for (int64_t i = 0; i < m; i++)
+        memcpy(c->xs + i * c->d, c->X + (int64_t)c->index[r0 + i] * c->d, (size_t)c->d * sizeof(cg_real));
+    if (c->B)
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < c->v; j++) c->logits[i * c->v + j] = c->B[j * c->bs];
+    cgi_gemm(m, c->v, c->d, c->xs, c->d, 1, c->W, c->wc, c->wr, 1, c->B ? 1 : 0, c->logits, c->v, 1, cgi_nthreads());
+}
+
+cg_status cgi_fwd_linear_cross_entropy(cg_tensor *t) {
+    cg_tensor *tgt = t->src[2];
+    const int64_t rows = cgi_numel(tgt->ndim, tgt->shape), v = t->src[1]->shape[0];
+    const int32_t *T = tgt->data, ignore = (int32_t)t->iarg[0];
+    cg_real *index = (cg_real *)t->aux + rows;
+    int64_t n = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        int32_t k = T[target_offset(tgt, r)];
+        if (k == ignore) continue;
+        if (k < 0 || k >= v)
+            return cgi_fail(CG_ERR_RANGE, "[linear_cross_entropy] target %d at position %lld of targets%s is outside "
+                            "[0, %lld) and is not ignore_index %d", k, (long long)r, cgi_shp(tgt), (long long)v, ignore);
+        index[n++] = (cg_real)r; /* exact: row counts stay far below 2^24 */
+    }
+    t->iarg[1] = n;
+    lce c;
+    lce_setup(t, &c);
+    double total = 0;
+    for (int64_t r0 = 0; r0 < n; r0 += LCE_ROWS) {
+        const int64_t m = n - r0 < LCE_ROWS ? n - r0 : LCE_ROWS;
+        lce_logits(&c, r0, m);
+        double part[LCE_ROWS];
+#pragma omp parallel for schedule(static) if (m * c.v > CGI_PAR_MIN) num_threads(cgi_nthreads())
+        for (int64_t i = 0; i < m; i++) {
+            const cg_real *z = c.logits + i * c.v;
+            cg_real mx = -INFINITY;
+            for (int64_t j = 0; j < c.v; j++) mx = z[j] > mx ? z[j] : mx;
+            double s = 0;
+            for (int64_t j = 0; j < c.v; j++) s += cgi_exp(z[j] - mx);
+            c.lse[r0 + i] = mx + (cg_real)log(s);
+            part[i] = c.lse[r0 + i] - z[T[target_offset(tgt, (int64_t)c.index[r0 + i])]];
+        }
+        for (int64_t i = 0; i < m; i++) total += part[i];
+    }
+    *(cg_real *)t->data = (cg_real)(n ? total / (double)n : 0.0);
+    return CG_OK;
+}
+
+void cgi_bwd_linear_cross_entropy(cg_tensor *t) {
+    cg_tensor *x = t->src[0], *w = t->src[1], *tgt = t->src[2], *b = t->nsrc > 3 ? t->src[3] : NULL;
+    lce c;
+    lce_setup(t, &c);
+    if (c.n == 0) return;
+    const cg_real gscale = t->grad[0] / (cg_real)c.n;
+    const int nt = cgi_nthreads();
+    for (int64_t r0 = 0; r0 < c.n; r0 += LCE_ROWS) {
+        const int64_t m = c.n - r0 < LCE_ROWS ? c.n - r0 : LCE_ROWS;
+        lce_logits(&c, r0, m);
+#pragma omp parallel for schedule(static) if (m * c.v > CGI_PAR_MIN) num_threads(nt)
+        for (int64_t i = 0; i < m; i++) { /* logits -> d(loss)/d(logits) in place */
+            cg_real *z = c.logits + i * c.v;
+            const cg_real l = c.lse[r0 + i];
+            for (int64_t j = 0; j < c.v; j++) z[j] = gscale * cgi_exp(z[j] - l);
+            z[c.tg[target_offset(tgt, (int64_t)c.index[r0 + i])]] -= gscale;
+        }
+        if (x->requires_grad) { /* dx rows = dlogits @ W, scattered back */
+            cgi_gemm(m, c.d, c.v, c.logits, c.v, 1, c.W, c.wr, c.wc, 1, 0, c.dxs, c.d, 1, nt);
+            for (int64_t i = 0; i < m; i++) {
+                cg_real *dst = x->grad + (int64_t)c.index[r0 + i] * c.d;
+                for (int64_t e = 0; e < c.d; e++) dst[e] += c.dxs[i * c.d + e];
+            }
+        }
+        if (w->requires_grad) /* dW += dlogits^T @ xs */
+            cgi_gemm(c.v, c.d, m, c.logits, 1, c.v, c.xs, c.d, 1, 1, 1, w->grad, w->stride[0], w->stride[1], nt);
+        if (b && b->requires_grad) {
+            if (b->stride[0] == 1) cgi_colsum_add(b->grad, c.logits, m, c.v, c.v, c.colsum);
+            else {
+                int64_t cs[2] = {c.v, 1}, ds[2] = {0, b->stride[0]}, sh[2] = {m, c.v};
+                cgi_reduce(b->grad, ds, c.logits, cs, 2, sh, 1u, 1.0, true);
+            }
+        }
+    }
+}

@@ -173,6 +173,12 @@ static cg_tensor *ce_ignore(ctx *c) {
     return cg_cross_entropy(G, X3(2, 3, 4), t, -100);
 }
 static cg_tensor *ce_view(ctx *c) { return cg_cross_entropy(G, T(X2(5, 4)), ids(c, 0, 5, 1, 4, 0), 0); }
+static cg_tensor *lce_basic(ctx *c) {
+    cg_tensor *t = ids(c, 0, 6, 2, 2, 3);
+    cg_idata(t)[2] = -100;
+    return cg_linear_cross_entropy(G, X3(2, 3, 4), X2(6, 4), X1(6), t, -100);
+}
+static cg_tensor *lce_view(ctx *c) { return cg_linear_cross_entropy(G, T(X2(4, 5)), T(X2(4, 7)), NULL, ids(c, 0, 7, 1, 5, 0), -100); }
 #undef G
 
 /* slice's case wraps the view in an op so the check covers a strided read */
@@ -257,6 +263,8 @@ static const check_case cases[] = {
     {"cross_entropy", "[6,5]", ce_basic},
     {"cross_entropy", "[2,3,4] ignore -100", ce_ignore},
     {"cross_entropy", "[5,4]^T ignore 0", ce_view},
+    {"linear_cross_entropy", "x[2,3,4] w[6,4] b[6] ignore", lce_basic},
+    {"linear_cross_entropy", "x[4,5]^T w[4,7]^T", lce_view},
 };
 
 int cg_gradcheck_ops(FILE *out, double tol, const char *filter) {

@@ -121,4 +121,11 @@ cg_tensor *cg_embedding(cg_graph *g, cg_tensor *weight, cg_tensor *ids);
  * targets outside [0, C) that are not ignore_index. */
 cg_tensor *cg_cross_entropy(cg_graph *g, cg_tensor *logits, cg_tensor *targets, int ignore_index);
 
+/* Fused cross_entropy(linear(x, w, bias), targets): mean over the rows whose target is not
+ * ignore_index, computed in chunks of rows so the [rows, V] logits never exist whole; rows with
+ * ignored targets cost nothing (a masked-LM head touches only its 15%). Backward recomputes each
+ * chunk's logits. x[..., D], w[V, D], bias[V] or NULL, int32 targets[...]. */
+cg_tensor *cg_linear_cross_entropy(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias, cg_tensor *targets,
+                                   int ignore_index);
+
 #endif

@@ -235,7 +235,55 @@ static void hf_layouts(void) {
           "%s", cg_last_error());
 }
 
+/* BERT's training graph fuses the masked-LM head with its loss over labelled positions only: the
+ * loss and every gradient must still match PyTorch's full-logits computation. */
+static void bert_fused_head(void) {
+    cg_params *ps;
+    cg_status st;
+    cg_model *m = load_model("bert", "weights.safetensors", &ps, &st);
+    cg_st *batch = cg_st_open(FIX "bert/batch.safetensors"), *ref = cg_st_open(FIX "bert/expected.safetensors");
+    int ndim;
+    int64_t s[CG_MAX_DIMS];
+    CHECK(st == CG_OK && batch && ref && !cg_st_info(batch, "input_ids", NULL, &ndim, s), "%s", cg_last_error());
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    cg_model_graph mg;
+    CHECK(cg_model_build(g, m, s[0], s[1], 0, &mg) == CG_OK && mg.logits == NULL, "fused head expected: %s", cg_last_error());
+    for (int i = 0; i < mg.n_inputs; i++)
+        cg_st_read_ids(batch, cg_name(mg.inputs[i]), cg_idata(mg.inputs[i]), cg_ndim(mg.inputs[i]), cg_shape(mg.inputs[i]));
+    cg_params_zero_grad(ps);
+    CHECK(cg_graph_forward(g) == CG_OK && cg_graph_backward(g, mg.loss) == CG_OK, "%s", cg_last_error());
+    cg_real loss_ref;
+    cg_st_read(ref, "loss", &loss_ref, -1, NULL);
+    CHECK_NEAR(cg_item(mg.loss), loss_ref, 1e-4);
+    double worst = 0;
+    for (int i = 0; i < cg_params_count(ps); i++) {
+        cg_tensor *p = cg_params_at(ps, i);
+        char name[300];
+        snprintf(name, sizeof name, "grad.%s", cg_name(p));
+        int64_t n = cg_numel(p);
+        cg_real *want = malloc((size_t)n * sizeof *want);
+        cg_st_read(ref, name, want, -1, NULL);
+        double d2 = 0, r2 = 0, o2 = 0;
+        for (int64_t k = 0; k < n; k++) {
+            double d = (double)cg_grad(p)[k] - want[k];
+            d2 += d * d, r2 += (double)want[k] * want[k], o2 += (double)cg_grad(p)[k] * cg_grad(p)[k];
+        }
+        double e = sqrt(r2) > 1e-6 ? sqrt(d2 / r2) : sqrt(o2) < 1e-5 ? 0 : 1;
+        worst = fmax(worst, e);
+        free(want);
+    }
+    CHECK(worst <= 1e-4, "fused-head BERT gradients: worst relative error %g", worst);
+    printf("bert fused masked-LM head: loss %.6f (PyTorch %.6f), worst gradient rel err %.2e\n", cg_item(mg.loss),
+           (double)loss_ref, worst);
+    cg_graph_free(g);
+    cg_st_close(batch);
+    cg_st_close(ref);
+    cg_model_free(m);
+    cg_params_free(ps);
+}
+
 int main(void) {
+    bert_fused_head();
     const char *archs[4] = {"gpt2", "bert", "encdec", "classifier"};
     for (int i = 0; i < 4; i++) parity(archs[i]);
     hf_layouts();
