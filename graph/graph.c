@@ -231,22 +231,28 @@ cg_tensor *cgi_view(cg_graph *g, int op, cg_tensor *x, int ndim, const int64_t *
     return t;
 }
 
-cg_tensor *cg_input(cg_graph *g, const char *name, cg_dtype dtype, int ndim, const int64_t *shape) {
-    if (!cgi_inputs_ok(g, "input", 0, NULL)) return NULL;
+/* A leaf node of the graph: data is the caller's memory, or NULL for zeroed graph storage. */
+static cg_tensor *leaf(cg_graph *g, const char *op, const char *name, cg_dtype dtype, int ndim, const int64_t *shape,
+                       const int64_t *strides, void *data) {
+    if (!cgi_inputs_ok(g, op, 0, NULL)) return NULL;
     if (ndim > 0 && !shape) {
-        cgi_fail(CG_ERR_ARG, "[input] shape is NULL for %d dims", ndim);
+        cgi_fail(CG_ERR_ARG, "[%s] shape is NULL for %d dims", op, ndim);
         return NULL;
     }
     if (dtype != CG_REAL && dtype != CG_INT32) {
-        cgi_fail(CG_ERR_ARG, "[input] unknown dtype %d", (int)dtype);
+        cgi_fail(CG_ERR_ARG, "[%s] unknown dtype %d", op, (int)dtype);
         return NULL;
     }
     cg_tensor *t = alloc_node(g, CGI_OP_INPUT, dtype, ndim, shape, 0, NULL);
     if (!t) return NULL;
-    size_t bytes = (size_t)cgi_numel(ndim, shape) * elsize(dtype);
-    t->data = cgi_arena_alloc(&g->bufs, bytes);
-    if (!t->data) return NULL;
-    memset(t->data, 0, bytes);
+    if (data) {
+        if (strides) memcpy(t->stride, strides, (size_t)ndim * sizeof *strides);
+        t->data = data;
+    } else {
+        size_t bytes = (size_t)cgi_numel(ndim, shape) * elsize(dtype);
+        if (!(t->data = cgi_arena_alloc(&g->bufs, bytes))) return NULL;
+        memset(t->data, 0, bytes);
+    }
     if (name) {
         size_t len = strlen(name) + 1;
         char *copy = cgi_arena_alloc(&g->meta, len);
@@ -257,29 +263,17 @@ cg_tensor *cg_input(cg_graph *g, const char *name, cg_dtype dtype, int ndim, con
     return t;
 }
 
+cg_tensor *cg_input(cg_graph *g, const char *name, cg_dtype dtype, int ndim, const int64_t *shape) {
+    return leaf(g, "input", name, dtype, ndim, shape, NULL, NULL);
+}
+
 cg_tensor *cg_wrap(cg_graph *g, const char *name, cg_dtype dtype, int ndim, const int64_t *shape,
                    const int64_t *strides, void *data) {
-    if (!cgi_inputs_ok(g, "wrap", 0, NULL)) return NULL;
-    if ((ndim > 0 && !shape) || !data) {
-        cgi_fail(CG_ERR_ARG, "[wrap] NULL shape or data");
+    if (!data) {
+        cgi_fail(CG_ERR_ARG, "[wrap] data is NULL");
         return NULL;
     }
-    if (dtype != CG_REAL && dtype != CG_INT32) {
-        cgi_fail(CG_ERR_ARG, "[wrap] unknown dtype %d", (int)dtype);
-        return NULL;
-    }
-    cg_tensor *t = alloc_node(g, CGI_OP_INPUT, dtype, ndim, shape, 0, NULL);
-    if (!t) return NULL;
-    if (strides) memcpy(t->stride, strides, (size_t)ndim * sizeof *strides);
-    t->data = data;
-    if (name) {
-        size_t len = strlen(name) + 1;
-        char *copy = cgi_arena_alloc(&g->meta, len);
-        if (!copy) return NULL;
-        memcpy(copy, name, len);
-        t->name = copy;
-    }
-    return t;
+    return leaf(g, "wrap", name, dtype, ndim, shape, strides, data);
 }
 
 cg_tensor *cg_requires_grad(cg_tensor *t) {

@@ -35,19 +35,24 @@ static int64_t target_offset(const cg_tensor *tg, int64_t i) {
     return off;
 }
 
+/* Targets are data: checked on every forward. Calls each(r) for every counted row, in order. */
+#define FOR_COUNTED_TARGETS(op, tg, classes, ignore, r, k, EACH)                                               \
+    for (int64_t r = 0; r < cgi_numel((tg)->ndim, (tg)->shape); r++) {                                      \
+        const int32_t k = ((const int32_t *)(tg)->data)[target_offset(tg, r)];                             \
+        if (k == (ignore)) continue;                                                                        \
+        if (k < 0 || k >= (classes))                                                                        \
+            return cgi_fail(CG_ERR_RANGE, "[%s] target %d at position %lld of targets%s is outside [0, %lld) " \
+                            "and is not ignore_index %d", op, k, (long long)r, cgi_shp(tg), (long long)(classes), \
+                            (int)(ignore));                                                                 \
+        EACH;                                                                                               \
+    }
+
 cg_status cgi_fwd_cross_entropy(cg_tensor *t) {
     cg_tensor *lg = t->src[0], *tg = t->src[1];
     const int64_t c = lg->shape[lg->ndim - 1], rows = cgi_numel(tg->ndim, tg->shape);
     const int32_t *T = tg->data, ignore = (int32_t)t->iarg[0];
     int64_t count = 0;
-    for (int64_t r = 0; r < rows; r++) {
-        int32_t k = T[target_offset(tg, r)];
-        if (k == ignore) continue;
-        if (k < 0 || k >= c)
-            return cgi_fail(CG_ERR_RANGE, "[cross_entropy] target %d at position %lld of targets%s is outside [0, %lld) "
-                            "and is not ignore_index %d", k, (long long)r, cgi_shp(tg), (long long)c, ignore);
-        count++;
-    }
+    FOR_COUNTED_TARGETS("cross_entropy", tg, c, ignore, r, k, count++);
     const cg_real *X = lg->data;
     cg_real *lse = t->aux, *loss = lse + rows;
 #pragma omp parallel for schedule(static) if (rows * c > CGI_PAR_MIN) num_threads(cgi_nthreads())
@@ -171,14 +176,7 @@ cg_status cgi_fwd_linear_cross_entropy(cg_tensor *t) {
     const int32_t *T = tgt->data, ignore = (int32_t)t->iarg[0];
     cg_real *index = (cg_real *)t->aux + rows;
     int64_t n = 0;
-    for (int64_t r = 0; r < rows; r++) {
-        int32_t k = T[target_offset(tgt, r)];
-        if (k == ignore) continue;
-        if (k < 0 || k >= v)
-            return cgi_fail(CG_ERR_RANGE, "[linear_cross_entropy] target %d at position %lld of targets%s is outside "
-                            "[0, %lld) and is not ignore_index %d", k, (long long)r, cgi_shp(tgt), (long long)v, ignore);
-        index[n++] = (cg_real)r; /* exact: row counts stay far below 2^24 */
-    }
+    FOR_COUNTED_TARGETS("linear_cross_entropy", tgt, v, ignore, r, k, index[n++] = (cg_real)r); /* exact below 2^24 rows */
     t->iarg[1] = n;
     lce c;
     lce_setup(t, &c);
