@@ -262,13 +262,21 @@ cg_status cgi_fwd_linear(cg_tensor *t) {
 void cgi_bwd_linear(cg_tensor *t) {
     cg_tensor *x = t->src[0], *w = t->src[1], *bias = t->nsrc > 2 ? t->src[2] : NULL;
     int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1];
-    int nt = cgi_nthreads();
-    if (x->requires_grad) /* dX[m,k] += dY[m,n] @ W[n,k] */
-        gemm(m, k, n, t->grad, n, 1, w->data, w->stride[0], w->stride[1], 1, x->grad, row_stride(x),
-             x->stride[x->ndim - 1], nt);
-    if (w->requires_grad) /* dW[n,k] += dY^T[n,m] @ X[m,k] */
-        gemm(n, k, m, t->grad, 1, n, x->data, row_stride(x), x->stride[x->ndim - 1], 1, w->grad, w->stride[0],
-             w->stride[1], nt);
+    const int nt = cgi_nthreads();
+    /* dX and dW cost the same: with two or more threads they run side by side, each on half the
+     * threads, which beats splitting every product across all of them. */
+    const bool both = x->requires_grad && w->requires_grad, split = both && nt >= 2;
+#pragma omp parallel sections num_threads(2) if (split)
+    {
+#pragma omp section
+        if (x->requires_grad) /* dX[m,k] += dY[m,n] @ W[n,k] */
+            gemm(m, k, n, t->grad, n, 1, w->data, w->stride[0], w->stride[1], 1, x->grad, row_stride(x),
+                 x->stride[x->ndim - 1], split ? nt / 2 : nt);
+#pragma omp section
+        if (w->requires_grad) /* dW[n,k] += dY^T[n,m] @ X[m,k] */
+            gemm(n, k, m, t->grad, 1, n, x->data, row_stride(x), x->stride[x->ndim - 1], 1, w->grad, w->stride[0],
+                 w->stride[1], split ? nt - nt / 2 : nt);
+    }
     if (bias && bias->requires_grad) {
         if (bias->stride[0] == 1) cgi_colsum_add(bias->grad, t->grad, m, n, n, t->aux);
         else { /* a strided bias view: sum into scratch row 0 is not enough, go element by element */
