@@ -26,8 +26,17 @@ static int cmd_gradcheck(int argc, char **argv) {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: cgrad COMMAND [ARGS]\n"
+            "  train       train a model (no arguments: a character-level GPT on data/moby-dick.txt)\n"
+            "  sample      generate text from a GPT checkpoint\n"
+            "  translate   decode with an encoder-decoder checkpoint (greedy or --beam N)\n"
+            "  fill-mask   a BERT checkpoint's top tokens for [MASK]\n"
+            "  classify    label and probabilities from a classifier checkpoint\n"
+            "  eval        loss, perplexity, bits per character (accuracy, exact match) over a file\n"
+            "  info        what a checkpoint holds\n"
+            "  plot        draw a metrics CSV as an SVG loss chart\n"
             "  gradcheck   check every op's gradient against finite differences (table; exit 1 on a failure)\n"
             "  step        one forward/backward (and AdamW steps) of a zoo model on a batch file, outputs dumped\n"
+            "  bench       time training steps (and --gen generation) of the benchmark configs, JSON lines\n"
             "  help        this text\n");
 }
 
@@ -36,8 +45,17 @@ int main(int argc, char **argv) {
         usage(stdout);
         return argc < 2 ? 2 : 0;
     }
+    static const struct {
+        const char *name;
+        int (*fn)(int, char **);
+    } cmds[] = {{"train", cmd_train},       {"sample", cmd_sample}, {"translate", cmd_translate},
+                {"fill-mask", cmd_fill_mask}, {"classify", cmd_classify}, {"eval", cmd_eval},
+                {"info", cmd_info},         {"plot", cmd_plot}};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+        if (!strcmp(argv[1], cmds[i].name)) return cmds[i].fn(argc - 2, argv + 2);
     if (!strcmp(argv[1], "gradcheck")) return cmd_gradcheck(argc - 2, argv + 2);
     if (!strcmp(argv[1], "step")) return cmd_step(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "bench")) return cmd_bench(argc - 2, argv + 2);
     fprintf(stderr, "cgrad: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;

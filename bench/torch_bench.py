@@ -1,0 +1,380 @@
+#!/usr/bin/python3
+"""The cgrad benchmark configs in PyTorch (torch 1.13, Debian's python3-torch), for bench/compare.sh.
+
+Same shapes, AdamW, dropout 0, random token data; a timed step is zero_grad + forward + loss +
+backward + optimizer.step, and the median over the timed steps after warm-up is reported. Each
+config runs in its own subprocess, so its peak RSS (ru_maxrss) is its own and the BLAS thread
+count, which the BLAS library reads from the environment when it loads, can differ per run.
+
+    /usr/bin/python3 bench/torch_bench.py [--config NAME|all] [--steps N] [--warmup N] [--gen]
+                                         [--threads T --blas-threads B]   (default: sweep on gpt-tiny)
+    /usr/bin/python3 bench/torch_bench.py --sweep-only                 (prints the fastest setting)
+
+Prints one JSON line per config, tagged "framework":"pytorch", the same fields as `cgrad bench`.
+"""
+import argparse
+import json
+import math
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+CONFIGS = {
+    "gpt-tiny": dict(arch="gpt2", vocab=256, ctx=256, d=256, heads=4, layers=4, batch=16, t=256),
+    "gpt-small": dict(arch="gpt2", vocab=50304, ctx=1024, d=768, heads=12, layers=12, batch=4, t=256),
+    "bert-small": dict(arch="bert", vocab=30522, ctx=512, d=256, heads=4, layers=4, ff=1024, batch=16, t=128),
+    "encdec-base": dict(arch="encdec", vocab=8000, d=512, heads=8, layers=3, ff=2048, batch=16, t=64, s=64),
+    "gpt-tiny-4k": dict(arch="gpt2", vocab=256, ctx=4096, d=256, heads=4, layers=4, batch=1, t=4096),
+}
+SWEEP = [(1, 2), (2, 1), (2, 2), (1, 1)]  # (torch intra-op threads, BLAS threads)
+MLM_FULL = False  # --mlm-full: BERT's MLM head over every position, as Hugging Face computes it
+
+
+def blas_library():
+    """Path of the BLAS shared library torch loaded (Debian: whatever libblas.so.3 points to)."""
+    for line in open("/proc/self/maps"):
+        path = line.split()[-1]
+        if "libblas" in path or "openblas" in path or "libblis" in path:
+            return os.path.realpath(path)
+    return "unknown"
+
+
+def models():
+    """The three model families, defined only in the child (import torch there)."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class GPTBlock(nn.Module):
+        def __init__(self, d, h):
+            super().__init__()
+            self.h = h
+            self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.c_attn, self.c_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.c_fc, self.mlp_proj = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+        def attn(self, x, past):
+            b, t, d = x.shape
+            q, k, v = self.c_attn(x).split(d, dim=2)
+            q, k, v = (z.view(b, t, self.h, d // self.h).transpose(1, 2) for z in (q, k, v))
+            if past is not None:  # HF-style cache: keys and values of earlier positions, concatenated
+                k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+            tk = k.shape[2]
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d // self.h))
+            if t > 1:
+                causal = torch.ones(t, tk, dtype=torch.bool).tril(diagonal=tk - t)
+                att = att.masked_fill(~causal, float("-inf"))
+            y = F.softmax(att, dim=-1) @ v
+            return self.c_proj(y.transpose(1, 2).reshape(b, t, d)), (k, v)
+
+        def forward(self, x, past=None):
+            a, kv = self.attn(self.ln_1(x), past)
+            x = x + a
+            x = x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+            return x, kv
+
+    class GPT(nn.Module):
+        """GPT-2: learned positions, pre-LN blocks, tanh GELU, final LN, head tied to wte."""
+
+        def __init__(self, c):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(c["vocab"], c["d"]), nn.Embedding(c["ctx"], c["d"])
+            self.h = nn.ModuleList(GPTBlock(c["d"], c["heads"]) for _ in range(c["layers"]))
+            self.ln_f = nn.LayerNorm(c["d"])
+
+        def forward(self, ids, past=None):
+            off = 0 if past is None else past[0][0].shape[2]
+            pos = torch.arange(off, off + ids.shape[1])
+            x = self.wte(ids) + self.wpe(pos)
+            new = []
+            for i, blk in enumerate(self.h):
+                x, kv = blk(x, None if past is None else past[i])
+                new.append(kv)
+            return F.linear(self.ln_f(x), self.wte.weight), new
+
+        def loss(self, batch):
+            logits, _ = self(batch["input_ids"])
+            return F.cross_entropy(logits.view(-1, logits.shape[-1]), batch["targets"].view(-1))
+
+        lookup_only = ("wpe.weight",)
+
+    class BERT(nn.Module):
+        """BertForPreTraining: embeddings + LN, post-LN encoder (exact GELU), MLM head tied to the
+        word embeddings, NSP on the tanh pooler over [CLS]."""
+
+        def __init__(self, c):
+            super().__init__()
+            d = c["d"]
+            self.word, self.pos, self.tok_type = nn.Embedding(c["vocab"], d), nn.Embedding(c["ctx"], d), nn.Embedding(2, d)
+            self.emb_ln = nn.LayerNorm(d, eps=1e-12)
+            self.layers = nn.ModuleList(
+                nn.TransformerEncoderLayer(d, c["heads"], c["ff"], dropout=0.0, activation="gelu", layer_norm_eps=1e-12,
+                                           batch_first=True) for _ in range(c["layers"]))
+            self.pooler, self.nsp = nn.Linear(d, d), nn.Linear(d, 2)
+            self.mlm_dense, self.mlm_ln = nn.Linear(d, d), nn.LayerNorm(d, eps=1e-12)
+            self.mlm_bias = nn.Parameter(torch.zeros(c["vocab"]))
+
+        def loss(self, b):
+            ids = b["input_ids"]
+            x = self.emb_ln(self.word(ids) + self.pos(torch.arange(ids.shape[1])) + self.tok_type(b["token_type_ids"]))
+            pad = b["attention_mask"] == 0
+            for layer in self.layers:
+                x = layer(x, src_key_padding_mask=pad)
+            labels = b["labels"].reshape(-1)
+            h = x.reshape(-1, x.shape[-1])
+            if not MLM_FULL:  # the head only on labelled rows: same loss, 15% of the head's work
+                keep = labels != -100
+                h, labels = h[keep], labels[keep]
+            mlm = F.linear(self.mlm_ln(F.gelu(self.mlm_dense(h))), self.word.weight, self.mlm_bias)
+            nsp = self.nsp(torch.tanh(self.pooler(x[:, 0])))
+            return F.cross_entropy(mlm, labels, ignore_index=-100) + F.cross_entropy(nsp, b["next_sentence_label"])
+
+        lookup_only = ("pos.weight", "tok_type.weight")
+
+    class EncDec(nn.Module):
+        """nn.Transformer (post-LN, ReLU, batch_first) + scaled embeddings + sinusoidal positions + generator."""
+
+        def __init__(self, c):
+            super().__init__()
+            d = c["d"]
+            self.d = d
+            self.src_emb, self.tgt_emb = nn.Embedding(c["vocab"], d), nn.Embedding(c["vocab"], d)
+            self.transformer = nn.Transformer(d, c["heads"], c["layers"], c["layers"], c["ff"], dropout=0.0,
+                                              batch_first=True)
+            self.generator = nn.Linear(d, c["vocab"])
+            pos = torch.arange(512).unsqueeze(1)
+            div = torch.exp(torch.arange(0, d, 2) * (-math.log(10000.0) / d))
+            pe = torch.zeros(512, d)
+            pe[:, 0::2], pe[:, 1::2] = torch.sin(pos * div), torch.cos(pos * div)
+            self.register_buffer("pe", pe)
+
+        def loss(self, b):
+            src, tgt = b["src"], b["tgt_in"]
+            scale = math.sqrt(self.d)
+            xs = self.src_emb(src) * scale + self.pe[: src.shape[1]]
+            xt = self.tgt_emb(tgt) * scale + self.pe[: tgt.shape[1]]
+            pad = b["src_mask"] == 0
+            causal = self.transformer.generate_square_subsequent_mask(tgt.shape[1])
+            y = self.transformer(xs, xt, tgt_mask=causal, src_key_padding_mask=pad, memory_key_padding_mask=pad)
+            logits = self.generator(y)
+            return F.cross_entropy(logits.view(-1, logits.shape[-1]), b["tgt_out"].view(-1))
+
+        lookup_only = ("src_emb.weight", "tgt_emb.weight")
+
+    def init_02(module):
+        """GPT-2 / BERT initialisation: normal(0, 0.02) matrices and tables, zero biases."""
+        for m in module.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, 0.0, 0.02)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
+            if isinstance(m, nn.MultiheadAttention):
+                nn.init.normal_(m.in_proj_weight, 0.0, 0.02)
+                nn.init.zeros_(m.in_proj_bias)
+        return module
+
+    return {"gpt2": lambda c: init_02(GPT(c)), "bert": lambda c: init_02(BERT(c)), "encdec": EncDec}
+
+
+def make_batch(c, g):
+    import torch
+    B, T, V = c["batch"], c["t"], c["vocab"]
+    r = lambda lo, hi, shape: torch.randint(lo, hi, shape, generator=g)
+    if c["arch"] == "gpt2":
+        return {"input_ids": r(0, V, (B, T)), "targets": r(0, V, (B, T))}
+    if c["arch"] == "bert":
+        labels = torch.where(torch.rand(B, T, generator=g) < 0.15, r(0, V, (B, T)), torch.full((B, T), -100))
+        return {"input_ids": r(0, V, (B, T)), "token_type_ids": (torch.arange(T) >= T // 2).long().expand(B, T),
+                "attention_mask": torch.ones(B, T, dtype=torch.long), "labels": labels,
+                "next_sentence_label": r(0, 2, (B,))}
+    S = c["s"]
+    return {"src": r(3, V, (B, S)), "src_mask": torch.ones(B, S, dtype=torch.long), "tgt_in": r(3, V, (B, T)),
+            "tgt_out": r(3, V, (B, T))}
+
+
+def step_flops(c, model):
+    """(6*N + 12*d*sum_attn(keys)) * tokens, N = parameters used in matmuls (as cgrad bench)."""
+    n = sum(p.numel() for name, p in model.named_parameters() if name not in model.lookup_only)
+    # key length summed over attention blocks: encoder self (S), decoder self (T) and cross (S)
+    attn = c["layers"] * (2 * c["s"] + c["t"]) if c["arch"] == "encdec" else c["layers"] * c["t"]
+    return (6.0 * n + 12.0 * c["d"] * attn) * c["batch"] * c["t"], n
+
+
+def peak_rss_mb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def sgemm_gflops(torch):
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    a @ b
+    best = math.inf
+    for _ in range(3):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * 2048 ** 3 / best / 1e9
+
+
+def child_train(name, steps, warmup, threads, blas_threads, with_sgemm):
+    import torch
+    torch.set_num_threads(threads)
+    torch.manual_seed(1234)
+    c = CONFIGS[name]
+    base_rss = peak_rss_mb()
+    model = models()[c["arch"]](c)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+    g = torch.Generator().manual_seed(42)
+    batch = make_batch(c, g)
+    times, losses = [], []
+    for k in range(warmup + steps):
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        loss = model.loss(batch)
+        loss.backward()
+        opt.step()
+        dt = time.perf_counter() - t0
+        losses.append(loss.item())
+        if k >= warmup:
+            times.append(dt)
+    med = statistics.median(times)
+    flops, n = step_flops(c, model)
+    rss = peak_rss_mb()
+    sg = sgemm_gflops(torch) if with_sgemm else float("nan")
+    gf = flops / med / 1e9
+    tokens = c["batch"] * c["t"]
+    print(f"# torch {name}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params ({n / 1e6:.2f}M in matmuls), "
+          f"loss {losses[0]:.4f} -> {losses[-1]:.4f}, median {med * 1e3:.1f} ms (min {min(times) * 1e3:.1f}, "
+          f"max {max(times) * 1e3:.1f}), rss after import {base_rss:.0f} MB, blas {blas_library()}", file=sys.stderr)
+    print(json.dumps({"config": name, "framework": "pytorch", "threads": threads, "blas_threads": blas_threads,
+                      "ms_per_step": round(med * 1e3, 3), "tokens_per_s": round(tokens / med, 1),
+                      "gflops": round(gf, 3), "sgemm_fraction": round(gf / sg, 4) if sg == sg else None,
+                      "peak_rss_mb": round(rss, 1), "sgemm_gflops": round(sg, 2) if sg == sg else None}))
+
+
+def child_gen(threads, blas_threads):
+    import torch
+    torch.set_num_threads(threads)
+    torch.manual_seed(1234)
+    c = CONFIGS["gpt-tiny"]
+    model = models()["gpt2"](c).eval()
+    g = torch.Generator().manual_seed(42)
+    prompt = torch.randint(0, c["vocab"], (1, 16), generator=g)
+
+    def generate(n_new, cache):
+        ids, past = prompt, None
+        with torch.no_grad():
+            for _ in range(n_new):
+                if cache:
+                    logits, past = model(ids if past is None else ids[:, -1:], past)
+                else:
+                    logits, _ = model(ids)
+                ids = torch.cat([ids, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+        return ids
+
+    tps, outs = {}, {}
+    for cache in (True, False):
+        generate(8, cache)  # warm-up
+        t0 = time.perf_counter()
+        outs[cache] = generate(200, cache)
+        tps[cache] = 200 / (time.perf_counter() - t0)
+    if not torch.equal(outs[True], outs[False]):
+        print("# torch gpt-tiny-gen WARNING: cached and uncached generation differ", file=sys.stderr)
+    print(json.dumps({"config": "gpt-tiny-gen", "framework": "pytorch", "threads": threads,
+                      "blas_threads": blas_threads, "tokens_per_s": round(tps[True], 1),
+                      "tokens_per_s_nocache": round(tps[False], 1)}))
+
+
+def run_child(args, threads, blas_threads):
+    """Runs this script as a child with the BLAS thread count in its environment; returns its JSON."""
+    env = dict(os.environ)
+    # Whichever library libblas.so.3 is (Debian alternatives: OpenBLAS or BLIS), it reads its
+    # thread count from its own variable when it loads; set both. OPENBLAS_CORETYPE and friends
+    # are left as the environment has them.
+    env["OPENBLAS_NUM_THREADS"] = env["BLIS_NUM_THREADS"] = str(blas_threads)
+    env.pop("OMP_NUM_THREADS", None)  # torch.set_num_threads decides the OpenMP pool
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--threads", str(threads),
+           "--blas-threads", str(blas_threads)] + (["--mlm-full"] if MLM_FULL else []) + args
+    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
+    lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
+    if p.returncode != 0 or not lines:
+        return {"error": f"exit status {p.returncode}", "args": args}
+    return json.loads(lines[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", help="NAME or all (default: all, or none with --gen, as cgrad bench)")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--gen", action="store_true")
+    ap.add_argument("--threads", type=int)
+    ap.add_argument("--blas-threads", type=int)
+    ap.add_argument("--mlm-full", action="store_true", help="BERT MLM head on every position (Hugging Face)")
+    ap.add_argument("--sweep-only", action="store_true", help="only find the fastest thread setting")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--no-sgemm", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    global MLM_FULL
+    MLM_FULL = a.mlm_full
+    if a.child:
+        if a.gen:
+            child_gen(a.threads, a.blas_threads)
+        else:
+            child_train(a.config, a.steps, a.warmup, a.threads, a.blas_threads, not a.no_sgemm)
+        return
+    if a.config is None:
+        a.config = "none" if a.gen else "all"
+    names = list(CONFIGS) if a.config == "all" else [] if a.config == "none" else [a.config]
+    if a.config not in ("all", "none") and a.config not in CONFIGS:
+        sys.exit(f"unknown config {a.config} (all, {', '.join(CONFIGS)})")
+    gen_fixed = a.threads is not None and a.blas_threads is not None
+    if names and (a.sweep_only or not gen_fixed):
+        best = None
+        for t, b in SWEEP:
+            r = run_child(["--config", "gpt-tiny", "--steps", "2", "--warmup", "1", "--no-sgemm"], t, b)
+            ms = r.get("ms_per_step", math.inf)
+            print(f"# torch sweep: torch threads {t}, BLAS threads {b}: gpt-tiny {ms:.1f} ms/step", flush=True)
+            if best is None or ms < best[0]:
+                best = (ms, t, b)
+        a.threads, a.blas_threads = best[1], best[2]
+        print(f"# torch sweep: fastest is torch threads {a.threads}, BLAS threads {a.blas_threads}", flush=True)
+    if a.sweep_only:
+        return
+    import torch
+    if names:
+        print(f"# torch {torch.__version__}, BLAS {blas_library()}, torch threads {a.threads}, BLAS threads "
+              f"{a.blas_threads}; {a.warmup} warm-up + {a.steps} timed steps, median"
+              f"{', MLM head on every position' if MLM_FULL else ''}", flush=True)
+    for name in names:
+        r = run_child(["--config", name, "--steps", str(a.steps), "--warmup", str(a.warmup)], a.threads, a.blas_threads)
+        if "error" in r:
+            r = {"config": name, "framework": "pytorch", "threads": a.threads, "error": r["error"]}
+        print(json.dumps(r), flush=True)
+    if a.gen:
+        # Decoding one token at a time favours other thread settings than training: unless the
+        # threads were given, try each and report the fastest, with and without cache apart.
+        best = None
+        for t, b in ([(a.threads, a.blas_threads)] if gen_fixed else SWEEP):
+            r = run_child(["--gen"], t, b)
+            if "error" in r:
+                print(f"# torch gen: torch threads {t}, BLAS threads {b}: {r['error']}", flush=True)
+                continue
+            print(f"# torch gen: torch threads {t}, BLAS threads {b}: {r['tokens_per_s']} tokens/s cached, "
+                  f"{r['tokens_per_s_nocache']} uncached", flush=True)
+            if best is None:
+                best = dict(r, threads_nocache=r["threads"], blas_threads_nocache=r["blas_threads"])
+            if r["tokens_per_s"] > best["tokens_per_s"]:
+                best.update({k: r[k] for k in ("threads", "blas_threads", "tokens_per_s")})
+            if r["tokens_per_s_nocache"] > best["tokens_per_s_nocache"]:
+                best.update(tokens_per_s_nocache=r["tokens_per_s_nocache"], threads_nocache=r["threads"],
+                            blas_threads_nocache=r["blas_threads"])
+        best = best or {"config": "gpt-tiny-gen", "framework": "pytorch", "threads": a.threads, "error": "failed"}
+        print(json.dumps(best), flush=True)
+
+
+if __name__ == "__main__":
+    main()

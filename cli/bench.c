@@ -1,0 +1,390 @@
+/* cgrad bench: times full training steps (zero grads, forward, loss, backward, AdamW update) of
+ * zoo models on random token data, and greedy generation with and without the KV cache.
+ *
+ * Each config runs in a forked child so its peak resident memory is its own: ru_maxrss is a
+ * high-water mark, and one process running every config would report the largest for all. The
+ * parent never enters an OpenMP region (libgomp's pool does not survive fork), so the sgemm
+ * reference is measured in a child too. */
+#include <blis.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cgrad.h"
+#include "cli/commands.h"
+#include "models/zoo.h"
+#include "optim/optim.h"
+
+typedef struct {
+    const char *name;
+    cg_arch arch;
+    const char *json;
+    int64_t batch, t, s;        /* s: source length (encdec) */
+    const char *lookup_only[3]; /* embedding tables used only as lookups: no matmul FLOPs */
+} bench_config;
+
+static const bench_config configs[] = {
+    {"gpt-tiny", CG_ARCH_GPT2,
+     "{\"vocab_size\": 256, \"n_positions\": 256, \"n_embd\": 256, \"n_layer\": 4, \"n_head\": 4}", 16, 256, 0,
+     {"wpe.weight"}},
+    {"gpt-small", CG_ARCH_GPT2,
+     "{\"vocab_size\": 50304, \"n_positions\": 1024, \"n_embd\": 768, \"n_layer\": 12, \"n_head\": 12}", 4, 256, 0,
+     {"wpe.weight"}},
+    {"bert-small", CG_ARCH_BERT,
+     "{\"vocab_size\": 30522, \"hidden_size\": 256, \"num_hidden_layers\": 4, \"num_attention_heads\": 4, "
+     "\"intermediate_size\": 1024, \"max_position_embeddings\": 512, \"type_vocab_size\": 2}",
+     16, 128, 0, {"bert.embeddings.position_embeddings.weight", "bert.embeddings.token_type_embeddings.weight"}},
+    {"encdec-base", CG_ARCH_ENCDEC,
+     "{\"src_vocab_size\": 8000, \"tgt_vocab_size\": 8000, \"d_model\": 512, \"n_head\": 8, "
+     "\"num_encoder_layers\": 3, \"num_decoder_layers\": 3, \"dim_feedforward\": 2048, \"max_len\": 512, "
+     "\"pad_id\": 0, \"bos_id\": 1, \"eos_id\": 2}",
+     16, 64, 64, {"src_emb.weight", "tgt_emb.weight"}},
+    {"gpt-tiny-4k", CG_ARCH_GPT2,
+     "{\"vocab_size\": 256, \"n_positions\": 4096, \"n_embd\": 256, \"n_layer\": 4, \"n_head\": 4}", 1, 4096, 0,
+     {"wpe.weight"}},
+};
+#define N_CONFIGS (int)(sizeof configs / sizeof configs[0])
+
+static const char *const known[] = {"--config", "--threads", "--steps", "--warmup", "--gen", NULL};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* The 1, 5 and 15 minute load averages as /proc/loadavg has them, with a newline. */
+static const char *loadavg(void) {
+    static char buf[64];
+    FILE *f = fopen("/proc/loadavg", "r");
+    int n = 0;
+    if (f) {
+        for (int fields = 0; n < (int)sizeof buf - 2 && fields < 3;) {
+            int ch = fgetc(f);
+            if (ch == EOF) break;
+            if (ch == ' ') fields++;
+            if (fields < 3) buf[n++] = (char)ch;
+        }
+        fclose(f);
+    }
+    if (!n) n = snprintf(buf, sizeof buf, "unknown");
+    buf[n] = '\n', buf[n + 1] = 0;
+    return buf;
+}
+
+static double peak_rss_mb(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_maxrss / 1024.0; /* Linux reports kilobytes */
+}
+
+/* Best GFLOP/s of an n^3 bli_sgemm over reps timed runs after one warm-up. */
+static double sgemm_gflops(int64_t n, int reps) {
+    float *a = malloc((size_t)(n * n) * sizeof *a), *b = malloc((size_t)(n * n) * sizeof *b),
+          *c = malloc((size_t)(n * n) * sizeof *c);
+    if (!a || !b || !c) {
+        free(a), free(b), free(c);
+        return NAN;
+    }
+    cg_rng r;
+    cg_rng_seed(&r, 7);
+    for (int64_t i = 0; i < n * n; i++) a[i] = (float)cg_rng_uniform(&r) - 0.5f, b[i] = (float)cg_rng_uniform(&r) - 0.5f;
+    float one = 1.0f, zero = 0.0f;
+    double best = INFINITY;
+    for (int k = 0; k <= reps; k++) {
+        double t0 = now_s();
+        bli_sgemm(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, n, n, n, &one, a, n, 1, b, n, 1, &zero, c, n, 1);
+        double dt = now_s() - t0;
+        if (k > 0 && dt < best) best = dt;
+    }
+    free(a), free(b), free(c);
+    return 2.0 * (double)n * (double)n * (double)n / best / 1e9;
+}
+
+/* Runs fn(arg) in a child process; the child's stdout follows the parent's. Returns false (and
+ * says why) if the child failed or died. */
+static bool in_child(int (*fn)(const void *, int, double), const void *arg, int threads, double sgemm,
+                     const char *what) {
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) {
+        fprintf(stderr, "cgrad bench: fork failed for %s\n", what);
+        return false;
+    }
+    if (pid == 0) {
+        cg_set_threads(threads);
+        int rc = fn(arg, threads, sgemm);
+        fflush(stdout);
+        fflush(stderr);
+        _exit(rc);
+    }
+    int status;
+    if (waitpid(pid, &status, 0) < 0) return false;
+    if (WIFSIGNALED(status)) {
+        fprintf(stderr, "cgrad bench: %s crashed with signal %d (%s)\n", what, WTERMSIG(status), strsignal(WTERMSIG(status)));
+        printf("{\"config\":\"%s\", \"threads\":%d, \"error\":\"crashed with signal %d\"}\n", what, threads, WTERMSIG(status));
+        fflush(stdout);
+        return false;
+    }
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+/* ---- the sgemm reference, measured in a child and sent back through a pipe ---- */
+
+static int pipe_fd = -1;
+
+static int sgemm_child(const void *arg, int threads, double unused) {
+    double g = sgemm_gflops(*(const int64_t *)arg, 3);
+    return write(pipe_fd, &g, sizeof g) == (ssize_t)sizeof g ? 0 : 1;
+}
+
+static double measure_sgemm(int64_t n, int threads) {
+    int fds[2];
+    if (pipe(fds)) return NAN;
+    pipe_fd = fds[1];
+    double g = NAN;
+    bool ok = in_child(sgemm_child, &n, threads, 0, "sgemm");
+    close(fds[1]);
+    if (!ok || read(fds[0], &g, sizeof g) != (ssize_t)sizeof g) g = NAN;
+    close(fds[0]);
+    return g;
+}
+
+/* ---- training steps ---- */
+
+static int fail(const char *cfg, int threads, const char *what) {
+    char msg[400];
+    snprintf(msg, sizeof msg, "%s%s%s", what, *cg_last_error() ? ": " : "", cg_last_error());
+    for (char *p = msg; *p; p++)
+        if (*p == '"' || *p == '\\') *p = '\'';
+    fprintf(stderr, "cgrad bench: %s: %s\n", cfg, msg);
+    printf("{\"config\":\"%s\", \"threads\":%d, \"error\":\"%s\"}\n", cfg, threads, msg);
+    return 1;
+}
+
+static void fill_ids(cg_tensor *t, cg_rng *r, int32_t lo, int32_t hi) {
+    int32_t *d = cg_idata(t);
+    for (int64_t i = 0; i < cg_numel(t); i++) d[i] = lo + (int32_t)(cg_rng_next(r) % (uint64_t)(hi - lo));
+}
+
+static void fill_const(cg_tensor *t, int32_t v) {
+    int32_t *d = cg_idata(t);
+    for (int64_t i = 0; i < cg_numel(t); i++) d[i] = v;
+}
+
+/* Random batch for the arch: ids uniform over the vocabulary, no padding; BERT labels on 15% of
+ * positions (-100 elsewhere), segments A then B, random next-sentence labels. */
+static void fill_batch(const bench_config *c, const cg_model_graph *mg, int64_t vocab, cg_rng *r) {
+    switch (c->arch) {
+    case CG_ARCH_GPT2:
+        fill_ids(cg_model_graph_input(mg, "input_ids"), r, 0, (int32_t)vocab);
+        fill_ids(cg_model_graph_input(mg, "targets"), r, 0, (int32_t)vocab);
+        break;
+    case CG_ARCH_BERT: {
+        fill_ids(cg_model_graph_input(mg, "input_ids"), r, 0, (int32_t)vocab);
+        int32_t *tt = cg_idata(cg_model_graph_input(mg, "token_type_ids"));
+        int32_t *lb = cg_idata(cg_model_graph_input(mg, "labels"));
+        for (int64_t i = 0; i < c->batch * c->t; i++) {
+            tt[i] = (i % c->t) >= c->t / 2;
+            lb[i] = cg_rng_uniform(r) < 0.15 ? (int32_t)(cg_rng_next(r) % (uint64_t)vocab) : -100;
+        }
+        fill_const(cg_model_graph_input(mg, "attention_mask"), 1);
+        fill_ids(cg_model_graph_input(mg, "next_sentence_label"), r, 0, 2);
+        break;
+    }
+    case CG_ARCH_ENCDEC:
+        fill_ids(cg_model_graph_input(mg, "src"), r, 3, (int32_t)vocab);
+        fill_const(cg_model_graph_input(mg, "src_mask"), 1);
+        fill_ids(cg_model_graph_input(mg, "tgt_in"), r, 3, (int32_t)vocab);
+        fill_ids(cg_model_graph_input(mg, "tgt_out"), r, 3, (int32_t)vocab);
+        break;
+    case CG_ARCH_CLASSIFIER: break;
+    }
+}
+
+typedef struct {
+    int steps, warmup;
+} run_opts;
+static run_opts opts;
+
+/* Model FLOPs of one training step (see the header printed by cmd_bench). */
+static double step_flops(const bench_config *c, cg_params *ps, int64_t d, int64_t attn_len_sum, int64_t *n_matmul) {
+    int64_t n = cg_params_numel(ps);
+    for (int k = 0; k < 3 && c->lookup_only[k]; k++) {
+        cg_tensor *p = cg_params_find(ps, c->lookup_only[k]);
+        if (p) n -= cg_numel(p);
+        else fprintf(stderr, "cgrad bench: %s: no parameter %s (FLOP count includes nothing for it)\n", c->name, c->lookup_only[k]);
+    }
+    *n_matmul = n;
+    double tokens = (double)(c->batch * c->t);
+    return (6.0 * (double)n + 12.0 * (double)d * (double)attn_len_sum) * tokens;
+}
+
+static int train_child(const void *arg, int threads, double sgemm) {
+    const bench_config *c = arg;
+    cg_params *ps = cg_params_new();
+    cg_model *m = cg_model_new(c->arch, c->json, 0.0, ps, 1234);
+    if (!m) return fail(c->name, threads, "cannot make the model");
+    int64_t vocab = 0, d = 0, attn = 0; /* attn: summed key length over attention blocks */
+    if (c->arch == CG_ARCH_GPT2) {
+        const cg_gpt_config *g = cg_gpt_cfg(cg_model_gpt(m));
+        vocab = g->vocab_size, d = g->n_embd, attn = g->n_layer * c->t;
+    } else if (c->arch == CG_ARCH_BERT) {
+        const cg_bert_config *b = cg_bert_cfg(cg_model_bert(m));
+        vocab = b->vocab_size, d = b->hidden_size, attn = b->num_hidden_layers * c->t;
+    } else {
+        const cg_encdec_config *e = cg_encdec_cfg(cg_model_encdec(m));
+        vocab = e->tgt_vocab_size, d = e->d_model;
+        attn = e->num_encoder_layers * c->s + e->num_decoder_layers * (c->t + c->s);
+    }
+    double t_build = now_s();
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    cg_model_graph mg;
+    if (!g || cg_model_build(g, m, c->batch, c->t, c->s, &mg)) return fail(c->name, threads, "cannot build the graph");
+    cg_rng r;
+    cg_rng_seed(&r, 42);
+    fill_batch(c, &mg, vocab, &r);
+    cg_optim_config oc = cg_optim_defaults(CG_OPT_ADAMW);
+    oc.lr = 1e-4;
+    cg_optim *opt = cg_optim_new(ps, &oc);
+    if (!opt) return fail(c->name, threads, "cannot make the optimizer");
+    t_build = now_s() - t_build;
+
+    const int total = opts.warmup + opts.steps;
+    double *times = malloc((size_t)(opts.steps > 0 ? opts.steps : 1) * sizeof *times);
+    double first_loss = NAN, last_loss = NAN;
+    for (int k = 0; k < total; k++) {
+        double t0 = now_s();
+        cg_params_zero_grad(ps);
+        cg_status st = cg_graph_forward(g);
+        if (!st) st = cg_graph_backward(g, mg.loss);
+        if (!st) st = cg_optim_step(opt, oc.lr);
+        double dt = now_s() - t0;
+        if (st) return fail(c->name, threads, "training step failed");
+        last_loss = cg_item(mg.loss);
+        if (k == 0) first_loss = last_loss;
+        if (!isfinite(last_loss)) return fail(c->name, threads, "loss is not finite");
+        if (k >= opts.warmup) times[k - opts.warmup] = dt;
+    }
+    double med = median(times, opts.steps);
+    int64_t n_matmul;
+    double flops = step_flops(c, ps, d, attn, &n_matmul);
+    double tokens = (double)(c->batch * c->t), gflops = flops / med / 1e9, rss = peak_rss_mb();
+    printf("%-12s batch %lld x %lld%s, %.2fM params (%.2fM in matmuls), graph %d nodes / %.0f MB, build %.2f s\n",
+           c->name, (long long)c->batch, (long long)c->t, c->arch == CG_ARCH_ENCDEC ? " (+ source 64)" : "",
+           (double)cg_params_numel(ps) / 1e6, (double)n_matmul / 1e6, cg_graph_size(g),
+           (double)cg_graph_bytes(g) / 1048576.0, t_build);
+    printf("%-12s loss %.4f -> %.4f over %d steps; median %.1f ms/step (min %.1f, max %.1f), %.0f tokens/s, "
+           "%.1f GFLOP/s = %.2f of sgemm, peak RSS %.0f MB\n",
+           c->name, first_loss, last_loss, total, med * 1e3, times[0] * 1e3, times[opts.steps - 1] * 1e3,
+           tokens / med, gflops, gflops / sgemm, rss);
+    printf("{\"config\":\"%s\", \"threads\":%d, \"ms_per_step\":%.3f, \"tokens_per_s\":%.1f, \"gflops\":%.3f, "
+           "\"sgemm_fraction\":%.4f, \"peak_rss_mb\":%.1f}\n",
+           c->name, threads, med * 1e3, tokens / med, gflops, gflops / sgemm, rss);
+    free(times);
+    cg_optim_free(opt);
+    cg_graph_free(g);
+    cg_model_free(m);
+    cg_params_free(ps);
+    return 0;
+}
+
+/* ---- generation ---- */
+
+static int gen_child(const void *arg, int threads, double unused) {
+    const bench_config *c = &configs[0]; /* gpt-tiny */
+    const int64_t n_prompt = 16, n_new = 200;
+    cg_params *ps = cg_params_new();
+    cg_model *m = cg_model_new(c->arch, c->json, 0.0, ps, 1234);
+    if (!m) return fail("gpt-tiny-gen", threads, "cannot make the model");
+    cg_gpt *gpt = cg_model_gpt(m);
+    int32_t prompt[16], out[2][16 + 200];
+    cg_rng r;
+    cg_rng_seed(&r, 42);
+    for (int i = 0; i < n_prompt; i++) prompt[i] = (int32_t)(cg_rng_next(&r) % 256);
+    cg_sampling greedy = {0.0, 0, 0.0};
+    double tps[2];
+    for (int cache = 1; cache >= 0; cache--) {
+        if (cg_gpt_generate(gpt, prompt, n_prompt, 8, &greedy, 1, cache, out[cache])) /* warm-up */
+            return fail("gpt-tiny-gen", threads, "generation failed");
+        double t0 = now_s();
+        if (cg_gpt_generate(gpt, prompt, n_prompt, n_new, &greedy, 1, cache, out[cache]))
+            return fail("gpt-tiny-gen", threads, "generation failed");
+        tps[cache] = (double)n_new / (now_s() - t0);
+        printf("gpt-tiny-gen %s KV cache: %d-token prompt + %d new tokens (greedy), %.1f tokens/s\n",
+               cache ? "with   " : "without", (int)n_prompt, (int)n_new, tps[cache]);
+    }
+    /* Greedy decoding is deterministic, so the cache must not change a token (float ties aside). */
+    int same = 0;
+    while (same < n_prompt + n_new && out[0][same] == out[1][same]) same++;
+    if (same < n_prompt + n_new)
+        printf("gpt-tiny-gen WARNING: cached and uncached generation differ from token %d on\n", same - (int)n_prompt);
+    printf("{\"config\":\"gpt-tiny-gen\", \"threads\":%d, \"tokens_per_s\":%.1f, \"tokens_per_s_nocache\":%.1f}\n",
+           threads, tps[1], tps[0]);
+    cg_model_free(m);
+    cg_params_free(ps);
+    return 0;
+}
+
+int cmd_bench(int argc, char **argv) {
+    if (!cli_known(argc, argv, known, "bench")) return 2;
+    const char *name = cli_arg(argc, argv, "--config");
+    const char *th = cli_arg(argc, argv, "--threads"), *st = cli_arg(argc, argv, "--steps"),
+               *wu = cli_arg(argc, argv, "--warmup");
+    opts.steps = st ? atoi(st) : 5;
+    opts.warmup = wu ? atoi(wu) : 1;
+    const bool gen = cli_flag(argc, argv, "--gen");
+    if (opts.steps < 1 || opts.warmup < 0 || (th && atoi(th) < 1)) {
+        fprintf(stderr, "usage: cgrad bench [--config NAME|all] [--threads N] [--steps N>=1] [--warmup N>=0] [--gen]\n"
+                        "configs:");
+        for (int i = 0; i < N_CONFIGS; i++) fprintf(stderr, " %s", configs[i].name);
+        fprintf(stderr, "\n");
+        return 2;
+    }
+    /* Setting the count starts no thread, so the parent stays fork-safe. */
+    cg_set_threads(th ? atoi(th) : 0);
+    const int threads = cg_threads();
+    bool any = false, ok = true;
+    if (!name && gen) name = "none";
+    if (!name) name = "all";
+    for (int i = 0; i < N_CONFIGS; i++) any |= !strcmp(name, "all") || !strcmp(name, configs[i].name);
+    if (!any && strcmp(name, "none")) {
+        fprintf(stderr, "cgrad bench: unknown config '%s' (all", name);
+        for (int i = 0; i < N_CONFIGS; i++) fprintf(stderr, ", %s", configs[i].name);
+        fprintf(stderr, ")\n");
+        return 2;
+    }
+    printf("# cgrad bench: %d thread(s), %d warm-up + %d timed steps per config (median reported)%s\n", threads,
+           opts.warmup, opts.steps, sizeof(cg_real) == 8 ? ", float64 build" : ", float32");
+    printf("# step = zero grads + forward + loss + backward + AdamW update; dropout 0; random token data\n");
+    printf("# model FLOPs/step = (6*N + 12*d*sum_attn(keys)) * tokens  (nanoGPT estimate_mfu: 6N + 12*L*H*Q*T per token)\n"
+           "#   N = parameters used in matmuls (position/segment tables and untied input embeddings excluded),\n"
+           "#   sum_attn(keys) = key length summed over attention blocks (L*T; encdec: Le*S + Ld*(T+S)), tokens = B*T\n");
+    printf("# sgemm fraction = model GFLOP/s / GFLOP/s of a 2048^3 bli_sgemm (best of 3 after warm-up), measured\n"
+           "#   just before each config, so both see the same machine load\n");
+    for (int i = 0; i < N_CONFIGS; i++) {
+        if (strcmp(name, "all") && strcmp(name, configs[i].name)) continue;
+        const double sgemm = measure_sgemm(2048, threads);
+        printf("%-12s sgemm reference %.1f GFLOP/s (%d threads); load average %s", configs[i].name, sgemm, threads,
+               loadavg());
+        ok &= in_child(train_child, &configs[i], threads, sgemm, configs[i].name);
+    }
+    if (gen) ok &= in_child(gen_child, NULL, threads, 0, "gpt-tiny-gen");
+    return ok ? 0 : 1;
+}

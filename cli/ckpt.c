@@ -1,0 +1,107 @@
+/* Loading what `cgrad train` saves: a gzip safetensors image whose metadata holds the arch, the
+ * model config, the tokenizer, the training options and position, and whose tensors are the
+ * parameters (by their own names) and the optimizer moments ("optim.m1", "optim.m2"). */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli/session.h"
+#include "graph/internal.h"
+
+/* Re-raises the current message with the checkpoint's path in front, unless it names it already. */
+static cg_status with_path(const char *path, cg_status st, const char *what) {
+    char msg[900];
+    snprintf(msg, sizeof msg, "%s", cg_last_error());
+    if (strstr(msg, path)) return cgi_fail(st, "%s%s%s", what, *what ? ": " : "", msg);
+    return cgi_fail(st, "[checkpoint] %s: %s%s%s", path, what, *msg ? ": " : "", msg);
+}
+
+static cJSON *meta_json(const cg_st *st, const char *key) {
+    const char *s = cg_st_metadata(st, key);
+    cJSON *j = s ? cJSON_Parse(s) : NULL;
+    return j ? j : cJSON_CreateObject();
+}
+
+cg_status cli_ckpt_load(const char *path, double dropout, cli_ckpt *ck) {
+    memset(ck, 0, sizeof *ck);
+    struct stat sb;
+    if (stat(path, &sb)) return cgi_fail(CG_ERR_IO, "[checkpoint] %s: cannot open: %s", path, strerror(errno));
+    ck->file_bytes = (long long)sb.st_size;
+    if (!(ck->st = cg_checkpoint_open(path))) return with_path(path, CG_ERR_FORMAT, "");
+    const char *arch = cg_st_metadata(ck->st, "arch"), *cfg = cg_st_metadata(ck->st, "config"),
+               *tok = cg_st_metadata(ck->st, "tokenizer");
+    cg_status st = CG_OK;
+    if (!arch || !cfg || !tok)
+        st = cgi_fail(CG_ERR_FORMAT, "[checkpoint] %s: no %s in the metadata (not written by cgrad train?)", path,
+                      !arch ? "arch" : !cfg ? "config" : "tokenizer");
+    else if (cg_arch_parse(arch, &ck->arch)) st = with_path(path, CG_ERR_FORMAT, "metadata arch");
+    else if (!(ck->tok = cg_tokenizer_deserialize(tok))) st = with_path(path, CG_ERR_FORMAT, "metadata tokenizer");
+    if (!st) {
+        ck->train = meta_json(ck->st, "train");
+        ck->state = meta_json(ck->st, "state");
+        if (dropout < 0) dropout = cli_json_num(ck->train, "dropout", 0.0);
+        ck->ps = cg_params_new();
+        ck->model = ck->ps ? cg_model_new(ck->arch, cfg, dropout, ck->ps, 0) : NULL;
+        if (!ck->model) st = with_path(path, CG_ERR_FORMAT, "metadata config");
+        else if ((st = cg_st_read_params(ck->st, ck->ps))) st = with_path(path, st, "parameters");
+    }
+    const char *labels = st ? NULL : cg_st_metadata(ck->st, "labels");
+    cJSON *lj = labels ? cJSON_Parse(labels) : NULL;
+    if (lj && cJSON_IsArray(lj)) {
+        ck->n_labels = cJSON_GetArraySize(lj);
+        ck->labels = calloc((size_t)ck->n_labels + 1, sizeof *ck->labels);
+        for (int i = 0; ck->labels && i < ck->n_labels; i++) {
+            const char *s = cJSON_GetStringValue(cJSON_GetArrayItem(lj, i));
+            ck->labels[i] = strdup(s ? s : "?");
+        }
+    }
+    cJSON_Delete(lj);
+    if (st) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", cg_last_error());
+        cli_ckpt_free(ck);
+        cgi_fail(st, "%s", msg);
+    }
+    return st;
+}
+
+void cli_ckpt_free(cli_ckpt *ck) {
+    cg_model_free(ck->model);
+    cg_params_free(ck->ps);
+    cg_tokenizer_free(ck->tok);
+    cg_st_close(ck->st);
+    cJSON_Delete(ck->train);
+    cJSON_Delete(ck->state);
+    for (int i = 0; ck->labels && i < ck->n_labels; i++) free(ck->labels[i]);
+    free(ck->labels);
+    memset(ck, 0, sizeof *ck);
+}
+
+int64_t cli_json_i64(const cJSON *o, const char *key, int64_t dflt) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (cJSON_IsNumber(v)) return (int64_t)v->valuedouble;
+    if (cJSON_IsString(v)) return strtoll(v->valuestring, NULL, 10);
+    return dflt;
+}
+
+uint64_t cli_json_u64(const cJSON *o, const char *key, uint64_t dflt) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (cJSON_IsString(v)) return strtoull(v->valuestring, NULL, 10);
+    if (cJSON_IsNumber(v)) return (uint64_t)v->valuedouble;
+    return dflt;
+}
+
+double cli_json_num(const cJSON *o, const char *key, double dflt) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (cJSON_IsNumber(v)) return v->valuedouble;
+    if (cJSON_IsString(v)) return strtod(v->valuestring, NULL); /* "nan" and exact %.17g values */
+    return dflt;
+}
+
+const char *cli_json_str(const cJSON *o, const char *key, const char *dflt) {
+    const char *s = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, key));
+    return s ? s : dflt;
+}

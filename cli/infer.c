@@ -1,0 +1,523 @@
+/* cgrad sample, translate, fill-mask, classify, eval and info: using what `cgrad train` saved. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/commands.h"
+#include "cli/session.h"
+#include "graph/internal.h"
+
+/* Parses "--name value" pairs against known flags; positional words go to words[]. Returns false
+ * (message printed) on an unknown flag or a missing value. Bare flags are listed in bare. */
+static bool parse(int argc, char **argv, const char *cmd, const char *const *known, const char *const *bare,
+                  const char **words, int *n_words) {
+    *n_words = 0;
+    for (int i = 0; i < argc; i++) {
+        if (strncmp(argv[i], "--", 2) || !strcmp(argv[i], "--")) {
+            if (!strcmp(argv[i], "--")) {
+                while (++i < argc) words[(*n_words)++] = argv[i];
+                break;
+            }
+            words[(*n_words)++] = argv[i];
+            continue;
+        }
+        bool flag = false, valued = false;
+        for (int k = 0; bare && bare[k]; k++) flag |= !strcmp(argv[i], bare[k]);
+        for (int k = 0; known[k]; k++) valued |= !strcmp(argv[i], known[k]);
+        if (flag) continue;
+        if (!valued) {
+            fprintf(stderr, "cgrad %s: unknown option %s\n", cmd, argv[i]);
+            return false;
+        }
+        if (++i >= argc) {
+            fprintf(stderr, "cgrad %s: %s needs a value\n", cmd, argv[i - 1]);
+            return false;
+        }
+    }
+    return true;
+}
+
+static double num(int argc, char **argv, const char *name, double dflt) {
+    const char *v = cli_arg(argc, argv, name);
+    return v ? strtod(v, NULL) : dflt;
+}
+
+/* Opens --checkpoint for cmd, wanting arch (or any when want < 0). */
+static bool open_ckpt(int argc, char **argv, const char *cmd, int want, cli_ckpt *ck) {
+    const char *path = cli_arg(argc, argv, "--checkpoint");
+    if (!path) {
+        fprintf(stderr, "cgrad %s: --checkpoint PATH is required\n", cmd);
+        return false;
+    }
+    if (cli_arg(argc, argv, "--threads")) cg_set_threads(atoi(cli_arg(argc, argv, "--threads")));
+    if (cli_ckpt_load(path, 0.0, ck)) {
+        cli_fail(cmd, "cannot load the checkpoint");
+        return false;
+    }
+    if (want >= 0 && ck->arch != (cg_arch)want) {
+        fprintf(stderr, "cgrad %s: %s holds a %s model; %s needs %s\n", cmd, path, cg_arch_name(ck->arch), cmd,
+                cg_arch_name((cg_arch)want));
+        cli_ckpt_free(ck);
+        return false;
+    }
+    return true;
+}
+
+/* Words joined by spaces, or NULL when there are none. */
+static char *join(const char **words, int n) {
+    if (n == 0) return NULL;
+    size_t len = 1;
+    for (int i = 0; i < n; i++) len += strlen(words[i]) + 1;
+    char *s = malloc(len);
+    if (!s) return NULL;
+    s[0] = 0;
+    for (int i = 0; i < n; i++) strcat(strcat(s, i ? " " : ""), words[i]);
+    return s;
+}
+
+/* Calls fn on each text: the positional words as one text, or each line of stdin. */
+static int each_text(const char **words, int n, int (*fn)(void *ctx, const char *text), void *ctx) {
+    char *joined = join(words, n);
+    if (joined) {
+        int rc = fn(ctx, joined);
+        free(joined);
+        return rc;
+    }
+    char line[1 << 16];
+    int rc = 0;
+    while (!rc && fgets(line, sizeof line, stdin)) {
+        line[strcspn(line, "\r\n")] = 0;
+        if (*line) rc = fn(ctx, line);
+    }
+    return rc;
+}
+
+/* ---- sample ---- */
+
+int cmd_sample(int argc, char **argv) {
+    static const char *const known[] = {"--checkpoint", "--prompt", "--temperature", "--top-k", "--top-p", "--seed",
+                                        "--length", "--threads", "--count", NULL};
+    static const char *const bare[] = {"--no-cache", NULL};
+    const char *words[64];
+    int nw;
+    if (argc > 64 || !parse(argc, argv, "sample", known, bare, words, &nw) || nw) {
+        fprintf(stderr, "usage: cgrad sample --checkpoint P [--prompt TEXT] [--length N] [--temperature T] [--top-k K] "
+                        "[--top-p P] [--seed S] [--count N] [--no-cache] [--threads N]\n");
+        return 2;
+    }
+    cli_ckpt ck;
+    if (!open_ckpt(argc, argv, "sample", CG_ARCH_GPT2, &ck)) return 1;
+    cg_sampling s = {.temperature = num(argc, argv, "--temperature", 0.8), .top_k = (int)num(argc, argv, "--top-k", 0),
+                     .top_p = num(argc, argv, "--top-p", 0)};
+    const char *seed_s = cli_arg(argc, argv, "--seed");
+    const uint64_t seed = seed_s ? strtoull(seed_s, NULL, 10) : 1337;
+    const int64_t length = (int64_t)num(argc, argv, "--length", 500), count = (int64_t)num(argc, argv, "--count", 1);
+    const char *prompt = cli_arg(argc, argv, "--prompt");
+    int32_t *ids = NULL, dflt = cli_gpt_default_prompt(ck.tok);
+    int64_t n = 0, dropped = 0;
+    int rc = 0;
+    if (prompt && *prompt) {
+        if (cli_encode(ck.tok, prompt, &ids, &n, &dropped)) rc = cli_fail("sample", "cannot encode the prompt");
+        else if (dropped) fprintf(stderr, "cgrad sample: %lld prompt characters are not in the vocabulary; skipped\n",
+                                  (long long)dropped);
+    }
+    if (!rc && n == 0) {
+        free(ids);
+        ids = malloc(sizeof *ids);
+        if (ids) ids[0] = dflt, n = 1;
+    }
+    for (int64_t c = 0; !rc && c < count; c++) {
+        if (count > 1) printf("--- sample %lld ---\n", (long long)c + 1);
+        if (cli_gpt_write(stdout, cg_model_gpt(ck.model), ck.tok, ids, n, length, &s, seed + (uint64_t)c,
+                          !cli_flag(argc, argv, "--no-cache")))
+            rc = cli_fail("sample", "generation failed");
+        printf("\n");
+    }
+    free(ids);
+    cli_ckpt_free(&ck);
+    return rc;
+}
+
+/* ---- translate ---- */
+
+typedef struct {
+    cli_ckpt *ck;
+    int beam;
+} tr_ctx;
+
+static int translate_one(void *ctx, const char *text) {
+    tr_ctx *c = ctx;
+    cg_encdec *m = cg_model_encdec(c->ck->model);
+    const cg_encdec_config *cfg = cg_encdec_cfg(m);
+    int32_t *ids = NULL, out[512];
+    int64_t n = 0, no = 0, dropped = 0;
+    if (cli_encode(c->ck->tok, text, &ids, &n, &dropped)) return cli_fail("translate", "cannot encode the text");
+    if (n > cfg->max_len) n = cfg->max_len;
+    cg_status st = n ? cg_encdec_translate(m, ids, n, c->beam, cfg->max_len - 1, out, &no)
+                     : cgi_fail(CG_ERR_ARG, "[translate] nothing to translate in '%s'", text);
+    free(ids);
+    if (st) return cli_fail("translate", "translation failed");
+    int64_t k = 0;
+    for (int64_t i = 0; i < no; i++) /* pad, bos and eos sit after the tokenizer's ids */
+        if (out[i] < cg_tokenizer_vocab_size(c->ck->tok)) out[k++] = out[i];
+    char *s = NULL;
+    if (k && cg_tokenizer_decode(c->ck->tok, out, k, &s, NULL)) return cli_fail("translate", "cannot decode");
+    for (char *p = s; p && *p; p++) /* one line out per text in */
+        if (*p == '\n' || *p == '\r') *p = ' ';
+    printf("%s\n", s ? s : "");
+    fflush(stdout);
+    free(s);
+    return 0;
+}
+
+int cmd_translate(int argc, char **argv) {
+    static const char *const known[] = {"--checkpoint", "--beam", "--threads", NULL};
+    const char **words = malloc((size_t)(argc + 1) * sizeof *words);
+    int nw;
+    if (!words || !parse(argc, argv, "translate", known, NULL, words, &nw)) {
+        fprintf(stderr, "usage: cgrad translate --checkpoint P [--beam N] [TEXT...]   (no TEXT: one per stdin line)\n");
+        free(words);
+        return 2;
+    }
+    cli_ckpt ck;
+    int rc = 1;
+    if (open_ckpt(argc, argv, "translate", CG_ARCH_ENCDEC, &ck)) {
+        tr_ctx c = {&ck, (int)num(argc, argv, "--beam", 1)};
+        rc = each_text(words, nw, translate_one, &c);
+        cli_ckpt_free(&ck);
+    }
+    free(words);
+    return rc;
+}
+
+/* ---- fill-mask ---- */
+
+int cmd_fill_mask(int argc, char **argv) {
+    static const char *const known[] = {"--checkpoint", "--top-k", "--threads", NULL};
+    const char **words = malloc((size_t)(argc + 1) * sizeof *words);
+    int nw;
+    if (!words || !parse(argc, argv, "fill-mask", known, NULL, words, &nw) || nw == 0) {
+        fprintf(stderr, "usage: cgrad fill-mask --checkpoint P [--top-k K] TEXT-with-[MASK]\n");
+        free(words);
+        return 2;
+    }
+    char *text = join(words, nw);
+    free(words);
+    cli_ckpt ck;
+    if (!text || !open_ckpt(argc, argv, "fill-mask", CG_ARCH_BERT, &ck)) {
+        free(text);
+        return 1;
+    }
+    const int32_t mask = cg_tokenizer_token_id(ck.tok, "[MASK]"), cls = cg_tokenizer_token_id(ck.tok, "[CLS]"),
+                  sep = cg_tokenizer_token_id(ck.tok, "[SEP]");
+    int top_k = (int)num(argc, argv, "--top-k", 5);
+    if (top_k < 1) top_k = 1;
+    int rc = 0;
+    /* The tokenizer splits "[MASK]" like any text, so the pieces between masks are encoded apart. */
+    int64_t cap = (int64_t)strlen(text) + 3, n = 0;
+    int32_t *ids = malloc((size_t)cap * sizeof *ids), *top = malloc((size_t)top_k * sizeof *top);
+    double *prob = malloc((size_t)top_k * sizeof *prob);
+    if (!ids || !top || !prob || mask < 0 || cls < 0 || sep < 0) {
+        fprintf(stderr, "cgrad fill-mask: the tokenizer has no [MASK], [CLS] or [SEP]\n");
+        rc = 1;
+    }
+    if (!rc) ids[n++] = cls;
+    bool any = false;
+    for (char *p = text; !rc && p;) {
+        char *m = strstr(p, "[MASK]");
+        if (m) *m = 0;
+        int32_t *piece;
+        int64_t k;
+        if (cg_tokenizer_encode(ck.tok, p, strlen(p), &piece, &k)) rc = cli_fail("fill-mask", "cannot encode the text");
+        else {
+            for (int64_t i = 0; i < k && n < cap - 2; i++) ids[n++] = piece[i];
+            free(piece);
+        }
+        if (m) ids[n++] = mask, any = true;
+        p = m ? m + 6 : NULL;
+    }
+    if (!rc && !any) {
+        fprintf(stderr, "cgrad fill-mask: the text has no [MASK]\n");
+        rc = 1;
+    }
+    const int64_t max = cg_bert_cfg(cg_model_bert(ck.model))->max_position_embeddings;
+    if (!rc && n + 1 > max) {
+        fprintf(stderr, "cgrad fill-mask: %lld tokens exceed the model's %lld positions\n", (long long)n + 1, (long long)max);
+        rc = 1;
+    }
+    if (!rc) {
+        ids[n++] = sep;
+        if (cg_bert_fill_mask(cg_model_bert(ck.model), ids, n, mask, top_k, top, prob)) rc = cli_fail("fill-mask", "failed");
+        for (int k = 0; !rc && k < top_k; k++) printf("%-16s %.4f\n", cg_tokenizer_token_str(ck.tok, top[k]), prob[k]);
+    }
+    free(ids);
+    free(top);
+    free(prob);
+    free(text);
+    cli_ckpt_free(&ck);
+    return rc;
+}
+
+/* ---- classify ---- */
+
+typedef struct {
+    cli_ckpt *ck;
+    int32_t cls_id;
+    int64_t max_t;
+    double *probs;
+} cls_ctx;
+
+static int classify_one(void *ctx, const char *text) {
+    cls_ctx *c = ctx;
+    const cg_classifier *m = cg_model_classifier(c->ck->model);
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    if (cli_encode(c->ck->tok, text, &ids, &n, NULL)) return cli_fail("classify", "cannot encode the text");
+    cg_status st = cli_classify(m, ids, n, c->cls_id, c->max_t, c->probs);
+    free(ids);
+    if (st) return cli_fail("classify", "failed");
+    const int64_t nc = cg_classifier_cfg(m)->num_classes;
+    int64_t best = 0;
+    for (int64_t k = 1; k < nc; k++)
+        if (c->probs[k] > c->probs[best]) best = k;
+    printf("%s\t", best < c->ck->n_labels ? c->ck->labels[best] : "?");
+    for (int64_t k = 0; k < nc; k++)
+        printf("%s%s=%.4f", k ? " " : "", k < c->ck->n_labels ? c->ck->labels[k] : "?", c->probs[k]);
+    printf("\t%s\n", text);
+    fflush(stdout);
+    return 0;
+}
+
+int cmd_classify(int argc, char **argv) {
+    static const char *const known[] = {"--checkpoint", "--threads", NULL};
+    const char **words = malloc((size_t)(argc + 1) * sizeof *words);
+    int nw;
+    if (!words || !parse(argc, argv, "classify", known, NULL, words, &nw)) {
+        fprintf(stderr, "usage: cgrad classify --checkpoint P [TEXT...]   (no TEXT: one per stdin line)\n"
+                        "prints: label <TAB> label=probability ... <TAB> text\n");
+        free(words);
+        return 2;
+    }
+    cli_ckpt ck;
+    int rc = 1;
+    if (open_ckpt(argc, argv, "classify", CG_ARCH_CLASSIFIER, &ck)) {
+        cg_textcls_options to;
+        cg_textcls_options_default(ck.tok, &to); /* the same [CLS] rule as training */
+        const int64_t nc = cg_classifier_cfg(cg_model_classifier(ck.model))->num_classes;
+        cls_ctx c = {&ck, to.cls_id, cli_json_i64(ck.state, "graph_t", 0), malloc((size_t)nc * sizeof(double))};
+        rc = c.probs ? each_text(words, nw, classify_one, &c) : 1;
+        free(c.probs);
+        cli_ckpt_free(&ck);
+    }
+    free(words);
+    return rc;
+}
+
+/* ---- eval ---- */
+
+/* Loss over the whole file in consecutive windows of the model's context. */
+static int eval_lm(cli_ckpt *ck, const char *path, int64_t batch) {
+    const cg_gpt *m = cg_model_gpt(ck->model);
+    const int64_t t = cg_gpt_cfg(m)->n_positions;
+    char *text;
+    size_t len;
+    if (cg_read_text_file(path, &text, &len)) return cli_fail("eval", "cannot read the data");
+    int32_t *ids = NULL;
+    int64_t n = 0, dropped = 0;
+    cg_status st = cli_encode(ck->tok, text, &ids, &n, &dropped);
+    int64_t chars = cli_utf8_count(text, len);
+    free(text);
+    if (st) return cli_fail("eval", "cannot encode the data");
+    if (dropped) fprintf(stderr, "cgrad eval: %lld characters are not in the vocabulary; skipped\n", (long long)dropped);
+    if (n < 2) {
+        free(ids);
+        fprintf(stderr, "cgrad eval: %s holds fewer than 2 tokens\n", path);
+        return 1;
+    }
+    /* The first token is never predicted: its characters are not scored. */
+    char *first = NULL;
+    size_t flen = 0;
+    if (!cg_tokenizer_decode(ck->tok, ids, 1, &first, &flen)) chars -= cli_utf8_count(first, flen);
+    free(first);
+    cg_graph *g = cg_graph_new(CG_EVAL);
+    cg_tensor *x = g ? cg_input(g, "input_ids", CG_INT32, 2, (int64_t[]){batch, t}) : NULL,
+              *y = x ? cg_input(g, "targets", CG_INT32, 2, (int64_t[]){batch, t}) : NULL;
+    cg_tensor *loss = y ? cg_retain(cg_cross_entropy(g, cg_gpt_logits(g, m, x), y, CG_IGNORE_INDEX)) : NULL;
+    double nats = 0;
+    int64_t scored = 0;
+    if (!loss) st = CG_ERR_SHAPE;
+    for (int64_t o = 0; !st && o < n - 1;) {
+        int64_t in_batch = 0;
+        for (int64_t b = 0; b < batch; b++) {
+            int32_t *xr = cg_idata(x) + b * t, *yr = cg_idata(y) + b * t;
+            for (int64_t i = 0; i < t; i++, o += o < n - 1) {
+                bool ok = o < n - 1;
+                xr[i] = ok ? ids[o] : 0;
+                yr[i] = ok ? ids[o + 1] : CG_IGNORE_INDEX;
+                in_batch += ok;
+            }
+        }
+        if (!(st = cg_graph_forward(g))) nats += cg_item(loss) * (double)in_batch, scored += in_batch;
+    }
+    cg_graph_free(g);
+    free(ids);
+    if (st) return cli_fail("eval", "forward failed");
+    const double mean = nats / (double)scored;
+    printf("%s: %lld tokens scored (windows of %lld), %lld characters\n", path, (long long)scored, (long long)t,
+           (long long)chars);
+    printf("loss %.4f nats/token  perplexity %.3f  bits_per_char %.4f\n", mean, exp(mean), nats / (double)chars / log(2.0));
+    return 0;
+}
+
+int cmd_eval(int argc, char **argv) {
+    static const char *const known[] = {"--checkpoint", "--data", "--batch", "--batches", "--threads", "--exact", NULL};
+    const char *words[40];
+    int nw;
+    const char *data = cli_arg(argc, argv, "--data");
+    if (argc > 40 || !parse(argc, argv, "eval", known, NULL, words, &nw) || nw || !data) {
+        fprintf(stderr, "usage: cgrad eval --checkpoint P --data FILE [--batch N] [--batches N] [--exact N] [--threads N]\n"
+                        "  gpt2: loss, perplexity and bits per character over the whole text; bert: masked-LM loss over\n"
+                        "  --batches batches (50); encdec: loss and greedy exact match (--exact pairs, all); classifier:\n"
+                        "  loss, accuracy and the majority-class rate\n");
+        return 2;
+    }
+    cli_ckpt ck;
+    if (!open_ckpt(argc, argv, "eval", -1, &ck)) return 1;
+    const int64_t batch = (int64_t)num(argc, argv, "--batch", (double)cli_json_i64(ck.train, "batch", 8));
+    if (batch < 1) {
+        cli_ckpt_free(&ck);
+        fprintf(stderr, "cgrad eval: --batch must be >= 1\n");
+        return 2;
+    }
+    int rc = 0;
+    if (ck.arch == CG_ARCH_GPT2) {
+        rc = eval_lm(&ck, data, batch);
+        cli_ckpt_free(&ck);
+        return rc;
+    }
+    int64_t context = cli_json_i64(ck.train, "context", 64);
+    cli_task t;
+    int32_t *map = NULL;
+    if (cli_task_open(&t, ck.arch, ck.tok, data, NULL, 0.0, batch, context)) {
+        cli_ckpt_free(&ck);
+        return cli_fail("eval", "cannot load the data");
+    }
+    t.eval_seed = 20240601; /* fixed masks and pairs, so two checkpoints see the same batches */
+    int64_t majority = 0;
+    if (t.cls) { /* the file's labels, in the checkpoint's numbering */
+        int32_t nl = cg_textcls_num_labels(t.cls);
+        map = malloc((size_t)nl * sizeof *map);
+        for (int32_t i = 0; map && i < nl; i++) {
+            map[i] = -1;
+            for (int k = 0; k < ck.n_labels; k++)
+                if (!strcmp(ck.labels[k], cg_textcls_label_name(t.cls, i))) map[i] = k;
+            if (map[i] < 0) {
+                fprintf(stderr, "cgrad eval: label '%s' of %s is not one the model knows\n", cg_textcls_label_name(t.cls, i), data);
+                rc = 1;
+            }
+        }
+        t.label_map = map;
+        int64_t n = cg_textcls_data_count(t.cls, false), *count = calloc((size_t)nl, sizeof *count);
+        for (int64_t i = 0; count && i < n; i++) {
+            const int32_t *ids;
+            int64_t len;
+            int32_t y;
+            cg_textcls_example(t.cls, false, i, &ids, &len, &y);
+            count[y]++;
+        }
+        for (int32_t i = 0; count && i < nl; i++)
+            if (count[i] > majority) majority = count[i];
+        free(count);
+    }
+    if (t.s2s) {
+        const cg_encdec_config *c = cg_encdec_cfg(cg_model_encdec(ck.model));
+        if (c->pad_id != t.pad_id || c->bos_id != t.bos_id || c->eos_id != t.eos_id) {
+            fprintf(stderr, "cgrad eval: the checkpoint's special ids do not follow its tokenizer\n");
+            rc = 1;
+        }
+    }
+    cg_graph *g = rc ? NULL : cg_graph_new(CG_EVAL);
+    cg_model_graph mg;
+    if (!rc && (!g || cg_model_build(g, ck.model, batch, t.t, t.s, &mg))) rc = cli_fail("eval", "cannot build the graph");
+    cli_eval e;
+    const int64_t batches = (int64_t)num(argc, argv, "--batches", ck.arch == CG_ARCH_BERT ? 50 : 1e18);
+    if (!rc && cli_task_eval(&t, false, g, &mg, batches, NULL, &e)) rc = cli_fail("eval", "evaluation failed");
+    if (!rc) {
+        printf("%s: %lld batches of %lld\n", data, (long long)e.batches, (long long)batch);
+        if (ck.arch == CG_ARCH_BERT)
+            printf("loss %.4f  mlm_loss %.4f (perplexity %.2f)  nsp_loss %.4f\n", e.loss, e.mlm_loss, exp(e.mlm_loss),
+                   e.nsp_loss);
+        else printf("loss %.4f nats/%s  perplexity %.3f\n", e.loss, t.cls ? "example" : "token", exp(e.loss));
+        if (t.cls) {
+            int64_t n = cg_textcls_data_count(t.cls, false);
+            printf("accuracy %.4f over %lld examples (majority class %.4f)\n", e.accuracy, (long long)e.items,
+                   (double)majority / (double)n);
+        }
+        if (t.s2s) {
+            /* Exact match over the file: the task's "held-out" split is empty here, so use all pairs. */
+            int64_t n = (int64_t)num(argc, argv, "--exact", 1e18), nv = cg_seq2seq_data_count(t.s2s, false), right = 0, k = 0;
+            int32_t out[512];
+            for (int64_t i = 0; i < n && i < nv; i++, k++) {
+                const int32_t *src, *tgt;
+                int64_t ns, nt, no = 0;
+                cg_seq2seq_example(t.s2s, false, i, &src, &ns, &tgt, &nt);
+                if (ns > t.s) ns = t.s;
+                if (cg_encdec_translate(cg_model_encdec(ck.model), src, ns, 1, nt + 1, out, &no)) {
+                    rc = cli_fail("eval", "translation failed");
+                    break;
+                }
+                right += no == nt && !memcmp(out, tgt, (size_t)nt * sizeof *out);
+            }
+            if (!rc) printf("exact_match %.4f over %lld pairs (greedy)\n", k ? (double)right / (double)k : 0.0, (long long)k);
+        }
+    }
+    cg_graph_free(g);
+    free(map);
+    cli_task_free(&t);
+    cli_ckpt_free(&ck);
+    return rc;
+}
+
+/* ---- info ---- */
+
+int cmd_info(int argc, char **argv) {
+    static const char *const known[] = {"--checkpoint", NULL};
+    const char *words[8];
+    int nw;
+    if (argc > 8 || !parse(argc, argv, "info", known, NULL, words, &nw) || nw > 1 ||
+        (!nw && !cli_arg(argc, argv, "--checkpoint"))) {
+        fprintf(stderr, "usage: cgrad info --checkpoint P\n");
+        return 2;
+    }
+    const char *path = nw ? words[0] : cli_arg(argc, argv, "--checkpoint");
+    cli_ckpt ck;
+    if (cli_ckpt_load(path, 0.0, &ck)) return cli_fail("info", "cannot load the checkpoint");
+    const char *kinds[] = {"char", "bpe", "wordpiece"};
+    char *cfg = cg_model_config_json(ck.model);
+    printf("checkpoint  %s (%lld bytes)\n", path, ck.file_bytes);
+    printf("arch        %s\n", cg_arch_name(ck.arch));
+    printf("config      %s\n", cfg ? cfg : "?");
+    printf("parameters  %lld in %d tensors\n", (long long)cg_params_numel(ck.ps), cg_params_count(ck.ps));
+    printf("step        %lld of %lld (optimizer step %lld)\n", (long long)cli_json_i64(ck.state, "step", 0),
+           (long long)cli_json_i64(ck.train, "steps", 0), (long long)cli_json_i64(ck.state, "optim_steps", 0));
+    printf("tokenizer   %s, %d ids\n", kinds[cg_tokenizer_kind(ck.tok)], (int)cg_tokenizer_vocab_size(ck.tok));
+    if (ck.n_labels) {
+        printf("labels     ");
+        for (int i = 0; i < ck.n_labels; i++) printf(" %s", ck.labels[i]);
+        printf("\n");
+    }
+    printf("data        %s (%lld bytes, crc32 %08llx)\n", cli_json_str(ck.train, "data", "?"),
+           (long long)cli_json_i64(ck.state, "data_bytes", 0), (unsigned long long)cli_json_u64(ck.state, "data_crc32", 0));
+    printf("losses      train %.4f, held-out %.4f\n", cli_json_num(ck.state, "train_loss", NAN),
+           cli_json_num(ck.state, "val_loss", NAN));
+    printf("elapsed     %.1f s on %lld threads\n", cli_json_num(ck.state, "elapsed_s", 0),
+           (long long)cli_json_i64(ck.state, "threads", 0));
+    char *train = cJSON_PrintUnformatted(ck.train);
+    printf("training    %s\n", train ? train : "{}");
+    free(train);
+    free(cfg);
+    cli_ckpt_free(&ck);
+    return 0;
+}

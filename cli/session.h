@@ -1,0 +1,113 @@
+/* Internal to the cgrad command: what `train` and the inference commands share. A task is one
+ * architecture's data (tokenized once), the way it fills a batch into a model graph's named int32
+ * inputs, and its held-out evaluation; a loaded checkpoint is a model, its tokenizer and the
+ * training settings that made it. */
+#ifndef CGRAD_CLI_SESSION_H
+#define CGRAD_CLI_SESSION_H
+
+#include <signal.h>
+#include <stdio.h>
+
+#include <cjson/cJSON.h>
+
+#include "cgrad.h"
+
+/* ---- tasks: one arch's data ---- */
+
+typedef struct {
+    cg_arch arch;
+    const cg_tokenizer *tok; /* borrowed */
+    int64_t batch, t, s;     /* graph shape: rows, tokens (encdec: target), source tokens */
+    cg_lm_data *lm;          /* gpt2 */
+    cg_mlm_data *mlm;        /* bert */
+    cg_seq2seq_data *s2s;    /* encdec */
+    cg_textcls_data *cls;    /* classifier */
+    int32_t pad_id, bos_id, eos_id, cls_id; /* encdec specials sit after the tokenizer's ids */
+    cg_rng rng;              /* lm/mlm training draws (checkpointed) */
+    cg_data_cursor cur;      /* seq2seq/textcls training order (checkpointed) */
+    uint64_t eval_seed;      /* lm/mlm held-out draws restart from this at every evaluation */
+    const int32_t *label_map; /* classifier: data label id -> model class (NULL: the same) */
+} cli_task;
+
+typedef struct {
+    double loss;             /* mean over held-out tokens (lm, mlm: mean of batch means) */
+    double mlm_loss, nsp_loss; /* bert */
+    double accuracy;         /* classifier: share of rows right; NAN otherwise */
+    int64_t batches, items;  /* batches run, rows (classifier) or target tokens (encdec) */
+} cli_eval;
+
+/* Loads the arch's data from data_path (and val_path for TSV archs, may be NULL) with tok;
+ * context caps T. On failure a message is in cg_last_error(). Free with cli_task_free. */
+cg_status cli_task_open(cli_task *t, cg_arch arch, const cg_tokenizer *tok, const char *data_path,
+                        const char *val_path, double val_fraction, int64_t batch, int64_t context);
+/* Frees the task's data. */
+void cli_task_free(cli_task *t);
+/* Fills the graph's inputs with the next training batch (advances rng or cursor). */
+cg_status cli_task_train_batch(cli_task *t, const cg_model_graph *mg);
+/* Runs up to max_batches held-out batches through g (CG_EVAL graph of the task's shape); val
+ * false evaluates the training split. *stop (may be NULL) aborts early when it becomes nonzero. */
+cg_status cli_task_eval(cli_task *t, bool val, cg_graph *g, const cg_model_graph *mg, int64_t max_batches,
+                        volatile sig_atomic_t *stop, cli_eval *out);
+/* Greedy exact-match rate of an encdec model over the first n held-out pairs (-1 if none). */
+double cli_task_exact(cli_task *t, cg_model *m, int64_t n, int64_t *tried);
+
+/* ---- tokenizers and text ---- */
+
+/* Tokenizer for training: kind "char" (built from text), "bpe" (trained to vocab_size when > 0,
+ * else loaded from path, default data/gpt2) or "wordpiece" (path, default data/bert/vocab.txt). */
+cg_tokenizer *cli_tokenizer_make(const char *kind, const char *path, int64_t vocab_size, const char *text, size_t len);
+/* Encodes text; a char tokenizer drops code points it lacks (counted in *dropped, may be NULL). */
+cg_status cli_encode(const cg_tokenizer *tok, const char *text, int32_t **ids, int64_t *n, int64_t *dropped);
+/* Number of UTF-8 code points in s. */
+int64_t cli_utf8_count(const char *s, size_t len);
+/* Writes n tokens of GPT text after the prompt to f as they are made, in chunks that fit the
+ * context (each later chunk is prompted with the last half context). */
+cg_status cli_gpt_write(FILE *f, const cg_gpt *m, const cg_tokenizer *tok, const int32_t *prompt, int64_t n_prompt,
+                        int64_t n, const cg_sampling *s, uint64_t seed, bool cache);
+/* Default one-token prompt for a GPT tokenizer: newline, <|endoftext|>, or id 0. */
+int32_t cli_gpt_default_prompt(const cg_tokenizer *tok);
+/* Class probabilities of one text (ids without [CLS]; cls_id < 0: none) into probs[num_classes];
+ * the text is cut to max_t tokens ([CLS] included; <= 0: the model's max_len). */
+cg_status cli_classify(const cg_classifier *m, const int32_t *ids, int64_t n, int32_t cls_id, int64_t max_t, double *probs);
+/* Prints up to n worked examples of the model on held-out data (samples, fill-mask, translations
+ * or predictions) to f. */
+void cli_task_show(FILE *f, cli_task *t, cg_model *m, int n, uint64_t seed);
+
+/* ---- checkpoints ---- */
+
+typedef struct {
+    cg_st *st;          /* the open checkpoint */
+    cg_arch arch;
+    cg_params *ps;
+    cg_model *model;
+    cg_tokenizer *tok;
+    cJSON *train;       /* training options as saved (never NULL after a load) */
+    cJSON *state;       /* training position as saved (never NULL after a load) */
+    char **labels;      /* classifier label names, n_labels of them */
+    int n_labels;
+    long long file_bytes;
+} cli_ckpt;
+
+/* Opens a checkpoint and builds its model (dropout as given; < 0: as trained) and tokenizer.
+ * Messages name path. */
+cg_status cli_ckpt_load(const char *path, double dropout, cli_ckpt *ck);
+/* Frees everything the load made. */
+void cli_ckpt_free(cli_ckpt *ck);
+/* Integer field of a saved JSON object (numbers or decimal strings); dflt if absent. */
+int64_t cli_json_i64(const cJSON *o, const char *key, int64_t dflt);
+/* uint64 field saved as a decimal string; dflt if absent. */
+uint64_t cli_json_u64(const cJSON *o, const char *key, uint64_t dflt);
+/* Number field; dflt if absent. */
+double cli_json_num(const cJSON *o, const char *key, double dflt);
+/* String field (owned by o); dflt if absent. */
+const char *cli_json_str(const cJSON *o, const char *key, const char *dflt);
+
+/* ---- output ---- */
+
+/* Prints "cgrad CMD: what: <last error>" to stderr; returns 1. */
+int cli_fail(const char *cmd, const char *what);
+/* Draws the metrics CSV (step, lr, train_loss, val_loss, ...) as an SVG line chart at svg_path;
+ * ylabel NULL says "loss (nats per token)". */
+cg_status cli_plot_metrics(const char *csv_path, const char *svg_path, const char *title, const char *ylabel);
+
+#endif

@@ -1,0 +1,915 @@
+/* cgrad train: trains a zoo model from a text or TSV file. One training graph is built once and
+ * re-run each step on new batch data; a second, CG_EVAL graph of the same shape measures the
+ * held-out loss. Everything a run depends on (parameters, optimizer moments and step, data draws,
+ * dropout stream, options) goes into the checkpoint, so stopping and resuming gives the same
+ * numbers, bit for bit, as running straight through with the same thread count. */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "cli/commands.h"
+#include "cli/session.h"
+#include "graph/internal.h"
+
+/* ---- options ---- */
+
+typedef struct {
+    const char *arch, *data, *val_data, *tokenizer, *tokenizer_path, *schedule;
+    int64_t vocab_size, layers, heads, dim, ffn, context, batch, grad_accum, decay_steps, warmup;
+    double val_fraction, lr, min_lr, beta1, beta2, eps, weight_decay, clip, dropout;
+    uint64_t seed;
+    /* run options: free to change on --resume */
+    int64_t steps, eval_every, eval_batches, eval_exact, save_every, log_every, samples, threads;
+    const char *checkpoint, *metrics, *plot;
+} topts;
+
+typedef enum { T_STR, T_INT, T_NUM, T_U64 } otype;
+
+typedef struct {
+    const char *flag;
+    otype type;
+    size_t off;
+    bool fixed; /* part of the run's identity: a resumed run must not change it */
+    const char *help;
+} optdef;
+
+#define O(f, t, field, fixed, help) {f, t, offsetof(topts, field), fixed, help}
+static const optdef defs[] = {
+    O("--arch", T_STR, arch, true, "gpt2|bert|encdec|classifier (gpt2)"),
+    O("--data", T_STR, data, false, "text (gpt2, bert) or TSV (encdec src\\ttgt, classifier label\\ttext)"),
+    O("--val-data", T_STR, val_data, false, "held-out TSV for encdec/classifier (default: the last --val-fraction)"),
+    O("--val-fraction", T_NUM, val_fraction, true, "held-out share at the end of the data (0.1)"),
+    O("--tokenizer", T_STR, tokenizer, true, "char|bpe|wordpiece (gpt2, encdec: char; bert, classifier: wordpiece)"),
+    O("--tokenizer-path", T_STR, tokenizer_path, true, "tokenizer file or directory (bpe: data/gpt2, wordpiece: data/bert/vocab.txt)"),
+    O("--vocab-size", T_INT, vocab_size, true, "bpe: train a tokenizer of this size on the data instead"),
+    O("--layers", T_INT, layers, true, "transformer layers (encdec: each stack)"),
+    O("--heads", T_INT, heads, true, "attention heads"),
+    O("--dim", T_INT, dim, true, "model width"),
+    O("--ffn", T_INT, ffn, true, "feed-forward width (4 * dim)"),
+    O("--context", T_INT, context, true, "tokens per row (encdec, classifier: the cap)"),
+    O("--batch", T_INT, batch, true, "rows per micro-batch"),
+    O("--grad-accum", T_INT, grad_accum, true, "micro-batches per step (1)"),
+    O("--steps", T_INT, steps, false, "optimizer steps"),
+    O("--decay-steps", T_INT, decay_steps, true, "step where cosine/linear reach --min-lr (--steps)"),
+    O("--lr", T_NUM, lr, true, "peak learning rate (noam: the factor)"),
+    O("--min-lr", T_NUM, min_lr, true, "final learning rate (lr / 10)"),
+    O("--warmup", T_INT, warmup, true, "linear warmup steps"),
+    O("--schedule", T_STR, schedule, true, "constant|cosine|linear|noam (cosine)"),
+    O("--beta1", T_NUM, beta1, true, "AdamW beta1 (0.9)"),
+    O("--beta2", T_NUM, beta2, true, "AdamW beta2 (0.99)"),
+    O("--eps", T_NUM, eps, true, "AdamW epsilon (1e-8)"),
+    O("--weight-decay", T_NUM, weight_decay, true, "decoupled decay on matrices and embeddings (0.1)"),
+    O("--clip", T_NUM, clip, true, "global gradient-norm clip, 0 for none (1.0)"),
+    O("--dropout", T_NUM, dropout, true, "dropout everywhere (0)"),
+    O("--seed", T_U64, seed, true, "seed of initialisation, data order and dropout (1337)"),
+    O("--eval-every", T_INT, eval_every, false, "steps between held-out evaluations"),
+    O("--eval-batches", T_INT, eval_batches, false, "held-out batches per evaluation"),
+    O("--eval-exact", T_INT, eval_exact, false, "encdec: greedy exact match over this many held-out pairs at the end"),
+    O("--checkpoint", T_STR, checkpoint, false, "checkpoint path (cgrad.ckpt; --resume: the resumed file)"),
+    O("--save-every", T_INT, save_every, false, "steps between checkpoints, 0 for the end only"),
+    O("--log-every", T_INT, log_every, false, "steps between log lines when stdout is not a terminal"),
+    O("--metrics", T_STR, metrics, false, "metrics CSV (next to the checkpoint, else ./cgrad_metrics.csv)"),
+    O("--plot", T_STR, plot, false, "loss-curve SVG (next to the metrics)"),
+    O("--samples", T_INT, samples, false, "worked examples printed at the end (3)"),
+    O("--threads", T_INT, threads, false, "threads (CGRAD_THREADS or all cores)"),
+};
+#define N_DEFS (int)(sizeof defs / sizeof defs[0])
+
+/* Index of each option in defs[], in table order. */
+enum {
+    idx_arch, idx_data, idx_val_data, idx_val_fraction, idx_tokenizer, idx_tokenizer_path, idx_vocab_size, idx_layers,
+    idx_heads, idx_dim, idx_ffn, idx_context, idx_batch, idx_grad_accum, idx_steps, idx_decay_steps, idx_lr,
+    idx_min_lr, idx_warmup, idx_schedule, idx_beta1, idx_beta2, idx_eps, idx_weight_decay, idx_clip, idx_dropout,
+    idx_seed, idx_eval_every, idx_eval_batches, idx_eval_exact, idx_checkpoint, idx_save_every, idx_log_every,
+    idx_metrics, idx_plot, idx_samples, idx_threads, idx_count
+};
+_Static_assert(idx_count == N_DEFS, "the index list must follow defs[]");
+
+static void *field(topts *o, int i) { return (char *)o + defs[i].off; }
+
+/* "--grad-accum" -> "grad_accum", the key in the checkpoint's "train" object. */
+static const char *key_of(int i) {
+    static char keys[N_DEFS][32];
+    char *k = keys[i];
+    snprintf(k, 32, "%s", defs[i].flag + 2);
+    for (char *p = k; *p; p++)
+        if (*p == '-') *p = '_';
+    return k;
+}
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: cgrad train [--resume [CKPT]] [options]\n"
+               "With no options: a character-level GPT on data/moby-dick.txt, a few minutes on 2 cores.\n");
+    for (int i = 0; i < N_DEFS; i++) {
+        const char *arg = defs[i].type == T_STR ? "S" : defs[i].type == T_NUM ? "X" : "N";
+        fprintf(f, "  %s %s%*s%s\n", defs[i].flag, arg, (int)(18 - strlen(defs[i].flag)), "", defs[i].help);
+    }
+    fprintf(f, "  --resume [CKPT]     continue from CKPT (default: --checkpoint); settings come from it\n"
+               "Last line: final step=N train_loss=X val_loss=Y tokens_per_s=Z (train_loss: mean since the\n"
+               "previous evaluation). Ctrl-C saves a checkpoint and exits 130.\n");
+}
+
+static bool parse_value(const optdef *d, const char *v, void *dst) {
+    char *end = NULL;
+    errno = 0;
+    switch (d->type) {
+    case T_STR: *(const char **)dst = v; return true;
+    case T_INT: *(int64_t *)dst = strtoll(v, &end, 10); break;
+    case T_NUM: *(double *)dst = strtod(v, &end); break;
+    case T_U64: *(uint64_t *)dst = strtoull(v, &end, 10); break;
+    }
+    if (errno || end == v || *end) {
+        fprintf(stderr, "cgrad train: %s wants %s, got '%s'\n", d->flag, d->type == T_NUM ? "a number" : "an integer", v);
+        return false;
+    }
+    return true;
+}
+
+/* Per-arch defaults for every option the command line left unset. */
+static void defaults(topts *o, const bool *set) {
+    cg_arch a = CG_ARCH_GPT2;
+    cg_arch_parse(o->arch, &a);
+    const bool gpt = a == CG_ARCH_GPT2, bert = a == CG_ARCH_BERT, ed = a == CG_ARCH_ENCDEC, cls = a == CG_ARCH_CLASSIFIER;
+#define D(field, value) \
+    if (!set[idx_##field]) o->field = (value)
+    D(data, cls ? "data/sentiment/all.tsv" : ed ? "" : "data/moby-dick.txt");
+    D(val_data, "");
+    D(val_fraction, 0.1);
+    D(tokenizer, bert || cls ? "wordpiece" : "char");
+    D(tokenizer_path, "");
+    D(vocab_size, 0);
+    D(layers, gpt ? 4 : 2);
+    D(heads, 4);
+    D(dim, cls ? 64 : 128);
+    D(ffn, 4 * o->dim);
+    D(context, gpt ? 128 : 64);
+    D(batch, gpt || bert ? 16 : 32);
+    D(grad_accum, 1);
+    D(steps, gpt ? 1500 : bert ? 300 : ed ? 1000 : 500);
+    D(decay_steps, o->steps);
+    D(lr, gpt ? 1e-3 : 5e-4);
+    D(schedule, "cosine");
+    if (!set[idx_lr] && !strcmp(o->schedule, "noam")) o->lr = 1.0;
+    D(min_lr, o->lr / 10);
+    D(warmup, (gpt || ed ? 100 : bert ? 30 : 50) < o->decay_steps / 5 ? (gpt || ed ? 100 : bert ? 30 : 50) : o->decay_steps / 5);
+    D(beta1, 0.9);
+    D(beta2, 0.99);
+    D(eps, 1e-8);
+    D(weight_decay, bert ? 0.01 : 0.1);
+    D(clip, 1.0);
+    D(dropout, 0.0);
+    D(seed, 1337);
+    D(eval_every, gpt ? 250 : bert ? 50 : 100);
+    D(eval_batches, gpt ? 20 : bert ? 10 : 100);
+    D(eval_exact, ed ? 200 : 0);
+    D(checkpoint, "cgrad.ckpt");
+    D(save_every, 500);
+    D(log_every, gpt ? 50 : 25);
+    D(metrics, "");
+    D(plot, "");
+    D(samples, 3);
+    D(threads, 0);
+#undef D
+}
+
+/* Checks options a run cannot work with; messages name the flag. */
+static bool check_opts(const topts *o) {
+    struct { bool bad; const char *msg; } rules[] = {
+        {o->layers < 1, "--layers must be >= 1"},
+        {o->heads < 1 || o->dim % o->heads, "--dim must be a positive multiple of --heads"},
+        {o->ffn < 1, "--ffn must be >= 1"},
+        {o->context < 2, "--context must be >= 2"},
+        {o->batch < 1, "--batch must be >= 1"},
+        {o->grad_accum < 1, "--grad-accum must be >= 1"},
+        {o->steps < 0, "--steps must be >= 0"},
+        {!(o->val_fraction >= 0 && o->val_fraction < 1), "--val-fraction must be in [0, 1)"},
+        {!(o->dropout >= 0 && o->dropout < 1), "--dropout must be in [0, 1)"},
+        {!(o->clip >= 0), "--clip must be >= 0"},
+        {o->eval_every < 0 || o->eval_batches < 0 || o->save_every < 0 || o->log_every < 0, "--eval-every, --eval-batches, --save-every and --log-every must be >= 0"},
+    };
+    for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++)
+        if (rules[i].bad) {
+            fprintf(stderr, "cgrad train: %s\n", rules[i].msg);
+            return false;
+        }
+    return true;
+}
+
+/* Options as the checkpoint's "train" object. */
+static cJSON *opts_json(topts *o) {
+    cJSON *j = cJSON_CreateObject();
+    for (int i = 0; i < N_DEFS; i++) {
+        void *f = field(o, i);
+        char buf[32];
+        switch (defs[i].type) {
+        case T_STR: cJSON_AddStringToObject(j, key_of(i), *(const char **)f ? *(const char **)f : ""); break;
+        case T_INT: cJSON_AddNumberToObject(j, key_of(i), (double)*(int64_t *)f); break;
+        case T_NUM: cJSON_AddNumberToObject(j, key_of(i), *(double *)f); break;
+        case T_U64:
+            snprintf(buf, sizeof buf, "%" PRIu64, *(uint64_t *)f);
+            cJSON_AddStringToObject(j, key_of(i), buf);
+            break;
+        }
+    }
+    return j;
+}
+
+static void value_str(const topts *o, int i, char *buf, size_t n) {
+    const void *f = (const char *)o + defs[i].off;
+    switch (defs[i].type) {
+    case T_STR: snprintf(buf, n, "'%s'", *(const char *const *)f); break;
+    case T_INT: snprintf(buf, n, "%" PRId64, *(const int64_t *)f); break;
+    case T_NUM: { /* the shortest form that reads back as the same double */
+        const double v = *(const double *)f;
+        for (int digits = 6; digits <= 17; digits++)
+            if (snprintf(buf, n, "%.*g", digits, v), strtod(buf, NULL) == v) break;
+        break;
+    }
+    case T_U64: snprintf(buf, n, "%" PRIu64, *(const uint64_t *)f); break;
+    }
+}
+
+/* Takes every option the command line left unset from the checkpoint, and refuses a changed
+ * setting that is part of the run (the message names the flag, both values and the file). */
+static bool merge_saved(topts *o, bool *set, const cJSON *saved, const char *path) {
+    for (int i = 0; i < N_DEFS; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(saved, key_of(i));
+        if (!v) continue;
+        topts s = *o;
+        void *f = (char *)&s + defs[i].off;
+        switch (defs[i].type) {
+        case T_STR: *(const char **)f = cJSON_IsString(v) ? v->valuestring : ""; break;
+        case T_INT: *(int64_t *)f = cli_json_i64(saved, key_of(i), 0); break;
+        case T_NUM: *(double *)f = cli_json_num(saved, key_of(i), 0); break;
+        case T_U64: *(uint64_t *)f = cli_json_u64(saved, key_of(i), 0); break;
+        }
+        if (!set[i]) {
+            if (i == idx_checkpoint) continue; /* saves go where the run resumed from */
+            memcpy(field(o, i), f, defs[i].type == T_STR ? sizeof(char *) : 8);
+            set[i] = true;
+            continue;
+        }
+        if (!defs[i].fixed) continue;
+        char a[64], b[64];
+        value_str(o, i, a, sizeof a);
+        value_str(&s, i, b, sizeof b);
+        if (strcmp(a, b)) {
+            fprintf(stderr,
+                    "cgrad train: %s %s does not match the checkpoint's %s = %s (%s); a resumed run keeps its model "
+                    "and training settings: drop the flag, or start a new run\n",
+                    defs[i].flag, a, key_of(i), b, path);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* ---- the run ---- */
+
+static volatile sig_atomic_t interrupted;
+
+static void on_sigint(int sig) {
+    (void)sig;
+    interrupted = 1;
+    signal(SIGINT, SIG_DFL); /* a second Ctrl-C ends the process at once */
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* crc32 and size of a file, so a resumed run can tell its data changed. */
+static bool file_crc(const char *path, uint32_t *crc, int64_t *bytes) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return false;
+    unsigned char buf[1 << 15];
+    uLong c = crc32(0L, Z_NULL, 0);
+    int64_t n = 0;
+    size_t k;
+    while ((k = fread(buf, 1, sizeof buf, f)) > 0) c = crc32(c, buf, (uInt)k), n += (int64_t)k;
+    fclose(f);
+    *crc = (uint32_t)c;
+    *bytes = n;
+    return true;
+}
+
+typedef struct {
+    topts o;
+    cg_arch arch;
+    cg_tokenizer *tok;
+    char *tok_json;
+    cli_task task;
+    cg_params *ps;
+    cg_model *model;
+    cg_optim *opt;
+    cg_schedule sched;
+    cg_graph *g, *ge;
+    cg_model_graph mg, mge;
+    uint64_t dropout_seed;
+    int64_t step;
+    double elapsed0, train_s, t_start; /* elapsed0: seconds of earlier runs */
+    int64_t tokens_run;                 /* tokens trained in this process */
+    double win_sum;                     /* training losses since the last evaluation */
+    int64_t win_n;
+    double last_train, last_val;
+    uint32_t data_crc, val_crc;
+    int64_t data_bytes;
+    FILE *metrics;
+    char metrics_path[4096], plot_path[4096];
+    bool tty, bar_shown;
+    double bar_drawn; /* when the progress bar was last redrawn */
+} run;
+
+static const char *const arch_label[] = {"gpt2", "bert", "encdec", "classifier"};
+
+static char *model_config(run *r) {
+    const topts *o = &r->o;
+    char buf[1024];
+    const int64_t v = cg_tokenizer_vocab_size(r->tok);
+    switch (r->arch) {
+    case CG_ARCH_GPT2:
+        snprintf(buf, sizeof buf,
+                 "{\"vocab_size\": %" PRId64 ", \"n_positions\": %" PRId64 ", \"n_embd\": %" PRId64 ", \"n_layer\": %" PRId64
+                 ", \"n_head\": %" PRId64 ", \"n_inner\": %" PRId64 "}",
+                 (int64_t)v, o->context, o->dim, o->layers, o->heads, o->ffn);
+        break;
+    case CG_ARCH_BERT:
+        snprintf(buf, sizeof buf,
+                 "{\"vocab_size\": %" PRId64 ", \"hidden_size\": %" PRId64 ", \"num_hidden_layers\": %" PRId64
+                 ", \"num_attention_heads\": %" PRId64 ", \"intermediate_size\": %" PRId64
+                 ", \"max_position_embeddings\": %" PRId64 ", \"type_vocab_size\": 2}",
+                 (int64_t)v, o->dim, o->layers, o->heads, o->ffn, o->context);
+        break;
+    case CG_ARCH_ENCDEC:
+        snprintf(buf, sizeof buf,
+                 "{\"src_vocab_size\": %" PRId64 ", \"tgt_vocab_size\": %" PRId64 ", \"d_model\": %" PRId64
+                 ", \"n_head\": %" PRId64 ", \"num_encoder_layers\": %" PRId64 ", \"num_decoder_layers\": %" PRId64
+                 ", \"dim_feedforward\": %" PRId64 ", \"max_len\": %" PRId64 ", \"pad_id\": %d, \"bos_id\": %d, \"eos_id\": %d}",
+                 (int64_t)v + 3, (int64_t)v + 3, o->dim, o->heads, o->layers, o->layers, o->ffn, o->context,
+                 r->task.pad_id, r->task.bos_id, r->task.eos_id);
+        break;
+    case CG_ARCH_CLASSIFIER:
+        snprintf(buf, sizeof buf,
+                 "{\"vocab_size\": %" PRId64 ", \"d_model\": %" PRId64 ", \"n_head\": %" PRId64 ", \"n_layer\": %" PRId64
+                 ", \"dim_feedforward\": %" PRId64 ", \"max_len\": %" PRId64 ", \"num_classes\": %d}",
+                 (int64_t)v, o->dim, o->heads, o->layers, o->ffn, o->context, (int)cg_textcls_num_labels(r->task.cls));
+        break;
+    }
+    return strdup(buf);
+}
+
+static void add_str(cJSON *j, const char *k, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void add_str(cJSON *j, const char *k, const char *fmt, ...) {
+    char buf[64];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    cJSON_AddStringToObject(j, k, buf);
+}
+
+static cg_status save(run *r) {
+    cg_st_writer *w = cg_st_writer_new();
+    if (!w) return cgi_fail(CG_ERR_NOMEM, "[train] out of memory");
+    const int64_t span = cg_params_span(r->ps);
+    cg_status st = cg_st_add_params(w, r->ps);
+    if (!st) st = cg_st_add(w, "optim.m1", 1, &span, cg_optim_moment1(r->opt));
+    if (!st) st = cg_st_add(w, "optim.m2", 1, &span, cg_optim_moment2(r->opt));
+    char *cfg = cg_model_config_json(r->model);
+    cJSON *train = opts_json(&r->o), *state = cJSON_CreateObject(), *labels = NULL;
+    cJSON_AddNumberToObject(state, "step", (double)r->step);
+    cJSON_AddNumberToObject(state, "optim_steps", (double)cg_optim_steps(r->opt));
+    add_str(state, "rng", "%" PRIu64, r->task.rng.state);
+    add_str(state, "cursor_rng", "%" PRIu64, r->task.cur.rng.state);
+    cJSON_AddNumberToObject(state, "cursor_epoch", (double)r->task.cur.epoch);
+    cJSON_AddNumberToObject(state, "cursor_pos", (double)r->task.cur.pos);
+    add_str(state, "dropout_seed", "%" PRIu64, r->dropout_seed);
+    add_str(state, "dropout_step", "%" PRIu64, cg_graph_rng_step(r->g));
+    add_str(state, "eval_seed", "%" PRIu64, r->task.eval_seed);
+    add_str(state, "elapsed_s", "%.17g", r->elapsed0 + (now_s() - r->t_start));
+    add_str(state, "window_loss_sum", "%.17g", r->win_sum);
+    cJSON_AddNumberToObject(state, "window_steps", (double)r->win_n);
+    add_str(state, "train_loss", "%.17g", r->last_train);
+    add_str(state, "val_loss", "%.17g", r->last_val);
+    cJSON_AddNumberToObject(state, "threads", cg_threads());
+    add_str(state, "data_crc32", "%" PRIu32, r->data_crc);
+    cJSON_AddNumberToObject(state, "data_bytes", (double)r->data_bytes);
+    add_str(state, "val_data_crc32", "%" PRIu32, r->val_crc);
+    cJSON_AddNumberToObject(state, "graph_t", (double)r->task.t);
+    cJSON_AddNumberToObject(state, "graph_s", (double)r->task.s);
+    if (r->task.cls) {
+        labels = cJSON_CreateArray();
+        for (int32_t i = 0; i < cg_textcls_num_labels(r->task.cls); i++)
+            cJSON_AddItemToArray(labels, cJSON_CreateString(cg_textcls_label_name(r->task.cls, i)));
+    }
+    char *tj = cJSON_PrintUnformatted(train), *sj = cJSON_PrintUnformatted(state),
+         *lj = labels ? cJSON_PrintUnformatted(labels) : NULL;
+    if (!st) st = cg_st_set_metadata(w, "arch", cg_arch_name(r->arch));
+    if (!st) st = cg_st_set_metadata(w, "config", cfg ? cfg : "{}");
+    if (!st) st = cg_st_set_metadata(w, "tokenizer", r->tok_json);
+    if (!st) st = cg_st_set_metadata(w, "train", tj ? tj : "{}");
+    if (!st) st = cg_st_set_metadata(w, "state", sj ? sj : "{}");
+    if (!st && lj) st = cg_st_set_metadata(w, "labels", lj);
+    if (!st) st = cg_checkpoint_save(w, r->o.checkpoint);
+    free(cfg);
+    free(tj);
+    free(sj);
+    free(lj);
+    cJSON_Delete(train);
+    cJSON_Delete(state);
+    cJSON_Delete(labels);
+    cg_st_writer_free(w);
+    return st;
+}
+
+/* Restores the optimizer, data position and dropout stream saved by save(). */
+static cg_status restore(run *r, const cli_ckpt *ck, const char *path) {
+    const cJSON *s = ck->state;
+    const int64_t span = cg_params_span(r->ps);
+    cg_status st = CG_OK;
+    if (cg_st_find(ck->st, "optim.m1") < 0 || cg_st_find(ck->st, "optim.m2") < 0)
+        return cgi_fail(CG_ERR_FORMAT, "[checkpoint] %s: no optimizer state (optim.m1, optim.m2)", path);
+    if ((st = cg_st_read(ck->st, "optim.m1", cg_optim_moment1(r->opt), 1, &span)) ||
+        (st = cg_st_read(ck->st, "optim.m2", cg_optim_moment2(r->opt), 1, &span)))
+        return st;
+    if ((st = cg_optim_set_steps(r->opt, cli_json_i64(s, "optim_steps", 0)))) return st;
+    r->step = cli_json_i64(s, "step", 0);
+    r->task.rng.state = cli_json_u64(s, "rng", 0);
+    r->task.cur.rng.state = cli_json_u64(s, "cursor_rng", 0);
+    r->task.cur.epoch = cli_json_i64(s, "cursor_epoch", 0);
+    r->task.cur.pos = cli_json_i64(s, "cursor_pos", 0);
+    r->dropout_seed = cli_json_u64(s, "dropout_seed", 0);
+    r->task.eval_seed = cli_json_u64(s, "eval_seed", 0);
+    cg_graph_set_rng(r->g, r->dropout_seed, cli_json_u64(s, "dropout_step", 0));
+    r->elapsed0 = cli_json_num(s, "elapsed_s", 0);
+    r->win_sum = cli_json_num(s, "window_loss_sum", 0);
+    r->win_n = cli_json_i64(s, "window_steps", 0);
+    r->last_train = cli_json_num(s, "train_loss", NAN);
+    r->last_val = cli_json_num(s, "val_loss", NAN);
+    int threads = (int)cli_json_i64(s, "threads", 0);
+    if (threads && threads != cg_threads())
+        fprintf(stderr, "cgrad train: note: the checkpoint ran on %d threads, this run on %d: the numbers will not be "
+                        "bit-identical to an uninterrupted run\n", threads, cg_threads());
+    return CG_OK;
+}
+
+/* Rewrites the metrics CSV keeping the rows up to the resumed step, then appends to it. */
+static FILE *open_metrics(const char *path, int64_t keep_upto) {
+    static const char *header = "step,lr,train_loss,val_loss,tokens_per_s,elapsed_s\n";
+    char *old = NULL;
+    size_t len = 0;
+    if (keep_upto > 0) {
+        FILE *f = fopen(path, "rb");
+        if (f) {
+            fseek(f, 0, SEEK_END);
+            long n = ftell(f);
+            fseek(f, 0, SEEK_SET);
+            old = n > 0 ? malloc((size_t)n + 1) : NULL;
+            len = old ? fread(old, 1, (size_t)n, f) : 0;
+            if (old) old[len] = 0;
+            fclose(f);
+        }
+    }
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        free(old);
+        return NULL;
+    }
+    fputs(header, f);
+    for (char *line = old ? strchr(old, '\n') : NULL; line && *++line;) {
+        char *nl = strchr(line, '\n');
+        if (!nl) break;
+        if (strtoll(line, NULL, 10) <= keep_upto && line[0] >= '0' && line[0] <= '9') fwrite(line, 1, (size_t)(nl - line + 1), f);
+        line = nl;
+    }
+    free(old);
+    fflush(f);
+    return f;
+}
+
+static void fmt_time(char *buf, size_t n, double s) {
+    if (!(s >= 0) || s > 1e7) snprintf(buf, n, "--:--");
+    else if (s >= 3600) snprintf(buf, n, "%d:%02d:%02d", (int)s / 3600, (int)s / 60 % 60, (int)s % 60);
+    else snprintf(buf, n, "%d:%02d", (int)s / 60, (int)s % 60);
+}
+
+static void clear_bar(run *r) {
+    if (r->tty && r->bar_shown) fputs("\r\033[K", stdout);
+    r->bar_shown = false;
+}
+
+static void progress(run *r, int64_t first, double loss, double lr, double tok_s) {
+    const int64_t total = r->o.steps, done = r->step;
+    double per_step = (now_s() - r->t_start) / (double)(done - first > 0 ? done - first : 1);
+    char eta[32];
+    fmt_time(eta, sizeof eta, per_step * (double)(total - done));
+    if (r->tty) {
+        char bar[25];
+        int fillc = total > 0 ? (int)(24 * done / total) : 24;
+        for (int i = 0; i < 24; i++) bar[i] = i < fillc ? '#' : '.';
+        bar[24] = 0;
+        printf("\r\033[K[%s] %lld/%lld loss %.4f lr %.2e %.0f tok/s ETA %s", bar, (long long)done, (long long)total,
+               loss, lr, tok_s, eta);
+        r->bar_shown = true;
+    } else {
+        printf("step %lld/%lld loss %.4f lr %.2e %.0f tok/s ETA %s\n", (long long)done, (long long)total, loss, lr, tok_s,
+               eta);
+    }
+    fflush(stdout);
+}
+
+static void log_eval(run *r, const cli_eval *e, double exact, int64_t tried) {
+    clear_bar(r);
+    printf("eval step %lld:", (long long)r->step);
+    if (r->win_n) printf(" train %.4f", r->win_sum / (double)r->win_n);
+    printf(" held-out %.4f", e->loss);
+    if (!isnan(e->mlm_loss)) printf(" (mlm %.4f nsp %.4f)", e->mlm_loss, e->nsp_loss);
+    if (!isnan(e->accuracy)) printf(" accuracy %.4f (%lld held-out)", e->accuracy, (long long)e->items);
+    if (tried > 0) printf(" exact-match %.4f (%lld held-out, greedy)", exact, (long long)tried);
+    char el[32];
+    fmt_time(el, sizeof el, r->elapsed0 + now_s() - r->t_start);
+    printf(" [%s]\n", el);
+    fflush(stdout);
+}
+
+/* Held-out evaluation; closes the training-loss window. */
+static void evaluate(run *r, bool final) {
+    cli_eval e;
+    cg_status st = cli_task_eval(&r->task, true, r->ge, &r->mge, r->o.eval_batches, &interrupted, &e);
+    if (st) {
+        clear_bar(r);
+        fprintf(stderr, "cgrad train: evaluation failed: %s\n", cg_last_error());
+        e.loss = NAN;
+    }
+    if (interrupted) return; /* a cut-short evaluation is not a result */
+    double exact = -1;
+    int64_t tried = 0;
+    if (final && r->o.eval_exact > 0) exact = cli_task_exact(&r->task, r->model, r->o.eval_exact, &tried);
+    r->last_val = e.loss;
+    if (r->win_n) r->last_train = r->win_sum / (double)r->win_n;
+    log_eval(r, &e, exact, tried);
+    r->win_sum = 0, r->win_n = 0;
+}
+
+static void finish_files(run *r) {
+    if (r->metrics) fflush(r->metrics);
+    char title[256];
+    snprintf(title, sizeof title, "cgrad train %s: %lld layers, d %lld, context %lld, batch %lld", cg_arch_name(r->arch),
+             (long long)r->o.layers, (long long)r->o.dim, (long long)r->task.t, (long long)(r->o.batch * r->o.grad_accum));
+    static const char *const ylabel[] = {"loss (nats per token)", "loss (masked-LM + next-sentence, nats)",
+                                         "loss (nats per target token)", "loss (nats per example)"};
+    if (cli_plot_metrics(r->metrics_path, r->plot_path, title, ylabel[r->arch]))
+        fprintf(stderr, "cgrad train: cannot draw %s: %s\n", r->plot_path, cg_last_error());
+}
+
+/* Derived file names: next to the checkpoint when one was named, else in the working directory. */
+static void derive_paths(run *r, bool named_ckpt) {
+    if (*r->o.metrics) snprintf(r->metrics_path, sizeof r->metrics_path, "%s", r->o.metrics);
+    else if (named_ckpt) {
+        const char *c = r->o.checkpoint, *dot = strrchr(c, '.'), *slash = strrchr(c, '/');
+        int base = dot && (!slash || dot > slash) ? (int)(dot - c) : (int)strlen(c);
+        snprintf(r->metrics_path, sizeof r->metrics_path, "%.*s_metrics.csv", base, c);
+    } else snprintf(r->metrics_path, sizeof r->metrics_path, "cgrad_metrics.csv");
+    if (*r->o.plot) snprintf(r->plot_path, sizeof r->plot_path, "%s", r->o.plot);
+    else {
+        size_t n = strlen(r->metrics_path);
+        int base = n > 4 && !strcmp(r->metrics_path + n - 4, ".csv") ? (int)n - 4 : (int)n;
+        if (base > 8 && !strncmp(r->metrics_path + base - 8, "_metrics", 8)) base -= 8;
+        snprintf(r->plot_path, sizeof r->plot_path, "%.*s_loss.svg", base, r->metrics_path);
+    }
+}
+
+int cmd_train(int argc, char **argv) {
+    topts o;
+    memset(&o, 0, sizeof o);
+    bool set[N_DEFS] = {0};
+    const char *resume = NULL;
+    bool want_resume = false;
+    o.arch = "gpt2";
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!strcmp(argv[i], "--resume")) {
+            want_resume = true;
+            if (i + 1 < argc && strncmp(argv[i + 1], "--", 2)) resume = argv[++i];
+            continue;
+        }
+        int k = 0;
+        while (k < N_DEFS && strcmp(argv[i], defs[k].flag)) k++;
+        if (k == N_DEFS) {
+            fprintf(stderr, "cgrad train: unknown option %s (cgrad train --help lists them)\n", argv[i]);
+            return 2;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "cgrad train: %s needs a value\n", argv[i]);
+            return 2;
+        }
+        if (!parse_value(&defs[k], argv[++i], field(&o, k))) return 2;
+        set[k] = true;
+    }
+    const bool named_ckpt = set[idx_checkpoint];
+    if (want_resume && !resume) {
+        if (!set[idx_checkpoint]) {
+            fprintf(stderr, "cgrad train: --resume needs a checkpoint: --resume CKPT or --checkpoint CKPT\n");
+            return 2;
+        }
+        resume = o.checkpoint;
+    }
+    run r;
+    memset(&r, 0, sizeof r);
+    r.last_train = r.last_val = NAN;
+    cli_ckpt ck;
+    memset(&ck, 0, sizeof ck);
+    int rc = 1;
+    if (resume) {
+        if (cli_ckpt_load(resume, -1, &ck)) {
+            fprintf(stderr, "cgrad train: cannot resume: %s\n", cg_last_error());
+            return 1;
+        }
+        if (!merge_saved(&o, set, ck.train, resume)) {
+            cli_ckpt_free(&ck);
+            return 1;
+        }
+        if (!named_ckpt) o.checkpoint = resume, set[idx_checkpoint] = true;
+    }
+    if (cg_arch_parse(o.arch, &r.arch)) {
+        fprintf(stderr, "cgrad train: --arch %s: expected gpt2, bert, encdec or classifier\n", o.arch);
+        cli_ckpt_free(&ck);
+        return 2;
+    }
+    defaults(&o, set);
+    if (!check_opts(&o)) {
+        cli_ckpt_free(&ck);
+        return 2;
+    }
+    if (*o.val_data && (r.arch == CG_ARCH_GPT2 || r.arch == CG_ARCH_BERT)) {
+        fprintf(stderr, "cgrad train: --val-data is for encdec and classifier; %s holds out --val-fraction of --data\n", o.arch);
+        cli_ckpt_free(&ck);
+        return 2;
+    }
+    if (!*o.data) {
+        fprintf(stderr, "cgrad train: --arch %s needs --data FILE.tsv (one \"source<TAB>target\" pair a line)\n", o.arch);
+        cli_ckpt_free(&ck);
+        return 2;
+    }
+    r.o = o;
+    if (o.threads > 0) cg_set_threads((int)o.threads);
+    derive_paths(&r, named_ckpt || resume);
+    r.tty = isatty(STDOUT_FILENO);
+
+    /* Tokenizer: restored, or made from the data. */
+    if (!file_crc(o.data, &r.data_crc, &r.data_bytes)) {
+        fprintf(stderr, "cgrad train: cannot read --data %s: %s%s\n", o.data, strerror(errno),
+                errno == ENOENT && !set[idx_data] ? " (run ./setup.sh to fetch the default data)" : "");
+        goto done;
+    }
+    int64_t vb = 0;
+    if (*o.val_data && !file_crc(o.val_data, &r.val_crc, &vb)) {
+        fprintf(stderr, "cgrad train: cannot read --val-data %s: %s\n", o.val_data, strerror(errno));
+        goto done;
+    }
+    if (resume) { /* resuming exactly needs the very same data */
+        const uint32_t crc = (uint32_t)cli_json_u64(ck.state, "data_crc32", 0),
+                       vcrc = (uint32_t)cli_json_u64(ck.state, "val_data_crc32", 0);
+        if (crc != r.data_crc || vcrc != r.val_crc) {
+            fprintf(stderr,
+                    "cgrad train: cannot resume: the %s file %s differs from the one %s was trained on (crc32 %08x, "
+                    "checkpoint %08x)\n",
+                    crc != r.data_crc ? "--data" : "--val-data", crc != r.data_crc ? o.data : o.val_data, resume,
+                    crc != r.data_crc ? r.data_crc : r.val_crc, crc != r.data_crc ? crc : vcrc);
+            goto done;
+        }
+        r.tok = ck.tok;
+        ck.tok = NULL;
+    } else {
+        char *text = NULL;
+        size_t len = 0;
+        if (cg_read_text_file(o.data, &text, &len)) {
+            cli_fail("train", "cannot read the data");
+            goto done;
+        }
+        /* A named tokenizer file decides the kind unless --tokenizer says otherwise. */
+        const bool path_decides = *o.tokenizer_path && !set[idx_tokenizer];
+        r.tok = cli_tokenizer_make(path_decides ? NULL : o.tokenizer, o.tokenizer_path, o.vocab_size, text, len);
+        free(text);
+        if (!r.tok) {
+            cli_fail("train", "cannot make the tokenizer");
+            goto done;
+        }
+        static const char *const kinds[] = {"char", "bpe", "wordpiece"};
+        r.o.tokenizer = kinds[cg_tokenizer_kind(r.tok)];
+    }
+    if (cg_tokenizer_serialize(r.tok, &r.tok_json)) {
+        cli_fail("train", "cannot serialize the tokenizer");
+        goto done;
+    }
+    if (cli_task_open(&r.task, r.arch, r.tok, o.data, o.val_data, o.val_fraction, o.batch, o.context)) {
+        cli_fail("train", "cannot load the data");
+        goto done;
+    }
+    {
+        const int64_t n = r.task.s2s ? cg_seq2seq_data_count(r.task.s2s, false)
+                          : r.task.cls ? cg_textcls_data_count(r.task.cls, false) : o.batch;
+        if (n < o.batch) {
+            fprintf(stderr, "cgrad train: %s: %lld training examples cannot fill a --batch of %lld\n", o.data, (long long)n,
+                    (long long)o.batch);
+            goto done;
+        }
+    }
+    /* Independent streams for initialisation, data, dropout and held-out draws. */
+    cg_rng seeds;
+    cg_rng_seed(&seeds, o.seed);
+    const uint64_t init_seed = cg_rng_next(&seeds), data_seed = cg_rng_next(&seeds);
+    r.dropout_seed = cg_rng_next(&seeds);
+    r.task.eval_seed = cg_rng_next(&seeds);
+    cg_rng_seed(&r.task.rng, data_seed);
+    cg_data_cursor_init(&r.task.cur, data_seed);
+
+    if (resume) {
+        r.ps = ck.ps, r.model = ck.model;
+        ck.ps = NULL, ck.model = NULL;
+    } else {
+        char *cfg = model_config(&r);
+        r.ps = cg_params_new();
+        r.model = cfg && r.ps ? cg_model_new(r.arch, cfg, o.dropout, r.ps, init_seed) : NULL;
+        free(cfg);
+        if (!r.model) {
+            cli_fail("train", "cannot build the model");
+            goto done;
+        }
+    }
+    cg_optim_config oc = cg_optim_defaults(CG_OPT_ADAMW);
+    oc.lr = o.lr, oc.beta1 = o.beta1, oc.beta2 = o.beta2, oc.eps = o.eps, oc.weight_decay = o.weight_decay;
+    r.opt = cg_optim_new(r.ps, &oc);
+    if (!r.opt) {
+        cli_fail("train", "bad optimizer settings");
+        goto done;
+    }
+    cg_optim_decay_matrices_only(r.opt, true); /* as nanoGPT: every >= 2-D parameter, embeddings too */
+    if (cg_schedule_parse(o.schedule, &r.sched.kind)) {
+        cli_fail("train", "--schedule");
+        goto done;
+    }
+    r.sched.lr = o.lr, r.sched.min_lr = o.min_lr, r.sched.warmup = o.warmup, r.sched.total = o.decay_steps;
+    r.sched.d_model = o.dim, r.sched.noam_factor = o.lr;
+    if (cg_schedule_check(&r.sched)) {
+        cli_fail("train", "bad schedule (--lr, --min-lr, --warmup, --decay-steps)");
+        goto done;
+    }
+    r.g = cg_graph_new(CG_TRAIN);
+    r.ge = cg_graph_new(CG_EVAL);
+    if (!r.g || !r.ge || cg_model_build(r.g, r.model, o.batch, r.task.t, r.task.s, &r.mg) ||
+        cg_model_build(r.ge, r.model, o.batch, r.task.t, r.task.s, &r.mge)) {
+        cli_fail("train", "cannot build the training graph");
+        goto done;
+    }
+    cg_graph_set_rng(r.g, r.dropout_seed, 0);
+    if (resume && restore(&r, &ck, resume)) {
+        fprintf(stderr, "cgrad train: cannot resume: %s\n", cg_last_error());
+        goto done;
+    }
+    if (!(r.metrics = open_metrics(r.metrics_path, resume ? r.step : 0))) {
+        fprintf(stderr, "cgrad train: cannot write %s: %s\n", r.metrics_path, strerror(errno));
+        goto done;
+    }
+
+    const int64_t tokens_per_step = o.batch * o.grad_accum * (r.arch == CG_ARCH_CLASSIFIER ? r.task.t : r.task.t + r.task.s);
+    {
+        int64_t ntr = r.task.lm ? cg_lm_data_count(r.task.lm, false) : r.task.mlm ? cg_mlm_data_count(r.task.mlm, false)
+                      : r.task.s2s ? cg_seq2seq_data_count(r.task.s2s, false) : cg_textcls_data_count(r.task.cls, false);
+        int64_t nva = r.task.lm ? cg_lm_data_count(r.task.lm, true) : r.task.mlm ? cg_mlm_data_count(r.task.mlm, true)
+                      : r.task.s2s ? cg_seq2seq_data_count(r.task.s2s, true) : cg_textcls_data_count(r.task.cls, true);
+        const char *unit = r.task.lm ? "tokens" : r.task.mlm ? "sentences" : r.task.s2s ? "pairs" : "examples";
+        const char *kinds[] = {"char", "bpe", "wordpiece"};
+        printf("cgrad train: %s, %lld layers, %lld heads, d %lld, context %lld: %.2fM parameters\n", arch_label[r.arch],
+               (long long)o.layers, (long long)o.heads, (long long)o.dim, (long long)r.task.t,
+               (double)cg_params_numel(r.ps) / 1e6);
+        printf("  data %s: %lld training / %lld held-out %s; %s tokenizer, %d ids\n", o.data, (long long)ntr,
+               (long long)nva, unit, kinds[cg_tokenizer_kind(r.tok)], (int)cg_tokenizer_vocab_size(r.tok));
+        if (resume) printf("  resuming at step %lld of %lld\n", (long long)r.step, (long long)o.steps);
+        printf("  %lld steps of %lld x %lld rows, AdamW lr %g (%s, warmup %lld, min %g), wd %g, clip %g, dropout %g, "
+               "%d threads\n",
+               (long long)o.steps, (long long)o.batch, (long long)o.grad_accum, o.lr, o.schedule, (long long)o.warmup,
+               o.min_lr, o.weight_decay, o.clip, o.dropout, cg_threads());
+        printf("  checkpoint %s, metrics %s, plot %s\n", o.checkpoint, r.metrics_path, r.plot_path);
+        fflush(stdout);
+    }
+
+    struct sigaction sa, old_sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    interrupted = 0;
+    sigaction(SIGINT, &sa, &old_sa);
+
+    r.t_start = now_s();
+    const int64_t first = r.step;
+    int64_t last_eval = -1;
+    if (r.step == 0 && o.eval_every > 0 && o.eval_batches > 0) { /* where a fresh model starts */
+        evaluate(&r, false);
+        if (!interrupted) {
+            fprintf(r.metrics, "0,0,,%.9g,,%.3f\n", r.last_val, now_s() - r.t_start);
+            last_eval = 0;
+        }
+    }
+    cg_status st = CG_OK;
+    double tok_s = 0;
+    /* The loop allocates nothing: batches go into the graphs' inputs, the optimizer works in place. */
+    while (r.step < o.steps && !interrupted) {
+        const double t0 = now_s(), lr = cg_schedule_lr(&r.sched, cg_optim_steps(r.opt));
+        double loss = 0;
+        cg_params_zero_grad(r.ps);
+        for (int64_t a = 0; a < o.grad_accum && !st; a++) {
+            if (!(st = cli_task_train_batch(&r.task, &r.mg)) && !(st = cg_graph_forward(r.g)))
+                st = cg_graph_backward(r.g, r.mg.loss);
+            loss += cg_item(r.mg.loss);
+        }
+        if (st) break;
+        loss /= (double)o.grad_accum;
+        if (o.grad_accum > 1) cg_grads_scale(r.ps, 1.0 / (double)o.grad_accum);
+        if (o.clip > 0) cg_clip_grad_norm(r.ps, o.clip);
+        if ((st = cg_optim_step(r.opt, lr))) break;
+        r.step++;
+        const double dt = now_s() - t0;
+        r.train_s += dt;
+        r.tokens_run += tokens_per_step;
+        tok_s = (double)tokens_per_step / dt;
+        r.win_sum += loss, r.win_n++;
+        r.last_train = loss;
+        if (!isfinite(loss)) {
+            clear_bar(&r);
+            fprintf(stderr, "cgrad train: loss is %g at step %lld; stopping (try a lower --lr)\n", loss, (long long)r.step);
+            st = CG_ERR_RANGE;
+            break;
+        }
+        bool eval_now = (o.eval_every > 0 && r.step % o.eval_every == 0) || r.step == o.steps;
+        const double rate = (double)r.tokens_run / r.train_s; /* since this process started: steadier than one step */
+        if (r.tty ? now_s() - r.bar_drawn > 0.1 || r.step == o.steps : o.log_every > 0 && r.step % o.log_every == 0) {
+            progress(&r, first, loss, lr, rate);
+            r.bar_drawn = now_s();
+        }
+        double val = NAN;
+        if (eval_now && !interrupted) {
+            evaluate(&r, r.step == o.steps);
+            if (!interrupted) val = r.last_val, last_eval = r.step;
+        }
+        fprintf(r.metrics, "%lld,%.6g,%.9g,", (long long)r.step, lr, loss);
+        if (!isnan(val)) fprintf(r.metrics, "%.9g", val);
+        fprintf(r.metrics, ",%.1f,%.3f\n", tok_s, r.elapsed0 + now_s() - r.t_start);
+        if (o.save_every > 0 && r.step % o.save_every == 0 && r.step < o.steps) {
+            if (save(&r)) {
+                clear_bar(&r);
+                fprintf(stderr, "cgrad train: cannot save: %s\n", cg_last_error());
+            }
+            finish_files(&r);
+        }
+    }
+    sigaction(SIGINT, &old_sa, NULL);
+    clear_bar(&r);
+    if (st) {
+        cli_fail("train", "training step failed");
+        /* keep what was learned: the last good state is still worth a checkpoint */
+    }
+    if (!st && !interrupted && last_eval != r.step && r.step > 0 && o.eval_batches > 0 && first == r.step)
+        evaluate(&r, true); /* resumed at the end: report where it stands */
+    if (save(&r)) {
+        fprintf(stderr, "cgrad train: cannot save the checkpoint: %s\n", cg_last_error());
+        if (!st) st = CG_ERR_IO;
+    } else printf("saved %s (step %lld)\n", o.checkpoint, (long long)r.step);
+    fclose(r.metrics);
+    r.metrics = NULL;
+    finish_files(&r);
+    if (interrupted) printf("interrupted at step %lld; continue with: cgrad train --resume %s\n", (long long)r.step,
+                            o.checkpoint);
+    else if (!st) cli_task_show(stdout, &r.task, r.model, (int)o.samples, o.seed);
+    const double train_loss = r.win_n ? r.win_sum / (double)r.win_n : r.last_train;
+    printf("final step=%lld train_loss=%.4f val_loss=%.4f tokens_per_s=%.1f\n", (long long)r.step, train_loss, r.last_val,
+           r.train_s > 0 ? (double)r.tokens_run / r.train_s : 0.0);
+    fflush(stdout);
+    rc = interrupted ? 130 : st ? 1 : 0;
+done:
+    if (r.metrics) fclose(r.metrics);
+    cg_graph_free(r.g);
+    cg_graph_free(r.ge);
+    cg_optim_free(r.opt);
+    cli_task_free(&r.task);
+    cg_model_free(r.model);
+    cg_params_free(r.ps);
+    cg_tokenizer_free(r.tok);
+    free(r.tok_json);
+    cli_ckpt_free(&ck);
+    return rc;
+}

@@ -1,0 +1,475 @@
+/* The cgrad command end to end, through the built binary (../cgrad next to this test, or
+ * $CGRAD_BIN): resuming is exact for every arch (parameters, optimizer moments, data and dropout
+ * state, logged losses), damaged or mismatched checkpoints are refused with the file named, the
+ * last line and the metrics CSV have their documented form, Ctrl-C saves and exits 130, and the
+ * inference commands agree with what they print. Tiny models, so the whole file runs in seconds. */
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "cgrad.h"
+#include "check.h"
+
+static char bin[PATH_MAX + 16], dir[PATH_MAX];
+
+/* ---- helpers ---- */
+
+static char *slurp(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    size_t got = s ? fread(s, 1, (size_t)n, f) : 0;
+    fclose(f);
+    if (s) s[got] = 0;
+    if (len) *len = got;
+    return s;
+}
+
+static void spit(const char *name, const char *text) {
+    char p[PATH_MAX + 64];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "wb");
+    if (f) fputs(text, f), fclose(f);
+}
+
+static char *path_of(const char *name) {
+    static char p[4][PATH_MAX + 64];
+    static int k;
+    k = (k + 1) % 4;
+    snprintf(p[k], sizeof p[k], "%s/%s", dir, name);
+    return p[k];
+}
+
+typedef struct {
+    int rc;
+    char *out, *err;
+} result;
+
+static void result_free(result *r) { free(r->out), free(r->err), r->out = r->err = NULL; }
+
+/* Runs `cgrad ARGS` in the scratch directory with stdin from /dev/null (or input). */
+static result cgrad(const char *args, const char *input) {
+    char cmd[3 * PATH_MAX];
+    if (input) spit("stdin.txt", input);
+    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' %s < %s > out.txt 2> err.txt", dir, bin, args, input ? "stdin.txt" : "/dev/null");
+    int st = system(cmd);
+    result r = {WIFEXITED(st) ? WEXITSTATUS(st) : -1, slurp(path_of("out.txt"), NULL), slurp(path_of("err.txt"), NULL)};
+    if (!r.out) r.out = calloc(1, 1);
+    if (!r.err) r.err = calloc(1, 1);
+    return r;
+}
+
+/* The last non-empty line of s (static copy). */
+static const char *last_line(const char *s) {
+    static char line[1024];
+    size_t n = strlen(s);
+    while (n && s[n - 1] == '\n') n--;
+    size_t b = n;
+    while (b && s[b - 1] != '\n') b--;
+    snprintf(line, sizeof line, "%.*s", (int)(n - b), s + b);
+    return line;
+}
+
+/* Parses the documented last line; false unless it has exactly that form. */
+static bool parse_final(const char *line, long long *step, double *train, double *val, double *tps) {
+    int used = -1;
+    if (sscanf(line, "final step=%lld train_loss=%lf val_loss=%lf tokens_per_s=%lf%n", step, train, val, tps, &used) != 4)
+        return false;
+    return used == (int)strlen(line);
+}
+
+/* Every tensor of two checkpoints is equal bit for bit, and so is the training state (but the clock). */
+static bool same_checkpoints(const char *a, const char *b) {
+    cg_st *x = cg_checkpoint_open(a), *y = cg_checkpoint_open(b);
+    bool same = x && y && cg_st_count(x) == cg_st_count(y) && cg_st_count(x) > 2;
+    for (int i = 0; same && i < cg_st_count(x); i++) {
+        const char *name = cg_st_name(x, i);
+        int nd1, nd2;
+        int64_t s1[CG_MAX_DIMS], s2[CG_MAX_DIMS];
+        same = cg_st_find(y, name) >= 0 && !cg_st_info(x, name, NULL, &nd1, s1) && !cg_st_info(y, name, NULL, &nd2, s2) &&
+               nd1 == nd2 && !memcmp(s1, s2, (size_t)nd1 * sizeof *s1);
+        int64_t n = 1;
+        for (int k = 0; k < nd1; k++) n *= s1[k];
+        cg_real *u = malloc((size_t)n * sizeof *u), *v = malloc((size_t)n * sizeof *v);
+        same = same && u && v && !cg_st_read(x, name, u, -1, NULL) && !cg_st_read(y, name, v, -1, NULL) &&
+               !memcmp(u, v, (size_t)n * sizeof *u);
+        if (!same) fprintf(stderr, "  tensor %s differs between %s and %s\n", name, a, b);
+        free(u), free(v);
+    }
+    if (same) {
+        cJSON *s = cJSON_Parse(cg_st_metadata(x, "state")), *t = cJSON_Parse(cg_st_metadata(y, "state"));
+        cJSON_DeleteItemFromObject(s, "elapsed_s"), cJSON_DeleteItemFromObject(t, "elapsed_s");
+        char *p = cJSON_PrintUnformatted(s), *q = cJSON_PrintUnformatted(t);
+        same = p && q && !strcmp(p, q);
+        if (!same) fprintf(stderr, "  state differs:\n  %s\n  %s\n", p, q);
+        free(p), free(q), cJSON_Delete(s), cJSON_Delete(t);
+    }
+    cg_st_close(x), cg_st_close(y);
+    return same;
+}
+
+/* The metrics CSV without its timing columns. */
+static char *csv_losses(const char *name) {
+    char *s = slurp(path_of(name), NULL);
+    if (!s) return calloc(1, 1);
+    char *out = malloc(strlen(s) + 1), *w = out;
+    for (char *line = strtok(s, "\n"); line; line = strtok(NULL, "\n")) {
+        int commas = 0;
+        for (char *p = line; *p && commas < 4; p++) commas += *p == ',', *w++ = *p;
+        *w++ = '\n';
+    }
+    *w = 0;
+    free(s);
+    return out;
+}
+
+/* ---- data the tests train on ---- */
+
+static uint64_t lcg = 12345;
+static unsigned next_u(unsigned n) {
+    lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
+    return (unsigned)((lcg >> 33) % n);
+}
+
+static const char *words[] = {"the", "whale", "sea", "ship", "captain", "sailed", "white", "deep", "harpoon", "boat",
+                              "crew", "waves", "storm", "night", "called", "ahab", "moby", "dick", "oil", "rope"};
+
+static void make_data(void) {
+    char *text = calloc(1, 1 << 16), *p = text;
+    for (int doc = 0; doc < 8; doc++) {
+        for (int s = 0; s < 8; s++) {
+            int n = 4 + (int)next_u(5);
+            for (int w = 0; w < n; w++) p += sprintf(p, "%s%s", w ? " " : "", words[next_u(20)]);
+            p += sprintf(p, ". ");
+        }
+        p += sprintf(p, "\n\n");
+    }
+    spit("text.txt", text);
+    p = text;
+    p += sprintf(p, "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n.\n");
+    for (int i = 0; i < 20; i++) p += sprintf(p, "%s\n", words[i]);
+    spit("vocab.txt", text);
+    p = text;
+    for (int i = 0; i < 120; i++) {
+        char d[16];
+        int n = 2 + (int)next_u(5);
+        for (int k = 0; k < n; k++) d[k] = (char)('0' + next_u(10));
+        d[n] = 0;
+        p += sprintf(p, "%s\t", d);
+        for (int k = n - 1; k >= 0; k--) *p++ = d[k];
+        *p++ = '\n';
+    }
+    *p = 0;
+    spit("rev.tsv", text);
+    static const char *pos[] = {"good", "great", "fine", "lovely"}, *neg[] = {"bad", "awful", "poor", "dull"};
+    p = text;
+    for (int i = 0; i < 120; i++) {
+        bool y = next_u(2);
+        p += sprintf(p, "%s\tthe %s %s film\n", y ? "pos" : "neg", (y ? pos : neg)[next_u(4)], words[next_u(20)]);
+    }
+    spit("cls.tsv", text);
+    free(text);
+}
+
+/* ---- tests ---- */
+
+static const char *tiny = "--layers 1 --heads 2 --dim 16 --batch 2 --eval-every 4 --eval-batches 2 --samples 0 --warmup 2 --threads 2";
+
+/* N + M steps equal N steps, a checkpoint, and M resumed steps: tensors, state and the log. */
+static void test_resume(const char *name, const char *arch_args) {
+    char a[2048];
+    snprintf(a, sizeof a, "train %s %s --steps 8 --checkpoint %s_A.ckpt", tiny, arch_args, name);
+    result ra = cgrad(a, NULL);
+    CHECK(ra.rc == 0, "%s straight run rc %d: %s", name, ra.rc, ra.err);
+    snprintf(a, sizeof a, "train %s %s --steps 4 --decay-steps 8 --checkpoint %s_B.ckpt", tiny, arch_args, name);
+    result rb = cgrad(a, NULL);
+    CHECK(rb.rc == 0, "%s first half rc %d: %s", name, rb.rc, rb.err);
+    snprintf(a, sizeof a, "train --resume %s_B.ckpt --steps 8", name);
+    result rc = cgrad(a, NULL);
+    CHECK(rc.rc == 0, "%s resumed rc %d: %s", name, rc.rc, rc.err);
+    char pa[64], pb[64];
+    snprintf(pa, sizeof pa, "%s_A.ckpt", name), snprintf(pb, sizeof pb, "%s_B.ckpt", name);
+    CHECK(same_checkpoints(path_of(pa), path_of(pb)), "%s: resumed checkpoint differs from the straight run", name);
+    snprintf(pa, sizeof pa, "%s_A_metrics.csv", name), snprintf(pb, sizeof pb, "%s_B_metrics.csv", name);
+    char *la = csv_losses(pa), *lb = csv_losses(pb);
+    CHECK(!strcmp(la, lb) && strlen(la) > 50, "%s: logged losses differ:\n%s---\n%s", name, la, lb);
+    free(la), free(lb);
+    long long s1, s2;
+    double t1, t2, v1, v2, x;
+    CHECK(parse_final(last_line(ra.out), &s1, &t1, &v1, &x) && parse_final(last_line(rc.out), &s2, &t2, &v2, &x) &&
+              s1 == 8 && s2 == 8 && t1 == t2 && (v1 == v2 || (isnan(v1) && isnan(v2))),
+          "%s final lines: '%s' vs '%s'", name, last_line(ra.out), "(resumed)");
+    result_free(&ra), result_free(&rb), result_free(&rc);
+}
+
+static double schedule_lr(int k) { /* lr 1e-3, warmup 2, cosine to 1e-4 at step 8 */
+    if (k < 2) return 1e-3 * k / 2;
+    return 1e-4 + 0.5 * (1 + cos(3.14159265358979323846 * (k - 2) / 6.0)) * (1e-3 - 1e-4);
+}
+
+static void test_outputs(void) {
+    /* Final line: exactly the documented form, and the last line of stdout. */
+    result r = cgrad("info --checkpoint gpt_A.ckpt", NULL);
+    CHECK(r.rc == 0, "info rc %d: %s", r.rc, r.err);
+    CHECK(strstr(r.out, "arch        gpt2") != NULL, "info: %s", r.out);
+    CHECK(strstr(r.out, "step        8 of 8") != NULL, "info step: %s", r.out);
+    /* Parameter count from GPT-2's layout, independently of the library. */
+    int v = 0;
+    long long params = -1;
+    const char *tk = strstr(r.out, "tokenizer   char, ");
+    if (tk) sscanf(tk, "tokenizer   char, %d ids", &v);
+    const char *pp = strstr(r.out, "parameters  ");
+    if (pp) sscanf(pp, "parameters  %lld", &params);
+    const long long d = 16, ctx = 64, f = 64;
+    long long want = v * d + ctx * d + (2 * d + d * 3 * d + 3 * d + d * d + d + 2 * d + d * f + f + f * d + d) + 2 * d;
+    CHECK(v > 10 && params == want, "parameters %lld, GPT-2 layout with V=%d gives %lld", params, v, want);
+    result_free(&r);
+
+    /* Metrics CSV: header, one row a step, the schedule's rate, held-out loss at evaluations. */
+    char *csv = slurp(path_of("gpt_A_metrics.csv"), NULL);
+    CHECK(csv && !strncmp(csv, "step,lr,train_loss,val_loss,tokens_per_s,elapsed_s\n", 51), "csv header: %.60s",
+          csv ? csv : "(none)");
+    /* A fresh run first measures the untrained model: step 0 has only a held-out loss. */
+    char *body = csv ? strchr(csv, '\n') + 1 : NULL;
+    double v0 = NAN, e0 = NAN;
+    CHECK(body && sscanf(body, "0,0,,%lf,,%lf\n", &v0, &e0) == 2 && v0 > 0, "csv step 0: %.60s", body ? body : "");
+    int rows = 0;
+    for (char *line = body ? strtok(strchr(body, '\n') + 1, "\n") : NULL; line; line = strtok(NULL, "\n"), rows++) {
+        int step;
+        double lr, train, tps, el;
+        char val[32] = "";
+        int n = sscanf(line, "%d,%lf,%lf,%31[^,],%lf,%lf", &step, &lr, &train, val, &tps, &el);
+        if (n != 6) n = sscanf(line, "%d,%lf,%lf,,%lf,%lf", &step, &lr, &train, &tps, &el) + 1, val[0] = 0;
+        CHECK(n == 6 && step == rows + 1, "csv row %d: %s", rows + 1, line);
+        CHECK(fabs(lr - schedule_lr(step - 1)) <= 1e-5 * 1e-3, "row %d lr %g, schedule %g", step, lr, schedule_lr(step - 1));
+        CHECK(isfinite(train) && train > 0 && tps > 0 && el > 0, "row %d values: %s", step, line);
+        CHECK((step % 4 == 0) == (val[0] != 0), "row %d held-out loss '%s' (evaluations every 4 steps)", step, val);
+    }
+    CHECK(rows == 8, "csv has %d rows, want 8", rows);
+    free(csv);
+    char *svg = slurp(path_of("gpt_A_loss.svg"), NULL);
+    CHECK(svg && !strncmp(svg, "<svg", 4) && strstr(svg, "<polyline") && strstr(svg, "held-out") &&
+              strstr(svg, ">step<") && strstr(svg, "</svg>"),
+          "svg chart incomplete");
+    free(svg);
+
+    /* Sampling: reproducible by seed; the cache changes nothing for greedy decoding. */
+    result s1 = cgrad("sample --checkpoint gpt_A.ckpt --prompt 'the whale' --length 40 --seed 5", NULL),
+           s2 = cgrad("sample --checkpoint gpt_A.ckpt --prompt 'the whale' --length 40 --seed 5", NULL),
+           g1 = cgrad("sample --checkpoint gpt_A.ckpt --prompt 'the ' --length 100 --temperature 0", NULL),
+           g2 = cgrad("sample --checkpoint gpt_A.ckpt --prompt 'the ' --length 100 --temperature 0 --no-cache", NULL);
+    CHECK(s1.rc == 0 && !strcmp(s1.out, s2.out) && !strncmp(s1.out, "the whale", 9) && strlen(s1.out) == 9 + 40 + 1,
+          "sample (%d): '%s' / '%s' %s", s1.rc, s1.out, s2.out, s1.err);
+    CHECK(g1.rc == 0 && g2.rc == 0 && !strcmp(g1.out, g2.out) && strlen(g1.out) == 4 + 100 + 1,
+          "greedy with and without the cache:\n'%s'\n'%s'", g1.out, g2.out);
+    result_free(&s1), result_free(&s2), result_free(&g1), result_free(&g2);
+
+    /* eval: perplexity and bits per character follow from the loss (char tokens are characters). */
+    r = cgrad("eval --checkpoint gpt_A.ckpt --data text.txt", NULL);
+    double loss = NAN, ppl = NAN, bpc = NAN;
+    const char *l = strstr(r.out, "loss ");
+    if (l) sscanf(l, "loss %lf nats/token  perplexity %lf  bits_per_char %lf", &loss, &ppl, &bpc);
+    CHECK(r.rc == 0 && loss > 0 && fabs(ppl - exp(loss)) < 1e-3 * ppl && fabs(bpc - loss / log(2.0)) < 1e-3,
+          "eval: %s %s", r.out, r.err);
+    result_free(&r);
+}
+
+static void test_errors(void) {
+    size_t len;
+    char *ck = slurp(path_of("gpt_A.ckpt"), &len);
+    CHECK(ck && len > 1000, "checkpoint missing");
+    if (!ck) return;
+    FILE *f = fopen(path_of("truncated.ckpt"), "wb");
+    fwrite(ck, 1, len / 2, f), fclose(f);
+    ck[len / 2] ^= 0x10;
+    f = fopen(path_of("flipped.ckpt"), "wb");
+    fwrite(ck, 1, len, f), fclose(f);
+    free(ck);
+    const char *bad[] = {"truncated.ckpt", "flipped.ckpt"};
+    for (int i = 0; i < 2; i++) {
+        char a[256];
+        snprintf(a, sizeof a, "info --checkpoint %s", bad[i]);
+        result r = cgrad(a, NULL);
+        CHECK(r.rc == 1 && strstr(r.err, bad[i]) && !*r.out, "info on %s: rc %d, stderr '%s'", bad[i], r.rc, r.err);
+        result_free(&r);
+        snprintf(a, sizeof a, "train --resume %s", bad[i]);
+        r = cgrad(a, NULL);
+        CHECK(r.rc == 1 && strstr(r.err, bad[i]) && strstr(r.err, "resume"), "resume %s: rc %d, stderr '%s'", bad[i], r.rc,
+              r.err);
+        result_free(&r);
+    }
+    /* A checkpoint whose stored config does not describe its tensors (two layers claimed, one saved). */
+    cg_st *src = cg_checkpoint_open(path_of("gpt_A.ckpt"));
+    cg_st_writer *w = cg_st_writer_new();
+    for (int i = 0; src && i < cg_st_count(src); i++) {
+        const char *name = cg_st_name(src, i);
+        int nd;
+        int64_t shape[CG_MAX_DIMS], n = 1;
+        cg_st_info(src, name, NULL, &nd, shape);
+        for (int k = 0; k < nd; k++) n *= shape[k];
+        cg_real *buf = malloc((size_t)n * sizeof *buf);
+        if (buf && !cg_st_read(src, name, buf, nd, shape)) cg_st_add(w, name, nd, shape, buf);
+        free(buf);
+    }
+    const char *keys[] = {"arch", "tokenizer", "train", "state"};
+    for (int i = 0; src && i < 4; i++) cg_st_set_metadata(w, keys[i], cg_st_metadata(src, keys[i]));
+    char *cfg = src ? strdup(cg_st_metadata(src, "config")) : NULL, *at = cfg ? strstr(cfg, "\"n_layer\": 1") : NULL;
+    if (at) at[11] = '2';
+    if (cfg) cg_st_set_metadata(w, "config", cfg);
+    CHECK(at && !cg_checkpoint_save(w, path_of("wrongcfg.ckpt")), "could not write wrongcfg.ckpt: %s", cg_last_error());
+    free(cfg), cg_st_writer_free(w), cg_st_close(src);
+    for (int i = 0; i < 2; i++) {
+        result r = cgrad(i ? "train --resume wrongcfg.ckpt" : "info --checkpoint wrongcfg.ckpt", NULL);
+        CHECK(r.rc == 1 && strstr(r.err, "wrongcfg.ckpt") && strstr(r.err, "h.1."), "config/tensor mismatch: rc %d '%s'",
+              r.rc, r.err);
+        result_free(&r);
+    }
+
+    /* A changed model or training setting is refused, naming the flag and the file; nothing is written. */
+    char *before = slurp(path_of("gpt_A.ckpt"), &len);
+    result r = cgrad("train --resume gpt_A.ckpt --layers 2", NULL);
+    CHECK(r.rc == 1 && strstr(r.err, "--layers 2") && strstr(r.err, "layers = 1") && strstr(r.err, "gpt_A.ckpt"),
+          "config mismatch: rc %d '%s'", r.rc, r.err);
+    result_free(&r);
+    r = cgrad("train --resume gpt_A.ckpt --lr 0.01", NULL);
+    CHECK(r.rc == 1 && strstr(r.err, "--lr") && strstr(r.err, "gpt_A.ckpt"), "lr mismatch: rc %d '%s'", r.rc, r.err);
+    result_free(&r);
+    spit("other.txt", "completely different text, so the crc differs.\n");
+    r = cgrad("train --resume gpt_A.ckpt --data other.txt", NULL);
+    CHECK(r.rc == 1 && strstr(r.err, "--data") && strstr(r.err, "gpt_A.ckpt"), "changed data: rc %d '%s'", r.rc, r.err);
+    result_free(&r);
+    size_t len2;
+    char *after = slurp(path_of("gpt_A.ckpt"), &len2);
+    CHECK(before && after && len == len2 && !memcmp(before, after, len), "a refused resume changed the checkpoint");
+    free(before), free(after);
+    r = cgrad("train --no-such-flag 1", NULL);
+    CHECK(r.rc == 2 && strstr(r.err, "--no-such-flag"), "unknown flag: rc %d '%s'", r.rc, r.err);
+    result_free(&r);
+    r = cgrad("sample --checkpoint cls_A.ckpt", NULL);
+    CHECK(r.rc == 1 && strstr(r.err, "classifier"), "sample on a classifier: rc %d '%s'", r.rc, r.err);
+    result_free(&r);
+}
+
+static void test_inference(void) {
+    result r = cgrad("fill-mask --checkpoint bert_A.ckpt --top-k 4 the [MASK] sailed", NULL);
+    int lines = 0;
+    double prev = 1.0, sum = 0;
+    bool desc = true;
+    for (char *line = strtok(r.out, "\n"); line; line = strtok(NULL, "\n"), lines++) {
+        char tok[64];
+        double p = -1;
+        if (sscanf(line, "%63s %lf", tok, &p) != 2 || !(p > 0 && p <= prev)) desc = false;
+        prev = p, sum += p;
+    }
+    CHECK(r.rc == 0 && lines == 4 && desc && sum <= 1.0 + 1e-6, "fill-mask rc %d, %d lines: %s", r.rc, lines, r.err);
+    result_free(&r);
+
+    r = cgrad("classify --checkpoint cls_A.ckpt", "the good ship film\nthe awful storm film\n");
+    lines = 0;
+    for (char *line = strtok(r.out, "\n"); line; line = strtok(NULL, "\n"), lines++) {
+        char label[16];
+        double p0 = -1, p1 = -1;
+        int n = sscanf(line, "%15s neg=%lf pos=%lf", label, &p0, &p1);
+        CHECK(n == 3 && fabs(p0 + p1 - 1) < 1e-4 && !strcmp(label, p0 > p1 ? "neg" : "pos") && strstr(line, "film"),
+              "classify line '%s'", line);
+    }
+    CHECK(r.rc == 0 && lines == 2, "classify rc %d, %d lines: %s", r.rc, lines, r.err);
+    result_free(&r);
+
+    r = cgrad("translate --checkpoint encdec_A.ckpt", "123\n98765\n");
+    lines = 0;
+    for (char *line = strtok(r.out, "\n"); line; line = strtok(NULL, "\n")) lines++;
+    CHECK(r.rc == 0 && lines == 2, "translate rc %d, %d lines: %s", r.rc, lines, r.err);
+    result_free(&r);
+    r = cgrad("translate --checkpoint encdec_A.ckpt --beam 3 4321", NULL);
+    CHECK(r.rc == 0 && strlen(r.out) >= 1, "beam translate rc %d: %s", r.rc, r.err);
+    result_free(&r);
+
+    r = cgrad("eval --checkpoint cls_A.ckpt --data cls.tsv", NULL);
+    double acc = -1, maj = -1;
+    const char *a = strstr(r.out, "accuracy ");
+    if (a) sscanf(a, "accuracy %lf over %*d examples (majority class %lf)", &acc, &maj);
+    CHECK(r.rc == 0 && acc >= 0 && acc <= 1 && maj >= 0.5 && maj <= 1, "classifier eval: %s %s", r.out, r.err);
+    result_free(&r);
+}
+
+/* Ctrl-C: the loop saves, prints the final line and exits 130; the checkpoint is at that step. */
+static void test_sigint(void) {
+    int out[2];
+    if (pipe(out)) return;
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (chdir(dir)) _exit(99);
+        dup2(out[1], 1);
+        close(out[0]);
+        if (!freopen("sigint.err", "w", stderr)) _exit(97);
+        execl(bin, bin, "train", "--data", "text.txt", "--layers", "1", "--heads", "2", "--dim", "16", "--context", "16",
+              "--batch", "2", "--steps", "1000000", "--log-every", "1", "--eval-every", "0", "--samples", "0",
+              "--checkpoint", "sigint.ckpt", "--threads", "1", (char *)NULL);
+        _exit(98);
+    }
+    close(out[1]);
+    FILE *f = fdopen(out[0], "r");
+    char line[1024], last[1024] = "";
+    bool sent = false;
+    while (f && fgets(line, sizeof line, f)) {
+        if (!sent && !strncmp(line, "step 3/", 7)) kill(pid, SIGINT), sent = true;
+        line[strcspn(line, "\n")] = 0;
+        if (*line) snprintf(last, sizeof last, "%s", line);
+    }
+    if (f) fclose(f);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(sent && WIFEXITED(status) && WEXITSTATUS(status) == 130, "sigint: sent %d, status %d", sent, status);
+    long long step = -1;
+    double t, v, x;
+    CHECK(parse_final(last, &step, &t, &v, &x) && step >= 3, "sigint last line '%s'", last);
+    result r = cgrad("info --checkpoint sigint.ckpt", NULL);
+    char want[64];
+    snprintf(want, sizeof want, "step        %lld of 1000000", step);
+    CHECK(r.rc == 0 && strstr(r.out, want), "checkpoint after Ctrl-C: want '%s' in %s", want, r.out);
+    result_free(&r);
+}
+
+int main(void) {
+    const char *env = getenv("CGRAD_BIN");
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (env) snprintf(bin, sizeof bin, "%s", env);
+    else if (n > 0) {
+        self[n] = 0;
+        *strrchr(self, '/') = 0;
+        snprintf(bin, sizeof bin, "%s/../cgrad", self);
+    }
+    if (access(bin, X_OK)) {
+        fprintf(stderr, "test_cli: no cgrad binary at %s (build the cgrad_cli target or set CGRAD_BIN)\n", bin);
+        return 1;
+    }
+    snprintf(dir, sizeof dir, "/tmp/cgrad_test_cli.XXXXXX");
+    if (!mkdtemp(dir)) return 1;
+    make_data();
+    test_resume("gpt", "--data text.txt --context 64 --grad-accum 2 --dropout 0.1");
+    test_resume("bert", "--arch bert --data text.txt --tokenizer-path vocab.txt --context 24 --dropout 0.1");
+    test_resume("encdec", "--arch encdec --data rev.tsv --eval-exact 5");
+    test_resume("cls", "--arch classifier --data cls.tsv --tokenizer char --context 32 --dropout 0.1");
+    test_outputs();
+    test_errors();
+    test_inference();
+    test_sigint();
+    if (!test_failed) {
+        char cmd[PATH_MAX + 16];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        if (system(cmd)) fprintf(stderr, "could not remove %s\n", dir);
+    } else fprintf(stderr, "scratch files kept in %s\n", dir);
+    TEST_END();
+}
