@@ -287,7 +287,8 @@ cg_status cg_mlm_batch(const cg_mlm_data *d, bool val, cg_rng *r, int64_t batch,
                         "([CLS] a [SEP] b [SEP])", (long long)batch, (long long)seq_len);
     cg_status s = split_usable(d, val, "mlm_batch");
     if (s) return s;
-    int64_t *pos = malloc((size_t)seq_len * sizeof *pos);
+    /* Scratch on the stack for any usual length, so a training loop's batches allocate nothing. */
+    int64_t local[2048], *pos = seq_len <= 2048 ? local : malloc((size_t)seq_len * sizeof *pos);
     if (!pos) return cgi_fail(CG_ERR_NOMEM, "[data] mlm_batch: out of memory");
     const cg_mlm_options *o = &d->o;
     for (int64_t b = 0; b < batch; b++) {
@@ -321,6 +322,6 @@ cg_status cg_mlm_batch(const cg_mlm_data *d, bool val, cg_rng *r, int64_t batch,
             else if (u == 8) ids[p] = d->pool[cgi_rng_below(r, (uint64_t)d->n_pool)];
         }
     }
-    free(pos);
+    if (pos != local) free(pos);
     return CG_OK;
 }

@@ -115,11 +115,12 @@ cg_status cg_seq2seq_batch(cg_seq2seq_data *d, bool val, cg_data_cursor *c, int6
     if (!d || !c || !src || !src_mask || !tgt_in || !tgt_out)
         return cgi_fail(CG_ERR_ARG, "[data] seq2seq_batch: NULL argument");
     if (batch < 1) return cgi_fail(CG_ERR_ARG, "[data] seq2seq_batch: batch %lld", (long long)batch);
-    int64_t *rows = malloc((size_t)batch * sizeof *rows);
+    /* Scratch on the stack for any usual batch, so a training loop's batches allocate nothing. */
+    int64_t local[2048], *rows = batch <= 2048 ? local : malloc((size_t)batch * sizeof *rows);
     if (!rows) return cgi_fail(CG_ERR_NOMEM, "[data] seq2seq_batch: out of memory");
     cg_status s = cgi_order_take(&d->order[val], c, cg_seq2seq_data_count(d, val), batch, rows, "seq2seq_batch");
     if (s) {
-        free(rows);
+        if (rows != local) free(rows);
         return s;
     }
     const cg_seq2seq_options *o = &d->o;
@@ -147,7 +148,7 @@ cg_status cg_seq2seq_batch(cg_seq2seq_data *d, bool val, cg_data_cursor *c, int6
         ro[nt] = o->eos_id;
         for (int64_t t = nt + 1; t < T; t++) ri[t] = o->pad_id, ro[t] = CG_IGNORE_INDEX;
     }
-    free(rows);
+    if (rows != local) free(rows);
     if (src_len) *src_len = S;
     if (tgt_len) *tgt_len = T;
     return CG_OK;
@@ -364,11 +365,12 @@ cg_status cg_textcls_batch(cg_textcls_data *d, bool val, cg_data_cursor *c, int6
     if (!d || !c || !input_ids || !attention_mask || !labels)
         return cgi_fail(CG_ERR_ARG, "[data] textcls_batch: NULL argument");
     if (batch < 1) return cgi_fail(CG_ERR_ARG, "[data] textcls_batch: batch %lld", (long long)batch);
-    int64_t *rows = malloc((size_t)batch * sizeof *rows);
+    /* Scratch on the stack for any usual batch, so a training loop's batches allocate nothing. */
+    int64_t local[2048], *rows = batch <= 2048 ? local : malloc((size_t)batch * sizeof *rows);
     if (!rows) return cgi_fail(CG_ERR_NOMEM, "[data] textcls_batch: out of memory");
     cg_status s = cgi_order_take(&d->order[val], c, cg_textcls_data_count(d, val), batch, rows, "textcls_batch");
     if (s) {
-        free(rows);
+        if (rows != local) free(rows);
         return s;
     }
     int64_t has_cls = d->o.cls_id >= 0, T = d->cap;
@@ -392,7 +394,7 @@ cg_status cg_textcls_batch(cg_textcls_data *d, bool val, cg_data_cursor *c, int6
         for (int64_t t = 0; t < T; t++) rm[t] = t < has_cls + n;
         labels[b] = d->label[i];
     }
-    free(rows);
+    if (rows != local) free(rows);
     if (seq_len) *seq_len = T;
     return CG_OK;
 }
