@@ -147,19 +147,22 @@ static bool in_child(int (*fn)(const void *, int, double), const void *arg, int 
 
 /* ---- the sgemm reference, measured in a child and sent back through a pipe ---- */
 
-static int pipe_fd = -1;
+typedef struct {
+    int64_t n;
+    int fd; /* the pipe's write end */
+} sgemm_job;
 
 static int sgemm_child(const void *arg, int threads, double unused) {
-    double g = sgemm_gflops(*(const int64_t *)arg, 3);
-    return write(pipe_fd, &g, sizeof g) == (ssize_t)sizeof g ? 0 : 1;
+    const sgemm_job *job = arg;
+    double g = sgemm_gflops(job->n, 3);
+    return write(job->fd, &g, sizeof g) == (ssize_t)sizeof g ? 0 : 1;
 }
 
 static double measure_sgemm(int64_t n, int threads) {
     int fds[2];
     if (pipe(fds)) return NAN;
-    pipe_fd = fds[1];
     double g = NAN;
-    bool ok = in_child(sgemm_child, &n, threads, 0, "sgemm");
+    bool ok = in_child(sgemm_child, &(sgemm_job){n, fds[1]}, threads, 0, "sgemm");
     close(fds[1]);
     if (!ok || read(fds[0], &g, sizeof g) != (ssize_t)sizeof g) g = NAN;
     close(fds[0]);
