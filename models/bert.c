@@ -162,9 +162,9 @@ cg_status cg_bert_forward_ex(cg_graph *g, const cg_bert *m, cg_tensor *ids, cg_t
         cg_tensor *a = cg_multi_head(g, cg_linear(g, x, l->q_w, l->q_b), cg_linear(g, x, l->k_w, l->k_b),
                                      cg_linear(g, x, l->v_w, l->v_b), (int)c->num_attention_heads, false,
                                      attention_mask, p);
-        x = cg_layernorm(g, cg_add(g, x, cg_dropout(g, cg_linear(g, a, l->ao_w, l->ao_b), p)), l->ln1_w, l->ln1_b, eps);
+        x = cg_post_ln_residual(g, x, cg_linear(g, a, l->ao_w, l->ao_b), p, l->ln1_w, l->ln1_b, eps);
         cg_tensor *f = cg_linear(g, cg_gelu(g, cg_linear(g, x, l->in_w, l->in_b)), l->out_w, l->out_b);
-        x = cg_layernorm(g, cg_add(g, x, cg_dropout(g, f, p)), l->ln2_w, l->ln2_b, eps);
+        x = cg_post_ln_residual(g, x, f, p, l->ln2_w, l->ln2_b, eps);
     }
     out->hidden = x;
     cg_tensor *h = cg_layernorm(g, cg_gelu(g, cg_linear(g, x, m->tr_w, m->tr_b)), m->tln_w, m->tln_b, eps);

@@ -52,6 +52,11 @@ cg_tensor *cg_multi_head(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, 
     return cg_merge_heads(g, o);
 }
 
+cg_tensor *cg_post_ln_residual(cg_graph *g, cg_tensor *x, cg_tensor *sub, double dropout, cg_tensor *w, cg_tensor *b,
+                               double eps) {
+    return cg_layernorm(g, cg_add(g, x, cg_dropout(g, sub, dropout)), w, b, eps);
+}
+
 cg_tensor *cg_position_ids(cg_graph *g, int64_t t, int64_t offset) {
     cg_tensor *p = cg_input(g, "positions", CG_INT32, 1, &t);
     for (int64_t i = 0; p && i < t; i++) cg_idata(p)[i] = (int32_t)(offset + i);

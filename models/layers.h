@@ -22,6 +22,10 @@ cg_tensor *cg_attention(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, b
 cg_tensor *cg_multi_head(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, int heads, bool causal,
                          cg_tensor *key_padding, double dropout);
 
+/* Post-LN residual sublayer (Vaswani, BERT): layernorm(x + dropout(sub)) with gain w, bias b. */
+cg_tensor *cg_post_ln_residual(cg_graph *g, cg_tensor *x, cg_tensor *sub, double dropout, cg_tensor *w, cg_tensor *b,
+                               double eps);
+
 /* int32 input [T] holding offset, offset+1, ... (position ids). */
 cg_tensor *cg_position_ids(cg_graph *g, int64_t t, int64_t offset);
 
