@@ -68,6 +68,8 @@ struct cg_tensor {
     cg_real *grad;     /* same layout as data, NULL when not required */
     void *aux;         /* op scratch that forward saves for backward */
     size_t aux_bytes;
+    void *bwd_aux;     /* op scratch that only the backward rule uses, alive while it runs */
+    size_t bwd_aux_bytes;
     int nsrc;
     cg_tensor **src;
     int64_t iarg[4];   /* op arguments */

@@ -37,9 +37,9 @@ cg_status cgi_plan(cg_graph *g) {
     const int64_t n = g->n, end = 2 * n;
     int64_t *vdeath = malloc((size_t)(n ? n : 1) * sizeof *vdeath);
     int64_t *gbirth = malloc((size_t)(n ? n : 1) * sizeof *gbirth);
-    buffer *bufs = malloc((size_t)(3 * n + 1) * sizeof *bufs);
-    buffer **order = malloc((size_t)(3 * n + 1) * sizeof *order);
-    range *used = malloc((size_t)(3 * n + 1) * sizeof *used);
+    buffer *bufs = malloc((size_t)(4 * n + 1) * sizeof *bufs);
+    buffer **order = malloc((size_t)(4 * n + 1) * sizeof *order);
+    range *used = malloc((size_t)(4 * n + 1) * sizeof *used);
     cg_status st = CG_OK;
     int *consumers = NULL, *sole = NULL;
     if (!vdeath || !gbirth || !bufs || !order || !used) {
@@ -94,6 +94,8 @@ cg_status cgi_plan(cg_graph *g) {
         t->grad_in_value = reader && cgi_ops[reader->op].bwd_inplace && reader->src[0] == t && reader->requires_grad &&
                            t->requires_grad && !outlives && cgi_ops[t->op].kind == CGI_KIND_COMPUTE &&
                            t->dtype == CG_REAL && vdeath[i] == end - 1 - reader->id;
+        if (t->bwd_aux_bytes && t->requires_grad && cgi_ops[t->op].kind == CGI_KIND_COMPUTE)
+            bufs[nb++] = (buffer){back, back, round_up(t->bwd_aux_bytes), 0, &t->bwd_aux, t, 'a'};
         if (t->grad_in_value) {
             bufs[nb++] = (buffer){i, back, round_up((size_t)cgi_numel(t->ndim, t->shape) * sizeof(cg_real)), 0, &t->data, t, 'v'};
             if (t->aux_bytes) bufs[nb++] = (buffer){i, back, round_up(t->aux_bytes), 0, &t->aux, t, 'a'};
@@ -106,6 +108,7 @@ cg_status cgi_plan(cg_graph *g) {
             if (t->aux_bytes)
                 bufs[nb++] = (buffer){i, t->requires_grad ? back : i, round_up(t->aux_bytes), 0, &t->aux, t, 'a'};
         }
+
         if (t->requires_grad && t->op != CGI_OP_INPUT) {
             int64_t birth = gbirth[i] == INT64_MAX ? back : gbirth[i];
             bufs[nb++] = (buffer){birth, t->retain ? end : back,

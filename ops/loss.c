@@ -105,11 +105,18 @@ void cgi_bwd_cross_entropy(cg_tensor *t) {
     }
 }
 
-/* ---- linear + cross-entropy in row chunks: iarg[0] ignore_index, iarg[1] counted rows.
- * aux: lse[rows], row index[rows] (as cg_real-sized slots), then a chunk of gathered inputs
- * [LCE_ROWS, D], logits [LCE_ROWS, V] and input gradients [LCE_ROWS, D], and colsum scratch. ---- */
+/* ---- linear + cross-entropy in row chunks: iarg[0] ignore_index, iarg[1] counted rows, iarg[2]
+ * chunk capacity. aux: lse[rows], row index[rows] (as cg_real-sized slots), then a chunk of gathered
+ * inputs [cap, D], logits [cap, V] and input gradients [cap, D], and colsum scratch. When every
+ * counted row fits in one chunk, backward finds forward's logits still there and skips recomputing
+ * them; chunks are balanced, since a thin last chunk runs BLIS at half speed. ---- */
 
-#define LCE_ROWS 256
+#define LCE_ROWS 512
+
+static int64_t lce_step(int64_t n) {
+    const int64_t chunks = (n + LCE_ROWS - 1) / LCE_ROWS;
+    return chunks <= 1 ? n : (n + chunks - 1) / chunks;
+}
 
 cg_tensor *cg_linear_cross_entropy(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias, cg_tensor *targets,
                                    int ignore_index) {
@@ -132,8 +139,10 @@ cg_tensor *cg_linear_cross_entropy(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_t
     if (!t) return NULL;
     t->iarg[0] = ignore_index;
     const int64_t rows = cgi_numel(targets->ndim, targets->shape), v = w->shape[0];
-    t->aux_bytes = (size_t)(2 * rows + 2 * LCE_ROWS * d + LCE_ROWS * v) * sizeof(cg_real) +
-                   cgi_colsum_scratch(LCE_ROWS, v) * sizeof(cg_real);
+    const int64_t cap = rows < LCE_ROWS ? rows : LCE_ROWS;
+    t->iarg[2] = cap;
+    t->aux_bytes = (size_t)(2 * rows + 2 * cap * d + cap * v) * sizeof(cg_real) +
+                   cgi_colsum_scratch(cap, v) * sizeof(cg_real);
     return t;
 }
 
@@ -153,9 +162,9 @@ static void lce_setup(cg_tensor *t, lce *c) {
     c->lse = t->aux;
     c->index = c->lse + rows;
     c->xs = (cg_real *)c->index + rows;
-    c->dxs = c->xs + LCE_ROWS * c->d;
-    c->logits = c->dxs + LCE_ROWS * c->d;
-    c->colsum = c->logits + LCE_ROWS * c->v;
+    c->dxs = c->xs + t->iarg[2] * c->d;
+    c->logits = c->dxs + t->iarg[2] * c->d;
+    c->colsum = c->logits + t->iarg[2] * c->v;
     c->tg = tg->data;
     c->n = t->iarg[1];
 }
@@ -164,9 +173,11 @@ static void lce_setup(cg_tensor *t, lce *c) {
 static void lce_logits(const lce *c, int64_t r0, int64_t m) {
     for (int64_t i = 0; i < m; i++)
         memcpy(c->xs + i * c->d, c->X + (int64_t)c->index[r0 + i] * c->d, (size_t)c->d * sizeof(cg_real));
-    if (c->B)
+    if (c->B) {
+#pragma omp parallel for schedule(static) if (m * c->v > CGI_PAR_MIN) num_threads(cgi_nthreads())
         for (int64_t i = 0; i < m; i++)
             for (int64_t j = 0; j < c->v; j++) c->logits[i * c->v + j] = c->B[j * c->bs];
+    }
     cgi_gemm(m, c->v, c->d, c->xs, c->d, 1, c->W, c->wc, c->wr, 1, c->B ? 1 : 0, c->logits, c->v, 1, cgi_nthreads());
 }
 
@@ -181,8 +192,9 @@ cg_status cgi_fwd_linear_cross_entropy(cg_tensor *t) {
     lce c;
     lce_setup(t, &c);
     double total = 0;
-    for (int64_t r0 = 0; r0 < n; r0 += LCE_ROWS) {
-        const int64_t m = n - r0 < LCE_ROWS ? n - r0 : LCE_ROWS;
+    const int64_t step = lce_step(n);
+    for (int64_t r0 = 0; r0 < n; r0 += step) {
+        const int64_t m = n - r0 < step ? n - r0 : step;
         lce_logits(&c, r0, m);
         double part[LCE_ROWS];
 #pragma omp parallel for schedule(static) if (m * c.v > CGI_PAR_MIN) num_threads(cgi_nthreads())
@@ -208,9 +220,10 @@ void cgi_bwd_linear_cross_entropy(cg_tensor *t) {
     if (c.n == 0) return;
     const cg_real gscale = t->grad[0] / (cg_real)c.n;
     const int nt = cgi_nthreads();
-    for (int64_t r0 = 0; r0 < c.n; r0 += LCE_ROWS) {
-        const int64_t m = c.n - r0 < LCE_ROWS ? c.n - r0 : LCE_ROWS;
-        lce_logits(&c, r0, m);
+    const int64_t step = lce_step(c.n);
+    for (int64_t r0 = 0; r0 < c.n; r0 += step) {
+        const int64_t m = c.n - r0 < step ? c.n - r0 : step;
+        if (step < c.n) lce_logits(&c, r0, m); /* one chunk: forward left its logits in place */
 #pragma omp parallel for schedule(static) if (m * c.v > CGI_PAR_MIN) num_threads(nt)
         for (int64_t i = 0; i < m; i++) { /* logits -> d(loss)/d(logits) in place */
             cg_real *z = c.logits + i * c.v;

@@ -53,7 +53,8 @@ static void compare(const char *what, int64_t rows, int64_t d, int64_t v, bool b
 }
 
 int main(void) {
-    compare("600 rows (3 chunks), bias", 600, 32, 300, true, false);
+    compare("1600 rows (about 1120 counted: 3 balanced chunks), bias", 1600, 32, 300, true, false);
+    compare("600 rows (one chunk, backward reuses forward's logits), bias", 600, 32, 300, true, false);
     compare("257 rows, no bias, transposed weight view", 257, 16, 129, false, true);
     compare("40 rows, one chunk", 40, 8, 50, true, false);
     TEST_END();
