@@ -10,8 +10,11 @@
 #include "graph/internal.h"
 #include "ops/ops.h"
 
-#define BQ 64
-#define BK 64
+/* Measured on Zen 3 (T = 256 causal, T = 128 full): blocks this large run the BLIS products at
+ * 1.4x the speed of 64 x 64 ones. A causal block on the diagonal computes scores that the mask
+ * then throws away, so causal attention takes the smaller query block. */
+#define BQ 128 /* scratch capacity; the query block is BQ, or BQ / 2 when causal */
+#define BK 256
 
 /* iarg[0] causal, iarg[1] key_padding source index (0: none), iarg[2] scratch slots.
  * aux: lse[B*H*Tq], then per slot: s[BQ*BK], dp[BQ*BK], acc[BQ*D], rows[3*BQ]. */
@@ -83,19 +86,56 @@ static void head_at(const cg_tensor *t, int64_t bh, head *h) {
 }
 
 /* Scores of query rows [i0, i0+nq) against keys [j0, j0+nk) into s[nq][BK], masked to -inf;
- * returns false when the whole block is hidden. */
+ * returns false when the whole block is hidden. A causal row hides a tail of the block, padding
+ * hides single keys; most blocks have neither and skip the masking pass. */
 static bool scores(const head *h, int64_t i0, int64_t nq, int64_t j0, int64_t nk, cg_real *s) {
     gemm1(nq, nk, h->d, h->q + i0 * h->qs, h->qs, 1, h->k + j0 * h->ks, 1, h->ks, h->scale, 0, s, BK, 1);
     bool any = false;
     for (int64_t r = 0; r < nq; r++) {
-        const int64_t limit = h->causal ? i0 + r + h->shift + 1 : h->tk; /* keys [0, limit) visible */
-        for (int64_t c = 0; c < nk; c++) {
-            bool hidden = j0 + c >= limit || (h->keep && h->keep[(j0 + c) * h->keep_s] == 0);
-            if (hidden) s[r * BK + c] = -INFINITY;
-            else any = true;
-        }
+        int64_t vis = h->causal ? i0 + r + h->shift + 1 - j0 : nk; /* keys [j0, j0+vis) pass the causal mask */
+        vis = vis < 0 ? 0 : vis > nk ? nk : vis;
+        cg_real *sr = s + r * BK;
+        for (int64_t c = vis; c < nk; c++) sr[c] = -INFINITY;
+        if (h->keep) {
+            for (int64_t c = 0; c < vis; c++)
+                if (h->keep[(j0 + c) * h->keep_s] == 0) sr[c] = -INFINITY;
+                else any = true;
+        } else any = any || vis > 0;
     }
     return any;
+}
+
+/* Row maximum and the sum of e^(x - max) written back over x, in LANES independent partial results
+ * so that the loops vectorise without reassociating (the result stays the same on every run). */
+enum { LANES = 16 };
+
+static cg_real row_max(const cg_real *x, int64_t n) {
+    cg_real m[LANES];
+    for (int l = 0; l < LANES; l++) m[l] = -INFINITY;
+    int64_t c = 0;
+    for (; c + LANES <= n; c += LANES)
+        for (int l = 0; l < LANES; l++) m[l] = x[c + l] > m[l] ? x[c + l] : m[l];
+    cg_real mx = -INFINITY;
+    for (; c < n; c++) mx = x[c] > mx ? x[c] : mx;
+    for (int l = 0; l < LANES; l++) mx = m[l] > mx ? m[l] : mx;
+    return mx;
+}
+
+static cg_real exp_sum(cg_real *x, int64_t n, cg_real shift) {
+    cg_real acc[LANES] = {0};
+    int64_t c = 0;
+    for (; c + LANES <= n; c += LANES)
+        for (int l = 0; l < LANES; l++) {
+            x[c + l] = cgi_exp(x[c + l] - shift);
+            acc[l] += x[c + l];
+        }
+    cg_real sum = 0;
+    for (; c < n; c++) {
+        x[c] = cgi_exp(x[c] - shift);
+        sum += x[c];
+    }
+    for (int l = 0; l < LANES; l++) sum += acc[l];
+    return sum;
 }
 
 /* Keys beyond this cannot be seen by any row of the query block. */
@@ -116,27 +156,23 @@ cg_status cgi_fwd_attention(cg_tensor *t) {
         head h;
         head_at(t, bh, &h);
         cg_real *o = out + bh * tq * d;
-        for (int64_t i0 = 0; i0 < tq; i0 += BQ) {
-            const int64_t nq = tq - i0 < BQ ? tq - i0 : BQ, kend = key_end(&h, i0, nq);
+        const int64_t bq = h.causal ? BQ / 2 : BQ;
+        for (int64_t i0 = 0; i0 < tq; i0 += bq) {
+            const int64_t nq = tq - i0 < bq ? tq - i0 : bq, kend = key_end(&h, i0, nq);
             for (int64_t r = 0; r < nq; r++) m[r] = -INFINITY, l[r] = 0;
             memset(acc, 0, (size_t)(nq * d) * sizeof *acc);
             for (int64_t j0 = 0; j0 < kend; j0 += BK) {
                 const int64_t nk = kend - j0 < BK ? kend - j0 : BK;
                 if (!scores(&h, i0, nq, j0, nk, s)) continue;
                 for (int64_t r = 0; r < nq; r++) { /* online softmax: rescale what came before */
-                    cg_real *sr = s + r * BK, mx = m[r];
-                    for (int64_t c = 0; c < nk; c++) mx = sr[c] > mx ? sr[c] : mx;
+                    cg_real *sr = s + r * BK, mx = row_max(sr, nk);
+                    mx = m[r] > mx ? m[r] : mx;
                     if (mx == -INFINITY) {
                         for (int64_t c = 0; c < nk; c++) sr[c] = 0;
                         continue;
                     }
                     const cg_real corr = m[r] == -INFINITY ? 0 : cgi_exp(m[r] - mx);
-                    cg_real sum = 0;
-                    for (int64_t c = 0; c < nk; c++) {
-                        sr[c] = cgi_exp(sr[c] - mx);
-                        sum += sr[c];
-                    }
-                    l[r] = l[r] * corr + sum;
+                    l[r] = l[r] * corr + exp_sum(sr, nk, mx);
                     m[r] = mx;
                     if (corr != 1) for (int64_t e = 0; e < d; e++) acc[r * d + e] *= corr;
                 }
@@ -176,8 +212,9 @@ void cgi_bwd_attention(cg_tensor *t) {
         cg_real *gK = gk ? k->grad + b * k->stride[0] + hh * k->stride[1] : NULL;
         cg_real *gV = gv ? v->grad + b * v->stride[0] + hh * v->stride[1] : NULL;
         const cg_real *o = out + bh * tq * d, *dO = dout + bh * tq * d, *L = lse + bh * tq;
-        for (int64_t i0 = 0; i0 < tq; i0 += BQ) {
-            const int64_t nq = tq - i0 < BQ ? tq - i0 : BQ, kend = key_end(&h, i0, nq);
+        const int64_t bq = h.causal ? BQ / 2 : BQ;
+        for (int64_t i0 = 0; i0 < tq; i0 += bq) {
+            const int64_t nq = tq - i0 < bq ? tq - i0 : bq, kend = key_end(&h, i0, nq);
             for (int64_t r = 0; r < nq; r++) { /* D_i = rowsum(dO * O) */
                 cg_real s = 0;
                 for (int64_t e = 0; e < d; e++) s += dO[(i0 + r) * d + e] * o[(i0 + r) * d + e];
@@ -187,15 +224,21 @@ void cgi_bwd_attention(cg_tensor *t) {
             for (int64_t j0 = 0; j0 < kend; j0 += BK) {
                 const int64_t nk = kend - j0 < BK ? kend - j0 : BK;
                 if (!scores(&h, i0, nq, j0, nk, p)) continue;
-                for (int64_t r = 0; r < nq; r++)
-                    for (int64_t c = 0; c < nk; c++) p[r * BK + c] = cgi_exp(p[r * BK + c] - L[i0 + r]);
+                for (int64_t r = 0; r < nq; r++) {
+                    cg_real *pr = p + r * BK;
+                    const cg_real lr = L[i0 + r];
+                    for (int64_t c = 0; c < nk; c++) pr[c] = cgi_exp(pr[c] - lr);
+                }
                 if (gV) /* dV[j] += P^T dO[i] */
                     gemm1(nk, d, nq, p, 1, BK, dO + i0 * d, d, 1, 1, 1, gV + j0 * v->stride[2], v->stride[2], v->stride[3]);
                 if (!gq && !gk) continue;
                 /* dP = dO[i] V[j]^T; dS = P * (dP - D) */
                 gemm1(nq, nk, d, dO + i0 * d, d, 1, h.v + j0 * h.vs, 1, h.vs, 1, 0, dp, BK, 1);
-                for (int64_t r = 0; r < nq; r++)
-                    for (int64_t c = 0; c < nk; c++) dp[r * BK + c] = p[r * BK + c] * (dp[r * BK + c] - di[r]);
+                for (int64_t r = 0; r < nq; r++) {
+                    cg_real *dr = dp + r * BK;
+                    const cg_real *pr = p + r * BK, dr_i = di[r];
+                    for (int64_t c = 0; c < nk; c++) dr[c] = pr[c] * (dr[c] - dr_i);
+                }
                 if (gq) gemm1(nq, d, nk, dp, BK, 1, h.k + j0 * h.ks, h.ks, 1, h.scale, 1, dq, d, 1);
                 if (gk) /* dK[j] += scale * dS^T Q[i] */
                     gemm1(nk, d, nq, dp, 1, BK, h.q + i0 * h.qs, h.qs, 1, h.scale, 1, gK + j0 * k->stride[2],
