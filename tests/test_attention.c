@@ -1,5 +1,5 @@
 /* The fused attention (cg_sdpa) against its composite twin, matmul -> masked softmax -> matmul,
- * forward and backward, at sizes that span several 64-row blocks, with causal masks (Tq == Tk
+ * forward and backward, at sizes that span several query blocks and several 256-key blocks, with causal masks (Tq == Tk
  * and Tq < Tk), key padding, rows with every key hidden, and strided head views. */
 #include <math.h>
 #include <stdlib.h>
@@ -91,6 +91,8 @@ static void compare(const char *what, const cfg *c) {
 
 int main(void) {
     compare("causal 150x150", &(cfg){2, 3, 150, 150, 16, true, false, false, false});
+    compare("causal 600x600 (several 256-key blocks)", &(cfg){1, 2, 600, 600, 8, true, false, false, false});
+    compare("full 300x700 with padding (several key blocks)", &(cfg){1, 2, 300, 700, 8, false, true, false, false});
     compare("cross 70x130 with padding", &(cfg){2, 2, 70, 130, 8, false, true, false, false});
     compare("causal Tq 5 < Tk 140 (cached keys)", &(cfg){1, 2, 5, 140, 16, true, false, false, false});
     compare("causal + padding + a fully hidden batch", &(cfg){2, 2, 80, 80, 8, true, true, true, false});
