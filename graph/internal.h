@@ -204,6 +204,43 @@ static inline cg_real cgi_exp(cg_real x) {
 #endif
 }
 
+/* Row reductions of the softmax family in CGI_LANES independent partial results, so that the loops
+ * vectorise without reassociation and give the same answer on every run and thread count. */
+enum { CGI_LANES = 16 };
+
+/* max over x[0..n) (-inf when n is 0) */
+static inline cg_real cgi_row_max(const cg_real *x, int64_t n) {
+    cg_real m[CGI_LANES];
+    for (int l = 0; l < CGI_LANES; l++) m[l] = -INFINITY;
+    int64_t c = 0;
+    for (; c + CGI_LANES <= n; c += CGI_LANES)
+        for (int l = 0; l < CGI_LANES; l++) m[l] = x[c + l] > m[l] ? x[c + l] : m[l];
+    cg_real mx = -INFINITY;
+    for (; c < n; c++) mx = x[c] > mx ? x[c] : mx;
+    for (int l = 0; l < CGI_LANES; l++) mx = m[l] > mx ? m[l] : mx;
+    return mx;
+}
+
+/* sum of e^(x[j] - shift); the terms also go to out[j] when out is not NULL (it may be x) */
+static inline double cgi_sum_exp(const cg_real *x, int64_t n, cg_real shift, cg_real *out) {
+    cg_real acc[CGI_LANES] = {0};
+    int64_t c = 0;
+    if (out)
+        for (; c + CGI_LANES <= n; c += CGI_LANES)
+            for (int l = 0; l < CGI_LANES; l++) acc[l] += out[c + l] = cgi_exp(x[c + l] - shift);
+    else
+        for (; c + CGI_LANES <= n; c += CGI_LANES)
+            for (int l = 0; l < CGI_LANES; l++) acc[l] += cgi_exp(x[c + l] - shift);
+    double sum = 0;
+    for (; c < n; c++) {
+        const cg_real e = cgi_exp(x[c] - shift);
+        if (out) out[c] = e;
+        sum += e;
+    }
+    for (int l = 0; l < CGI_LANES; l++) sum += acc[l];
+    return sum;
+}
+
 /* Counter-based random bits: the same (key, counter) gives the same bits on any thread. */
 static inline uint64_t cgi_hash64(uint64_t x) {
     x += 0x9e3779b97f4a7c15ULL;

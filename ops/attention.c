@@ -105,39 +105,6 @@ static bool scores(const head *h, int64_t i0, int64_t nq, int64_t j0, int64_t nk
     return any;
 }
 
-/* Row maximum and the sum of e^(x - max) written back over x, in LANES independent partial results
- * so that the loops vectorise without reassociating (the result stays the same on every run). */
-enum { LANES = 16 };
-
-static cg_real row_max(const cg_real *x, int64_t n) {
-    cg_real m[LANES];
-    for (int l = 0; l < LANES; l++) m[l] = -INFINITY;
-    int64_t c = 0;
-    for (; c + LANES <= n; c += LANES)
-        for (int l = 0; l < LANES; l++) m[l] = x[c + l] > m[l] ? x[c + l] : m[l];
-    cg_real mx = -INFINITY;
-    for (; c < n; c++) mx = x[c] > mx ? x[c] : mx;
-    for (int l = 0; l < LANES; l++) mx = m[l] > mx ? m[l] : mx;
-    return mx;
-}
-
-static cg_real exp_sum(cg_real *x, int64_t n, cg_real shift) {
-    cg_real acc[LANES] = {0};
-    int64_t c = 0;
-    for (; c + LANES <= n; c += LANES)
-        for (int l = 0; l < LANES; l++) {
-            x[c + l] = cgi_exp(x[c + l] - shift);
-            acc[l] += x[c + l];
-        }
-    cg_real sum = 0;
-    for (; c < n; c++) {
-        x[c] = cgi_exp(x[c] - shift);
-        sum += x[c];
-    }
-    for (int l = 0; l < LANES; l++) sum += acc[l];
-    return sum;
-}
-
 /* Keys beyond this cannot be seen by any row of the query block. */
 static int64_t key_end(const head *h, int64_t i0, int64_t nq) {
     if (!h->causal) return h->tk;
@@ -165,14 +132,14 @@ cg_status cgi_fwd_attention(cg_tensor *t) {
                 const int64_t nk = kend - j0 < BK ? kend - j0 : BK;
                 if (!scores(&h, i0, nq, j0, nk, s)) continue;
                 for (int64_t r = 0; r < nq; r++) { /* online softmax: rescale what came before */
-                    cg_real *sr = s + r * BK, mx = row_max(sr, nk);
+                    cg_real *sr = s + r * BK, mx = cgi_row_max(sr, nk);
                     mx = m[r] > mx ? m[r] : mx;
                     if (mx == -INFINITY) {
                         for (int64_t c = 0; c < nk; c++) sr[c] = 0;
                         continue;
                     }
                     const cg_real corr = m[r] == -INFINITY ? 0 : cgi_exp(m[r] - mx);
-                    l[r] = l[r] * corr + exp_sum(sr, nk, mx);
+                    l[r] = l[r] * corr + (cg_real)cgi_sum_exp(sr, nk, mx, sr);
                     m[r] = mx;
                     if (corr != 1) for (int64_t e = 0; e < d; e++) acc[r * d + e] *= corr;
                 }

@@ -63,11 +63,8 @@ cg_status cgi_fwd_cross_entropy(cg_tensor *t) {
             continue;
         }
         const cg_real *x = X + r * c;
-        cg_real mx = -INFINITY;
-        for (int64_t j = 0; j < c; j++) mx = x[j] > mx ? x[j] : mx;
-        double s = 0;
-        for (int64_t j = 0; j < c; j++) s += cgi_exp(x[j] - mx);
-        lse[r] = mx + (cg_real)log(s);
+        const cg_real mx = cgi_row_max(x, c);
+        lse[r] = mx + (cg_real)log(cgi_sum_exp(x, c, mx, NULL));
         loss[r] = lse[r] - x[k];
     }
     double total = 0;
@@ -200,11 +197,8 @@ cg_status cgi_fwd_linear_cross_entropy(cg_tensor *t) {
 #pragma omp parallel for schedule(static) if (m * c.v > CGI_PAR_MIN) num_threads(cgi_nthreads())
         for (int64_t i = 0; i < m; i++) {
             const cg_real *z = c.logits + i * c.v;
-            cg_real mx = -INFINITY;
-            for (int64_t j = 0; j < c.v; j++) mx = z[j] > mx ? z[j] : mx;
-            double s = 0;
-            for (int64_t j = 0; j < c.v; j++) s += cgi_exp(z[j] - mx);
-            c.lse[r0 + i] = mx + (cg_real)log(s);
+            const cg_real mx = cgi_row_max(z, c.v);
+            c.lse[r0 + i] = mx + (cg_real)log(cgi_sum_exp(z, c.v, mx, NULL));
             part[i] = c.lse[r0 + i] - z[T[target_offset(tgt, (int64_t)c.index[r0 + i])]];
         }
         for (int64_t i = 0; i < m; i++) total += part[i];

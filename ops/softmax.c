@@ -33,13 +33,8 @@ static cg_status softmax_fwd(cg_tensor *t, bool log_form) {
     for (int64_t r = 0; r < rows; r++) {
         const cg_real *x = X + r * n;
         cg_real *y = Y + r * n;
-        cg_real mx = -INFINITY;
-        for (int64_t j = 0; j < n; j++) mx = x[j] > mx ? x[j] : mx;
-        double sum = 0;
-        for (int64_t j = 0; j < n; j++) {
-            y[j] = cgi_exp(x[j] - mx);
-            sum += y[j];
-        }
+        const cg_real mx = cgi_row_max(x, n);
+        const double sum = cgi_sum_exp(x, n, mx, y);
         if (log_form) {
             cg_real lse = mx + (cg_real)log(sum);
             for (int64_t j = 0; j < n; j++) y[j] = x[j] - lse;
