@@ -221,6 +221,29 @@ static inline cg_real cgi_row_max(const cg_real *x, int64_t n) {
     return mx;
 }
 
+/* sum of x[0..n), and of (x - mu)^2 */
+static inline double cgi_row_sum(const cg_real *x, int64_t n) {
+    cg_real acc[CGI_LANES] = {0};
+    int64_t c = 0;
+    for (; c + CGI_LANES <= n; c += CGI_LANES)
+        for (int l = 0; l < CGI_LANES; l++) acc[l] += x[c + l];
+    double sum = 0;
+    for (; c < n; c++) sum += x[c];
+    for (int l = 0; l < CGI_LANES; l++) sum += acc[l];
+    return sum;
+}
+
+static inline double cgi_row_sqdev(const cg_real *x, int64_t n, cg_real mu) {
+    cg_real acc[CGI_LANES] = {0};
+    int64_t c = 0;
+    for (; c + CGI_LANES <= n; c += CGI_LANES)
+        for (int l = 0; l < CGI_LANES; l++) acc[l] += (x[c + l] - mu) * (x[c + l] - mu);
+    double sum = 0;
+    for (; c < n; c++) sum += (double)(x[c] - mu) * (x[c] - mu);
+    for (int l = 0; l < CGI_LANES; l++) sum += acc[l];
+    return sum;
+}
+
 /* sum of e^(x[j] - shift); the terms also go to out[j] when out is not NULL (it may be x) */
 static inline double cgi_sum_exp(const cg_real *x, int64_t n, cg_real shift, cg_real *out) {
     cg_real acc[CGI_LANES] = {0};

@@ -59,18 +59,17 @@ cg_status cgi_fwd_layernorm(cg_tensor *t) {
     for (int64_t r = 0; r < rows; r++) {
         const cg_real *x = X + r * d;
         cg_real *y = Y + r * d;
-        double s = 0, v = 0;
-        for (int64_t j = 0; j < d; j++) s += x[j];
-        const double mu = s / (double)d;
-        for (int64_t j = 0; j < d; j++) v += ((double)x[j] - mu) * ((double)x[j] - mu);
-        const double rs = 1.0 / sqrt(v / (double)d + eps);
-        mean[r] = (cg_real)mu;
-        rstd[r] = (cg_real)rs;
-        const cg_real m = (cg_real)mu, q = (cg_real)rs;
-        for (int64_t j = 0; j < d; j++) {
-            cg_real h = (x[j] - m) * q;
-            y[j] = h * (gain ? gain[j * gs] : 1) + (bias ? bias[j * bs] : 0);
-        }
+        const cg_real m = (cg_real)(cgi_row_sum(x, d) / (double)d);
+        const cg_real q = (cg_real)(1.0 / sqrt(cgi_row_sqdev(x, d, m) / (double)d + eps));
+        mean[r] = m;
+        rstd[r] = q;
+        if (gain && bias && gs == 1 && bs == 1) /* the usual case, as one vector loop */
+            for (int64_t j = 0; j < d; j++) y[j] = (x[j] - m) * q * gain[j] + bias[j];
+        else
+            for (int64_t j = 0; j < d; j++) {
+                cg_real h = (x[j] - m) * q;
+                y[j] = h * (gain ? gain[j * gs] : 1) + (bias ? bias[j * bs] : 0);
+            }
     }
     return CG_OK;
 }
@@ -84,6 +83,7 @@ void cgi_bwd_layernorm(cg_tensor *t) {
     cg_real *part_g = (cg_real *)t->aux + 2 * rows, *part_b = part_g + LN_BLOCKS * d;
     const bool dx_needed = x->requires_grad, dg = gt && gt->requires_grad, db = bt && bt->requires_grad;
     const int64_t per = (rows + LN_BLOCKS - 1) / LN_BLOCKS;
+    static const cg_real unit[1] = {1};
 #pragma omp parallel for schedule(static) if (rows * d > CGI_PAR_MIN) num_threads(cgi_nthreads())
     for (int b = 0; b < LN_BLOCKS; b++) {
         cg_real *pg = part_g + b * d, *pb = part_b + b * d;
@@ -92,18 +92,33 @@ void cgi_bwd_layernorm(cg_tensor *t) {
         for (int64_t r = b * per; r < rows && r < (b + 1) * per; r++) {
             const cg_real *xr = X + r * d, *dy = DY + r * d, m = mean[r], q = rstd[r];
             if (dx_needed) {
-                double c1 = 0, c2 = 0;
-                for (int64_t j = 0; j < d; j++) {
-                    cg_real h = (xr[j] - m) * q, dh = dy[j] * (gain ? gain[j * gs] : 1);
-                    c1 += dh;
-                    c2 += (double)dh * h;
+                /* dh = dy * gain; dx = q * (dh - mean(dh) - h * mean(dh * h)), sums in lanes */
+                cg_real c1[CGI_LANES] = {0}, c2[CGI_LANES] = {0};
+                const cg_real *gv = gain && gs == 1 ? gain : unit;
+                int64_t j = 0;
+                if (!gain || gs == 1)
+                    for (; j + CGI_LANES <= d; j += CGI_LANES)
+                        for (int l = 0; l < CGI_LANES; l++) {
+                            const cg_real h = (xr[j + l] - m) * q, dh = dy[j + l] * gv[gain ? j + l : 0];
+                            c1[l] += dh;
+                            c2[l] += dh * h;
+                        }
+                double s1 = 0, s2 = 0;
+                for (; j < d; j++) {
+                    const cg_real h = (xr[j] - m) * q, dh = dy[j] * (gain ? gain[j * gs] : 1);
+                    s1 += dh;
+                    s2 += (double)dh * h;
                 }
-                const cg_real a1 = (cg_real)(c1 / (double)d), a2 = (cg_real)(c2 / (double)d);
+                for (int l = 0; l < CGI_LANES; l++) s1 += c1[l], s2 += c2[l];
+                const cg_real a1 = (cg_real)(s1 / (double)d), a2 = (cg_real)(s2 / (double)d);
                 cg_real *dx = x->grad + r * d;
-                for (int64_t j = 0; j < d; j++) {
-                    cg_real h = (xr[j] - m) * q, dh = dy[j] * (gain ? gain[j * gs] : 1);
-                    dx[j] += q * (dh - a1 - h * a2);
-                }
+                if (gain && gs == 1)
+                    for (j = 0; j < d; j++) dx[j] += q * (dy[j] * gain[j] - a1 - (xr[j] - m) * q * a2);
+                else
+                    for (j = 0; j < d; j++) {
+                        cg_real h = (xr[j] - m) * q, dh = dy[j] * (gain ? gain[j * gs] : 1);
+                        dx[j] += q * (dh - a1 - h * a2);
+                    }
             }
             if (dg) for (int64_t j = 0; j < d; j++) pg[j] += dy[j] * (xr[j] - m) * q;
             if (db) for (int64_t j = 0; j < d; j++) pb[j] += dy[j];
