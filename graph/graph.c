@@ -320,7 +320,7 @@ cg_status cg_graph_forward(cg_graph *g) {
 static void zero_once(cg_graph *g, cg_tensor *t) {
     cg_tensor *r = t->root;
     if (r->op == CGI_OP_PARAM || r->grad_epoch == g->epoch || r->grad_in_value) return;
-    memset(r->grad, 0, (size_t)cgi_numel(r->ndim, r->shape) * sizeof(cg_real));
+    cgi_zero(r->grad, (size_t)cgi_numel(r->ndim, r->shape) * sizeof(cg_real));
     r->grad_epoch = g->epoch;
 }
 

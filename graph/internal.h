@@ -135,6 +135,8 @@ void cgi_broadcast_strides(const cg_tensor *t, int ndim, const int64_t *shape, i
 /* ---- threads ---- */
 int cgi_nthreads(void);
 #define CGI_PAR_MIN 16384 /* elements below which a kernel stays on one thread */
+/* memset to zero, split over the threads when large (a lone memset leaves the others spinning) */
+void cgi_zero(void *p, size_t bytes);
 
 /* ---- strided iteration: shape split into rows x inner, dims collapsed where possible ---- */
 /* Inner runs are cut into chunks so that one long contiguous row still spreads over threads. */

@@ -139,7 +139,7 @@ cg_real *cg_params_grads(cg_params *ps) { return ps ? ps->grads : NULL; }
 int64_t cg_params_span(const cg_params *ps) { return ps ? ps->used : 0; } /* optimizers size their moment blocks by it */
 
 void cg_params_zero_grad(cg_params *ps) {
-    if (ps && ps->used) memset(ps->grads, 0, (size_t)ps->used * sizeof(cg_real));
+    if (ps && ps->used) cgi_zero(ps->grads, (size_t)ps->used * sizeof(cg_real));
 }
 
 void cg_param_set_trainable(cg_tensor *p, bool trainable) {

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "graph/internal.h"
 
@@ -43,4 +44,18 @@ double cg_rng_normal(cg_rng *r) {
     double u1 = cg_rng_uniform(r), u2 = cg_rng_uniform(r);
     if (u1 < 1e-300) u1 = 1e-300;
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+void cgi_zero(void *p, size_t bytes) {
+    enum { PART = 1 << 18 }; /* bytes */
+    const int64_t parts = (int64_t)((bytes + PART - 1) / PART);
+    if (parts < 4 || cgi_nthreads() < 2) {
+        memset(p, 0, bytes);
+        return;
+    }
+#pragma omp parallel for schedule(static) num_threads(cgi_nthreads())
+    for (int64_t i = 0; i < parts; i++) {
+        const size_t lo = (size_t)i * PART, n = bytes - lo < PART ? bytes - lo : PART;
+        memset((char *)p + lo, 0, n);
+    }
 }
