@@ -183,7 +183,7 @@ UNARY(pow, POW, pow(x, p), dy * p * pow(x, p - 1))
 UNARY(square, SQUARE, x * x, dy * 2 * x)
 UNARY(tanh, TANH, tanh(x), dy * (1 - y * y))
 UNARY(sigmoid, SIGMOID, 1 / (1 + exp(-x)), dy * y * (1 - y))
-UNARY(relu, RELU, x > 0 ? x : 0, x > 0 ? dy : 0)
+UNARY(relu, RELU, x > 0 ? x : 0, y > 0 ? dy : 0) /* from y, so the input can be freed after forward */
 /* GELU's tanh and erf through cgi_exp, so the loops vectorise (libm's tanhf and erff are scalar
  * calls that dominated a training step). tanh(u) = 1 - 2 / (1 + e^2u); erf by Abramowitz and
  * Stegun 7.1.26 (|error| < 1.5e-7). The float64 build keeps libm for its 1e-6 gradient checks. */
