@@ -218,11 +218,24 @@ static bool leading_dense(const cg_tensor *x) {
     return true;
 }
 
-/* dW[n,k] = dY^T X packs X (row stride k) in strips across its rows; when k is a multiple of
- * 1024 floats those rows alias in cache and BLIS runs at half speed (measured on Zen 3: dW[256,1024]
- * over 4096 rows, 39 against 83 GFLOP/s). Then dW^T = X^T dY, whose packed operand is dY (row
- * stride n), goes to scratch and is added back transposed. */
-static bool dw_transposed(int64_t n, int64_t k) { return k % 1024 == 0 && n % 1024 != 0; }
+static int64_t rows_of(const cg_tensor *x) { return cgi_numel(x->ndim - 1, x->shape); }
+static int64_t row_stride(const cg_tensor *x) { return x->ndim >= 2 ? x->stride[x->ndim - 2] : 1; }
+
+/* dW can be computed as dW[n,k] = dY^T X, whose packed operand is X (row stride that of x), or as
+ * dW^T[k,n] = X^T dY, whose packed operand is dY (row stride n). Measured on Zen 3, single thread:
+ *  - the first is the faster (dW[768,256] over 4096 rows: 74 against 47 GFLOP/s), except
+ *  - when X's row stride is a multiple of 1024 floats, whose rows alias in cache (dW[256,1024]
+ *    over 4096 rows: 39 against 83 GFLOP/s);
+ *  - BLIS wants C stored by rows: a column-major dW (GPT-2's Conv1D weight seen through a
+ *    transpose) written in place ran 1.4x slower than through row-major scratch, added back
+ *    transposed, which costs one pass over dW. */
+static bool dw_as_transpose(const cg_tensor *x, const cg_tensor *w) {
+    return row_stride(x) % 1024 == 0 && w->shape[0] % 1024 != 0;
+}
+
+static bool dw_in_scratch(const cg_tensor *x, const cg_tensor *w) {
+    return dw_as_transpose(x, w) != (w->stride[0] == 1 && w->stride[1] != 1);
+}
 
 cg_tensor *cg_linear(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias) {
     cg_tensor *in[3] = {x, w, bias};
@@ -249,13 +262,10 @@ cg_tensor *cg_linear(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias) {
     /* backward scratch: the bias column sums, then dW^T when dW is computed transposed */
     if (bias && bias->requires_grad)
         t->bwd_aux_bytes = cgi_colsum_scratch(cgi_numel(x->ndim - 1, x->shape), w->shape[0]) * sizeof(cg_real);
-    if (w->requires_grad && dw_transposed(w->shape[0], w->shape[1]))
+    if (w->requires_grad && dw_in_scratch(x, w))
         t->bwd_aux_bytes += (size_t)(w->shape[0] * w->shape[1]) * sizeof(cg_real);
     return t;
 }
-
-static int64_t rows_of(const cg_tensor *x) { return cgi_numel(x->ndim - 1, x->shape); }
-static int64_t row_stride(const cg_tensor *x) { return x->ndim >= 2 ? x->stride[x->ndim - 2] : 1; }
 
 cg_status cgi_fwd_linear(cg_tensor *t) {
     cg_tensor *x = t->src[0], *w = t->src[1], *bias = t->nsrc > 2 ? t->src[2] : NULL;
@@ -298,13 +308,19 @@ void cgi_bwd_linear(cg_tensor *t) {
 #pragma omp section
         if (w->requires_grad) {
             const int wt = split ? nt - nt / 2 : nt;
-            if (dw_transposed(n, k)) { /* dW^T[k,n] = X^T[k,m] @ dY[m,n] into scratch, added back transposed */
-                cg_real *s = (cg_real *)t->bwd_aux + (bias && bias->requires_grad ? cgi_colsum_scratch(m, n) : 0);
-                gemm(k, n, m, x->data, x->stride[x->ndim - 1], row_stride(x), t->grad, n, 1, 0, s, n, 1, wt);
-                add_transposed(w->grad, w->stride[0], w->stride[1], s, n, k);
-            } else /* dW[n,k] += dY^T[n,m] @ X[m,k] */
-                gemm(n, k, m, t->grad, 1, n, x->data, row_stride(x), x->stride[x->ndim - 1], 1, w->grad, w->stride[0],
-                     w->stride[1], wt);
+            const int64_t xr = row_stride(x), xc = x->stride[x->ndim - 1];
+            const bool tr = dw_as_transpose(x, w);
+            cg_real *s = dw_in_scratch(x, w)
+                             ? (cg_real *)t->bwd_aux + (bias && bias->requires_grad ? cgi_colsum_scratch(m, n) : 0)
+                             : NULL;
+            if (tr) /* dW^T[k,n] = X^T[k,m] @ dY[m,n] */
+                gemm(k, n, m, x->data, xc, xr, t->grad, n, 1, s ? 0 : 1, s ? s : w->grad, s ? n : w->stride[1],
+                     s ? 1 : w->stride[0], wt);
+            else /* dW[n,k] = dY^T[n,m] @ X[m,k] */
+                gemm(n, k, m, t->grad, 1, n, x->data, xr, xc, s ? 0 : 1, s ? s : w->grad, s ? k : w->stride[0],
+                     s ? 1 : w->stride[1], wt);
+            if (s) add_transposed(w->grad, tr ? w->stride[0] : w->stride[1], tr ? w->stride[1] : w->stride[0], s,
+                                  tr ? n : k, tr ? k : n);
         }
     }
     if (bias && bias->requires_grad) {
