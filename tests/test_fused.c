@@ -288,14 +288,16 @@ typedef struct {
     int64_t shape[4]; /* x; the last is in */
     int64_t out;
     bool bias, transposed, params;
+    bool conv1d; /* w stored [in, out] and seen through a transpose: a column-major weight, as GPT-2's */
 } lin_arg;
 
 static cg_tensor *lin_build(bctx *c, bool fused) {
     const lin_arg *a = c->arg;
     const int64_t in = a->shape[a->nd - 1];
     /* parameters first: none may be added after nodes use the set */
-    cg_tensor *w = leaf(c, "w", 2, S(a->out, in), -1, 1, a->params);
+    cg_tensor *w = a->conv1d ? leaf(c, "w", 2, S(in, a->out), -1, 1, a->params) : leaf(c, "w", 2, S(a->out, in), -1, 1, a->params);
     cg_tensor *b = a->bias ? leaf(c, "b", 1, &a->out, -1, 1, a->params) : NULL;
+    if (a->conv1d) w = cg_transpose(c->g, w, 0, 1);
     int64_t s[4];
     memcpy(s, a->shape, sizeof s);
     if (a->transposed) s[a->nd - 1] = a->shape[a->nd - 2], s[a->nd - 2] = in;
@@ -307,14 +309,21 @@ static cg_tensor *lin_build(bctx *c, bool fused) {
 }
 
 static void test_linear(void) {
-    lin_arg a = {4, {2, 3, 5, 7}, 4, true, false, false};
+    lin_arg a = {4, {2, 3, 5, 7}, 4, true, false, false, false};
     compare("linear [2,3,5,7] -> 4 with bias", lin_build, &a);
-    lin_arg b = {4, {2, 3, 5, 7}, 6, true, false, true};
+    lin_arg b = {4, {2, 3, 5, 7}, 6, true, false, true, false};
     compare("linear [2,3,5,7] -> 6, parameters", lin_build, &b);
-    lin_arg d = {2, {9, 5}, 3, false, false, false};
+    lin_arg d = {2, {9, 5}, 3, false, false, false, false};
     compare("linear [9,5] -> 3 no bias", lin_build, &d);
-    lin_arg e = {3, {2, 5, 4}, 3, true, true, true};
+    lin_arg e = {3, {2, 5, 4}, 3, true, true, true, false};
     compare("linear of a transposed view", lin_build, &e);
+    /* each way the backward orients dW: in place or through scratch, as dW or as dW^T */
+    lin_arg f = {2, {6, 9}, 5, true, false, true, true};
+    compare("linear, column-major weight (dW through scratch)", lin_build, &f);
+    lin_arg h = {2, {6, 1024}, 5, true, false, true, false};
+    compare("linear, x rows of 1024 (dW^T through scratch)", lin_build, &h);
+    lin_arg i = {2, {6, 1024}, 5, false, false, true, true};
+    compare("linear, x rows of 1024, column-major weight (dW^T in place)", lin_build, &i);
 }
 
 int main(void) {
