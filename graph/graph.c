@@ -8,14 +8,23 @@
 
 #include <omp.h>
 
-/* CGRAD_PROFILE=1 prints, when a graph is freed, the time spent in each op's kernels. */
+/* CGRAD_PROFILE=1 prints, when a graph is freed, the time spent in each op's kernels;
+ * CGRAD_PROFILE=2 also prints every node's time as it runs. */
 static int profile = -1;
 static double prof_time[CGI_OP_COUNT][2];
 static int64_t prof_calls[CGI_OP_COUNT][2];
 
 static bool profiling(void) {
-    if (profile < 0) profile = getenv("CGRAD_PROFILE") && atoi(getenv("CGRAD_PROFILE")) > 0;
-    return profile;
+    if (profile < 0) profile = getenv("CGRAD_PROFILE") ? atoi(getenv("CGRAD_PROFILE")) : 0;
+    return profile > 0;
+}
+
+static void profile_node(const cg_tensor *t, int pass, double t0) {
+    const double dt = omp_get_wtime() - t0;
+    prof_time[t->op][pass] += dt, prof_calls[t->op][pass]++;
+    if (profile > 1)
+        fprintf(stderr, "[profile] %s node %d %s%s: %.3f ms\n", pass ? "bwd" : "fwd", t->id, cgi_ops[t->op].name,
+                cgi_shp(t), dt * 1e3);
 }
 
 static void profile_report(void) {
@@ -308,7 +317,7 @@ cg_status cg_graph_forward(cg_graph *g) {
         if (cgi_ops[t->op].kind != CGI_KIND_COMPUTE) continue;
         double t0 = profiling() ? omp_get_wtime() : 0;
         s = cgi_ops[t->op].forward(t);
-        if (t0 > 0) prof_time[t->op][0] += omp_get_wtime() - t0, prof_calls[t->op][0]++;
+        if (t0 > 0) profile_node(t, 0, t0);
         if (s) return s;
     }
     if (g->mode == CG_TRAIN) g->step++;
@@ -355,7 +364,7 @@ cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
             if (t->src[k]->requires_grad) zero_once(g, t->src[k]);
         double t0 = profiling() ? omp_get_wtime() : 0;
         cgi_ops[t->op].backward(t);
-        if (t0 > 0) prof_time[t->op][1] += omp_get_wtime() - t0, prof_calls[t->op][1]++;
+        if (t0 > 0) profile_node(t, 1, t0);
     }
     /* Gradients took the memory of values that backward had finished reading, so another
      * backward needs a fresh forward. */
