@@ -286,6 +286,7 @@ cg_status cgi_fwd_linear(cg_tensor *t) {
 /* dst[i,j] += src[j,i] for dst [n, k], src [k, n] row-major; in tiles so both stay in cache. */
 static void add_transposed(cg_real *dst, int64_t rs, int64_t cs, const cg_real *src, int64_t n, int64_t k) {
     enum { TILE = 32 };
+#pragma omp parallel for schedule(static) if (n * k > CGI_PAR_MIN) num_threads(cgi_nthreads())
     for (int64_t i0 = 0; i0 < n; i0 += TILE)
         for (int64_t j0 = 0; j0 < k; j0 += TILE)
             for (int64_t i = i0; i < n && i < i0 + TILE; i++)
@@ -319,9 +320,13 @@ void cgi_bwd_linear(cg_tensor *t) {
             else /* dW[n,k] = dY^T[n,m] @ X[m,k] */
                 gemm(n, k, m, t->grad, 1, n, x->data, xr, xc, s ? 0 : 1, s ? s : w->grad, s ? k : w->stride[0],
                      s ? 1 : w->stride[1], wt);
-            if (s) add_transposed(w->grad, tr ? w->stride[0] : w->stride[1], tr ? w->stride[1] : w->stride[0], s,
-                                  tr ? n : k, tr ? k : n);
         }
+    }
+    if (w->requires_grad && dw_in_scratch(x, w)) { /* after both products, on every thread */
+        const bool tr = dw_as_transpose(x, w);
+        const cg_real *s = (const cg_real *)t->bwd_aux + (bias && bias->requires_grad ? cgi_colsum_scratch(m, n) : 0);
+        add_transposed(w->grad, tr ? w->stride[0] : w->stride[1], tr ? w->stride[1] : w->stride[0], s, tr ? n : k,
+                       tr ? k : n);
     }
     if (bias && bias->requires_grad) {
         if (bias->stride[0] == 1) cgi_colsum_add(bias->grad, t->grad, m, n, n, t->bwd_aux);
