@@ -283,6 +283,13 @@ cg_status cgi_fwd_linear(cg_tensor *t) {
     return CG_OK;
 }
 
+/* The backward scratch for dW (after the bias column sums), or NULL when dW is written in place. */
+static cg_real *dw_scratch(const cg_tensor *t) {
+    const cg_tensor *x = t->src[0], *w = t->src[1], *bias = t->nsrc > 2 ? t->src[2] : NULL;
+    if (!dw_in_scratch(x, w)) return NULL;
+    return (cg_real *)t->bwd_aux + (bias && bias->requires_grad ? cgi_colsum_scratch(rows_of(x), w->shape[0]) : 0);
+}
+
 /* dst[i,j] += src[j,i] for dst [n, k], src [k, n] row-major; in tiles so both stay in cache. */
 static void add_transposed(cg_real *dst, int64_t rs, int64_t cs, const cg_real *src, int64_t n, int64_t k) {
     enum { TILE = 32 };
@@ -311,9 +318,7 @@ void cgi_bwd_linear(cg_tensor *t) {
             const int wt = split ? nt - nt / 2 : nt;
             const int64_t xr = row_stride(x), xc = x->stride[x->ndim - 1];
             const bool tr = dw_as_transpose(x, w);
-            cg_real *s = dw_in_scratch(x, w)
-                             ? (cg_real *)t->bwd_aux + (bias && bias->requires_grad ? cgi_colsum_scratch(m, n) : 0)
-                             : NULL;
+            cg_real *s = dw_scratch(t);
             if (tr) /* dW^T[k,n] = X^T[k,m] @ dY[m,n] */
                 gemm(k, n, m, x->data, xc, xr, t->grad, n, 1, s ? 0 : 1, s ? s : w->grad, s ? n : w->stride[1],
                      s ? 1 : w->stride[0], wt);
@@ -322,9 +327,9 @@ void cgi_bwd_linear(cg_tensor *t) {
                      s ? 1 : w->stride[1], wt);
         }
     }
-    if (w->requires_grad && dw_in_scratch(x, w)) { /* after both products, on every thread */
+    const cg_real *s = w->requires_grad ? dw_scratch(t) : NULL;
+    if (s) { /* after both products, on every thread */
         const bool tr = dw_as_transpose(x, w);
-        const cg_real *s = (const cg_real *)t->bwd_aux + (bias && bias->requires_grad ? cgi_colsum_scratch(m, n) : 0);
         add_transposed(w->grad, tr ? w->stride[0] : w->stride[1], tr ? w->stride[1] : w->stride[0], s, tr ? n : k,
                        tr ? k : n);
     }
