@@ -195,17 +195,33 @@ static inline cg_real fast_tanh(cg_real u) {
 #endif
 }
 
-static inline cg_real fast_erf(cg_real z) {
+/* erf(z) given e = e^(-z^2), which GELU's derivative needs as well */
+static inline cg_real fast_erf_e(cg_real z, cg_real e) {
 #ifdef CGRAD_DOUBLE
+    (void)e;
     return erf(z);
 #else
     const cg_real a = z < 0 ? -z : z, t = 1 / (1 + (cg_real)0.3275911 * a);
     const cg_real p = t * ((cg_real)0.254829592 +
                            t * ((cg_real)-0.284496736 + t * ((cg_real)1.421413741 +
                                                              t * ((cg_real)-1.453152027 + t * (cg_real)1.061405429))));
-    const cg_real e = 1 - p * cgi_exp(-a * a);
-    return z < 0 ? -e : e;
+    const cg_real r = 1 - p * e;
+    return z < 0 ? -r : r;
 #endif
+}
+
+static inline cg_real fast_erf(cg_real z) {
+#ifdef CGRAD_DOUBLE
+    return erf(z);
+#else
+    return fast_erf_e(z, cgi_exp(-z * z));
+#endif
+}
+
+/* d/dx of x * Phi(x): Phi(x) + x * phi(x), one exponential for both */
+static inline cg_real gelu_grad(cg_real x) {
+    const cg_real e = cgi_exp((cg_real)-0.5 * x * x); /* e^(-(x/sqrt 2)^2) */
+    return (cg_real)0.5 * (1 + fast_erf_e(x * INV_SQRT2, e)) + x * e * INV_SQRT2PI;
 }
 
 static inline cg_real gelu_tanh_t(cg_real x) { return fast_tanh(GELU_K * (x + (cg_real)0.044715 * x * x * x)); }
@@ -215,8 +231,7 @@ static inline cg_real gelu_tanh_grad(cg_real x) {
     return (cg_real)0.5 * (1 + t) + (cg_real)0.5 * x * (1 - t * t) * GELU_K * (1 + (cg_real)3 * (cg_real)0.044715 * x * x);
 }
 
-UNARY(gelu, GELU, (cg_real)0.5 * x * (1 + fast_erf(x * INV_SQRT2)),
-      dy * ((cg_real)0.5 * (1 + fast_erf(x * INV_SQRT2)) + x * cgi_exp((cg_real)-0.5 * x * x) * INV_SQRT2PI))
+UNARY(gelu, GELU, (cg_real)0.5 * x * (1 + fast_erf(x * INV_SQRT2)), dy * gelu_grad(x))
 UNARY(gelu_tanh, GELU_TANH, (cg_real)0.5 * x * (1 + gelu_tanh_t(x)), dy * gelu_tanh_grad(x))
 
 cg_tensor *cg_neg(cg_graph *g, cg_tensor *x) { return unary(g, CGI_OP_NEG, x, 0); }
