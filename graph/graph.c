@@ -45,7 +45,7 @@ static void profile_report(void) {
 const cgi_op_desc cgi_ops[CGI_OP_COUNT] = {
 #define CG_LEAF(ID, nm) [CGI_OP_##ID] = {#nm, CGI_KIND_LEAF, NULL, NULL},
 #define CG_VIEW(ID, nm) [CGI_OP_##ID] = {#nm, CGI_KIND_VIEW, NULL, NULL},
-#define CG_OP(ID, nm, family, reads, reads_out) [CGI_OP_##ID] = {#nm, CGI_KIND_COMPUTE, cgi_fwd_##nm, cgi_bwd_##nm, reads, reads_out, CGI_OP_##ID == CGI_OP_CROSS_ENTROPY},
+#define CG_OP(ID, nm, family, reads, reads_out) [CGI_OP_##ID] = {#nm, CGI_KIND_COMPUTE, cgi_fwd_##nm, cgi_bwd_##nm, reads, reads_out, CGI_OP_##ID == CGI_OP_CROSS_ENTROPY, CGI_OP_##ID == CGI_OP_LINEAR},
 #include "ops/ops.def"
 #undef CG_LEAF
 #undef CG_VIEW
@@ -333,6 +333,17 @@ static void zero_once(cg_graph *g, cg_tensor *t) {
     r->grad_epoch = g->epoch;
 }
 
+bool cgi_grad_begin(cg_tensor *x) {
+    cg_graph *g = x->graph;
+    if (!g) return false; /* a parameter: optimizers own its zeroing */
+    if (x->root == x && x->op != CGI_OP_PARAM && !x->grad_in_value && x->grad_epoch != g->epoch) {
+        x->grad_epoch = g->epoch;
+        return true;
+    }
+    zero_once(g, x);
+    return false;
+}
+
 cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
     if (!g) return cgi_fail(CG_ERR_ARG, "[backward] graph is NULL");
     if (!loss) /* keep the message of the op that failed to build it, if there is one */
@@ -361,7 +372,7 @@ cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
         cg_tensor *t = g->nodes[i];
         if (!t->mark || !t->requires_grad || !cgi_ops[t->op].backward) continue;
         for (int k = 0; k < t->nsrc; k++)
-            if (t->src[k]->requires_grad) zero_once(g, t->src[k]);
+            if (t->src[k]->requires_grad && !(k == 0 && cgi_ops[t->op].bwd_begins_src0)) zero_once(g, t->src[k]);
         double t0 = profiling() ? omp_get_wtime() : 0;
         cgi_ops[t->op].backward(t);
         if (t0 > 0) profile_node(t, 1, t0);

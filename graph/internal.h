@@ -34,6 +34,7 @@ typedef struct {
     unsigned bwd_reads;   /* bit k: backward reads the value of src[k] */
     bool bwd_reads_out;   /* backward reads out's own value */
     bool bwd_inplace;     /* backward can write src[0]'s gradient over src[0]'s value */
+    bool bwd_begins_src0; /* backward calls cgi_grad_begin on src[0] itself, so it is not zeroed first */
 } cgi_op_desc;
 
 extern const cgi_op_desc cgi_ops[CGI_OP_COUNT];
@@ -135,6 +136,10 @@ void cgi_broadcast_strides(const cg_tensor *t, int ndim, const int64_t *shape, i
 /* ---- threads ---- */
 int cgi_nthreads(void);
 #define CGI_PAR_MIN 16384 /* elements below which a kernel stays on one thread */
+/* For a backward rule about to write x's gradient for the first time in its op: true when it may
+ * assign rather than add (x owns its storage and nothing has written it in this pass), which saves
+ * zeroing it; otherwise the gradient is zeroed if this pass has not done so yet, and the rule adds. */
+bool cgi_grad_begin(cg_tensor *x);
 /* memset to zero, split over the threads when large (a lone memset leaves the others spinning) */
 void cgi_zero(void *p, size_t bytes);
 

@@ -307,11 +307,12 @@ void cgi_bwd_linear(cg_tensor *t) {
     /* dX and dW cost the same: with two or more threads they run side by side, each on half the
      * threads, which beats splitting every product across all of them. */
     const bool both = x->requires_grad && w->requires_grad, split = both && nt >= 2;
+    const bool assign = x->requires_grad && cgi_grad_begin(x); /* dX's first writer: beta 0, no zeroing */
 #pragma omp parallel sections num_threads(2) if (split)
     {
 #pragma omp section
         if (x->requires_grad) /* dX[m,k] += dY[m,n] @ W[n,k] */
-            gemm(m, k, n, t->grad, n, 1, w->data, w->stride[0], w->stride[1], 1, x->grad, row_stride(x),
+            gemm(m, k, n, t->grad, n, 1, w->data, w->stride[0], w->stride[1], assign ? 0 : 1, x->grad, row_stride(x),
                  x->stride[x->ndim - 1], split ? nt / 2 : nt);
 #pragma omp section
         if (w->requires_grad) {
