@@ -4,8 +4,24 @@
 #define CGRAD_TEST_CHECK_H
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 static int test_passed, test_failed;
+
+/* A whole file, NUL-terminated, its length in *len when len is not NULL; NULL if unreadable. */
+static inline char *test_slurp(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    size_t got = s ? fread(s, 1, (size_t)n, f) : 0;
+    fclose(f);
+    if (s) s[got] = 0;
+    if (len) *len = got;
+    return s;
+}
 
 #define CHECK(cond, ...)                                                           \
     do {                                                                           \

@@ -30,18 +30,6 @@ static const char *in_dir(const char *name) {
     char var[512];       \
     snprintf(var, sizeof var, "%s/%s", dir, name)
 
-static unsigned char *slurp(const char *path, size_t *len) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return NULL;
-    fseek(fp, 0, SEEK_END);
-    long n = ftell(fp);
-    rewind(fp);
-    unsigned char *p = malloc((size_t)n + 1);
-    *len = fread(p, 1, (size_t)n, fp);
-    fclose(fp);
-    return p;
-}
-
 static void spit(const char *path, const void *p, size_t n) {
     FILE *fp = fopen(path, "wb");
     fwrite(p, 1, n, fp);
@@ -132,7 +120,7 @@ static void test_round_trip(void) {
     void *img;
     size_t img_len, disk_len;
     CHECK(cg_st_serialize(w, &img, &img_len) == CG_OK, "serialize");
-    unsigned char *disk = slurp(path, &disk_len);
+    unsigned char *disk = (unsigned char *)test_slurp(path, &disk_len);
     CHECK(disk && disk_len > 18 && disk[0] == 0x1f && disk[1] == 0x8b, "gzip magic");
     gzFile gz = gzopen(path, "rb");
     unsigned char *plain = malloc(img_len + 64);
@@ -156,7 +144,7 @@ static void test_damaged(void) {
     cg_st_add(w, "noise", 1, (int64_t[]){8192}, noise);
     CHECK(cg_checkpoint_save(w, path) == CG_OK, "save: %s", cg_last_error());
     size_t len;
-    unsigned char *good = slurp(path, &len);
+    unsigned char *good = (unsigned char *)test_slurp(path, &len);
     CHECK(good != NULL, "read back");
     if (!good) return;
 
@@ -240,7 +228,7 @@ static void test_atomic(void) {
     cg_st_writer *old = small_writer(5, "500");
     CHECK(cg_checkpoint_save(old, path) == CG_OK, "save old: %s", cg_last_error());
     size_t old_len;
-    unsigned char *old_bytes = slurp(path, &old_len);
+    unsigned char *old_bytes = (unsigned char *)test_slurp(path, &old_len);
 
     /* 16 MB of noise takes the child long enough to be caught mid-write */
     const int64_t n = 4 << 20;
@@ -275,7 +263,7 @@ static void test_atomic(void) {
 
     /* the old checkpoint is byte-for-byte what it was, opens, and a partial temp file is left */
     size_t now_len;
-    unsigned char *now = slurp(path, &now_len);
+    unsigned char *now = (unsigned char *)test_slurp(path, &now_len);
     CHECK(now && now_len == old_len && memcmp(now, old_bytes, old_len) == 0, "old checkpoint changed");
     free(now);
     check_small(path, 5, "500");

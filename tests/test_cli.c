@@ -21,20 +21,6 @@ static char bin[PATH_MAX + 16], dir[PATH_MAX];
 
 /* ---- helpers ---- */
 
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    size_t got = s ? fread(s, 1, (size_t)n, f) : 0;
-    fclose(f);
-    if (s) s[got] = 0;
-    if (len) *len = got;
-    return s;
-}
-
 static void spit(const char *name, const char *text) {
     char p[PATH_MAX + 64];
     snprintf(p, sizeof p, "%s/%s", dir, name);
@@ -63,7 +49,7 @@ static result cgrad(const char *args, const char *input) {
     if (input) spit("stdin.txt", input);
     snprintf(cmd, sizeof cmd, "cd '%s' && '%s' %s < %s > out.txt 2> err.txt", dir, bin, args, input ? "stdin.txt" : "/dev/null");
     int st = system(cmd);
-    result r = {WIFEXITED(st) ? WEXITSTATUS(st) : -1, slurp(path_of("out.txt"), NULL), slurp(path_of("err.txt"), NULL)};
+    result r = {WIFEXITED(st) ? WEXITSTATUS(st) : -1, test_slurp(path_of("out.txt"), NULL), test_slurp(path_of("err.txt"), NULL)};
     if (!r.out) r.out = calloc(1, 1);
     if (!r.err) r.err = calloc(1, 1);
     return r;
@@ -120,7 +106,7 @@ static bool same_checkpoints(const char *a, const char *b) {
 
 /* The metrics CSV without its timing columns. */
 static char *csv_losses(const char *name) {
-    char *s = slurp(path_of(name), NULL);
+    char *s = test_slurp(path_of(name), NULL);
     if (!s) return calloc(1, 1);
     char *out = malloc(strlen(s) + 1), *w = out;
     for (char *line = strtok(s, "\n"); line; line = strtok(NULL, "\n")) {
@@ -236,7 +222,7 @@ static void test_outputs(void) {
     result_free(&r);
 
     /* Metrics CSV: header, one row a step, the schedule's rate, held-out loss at evaluations. */
-    char *csv = slurp(path_of("gpt_A_metrics.csv"), NULL);
+    char *csv = test_slurp(path_of("gpt_A_metrics.csv"), NULL);
     CHECK(csv && !strncmp(csv, "step,lr,train_loss,val_loss,tokens_per_s,elapsed_s\n", 51), "csv header: %.60s",
           csv ? csv : "(none)");
     /* A fresh run first measures the untrained model: step 0 has only a held-out loss. */
@@ -257,7 +243,7 @@ static void test_outputs(void) {
     }
     CHECK(rows == 8, "csv has %d rows, want 8", rows);
     free(csv);
-    char *svg = slurp(path_of("gpt_A_loss.svg"), NULL);
+    char *svg = test_slurp(path_of("gpt_A_loss.svg"), NULL);
     CHECK(svg && !strncmp(svg, "<svg", 4) && strstr(svg, "<polyline") && strstr(svg, "held-out") &&
               strstr(svg, ">step<") && strstr(svg, "</svg>"),
           "svg chart incomplete");
@@ -286,7 +272,7 @@ static void test_outputs(void) {
 
 static void test_errors(void) {
     size_t len;
-    char *ck = slurp(path_of("gpt_A.ckpt"), &len);
+    char *ck = test_slurp(path_of("gpt_A.ckpt"), &len);
     CHECK(ck && len > 1000, "checkpoint missing");
     if (!ck) return;
     FILE *f = fopen(path_of("truncated.ckpt"), "wb");
@@ -336,7 +322,7 @@ static void test_errors(void) {
     }
 
     /* A changed model or training setting is refused, naming the flag and the file; nothing is written. */
-    char *before = slurp(path_of("gpt_A.ckpt"), &len);
+    char *before = test_slurp(path_of("gpt_A.ckpt"), &len);
     result r = cgrad("train --resume gpt_A.ckpt --layers 2", NULL);
     CHECK(r.rc == 1 && strstr(r.err, "--layers 2") && strstr(r.err, "layers = 1") && strstr(r.err, "gpt_A.ckpt"),
           "config mismatch: rc %d '%s'", r.rc, r.err);
@@ -349,7 +335,7 @@ static void test_errors(void) {
     CHECK(r.rc == 1 && strstr(r.err, "--data") && strstr(r.err, "gpt_A.ckpt"), "changed data: rc %d '%s'", r.rc, r.err);
     result_free(&r);
     size_t len2;
-    char *after = slurp(path_of("gpt_A.ckpt"), &len2);
+    char *after = test_slurp(path_of("gpt_A.ckpt"), &len2);
     CHECK(before && after && len == len2 && !memcmp(before, after, len), "a refused resume changed the checkpoint");
     free(before), free(after);
     r = cgrad("train --no-such-flag 1", NULL);

@@ -23,21 +23,6 @@ static double now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Whole file, NUL-terminated; NULL if it cannot be read. */
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    size_t got = fread(s, 1, (size_t)n, f);
-    fclose(f);
-    s[got] = 0;
-    if (len) *len = got;
-    return s;
-}
-
 static void spit(const char *path, const char *s) {
     FILE *f = fopen(path, "wb");
     fputs(s, f);
@@ -53,7 +38,7 @@ static bool need(const char *path) {
 
 /* Ids of a fixture: a "# ..." header (optionally holding bytes=N) then whitespace-separated ints. */
 static int32_t *read_ids(const char *path, int64_t *n, long *bytes) {
-    char *s = slurp(path, NULL);
+    char *s = test_slurp(path, NULL);
     CHECK(s != NULL, "cannot read fixture %s", path);
     if (!s) return NULL;
     char *p = s;
@@ -111,7 +96,7 @@ static bool round_trip(const cg_tokenizer *t, const char *text, size_t len) {
 
 /* Each line of a fixture: text as UTF-8 hex, a tab, the reference ids; all must match. */
 static void check_random_fixture(const cg_tokenizer *t, const char *path, const char *what) {
-    char *s = slurp(path, NULL);
+    char *s = test_slurp(path, NULL);
     CHECK(s != NULL, "cannot read fixture %s", path);
     if (!s) return;
     int cases = 0, bad = 0;
@@ -273,7 +258,7 @@ static void test_char(void) {
 
     if (!need(DATA "moby-dick.txt")) return;
     size_t len;
-    char *moby = slurp(DATA "moby-dick.txt", &len);
+    char *moby = test_slurp(DATA "moby-dick.txt", &len);
     t = cg_tokenizer_char_new(moby, len);
     CHECK(t && cg_tokenizer_vocab_size(t) > 70 && cg_tokenizer_vocab_size(t) < 200, "Moby Dick has %d characters",
           cg_tokenizer_vocab_size(t));
@@ -300,7 +285,7 @@ static void test_gpt2(void) {
     check_list("Hello world", t, "Hello world", (const int32_t[]){15496, 995}, 2);
 
     size_t len;
-    char *sample = slurp(FIX "sample.txt", &len);
+    char *sample = test_slurp(FIX "sample.txt", &len);
     int64_t nw;
     int32_t *want = read_ids(FIX "gpt2_sample.ids", &nw, NULL);
     int32_t *ids = NULL;
@@ -318,7 +303,7 @@ static void test_gpt2(void) {
 
     if (need(DATA "moby-dick.txt")) {
         long bytes = 0;
-        char *moby = slurp(DATA "moby-dick.txt", NULL);
+        char *moby = test_slurp(DATA "moby-dick.txt", NULL);
         want = read_ids(FIX "gpt2_moby.ids", &nw, &bytes);
         CHECK(bytes > 0, "the fixture names its prefix length");
         t0 = now();
@@ -355,11 +340,11 @@ static void test_gpt2(void) {
     char p[128];
     size_t la, lb;
     snprintf(p, sizeof p, "%s/encoder.json", tmpdir);
-    char *a = slurp(p, &la), *b = slurp(DATA "gpt2/encoder.json", &lb);
+    char *a = test_slurp(p, &la), *b = test_slurp(DATA "gpt2/encoder.json", &lb);
     CHECK(a && b && la == lb && memcmp(a, b, la) == 0, "saved encoder.json is GPT-2's (%zu vs %zu bytes)", la, lb);
     free(a), free(b);
     snprintf(p, sizeof p, "%s/vocab.bpe", tmpdir);
-    a = slurp(p, &la), b = slurp(DATA "gpt2/vocab.bpe", &lb);
+    a = test_slurp(p, &la), b = test_slurp(DATA "gpt2/vocab.bpe", &lb);
     CHECK(a && b && la == lb && memcmp(a, b, la) == 0, "saved vocab.bpe is GPT-2's (%zu vs %zu bytes)", la, lb);
     free(a), free(b);
     cg_tokenizer *u = cg_tokenizer_load(tmpdir);
@@ -390,7 +375,7 @@ static char *saved_merges(const cg_tokenizer *t) {
     char p[128];
     CHECK(cg_tokenizer_save(t, tmpdir) == CG_OK, "save: %s", cg_last_error());
     snprintf(p, sizeof p, "%s/vocab.bpe", tmpdir);
-    return slurp(p, NULL);
+    return test_slurp(p, NULL);
 }
 
 /* Naive BPE on words of lower-case letters after optional spaces (GPT-2's pieces for such text):
@@ -503,7 +488,7 @@ static void test_bpe_train(void) {
     free(json);
 
     /* Malformed files, built from the trained ones. */
-    char *vb = slurp(v, NULL);
+    char *vb = test_slurp(v, NULL);
     size_t lv = strlen(vb);
     char *bad = malloc(lv + 64);
     snprintf(bad, lv + 64, "%szz q\n", vb);
@@ -585,7 +570,7 @@ static void test_bpe_train(void) {
 
     if (!need(DATA "moby-dick.txt")) return;
     size_t len;
-    char *moby = slurp(DATA "moby-dick.txt", &len);
+    char *moby = test_slurp(DATA "moby-dick.txt", &len);
     double t0 = now();
     t = cg_tokenizer_bpe_train(moby, len, 2048);
     double dt = now() - t0;
@@ -658,13 +643,13 @@ static void test_wordpiece(void) {
     check_list("i like strawberries", t, "I like strawberries", (const int32_t[]){1045, 2066, 13137, 20968}, 4);
 
     size_t len;
-    char *sample = slurp(FIX "sample.txt", &len);
+    char *sample = test_slurp(FIX "sample.txt", &len);
     int64_t nw, n;
     int32_t *want = read_ids(FIX "bert_sample.ids", &nw, NULL);
     int32_t *ids = NULL;
     CHECK(cg_tokenizer_encode(t, sample, len, &ids, &n) == CG_OK, "encode sample: %s", cg_last_error());
     check_ids("WordPiece sample vs BERT's tokenization.py", ids, n, want, nw);
-    char *dec = NULL, *ref = slurp(FIX "bert_sample.decoded", NULL);
+    char *dec = NULL, *ref = test_slurp(FIX "bert_sample.decoded", NULL);
     CHECK(cg_tokenizer_decode(t, ids, n, &dec, NULL) == CG_OK && ref && strcmp(dec, ref) == 0,
           "decode matches BERT's join");
     free(dec), free(ref), free(ids), free(want), free(sample);
@@ -685,7 +670,7 @@ static void test_wordpiece(void) {
     /* Saved vocab.txt is the original; the directory loads as WordPiece. */
     CHECK(cg_tokenizer_save(t, tmpdir) == CG_OK, "save WordPiece");
     size_t la, lb;
-    char *x = slurp(p, &la), *y = slurp(DATA "bert/vocab.txt", &lb);
+    char *x = test_slurp(p, &la), *y = test_slurp(DATA "bert/vocab.txt", &lb);
     CHECK(x && y && la == lb && memcmp(x, y, la) == 0, "saved vocab.txt is the original");
     free(x), free(y);
     cg_tokenizer *u = cg_tokenizer_load(tmpdir);
