@@ -16,11 +16,7 @@
 #include <zlib.h>
 
 #include "graph/internal.h"
-
-/* Defined in io/safetensors.c; internal to io/. */
-cg_st *cgi_st_adopt(void *bytes, size_t len, const char *label);
-cg_status cgi_st_emit(cg_st_writer *w, cg_status (*sink)(void *ctx, const void *p, size_t n), void *ctx,
-                      uint64_t *total);
+#include "io/safetensors_internal.h"
 
 /* Float weights have no repeated strings for LZ77 to find; only their byte statistics (sign and
  * exponent bytes) compress. Huffman-only coding measured 2.7x faster than level 1 (66 vs 24 MB/s

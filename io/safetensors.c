@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "graph/internal.h"
+#include "io/safetensors_internal.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "io/safetensors.c assumes a little-endian host: safetensors stores little-endian data"
@@ -263,8 +264,6 @@ done:
     return s;
 }
 
-/* Takes ownership of a malloc'd image (freed on failure too). Used by io/checkpoint.c. */
-cg_st *cgi_st_adopt(void *bytes, size_t len, const char *label);
 cg_st *cgi_st_adopt(void *bytes, size_t len, const char *label) {
     cg_st *f = calloc(1, sizeof *f);
     char *lb = dupstr(label ? label : "<memory>");
@@ -873,11 +872,7 @@ static int *sorted_order(const char *const *keys, size_t stride, int n) {
     return idx;
 }
 
-typedef cg_status (*st_sink)(void *ctx, const void *p, size_t n);
-
-/* Streams the image (length, padded header, data) into sink. Used by io/checkpoint.c. */
-cg_status cgi_st_emit(cg_st_writer *w, st_sink sink, void *ctx, uint64_t *total);
-cg_status cgi_st_emit(cg_st_writer *w, st_sink sink, void *ctx, uint64_t *total) {
+cg_status cgi_st_emit(cg_st_writer *w, cgi_st_sink sink, void *ctx, uint64_t *total) {
     if (!w) return cgi_fail(CG_ERR_ARG, "[safetensors] write: NULL writer");
     int *order = sorted_order(w->n ? (const char *const *)&w->e[0].name : NULL, sizeof(w_entry), w->n);
     int *morder = sorted_order((const char *const *)w->mkey, sizeof(char *), w->nmeta);
