@@ -45,7 +45,7 @@ static void profile_report(void) {
 const cgi_op_desc cgi_ops[CGI_OP_COUNT] = {
 #define CG_LEAF(ID, nm) [CGI_OP_##ID] = {#nm, CGI_KIND_LEAF, NULL, NULL},
 #define CG_VIEW(ID, nm) [CGI_OP_##ID] = {#nm, CGI_KIND_VIEW, NULL, NULL},
-#define CG_OP(ID, nm, family, reads, reads_out) [CGI_OP_##ID] = {#nm, CGI_KIND_COMPUTE, cgi_fwd_##nm, cgi_bwd_##nm, reads, reads_out, CGI_OP_##ID == CGI_OP_CROSS_ENTROPY, CGI_OP_##ID == CGI_OP_LINEAR},
+#define CG_OP(ID, nm, family, reads, reads_out, grad) [CGI_OP_##ID] = {#nm, CGI_KIND_COMPUTE, cgi_fwd_##nm, cgi_bwd_##nm, reads, reads_out, grad},
 #include "ops/ops.def"
 #undef CG_LEAF
 #undef CG_VIEW
@@ -371,8 +371,9 @@ cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
     for (int i = loss->id; i >= 0; i--) {
         cg_tensor *t = g->nodes[i];
         if (!t->mark || !t->requires_grad || !cgi_ops[t->op].backward) continue;
-        for (int k = 0; k < t->nsrc; k++)
-            if (t->src[k]->requires_grad && !(k == 0 && cgi_ops[t->op].bwd_begins_src0)) zero_once(g, t->src[k]);
+        for (int k = 0; k < t->nsrc; k++) /* a rule that claims src[0] zeroes it itself if it must */
+            if (t->src[k]->requires_grad && !(k == 0 && (cgi_ops[t->op].bwd_grad & CGI_GRAD_CLAIMS_SRC0)))
+                zero_once(g, t->src[k]);
         double t0 = profiling() ? omp_get_wtime() : 0;
         cgi_ops[t->op].backward(t);
         if (t0 > 0) profile_node(t, 1, t0);

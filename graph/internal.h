@@ -14,7 +14,7 @@
 typedef enum {
 #define CG_LEAF(ID, name) CGI_OP_##ID,
 #define CG_VIEW(ID, name) CGI_OP_##ID,
-#define CG_OP(ID, name, family, reads, reads_out) CGI_OP_##ID,
+#define CG_OP(ID, name, family, reads, reads_out, grad) CGI_OP_##ID,
 #include "ops/ops.def"
 #undef CG_LEAF
 #undef CG_VIEW
@@ -33,15 +33,16 @@ typedef struct {
     void (*backward)(cg_tensor *out);
     unsigned bwd_reads;   /* bit k: backward reads the value of src[k] */
     bool bwd_reads_out;   /* backward reads out's own value */
-    bool bwd_inplace;     /* backward can write src[0]'s gradient over src[0]'s value */
-    bool bwd_begins_src0; /* backward calls cgi_grad_begin on src[0] itself, so it is not zeroed first */
+    unsigned bwd_grad;    /* the last column of ops.def: CGI_GRAD_OVER_VALUE, CGI_GRAD_CLAIMS_SRC0 or 0 */
 } cgi_op_desc;
+
+enum { CGI_GRAD_OVER_VALUE = 1, CGI_GRAD_CLAIMS_SRC0 = 2 };
 
 extern const cgi_op_desc cgi_ops[CGI_OP_COUNT];
 
 #define CG_LEAF(ID, name)
 #define CG_VIEW(ID, name)
-#define CG_OP(ID, name, family, reads, reads_out) \
+#define CG_OP(ID, name, family, reads, reads_out, grad) \
     cg_status cgi_fwd_##name(cg_tensor *out); \
     void cgi_bwd_##name(cg_tensor *out);
 #include "ops/ops.def"

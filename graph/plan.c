@@ -91,7 +91,8 @@ cg_status cgi_plan(cg_graph *g) {
         /* Logits read only by a fused loss that writes their gradient in place share one buffer:
          * the value's life ends where the gradient's begins. */
         const cg_tensor *reader = consumers[i] == 1 && sole[i] >= 0 ? g->nodes[sole[i]] : NULL;
-        t->grad_in_value = reader && cgi_ops[reader->op].bwd_inplace && reader->src[0] == t && reader->requires_grad &&
+        t->grad_in_value = reader && (cgi_ops[reader->op].bwd_grad & CGI_GRAD_OVER_VALUE) && reader->src[0] == t &&
+                           reader->requires_grad &&
                            t->requires_grad && !outlives && cgi_ops[t->op].kind == CGI_KIND_COMPUTE &&
                            t->dtype == CG_REAL && vdeath[i] == end - 1 - reader->id;
         if (t->bwd_aux_bytes && t->requires_grad && cgi_ops[t->op].kind == CGI_KIND_COMPUTE)
