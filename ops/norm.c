@@ -83,7 +83,6 @@ void cgi_bwd_layernorm(cg_tensor *t) {
     cg_real *part_g = (cg_real *)t->aux + 2 * rows, *part_b = part_g + LN_BLOCKS * d;
     const bool dx_needed = x->requires_grad, dg = gt && gt->requires_grad, db = bt && bt->requires_grad;
     const int64_t per = (rows + LN_BLOCKS - 1) / LN_BLOCKS;
-    static const cg_real unit[1] = {1};
 #pragma omp parallel for schedule(static) if (rows * d > CGI_PAR_MIN) num_threads(cgi_nthreads())
     for (int b = 0; b < LN_BLOCKS; b++) {
         cg_real *pg = part_g + b * d, *pb = part_b + b * d;
@@ -94,12 +93,11 @@ void cgi_bwd_layernorm(cg_tensor *t) {
             if (dx_needed) {
                 /* dh = dy * gain; dx = q * (dh - mean(dh) - h * mean(dh * h)), sums in lanes */
                 cg_real c1[CGI_LANES] = {0}, c2[CGI_LANES] = {0};
-                const cg_real *gv = gain && gs == 1 ? gain : unit;
                 int64_t j = 0;
                 if (!gain || gs == 1)
                     for (; j + CGI_LANES <= d; j += CGI_LANES)
                         for (int l = 0; l < CGI_LANES; l++) {
-                            const cg_real h = (xr[j + l] - m) * q, dh = dy[j + l] * gv[gain ? j + l : 0];
+                            const cg_real h = (xr[j + l] - m) * q, dh = dy[j + l] * (gain ? gain[j + l] : 1);
                             c1[l] += dh;
                             c2[l] += dh * h;
                         }
