@@ -169,8 +169,11 @@ static cg_tensor *unary(cg_graph *g, int op, cg_tensor *x, double p) {
         (void)p;                                                                              \
         cgi_iter it;                                                                          \
         iter4(&it, t, x->stride, t->stride, x->stride, t->stride);                            \
-        CGI_EW_LOOP(it, x->grad, t->grad, (const cg_real *)x->data, (const cg_real *)t->data, \
-                    +=, name##_df(A, B, C, p));                                               \
+        const cg_real *X = x->data, *Y = t->data;                                             \
+        if (cgi_grad_begin(x)) /* the first writer of dx: assigns, so nothing zeroes it */    \
+            CGI_EW_LOOP(it, x->grad, t->grad, X, Y, =, name##_df(A, B, C, p));                \
+        else                                                                                  \
+            CGI_EW_LOOP(it, x->grad, t->grad, X, Y, +=, name##_df(A, B, C, p));               \
     }
 
 UNARY(neg, NEG, -x, -dy)

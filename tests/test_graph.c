@@ -213,6 +213,31 @@ static void test_backward_accumulates(void) {
     cg_params_free(ps);
 }
 
+/* The first rule to write a gradient may assign it instead of adding into zeros (unary maps and
+ * linear do). With a value read by several ops, whichever runs first must assign and every later
+ * one add, in either order: h feeds gelu, tanh and h * h, built in two orders. */
+static void test_fanout_first_writer(void) {
+    const double u0[3] = {-1.5, 0.25, 2};
+    for (int order = 0; order < 2; order++) {
+        cg_graph *g = cg_graph_new(CG_TRAIN);
+        cg_tensor *u = cg_requires_grad(IN(g, "u", (3), (cg_real)u0[0], (cg_real)u0[1], (cg_real)u0[2]));
+        cg_tensor *h = cg_scale(g, u, 1); /* a computed node, so a first writer can claim its gradient */
+        cg_tensor *sq = order ? cg_mul(g, h, h) : NULL, *ge = cg_gelu(g, h), *th = cg_tanh(g, h);
+        if (!order) sq = cg_mul(g, h, h);
+        cg_tensor *loss = cg_sum_all(g, cg_add(g, cg_add(g, ge, th), sq));
+        CHECK(loss && cg_graph_forward(g) == CG_OK && cg_graph_backward(g, loss) == CG_OK, "order %d: %s", order,
+              cg_last_error());
+        double want[3];
+        for (int i = 0; i < 3; i++) {
+            const double x = u0[i], t = tanh(x);
+            want[i] = 0.5 * (1 + erf(x / sqrt(2))) + x * exp(-0.5 * x * x) / sqrt(2 * 3.14159265358979323846) +
+                      (1 - t * t) + 2 * x;
+        }
+        expect_values(order ? "fan-out, mul built first" : "fan-out, mul built last", u, true, want, 3, 1e-5);
+        cg_graph_free(g);
+    }
+}
+
 static void test_detach_and_pruning(void) {
     cg_params *ps = cg_params_new();
     cg_tensor *w1 = cg_params_add(ps, "w1", 2, S(2, 2));
@@ -612,6 +637,7 @@ int main(void) {
     test_forward_values();
     test_cross_entropy_values();
     test_backward_accumulates();
+    test_fanout_first_writer();
     test_detach_and_pruning();
     test_rerun_and_reset();
     test_eval_and_dropout();
