@@ -174,6 +174,33 @@ static inline void cgi_iter_row(const cgi_iter *it, int64_t r, int64_t *off) {
 /* C[m,n] = alpha A[m,k] B[k,n] + beta C through BLIS, any strides (ops/matmul.c). */
 void cgi_gemm(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, int64_t csa, const cg_real *b,
               int64_t rsb, int64_t csb, cg_real alpha, cg_real beta, cg_real *c, int64_t rsc, int64_t csc, int threads);
+/* Products on BLIS's own micro-kernel over operands packed by the caller, for small products
+ * that reuse an operand many times (attention's keys and values): packing it once replaces a
+ * repack in every BLIS call (ops/matmul.c). A packed operand is a run of panels: A's of `mr`
+ * rows, B's of `nr` columns, each panel k deep with the other index fastest. */
+typedef struct {
+    int64_t mr, nr;     /* the micro-tile */
+    int64_t pmr, pnr;   /* panel widths, the tile padded as BLIS packs it */
+    void *kernel, *cntx;
+    void *pack_a, *pack_b; /* BLIS's packing kernels for those widths, NULL where it has none */
+} cgi_ukr;
+/* The micro-kernel of the running machine for cg_real. */
+void cgi_ukr_init(cgi_ukr *u);
+/* Reals a packed A of m rows (or B of m columns) and depth k occupies. */
+size_t cgi_ukr_packed_a(const cgi_ukr *u, int64_t m, int64_t k);
+size_t cgi_ukr_packed_b(const cgi_ukr *u, int64_t k, int64_t n);
+/* Packs A[m,k] (strides rs, cs) into A panels, rows past m zero. */
+void cgi_ukr_pack_a(const cgi_ukr *u, int64_t m, int64_t k, const cg_real *a, int64_t rs, int64_t cs, cg_real *dst);
+/* Packs B[k,n] (strides rs, cs) into B panels, columns past n zero. */
+void cgi_ukr_pack_b(const cgi_ukr *u, int64_t k, int64_t n, const cg_real *b, int64_t rs, int64_t cs, cg_real *dst);
+/* C[m,n] = alpha A B + beta C from packed A (depth ka) and B (depth kb), using the first k of
+ * each. Causal shapes: unless n_diag is CGI_UKR_FULL, a tile whose first column exceeds its last
+ * row + n_diag is skipped (left unwritten); unless k_diag is CGI_UKR_FULL, rows [i, i + mr) use
+ * only depth i + mr + k_diag. Single-threaded. */
+#define CGI_UKR_FULL INT64_MIN
+void cgi_ukr_gemm(const cgi_ukr *u, int64_t m, int64_t n, int64_t k, cg_real alpha, const cg_real *a, int64_t ka,
+                  const cg_real *b, int64_t kb, cg_real beta, cg_real *c, int64_t rsc, int64_t csc, int64_t n_diag,
+                  int64_t k_diag);
 /* dst (dst_stride) = or += scale * src (src_stride), over shape. */
 void cgi_copy(cg_real *dst, const int64_t *dst_stride, const cg_real *src, const int64_t *src_stride,
               int ndim, const int64_t *shape, double scale, bool accumulate);

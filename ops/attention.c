@@ -18,7 +18,7 @@
 
 /* iarg[0] causal, iarg[1] key_padding source index (0: none), iarg[2] scratch slots, iarg[3] whether
  * forward keeps the probabilities. aux: lse[B*H*Tq], then P[B*H*Tq*Tk] when kept, then per slot:
- * s[BQ*BK], dp[BQ*BK], acc[BQ*D], rows[3*BQ]. */
+ * s[BQ*BK], dp[BQ*BK], acc[BQ*D], rows[3*BQ], and when kept the packed operands below. */
 static size_t slot_reals(int64_t d) { return (size_t)(2 * BQ * BK + BQ * d + 3 * BQ); }
 
 /* When every key fits in one block the softmax needs no running rescale, and the probabilities
@@ -27,6 +27,43 @@ static size_t slot_reals(int64_t d) { return (size_t)(2 * BQ * BK + BQ * d + 3 *
  * Measured on gpt-tiny's attention (T = 256, causal): backward 16.2 -> 12.3 ms per layer
  * on two threads, and 6.3 -> 4.7 ms for bert-small's (T = 128, full). */
 static bool keeps_probs(int64_t tk) { return tk <= BK; }
+
+/* With the probabilities kept, the products run on BLIS's micro-kernel over operands packed here:
+ * a head's keys and values once for all its query blocks (BLIS packs them again in every call),
+ * and causal tiles above the diagonal skipped at the micro-tile rather than the block. Below a
+ * few query rows (token-by-token generation) BLIS's own gemv stays the faster. */
+static bool packs_heads(const cg_tensor *t) { return t->iarg[3] && t->shape[2] >= 16; }
+
+typedef struct {
+    cg_real *kv1; /* K^T in forward, V^T in backward: B panels of depth D over the keys */
+    cg_real *kv2; /* V in forward, K in backward: B panels of depth Tk over the features */
+    cg_real *a;   /* the A operand of one product */
+    cg_real *b;   /* a query block's dO or Q as B */
+} packs;
+
+static size_t align16(size_t n) { return (n + 15) / 16 * 16; }
+static size_t packs_reals(const cgi_ukr *u, int64_t tk, int64_t d) {
+    const int64_t rows = BQ > tk ? BQ : tk, depth = d > rows ? d : rows;
+    return align16(cgi_ukr_packed_b(u, d, tk)) + align16(cgi_ukr_packed_b(u, tk, d)) +
+           align16(cgi_ukr_packed_a(u, rows, depth)) + align16(cgi_ukr_packed_b(u, BQ, d)) + 16;
+}
+
+static size_t slot_stride(const cg_tensor *t, const cgi_ukr *u) {
+    return align16(slot_reals(t->shape[3]) + (packs_heads(t) ? packs_reals(u, t->src[1]->shape[2], t->shape[3]) : 0));
+}
+
+/* The packed operands of a slot, 64-byte aligned as the micro-kernel's loads want. */
+static packs packs_at(cg_real *slot, const cgi_ukr *u, int64_t tk, int64_t d) {
+    cg_real *p = slot + slot_reals(d);
+    p += (16 - ((uintptr_t)p / sizeof(cg_real)) % 16) % 16;
+    packs w;
+    w.kv1 = p, p += align16(cgi_ukr_packed_b(u, d, tk));
+    w.kv2 = p, p += align16(cgi_ukr_packed_b(u, tk, d));
+    const int64_t rows = BQ > tk ? BQ : tk;
+    w.a = p, p += align16(cgi_ukr_packed_a(u, rows, d > rows ? d : rows));
+    w.b = p;
+    return w;
+}
 
 static size_t probs_offset(const cg_tensor *t) { return (size_t)(t->shape[0] * t->shape[1] * t->shape[2]); }
 static size_t slots_offset(const cg_tensor *t) {
@@ -63,7 +100,9 @@ cg_tensor *cg_sdpa(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, double
     t->iarg[1] = key_padding ? 3 : 0;
     t->iarg[2] = cgi_nthreads();
     t->iarg[3] = keeps_probs(k->shape[2]);
-    t->aux_bytes = (slots_offset(t) + (size_t)t->iarg[2] * slot_reals(q->shape[3])) * sizeof(cg_real);
+    cgi_ukr u;
+    cgi_ukr_init(&u);
+    t->aux_bytes = (slots_offset(t) + (size_t)t->iarg[2] * slot_stride(t, &u) + 16) * sizeof(cg_real);
     return t;
 }
 
@@ -98,11 +137,10 @@ static void head_at(const cg_tensor *t, int64_t bh, head *h) {
     h->scale = (cg_real)t->farg[0];
 }
 
-/* Scores of query rows [i0, i0+nq) against keys [j0, j0+nk) into s[nq][ss], masked to -inf;
- * returns false when the whole block is hidden. A causal row hides a tail of the block, padding
- * hides single keys; most blocks have neither and skip the masking pass. */
-static bool scores(const head *h, int64_t i0, int64_t nq, int64_t j0, int64_t nk, cg_real *s, int64_t ss) {
-    gemm1(nq, nk, h->d, h->q + i0 * h->qs, h->qs, 1, h->k + j0 * h->ks, 1, h->ks, h->scale, 0, s, ss, 1);
+/* Masks scores of query rows [i0, i0+nq) against keys [j0, j0+nk) in s[nq][ss] to -inf; returns
+ * false when the whole block is hidden. A causal row hides a tail of the block, padding hides
+ * single keys; most blocks have neither and skip the masking pass. */
+static bool mask(const head *h, int64_t i0, int64_t nq, int64_t j0, int64_t nk, cg_real *s, int64_t ss) {
     bool any = false;
     for (int64_t r = 0; r < nq; r++) {
         int64_t vis = h->causal ? i0 + r + h->shift + 1 - j0 : nk; /* keys [j0, j0+vis) pass the causal mask */
@@ -118,6 +156,15 @@ static bool scores(const head *h, int64_t i0, int64_t nq, int64_t j0, int64_t nk
     return any;
 }
 
+/* Masked scores of a block through BLIS (see mask). */
+static bool scores(const head *h, int64_t i0, int64_t nq, int64_t j0, int64_t nk, cg_real *s, int64_t ss) {
+    gemm1(nq, nk, h->d, h->q + i0 * h->qs, h->qs, 1, h->k + j0 * h->ks, 1, h->ks, h->scale, 0, s, ss, 1);
+    return mask(h, i0, nq, j0, nk, s, ss);
+}
+
+/* The micro-kernel's causal arguments for a query block at i0: its rows see keys up to row + diag. */
+static int64_t diag(const head *h, int64_t i0) { return h->causal ? i0 + h->shift : CGI_UKR_FULL; }
+
 /* Keys beyond this cannot be seen by any row of the query block. */
 static int64_t key_end(const head *h, int64_t i0, int64_t nq) {
     if (!h->causal) return h->tk;
@@ -125,10 +172,17 @@ static int64_t key_end(const head *h, int64_t i0, int64_t nq) {
     return e < 0 ? 0 : e > h->tk ? h->tk : e;
 }
 
-/* One key block, probabilities kept: P = softmax(scores) normalised in place, O = P V. */
+/* One key block, probabilities kept: P = softmax(scores) normalised in place, O = P V. With w,
+ * the products run on the micro-kernel over the head's keys and values packed in w. */
 static void fwd_kept(const head *h, int64_t i0, int64_t nq, int64_t kend, cg_real *pb, int64_t ps, cg_real *o,
-                     cg_real *lse) {
-    if (kend == 0 || !scores(h, i0, nq, 0, kend, pb, ps)) { /* every key hidden: zeros, and no gradient */
+                     cg_real *lse, const cgi_ukr *u, const packs *w) {
+    bool any = kend > 0;
+    if (any && w) {
+        cgi_ukr_pack_a(u, nq, h->d, h->q + i0 * h->qs, h->qs, 1, w->a);
+        cgi_ukr_gemm(u, nq, kend, h->d, h->scale, w->a, h->d, w->kv1, h->d, 0, pb, ps, 1, diag(h, i0), CGI_UKR_FULL);
+        any = mask(h, i0, nq, 0, kend, pb, ps);
+    } else if (any) any = scores(h, i0, nq, 0, kend, pb, ps);
+    if (!any) { /* every key hidden: zeros, and no gradient */
         for (int64_t r = 0; r < nq; r++) {
             memset(pb + r * ps, 0, (size_t)kend * sizeof *pb);
             memset(o + r * h->d, 0, (size_t)h->d * sizeof *o);
@@ -148,26 +202,39 @@ static void fwd_kept(const head *h, int64_t i0, int64_t nq, int64_t kend, cg_rea
         for (int64_t c = 0; c < kend; c++) pr[c] *= inv;
         lse[r] = mx + (cg_real)log(l);
     }
-    gemm1(nq, h->d, kend, pb, ps, 1, h->v, h->vs, 1, 1, 0, o, h->d, 1);
+    if (w) {
+        cgi_ukr_pack_a(u, nq, kend, pb, ps, 1, w->a);
+        cgi_ukr_gemm(u, nq, h->d, kend, 1, w->a, kend, w->kv2, h->tk, 0, o, h->d, 1, CGI_UKR_FULL, diag(h, i0));
+    } else gemm1(nq, h->d, kend, pb, ps, 1, h->v, h->vs, 1, 1, 0, o, h->d, 1);
 }
 
 cg_status cgi_fwd_attention(cg_tensor *t) {
     const int64_t bhn = t->shape[0] * t->shape[1], tq = t->shape[2], d = t->shape[3], tk = t->src[1]->shape[2];
     cg_real *lse = t->aux, *out = t->data, *probs = t->iarg[3] ? lse + probs_offset(t) : NULL;
     const int slots = (int)t->iarg[2];
+    cgi_ukr u;
+    cgi_ukr_init(&u);
+    const bool packed = packs_heads(t);
+    const size_t stride = slot_stride(t, &u);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(slots) if (bhn > 1 && slots > 1)
     for (int64_t bh = 0; bh < bhn; bh++) {
         int me = omp_get_thread_num();
-        cg_real *s = lse + slots_offset(t) + (size_t)me * slot_reals(d), *acc = s + 2 * BQ * BK, *m = acc + BQ * d,
-                *l = m + BQ;
+        cg_real *s = lse + slots_offset(t) + (size_t)me * stride, *acc = s + 2 * BQ * BK, *m = acc + BQ * d, *l = m + BQ;
         head h;
         head_at(t, bh, &h);
         cg_real *o = out + bh * tq * d;
+        packs w;
+        if (packed) { /* K^T and V for every query block of the head */
+            w = packs_at(s, &u, tk, d);
+            cgi_ukr_pack_b(&u, d, tk, h.k, 1, h.ks, w.kv1);
+            cgi_ukr_pack_b(&u, tk, d, h.v, h.vs, 1, w.kv2);
+        }
         const int64_t bq = h.causal ? BQ / 2 : BQ;
         for (int64_t i0 = 0; i0 < tq; i0 += bq) {
             const int64_t nq = tq - i0 < bq ? tq - i0 : bq, kend = key_end(&h, i0, nq);
             if (probs) {
-                fwd_kept(&h, i0, nq, kend, probs + (bh * tq + i0) * tk, tk, o + i0 * d, lse + bh * tq + i0);
+                fwd_kept(&h, i0, nq, kend, probs + (bh * tq + i0) * tk, tk, o + i0 * d, lse + bh * tq + i0, &u,
+                         packed ? &w : NULL);
                 continue;
             }
             for (int64_t r = 0; r < nq; r++) m[r] = -INFINITY, l[r] = 0;
@@ -205,19 +272,70 @@ cg_status cgi_fwd_attention(cg_tensor *t) {
     return CG_OK;
 }
 
+/* A head's gradients and their row and feature strides. */
+typedef struct {
+    cg_real *q, *k, *v;
+    int64_t qr, qc, kr, kc, vr, vc;
+} grads;
+
+/* Backward of one query block with kept probabilities p [nq, kend] (row stride Tk) on the micro-
+ * kernel: w holds the head's V^T and K. dp is scratch [nq, BK] for dP, then dS. */
+static void bwd_packed(const head *h, const cgi_ukr *u, const packs *w, int64_t i0, int64_t nq, int64_t kend,
+                       const cg_real *p, const cg_real *dO, const cg_real *di, cg_real *dp, const grads *g) {
+    const int64_t d = h->d, tk = h->tk;
+    if (kend == 0) return;
+    if (g->v) { /* dV += P^T dO */
+        cgi_ukr_pack_a(u, kend, nq, p, 1, tk, w->a);
+        cgi_ukr_pack_b(u, nq, d, dO, d, 1, w->b);
+        cgi_ukr_gemm(u, kend, d, nq, 1, w->a, nq, w->b, nq, 1, g->v, g->vr, g->vc, CGI_UKR_FULL, CGI_UKR_FULL);
+    }
+    if (!g->q && !g->k) return;
+    /* dP = dO V^T, skipping the tiles the causal mask hides; dS = P * (dP - D), zero where hidden */
+    cgi_ukr_pack_a(u, nq, d, dO, d, 1, w->a);
+    cgi_ukr_gemm(u, nq, kend, d, 1, w->a, d, w->kv1, d, 0, dp, BK, 1, diag(h, i0), CGI_UKR_FULL);
+    for (int64_t r = 0; r < nq; r++) {
+        int64_t vis = h->causal ? i0 + r + h->shift + 1 : kend;
+        vis = vis < 0 ? 0 : vis > kend ? kend : vis;
+        cg_real *dr = dp + r * BK;
+        const cg_real *pr = p + r * tk, dr_i = di[r];
+        for (int64_t c = 0; c < vis; c++) dr[c] = pr[c] * (dr[c] - dr_i);
+        for (int64_t c = vis; c < kend; c++) dr[c] = 0;
+    }
+    if (g->q) { /* dQ += scale * dS K */
+        cgi_ukr_pack_a(u, nq, kend, dp, BK, 1, w->a);
+        cgi_ukr_gemm(u, nq, d, kend, h->scale, w->a, kend, w->kv2, tk, 1, g->q + i0 * g->qr, g->qr, g->qc, CGI_UKR_FULL,
+                     diag(h, i0));
+    }
+    if (g->k) { /* dK += scale * dS^T Q */
+        cgi_ukr_pack_a(u, kend, nq, dp, 1, BK, w->a);
+        cgi_ukr_pack_b(u, nq, d, h->q + i0 * h->qs, h->qs, 1, w->b);
+        cgi_ukr_gemm(u, kend, d, nq, h->scale, w->a, nq, w->b, nq, 1, g->k, g->kr, g->kc, CGI_UKR_FULL, CGI_UKR_FULL);
+    }
+}
+
 void cgi_bwd_attention(cg_tensor *t) {
     cg_tensor *q = t->src[0], *k = t->src[1], *v = t->src[2];
     const bool gq = q->requires_grad, gk = k->requires_grad, gv = v->requires_grad;
     const int64_t bhn = t->shape[0] * t->shape[1], tq = t->shape[2], d = t->shape[3], tk = k->shape[2];
     const cg_real *lse = t->aux, *out = t->data, *dout = t->grad, *probs = t->iarg[3] ? lse + probs_offset(t) : NULL;
     const int slots = (int)t->iarg[2];
+    cgi_ukr u;
+    cgi_ukr_init(&u);
+    const bool packed = packs_heads(t);
+    const size_t stride = slot_stride(t, &u);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(slots) if (bhn > 1 && slots > 1)
     for (int64_t bh = 0; bh < bhn; bh++) {
         int me = omp_get_thread_num();
-        cg_real *slot = (cg_real *)lse + slots_offset(t) + (size_t)me * slot_reals(d), *dp = slot + BQ * BK,
+        cg_real *slot = (cg_real *)lse + slots_offset(t) + (size_t)me * stride, *dp = slot + BQ * BK,
                 *di = dp + BQ * BK + BQ * d;
         head h;
         head_at(t, bh, &h);
+        packs w;
+        if (packed) { /* V^T and K for every query block of the head */
+            w = packs_at(slot, &u, tk, d);
+            cgi_ukr_pack_b(&u, d, tk, h.v, 1, h.vs, w.kv1);
+            cgi_ukr_pack_b(&u, tk, d, h.k, h.ks, 1, w.kv2);
+        }
         const int64_t b = bh / t->shape[1], hh = bh % t->shape[1];
         cg_real *gQ = gq ? q->grad + b * q->stride[0] + hh * q->stride[1] : NULL;
         cg_real *gK = gk ? k->grad + b * k->stride[0] + hh * k->stride[1] : NULL;
@@ -230,6 +348,12 @@ void cgi_bwd_attention(cg_tensor *t) {
                 cg_real s = 0;
                 for (int64_t e = 0; e < d; e++) s += dO[(i0 + r) * d + e] * o[(i0 + r) * d + e];
                 di[r] = s;
+            }
+            if (packed) {
+                const grads gr = {gQ, gK, gV, q->stride[2], q->stride[3], k->stride[2], k->stride[3], v->stride[2],
+                                  v->stride[3]};
+                bwd_packed(&h, &u, &w, i0, nq, kend, probs + (bh * tq + i0) * tk, dO + i0 * d, di, dp, &gr);
+                continue;
             }
             for (int64_t j0 = 0; j0 < kend; j0 += BK) {
                 const int64_t nk = kend - j0 < BK ? kend - j0 : BK;

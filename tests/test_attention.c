@@ -97,5 +97,8 @@ int main(void) {
     compare("causal Tq 5 < Tk 140 (cached keys)", &(cfg){1, 2, 5, 140, 16, true, false, false, false});
     compare("causal + padding + a fully hidden batch", &(cfg){2, 2, 80, 80, 8, true, true, true, false});
     compare("GPT-2 head views of qkv, causal 100", &(cfg){2, 4, 100, 100, 8, true, false, false, true});
+    compare("causal Tq 40 > Tk 24 (leading rows see no key)", &(cfg){1, 2, 40, 24, 16, true, false, false, false});
+    compare("gpt-tiny's head: causal 256, D 64", &(cfg){1, 2, 256, 256, 64, true, false, false, true});
+    compare("bert-small's head: full 128 with padding, D 64", &(cfg){2, 2, 128, 128, 64, false, true, false, false});
     TEST_END();
 }
