@@ -33,10 +33,10 @@ typedef struct {
     void (*backward)(cg_tensor *out);
     unsigned bwd_reads;   /* bit k: backward reads the value of src[k] */
     bool bwd_reads_out;   /* backward reads out's own value */
-    unsigned bwd_grad;    /* the last column of ops.def: CGI_GRAD_OVER_VALUE, CGI_GRAD_CLAIMS_SRC0 or 0 */
+    unsigned bwd_grad;    /* the last column of ops.def: CGI_GRAD_OVER_VALUE, CGI_GRAD_CLAIMS_SRC0, CGI_OUT_IN_SRC0 or 0 */
 } cgi_op_desc;
 
-enum { CGI_GRAD_OVER_VALUE = 1, CGI_GRAD_CLAIMS_SRC0 = 2 };
+enum { CGI_GRAD_OVER_VALUE = 1, CGI_GRAD_CLAIMS_SRC0 = 2, CGI_OUT_IN_SRC0 = 4 };
 
 extern const cgi_op_desc cgi_ops[CGI_OP_COUNT];
 

@@ -87,7 +87,7 @@ cg_status cgi_plan(cg_graph *g) {
         if (t->root != t) continue;
         const int64_t back = end - 1 - i;
         bool outlives = t->retain || !consumed[i];
-        t->kept = cgi_ops[t->op].kind != CGI_KIND_COMPUTE || outlives;
+        t->kept = cgi_ops[t->op].kind != CGI_KIND_COMPUTE || outlives || (cgi_ops[t->op].bwd_grad & CGI_OUT_IN_SRC0);
         /* Logits read only by a fused loss that writes their gradient in place share one buffer:
          * the value's life ends where the gradient's begins. */
         const cg_tensor *reader = consumers[i] == 1 && sole[i] >= 0 ? g->nodes[sole[i]] : NULL;
@@ -102,7 +102,7 @@ cg_status cgi_plan(cg_graph *g) {
             if (t->aux_bytes) bufs[nb++] = (buffer){i, back, round_up(t->aux_bytes), 0, &t->aux, t, 'a'};
             continue;
         }
-        if (cgi_ops[t->op].kind == CGI_KIND_COMPUTE) {
+        if (cgi_ops[t->op].kind == CGI_KIND_COMPUTE && !(cgi_ops[t->op].bwd_grad & CGI_OUT_IN_SRC0)) {
             size_t es = t->dtype == CG_INT32 ? sizeof(int32_t) : sizeof(cg_real);
             bufs[nb++] = (buffer){i, outlives ? end : vdeath[i], round_up((size_t)cgi_numel(t->ndim, t->shape) * es),
                                   0, &t->data, t, 'v'};

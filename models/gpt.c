@@ -23,7 +23,6 @@ struct cg_gpt {
 typedef struct {
     cg_real *k, *v;
     int64_t len, cap;
-    cg_tensor **new_k, **new_v; /* this step's head-split keys and values, copied in after forward */
 } kv_cache;
 
 cg_status cg_gpt_config_parse(const char *json, cg_gpt_config *c) {
@@ -123,14 +122,13 @@ static cg_tensor *conv1d(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *b) 
     return cg_linear(g, x, cg_transpose(g, w, 0, 1), b);
 }
 
-/* Joins cached keys (positions before this step) with this step's, along the time axis. */
+/* Writes this step's keys (or values) [1, H, T, D] into the cache after the len already there and
+ * returns all of them, read in place from the cache. */
 static cg_tensor *with_cache(cg_graph *g, cg_real *store, int64_t len, int64_t cap, cg_tensor *fresh) {
-    if (len == 0 || !fresh) return fresh;
+    if (!fresh) return NULL;
     const int64_t h = cg_dim(fresh, 1), d = cg_dim(fresh, 3);
-    int64_t s[4] = {1, h, len, d}, st[4] = {h * cap * d, cap * d, d, 1};
-    cg_tensor *past = cg_wrap(g, "kv_cache", CG_REAL, 4, s, st, store);
-    cg_tensor *both[2] = {past, fresh};
-    return cg_concat(g, 2, both, 2);
+    int64_t s[4] = {1, h, cap, d}, st[4] = {h * cap * d, cap * d, d, 1};
+    return cg_append_into(g, cg_wrap(g, "kv_cache", CG_REAL, 4, s, st, store), len, fresh, 2);
 }
 
 static cg_tensor *gpt_forward(cg_graph *g, const cg_gpt *m, cg_tensor *ids, kv_cache *cache) {
@@ -162,8 +160,6 @@ static cg_tensor *gpt_forward(cg_graph *g, const cg_gpt *m, cg_tensor *ids, kv_c
                   *v = cg_split_heads(g, qkv[2], heads);
         if (cache) {
             const int64_t layer = i * heads * cache->cap * (c->n_embd / heads);
-            cache->new_k[i] = cg_retain(k);
-            cache->new_v[i] = cg_retain(v);
             k = with_cache(g, cache->k + layer, past, cache->cap, k);
             v = with_cache(g, cache->v + layer, past, cache->cap, v);
         }
@@ -177,21 +173,6 @@ static cg_tensor *gpt_forward(cg_graph *g, const cg_gpt *m, cg_tensor *ids, kv_c
 }
 
 cg_tensor *cg_gpt_logits(cg_graph *g, const cg_gpt *m, cg_tensor *ids) { return gpt_forward(g, m, ids, NULL); }
-
-/* Appends this step's keys and values ([1, H, T, D] nodes) to the cache. */
-static cg_status cache_append(kv_cache *kc, const cg_gpt_config *c, int64_t t, cg_real *tmp) {
-    const int64_t h = c->n_head, d = c->n_embd / c->n_head;
-    for (int64_t i = 0; i < c->n_layer; i++)
-        for (int kv = 0; kv < 2; kv++) {
-            cg_status s = cg_read(kv ? kc->new_v[i] : kc->new_k[i], tmp);
-            if (s) return s;
-            cg_real *store = (kv ? kc->v : kc->k) + i * h * kc->cap * d;
-            for (int64_t hh = 0; hh < h; hh++)
-                memcpy(store + (hh * kc->cap + kc->len) * d, tmp + hh * t * d, (size_t)(t * d) * sizeof(cg_real));
-        }
-    kc->len += t;
-    return CG_OK;
-}
 
 cg_status cg_gpt_generate(const cg_gpt *m, const int32_t *prompt, int64_t n_prompt, int64_t n_new,
                           const cg_sampling *s, uint64_t seed, bool use_cache, int32_t *out) {
@@ -209,17 +190,13 @@ cg_status cg_gpt_generate(const cg_gpt *m, const int32_t *prompt, int64_t n_prom
     memcpy(out, prompt, (size_t)n_prompt * sizeof *out);
     cg_graph *g = cg_graph_new(CG_EVAL);
     kv_cache kc = {0};
-    cg_real *tmp = NULL;
     cg_status st = g ? CG_OK : CG_ERR_NOMEM;
     if (!st && use_cache) {
         size_t per = (size_t)(c->n_layer * c->n_embd * total);
         kc.cap = total;
         kc.k = malloc(per * sizeof(cg_real));
         kc.v = malloc(per * sizeof(cg_real));
-        kc.new_k = calloc((size_t)c->n_layer, sizeof(cg_tensor *));
-        kc.new_v = calloc((size_t)c->n_layer, sizeof(cg_tensor *));
-        tmp = malloc((size_t)(c->n_embd * total) * sizeof(cg_real));
-        if (!kc.k || !kc.v || !kc.new_k || !kc.new_v || !tmp) st = cgi_fail(CG_ERR_NOMEM, "[gpt generate] out of memory");
+        if (!kc.k || !kc.v) st = cgi_fail(CG_ERR_NOMEM, "[gpt generate] out of memory");
     }
     cg_rng r;
     cg_rng_seed(&r, seed);
@@ -236,14 +213,11 @@ cg_status cg_gpt_generate(const cg_gpt *m, const int32_t *prompt, int64_t n_prom
         }
         st = cg_graph_forward(g);
         if (st) break;
-        if (use_cache) st = cache_append(&kc, c, t, tmp);
+        if (use_cache) kc.len += t; /* forward wrote this step's keys and values into the cache */
         out[n] = cg_sample(cg_data(logits) + (t - 1) * c->vocab_size, c->vocab_size, s, &r);
     }
     free(kc.k);
     free(kc.v);
-    free(kc.new_k);
-    free(kc.new_v);
-    free(tmp);
     cg_graph_free(g);
     return st;
 }

@@ -200,3 +200,49 @@ cg_status cgi_fwd_concat(cg_tensor *t) {
     return CG_OK;
 }
 void cgi_bwd_concat(cg_tensor *t) { concat_walk(t, true); }
+
+/* ---- append_into: iarg[0] = axis, iarg[1] = at ---- */
+
+cg_tensor *cg_append_into(cg_graph *g, cg_tensor *buf, int64_t at, cg_tensor *x, int axis) {
+    cg_tensor *in[2] = {buf, x};
+    if (!cgi_inputs_ok(g, "append_into", 2, in)) return NULL;
+    if (!cgi_expect_real("append_into", buf, "buf") || !cgi_expect_real("append_into", x, "x")) return NULL;
+    if (buf->op != CGI_OP_INPUT) {
+        cgi_fail(CG_ERR_ARG, "[append_into] buf%s must be an input leaf (cg_input or cg_wrap), not %s", cgi_shp(buf),
+                 cgi_ops[buf->op].name);
+        return NULL;
+    }
+    if (buf->requires_grad || x->requires_grad) {
+        cgi_fail(CG_ERR_ARG, "[append_into] buf%s and x%s must not require a gradient: it writes in place",
+                 cgi_shp(buf), cgi_shp(x));
+        return NULL;
+    }
+    int a = cgi_axis("append_into", buf, axis);
+    if (a < 0) return NULL;
+    bool ok = x->ndim == buf->ndim && at >= 0;
+    for (int d = 0; ok && d < buf->ndim; d++) ok = d == a || x->shape[d] == buf->shape[d];
+    if (!ok || at + x->shape[a] > buf->shape[a]) {
+        cgi_fail(CG_ERR_SHAPE, "[append_into] x%s at %lld along axis %d does not fit buf%s", cgi_shp(x), (long long)at,
+                 axis, cgi_shp(buf));
+        return NULL;
+    }
+    int64_t s[CG_MAX_DIMS];
+    memcpy(s, buf->shape, sizeof s);
+    s[a] = at + x->shape[a];
+    cg_tensor *t = cgi_node(g, CGI_OP_APPEND_INTO, CG_REAL, buf->ndim, s, 2, in);
+    if (!t) return NULL;
+    memcpy(t->stride, buf->stride, sizeof t->stride);
+    t->iarg[0] = a;
+    t->iarg[1] = at;
+    return t;
+}
+
+cg_status cgi_fwd_append_into(cg_tensor *t) {
+    cg_tensor *buf = t->src[0], *x = t->src[1];
+    t->data = buf->data;
+    cgi_copy((cg_real *)buf->data + t->iarg[1] * buf->stride[t->iarg[0]], buf->stride, x->data, x->stride, x->ndim,
+             x->shape, 1.0, false);
+    return CG_OK;
+}
+
+void cgi_bwd_append_into(cg_tensor *t) { (void)t; /* refused at build: nothing requires a gradient */ }

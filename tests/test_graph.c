@@ -633,6 +633,44 @@ static void test_views(void) {
     cg_graph_free(g);
 }
 
+/* append_into grows a caller's buffer in place, as a KV cache does from step to step: the
+ * result views the buffer, the rows before `at` are kept, and a consumer reads the new rows. */
+static void test_append_into(void) {
+    cg_real store[2 * 4 * 3]; /* [2, cap 4, 3] */
+    for (int i = 0; i < 24; i++) store[i] = -1;
+    for (int step = 0; step < 2; step++) {
+        cg_graph *g = cg_graph_new(CG_EVAL);
+        cg_tensor *buf = cg_wrap(g, "cache", CG_REAL, 3, S(2, 4, 3), S(12, 3, 1), store);
+        const int64_t at = step ? 2 : 0, n = step ? 1 : 2;
+        cg_tensor *x = cg_input(g, "x", CG_REAL, 3, S(2, n, 3));
+        cg_real xv[12];
+        for (int i = 0; i < 2 * n * 3; i++) xv[i] = (cg_real)(10 * (step + 1) + i);
+        cg_write(x, xv);
+        cg_tensor *grown = cg_append_into(g, buf, at, x, 1);
+        cg_tensor *sum = cg_retain(cg_sum(g, grown, 1, false)); /* [2, 3] over the rows so far */
+        CHECK(grown && sum && cg_graph_forward(g) == CG_OK, "append_into step %d: %s", step, cg_last_error());
+        CHECK(cg_data(grown) == store && cg_dim(grown, 1) == at + n && cg_strides(grown)[0] == 12,
+              "append_into step %d: a view of the buffer with its strides", step);
+        if (step == 0) EXPECT("sums after appending 2 rows", sum, 10 + 13, 11 + 14, 12 + 15, 16 + 19, 17 + 20, 18 + 21);
+        else EXPECT("sums after appending a third row", sum, 10 + 13 + 20, 11 + 14 + 21, 12 + 15 + 22, 16 + 19 + 23,
+                    17 + 20 + 24, 18 + 21 + 25);
+        cg_graph_free(g);
+    }
+    CHECK(store[3 * 3] == -1 && store[12 + 3 * 3 + 2] == -1, "rows past the appended ones untouched");
+
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    cg_tensor *buf = cg_wrap(g, "cache", CG_REAL, 3, S(2, 4, 3), S(12, 3, 1), store);
+    cg_tensor *x = cg_input(g, "x", CG_REAL, 3, S(2, 2, 3));
+    cg_clear_error();
+    CHECK(cg_append_into(g, buf, 3, x, 1) == NULL && strstr(cg_last_error(), "[append_into]") &&
+              strstr(cg_last_error(), "does not fit"), "overflowing the buffer is refused: %s", cg_last_error());
+    CHECK(cg_append_into(g, cg_scale(g, x, 1), 0, x, 1) == NULL && strstr(cg_last_error(), "input leaf"),
+          "a computed buf is refused: %s", cg_last_error());
+    CHECK(cg_append_into(g, buf, 0, cg_requires_grad(cg_input(g, "y", CG_REAL, 3, S(2, 1, 3))), 1) == NULL &&
+              strstr(cg_last_error(), "gradient"), "a gradient is refused: %s", cg_last_error());
+    cg_graph_free(g);
+}
+
 int main(void) {
     test_forward_values();
     test_cross_entropy_values();
@@ -643,5 +681,6 @@ int main(void) {
     test_eval_and_dropout();
     test_determinism();
     test_views();
+    test_append_into();
     TEST_END();
 }
