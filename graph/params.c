@@ -43,8 +43,8 @@ static bool grow(cg_params *ps, int64_t need) {
         cgi_fail(CG_ERR_NOMEM, "[params] cannot allocate %lld parameters", (long long)cap);
         return false;
     }
-    memset(v, 0, bytes);
-    memset(gr, 0, bytes);
+    /* no memset: the capacity doubles, and zeroing it all made the untouched half resident
+     * (encdec-base: 250 MB of its 1050 MB peak); cg_params_add zeroes each tensor's own slice */
     if (ps->used) {
         memcpy(v, ps->values, (size_t)ps->used * sizeof(cg_real));
         memcpy(gr, ps->grads, (size_t)ps->used * sizeof(cg_real));
@@ -111,6 +111,8 @@ cg_tensor *cg_params_add(cg_params *ps, const char *name, int ndim, const int64_
     t->root = t;
     t->data = ps->values + ps->used;
     t->grad = ps->grads + ps->used;
+    memset(t->data, 0, (size_t)padded * sizeof(cg_real)); /* the padding too: optimizers sweep it */
+    memset(t->grad, 0, (size_t)padded * sizeof(cg_real));
     t->requires_grad = t->trainable = true;
     t->name = nm;
     ps->used += padded;
