@@ -567,7 +567,29 @@ static void test_schedules(void) {
     CHECK(cg_schedule_check(&bad) == CG_ERR_ARG && strstr(cg_last_error(), "d_model"), "noam d_model 0");
 }
 
+/* Parameters come zeroed, values and gradients, also after the block grows and moves under
+ * tensors already added (growth no longer zeroes the block as a whole). */
+static void test_params_start_zero(void) {
+    cg_params *ps = cg_params_new();
+    cg_tensor *first = cg_params_add(ps, "first", 1, (const int64_t[]){5});
+    cg_fill(first, 3);
+    int64_t bad = 0;
+    char name[32];
+    for (int i = 0; i < 40; i++) { /* 40 x 7000 elements: several doublings past the first block */
+        snprintf(name, sizeof name, "p%d", i);
+        cg_tensor *t = cg_params_add(ps, name, 2, (const int64_t[]){70, 100});
+        const cg_real *v = cg_data(t), *gr = cg_grad(t);
+        for (int64_t j = 0; j < cg_numel(t); j++) bad += v[j] != 0 || gr[j] != 0;
+        cg_fill(t, -1); /* dirty it, so a later block that copied stale memory would show */
+    }
+    CHECK(bad == 0, "%lld freshly added parameter values or gradients were not zero", (long long)bad);
+    const cg_real *fv = cg_data(first);
+    CHECK(fv[0] == 3 && fv[4] == 3, "the first tensor's values survived the moves: %g %g", (double)fv[0], (double)fv[4]);
+    cg_params_free(ps);
+}
+
 int main(void) {
+    test_params_start_zero();
     test_fixtures();
     test_big();
     test_groups_and_errors();
