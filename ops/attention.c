@@ -2,8 +2,10 @@
  * query blocks of BQ rows visit key blocks of BK keys; scores, the running max and the running
  * sum live in a small per-thread scratch, and the products are BLIS calls on strided blocks.
  * Forward saves one log-sum-exp per query row; backward recomputes each block's probabilities
- * from it. Each (batch, head) belongs to one thread, so gradient writes never collide and the
- * result does not depend on the thread count. */
+ * from it. Up to BK keys the probabilities are kept instead and the products run on BLIS's
+ * micro-kernel over operands packed once per head (keeps_probs, packs_heads). Each (batch, head)
+ * belongs to one thread, so gradient writes never collide and the result does not depend on the
+ * thread count. */
 #include <math.h>
 #include <omp.h>
 

@@ -79,10 +79,8 @@ cg_tensor *cg_slice(cg_graph *g, cg_tensor *x, int axis, int64_t start, int64_t 
 cg_status cg_split(cg_graph *g, cg_tensor *x, int axis, int n, const int64_t *sizes, cg_tensor **out);
 /* Joins n tensors along axis (all other dims equal) into a new contiguous tensor. */
 cg_tensor *cg_concat(cg_graph *g, int n, cg_tensor *const *xs, int axis);
-/* Writes x into buf at [at, at + n) along axis (n = x's size there) and returns buf's first at + n
- * entries along it, a view of buf's storage: a KV cache grows in place, where a concat would copy
- * it every step. buf is an input leaf (cg_input, cg_wrap); inference only, nothing requires a
- * gradient. */
+/* Writes x into input leaf buf at [at, at + x's size) along axis and returns buf up to there, a
+ * view of buf's storage (a KV cache grows in place); inference only, no gradients. */
 cg_tensor *cg_append_into(cg_graph *g, cg_tensor *buf, int64_t at, cg_tensor *x, int axis);
 /* View [B, T, H*D] -> [B, H, T, D] for attention heads. */
 cg_tensor *cg_split_heads(cg_graph *g, cg_tensor *x, int heads);
