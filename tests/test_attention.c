@@ -1,12 +1,15 @@
 /* The fused attention (cg_sdpa) against its composite twin, matmul -> masked softmax -> matmul,
- * forward and backward, at sizes that span several query blocks and several 256-key blocks, with causal masks (Tq == Tk
- * and Tq < Tk), key padding, rows with every key hidden, and strided head views. */
+ * forward and backward, at sizes that span several query blocks and several 256-key blocks, with causal masks (Tq == Tk,
+ * Tq < Tk, Tq > Tk), key padding, rows with every key hidden, and strided head views; and the
+ * packing under its micro-kernel path: BLIS's packing kernels against the loops that stand in
+ * where BLIS has none. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../cgrad.h"
 #include "check.h"
+#include "graph/internal.h"
 
 typedef struct {
     int64_t b, h, tq, tk, d;
@@ -89,7 +92,36 @@ static void compare(const char *what, const cfg *c) {
     for (int i = 0; i < 3; i++) free(ga[i]), free(gb[i]);
 }
 
+/* Packs a matrix both ways (BLIS's kernel, then the fallback loops) for every stride order and
+ * compares the panels element by element, padding included. */
+static void packing_fallback(void) {
+    cgi_ukr u, plain;
+    cgi_ukr_init(&u);
+    plain = u;
+    plain.pack_a = plain.pack_b = NULL;
+    enum { R = 13, K = 37 };
+    cg_real src[R * K];
+    for (int i = 0; i < R * K; i++) src[i] = (cg_real)(i % 29) - 14;
+    const size_t na = cgi_ukr_packed_a(&u, R, K), nb = cgi_ukr_packed_b(&u, K, R);
+    cg_real *x = malloc((na > nb ? na : nb) * sizeof(cg_real)), *y = malloc((na > nb ? na : nb) * sizeof(cg_real));
+    for (int order = 0; order < 2; order++) { /* the source by rows, then by columns */
+        const int64_t rs = order ? 1 : K, cs = order ? R : 1;
+        for (size_t i = 0; i < na; i++) x[i] = 7, y[i] = -7;
+        cgi_ukr_pack_a(&u, R, K, src, rs, cs, x);
+        cgi_ukr_pack_a(&plain, R, K, src, rs, cs, y);
+        CHECK(memcmp(x, y, na * sizeof(cg_real)) == 0, "A panels differ (order %d)", order);
+        for (size_t i = 0; i < nb; i++) x[i] = 7, y[i] = -7;
+        cgi_ukr_pack_b(&u, K, R, src, cs, rs, x); /* B [K, R] is the same numbers, transposed */
+        cgi_ukr_pack_b(&plain, K, R, src, cs, rs, y);
+        CHECK(memcmp(x, y, nb * sizeof(cg_real)) == 0, "B panels differ (order %d)", order);
+    }
+    CHECK(y[0] == src[0] && y[1] == src[1], "B panel starts with row 0 of B: %g %g", (double)y[0], (double)y[1]);
+    free(x);
+    free(y);
+}
+
 int main(void) {
+    packing_fallback();
     compare("causal 150x150", &(cfg){2, 3, 150, 150, 16, true, false, false, false});
     compare("causal 600x600 (several 256-key blocks)", &(cfg){1, 2, 600, 600, 8, true, false, false, false});
     compare("full 300x700 with padding (several key blocks)", &(cfg){1, 2, 300, 700, 8, false, true, false, false});
