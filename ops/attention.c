@@ -139,14 +139,19 @@ static void head_at(const cg_tensor *t, int64_t bh, head *h) {
     h->scale = (cg_real)t->farg[0];
 }
 
+/* How many of keys [j0, j0+nk) query row i sees through the causal mask: a prefix of them. */
+static int64_t visible(const head *h, int64_t i, int64_t j0, int64_t nk) {
+    const int64_t vis = h->causal ? i + h->shift + 1 - j0 : nk;
+    return vis < 0 ? 0 : vis > nk ? nk : vis;
+}
+
 /* Masks scores of query rows [i0, i0+nq) against keys [j0, j0+nk) in s[nq][ss] to -inf; returns
  * false when the whole block is hidden. A causal row hides a tail of the block, padding hides
  * single keys; most blocks have neither and skip the masking pass. */
 static bool mask(const head *h, int64_t i0, int64_t nq, int64_t j0, int64_t nk, cg_real *s, int64_t ss) {
     bool any = false;
     for (int64_t r = 0; r < nq; r++) {
-        int64_t vis = h->causal ? i0 + r + h->shift + 1 - j0 : nk; /* keys [j0, j0+vis) pass the causal mask */
-        vis = vis < 0 ? 0 : vis > nk ? nk : vis;
+        const int64_t vis = visible(h, i0 + r, j0, nk);
         cg_real *sr = s + r * ss;
         for (int64_t c = vis; c < nk; c++) sr[c] = -INFINITY;
         if (h->keep) {
@@ -296,8 +301,7 @@ static void bwd_packed(const head *h, const cgi_ukr *u, const packs *w, int64_t 
     cgi_ukr_pack_a(u, nq, d, dO, d, 1, w->a);
     cgi_ukr_gemm(u, nq, kend, d, 1, w->a, d, w->kv1, d, 0, dp, BK, 1, diag(h, i0), CGI_UKR_FULL);
     for (int64_t r = 0; r < nq; r++) {
-        int64_t vis = h->causal ? i0 + r + h->shift + 1 : kend;
-        vis = vis < 0 ? 0 : vis > kend ? kend : vis;
+        const int64_t vis = visible(h, i0 + r, 0, kend);
         cg_real *dr = dp + r * BK;
         const cg_real *pr = p + r * tk, dr_i = di[r];
         for (int64_t c = 0; c < vis; c++) dr[c] = pr[c] * (dr[c] - dr_i);
