@@ -232,6 +232,7 @@ cg_tensor *cg_append_into(cg_graph *g, cg_tensor *buf, int64_t at, cg_tensor *x,
     cg_tensor *t = cgi_node(g, CGI_OP_APPEND_INTO, CG_REAL, buf->ndim, s, 2, in);
     if (!t) return NULL;
     memcpy(t->stride, buf->stride, sizeof t->stride);
+    t->data = buf->data; /* before any run, so views of it resolve like views of buf */
     t->iarg[0] = a;
     t->iarg[1] = at;
     return t;
@@ -239,7 +240,6 @@ cg_tensor *cg_append_into(cg_graph *g, cg_tensor *buf, int64_t at, cg_tensor *x,
 
 cg_status cgi_fwd_append_into(cg_tensor *t) {
     cg_tensor *buf = t->src[0], *x = t->src[1];
-    t->data = buf->data;
     cgi_copy((cg_real *)buf->data + t->iarg[1] * buf->stride[t->iarg[0]], buf->stride, x->data, x->stride, x->ndim,
              x->shape, 1.0, false);
     return CG_OK;

@@ -648,7 +648,9 @@ static void test_append_into(void) {
         cg_write(x, xv);
         cg_tensor *grown = cg_append_into(g, buf, at, x, 1);
         cg_tensor *sum = cg_retain(cg_sum(g, grown, 1, false)); /* [2, 3] over the rows so far */
-        CHECK(grown && sum && cg_graph_forward(g) == CG_OK, "append_into step %d: %s", step, cg_last_error());
+        cg_tensor *head = cg_retain(cg_sum_all(g, cg_slice(g, grown, 0, 1, 2))); /* through a view of it */
+        CHECK(grown && sum && head && cg_graph_forward(g) == CG_OK, "append_into step %d: %s", step, cg_last_error());
+        CHECK_NEAR(cg_item(head), step ? 16 + 17 + 18 + 19 + 20 + 21 + 23 + 24 + 25 : 16 + 17 + 18 + 19 + 20 + 21, 1e-4);
         CHECK(cg_data(grown) == store && cg_dim(grown, 1) == at + n && cg_strides(grown)[0] == 12,
               "append_into step %d: a view of the buffer with its strides", step);
         if (step == 0) EXPECT("sums after appending 2 rows", sum, 10 + 13, 11 + 14, 12 + 15, 16 + 19, 17 + 20, 18 + 21);
