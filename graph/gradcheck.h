@@ -4,7 +4,11 @@
 
 #include <stdio.h>
 
-#include "graph/graph.h"
+#include "graph.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 typedef struct {
     const char *name;   /* the input's name */
@@ -33,4 +37,7 @@ cg_status cg_gradcheck(cg_graph *g, cg_tensor *out, int n, cg_tensor *const *inp
  * failed rows, counting an op of the table with no case as failed. */
 int cg_gradcheck_ops(FILE *out, double tol, const char *filter);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

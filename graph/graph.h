@@ -10,6 +10,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #ifdef CGRAD_DOUBLE
 typedef double cg_real; /* element type of real tensors: double in the f64 build */
 #else
@@ -185,4 +189,7 @@ void cg_fill_normal(cg_tensor *t, cg_rng *r, double mean, double std);
 /* Fills with uniform draws in [lo, hi) from r, in row-major order. */
 void cg_fill_uniform(cg_tensor *t, cg_rng *r, double lo, double hi);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

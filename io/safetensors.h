@@ -9,7 +9,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "graph/graph.h"
+#include "../graph/graph.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /* ---- reading ---- */
 
@@ -72,4 +76,7 @@ cg_status cg_st_serialize(cg_st_writer *w, void **bytes, size_t *len);
 /* Frees the writer and its copies of the data. NULL is a no-op. */
 void cg_st_writer_free(cg_st_writer *w);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -10,7 +10,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "graph/graph.h"
+#include "../graph/graph.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 typedef struct cg_tokenizer cg_tokenizer;
 
@@ -76,4 +80,7 @@ int32_t cg_tokenizer_token_id(const cg_tokenizer *tok, const char *token);
 /* Vocabulary spelling of token id (owned by tok), or NULL if out of range. */
 const char *cg_tokenizer_token_str(const cg_tokenizer *tok, int32_t id);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

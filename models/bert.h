@@ -4,7 +4,11 @@
 #ifndef CGRAD_BERT_H
 #define CGRAD_BERT_H
 
-#include "graph/graph.h"
+#include "../graph/graph.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 typedef struct {
     int64_t vocab_size, hidden_size, num_hidden_layers, num_attention_heads, intermediate_size;
@@ -52,4 +56,7 @@ cg_tensor *cg_bert_pretraining_loss(cg_graph *g, const cg_bert_outputs *o, cg_te
 cg_status cg_bert_fill_mask(const cg_bert *m, const int32_t *ids, int64_t n, int32_t mask_id, int top_k,
                             int32_t *top_ids, double *top_probs);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -5,7 +5,11 @@
 #ifndef CGRAD_CLASSIFIER_H
 #define CGRAD_CLASSIFIER_H
 
-#include "graph/graph.h"
+#include "../graph/graph.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 typedef struct {
     int64_t vocab_size, d_model, n_head, n_layer, dim_feedforward, max_len, num_classes;
@@ -28,4 +32,7 @@ const cg_classifier_config *cg_classifier_cfg(const cg_classifier *m);
 /* Adds the model to g: ids [B, T] int32, attention_mask [B, T] (1 keep, 0 pad; may be NULL) -> logits [B, C]. */
 cg_tensor *cg_classifier_logits(cg_graph *g, const cg_classifier *m, cg_tensor *ids, cg_tensor *attention_mask);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -5,7 +5,11 @@
 #ifndef CGRAD_ENCDEC_H
 #define CGRAD_ENCDEC_H
 
-#include "graph/graph.h"
+#include "../graph/graph.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 typedef struct {
     int64_t src_vocab_size, tgt_vocab_size, d_model, n_head, num_encoder_layers, num_decoder_layers;
@@ -37,4 +41,7 @@ cg_tensor *cg_encdec_logits(cg_graph *g, const cg_encdec *m, cg_tensor *src, cg_
 cg_status cg_encdec_translate(const cg_encdec *m, const int32_t *src, int64_t n_src, int beam, int64_t max_len,
                               int32_t *out, int64_t *n_out);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -4,8 +4,12 @@
 #ifndef CGRAD_GPT_H
 #define CGRAD_GPT_H
 
-#include "graph/graph.h"
-#include "models/layers.h"
+#include "../graph/graph.h"
+#include "layers.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 typedef struct {
     int64_t vocab_size, n_positions, n_embd, n_layer, n_head;
@@ -34,4 +38,7 @@ cg_tensor *cg_gpt_logits(cg_graph *g, const cg_gpt *m, cg_tensor *ids);
 cg_status cg_gpt_generate(const cg_gpt *m, const int32_t *prompt, int64_t n_prompt, int64_t n_new,
                           const cg_sampling *s, uint64_t seed, bool use_cache, int32_t *out);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -3,7 +3,11 @@
 #ifndef CGRAD_LAYERS_H
 #define CGRAD_LAYERS_H
 
-#include "graph/graph.h"
+#include "../graph/graph.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /* Adds parameter NAME (printf-style) drawn from normal(0, std) (std 0: zeros); NULL on error. */
 cg_tensor *cg_param_normal(cg_params *ps, cg_rng *r, double std, int ndim, const int64_t *shape, const char *fmt, ...)
@@ -42,4 +46,7 @@ typedef struct {
 /* Picks a token id from logits[v] as s says, drawing from r. */
 int32_t cg_sample(const cg_real *logits, int64_t v, const cg_sampling *s, cg_rng *r);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -4,12 +4,16 @@
 #ifndef CGRAD_ZOO_H
 #define CGRAD_ZOO_H
 
-#include "graph/graph.h"
-#include "io/safetensors.h"
-#include "models/bert.h"
-#include "models/classifier.h"
-#include "models/encdec.h"
-#include "models/gpt.h"
+#include "../graph/graph.h"
+#include "../io/safetensors.h"
+#include "bert.h"
+#include "classifier.h"
+#include "encdec.h"
+#include "gpt.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 typedef enum { CG_ARCH_GPT2, CG_ARCH_BERT, CG_ARCH_ENCDEC, CG_ARCH_CLASSIFIER } cg_arch;
 
@@ -68,4 +72,7 @@ cg_status cg_model_build(cg_graph *g, cg_model *m, int64_t batch, int64_t t, int
 /* The input of that name, or NULL. */
 cg_tensor *cg_model_graph_input(const cg_model_graph *mg, const char *name);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -5,7 +5,11 @@
 #ifndef CGRAD_OPS_H
 #define CGRAD_OPS_H
 
-#include "graph/graph.h"
+#include "../graph/graph.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /* ---- elementwise, NumPy broadcasting ---- */
 
@@ -131,4 +135,7 @@ cg_tensor *cg_cross_entropy(cg_graph *g, cg_tensor *logits, cg_tensor *targets, 
 cg_tensor *cg_linear_cross_entropy(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias, cg_tensor *targets,
                                    int ignore_index);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

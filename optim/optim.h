@@ -9,7 +9,11 @@
 #ifndef CGRAD_OPTIM_H
 #define CGRAD_OPTIM_H
 
-#include "graph/graph.h"
+#include "../graph/graph.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 typedef enum {
     CG_OPT_SGD,  /* p -= lr * (g + wd*p), with optional (Nesterov) momentum, dampening 0 */
@@ -98,4 +102,7 @@ cg_status cg_schedule_check(const cg_schedule *s);
 /* Kind named "constant", "cosine", "linear" or "noam" into *kind; CG_ERR_ARG otherwise. */
 cg_status cg_schedule_parse(const char *name, cg_sched_kind *kind);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

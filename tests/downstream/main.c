@@ -1,0 +1,26 @@
+/* A downstream program, built against an installed cgrad: d/dx sum(x * x) = 2x, checked by
+ * value, in whichever precision the library was built (CGRAD_DOUBLE comes from the package). */
+#include <cgrad/cgrad.h>
+#include <stdio.h>
+
+int main(void) {
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    cg_tensor *x = cg_requires_grad(cg_input(g, "x", CG_REAL, 1, (int64_t[]){3}));
+    cg_tensor *loss = cg_sum(g, cg_mul(g, x, x), -1, false);
+    if (!loss) { fprintf(stderr, "%s\n", cg_last_error()); return 1; }
+    cg_write(x, (cg_real[]){1, -2, 0.5});
+    if (cg_graph_forward(g) != CG_OK || cg_graph_backward(g, loss) != CG_OK) {
+        fprintf(stderr, "%s\n", cg_last_error());
+        return 1;
+    }
+    cg_real dx[3];
+    cg_read_grad(x, dx);
+    int ok = cg_item(loss) == 5.25 && dx[0] == 2 && dx[1] == -4 && dx[2] == 1;
+#ifdef EXPECT_REAL_BYTES
+    ok = ok && sizeof(cg_real) == EXPECT_REAL_BYTES;
+#endif
+    printf("downstream C (%zu-byte reals): loss %g, dx %g %g %g: %s\n", sizeof(cg_real), cg_item(loss),
+           (double)dx[0], (double)dx[1], (double)dx[2], ok ? "ok" : "WRONG");
+    cg_graph_free(g);
+    return ok ? 0 : 1;
+}
