@@ -11,4 +11,5 @@
 #include "io/tokenizer.h"
 #include "io/data.h"
 #include "optim/optim.h"
+#include "optim/lora.h"
 #endif

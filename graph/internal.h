@@ -78,6 +78,9 @@ struct cg_tensor {
     double farg[2];
     cg_graph *graph;   /* NULL for parameters */
     const char *name;
+    /* parameters with a low-rank adapter (optim/lora.c): value + lora_scale * lora_b @ lora_a */
+    cg_tensor *lora_a, *lora_b;
+    double lora_scale;
 };
 
 /* ---- arenas: bump allocation in chunks, reset keeps the memory ---- */
@@ -133,6 +136,9 @@ void cgi_contig_strides(int ndim, const int64_t *shape, int64_t *stride);
 bool cgi_broadcast_shape(const cg_tensor *a, const cg_tensor *b, int *ndim, int64_t *out);
 /* Strides of t read as the broadcast shape (0 where t is broadcast). */
 void cgi_broadcast_strides(const cg_tensor *t, int ndim, const int64_t *shape, int64_t *stride);
+
+/* y (= linear(x, w, ...)) plus the low-rank adapter of w's parameter, when it has one (ops/lora.c). */
+cg_tensor *cgi_lora_linear(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *y);
 
 /* ---- threads ---- */
 int cgi_nthreads(void);

@@ -360,7 +360,7 @@ cg_tensor *cg_linear(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias) {
         t->bwd_aux_bytes = cgi_colsum_scratch(cgi_numel(x->ndim - 1, x->shape), w->shape[0]) * sizeof(cg_real);
     if (w->requires_grad && dw_in_scratch(x, w))
         t->bwd_aux_bytes += (size_t)(w->shape[0] * w->shape[1]) * sizeof(cg_real);
-    return t;
+    return w->root->lora_a ? cgi_lora_linear(g, x, w, t) : t;
 }
 
 cg_status cgi_fwd_linear(cg_tensor *t) {

@@ -1,0 +1,212 @@
+/* LoRA adapters: a linear through an adapted weight equals one through the merged weight, for
+ * every way a model reads a weight (itself, a block of rows, transposed); the adapter's
+ * gradients match finite differences; the base stays frozen while a GPT fine-tunes; merging
+ * leaves the model's outputs unchanged; bad requests are errors. */
+#include <string.h>
+
+#include "check.h"
+#include "cgrad.h"
+
+enum { R = 6, C = 5, RANK = 2, N = 3 };
+
+/* y = x @ w^T through P (with adapter) for the read `mode`: 0 plain, 1 rows [2, 5), 2 transposed. */
+static cg_tensor *read_weight(cg_graph *g, cg_tensor *p, cg_tensor *x, int mode) {
+    if (mode == 0) return cg_linear(g, x, p, NULL);
+    if (mode == 1) return cg_linear(g, x, cg_slice(g, p, 0, 2, 5), NULL);
+    return cg_linear(g, x, cg_transpose(g, p, 0, 1), NULL);
+}
+
+static int64_t in_dim(int mode) { return mode == 2 ? R : C; }
+static int64_t out_dim(int mode) { return mode == 0 ? R : mode == 1 ? 3 : C; }
+
+/* The same product with the adapter and with P + s B A written by hand, for each read mode. */
+static void test_matches_merged_weight(void) {
+    for (int mode = 0; mode < 3; mode++) {
+        cg_params *ps = cg_params_new();
+        cg_rng r;
+        cg_rng_seed(&r, 3);
+        cg_tensor *p = cg_params_add(ps, "w", 2, (int64_t[]){R, C});
+        cg_fill_uniform(p, &r, -1, 1);
+        CHECK(cg_lora_add(ps, p, RANK, 4.0, &r) == CG_OK, "%s", cg_last_error());
+        cg_tensor *a = cg_params_find(ps, "w.lora_A"), *b = cg_params_find(ps, "w.lora_B");
+        CHECK(a && b && cg_dim(a, 0) == RANK && cg_dim(a, 1) == C && cg_dim(b, 0) == R && cg_dim(b, 1) == RANK,
+              "adapter shapes");
+        CHECK(!cg_param_trainable(p) && cg_param_trainable(a) && cg_param_trainable(b), "base frozen, adapter trains");
+        cg_fill_uniform(b, &r, -1, 1); /* B starts at zero; give it values so the path shows */
+
+        double merged[R][C];
+        for (int i = 0; i < R; i++)
+            for (int j = 0; j < C; j++) {
+                double acc = 0;
+                for (int q = 0; q < RANK; q++) acc += cg_data(b)[i * RANK + q] * cg_data(a)[q * C + j];
+                merged[i][j] = cg_data(p)[i * C + j] + 4.0 / RANK * acc;
+            }
+        cg_graph *g = cg_graph_new(CG_EVAL);
+        cg_tensor *x = cg_input(g, "x", CG_REAL, 2, (int64_t[]){N, in_dim(mode)});
+        cg_fill_uniform(x, &r, -1, 1);
+        cg_tensor *y = read_weight(g, p, x, mode);
+        cg_real got[N * R];
+        CHECK(y && !cg_graph_forward(g) && !cg_read(y, got), "mode %d: %s", mode, cg_last_error());
+        double worst = 0;
+        for (int n = 0; n < N; n++)
+            for (int o = 0; o < out_dim(mode); o++) {
+                double want = 0;
+                for (int i = 0; i < in_dim(mode); i++) {
+                    const double wv = mode == 0 ? merged[o][i] : mode == 1 ? merged[o + 2][i] : merged[i][o];
+                    want += cg_data(x)[n * in_dim(mode) + i] * wv;
+                }
+                worst = fmax(worst, fabs(want - got[n * out_dim(mode) + o]));
+            }
+        CHECK(worst < 1e-5, "mode %d: adapted product differs from the merged weight's by %g", mode, worst);
+
+        /* after cg_lora_merge the base alone holds P + s B A and B is zero: same outputs */
+        CHECK(cg_lora_merge(ps) == CG_OK, "merge: %s", cg_last_error());
+        double wdiff = 0;
+        for (int i = 0; i < R; i++)
+            for (int j = 0; j < C; j++) wdiff = fmax(wdiff, fabs(cg_data(p)[i * C + j] - merged[i][j]));
+        CHECK(wdiff < 1e-6, "merged base off by %g", wdiff);
+        cg_real again[N * R];
+        CHECK(!cg_graph_forward(g) && !cg_read(y, again), "rerun");
+        double ydiff = 0;
+        for (int k = 0; k < N * out_dim(mode); k++) ydiff = fmax(ydiff, fabs(again[k] - got[k]));
+        CHECK(ydiff < 1e-5, "mode %d: outputs moved by %g after merging", mode, ydiff);
+        cg_graph_free(g);
+        cg_params_free(ps);
+    }
+}
+
+static void test_adapter_gradients(void) {
+    for (int mode = 0; mode < 3; mode++) {
+        cg_params *ps = cg_params_new();
+        cg_rng r;
+        cg_rng_seed(&r, 8);
+        cg_tensor *p = cg_params_add(ps, "w", 2, (int64_t[]){R, C});
+        cg_fill_uniform(p, &r, -1, 1);
+        cg_lora_add(ps, p, RANK, 2.0, &r);
+        cg_fill_uniform(cg_params_find(ps, "w.lora_B"), &r, -1, 1);
+        cg_graph *g = cg_graph_new(CG_TRAIN);
+        cg_tensor *x = cg_requires_grad(cg_input(g, "x", CG_REAL, 2, (int64_t[]){N, in_dim(mode)}));
+        cg_fill_uniform(x, &r, -1, 1);
+        cg_tensor *y = cg_tanh(g, read_weight(g, p, x, mode));
+        cg_tensor *in[3] = {cg_params_find(ps, "w.lora_A"), cg_params_find(ps, "w.lora_B"), x};
+        cg_gradcheck_result res[3];
+        CHECK(y && cg_gradcheck(g, y, 3, in, 0, res) == CG_OK, "mode %d: %s", mode, cg_last_error());
+        for (int i = 0; i < 3; i++)
+            CHECK(res[i].max_rel_err < CG_GRADCHECK_TOL, "mode %d: d/d %s rel err %g", mode, res[i].name,
+                  res[i].max_rel_err);
+        CHECK(cg_read_grad(p, (cg_real[R * C]){0}) == CG_OK, "base gradient readable");
+        double gsum = 0;
+        for (int k = 0; k < R * C; k++) gsum += fabs(cg_grad(p)[k]);
+        CHECK(gsum == 0, "the frozen base got a gradient (sum |g| = %g)", gsum);
+        cg_graph_free(g);
+        cg_params_free(ps);
+    }
+}
+
+/* A tiny GPT fine-tuned through adapters on its attention and MLP: only adapters move, the loss
+ * falls, and merging then gives the same logits without the adapter path. */
+static void test_gpt_finetune(void) {
+    const char *cfg = "{\"vocab_size\": 11, \"n_positions\": 8, \"n_embd\": 16, \"n_layer\": 2, \"n_head\": 2}";
+    cg_params *ps = cg_params_new();
+    cg_model *m = cg_model_new(CG_ARCH_GPT2, cfg, 0, ps, 5);
+    CHECK(m != NULL, "model: %s", cg_last_error());
+    if (!m) return;
+    const int base_count = cg_params_count(ps);
+    cg_rng r;
+    cg_rng_seed(&r, 9);
+    const int added = cg_lora_apply(ps, "attn.c_attn,attn.c_proj,mlp.c_fc", 4, 8.0, &r);
+    CHECK(added == 6, "adapters added: %d (%s)", added, added < 0 ? cg_last_error() : "");
+    CHECK(cg_params_count(ps) == base_count + 2 * added, "%d parameters", cg_params_count(ps));
+    int trainable = 0;
+    for (int i = 0; i < cg_params_count(ps); i++) {
+        cg_tensor *t = cg_params_at(ps, i);
+        trainable += cg_param_trainable(t);
+        CHECK(cg_param_trainable(t) == cg_lora_is_adapter(t), "%s trainable %d", cg_name(t), cg_param_trainable(t));
+        if (cg_lora_is_adapter(t)) CHECK(cg_lora_base(ps, t) != NULL, "%s has no base", cg_name(t));
+    }
+    CHECK(trainable == 2 * added, "%d trainable", trainable);
+    const int64_t span = cg_params_span(ps);
+    cg_real *before = malloc((size_t)span * sizeof *before);
+    memcpy(before, cg_params_values(ps), (size_t)span * sizeof *before);
+
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    cg_model_graph mg;
+    CHECK(cg_model_build(g, m, 4, 8, 0, &mg) == CG_OK, "build: %s", cg_last_error());
+    int32_t ids[32], tgt[32];
+    for (int i = 0; i < 32; i++) ids[i] = (int32_t)(i % 11), tgt[i] = (int32_t)((i + 1) % 11);
+    cg_write_ids(mg.inputs[0], ids);
+    cg_write_ids(mg.inputs[1], tgt);
+    cg_optim_config oc = cg_optim_defaults(CG_OPT_ADAMW);
+    cg_optim *opt = cg_optim_new(ps, &oc);
+    double first = 0, last = 0;
+    for (int step = 0; step < 60; step++) {
+        cg_graph_forward(g);
+        cg_params_zero_grad(ps);
+        cg_graph_backward(g, mg.loss);
+        cg_optim_step(opt, 3e-2);
+        last = cg_item(mg.loss);
+        if (step == 0) first = last;
+    }
+    CHECK(last < first - 0.15, "loss %g -> %g: the adapters did not learn", first, last);
+    int base_moved = 0, adapter_moved = 0;
+    for (int i = 0; i < cg_params_count(ps); i++) {
+        cg_tensor *t = cg_params_at(ps, i);
+        const int64_t off = cg_data(t) - cg_params_values(ps);
+        const bool moved = memcmp(cg_data(t), before + off, (size_t)cg_numel(t) * sizeof(cg_real)) != 0;
+        if (cg_lora_is_adapter(t)) adapter_moved += moved;
+        else base_moved += moved;
+    }
+    CHECK(base_moved == 0 && adapter_moved == 2 * added, "base tensors moved: %d, adapters moved: %d", base_moved,
+          adapter_moved);
+
+    /* merged: the same logits from an eval graph built after the merge (B = 0 there) */
+    cg_graph *e = cg_graph_new(CG_EVAL);
+    cg_model_graph eg;
+    cg_model_build(e, m, 4, 8, 0, &eg);
+    cg_write_ids(eg.inputs[0], ids);
+    cg_write_ids(eg.inputs[1], tgt);
+    cg_graph_forward(e);
+    const double adapted = cg_item(eg.loss);
+    cg_lora_merge(ps);
+    cg_graph_forward(e);
+    CHECK_NEAR(cg_item(eg.loss), adapted, 1e-5);
+    free(before);
+    cg_optim_free(opt);
+    cg_graph_free(g);
+    cg_graph_free(e);
+    cg_model_free(m);
+    cg_params_free(ps);
+}
+
+static void test_errors(void) {
+    cg_params *ps = cg_params_new(), *other = cg_params_new();
+    cg_rng r;
+    cg_rng_seed(&r, 1);
+    cg_tensor *w = cg_params_add(ps, "w", 2, (int64_t[]){4, 3}), *bias = cg_params_add(ps, "b", 1, (int64_t[]){4});
+    cg_tensor *foreign = cg_params_add(other, "f", 2, (int64_t[]){4, 3});
+    CHECK(cg_lora_add(ps, w, 0, 1, &r) == CG_ERR_ARG && strstr(cg_last_error(), "rank 0"), "%s", cg_last_error());
+    CHECK(cg_lora_add(ps, w, 4, 1, &r) == CG_ERR_ARG && strstr(cg_last_error(), "[1, 3]"), "%s", cg_last_error());
+    CHECK(cg_lora_add(ps, bias, 1, 1, &r) == CG_ERR_ARG && strstr(cg_last_error(), "2-D"), "%s", cg_last_error());
+    CHECK(cg_lora_add(ps, foreign, 1, 1, &r) == CG_ERR_ARG, "a parameter of another set");
+    CHECK(cg_lora_add(ps, w, 1, NAN, &r) == CG_ERR_ARG && strstr(cg_last_error(), "alpha"), "%s", cg_last_error());
+    CHECK(cg_lora_add(ps, w, 2, 1, &r) == CG_OK, "%s", cg_last_error());
+    CHECK(cg_lora_add(ps, w, 2, 1, &r) == CG_ERR_ARG && strstr(cg_last_error(), "already"), "%s", cg_last_error());
+    CHECK(cg_lora_apply(ps, "nothing", 1, 1, &r) == -1 && strstr(cg_last_error(), "nothing"), "%s", cg_last_error());
+    /* a weight read through a column block is neither rows nor their transpose */
+    cg_graph *g = cg_graph_new(CG_EVAL);
+    cg_tensor *x = cg_input(g, "x", CG_REAL, 2, (int64_t[]){2, 2});
+    CHECK(cg_linear(g, x, cg_slice(g, w, 1, 0, 2), NULL) == NULL && strstr(cg_last_error(), "[lora]"), "%s",
+          cg_last_error());
+    cg_graph_free(g);
+    cg_params_free(ps);
+    cg_params_free(other);
+}
+
+int main(void) {
+    cg_set_threads(2);
+    test_matches_merged_weight();
+    test_adapter_gradients();
+    test_gpt_finetune();
+    test_errors();
+    TEST_END();
+}
