@@ -1,4 +1,5 @@
-/* Elementwise ops: binary with NumPy broadcasting, unary maps, masked_fill, dropout. */
+/* Elementwise ops: binary with NumPy broadcasting (arithmetic, minimum, maximum), unary maps and
+ * activations, the fused SwiGLU gate, where, masked_fill, dropout. */
 #include <math.h>
 #include <tgmath.h>
 
@@ -32,7 +33,7 @@ static cg_tensor *binary(cg_graph *g, int op, cg_tensor *a, cg_tensor *b) {
     cg_tensor *t = cgi_node(g, op, CG_REAL, nd, shape, 2, in);
     if (!t) return NULL;
     /* mul and div form the product in the output's shape before reducing a broadcast operand. */
-    if ((op == CGI_OP_MUL || op == CGI_OP_DIV) && t->requires_grad &&
+    if ((op == CGI_OP_MUL || op == CGI_OP_DIV || op == CGI_OP_MINIMUM || op == CGI_OP_MAXIMUM) && t->requires_grad &&
         ((a->requires_grad && broadcast_in(a, t)) || (b->requires_grad && broadcast_in(b, t))))
         t->aux_bytes = (size_t)cgi_numel(nd, shape) * sizeof(cg_real);
     return t;
@@ -42,6 +43,8 @@ cg_tensor *cg_add(cg_graph *g, cg_tensor *a, cg_tensor *b) { return binary(g, CG
 cg_tensor *cg_sub(cg_graph *g, cg_tensor *a, cg_tensor *b) { return binary(g, CGI_OP_SUB, a, b); }
 cg_tensor *cg_mul(cg_graph *g, cg_tensor *a, cg_tensor *b) { return binary(g, CGI_OP_MUL, a, b); }
 cg_tensor *cg_div(cg_graph *g, cg_tensor *a, cg_tensor *b) { return binary(g, CGI_OP_DIV, a, b); }
+cg_tensor *cg_minimum(cg_graph *g, cg_tensor *a, cg_tensor *b) { return binary(g, CGI_OP_MINIMUM, a, b); }
+cg_tensor *cg_maximum(cg_graph *g, cg_tensor *a, cg_tensor *b) { return binary(g, CGI_OP_MAXIMUM, a, b); }
 
 #define BINARY_SETUP(t)                                                 \
     cg_tensor *a = (t)->src[0], *b = (t)->src[1];                       \
@@ -70,6 +73,18 @@ cg_status cgi_fwd_mul(cg_tensor *t) {
 cg_status cgi_fwd_div(cg_tensor *t) {
     BINARY_SETUP(t);
     CGI_EW_LOOP(it, (cg_real *)t->data, A_, B_, B_, =, A / B);
+    return CG_OK;
+}
+
+/* NaN in either operand propagates, as torch.minimum and torch.maximum */
+cg_status cgi_fwd_minimum(cg_tensor *t) {
+    BINARY_SETUP(t);
+    CGI_EW_LOOP(it, (cg_real *)t->data, A_, B_, B_, =, A != A || A < B ? A : B);
+    return CG_OK;
+}
+cg_status cgi_fwd_maximum(cg_tensor *t) {
+    BINARY_SETUP(t);
+    CGI_EW_LOOP(it, (cg_real *)t->data, A_, B_, B_, =, A != A || A > B ? A : B);
     return CG_OK;
 }
 
@@ -131,49 +146,76 @@ void cgi_bwd_div(cg_tensor *t) {
     }
 }
 
+/* The gradient goes to the operand selected; a tie splits it in halves, as torch does, so that
+ * minimum(x, x) has the gradient of x. */
+static void select_bwd(cg_tensor *t, bool max) {
+    const cg_real *gy = t->grad;
+    for (int k = 0; k < 2; k++) {
+        cg_tensor *x = t->src[k], *other = t->src[1 - k];
+        if (!x->requires_grad) continue;
+        int64_t sx[CG_MAX_DIMS], so[CG_MAX_DIMS];
+        cgi_broadcast_strides(x, t->ndim, t->shape, sx);
+        cgi_broadcast_strides(other, t->ndim, t->shape, so);
+        const cg_real *X_ = x->data, *O_ = other->data;
+        const bool direct = !broadcast_in(x, t);
+        cgi_iter it;
+        iter4(&it, t, direct ? sx : t->stride, t->stride, sx, so);
+        cg_real *dst = direct ? x->grad : t->aux;
+        if (max && direct) CGI_EW_LOOP(it, dst, gy, X_, O_, +=, B > C ? A : B == C ? A / 2 : 0);
+        else if (max) CGI_EW_LOOP(it, dst, gy, X_, O_, =, B > C ? A : B == C ? A / 2 : 0);
+        else if (direct) CGI_EW_LOOP(it, dst, gy, X_, O_, +=, B < C ? A : B == C ? A / 2 : 0);
+        else CGI_EW_LOOP(it, dst, gy, X_, O_, =, B < C ? A : B == C ? A / 2 : 0);
+        if (!direct) cgi_unbroadcast_add(x, dst, t->ndim, t->shape, 1.0);
+    }
+}
+void cgi_bwd_minimum(cg_tensor *t) { select_bwd(t, false); }
+void cgi_bwd_maximum(cg_tensor *t) { select_bwd(t, true); }
+
 /* ---- unary maps: value f(x, p) and local derivative rule dy * f'(x) with y = f(x) ---- */
 
-static cg_tensor *unary(cg_graph *g, int op, cg_tensor *x, double p) {
+static cg_tensor *unary2(cg_graph *g, int op, cg_tensor *x, double p, double q) {
     const char *nm = cgi_ops[op].name;
     if (!cgi_inputs_ok(g, nm, 1, &x) || !cgi_expect_real(nm, x, "x")) return NULL;
     cg_tensor *t = cgi_node(g, op, CG_REAL, x->ndim, x->shape, 1, &x);
-    if (t) t->farg[0] = p;
+    if (t) t->farg[0] = p, t->farg[1] = q;
     return t;
 }
+static cg_tensor *unary(cg_graph *g, int op, cg_tensor *x, double p) { return unary2(g, op, x, p, 0); }
 
 #define GELU_K ((cg_real)0.7978845608028654) /* sqrt(2 / pi) */
 #define INV_SQRT2 ((cg_real)0.7071067811865476)
 #define INV_SQRT2PI ((cg_real)0.3989422804014327)
 
+/* p and q are the op's scalar arguments farg[0] and farg[1]. */
 #define UNARY(name, ID, FWD, BWD)                                                              \
-    static inline cg_real name##_f(cg_real x, cg_real p) {                                    \
-        (void)p;                                                                              \
+    static inline cg_real name##_f(cg_real x, cg_real p, cg_real q) {                         \
+        (void)p, (void)q;                                                                     \
         return FWD;                                                                           \
     }                                                                                         \
-    static inline cg_real name##_df(cg_real dy, cg_real x, cg_real y, cg_real p) {            \
-        (void)x, (void)y, (void)p;                                                            \
+    static inline cg_real name##_df(cg_real dy, cg_real x, cg_real y, cg_real p, cg_real q) { \
+        (void)x, (void)y, (void)p, (void)q;                                                   \
         return BWD;                                                                           \
     }                                                                                         \
     cg_status cgi_fwd_##name(cg_tensor *t) {                                                  \
         cg_tensor *x = t->src[0];                                                             \
-        const cg_real p = (cg_real)t->farg[0], *X = x->data;                                  \
-        (void)p;                                                                              \
+        const cg_real p = (cg_real)t->farg[0], q = (cg_real)t->farg[1], *X = x->data;         \
+        (void)p, (void)q;                                                                     \
         cgi_iter it;                                                                          \
         iter4(&it, t, t->stride, x->stride, x->stride, x->stride);                            \
-        CGI_EW_LOOP(it, (cg_real *)t->data, X, X, X, =, name##_f(A, p));                      \
+        CGI_EW_LOOP(it, (cg_real *)t->data, X, X, X, =, name##_f(A, p, q));                   \
         return CG_OK;                                                                         \
     }                                                                                         \
     void cgi_bwd_##name(cg_tensor *t) {                                                       \
         cg_tensor *x = t->src[0];                                                             \
-        const cg_real p = (cg_real)t->farg[0];                                                \
-        (void)p;                                                                              \
+        const cg_real p = (cg_real)t->farg[0], q = (cg_real)t->farg[1];                       \
+        (void)p, (void)q;                                                                     \
         cgi_iter it;                                                                          \
         iter4(&it, t, x->stride, t->stride, x->stride, t->stride);                            \
         const cg_real *X = x->data, *Y = t->data;                                             \
         if (cgi_grad_begin(x)) /* the first writer of dx: assigns, so nothing zeroes it */    \
-            CGI_EW_LOOP(it, x->grad, t->grad, X, Y, =, name##_df(A, B, C, p));                \
+            CGI_EW_LOOP(it, x->grad, t->grad, X, Y, =, name##_df(A, B, C, p, q));             \
         else                                                                                  \
-            CGI_EW_LOOP(it, x->grad, t->grad, X, Y, +=, name##_df(A, B, C, p));               \
+            CGI_EW_LOOP(it, x->grad, t->grad, X, Y, +=, name##_df(A, B, C, p, q));            \
     }
 
 UNARY(neg, NEG, -x, -dy)
@@ -235,6 +277,22 @@ static inline cg_real gelu_tanh_grad(cg_real x, cg_real y) {
 UNARY(gelu, GELU, (cg_real)0.5 * x * (1 + fast_erf(x * INV_SQRT2)), dy * gelu_grad(x, y))
 UNARY(gelu_tanh, GELU_TANH, (cg_real)0.5 * x * (1 + gelu_tanh_t(x)), dy * gelu_tanh_grad(x, y))
 
+/* sigmoid through cgi_exp, so the activations below vectorise */
+static inline cg_real fast_sigmoid(cg_real x) { return 1 / (1 + cgi_exp(-x)); }
+
+/* SiLU (swish): x * sigmoid(x); d/dx = s (1 + x (1 - s)). */
+UNARY(silu, SILU, x * fast_sigmoid(x), dy * fast_sigmoid(x) * (1 + x * (1 - fast_sigmoid(x))))
+/* softplus with torch's beta and threshold 20: linear where beta x > 20, else
+ * (max(z, 0) + log1p(e^-|z|)) / beta with z = beta x, which never overflows. */
+UNARY(softplus, SOFTPLUS,
+      p * x > 20 ? x : ((p * x > 0 ? p * x : 0) + log1p(exp(-(p * x > 0 ? p * x : -p * x)))) / p,
+      p * x > 20 ? dy : dy * fast_sigmoid(p * x))
+UNARY(elu, ELU, x > 0 ? x : p * expm1(x), x > 0 ? dy : dy * p * exp(x))
+UNARY(leaky_relu, LEAKY_RELU, x > 0 ? x : p * x, x > 0 ? dy : dy * p)
+UNARY(abs, ABS, x < 0 ? -x : x, x > 0 ? dy : x < 0 ? -dy : 0) /* 0 at the kink, as torch */
+/* gradient passes where lo <= x <= hi, bounds included, as torch.clamp */
+UNARY(clamp, CLAMP, x < p ? p : x > q ? q : x, x < p || x > q ? 0 : dy)
+
 cg_tensor *cg_neg(cg_graph *g, cg_tensor *x) { return unary(g, CGI_OP_NEG, x, 0); }
 cg_tensor *cg_scale(cg_graph *g, cg_tensor *x, double s) { return unary(g, CGI_OP_SCALE, x, s); }
 cg_tensor *cg_add_scalar(cg_graph *g, cg_tensor *x, double s) { return unary(g, CGI_OP_ADD_SCALAR, x, s); }
@@ -248,6 +306,138 @@ cg_tensor *cg_sigmoid(cg_graph *g, cg_tensor *x) { return unary(g, CGI_OP_SIGMOI
 cg_tensor *cg_relu(cg_graph *g, cg_tensor *x) { return unary(g, CGI_OP_RELU, x, 0); }
 cg_tensor *cg_gelu(cg_graph *g, cg_tensor *x) { return unary(g, CGI_OP_GELU, x, 0); }
 cg_tensor *cg_gelu_tanh(cg_graph *g, cg_tensor *x) { return unary(g, CGI_OP_GELU_TANH, x, 0); }
+cg_tensor *cg_silu(cg_graph *g, cg_tensor *x) { return unary(g, CGI_OP_SILU, x, 0); }
+cg_tensor *cg_softplus(cg_graph *g, cg_tensor *x, double beta) {
+    if (x && !(beta > 0)) { /* a NULL x keeps the first failure's message */
+        cgi_fail(CG_ERR_ARG, "[softplus] beta = %g must be > 0", beta);
+        return NULL;
+    }
+    return unary(g, CGI_OP_SOFTPLUS, x, beta);
+}
+cg_tensor *cg_elu(cg_graph *g, cg_tensor *x, double alpha) { return unary(g, CGI_OP_ELU, x, alpha); }
+cg_tensor *cg_leaky_relu(cg_graph *g, cg_tensor *x, double slope) { return unary(g, CGI_OP_LEAKY_RELU, x, slope); }
+cg_tensor *cg_abs(cg_graph *g, cg_tensor *x) { return unary(g, CGI_OP_ABS, x, 0); }
+cg_tensor *cg_clamp(cg_graph *g, cg_tensor *x, double lo, double hi) {
+    if (x && (isnan(lo) || isnan(hi) || lo > hi)) {
+        cgi_fail(CG_ERR_ARG, "[clamp] x%s: bounds [%g, %g] must be ordered numbers (+-inf for no bound)",
+                 cgi_shp(x), lo, hi);
+        return NULL;
+    }
+    return unary2(g, CGI_OP_CLAMP, x, lo, hi);
+}
+
+/* ---- swiglu: silu(gate) * up in one pass, the gate of LLaMA's feed-forward; the two halves are
+ * often views of one packed projection, read in place through their strides ---- */
+
+cg_tensor *cg_swiglu(cg_graph *g, cg_tensor *gate, cg_tensor *up) {
+    cg_tensor *in[2] = {gate, up};
+    if (!cgi_inputs_ok(g, "swiglu", 2, in)) return NULL;
+    if (!cgi_expect_real("swiglu", gate, "gate") || !cgi_expect_real("swiglu", up, "up")) return NULL;
+    bool same = gate->ndim == up->ndim;
+    for (int d = 0; same && d < gate->ndim; d++) same = gate->shape[d] == up->shape[d];
+    if (!same) {
+        cgi_fail(CG_ERR_SHAPE, "[swiglu] gate%s and up%s must have the same shape", cgi_shp(gate), cgi_shp(up));
+        return NULL;
+    }
+    return cgi_node(g, CGI_OP_SWIGLU, CG_REAL, gate->ndim, gate->shape, 2, in);
+}
+
+cg_status cgi_fwd_swiglu(cg_tensor *t) {
+    cg_tensor *ga = t->src[0], *up = t->src[1];
+    const cg_real *G_ = ga->data, *U_ = up->data;
+    cgi_iter it;
+    iter4(&it, t, t->stride, ga->stride, up->stride, up->stride);
+    CGI_EW_LOOP(it, (cg_real *)t->data, G_, U_, U_, =, A * fast_sigmoid(A) * B);
+    return CG_OK;
+}
+
+void cgi_bwd_swiglu(cg_tensor *t) {
+    cg_tensor *ga = t->src[0], *up = t->src[1];
+    const cg_real *G_ = ga->data, *U_ = up->data, *gy = t->grad;
+    cgi_iter it;
+    if (ga->requires_grad) { /* dy * up * silu'(gate) */
+        iter4(&it, t, ga->stride, t->stride, ga->stride, up->stride);
+        CGI_EW_LOOP(it, ga->grad, gy, G_, U_, +=, A * C * fast_sigmoid(B) * (1 + B * (1 - fast_sigmoid(B))));
+    }
+    if (up->requires_grad) { /* dy * silu(gate) */
+        iter4(&it, t, up->stride, t->stride, ga->stride, ga->stride);
+        CGI_EW_LOOP(it, up->grad, gy, G_, G_, +=, A * B * fast_sigmoid(B));
+    }
+}
+
+/* ---- where: cond (int32) ? a : b, all three broadcast together ---- */
+
+cg_tensor *cg_where(cg_graph *g, cg_tensor *cond, cg_tensor *a, cg_tensor *b) {
+    cg_tensor *in[3] = {cond, a, b};
+    if (!cgi_inputs_ok(g, "where", 3, in)) return NULL;
+    if (!cgi_expect_real("where", a, "a") || !cgi_expect_real("where", b, "b")) return NULL;
+    if (cond->dtype != CG_INT32) {
+        cgi_fail(CG_ERR_ARG, "[where] cond%s must be int32", cgi_shp(cond));
+        return NULL;
+    }
+    cg_tensor ab = {.ndim = 0}, abc = {.ndim = 0};
+    if (!cgi_broadcast_shape(a, b, &ab.ndim, ab.shape) || !cgi_broadcast_shape(cond, &ab, &abc.ndim, abc.shape)) {
+        cgi_fail(CG_ERR_SHAPE, "[where] cond%s, a%s and b%s do not broadcast", cgi_shp(cond), cgi_shp(a), cgi_shp(b));
+        return NULL;
+    }
+    cg_tensor *t = cgi_node(g, CGI_OP_WHERE, CG_REAL, abc.ndim, abc.shape, 3, in);
+    if (t && ((a->requires_grad && broadcast_in(a, t)) || (b->requires_grad && broadcast_in(b, t))))
+        t->aux_bytes = (size_t)cgi_numel(abc.ndim, abc.shape) * sizeof(cg_real);
+    return t;
+}
+
+/* part 0: dst = cond ? a : b; part 1: dst (+)= cond ? src : 0; part 2: dst (+)= cond ? 0 : src.
+ * Operands in t's shape: dst (sd), cond, then x (sx) and y (sy). */
+static void where_loop(cg_tensor *t, int part, cg_real *dst, const int64_t *sd, const cg_real *x, const int64_t *sx,
+                       const cg_real *y, const int64_t *sy, bool accumulate) {
+    cg_tensor *cond = t->src[0];
+    int64_t sc[CG_MAX_DIMS];
+    cgi_broadcast_strides(cond, t->ndim, t->shape, sc);
+    const int64_t *st[4] = {sd, sc, sx, sy};
+    cgi_iter it;
+    cgi_iter_init(&it, t->ndim, t->shape, 4, st);
+    const int32_t *C = cond->data;
+    const int64_t s0 = it.st[0][it.ndim - 1], s1 = it.st[1][it.ndim - 1], s2 = it.st[2][it.ndim - 1],
+                  s3 = it.st[3][it.ndim - 1], nch = cgi_chunks(it.inner);
+#pragma omp parallel for schedule(static) if (it.rows * it.inner > CGI_PAR_MIN) num_threads(cgi_nthreads())
+    for (int64_t c = 0; c < it.rows * nch; c++) {
+        const int64_t r = c / nch, lo = (c % nch) * CGI_CHUNK, hi = lo + CGI_CHUNK < it.inner ? lo + CGI_CHUNK : it.inner;
+        int64_t off[4];
+        cgi_iter_row(&it, r, off);
+        for (int64_t j = lo; j < hi; j++) {
+            const bool pick = C[off[1] + j * s1] != 0;
+            const cg_real v = part == 0 ? (pick ? x[off[2] + j * s2] : y[off[3] + j * s3])
+                                        : (pick == (part == 1) ? x[off[2] + j * s2] : 0);
+            cg_real *d = dst + off[0] + j * s0;
+            if (accumulate) *d += v;
+            else *d = v;
+        }
+    }
+}
+
+cg_status cgi_fwd_where(cg_tensor *t) {
+    cg_tensor *a = t->src[1], *b = t->src[2];
+    int64_t sa[CG_MAX_DIMS], sb[CG_MAX_DIMS];
+    cgi_broadcast_strides(a, t->ndim, t->shape, sa);
+    cgi_broadcast_strides(b, t->ndim, t->shape, sb);
+    where_loop(t, 0, t->data, t->stride, a->data, sa, b->data, sb, false);
+    return CG_OK;
+}
+
+void cgi_bwd_where(cg_tensor *t) {
+    for (int k = 1; k <= 2; k++) {
+        cg_tensor *x = t->src[k];
+        if (!x->requires_grad) continue;
+        if (!broadcast_in(x, t)) {
+            int64_t sx[CG_MAX_DIMS];
+            cgi_broadcast_strides(x, t->ndim, t->shape, sx);
+            where_loop(t, k, x->grad, sx, t->grad, t->stride, t->grad, t->stride, true);
+        } else {
+            where_loop(t, k, t->aux, t->stride, t->grad, t->stride, t->grad, t->stride, false);
+            cgi_unbroadcast_add(x, t->aux, t->ndim, t->shape, 1.0);
+        }
+    }
+}
 
 /* ---- masked_fill: mask is int32 and broadcasts to x ---- */
 

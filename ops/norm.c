@@ -1,5 +1,7 @@
-/* Fused layer norm over the last axis: one pass for the statistics, one for the output;
- * backward in one pass per row plus a blocked, thread-count-independent sum for gain and bias. */
+/* Fused layer norm and RMS norm over the last axis: one pass for the statistics, one for the
+ * output; backward in one pass per row plus a blocked, thread-count-independent sum for gain and
+ * bias. RMS norm is layer norm without centring (mean taken as 0, no bias), so both share the
+ * kernels: y = (x - m) * rstd * gain + bias, with m = 0 for RMS norm. */
 #include <math.h>
 
 #include "graph/internal.h"
@@ -9,13 +11,14 @@
 
 /* Sources: x, then gain and bias when given (iarg[0] / iarg[1] = their index or 0). aux holds
  * mean[rows], rstd[rows], then LN_BLOCKS partial rows for each of d(gain) and d(bias). */
-cg_tensor *cg_layernorm(cg_graph *g, cg_tensor *x, cg_tensor *gain, cg_tensor *bias, double eps) {
-    if (!cgi_inputs_ok(g, "layernorm", 1, &x) || (gain && !cgi_inputs_ok(g, "layernorm", 1, &gain)) ||
-        (bias && !cgi_inputs_ok(g, "layernorm", 1, &bias)))
+static cg_tensor *norm(cg_graph *g, int op, cg_tensor *x, cg_tensor *gain, cg_tensor *bias, double eps) {
+    const char *nm = cgi_ops[op].name;
+    if (!cgi_inputs_ok(g, nm, 1, &x) || (gain && !cgi_inputs_ok(g, nm, 1, &gain)) ||
+        (bias && !cgi_inputs_ok(g, nm, 1, &bias)))
         return NULL;
-    if (!cgi_expect_real("layernorm", x, "x")) return NULL;
+    if (!cgi_expect_real(nm, x, "x")) return NULL;
     if (x->ndim < 1) {
-        cgi_fail(CG_ERR_SHAPE, "[layernorm] x%s needs at least one axis", cgi_shp(x));
+        cgi_fail(CG_ERR_SHAPE, "[%s] x%s needs at least one axis", nm, cgi_shp(x));
         return NULL;
     }
     int64_t d = x->shape[x->ndim - 1];
@@ -23,12 +26,12 @@ cg_tensor *cg_layernorm(cg_graph *g, cg_tensor *x, cg_tensor *gain, cg_tensor *b
     const char *role[2] = {"gain", "bias"};
     for (int i = 0; i < 2; i++)
         if (pv[i] && (pv[i]->ndim != 1 || pv[i]->shape[0] != d || pv[i]->dtype != CG_REAL)) {
-            cgi_fail(CG_ERR_SHAPE, "[layernorm] %s%s must be real [%lld] for x%s", role[i], cgi_shp(pv[i]),
+            cgi_fail(CG_ERR_SHAPE, "[%s] %s%s must be real [%lld] for x%s", nm, role[i], cgi_shp(pv[i]),
                      (long long)d, cgi_shp(x));
             return NULL;
         }
     if (!(eps >= 0)) {
-        cgi_fail(CG_ERR_ARG, "[layernorm] eps = %g must be >= 0", eps);
+        cgi_fail(CG_ERR_ARG, "[%s] eps = %g must be >= 0", nm, eps);
         return NULL;
     }
     x = cg_contiguous(g, x);
@@ -37,7 +40,7 @@ cg_tensor *cg_layernorm(cg_graph *g, cg_tensor *x, cg_tensor *gain, cg_tensor *b
     int n = 1, gi = 0, bi = 0;
     if (gain) gi = n, src[n++] = gain;
     if (bias) bi = n, src[n++] = bias;
-    cg_tensor *t = cgi_node(g, CGI_OP_LAYERNORM, CG_REAL, x->ndim, x->shape, n, src);
+    cg_tensor *t = cgi_node(g, op, CG_REAL, x->ndim, x->shape, n, src);
     if (!t) return NULL;
     t->iarg[0] = gi;
     t->iarg[1] = bi;
@@ -47,7 +50,14 @@ cg_tensor *cg_layernorm(cg_graph *g, cg_tensor *x, cg_tensor *gain, cg_tensor *b
     return t;
 }
 
-cg_status cgi_fwd_layernorm(cg_tensor *t) {
+cg_tensor *cg_layernorm(cg_graph *g, cg_tensor *x, cg_tensor *gain, cg_tensor *bias, double eps) {
+    return norm(g, CGI_OP_LAYERNORM, x, gain, bias, eps);
+}
+cg_tensor *cg_rmsnorm(cg_graph *g, cg_tensor *x, cg_tensor *gain, double eps) {
+    return norm(g, CGI_OP_RMSNORM, x, gain, NULL, eps);
+}
+
+static cg_status norm_fwd(cg_tensor *t) {
     const int64_t d = t->shape[t->ndim - 1], rows = d ? cgi_numel(t->ndim, t->shape) / d : 0;
     const cg_tensor *gt = t->iarg[0] ? t->src[t->iarg[0]] : NULL, *bt = t->iarg[1] ? t->src[t->iarg[1]] : NULL;
     const cg_real *gain = gt ? gt->data : NULL, *bias = bt ? bt->data : NULL;
@@ -55,16 +65,19 @@ cg_status cgi_fwd_layernorm(cg_tensor *t) {
     const cg_real *X = t->src[0]->data;
     cg_real *Y = t->data, *mean = t->aux, *rstd = mean + rows;
     const double eps = t->farg[0];
+    const bool rms = t->op == CGI_OP_RMSNORM;
 #pragma omp parallel for schedule(static) if (rows * d > CGI_PAR_MIN) num_threads(cgi_nthreads())
     for (int64_t r = 0; r < rows; r++) {
         const cg_real *x = X + r * d;
         cg_real *y = Y + r * d;
-        const cg_real m = (cg_real)(cgi_row_sum(x, d) / (double)d);
+        const cg_real m = rms ? 0 : (cg_real)(cgi_row_sum(x, d) / (double)d);
         const cg_real q = (cg_real)(1.0 / sqrt(cgi_row_sqdev(x, d, m) / (double)d + eps));
         mean[r] = m;
         rstd[r] = q;
         if (gain && bias && gs == 1 && bs == 1) /* the usual case, as one vector loop */
             for (int64_t j = 0; j < d; j++) y[j] = (x[j] - m) * q * gain[j] + bias[j];
+        else if (rms && gain && gs == 1)
+            for (int64_t j = 0; j < d; j++) y[j] = x[j] * q * gain[j];
         else
             for (int64_t j = 0; j < d; j++) {
                 cg_real h = (x[j] - m) * q;
@@ -74,7 +87,7 @@ cg_status cgi_fwd_layernorm(cg_tensor *t) {
     return CG_OK;
 }
 
-void cgi_bwd_layernorm(cg_tensor *t) {
+static void norm_bwd(cg_tensor *t) {
     cg_tensor *x = t->src[0], *gt = t->iarg[0] ? t->src[t->iarg[0]] : NULL, *bt = t->iarg[1] ? t->src[t->iarg[1]] : NULL;
     const int64_t d = t->shape[t->ndim - 1], rows = d ? cgi_numel(t->ndim, t->shape) / d : 0;
     const cg_real *X = x->data, *DY = t->grad, *mean = t->aux, *rstd = mean + rows;
@@ -108,7 +121,8 @@ void cgi_bwd_layernorm(cg_tensor *t) {
                     s2 += (double)dh * h;
                 }
                 for (int l = 0; l < CGI_LANES; l++) s1 += c1[l], s2 += c2[l];
-                const cg_real a1 = (cg_real)(s1 / (double)d), a2 = (cg_real)(s2 / (double)d);
+                /* RMS norm has no centring, so no mean(dh) term */
+                const cg_real a1 = t->op == CGI_OP_RMSNORM ? 0 : (cg_real)(s1 / (double)d), a2 = (cg_real)(s2 / (double)d);
                 cg_real *dx = x->grad + r * d;
                 if (gain && gs == 1)
                     for (j = 0; j < d; j++) dx[j] += q * (dy[j] * gain[j] - a1 - (xr[j] - m) * q * a2);
@@ -133,3 +147,8 @@ void cgi_bwd_layernorm(cg_tensor *t) {
         }
     }
 }
+
+cg_status cgi_fwd_layernorm(cg_tensor *t) { return norm_fwd(t); }
+cg_status cgi_fwd_rmsnorm(cg_tensor *t) { return norm_fwd(t); }
+void cgi_bwd_layernorm(cg_tensor *t) { norm_bwd(t); }
+void cgi_bwd_rmsnorm(cg_tensor *t) { norm_bwd(t); }

@@ -50,6 +50,17 @@ static cg_tensor *ids(ctx *c, int lo, int hi, int nd, int64_t d0, int64_t d1) {
     return t;
 }
 
+/* A requires-grad input of the given shape holding -1.55, -1.35, ... in steps of 0.2: no value
+ * within 0.05 of 0 or of +-0.5, so the kinks of abs, clamp and friends are never straddled. */
+static cg_tensor *grid(ctx *c, int nd, int64_t d0, int64_t d1, int64_t d2) {
+    int64_t s[3] = {d0, d1, d2};
+    cg_tensor *t = cg_requires_grad(cg_input(c->g, "x", CG_REAL, nd, s));
+    if (!t) return NULL;
+    for (int64_t i = 0; i < cg_numel(t); i++) cg_data(t)[i] = (cg_real)(-1.55 + 0.2 * (double)((i * 7) % 16));
+    if (c->n < MAX_IN) c->in[c->n++] = t;
+    return t;
+}
+
 typedef cg_tensor *(*build_fn)(ctx *c);
 typedef struct {
     const char *op, *shapes;
@@ -70,6 +81,28 @@ static cg_tensor *mul_self(ctx *c) { cg_tensor *x = X2(3, 4); return cg_mul(G, x
 static cg_tensor *div_same(ctx *c) { return cg_div(G, X2(3, 4), POS2(3, 4)); }
 static cg_tensor *div_bcast(ctx *c) { return cg_div(G, X3(2, 3, 4), POS2(1, 4)); }
 static cg_tensor *div_view(ctx *c) { return cg_div(G, X2(3, 1), T(POS2(4, 3))); }
+static cg_tensor *min_bcast(ctx *c) { return cg_minimum(G, X3(2, 3, 4), X2(3, 1)); }
+static cg_tensor *min_view(ctx *c) { return cg_minimum(G, T(X2(4, 3)), X2(3, 4)); }
+static cg_tensor *max_same(ctx *c) { return cg_maximum(G, X2(3, 4), X2(3, 4)); }
+static cg_tensor *max_bcast(ctx *c) { return cg_maximum(G, X1(4), T(X2(4, 3))); }
+static cg_tensor *where_(ctx *c) { return cg_where(G, ids(c, 0, 2, 2, 3, 4), X2(3, 4), X2(3, 4)); }
+static cg_tensor *where_bcast(ctx *c) { return cg_where(G, ids(c, 0, 2, 1, 4, 0), X3(2, 3, 4), T(X2(1, 3))); }
+static cg_tensor *silu_(ctx *c) { return cg_silu(G, leaf(c, -4, 4, false, 2, 4, 5, 0, 0)); }
+static cg_tensor *silu_view(ctx *c) { return cg_silu(G, T(X2(5, 4))); }
+static cg_tensor *swiglu_(ctx *c) { return cg_swiglu(G, leaf(c, -3, 3, false, 2, 4, 5, 0, 0), X2(4, 5)); }
+static cg_tensor *swiglu_packed(ctx *c) {
+    cg_tensor *h[2];
+    cg_split(G, leaf(c, -3, 3, false, 3, 2, 3, 8, 0), -1, 2, NULL, h);
+    return cg_swiglu(G, h[0], h[1]);
+}
+static cg_tensor *softplus_(ctx *c) { return cg_softplus(G, leaf(c, -3, 3, false, 2, 4, 5, 0, 0), 1.0); }
+static cg_tensor *softplus_beta(ctx *c) { return cg_softplus(G, T(leaf(c, -30, 30, false, 2, 5, 4, 0, 0)), 2.0); }
+static cg_tensor *elu_(ctx *c) { return cg_elu(G, grid(c, 2, 4, 4, 0), 1.0); }
+static cg_tensor *elu_view(ctx *c) { return cg_elu(G, T(grid(c, 2, 4, 4, 0)), 0.5); }
+static cg_tensor *leaky_relu_(ctx *c) { return cg_leaky_relu(G, T(grid(c, 2, 4, 4, 0)), 0.1); }
+static cg_tensor *abs_(ctx *c) { return cg_abs(G, grid(c, 3, 2, 2, 4)); }
+static cg_tensor *clamp_(ctx *c) { return cg_clamp(G, grid(c, 2, 4, 4, 0), -0.5, 0.5); }
+static cg_tensor *clamp_low(ctx *c) { return cg_clamp(G, T(grid(c, 2, 4, 4, 0)), -0.5, INFINITY); }
 static cg_tensor *scale_(ctx *c) { return cg_scale(G, T(X2(4, 3)), -1.7); }
 static cg_tensor *add_scalar_(ctx *c) { return cg_add_scalar(G, X3(2, 3, 4), 0.3); }
 static cg_tensor *neg_(ctx *c) { return cg_neg(G, T(X2(4, 3))); }
@@ -162,6 +195,9 @@ static cg_tensor *sdpa_views(ctx *c) {
 /* normalisation */
 static cg_tensor *ln_affine(ctx *c) { return cg_layernorm(G, X2(4, 6), leaf(c, 0.5, 1.5, false, 1, 6, 0, 0, 0), X1(6), 1e-5); }
 static cg_tensor *ln_plain(ctx *c) { return cg_layernorm(G, X3(2, 3, 5), NULL, NULL, 1e-5); }
+static cg_tensor *rms_gain(ctx *c) { return cg_rmsnorm(G, X2(4, 6), leaf(c, 0.5, 1.5, false, 1, 6, 0, 0, 0), 1e-5); }
+static cg_tensor *rms_plain(ctx *c) { return cg_rmsnorm(G, X3(2, 3, 5), NULL, 1e-6); }
+static cg_tensor *rms_view(ctx *c) { return cg_rmsnorm(G, cg_transpose(G, X3(2, 5, 3), 1, 2), X1(5), 0.1); }
 static cg_tensor *ln_view(ctx *c) { return cg_layernorm(G, cg_transpose(G, X3(2, 5, 3), 1, 2), X1(5), NULL, 0.1); }
 /* lookup and loss */
 static cg_tensor *embedding_(ctx *c) { return cg_embedding(G, X2(7, 3), ids(c, 0, 7, 2, 2, 4)); }
@@ -195,6 +231,24 @@ static const check_case cases[] = {
     {"div", "[3,4] / [3,4]", div_same},
     {"div", "[2,3,4] / [1,4]", div_bcast},
     {"div", "[3,1] / [4,3]^T", div_view},
+    {"minimum", "[2,3,4] min [3,1]", min_bcast},
+    {"minimum", "[4,3]^T min [3,4]", min_view},
+    {"maximum", "[3,4] max [3,4]", max_same},
+    {"maximum", "[4] max [4,3]^T", max_bcast},
+    {"where", "int[3,4] ? [3,4] : [3,4]", where_},
+    {"where", "int[4] ? [2,3,4] : [1,3]^T", where_bcast},
+    {"silu", "[4,5] in [-4,4]", silu_},
+    {"silu", "[5,4]^T", silu_view},
+    {"swiglu", "[4,5] [4,5]", swiglu_},
+    {"swiglu", "halves of a [2,3,8] view", swiglu_packed},
+    {"softplus", "[4,5] beta 1", softplus_},
+    {"softplus", "[5,4]^T beta 2, past threshold", softplus_beta},
+    {"elu", "[4,4] alpha 1", elu_},
+    {"elu", "[4,4]^T alpha 0.5", elu_view},
+    {"leaky_relu", "[4,4]^T slope 0.1", leaky_relu_},
+    {"abs", "[2,2,4]", abs_},
+    {"clamp", "[4,4] to [-0.5, 0.5]", clamp_},
+    {"clamp", "[4,4]^T to [-0.5, inf]", clamp_low},
     {"scale", "-1.7 * [4,3]^T", scale_},
     {"add_scalar", "[2,3,4] + 0.3", add_scalar_},
     {"neg", "-[4,3]^T", neg_},
@@ -258,6 +312,9 @@ static const check_case cases[] = {
     {"layernorm", "[4,6] gain bias", ln_affine},
     {"layernorm", "[2,3,5] plain", ln_plain},
     {"layernorm", "[2,3,5] 1<->2 gain", ln_view},
+    {"rmsnorm", "[4,6] gain", rms_gain},
+    {"rmsnorm", "[2,3,5] plain", rms_plain},
+    {"rmsnorm", "[2,3,5] 1<->2 gain", rms_view},
     {"embedding", "w[7,3] ids[2,4]", embedding_},
     {"embedding", "w[3,7]^T ids[3,4][:,1:3]", embedding_view},
     {"cross_entropy", "[6,5]", ce_basic},

@@ -21,6 +21,12 @@ cg_tensor *cg_sub(cg_graph *g, cg_tensor *a, cg_tensor *b);
 cg_tensor *cg_mul(cg_graph *g, cg_tensor *a, cg_tensor *b);
 /* a / b, broadcast. */
 cg_tensor *cg_div(cg_graph *g, cg_tensor *a, cg_tensor *b);
+/* Elementwise min(a, b), broadcast; a tie sends half the gradient to each side; NaN propagates. */
+cg_tensor *cg_minimum(cg_graph *g, cg_tensor *a, cg_tensor *b);
+/* Elementwise max(a, b), broadcast; a tie sends half the gradient to each side; NaN propagates. */
+cg_tensor *cg_maximum(cg_graph *g, cg_tensor *a, cg_tensor *b);
+/* a where the int32 cond is nonzero, else b; cond, a and b broadcast together. */
+cg_tensor *cg_where(cg_graph *g, cg_tensor *cond, cg_tensor *a, cg_tensor *b);
 /* s * x. */
 cg_tensor *cg_scale(cg_graph *g, cg_tensor *x, double s);
 /* x + s. */
@@ -47,6 +53,20 @@ cg_tensor *cg_relu(cg_graph *g, cg_tensor *x);
 cg_tensor *cg_gelu(cg_graph *g, cg_tensor *x);
 /* Tanh-approximated GELU (GPT-2). */
 cg_tensor *cg_gelu_tanh(cg_graph *g, cg_tensor *x);
+/* SiLU (swish): x * sigmoid(x). */
+cg_tensor *cg_silu(cg_graph *g, cg_tensor *x);
+/* Fused SwiGLU gate silu(gate) * up (same shapes; views of one packed projection are read in place). */
+cg_tensor *cg_swiglu(cg_graph *g, cg_tensor *gate, cg_tensor *up);
+/* log(1 + e^(beta x)) / beta (beta > 0), linear where beta x > 20, as torch.nn.Softplus. */
+cg_tensor *cg_softplus(cg_graph *g, cg_tensor *x, double beta);
+/* x for x > 0, alpha (e^x - 1) otherwise. */
+cg_tensor *cg_elu(cg_graph *g, cg_tensor *x, double alpha);
+/* x for x > 0, slope * x otherwise. */
+cg_tensor *cg_leaky_relu(cg_graph *g, cg_tensor *x, double slope);
+/* |x|; the gradient at 0 is 0. */
+cg_tensor *cg_abs(cg_graph *g, cg_tensor *x);
+/* x limited to [lo, hi] (either may be -inf / +inf); the gradient passes where lo <= x <= hi. */
+cg_tensor *cg_clamp(cg_graph *g, cg_tensor *x, double lo, double hi);
 /* x where mask == 0, value where mask != 0; mask is int32 and broadcasts to x. */
 cg_tensor *cg_masked_fill(cg_graph *g, cg_tensor *x, cg_tensor *mask, double value);
 /* Inverted dropout with probability p, seeded by the graph; identity in CG_EVAL or if p == 0. */
@@ -117,6 +137,8 @@ cg_tensor *cg_sdpa(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, double
                    cg_tensor *key_padding);
 /* Fused layer norm over the last axis with gain and bias [D] (either may be NULL). */
 cg_tensor *cg_layernorm(cg_graph *g, cg_tensor *x, cg_tensor *gain, cg_tensor *bias, double eps);
+/* Fused RMS norm over the last axis, x / sqrt(mean(x^2) + eps) * gain (gain [D] may be NULL). */
+cg_tensor *cg_rmsnorm(cg_graph *g, cg_tensor *x, cg_tensor *gain, double eps);
 
 /* ---- lookup and loss ---- */
 

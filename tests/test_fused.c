@@ -1,5 +1,6 @@
 /* Every fused op against its composite twin built from simpler ops, forward and backward with
- * respect to every real input: cross_entropy, layernorm, masked_softmax, linear. Both versions
+ * respect to every real input: cross_entropy, layernorm, rmsnorm, swiglu, silu, masked_softmax,
+ * linear. Both versions
  * get the same inputs (same seed) and the same upstream gradient R (loss = sum(out * R)). */
 #include <math.h>
 #include <stdlib.h>
@@ -192,6 +193,63 @@ static void test_layernorm(void) {
     compare("layernorm [4,9] bias only", ln_build, &e);
 }
 
+/* ---- rmsnorm ---- */
+
+static cg_tensor *rms_build(bctx *c, bool fused) {
+    const ln_arg *a = c->arg;
+    int64_t s[4];
+    memcpy(s, a->shape, sizeof s);
+    if (a->transposed) s[a->nd - 1] = a->shape[a->nd - 2], s[a->nd - 2] = a->shape[a->nd - 1];
+    cg_tensor *x = leaf(c, "x", a->nd, s, -2, 3, false);
+    if (a->transposed) x = cg_transpose(c->g, x, -1, -2);
+    const int64_t d = a->shape[a->nd - 1];
+    cg_tensor *gain = a->gain ? leaf(c, "gain", 1, &d, 0.5, 1.5, true) : NULL;
+    cg_graph *g = c->g;
+    if (fused) return cg_rmsnorm(g, x, gain, a->eps);
+    cg_tensor *ms = cg_mean(g, cg_square(g, x), -1, true);
+    cg_tensor *y = cg_div(g, x, cg_sqrt(g, cg_add_scalar(g, ms, a->eps)));
+    return gain ? cg_mul(g, y, gain) : y;
+}
+
+static void test_rmsnorm(void) {
+    ln_arg a = {4, {2, 3, 5, 7}, true, false, false, 1e-5};
+    compare("rmsnorm [2,3,5,7] gain", rms_build, &a);
+    ln_arg b = {3, {3, 5, 40}, false, false, false, 1e-6};
+    compare("rmsnorm [3,5,40] plain", rms_build, &b);
+    ln_arg d = {3, {2, 5, 6}, true, false, true, 0.1};
+    compare("rmsnorm transposed view, gain, eps 0.1", rms_build, &d);
+}
+
+/* ---- swiglu and silu against their definitions ---- */
+
+static cg_tensor *swiglu_build(bctx *c, bool fused) {
+    const bool packed = *(const bool *)c->arg;
+    cg_graph *g = c->g;
+    cg_tensor *gate, *up;
+    if (packed) { /* halves of one [.., 2F] projection, read through strides */
+        cg_tensor *h[2];
+        cg_split(g, leaf(c, "gu", 3, S(2, 5, 34), -4, 4, false), -1, 2, NULL, h);
+        gate = h[0], up = h[1];
+    } else {
+        gate = leaf(c, "gate", 3, S(2, 5, 17), -4, 4, false);
+        up = leaf(c, "up", 3, S(2, 5, 17), -2, 2, false);
+    }
+    if (fused) return cg_swiglu(g, gate, up);
+    return cg_mul(g, cg_mul(g, gate, cg_sigmoid(g, gate)), up);
+}
+
+static cg_tensor *silu_build(bctx *c, bool fused) {
+    cg_tensor *x = leaf(c, "x", 2, S(7, 19), -6, 6, false);
+    return fused ? cg_silu(c->g, x) : cg_mul(c->g, x, cg_sigmoid(c->g, x));
+}
+
+static void test_swiglu(void) {
+    bool no = false, yes = true;
+    compare("swiglu [2,5,17]", swiglu_build, &no);
+    compare("swiglu halves of a packed [2,5,34]", swiglu_build, &yes);
+    compare("silu [7,19]", silu_build, NULL);
+}
+
 /* ---- masked_softmax ---- */
 
 typedef struct {
@@ -329,6 +387,8 @@ static void test_linear(void) {
 int main(void) {
     test_cross_entropy();
     test_layernorm();
+    test_rmsnorm();
+    test_swiglu();
     test_masked_softmax();
     test_linear();
     TEST_END();
