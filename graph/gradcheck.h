@@ -37,6 +37,13 @@ cg_status cg_gradcheck(cg_graph *g, cg_tensor *out, int n, cg_tensor *const *inp
  * failed rows, counting an op of the table with no case as failed. */
 int cg_gradcheck_ops(FILE *out, double tol, const char *filter);
 
+/* The same cases with every real input cut from one requires-grad storage (all starting at its
+ * first element, then each shifted by 3), the worst sharing a rule can meet: checks the shared
+ * gradient against finite differences and that `runs` backward passes on 2 threads match 1 thread
+ * bit for bit (a rule that writes two gradients side by side races otherwise). Restores the
+ * thread count. Returns the number of failed rows. */
+int cg_gradcheck_ops_aliased(FILE *out, double tol, int runs, const char *filter);
+
 #ifdef __cplusplus
 }
 #endif

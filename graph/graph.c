@@ -344,6 +344,76 @@ bool cgi_grad_begin(cg_tensor *x) {
     return false;
 }
 
+/* ---- gradient aliasing ---- */
+
+/* Whether delta = sum_d k_d * st[d] for integers lo[d] <= k_d <= hi[d], strides in decreasing order
+ * and positive; reach_lo/hi[d] bound what dims d.. can still add. Tries the few k_d that leave a
+ * remainder the smaller strides can reach; *budget caps the search (out of budget: true). */
+static bool offset_reachable(int64_t delta, int d, int nd, const int64_t *st, const int64_t *lo, const int64_t *hi,
+                             const int64_t *reach_lo, const int64_t *reach_hi, int *budget) {
+    if (d == nd) return delta == 0;
+    if (--*budget < 0) return true;
+    const int64_t rlo = d + 1 < nd ? reach_lo[d + 1] : 0, rhi = d + 1 < nd ? reach_hi[d + 1] : 0;
+    /* delta - k st in [rlo, rhi]  <=>  k in [ceil((delta - rhi) / st), floor((delta - rlo) / st)] */
+    int64_t a = delta - rhi, b = delta - rlo;
+    int64_t kmin = a >= 0 ? (a + st[d] - 1) / st[d] : -((-a) / st[d]);
+    int64_t kmax = b >= 0 ? b / st[d] : -((-b + st[d] - 1) / st[d]);
+    if (kmin < lo[d]) kmin = lo[d];
+    if (kmax > hi[d]) kmax = hi[d];
+    for (int64_t k = kmin; k <= kmax; k++)
+        if (offset_reachable(delta - k * st[d], d + 1, nd, st, lo, hi, reach_lo, reach_hi, budget)) return true;
+    return false;
+}
+
+/* Lowest and highest element of t's root storage that t covers (strides are never negative). */
+static void extent(const cg_tensor *t, int64_t *lo, int64_t *hi) {
+    *lo = *hi = t->offset;
+    for (int d = 0; d < t->ndim; d++) *hi += (t->shape[d] - 1) * t->stride[d];
+}
+
+bool cgi_same_view(const cg_tensor *a, const cg_tensor *b) {
+    if (a->root != b->root || a->offset != b->offset || a->ndim != b->ndim) return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d] || (a->shape[d] > 1 && a->stride[d] != b->stride[d])) return false;
+    return true;
+}
+
+bool cgi_grads_alias(const cg_tensor *a, const cg_tensor *b) {
+    if (!a || !b || !a->requires_grad || !b->requires_grad || a->root != b->root) return false;
+    if (cgi_numel(a->ndim, a->shape) == 0 || cgi_numel(b->ndim, b->shape) == 0) return false;
+    int64_t alo, ahi, blo, bhi;
+    extent(a, &alo, &ahi);
+    extent(b, &blo, &bhi);
+    if (ahi < blo || bhi < alo) return false;
+    /* Overlapping spans may still interleave without touching (q, k and v heads cut from one
+     * projection): with the same strides, an element is shared iff b's offset minus a's is a sum of
+     * strides times index differences within both shapes. Other layouts: assume they touch. */
+    if (a->ndim != b->ndim) return true;
+    int nd = 0, order[CG_MAX_DIMS];
+    for (int d = 0; d < a->ndim; d++) {
+        if (a->shape[d] == 1 && b->shape[d] == 1) continue;
+        if (a->stride[d] != b->stride[d] || a->stride[d] <= 0) return true;
+        order[nd++] = d;
+    }
+    for (int i = 1; i < nd; i++) /* decreasing stride */
+        for (int j = i; j > 0 && a->stride[order[j]] > a->stride[order[j - 1]]; j--) {
+            int tmp = order[j];
+            order[j] = order[j - 1], order[j - 1] = tmp;
+        }
+    int64_t st[CG_MAX_DIMS], lo[CG_MAX_DIMS], hi[CG_MAX_DIMS], rlo[CG_MAX_DIMS], rhi[CG_MAX_DIMS];
+    for (int i = 0; i < nd; i++) { /* a's index minus b's: from -(b's size - 1) to a's size - 1 */
+        st[i] = a->stride[order[i]];
+        lo[i] = -(b->shape[order[i]] - 1);
+        hi[i] = a->shape[order[i]] - 1;
+    }
+    for (int i = nd - 1; i >= 0; i--) {
+        rlo[i] = lo[i] * st[i] + (i + 1 < nd ? rlo[i + 1] : 0);
+        rhi[i] = hi[i] * st[i] + (i + 1 < nd ? rhi[i + 1] : 0);
+    }
+    int budget = 4096;
+    return offset_reachable(b->offset - a->offset, 0, nd, st, lo, hi, rlo, rhi, &budget);
+}
+
 cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
     if (!g) return cgi_fail(CG_ERR_ARG, "[backward] graph is NULL");
     if (!loss) /* keep the message of the op that failed to build it, if there is one */
@@ -377,6 +447,17 @@ cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
         double t0 = profiling() ? omp_get_wtime() : 0;
         cgi_ops[t->op].backward(t);
         if (t0 > 0) profile_node(t, 1, t0);
+    }
+    /* Gradients the caller can read but that this loss does not reach (inputs it ignores, retained
+     * nodes off its path, nodes built after it) hold the last pass's values or recycled memory
+     * otherwise: they are zero, as the derivative is. */
+    for (int i = 0; i < g->n; i++) {
+        cg_tensor *t = g->nodes[i];
+        if (t->root == t && t->requires_grad && t->grad && (t->op == CGI_OP_INPUT || t->retain) &&
+            !t->grad_in_value && t->grad_epoch != g->epoch) {
+            cgi_zero(t->grad, (size_t)cgi_numel(t->ndim, t->shape) * sizeof(cg_real));
+            t->grad_epoch = g->epoch;
+        }
     }
     /* Gradients took the memory of values that backward had finished reading, so another
      * backward needs a fresh forward. */

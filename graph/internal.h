@@ -147,6 +147,13 @@ int cgi_nthreads(void);
  * assign rather than add (x owns its storage and nothing has written it in this pass), which saves
  * zeroing it; otherwise the gradient is zeroed if this pass has not done so yet, and the rule adds. */
 bool cgi_grad_begin(cg_tensor *x);
+/* True when a and b both receive gradients and their gradient storage may share an element
+ * (same root, overlapping views; exact for views with the same strides, conservative otherwise).
+ * A backward rule that writes two gradients concurrently must write them one after the other
+ * when this holds: they would race on the shared elements. */
+bool cgi_grads_alias(const cg_tensor *a, const cg_tensor *b);
+/* True when a and b are the same view of the same root (same offset, shape and strides). */
+bool cgi_same_view(const cg_tensor *a, const cg_tensor *b);
 /* memset to zero, split over the threads when large (a lone memset leaves the others spinning) */
 void cgi_zero(void *p, size_t bytes);
 

@@ -121,6 +121,7 @@ cg_status cgi_plan(cg_graph *g) {
                 st = CG_ERR_NOMEM;
                 goto done;
             }
+            memset(t->grad, 0, (size_t)cgi_numel(t->ndim, t->shape) * sizeof(cg_real)); /* read before any backward */
         }
     }
     for (int i = 0; i < nb; i++) order[i] = &bufs[i];

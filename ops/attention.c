@@ -329,7 +329,14 @@ void cgi_bwd_attention(cg_tensor *t) {
     cgi_ukr_init(&u);
     const bool packed = packs_heads(t);
     const size_t stride = slot_stride(t, &u);
-#pragma omp parallel for schedule(dynamic, 1) num_threads(slots) if (bhn > 1 && slots > 1)
+    /* Heads run in parallel, each writing its own rows of dQ, dK and dV. When two of those are one
+     * storage seen differently (keys = queries shifted by a head), one head's dK is another's dQ:
+     * the heads then run in order. The same view (q = k = v) keeps each head on one thread. */
+    bool serial = false;
+    for (int i = 0; i < 3; i++)
+        for (int j = i + 1; j < 3; j++)
+            serial |= cgi_grads_alias(t->src[i], t->src[j]) && !cgi_same_view(t->src[i], t->src[j]);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(slots) if (bhn > 1 && slots > 1 && !serial)
     for (int64_t bh = 0; bh < bhn; bh++) {
         int me = omp_get_thread_num();
         cg_real *slot = (cg_real *)lse + slots_offset(t) + (size_t)me * stride, *dp = slot + BQ * BK,

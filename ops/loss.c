@@ -228,7 +228,7 @@ void cgi_bwd_linear_cross_entropy(cg_tensor *t) {
         /* as in a linear's backward, dX and dW side by side on half the threads each: BLIS splits
          * these shapes (307 x 256 over 30522, and its transpose) poorly over two threads; side by
          * side, bert-small's head backward went from 96-101 to 80-82 ms (medians, interleaved) */
-        const bool split = x->requires_grad && w->requires_grad && nt >= 2;
+        const bool split = x->requires_grad && w->requires_grad && nt >= 2 && !cgi_grads_alias(x, w);
 #pragma omp parallel sections num_threads(2) if (split)
         {
 #pragma omp section

@@ -401,8 +401,9 @@ void cgi_bwd_linear(cg_tensor *t) {
     int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1];
     const int nt = cgi_nthreads();
     /* dX and dW cost the same: with two or more threads they run side by side, each on half the
-     * threads, which beats splitting every product across all of them. */
-    const bool both = x->requires_grad && w->requires_grad, split = both && nt >= 2;
+     * threads, which beats splitting every product across all of them; one after the other when
+     * they write one storage (linear(z, z), a Gram matrix), where side by side they would race. */
+    const bool both = x->requires_grad && w->requires_grad, split = both && nt >= 2 && !cgi_grads_alias(x, w);
     const bool assign = x->requires_grad && cgi_grad_begin(x); /* dX's first writer: beta 0, no zeroing */
 #pragma omp parallel sections num_threads(2) if (split)
     {

@@ -15,12 +15,21 @@ typedef struct {
     cg_rng rng;
     cg_tensor *in[MAX_IN]; /* the leaves to check */
     int n;
+    /* aliased mode: every real input is a view of pool, the k-th starting at k * shift */
+    cg_tensor *pool;
+    int64_t shift, views, need;
 } ctx;
 
 /* A requires-grad input of the given shape, uniform in [lo, hi), away from 0 when avoid0. */
 static cg_tensor *leaf(ctx *c, double lo, double hi, bool avoid0, int nd, int64_t d0, int64_t d1, int64_t d2,
                        int64_t d3) {
     int64_t s[4] = {d0, d1, d2, d3};
+    if (c->pool) {
+        const int64_t off = c->shift * c->views++, m = cgi_numel(nd, s);
+        if (off + m > c->need) c->need = off + m;
+        if (off + m > cg_dim(c->pool, 0)) return NULL;
+        return cg_reshape(c->g, cg_slice(c->g, c->pool, 0, off, off + m), nd, s);
+    }
     cg_tensor *t = cg_requires_grad(cg_input(c->g, "x", CG_REAL, nd, s));
     if (!t) return NULL;
     cg_real *v = cg_data(t);
@@ -365,5 +374,79 @@ int cg_gradcheck_ops(FILE *out, double tol, const char *filter) {
             if (out) fprintf(out, "%-15s %-34s %12s %12s  FAIL (no gradient check)\n", cgi_ops[op].name, "-", "-", "-");
         }
     }
+    return failed;
+}
+
+/* One aliased case on a fresh graph built with the given threads: forward and backward `runs`
+ * times; the pool's gradient of the last run goes to dz (need elements). With check, also a
+ * finite-difference check of the pool into res. */
+static cg_status aliased_run(int i, int64_t shift, int64_t need, int threads, int runs, cg_real *dz, bool *same,
+                             const cg_real *ref, cg_gradcheck_result *res) {
+    cg_set_threads(threads);
+    ctx c = {0};
+    c.g = cg_graph_new(CG_TRAIN);
+    c.shift = shift;
+    cg_rng_seed(&c.rng, 1000 + (uint64_t)i);
+    c.pool = cg_requires_grad(cg_input(c.g, "pool", CG_REAL, 1, &need));
+    /* one range every case's inputs accept: positive (log, sqrt, pow) and away from 0 and kinks */
+    cg_fill_uniform(c.pool, &c.rng, 0.5, 1.5);
+    cg_tensor *y = c.pool ? cases[i].build(&c) : NULL;
+    cg_status s = y ? CG_OK : CG_ERR_ARG;
+    if (!s && res) s = cg_gradcheck(c.g, y, 1, &c.pool, 0, res);
+    if (!s && !res) {
+        cg_tensor *r = cg_input(c.g, "R", CG_REAL, cg_ndim(y), cg_shape(y));
+        cg_fill_uniform(r, &c.rng, -1, 1);
+        cg_tensor *loss = cg_sum_all(c.g, cg_mul(c.g, y, r));
+        for (int k = 0; k < runs && !s; k++) {
+            cg_graph_set_rng(c.g, 0x5eed, 0); /* the same dropout mask every run */
+            s = cg_graph_forward(c.g);
+            if (!s) s = cg_graph_backward(c.g, loss);
+            if (!s) s = cg_read_grad(c.pool, dz);
+            if (!s && ref) *same &= memcmp(dz, ref, (size_t)need * sizeof *dz) == 0;
+        }
+    }
+    cg_graph_free(c.g);
+    return s;
+}
+
+int cg_gradcheck_ops_aliased(FILE *out, double tol, int runs, const char *filter) {
+    if (tol <= 0) tol = CG_GRADCHECK_TOL;
+    const int threads = cg_threads(), ncases = (int)(sizeof cases / sizeof cases[0]);
+    int failed = 0;
+    if (out)
+        fprintf(out, "aliased inputs: every real input a view of one storage; finite differences, and %d backward "
+                     "passes on 2 threads bit for bit as on 1\n%-15s %-34s %5s %12s  %s\n",
+                runs, "op", "shapes", "shift", "max rel err", "result");
+    for (int i = 0; i < ncases; i++) {
+        if (filter && !strstr(cases[i].op, filter)) continue;
+        for (int64_t shift = 0; shift <= 3; shift += 3) {
+            ctx probe = {0}; /* how much storage the case's inputs span */
+            probe.g = cg_graph_new(CG_TRAIN);
+            probe.shift = shift;
+            int64_t big = 1 << 14;
+            probe.pool = cg_requires_grad(cg_input(probe.g, "pool", CG_REAL, 1, &big));
+            cases[i].build(&probe);
+            cg_graph_free(probe.g);
+            const int64_t need = probe.need ? probe.need : 1;
+            cg_real *ref = malloc((size_t)need * sizeof *ref), *got = malloc((size_t)need * sizeof *got);
+            cg_gradcheck_result res = {0};
+            bool same = true;
+            cg_status s = ref && got ? CG_OK : CG_ERR_NOMEM;
+            if (!s) s = aliased_run(i, shift, need, 1, 1, NULL, NULL, NULL, &res);
+            if (!s) s = aliased_run(i, shift, need, 1, 1, ref, NULL, NULL, NULL);
+            if (!s) s = aliased_run(i, shift, need, 2, runs, got, &same, ref, NULL);
+            const bool pass = !s && same && res.max_rel_err <= tol;
+            failed += !pass;
+            if (out) {
+                if (s) fprintf(out, "%-15s %-34s %5lld %12s  FAIL (%s)\n", cases[i].op, cases[i].shapes, (long long)shift,
+                               "-", cg_last_error());
+                else fprintf(out, "%-15s %-34s %5lld %12.3e  %s\n", cases[i].op, cases[i].shapes, (long long)shift,
+                             res.max_rel_err, pass ? "PASS" : same ? "FAIL" : "FAIL (2 threads differ)");
+            }
+            free(ref);
+            free(got);
+        }
+    }
+    cg_set_threads(threads);
     return failed;
 }

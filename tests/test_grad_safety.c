@@ -1,0 +1,140 @@
+/* Gradients that must be right whatever the caller does: inputs whose gradients share storage
+ * (2 threads bit for bit as 1), inputs the loss does not reach (exactly zero), and misuse that
+ * must be an error with a message rather than a silent zero or NaN. */
+#include <string.h>
+
+#include "cgrad.h"
+#include "check.h"
+
+/* ---- aliasing: two gradient writes into one storage ---- */
+
+typedef cg_tensor *(*alias_build)(cg_graph *g, cg_tensor *z);
+
+static cg_tensor *gram(cg_graph *g, cg_tensor *z) { return cg_linear(g, z, z, NULL); } /* z z^T */
+static cg_tensor *gram_lce(cg_graph *g, cg_tensor *z) {
+    const int64_t n = cg_dim(z, 0), s[1] = {n};
+    cg_tensor *t = cg_input(g, "t", CG_INT32, 1, s);
+    for (int64_t i = 0; i < n; i++) cg_idata(t)[i] = (int32_t)((i * 7) % n);
+    return cg_linear_cross_entropy(g, z, z, NULL, t, -100);
+}
+/* q, k and v one tensor, as in self-attention written plainly */
+static cg_tensor *self_attn(cg_graph *g, cg_tensor *z) {
+    int64_t s[4] = {2, 4, cg_dim(z, 0) / 8, cg_dim(z, 1)};
+    cg_tensor *x = cg_reshape(g, z, 4, s);
+    return cg_sdpa(g, x, x, x, 0.3, true, NULL);
+}
+/* keys are the queries shifted by one head: head h of k is head h+1 of q, so two threads working
+ * on different heads write one gradient region */
+static cg_tensor *shifted_heads(cg_graph *g, cg_tensor *z) {
+    int64_t s[4] = {1, 8, cg_dim(z, 0) / 8, cg_dim(z, 1)};
+    cg_tensor *x = cg_reshape(g, z, 4, s);
+    return cg_sdpa(g, cg_slice(g, x, 1, 0, 7), cg_slice(g, x, 1, 1, 8), cg_slice(g, x, 1, 0, 7), 0.3, false, NULL);
+}
+
+/* d(sum(f(z) * R))/dz with the given thread count, into dz. */
+static void alias_grad(alias_build f, int64_t rows, int64_t cols, int threads, cg_real *dz) {
+    cg_set_threads(threads);
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    int64_t s[2] = {rows, cols};
+    cg_tensor *z = cg_requires_grad(cg_input(g, "z", CG_REAL, 2, s));
+    cg_rng r;
+    cg_rng_seed(&r, 7);
+    cg_fill_uniform(z, &r, -1, 1);
+    cg_tensor *y = f(g, z);
+    cg_tensor *loss = y;
+    if (cg_numel(y) != 1) {
+        cg_tensor *w = cg_input(g, "R", CG_REAL, cg_ndim(y), cg_shape(y));
+        cg_fill_uniform(w, &r, -1, 1);
+        loss = cg_sum_all(g, cg_mul(g, y, w));
+    }
+    CHECK(loss && cg_graph_forward(g) == CG_OK && cg_graph_backward(g, loss) == CG_OK, "%s", cg_last_error());
+    cg_read_grad(z, dz);
+    cg_graph_free(g);
+}
+
+static void test_alias_bits(const char *name, alias_build f, int64_t rows, int64_t cols, int runs) {
+    const int64_t n = rows * cols;
+    cg_real *ref = calloc((size_t)n, sizeof *ref), *got = calloc((size_t)n, sizeof *got);
+    alias_grad(f, rows, cols, 1, ref);
+    int differ = 0;
+    double worst = 0;
+    for (int run = 0; run < runs; run++) {
+        alias_grad(f, rows, cols, 2, got);
+        if (memcmp(ref, got, (size_t)n * sizeof *ref)) differ++;
+        for (int64_t i = 0; i < n; i++) {
+            double e = fabs((double)got[i] - ref[i]) / (fabs((double)ref[i]) + 1e-6);
+            if (e > worst) worst = e;
+        }
+    }
+    CHECK(differ == 0, "%s: 2-thread dz differs from 1-thread in %d of %d runs (worst rel %.3g)", name, differ, runs,
+          worst);
+    free(ref);
+    free(got);
+    cg_set_threads(0);
+}
+
+
+/* ---- inputs the loss does not reach read exactly zero ---- */
+
+static bool all_zero(cg_tensor *t) {
+    const int64_t n = cg_numel(t);
+    cg_real *v = malloc((size_t)n * sizeof *v);
+    bool z = v && cg_read_grad(t, v) == CG_OK;
+    for (int64_t i = 0; z && i < n; i++) z = v[i] == 0 && !signbit(v[i]);
+    free(v);
+    return z;
+}
+
+static void test_unreached_zero(void) {
+    int64_t s[2] = {3, 4};
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    for (int round = 0; round < 2; round++) { /* the second after a reset, over recycled memory */
+        cg_tensor *a = cg_requires_grad(cg_input(g, "a", CG_REAL, 2, s));
+        cg_tensor *b = cg_requires_grad(cg_input(g, "b", CG_REAL, 2, s));
+        cg_fill(a, 0.5);
+        cg_fill(b, 2.0);
+        cg_tensor *l1 = cg_sum_all(g, cg_mul(g, a, b)), *l2 = cg_sum_all(g, cg_square(g, a));
+        cg_tensor *y = cg_retain(cg_exp(g, b)); /* a retained node off l2's path */
+        cg_tensor *l3 = cg_sum_all(g, cg_mul(g, y, a));
+        CHECK(l3 && cg_graph_forward(g) == CG_OK && cg_graph_backward(g, l1) == CG_OK, "%s", cg_last_error());
+        CHECK(round == 1 || !all_zero(b), "round %d: b holds dl1/db", round);
+        CHECK(cg_graph_forward(g) == CG_OK && cg_graph_backward(g, l2) == CG_OK, "%s", cg_last_error());
+        CHECK(all_zero(b), "round %d: b's gradient after backward(l2), which ignores b, is not zero", round);
+        CHECK(all_zero(y), "round %d: retained exp(b)'s gradient after backward(l2) is not zero", round);
+        CHECK(!all_zero(a), "round %d: a's gradient is zero", round);
+        cg_graph_reset(g);
+    }
+    /* after a reset the new leaves land on the old gradients: unreached from the start */
+    for (int round = 0; round < 2; round++) {
+        cg_tensor *a = cg_requires_grad(cg_input(g, "a", CG_REAL, 2, s));
+        cg_tensor *b = cg_requires_grad(cg_input(g, "b", CG_REAL, 2, s));
+        cg_fill(a, 1.5);
+        cg_tensor *l = round ? cg_sum_all(g, cg_square(g, a)) : cg_sum_all(g, cg_mul(g, a, b));
+        CHECK(l && cg_graph_forward(g) == CG_OK && cg_graph_backward(g, l) == CG_OK, "%s", cg_last_error());
+        if (round) CHECK(all_zero(b), "after reset: unreached b reads recycled memory");
+        cg_graph_reset(g);
+    }
+    /* gradcheck with respect to an input the output ignores: analytic 0 = numeric 0 */
+    cg_tensor *a = cg_requires_grad(cg_input(g, "a", CG_REAL, 2, s));
+    cg_tensor *b = cg_requires_grad(cg_input(g, "b", CG_REAL, 2, s));
+    cg_fill(a, 0.7);
+    cg_fill(b, 1.0);
+    cg_tensor *warm = cg_sum_all(g, cg_mul(g, a, b)); /* leaves dl/db = a in b's gradient */
+    CHECK(cg_graph_forward(g) == CG_OK && cg_graph_backward(g, warm) == CG_OK, "%s", cg_last_error());
+    cg_gradcheck_result res[2];
+    CHECK(cg_gradcheck(g, cg_tanh(g, a), 2, (cg_tensor *[]){a, b}, 0, res) == CG_OK, "%s", cg_last_error());
+    CHECK(res[1].max_abs_err == 0, "gradcheck on an ignored input: abs err %g (stale gradient)", res[1].max_abs_err);
+    cg_graph_free(g);
+}
+
+int main(void) {
+    test_unreached_zero();
+    test_alias_bits("linear(z, z)", gram, 192, 96, 40);
+    test_alias_bits("linear_cross_entropy(z, z)", gram_lce, 192, 96, 40);
+    test_alias_bits("sdpa(z, z, z)", self_attn, 256, 16, 10);
+    test_alias_bits("sdpa(q, q shifted a head)", shifted_heads, 256, 16, 20);
+    /* the class: every op of the table with its inputs sharing storage */
+    int failed = cg_gradcheck_ops_aliased(stdout, 0, 3, NULL);
+    CHECK(failed == 0, "%d aliased op cases failed", failed);
+    TEST_END();
+}
