@@ -10,6 +10,7 @@
 extern "C" {
 #endif
 
+/* One input's gradient check: how far the analytic gradient is from the finite differences. */
 typedef struct {
     const char *name;   /* the input's name */
     int64_t numel;      /* elements checked */
@@ -21,8 +22,8 @@ typedef struct {
 #define CG_GRADCHECK_EPS 1e-6 /* finite-difference step of this build */
 #define CG_GRADCHECK_TOL 1e-6 /* max relative error a check must stay under in this build */
 #else
-#define CG_GRADCHECK_EPS 1e-2
-#define CG_GRADCHECK_TOL 1e-3
+#define CG_GRADCHECK_EPS 1e-2 /* finite-difference step of this build */
+#define CG_GRADCHECK_TOL 1e-3 /* max relative error a check must stay under in this build */
 #endif
 
 /* Checks d(sum(out * R))/d(input) for each of the n inputs (requires-grad input leaves or

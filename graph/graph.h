@@ -22,8 +22,9 @@ typedef float cg_real; /* element type of real tensors: float in the default bui
 
 #define CG_MAX_DIMS 6 /* most dimensions a tensor can have */
 
+/* What a fallible call returns; the message is in cg_last_error(). */
 typedef enum {
-    CG_OK = 0,
+    CG_OK = 0,     /* success */
     CG_ERR_ARG,    /* NULL or out-of-range argument */
     CG_ERR_SHAPE,  /* shapes that do not fit the op */
     CG_ERR_RANGE,  /* a data value out of range (token id, target class) */
@@ -33,19 +34,21 @@ typedef enum {
     CG_ERR_FORMAT  /* file contents are malformed */
 } cg_status;
 
+/* Element type of a tensor. */
 typedef enum {
     CG_REAL = 0, /* cg_real elements */
     CG_INT32 = 1 /* int32_t elements: token ids, targets, masks */
 } cg_dtype;
 
+/* What a graph is built for. */
 typedef enum {
     CG_TRAIN = 0, /* records what backward needs; dropout active */
     CG_EVAL = 1   /* records nothing for backward; dropout is the identity */
 } cg_mode;
 
-typedef struct cg_tensor cg_tensor;
-typedef struct cg_graph cg_graph;
-typedef struct cg_params cg_params;
+typedef struct cg_tensor cg_tensor; /* a node or parameter: shape, strides, value, gradient (opaque) */
+typedef struct cg_graph cg_graph;   /* a computation graph and the arena its nodes live in (opaque) */
+typedef struct cg_params cg_params; /* a set of named parameters in one contiguous block (opaque) */
 
 /* ---- errors ---- */
 
@@ -65,7 +68,10 @@ int cg_threads(void);
 
 /* ---- random numbers (splitmix64: one word of state, so checkpoints can store it) ---- */
 
-typedef struct { uint64_t state; } cg_rng;
+/* A random generator: one word of state, copied by value. */
+typedef struct {
+    uint64_t state; /* the splitmix64 counter */
+} cg_rng;
 
 /* Seeds a generator. */
 void cg_rng_seed(cg_rng *r, uint64_t seed);

@@ -37,7 +37,7 @@ cg_status cg_check_ids(const char *what, const int32_t *ids, int64_t n, int32_t 
 
 /* ---- language-model windows (GPT pre-training: x = input_ids, y = targets) ---- */
 
-typedef struct cg_lm_data cg_lm_data;
+typedef struct cg_lm_data cg_lm_data; /* a token stream split into training and held-out parts (opaque) */
 
 /* Copies n ids; the held-out split is the last round(val_fraction * n) tokens (nanoGPT keeps the
  * last 10%), val_fraction in [0, 1). NULL with a message on bad arguments. Free with cg_lm_data_free. */
@@ -54,14 +54,18 @@ cg_status cg_lm_batch(const cg_lm_data *d, bool val, cg_rng *r, int64_t batch, i
 
 /* ---- masked LM with next-sentence pairs (BERT pre-training) ---- */
 
+/* How masked-LM rows are made. */
 typedef struct {
-    int32_t cls_id, sep_id, mask_id, pad_id; /* special ids written into the rows */
+    int32_t cls_id;      /* [CLS], first in every row */
+    int32_t sep_id;      /* [SEP], after each sentence */
+    int32_t mask_id;     /* [MASK], written over 80% of the tokens to predict */
+    int32_t pad_id;      /* [PAD], fills the row after the second [SEP] */
     int32_t vocab_size;  /* random replacements come from [0, vocab_size) minus special tokens */
     double mask_prob;    /* share of the A and B tokens to predict, at least one a row (BERT: 0.15) */
     double val_fraction; /* the last round(val_fraction * sentences) form the held-out split */
 } cg_mlm_options;
 
-typedef struct cg_mlm_data cg_mlm_data;
+typedef struct cg_mlm_data cg_mlm_data; /* sentences of documents, for masked LM and next-sentence rows (opaque) */
 
 /* Fills o from tok: its [CLS] [SEP] [MASK] [PAD] ids and vocab size, mask_prob 0.15,
  * val_fraction 0. CG_ERR_ARG naming the first special token tok lacks. */
@@ -109,15 +113,18 @@ void cg_data_cursor_init(cg_data_cursor *c, uint64_t seed);
 
 /* ---- sequence-to-sequence pairs ("source<TAB>target" lines) ---- */
 
+/* How source/target pairs become batches. */
 typedef struct {
-    int32_t pad_id, bos_id, eos_id; /* pad fills src and tgt_in; bos/eos frame the target */
+    int32_t pad_id;      /* fills src and tgt_in after the tokens */
+    int32_t bos_id;      /* starts tgt_in */
+    int32_t eos_id;      /* ends tgt_out */
     int64_t max_src;     /* S cap: sources cut to this many tokens; 0 = the longest source */
     int64_t max_tgt;     /* T cap (target tokens + 1): targets cut to T-1 tokens; 0 = the longest */
     bool pad_to_max;     /* true: every batch is [B, S cap] / [B, T cap]; false: the batch's longest */
     double val_fraction; /* without a held-out file, the last round(val_fraction * lines) lines */
 } cg_seq2seq_options;
 
-typedef struct cg_seq2seq_data cg_seq2seq_data;
+typedef struct cg_seq2seq_data cg_seq2seq_data; /* tokenized source/target pairs (opaque) */
 
 /* Reads train_tsv (and val_tsv, which may be NULL) with one "source\ttarget" pair a line (blank
  * lines skipped, CRLF accepted), tokenizing sources with src_tok and targets with tgt_tok (NULL:
@@ -144,6 +151,7 @@ cg_status cg_seq2seq_batch(cg_seq2seq_data *d, bool val, cg_data_cursor *c, int6
 
 /* ---- text classification ("label<TAB>text" lines) ---- */
 
+/* How labelled texts become batches. */
 typedef struct {
     int32_t pad_id;      /* fills input_ids after the text */
     int32_t cls_id;      /* prefixed to every row when >= 0 (BERT's [CLS]); -1: none */
@@ -152,7 +160,7 @@ typedef struct {
     double val_fraction; /* without a held-out file, the last round(val_fraction * lines) lines */
 } cg_textcls_options;
 
-typedef struct cg_textcls_data cg_textcls_data;
+typedef struct cg_textcls_data cg_textcls_data; /* tokenized labelled texts (opaque) */
 
 /* Fills o for tok: pad_id = [PAD] (else 0), cls_id = [CLS] (else -1), max_len 0, pad_to_max
  * false, val_fraction 0. */

@@ -16,8 +16,9 @@
 extern "C" {
 #endif
 
-typedef struct cg_tokenizer cg_tokenizer;
+typedef struct cg_tokenizer cg_tokenizer; /* text <-> ids, of one of the kinds below (opaque) */
 
+/* The tokenizer algorithms. */
 typedef enum {
     CG_TOK_CHAR = 0,     /* code points */
     CG_TOK_BPE = 1,      /* byte-level BPE, as GPT-2 */

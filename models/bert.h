@@ -10,14 +10,21 @@
 extern "C" {
 #endif
 
+/* BERT's hyperparameters, named as in Hugging Face's config.json. */
 typedef struct {
-    int64_t vocab_size, hidden_size, num_hidden_layers, num_attention_heads, intermediate_size;
-    int64_t max_position_embeddings, type_vocab_size;
+    int64_t vocab_size;              /* token embedding rows */
+    int64_t hidden_size;             /* model width d */
+    int64_t num_hidden_layers;       /* encoder layers */
+    int64_t num_attention_heads;     /* heads per layer (divides hidden_size) */
+    int64_t intermediate_size;       /* feed-forward width */
+    int64_t max_position_embeddings; /* longest sequence */
+    int64_t type_vocab_size;         /* segment (token type) embedding rows */
     int64_t num_labels;    /* > 0 adds the sequence-classification head classifier.{weight,bias} */
     double layer_norm_eps; /* 1e-12 in BERT */
     double dropout;        /* hidden and attention dropout */
 } cg_bert_config;
 
+/* The nodes a BERT forward adds to a graph. */
 typedef struct {
     cg_tensor *hidden;     /* [B, T, d] last encoder layer */
     cg_tensor *mlm_logits; /* [B, T, vocab] */
@@ -26,7 +33,7 @@ typedef struct {
     cg_tensor *mlm_loss;   /* fused masked-LM loss when labels were given, else NULL */
 } cg_bert_outputs;
 
-typedef struct cg_bert cg_bert;
+typedef struct cg_bert cg_bert; /* a BERT: config and parameters (opaque) */
 
 /* Reads a Hugging Face BERT config.json text (num_labels from "num_labels" or id2label, else 0). */
 cg_status cg_bert_config_parse(const char *json, cg_bert_config *cfg);

@@ -11,12 +11,20 @@
 extern "C" {
 #endif
 
+/* The classifier's hyperparameters (an encoder with mean pooling and a linear head). */
 typedef struct {
-    int64_t vocab_size, d_model, n_head, n_layer, dim_feedforward, max_len, num_classes;
-    double layer_norm_eps, dropout;
+    int64_t vocab_size;      /* token embedding rows */
+    int64_t d_model;         /* model width */
+    int64_t n_head;          /* heads per layer (divides d_model) */
+    int64_t n_layer;         /* encoder layers */
+    int64_t dim_feedforward; /* feed-forward width */
+    int64_t max_len;         /* longest sequence */
+    int64_t num_classes;     /* outputs of the head */
+    double layer_norm_eps;   /* LayerNorm epsilon */
+    double dropout;          /* dropout probability */
 } cg_classifier_config;
 
-typedef struct cg_classifier cg_classifier;
+typedef struct cg_classifier cg_classifier; /* a classifier: config and parameters (opaque) */
 
 /* Reads config.json text (vocab_size, d_model, n_head, n_layer, dim_feedforward, max_len,
  * num_classes, layer_norm_eps). */

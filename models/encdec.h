@@ -11,13 +11,24 @@
 extern "C" {
 #endif
 
+/* The encoder-decoder's hyperparameters, with torch.nn.Transformer's names. */
 typedef struct {
-    int64_t src_vocab_size, tgt_vocab_size, d_model, n_head, num_encoder_layers, num_decoder_layers;
-    int64_t dim_feedforward, max_len, pad_id, bos_id, eos_id;
-    double layer_norm_eps, dropout;
+    int64_t src_vocab_size;     /* source embedding rows */
+    int64_t tgt_vocab_size;     /* target embedding rows and output logits */
+    int64_t d_model;            /* model width */
+    int64_t n_head;             /* heads per layer (divides d_model) */
+    int64_t num_encoder_layers; /* encoder layers */
+    int64_t num_decoder_layers; /* decoder layers */
+    int64_t dim_feedforward;    /* feed-forward width */
+    int64_t max_len;            /* longest source or target */
+    int64_t pad_id;             /* padding token */
+    int64_t bos_id;             /* first token of every decoded sequence */
+    int64_t eos_id;             /* token that ends decoding */
+    double layer_norm_eps;      /* LayerNorm epsilon */
+    double dropout;             /* dropout probability */
 } cg_encdec_config;
 
-typedef struct cg_encdec cg_encdec;
+typedef struct cg_encdec cg_encdec; /* an encoder-decoder: config and parameters (opaque) */
 
 /* Reads a config.json text with torch.nn.Transformer's argument names (see README). */
 cg_status cg_encdec_config_parse(const char *json, cg_encdec_config *cfg);

@@ -11,14 +11,19 @@
 extern "C" {
 #endif
 
+/* GPT-2's hyperparameters, named as in Hugging Face's config.json. */
 typedef struct {
-    int64_t vocab_size, n_positions, n_embd, n_layer, n_head;
+    int64_t vocab_size;        /* token embedding rows and output logits */
+    int64_t n_positions;       /* longest context */
+    int64_t n_embd;            /* model width */
+    int64_t n_layer;           /* transformer blocks */
+    int64_t n_head;            /* heads per block (divides n_embd) */
     int64_t n_inner;           /* feed-forward width; 0 means 4 * n_embd */
     double layer_norm_epsilon; /* 1e-5 in GPT-2 */
     double dropout;            /* residual, embedding and attention dropout */
 } cg_gpt_config;
 
-typedef struct cg_gpt cg_gpt;
+typedef struct cg_gpt cg_gpt; /* a GPT: config and parameters (opaque) */
 
 /* Reads a Hugging Face GPT-2 config.json text (n_embd, n_layer, n_head, n_positions, vocab_size,
  * layer_norm_epsilon, n_inner; null n_inner means 4 * n_embd; other fields ignored). */

@@ -15,14 +15,20 @@
 extern "C" {
 #endif
 
-typedef enum { CG_ARCH_GPT2, CG_ARCH_BERT, CG_ARCH_ENCDEC, CG_ARCH_CLASSIFIER } cg_arch;
+/* The zoo's model families. */
+typedef enum {
+    CG_ARCH_GPT2,      /* GPT-2 decoder, language modelling */
+    CG_ARCH_BERT,      /* BERT encoder, masked LM and next sentence (or a classification head) */
+    CG_ARCH_ENCDEC,    /* encoder-decoder, sequence to sequence */
+    CG_ARCH_CLASSIFIER /* encoder with mean pooling, text classification */
+} cg_arch;
 
 /* Arch named "gpt2", "bert", "encdec" or "classifier"; CG_ERR_ARG otherwise. */
 cg_status cg_arch_parse(const char *name, cg_arch *arch);
 /* The arch's name. */
 const char *cg_arch_name(cg_arch arch);
 
-typedef struct cg_model cg_model;
+typedef struct cg_model cg_model; /* any zoo model behind one interface (opaque) */
 
 /* Model from a config.json text of the arch; declares its parameters in ps (seeded init);
  * dropout applies everywhere (the config's own dropout fields are ignored). */
@@ -56,10 +62,13 @@ cg_status cg_model_save(cg_model *m, const char *path);
  * bert input_ids, token_type_ids, attention_mask, labels, next_sentence_label; encdec src,
  * src_mask, tgt_in, tgt_out; classifier input_ids, attention_mask, labels) and the outputs. */
 typedef struct {
-    cg_tensor *loss, *logits;
-    cg_tensor *mlm_loss, *nsp_loss, *nsp_logits; /* bert only */
-    int n_inputs;
-    cg_tensor *inputs[5];
+    cg_tensor *loss;       /* the scalar to train on */
+    cg_tensor *logits;     /* the model's output logits */
+    cg_tensor *mlm_loss;   /* bert only: the masked-LM part of loss */
+    cg_tensor *nsp_loss;   /* bert only: the next-sentence part of loss */
+    cg_tensor *nsp_logits; /* bert only: next-sentence logits [B, 2] */
+    int n_inputs;          /* entries used in inputs */
+    cg_tensor *inputs[5];  /* the batch inputs, in the order listed above */
 } cg_model_graph;
 
 /* Training graphs fuse BERT's masked-LM head with its loss over the labelled positions only

@@ -15,23 +15,26 @@
 extern "C" {
 #endif
 
+/* The update rules. */
 typedef enum {
     CG_OPT_SGD,  /* p -= lr * (g + wd*p), with optional (Nesterov) momentum, dampening 0 */
     CG_OPT_ADAM, /* Adam with L2 decay: wd*p added to the gradient */
     CG_OPT_ADAMW /* Adam with decoupled decay: p *= 1 - lr*wd before the update */
 } cg_optim_kind;
 
+/* An optimizer's settings (cg_optim_defaults fills them as torch does). */
 typedef struct {
-    cg_optim_kind kind;
+    cg_optim_kind kind;  /* the update rule */
     double lr;           /* base rate, for callers that build a schedule from it; cg_optim_step takes the rate it applies */
-    double beta1, beta2; /* Adam(W) moment decays */
+    double beta1;        /* Adam(W) first-moment decay */
+    double beta2;        /* Adam(W) second-moment decay */
     double eps;          /* Adam(W) denominator guard */
     double weight_decay; /* applied to parameters whose decay flag is on (all, initially) */
     double momentum;     /* SGD momentum, 0 for none */
     bool nesterov;       /* SGD Nesterov momentum (needs momentum > 0) */
 } cg_optim_config;
 
-typedef struct cg_optim cg_optim;
+typedef struct cg_optim cg_optim; /* an optimizer: settings, moments and parameter groups (opaque) */
 
 /* torch defaults for kind: lr 1e-3, betas .9/.999, eps 1e-8, wd 0 (AdamW 0.01), momentum 0. */
 cg_optim_config cg_optim_defaults(cg_optim_kind kind);
@@ -78,6 +81,7 @@ void cg_grads_scale(cg_params *ps, double s);
 
 /* ---- learning-rate schedules ---- */
 
+/* The learning-rate curves. */
 typedef enum {
     CG_SCHED_CONSTANT, /* warmup, then lr */
     CG_SCHED_COSINE,   /* warmup, then cosine from lr to min_lr at total (nanoGPT get_lr) */
@@ -85,9 +89,11 @@ typedef enum {
     CG_SCHED_NOAM      /* noam_factor * d_model^-0.5 * min(n^-0.5, n * warmup^-1.5), n = max(step, 1) */
 } cg_sched_kind;
 
+/* A learning-rate schedule: the rate as a function of the step (cg_schedule_lr). */
 typedef struct {
-    cg_sched_kind kind;
-    double lr, min_lr;    /* peak and floor; unused by noam */
+    cg_sched_kind kind;   /* the curve */
+    double lr;            /* peak; unused by noam */
+    double min_lr;        /* floor; unused by noam */
     int64_t warmup;       /* steps of linear warmup from 0 (noam: steps to the peak) */
     int64_t total;        /* step at which cosine/linear reach min_lr and stay */
     int64_t d_model;      /* noam only */
