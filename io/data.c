@@ -106,7 +106,7 @@ bool cgi_seqs_push(cgi_seqs *s, const int32_t *ids, int64_t n) {
         s->off = off;
         s->cap = cap;
     }
-    if (s->n_ids + n > s->cap_ids) {
+    if (s->n_ids + n > s->cap_ids || !s->ids) { /* storage even for empty sequences: ids + off[i] */
         int64_t cap = s->cap_ids ? 2 * s->cap_ids : 1024;
         while (cap < s->n_ids + n) cap *= 2;
         int32_t *ids2 = realloc(s->ids, (size_t)cap * sizeof *ids2);

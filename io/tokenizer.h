@@ -33,6 +33,10 @@ cg_tokenizer *cg_tokenizer_char_new(const char *text, size_t len);
 /* GPT-2 BPE from its encoder.json (token -> id) and vocab.bpe (merges, best first); NULL on an
  * unreadable or malformed file, with the file and line named. Free with cg_tokenizer_free. */
 cg_tokenizer *cg_tokenizer_bpe_load(const char *encoder_json, const char *vocab_bpe);
+/* As cg_tokenizer_bpe_load from the bytes of the two files (not kept, need no NUL); enc_name and
+ * bpe_name name them in messages (NULL: "encoder.json", "vocab.bpe"). */
+cg_tokenizer *cg_tokenizer_bpe_from_memory(const char *encoder_json, size_t enc_len, const char *vocab_bpe,
+                                           size_t bpe_len, const char *enc_name, const char *bpe_name);
 /* Byte-level BPE trained on text with GPT-2's pre-tokenizer: ids 0-255 are the bytes (in GPT-2's
  * order), then one token per merge, most frequent pair first (ties: lower ids first), then
  * "<|endoftext|>" as the last id; at most vocab_size (>= 257) tokens, fewer if the text runs out
@@ -42,6 +46,9 @@ cg_tokenizer *cg_tokenizer_bpe_train(const char *text, size_t len, int32_t vocab
  * lower-cased and stripped of accents. NULL on an unreadable or malformed file. Free with
  * cg_tokenizer_free. */
 cg_tokenizer *cg_tokenizer_wordpiece_load(const char *vocab_txt);
+/* As cg_tokenizer_wordpiece_load from the len bytes of a vocab.txt (not kept, need no NUL); name
+ * names it in messages (NULL: "vocab.txt"). */
+cg_tokenizer *cg_tokenizer_wordpiece_from_memory(const char *vocab_txt, size_t len, const char *name);
 /* Loads by path: a directory holding cg_tokenizer.json, encoder.json + vocab.bpe, or vocab.txt
  * (tried in that order), a *.txt vocab file, or a *.json file from cg_tokenizer_serialize. NULL on
  * failure. Free with cg_tokenizer_free. */

@@ -250,23 +250,29 @@ cg_status cgi_bpe_finish(cg_tokenizer *t, const char *src) {
     return CG_OK;
 }
 
-cg_tokenizer *cg_tokenizer_bpe_load(const char *encoder_json, const char *vocab_bpe) {
-    if (!encoder_json || !vocab_bpe) {
-        cgi_fail(CG_ERR_ARG, "[tokenizer] bpe_load: NULL path");
+cg_tokenizer *cg_tokenizer_bpe_from_memory(const char *js, size_t js_len, const char *bpe, size_t bpe_len,
+                                           const char *encoder_json, const char *vocab_bpe) {
+    if (!encoder_json) encoder_json = "encoder.json";
+    if (!vocab_bpe) vocab_bpe = "vocab.bpe";
+    if ((!js && js_len) || (!bpe && bpe_len)) {
+        cgi_fail(CG_ERR_ARG, "[tokenizer] bpe_from_memory: NULL bytes");
         return NULL;
     }
     cg_tokenizer *t = NULL;
-    cJSON *root = NULL;
     const char **by_id = NULL;
-    char *bpe = NULL, *js = cgi_read_file(encoder_json, NULL);
-    if (!js) return NULL;
     const char *end = NULL;
-    root = cJSON_ParseWithOpts(js, &end, true);
+    cJSON *root = cJSON_ParseWithLengthOpts(js ? js : "", js_len, &end, false);
     if (!root) {
         cgi_fail(CG_ERR_FORMAT, "[tokenizer] %s: malformed JSON near byte %zu", encoder_json,
                  end ? (size_t)(end - js) : 0);
         goto fail;
     }
+    for (const char *p = end; p < js + js_len; p++)
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
+            cgi_fail(CG_ERR_FORMAT, "[tokenizer] %s: bytes after the JSON object at byte %zu", encoder_json,
+                     (size_t)(p - js));
+            goto fail;
+        }
     int n = cJSON_GetArraySize(root);
     if (!cJSON_IsObject(root) || n == 0) {
         cgi_fail(CG_ERR_FORMAT, "[tokenizer] %s: expected a non-empty JSON object of token: id", encoder_json);
@@ -296,26 +302,36 @@ cg_tokenizer *cg_tokenizer_bpe_load(const char *encoder_json, const char *vocab_
         if (!cgi_tok_push(t, by_id[i], strlen(by_id[i]))) goto fail;
     if (!cgi_tok_index(t)) goto fail;
 
-    size_t blen;
-    bpe = cgi_read_file(vocab_bpe, &blen);
-    if (!bpe) goto fail;
     int64_t line = 1;
-    for (size_t i = 0; i < blen; line++) {
-        const char *nl = memchr(bpe + i, '\n', blen - i);
-        size_t e = nl ? (size_t)(nl - bpe) : blen;
+    for (size_t i = 0; i < bpe_len; line++) {
+        const char *nl = memchr(bpe + i, '\n', bpe_len - i);
+        size_t e = nl ? (size_t)(nl - bpe) : bpe_len;
         bool header = line == 1 && e - i >= 8 && memcmp(bpe + i, "#version", 8) == 0;
         if (!header && cgi_bpe_add_merge(t, bpe + i, e - i, vocab_bpe, "line", line) != CG_OK) goto fail;
         i = e + 1;
     }
     if (cgi_bpe_finish(t, vocab_bpe) != CG_OK) goto fail;
-    free(js), free(bpe), free(by_id);
+    free(by_id);
     cJSON_Delete(root);
     return t;
 fail:
-    free(js), free(bpe), free(by_id);
+    free(by_id);
     cJSON_Delete(root);
     cg_tokenizer_free(t);
     return NULL;
+}
+
+cg_tokenizer *cg_tokenizer_bpe_load(const char *encoder_json, const char *vocab_bpe) {
+    if (!encoder_json || !vocab_bpe) {
+        cgi_fail(CG_ERR_ARG, "[tokenizer] bpe_load: NULL path");
+        return NULL;
+    }
+    size_t jlen, blen;
+    char *js = cgi_read_file(encoder_json, &jlen), *bpe = js ? cgi_read_file(vocab_bpe, &blen) : NULL;
+    cg_tokenizer *t = bpe ? cg_tokenizer_bpe_from_memory(js, jlen, bpe, blen, encoder_json, vocab_bpe) : NULL;
+    free(js);
+    free(bpe);
+    return t;
 }
 
 /* ---------------------------------------------------------------- saving */

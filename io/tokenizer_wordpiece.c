@@ -20,29 +20,26 @@ cg_status cgi_wordpiece_finish(cg_tokenizer *t, const char *src) {
 
 static bool is_ascii_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
 
-cg_tokenizer *cg_tokenizer_wordpiece_load(const char *path) {
-    if (!path) {
-        cgi_fail(CG_ERR_ARG, "[tokenizer] wordpiece_load: NULL path");
+cg_tokenizer *cg_tokenizer_wordpiece_from_memory(const char *s, size_t len, const char *path) {
+    if (!path) path = "vocab.txt";
+    if (!s && len) {
+        cgi_fail(CG_ERR_ARG, "[tokenizer] wordpiece_from_memory: NULL bytes");
         return NULL;
     }
-    size_t len;
-    char *s = cgi_read_file(path, &len);
-    if (!s) return NULL;
-    cg_tokenizer *t = NULL;
     size_t bad = cgi_utf8_check(s, len);
     if (bad < len) {
         int64_t line = 1;
         for (size_t i = 0; i < bad; i++) line += s[i] == '\n';
         cgi_fail(CG_ERR_FORMAT, "[tokenizer] %s: not valid UTF-8 at byte %zu (line %lld)", path, bad,
                  (long long)line);
-        goto fail;
+        return NULL;
     }
     if (len == 0) {
         cgi_fail(CG_ERR_FORMAT, "[tokenizer] %s: empty vocabulary", path);
-        goto fail;
+        return NULL;
     }
-    t = cgi_tok_new(CG_TOK_WORDPIECE);
-    if (!t) goto fail;
+    cg_tokenizer *t = cgi_tok_new(CG_TOK_WORDPIECE);
+    if (!t) return NULL;
     /* One token a line, id = line number, surrounding whitespace stripped as in BERT's load_vocab. */
     for (size_t i = 0; i < len;) {
         const char *nl = memchr(s + i, '\n', len - i);
@@ -53,12 +50,22 @@ cg_tokenizer *cg_tokenizer_wordpiece_load(const char *path) {
         i = e + 1;
     }
     if (!cgi_tok_index(t) || cgi_wordpiece_finish(t, path) != CG_OK) goto fail;
-    free(s);
     return t;
 fail:
-    free(s);
     cg_tokenizer_free(t);
     return NULL;
+}
+
+cg_tokenizer *cg_tokenizer_wordpiece_load(const char *path) {
+    if (!path) {
+        cgi_fail(CG_ERR_ARG, "[tokenizer] wordpiece_load: NULL path");
+        return NULL;
+    }
+    size_t len;
+    char *s = cgi_read_file(path, &len);
+    cg_tokenizer *t = s ? cg_tokenizer_wordpiece_from_memory(s, len, path) : NULL;
+    free(s);
+    return t;
 }
 
 /* BERT's _is_chinese_char: the CJK Unified Ideographs blocks, not Hiragana, Katakana or Hangul. */

@@ -539,6 +539,24 @@ static void test_seq2seq(void) {
     o.val_fraction = 0.5;
     CHECK(!cg_seq2seq_data_load(p, NULL, tok, NULL, &o) && has(cg_last_error(), "no training pair"), "%s",
           cg_last_error());
+    /* found by fuzzing (tests/fuzz/corpus/tsv/empty_targets.tsv): when every target is empty the
+     * target ids had no storage, and a batch did arithmetic on a NULL pointer (UBSan) */
+    p = write_tmp("emptytgt.tsv", "ab\t\nb\t\n", 7);
+    o = (cg_seq2seq_options){.pad_id = 8, .bos_id = 9, .eos_id = 10};
+    d = cg_seq2seq_data_load(p, NULL, tok, NULL, &o);
+    CHECK(d && cg_seq2seq_data_count(d, false) == 2, "%s", cg_last_error());
+    const int32_t *e_tgt = NULL;
+    int64_t e_nt = -1;
+    CHECK(d && cg_seq2seq_example(d, false, 1, &src, &ns, &e_tgt, &e_nt) == CG_OK && e_nt == 0 && e_tgt,
+          "an empty target is a valid pointer (memcpy(dst, tgt, 0) is defined), n 0: %p %lld", (const void *)e_tgt,
+          (long long)e_nt);
+    cg_data_cursor_init(&c, 1);
+    int64_t es, et;
+    int32_t e_src[4], e_mask[4], e_in[2], e_out[2];
+    CHECK(d && cg_seq2seq_batch(d, false, &c, 2, e_src, e_mask, e_in, e_out, &es, &et) == CG_OK && es == 2 &&
+              et == 1 && e_in[0] == 9 && e_in[1] == 9 && e_out[0] == 10 && e_out[1] == 10,
+          "empty targets: tgt_in = bos, tgt_out = eos (%s)", cg_last_error());
+    cg_seq2seq_data_free(d);
     cg_tokenizer_free(tok);
 }
 
@@ -693,7 +711,7 @@ int main(void) {
     test_seq2seq();
     test_textcls();
     const char *names[] = {"ok.txt", "empty.txt", "bad.txt", "nul.txt", "ragged.tsv", "ragged2.tsv", "nosrc.tsv",
-                           "unk.tsv", "one.tsv", "crlf.tsv", "nolabel.tsv", "notext.tsv", "empty.tsv", "blank.tsv", "badutf.tsv"};
+                           "unk.tsv", "one.tsv", "crlf.tsv", "nolabel.tsv", "notext.tsv", "empty.tsv", "blank.tsv", "badutf.tsv", "emptytgt.tsv"};
     char path[256];
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         snprintf(path, sizeof path, "%s/%s", tmpdir, names[i]);
