@@ -42,7 +42,7 @@ int cg_gradcheck_ops(FILE *out, double tol, const char *filter);
  * first element, then each shifted by 3), the worst sharing a rule can meet: checks the shared
  * gradient against finite differences and that `runs` backward passes on 2 threads match 1 thread
  * bit for bit (a rule that writes two gradients side by side races otherwise). Restores the
- * thread count. Returns the number of failed rows. */
+ * thread count. tol <= 0 picks CG_GRADCHECK_TOL (10x that in float32). Returns the number of failed rows. */
 int cg_gradcheck_ops_aliased(FILE *out, double tol, int runs, const char *filter);
 
 #ifdef __cplusplus
