@@ -12,4 +12,5 @@
 #include "io/data.h"
 #include "optim/optim.h"
 #include "optim/lora.h"
+#include "dist/dist.h"
 #endif

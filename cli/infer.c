@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zlib.h>
 
 #include "cli/commands.h"
 #include "cli/session.h"
@@ -514,6 +515,21 @@ int cmd_info(int argc, char **argv) {
            cli_json_num(ck.state, "val_loss", NAN));
     printf("elapsed     %.1f s on %lld threads\n", cli_json_num(ck.state, "elapsed_s", 0),
            (long long)cli_json_i64(ck.state, "threads", 0));
+    { /* crc32 of the raw bytes: two runs that should match bit for bit are compared by this line */
+        const int64_t span = cg_params_span(ck.ps);
+        const size_t bytes = (size_t)span * sizeof(cg_real);
+        uLong pc = crc32(0L, (const Bytef *)cg_params_values(ck.ps), (uInt)bytes), mc = crc32(0L, Z_NULL, 0);
+        cg_real *m = malloc(bytes ? bytes : 1);
+        bool moments = m && cg_st_find(ck.st, "optim.m1") >= 0 && cg_st_find(ck.st, "optim.m2") >= 0;
+        for (int k = 0; moments && k < 2; k++) {
+            moments = !cg_st_read(ck.st, k ? "optim.m2" : "optim.m1", m, 1, &span);
+            if (moments) mc = crc32(mc, (const Bytef *)m, (uInt)bytes);
+        }
+        free(m);
+        printf("digest      parameters crc32 %08lx, optimizer moments %s%08lx\n", (unsigned long)pc,
+               moments ? "crc32 " : "none ", moments ? (unsigned long)mc : 0UL);
+        printf("ranks       %lld (world size that trained it)\n", (long long)cli_json_i64(ck.state, "world_size", 1));
+    }
     char *train = cJSON_PrintUnformatted(ck.train);
     printf("training    %s\n", train ? train : "{}");
     free(train);

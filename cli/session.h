@@ -27,6 +27,7 @@ typedef struct {
     cg_data_cursor cur;      /* seq2seq/textcls training order (checkpointed) */
     uint64_t eval_seed;      /* lm/mlm held-out draws restart from this at every evaluation */
     const int32_t *label_map; /* classifier: data label id -> model class (NULL: the same) */
+    cg_dist *dist;           /* held-out batches are split over its ranks and the sums reduced (NULL: local) */
 } cli_task;
 
 typedef struct {

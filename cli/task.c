@@ -286,8 +286,13 @@ static cg_status eval_examples(cli_task *t, bool val, cg_graph *g, const cg_mode
     int64_t n = s2s ? cg_seq2seq_data_count(t->s2s, val) : cg_textcls_data_count(t->cls, val);
     double nats = 0;
     int64_t right = 0;
+    const int rank = cg_dist_rank(t->dist), ranks = cg_dist_size(t->dist);
     for (int64_t i = 0; i < n && o->batches < max_batches && !(stop && *stop); o->batches++) {
         int64_t scored = 0;
+        if (o->batches % ranks != rank) { /* another rank's batch */
+            i += t->batch;
+            continue;
+        }
         for (int64_t b = 0; b < t->batch; b++, i++) {
             const int32_t *src, *tgt;
             int64_t ns = 1, nt = 0;
@@ -325,6 +330,10 @@ static cg_status eval_examples(cli_task *t, bool val, cg_graph *g, const cg_mode
             }
         }
     }
+    double sums[3] = {nats, (double)o->items, (double)right};
+    cg_status st = cg_dist_sum(t->dist, sums, 3);
+    if (st) return st;
+    nats = sums[0], o->items = (int64_t)sums[1], right = (int64_t)sums[2];
     o->loss = o->items ? nats / (double)o->items : NAN;
     if (!s2s) o->accuracy = o->items ? (double)right / (double)o->items : NAN;
     return CG_OK;
@@ -341,13 +350,19 @@ cg_status cli_task_eval(cli_task *t, bool val, cg_graph *g, const cg_model_graph
     cg_rng r;
     cg_rng_seed(&r, t->eval_seed + (val ? 0 : 1));
     double sum = 0, mlm = 0, nsp = 0;
+    const int rank = cg_dist_rank(t->dist), ranks = cg_dist_size(t->dist);
     for (; o->batches < max_batches && !(stop && *stop); o->batches++) {
-        cg_status st = fill(t, val, &r, NULL, mg);
-        if (!st) st = cg_graph_forward(g);
+        cg_status st = fill(t, val, &r, NULL, mg); /* every rank draws every batch, to stay on one stream */
         if (st) return st;
+        if (o->batches % ranks != rank) continue;
+        if ((st = cg_graph_forward(g))) return st;
         sum += cg_item(mg->loss);
         if (mg->mlm_loss) mlm += cg_item(mg->mlm_loss), nsp += cg_item(mg->nsp_loss);
     }
+    double sums[3] = {sum, mlm, nsp};
+    cg_status st = cg_dist_sum(t->dist, sums, 3);
+    if (st) return st;
+    sum = sums[0], mlm = sums[1], nsp = sums[2];
     if (o->batches) {
         o->loss = sum / (double)o->batches;
         o->items = o->batches * t->batch * t->t;

@@ -30,6 +30,8 @@ typedef struct {
     /* run options: free to change on --resume */
     int64_t steps, eval_every, eval_batches, eval_exact, save_every, log_every, samples, threads;
     const char *checkpoint, *metrics, *plot;
+    int64_t bucket_kb, overlap; /* data-parallel runs (mpirun) */
+    double dist_timeout;
 } topts;
 
 typedef enum { T_STR, T_INT, T_NUM, T_U64 } otype;
@@ -80,7 +82,10 @@ static const optdef defs[] = {
     O("--metrics", T_STR, metrics, false, "metrics CSV (next to the checkpoint, else ./cgrad_metrics.csv)"),
     O("--plot", T_STR, plot, false, "loss-curve SVG (next to the metrics)"),
     O("--samples", T_INT, samples, false, "worked examples printed at the end (3)"),
-    O("--threads", T_INT, threads, false, "threads (CGRAD_THREADS or all cores)"),
+    O("--threads", T_INT, threads, false, "threads (CGRAD_THREADS or all cores; mpirun: cores / ranks here)"),
+    O("--bucket-kb", T_INT, bucket_kb, false, "mpirun: KiB of gradients per all-reduce bucket (1024)"),
+    O("--overlap", T_INT, overlap, false, "mpirun: 1 starts buckets while backward runs, 0 after it (1)"),
+    O("--dist-timeout", T_NUM, dist_timeout, false, "mpirun: seconds a rank waits for the others, then fails (300)"),
 };
 #define N_DEFS (int)(sizeof defs / sizeof defs[0])
 
@@ -90,7 +95,7 @@ enum {
     idx_heads, idx_dim, idx_ffn, idx_context, idx_batch, idx_grad_accum, idx_steps, idx_decay_steps, idx_lr,
     idx_min_lr, idx_warmup, idx_schedule, idx_beta1, idx_beta2, idx_eps, idx_weight_decay, idx_clip, idx_dropout,
     idx_seed, idx_eval_every, idx_eval_batches, idx_eval_exact, idx_checkpoint, idx_save_every, idx_log_every,
-    idx_metrics, idx_plot, idx_samples, idx_threads, idx_count
+    idx_metrics, idx_plot, idx_samples, idx_threads, idx_bucket_kb, idx_overlap, idx_dist_timeout, idx_count
 };
 _Static_assert(idx_count == N_DEFS, "the index list must follow defs[]");
 
@@ -178,6 +183,9 @@ static void defaults(topts *o, const bool *set) {
     D(plot, "");
     D(samples, 3);
     D(threads, 0);
+    D(bucket_kb, 1024);
+    D(overlap, 1);
+    D(dist_timeout, 300);
 #undef D
 }
 
@@ -195,6 +203,7 @@ static bool check_opts(const topts *o) {
         {!(o->dropout >= 0 && o->dropout < 1), "--dropout must be in [0, 1)"},
         {!(o->clip >= 0), "--clip must be >= 0"},
         {o->eval_every < 0 || o->eval_batches < 0 || o->save_every < 0 || o->log_every < 0, "--eval-every, --eval-batches, --save-every and --log-every must be >= 0"},
+        {o->bucket_kb < 1 || (o->overlap != 0 && o->overlap != 1) || !(o->dist_timeout > 0), "--bucket-kb must be >= 1, --overlap 0 or 1, --dist-timeout > 0"},
     };
     for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++)
         if (rules[i].bad) {
@@ -329,6 +338,10 @@ typedef struct {
     char metrics_path[4096], plot_path[4096];
     bool tty, bar_shown;
     double bar_drawn; /* when the progress bar was last redrawn */
+    cg_dist *d;       /* the ranks of an mpirun job (a world of one otherwise) */
+    int rank, world;
+    cg_dist_reducer *red;
+    uint64_t drop_step; /* dropout stream position at the start of the step, the same on every rank */
 } run;
 
 static const char *const arch_label[] = {"gpt2", "bert", "encdec", "classifier"};
@@ -380,6 +393,7 @@ static void add_str(cJSON *j, const char *k, const char *fmt, ...) {
 }
 
 static cg_status save(run *r) {
+    if (r->rank > 0) return CG_OK; /* every rank holds the same state; one writes it */
     cg_st_writer *w = cg_st_writer_new();
     if (!w) return cgi_fail(CG_ERR_NOMEM, "[train] out of memory");
     const int64_t span = cg_params_span(r->ps);
@@ -395,7 +409,8 @@ static cg_status save(run *r) {
     cJSON_AddNumberToObject(state, "cursor_epoch", (double)r->task.cur.epoch);
     cJSON_AddNumberToObject(state, "cursor_pos", (double)r->task.cur.pos);
     add_str(state, "dropout_seed", "%" PRIu64, r->dropout_seed);
-    add_str(state, "dropout_step", "%" PRIu64, cg_graph_rng_step(r->g));
+    add_str(state, "dropout_step", "%" PRIu64, r->drop_step);
+    cJSON_AddNumberToObject(state, "world_size", r->world); /* the data streams below are global: see shard_step */
     add_str(state, "eval_seed", "%" PRIu64, r->task.eval_seed);
     add_str(state, "elapsed_s", "%.17g", r->elapsed0 + (now_s() - r->t_start));
     add_str(state, "window_loss_sum", "%.17g", r->win_sum);
@@ -451,7 +466,8 @@ static cg_status restore(run *r, const cli_ckpt *ck, const char *path) {
     r->task.cur.pos = cli_json_i64(s, "cursor_pos", 0);
     r->dropout_seed = cli_json_u64(s, "dropout_seed", 0);
     r->task.eval_seed = cli_json_u64(s, "eval_seed", 0);
-    cg_graph_set_rng(r->g, r->dropout_seed, cli_json_u64(s, "dropout_step", 0));
+    r->drop_step = cli_json_u64(s, "dropout_step", 0);
+    cg_graph_set_rng(r->g, r->dropout_seed, r->drop_step);
     r->elapsed0 = cli_json_num(s, "elapsed_s", 0);
     r->win_sum = cli_json_num(s, "window_loss_sum", 0);
     r->win_n = cli_json_i64(s, "window_steps", 0);
@@ -546,7 +562,8 @@ static void log_eval(run *r, const cli_eval *e, double exact, int64_t tried) {
 /* Held-out evaluation; closes the training-loss window. */
 static void evaluate(run *r, bool final) {
     cli_eval e;
-    cg_status st = cli_task_eval(&r->task, true, r->ge, &r->mge, r->o.eval_batches, &interrupted, &e);
+    /* ranks must run the same collectives: a sharded evaluation always completes */
+    cg_status st = cli_task_eval(&r->task, true, r->ge, &r->mge, r->o.eval_batches, r->world > 1 ? NULL : &interrupted, &e);
     if (st) {
         clear_bar(r);
         fprintf(stderr, "cgrad train: evaluation failed: %s\n", cg_last_error());
@@ -555,7 +572,7 @@ static void evaluate(run *r, bool final) {
     if (interrupted) return; /* a cut-short evaluation is not a result */
     double exact = -1;
     int64_t tried = 0;
-    if (final && r->o.eval_exact > 0) exact = cli_task_exact(&r->task, r->model, r->o.eval_exact, &tried);
+    if (final && r->o.eval_exact > 0 && r->rank == 0) exact = cli_task_exact(&r->task, r->model, r->o.eval_exact, &tried);
     r->last_val = e.loss;
     if (r->win_n) r->last_train = r->win_sum / (double)r->win_n;
     log_eval(r, &e, exact, tried);
@@ -588,6 +605,59 @@ static void derive_paths(run *r, bool named_ckpt) {
         if (base > 8 && !strncmp(r->metrics_path + base - 8, "_metrics", 8)) base -= 8;
         snprintf(r->plot_path, sizeof r->plot_path, "%.*s_loss.svg", base, r->metrics_path);
     }
+}
+
+/* Threads per rank under mpirun when neither --threads nor CGRAD_THREADS says: the cores of this
+ * machine shared by the ranks on it, so 2 ranks on 2 cores run 1 thread each, not 2. */
+static void dist_threads(const run *r, const bool *set) {
+    if (r->world == 1 || set[idx_threads] || getenv("CGRAD_THREADS")) return;
+    const char *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    const long local = ls && atoi(ls) > 0 ? atoi(ls) : 1, cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int n = (int)(cores / local);
+    if (n < 1) n = 1;
+    if (n < cg_threads()) cg_set_threads(n);
+}
+
+/* Every rank must train the same model on the same data: compares each setting, the data
+ * checksums, the parameter count and values and the resumed position with rank 0's. */
+static cg_status dist_check(run *r) {
+    char v[96];
+    cg_status st = CG_OK;
+    for (int i = 0; i < N_DEFS && !st; i++) {
+        if (i == idx_threads || i == idx_metrics || i == idx_plot) continue; /* free per rank */
+        value_str(&r->o, i, v, sizeof v);
+        st = cg_dist_check(r->d, defs[i].flag, v);
+    }
+    const int64_t np = cg_params_numel(r->ps);
+    const uint32_t pcrc = (uint32_t)crc32(0L, (const Bytef *)cg_params_values(r->ps),
+                                          (uInt)(cg_params_span(r->ps) * (int64_t)sizeof(cg_real)));
+    struct { const char *what, *fmt; uint64_t a, b; } facts[] = {
+        {"--data checksum", "crc32 %08" PRIx64 ", %" PRIu64 " bytes", r->data_crc, (uint64_t)r->data_bytes},
+        {"--val-data checksum", "crc32 %08" PRIx64 "%.0" PRIu64, r->val_crc, 0},
+        {"parameter count", "%" PRIu64 "%.0" PRIu64, (uint64_t)np, 0},
+        {"parameter values", "crc32 %08" PRIx64 "%.0" PRIu64, pcrc, 0},
+        {"resumed step", "%" PRIu64 " (data rng %" PRIu64 ")", (uint64_t)r->step, r->task.rng.state ^ r->task.cur.rng.state},
+    };
+    for (size_t i = 0; i < sizeof facts / sizeof facts[0] && !st; i++) {
+        snprintf(v, sizeof v, facts[i].fmt, facts[i].a, facts[i].b);
+        st = cg_dist_check(r->d, facts[i].what, v);
+    }
+    return st;
+}
+
+/* One micro-batch on this rank. The data stream and the dropout stream are global: rank k of N
+ * takes draw m*N + k of the step, so N ranks x B rows see exactly the batches one process with
+ * --grad-accum N sees, and the saved positions are one position for all ranks. */
+static cg_status shard_step(run *r, int64_t m, double *loss) {
+    cg_status st = cg_dist_reducer_begin(r->red, m);
+    for (int k = 0; k < r->world && !st; k++) {
+        st = cli_task_train_batch(&r->task, &r->mg); /* other ranks' draws only advance the stream */
+        if (st || k != r->rank) continue;
+        cg_graph_set_rng(r->g, r->dropout_seed, r->drop_step + (uint64_t)(m * r->world + k));
+        if (!(st = cg_graph_forward(r->g))) st = cg_graph_backward(r->g, r->mg.loss);
+        *loss += cg_item(r->mg.loss);
+    }
+    return st;
 }
 
 int cmd_train(int argc, char **argv) {
@@ -634,39 +704,50 @@ int cmd_train(int argc, char **argv) {
     cli_ckpt ck;
     memset(&ck, 0, sizeof ck);
     int rc = 1;
+    bool all_failed = false; /* an error every rank saw, so none waits for another */
+    if (!(r.d = cg_dist_init(set[idx_dist_timeout] ? o.dist_timeout : 300))) return cli_fail("train", "cannot join the MPI job");
+    r.rank = cg_dist_rank(r.d), r.world = cg_dist_size(r.d);
+    if (r.rank > 0 && !freopen("/dev/null", "w", stdout)) { /* rank 0 reports for all; errors still reach stderr */
+        cg_dist_free(r.d);
+        return 1;
+    }
     if (resume) {
         if (cli_ckpt_load(resume, -1, &ck)) {
             fprintf(stderr, "cgrad train: cannot resume: %s\n", cg_last_error());
-            return 1;
+            goto done;
         }
-        if (!merge_saved(&o, set, ck.train, resume)) {
-            cli_ckpt_free(&ck);
-            return 1;
+        if (!merge_saved(&o, set, ck.train, resume)) goto done;
+        const int64_t saved_world = cli_json_i64(ck.state, "world_size", 1);
+        if (saved_world != r.world) {
+            /* the global batch and the data shards follow N: another N would be another run */
+            fprintf(stderr, "cgrad train: cannot resume: %s was trained on %lld rank%s (global batch %lld x %lld x %lld), "
+                            "this run has %d: start it with mpirun -n %lld\n", resume, (long long)saved_world,
+                    saved_world == 1 ? "" : "s", (long long)saved_world, (long long)cli_json_i64(ck.train, "batch", 0),
+                    (long long)cli_json_i64(ck.train, "grad_accum", 1), r.world, (long long)saved_world);
+            all_failed = true;
+            goto done;
         }
         if (!named_ckpt) o.checkpoint = resume, set[idx_checkpoint] = true;
     }
+    rc = 2;
     if (cg_arch_parse(o.arch, &r.arch)) {
         fprintf(stderr, "cgrad train: --arch %s: expected gpt2, bert, encdec or classifier\n", o.arch);
-        cli_ckpt_free(&ck);
-        return 2;
+        goto done;
     }
     defaults(&o, set);
-    if (!check_opts(&o)) {
-        cli_ckpt_free(&ck);
-        return 2;
-    }
+    if (!check_opts(&o)) goto done;
     if (*o.val_data && (r.arch == CG_ARCH_GPT2 || r.arch == CG_ARCH_BERT)) {
         fprintf(stderr, "cgrad train: --val-data is for encdec and classifier; %s holds out --val-fraction of --data\n", o.arch);
-        cli_ckpt_free(&ck);
-        return 2;
+        goto done;
     }
     if (!*o.data) {
         fprintf(stderr, "cgrad train: --arch %s needs --data FILE.tsv (one \"source<TAB>target\" pair a line)\n", o.arch);
-        cli_ckpt_free(&ck);
-        return 2;
+        goto done;
     }
+    rc = 1;
     r.o = o;
     if (o.threads > 0) cg_set_threads((int)o.threads);
+    dist_threads(&r, set);
     derive_paths(&r, named_ckpt || resume);
     r.tty = isatty(STDOUT_FILENO);
 
@@ -781,12 +862,24 @@ int cmd_train(int argc, char **argv) {
         fprintf(stderr, "cgrad train: cannot resume: %s\n", cg_last_error());
         goto done;
     }
+    if (!(r.red = cg_dist_reducer_new(r.d, r.ps, o.grad_accum, (size_t)o.bucket_kb << 10, o.overlap))) {
+        cli_fail("train", "cannot make the gradient reducer");
+        goto done;
+    }
+    cg_dist_reducer_attach(r.red, r.g);
+    r.task.dist = r.d;
+    if (r.world > 1 && dist_check(&r)) {
+        if (r.rank == 0) fprintf(stderr, "cgrad train: the ranks disagree: %s\n", cg_last_error());
+        all_failed = true;
+        goto done;
+    }
+    if (r.rank > 0) snprintf(r.metrics_path, sizeof r.metrics_path, "/dev/null");
     if (!(r.metrics = open_metrics(r.metrics_path, resume ? r.step : 0))) {
         fprintf(stderr, "cgrad train: cannot write %s: %s\n", r.metrics_path, strerror(errno));
         goto done;
     }
 
-    const int64_t tokens_per_step = o.batch * o.grad_accum * (r.arch == CG_ARCH_CLASSIFIER ? r.task.t : r.task.t + r.task.s);
+    const int64_t tokens_per_step = r.world * o.batch * o.grad_accum * (r.arch == CG_ARCH_CLASSIFIER ? r.task.t : r.task.t + r.task.s);
     {
         int64_t ntr = r.task.lm ? cg_lm_data_count(r.task.lm, false) : r.task.mlm ? cg_mlm_data_count(r.task.mlm, false)
                       : r.task.s2s ? cg_seq2seq_data_count(r.task.s2s, false) : cg_textcls_data_count(r.task.cls, false);
@@ -804,6 +897,10 @@ int cmd_train(int argc, char **argv) {
                "%d threads\n",
                (long long)o.steps, (long long)o.batch, (long long)o.grad_accum, o.lr, o.schedule, (long long)o.warmup,
                o.min_lr, o.weight_decay, o.clip, o.dropout, cg_threads());
+        if (r.world > 1)
+            printf("  %d ranks (MPI): global batch %d x %lld x %lld = %lld rows a step, %lld KiB buckets, overlap %s\n",
+                   r.world, r.world, (long long)o.batch, (long long)o.grad_accum, (long long)(r.world * o.batch * o.grad_accum),
+                   (long long)o.bucket_kb, o.overlap ? "on" : "off");
         printf("  checkpoint %s, metrics %s, plot %s\n", o.checkpoint, r.metrics_path, r.plot_path);
         fflush(stdout);
     }
@@ -831,15 +928,17 @@ int cmd_train(int argc, char **argv) {
     while (r.step < o.steps && !interrupted) {
         const double t0 = now_s(), lr = cg_schedule_lr(&r.sched, cg_optim_steps(r.opt));
         double loss = 0;
-        cg_params_zero_grad(r.ps);
-        for (int64_t a = 0; a < o.grad_accum && !st; a++) {
-            if (!(st = cli_task_train_batch(&r.task, &r.mg)) && !(st = cg_graph_forward(r.g)))
-                st = cg_graph_backward(r.g, r.mg.loss);
-            loss += cg_item(r.mg.loss);
-        }
+        for (int64_t a = 0; a < o.grad_accum && !st; a++) st = shard_step(&r, a, &loss);
+        /* the mean over every micro-batch of every rank; ranks stop together on a signal */
+        double agree[2] = {loss, interrupted ? 1 : 0};
+        if (!st) st = cg_dist_reducer_finish(r.red);
+        if (!st) st = cg_dist_sum(r.d, agree, 2);
         if (st) break;
-        loss /= (double)o.grad_accum;
-        if (o.grad_accum > 1) cg_grads_scale(r.ps, 1.0 / (double)o.grad_accum);
+        r.drop_step += (uint64_t)(r.world * o.grad_accum);
+        cg_graph_set_rng(r.g, r.dropout_seed, r.drop_step);
+        loss = agree[0] / (double)(r.world * o.grad_accum);
+        if (agree[1] > 0) interrupted = 1;
+        /* after the reduction every rank holds the same gradients, so the same norm and clip */
         if (o.clip > 0) cg_clip_grad_norm(r.ps, o.clip);
         if ((st = cg_optim_step(r.opt, lr))) break;
         r.step++;
@@ -869,16 +968,30 @@ int cmd_train(int argc, char **argv) {
         fprintf(r.metrics, "%lld,%.6g,%.9g,", (long long)r.step, lr, loss);
         if (!isnan(val)) fprintf(r.metrics, "%.9g", val);
         fprintf(r.metrics, ",%.1f,%.3f\n", tok_s, r.elapsed0 + now_s() - r.t_start);
+        if (r.world > 1 && o.log_every > 0 && r.step % o.log_every == 0) {
+            const cg_dist_stats ds = cg_dist_reducer_stats(r.red);
+            printf("  all-reduce: %lld buckets, %.2f MB a step; per step: buckets in flight %.1f ms (summed), waited after "
+                   "backward %.1f ms; %lld of %lld buckets started during backward\n", (long long)ds.buckets,
+                   (double)ds.bytes / 1e6, 1e3 * ds.comm_s / (double)ds.steps, 1e3 * ds.wait_s / (double)ds.steps,
+                   (long long)ds.early, (long long)(ds.steps * ds.buckets));
+        }
         if (o.save_every > 0 && r.step % o.save_every == 0 && r.step < o.steps) {
             if (save(&r)) {
                 clear_bar(&r);
                 fprintf(stderr, "cgrad train: cannot save: %s\n", cg_last_error());
             }
-            finish_files(&r);
+            if (r.rank == 0) finish_files(&r);
         }
     }
     sigaction(SIGINT, &old_sa, NULL);
     clear_bar(&r);
+    if (st && r.world > 1 && strstr(cg_last_error(), "[dist]")) {
+        /* a peer is gone or stuck: the last checkpoint on disk is the state to resume from */
+        fprintf(stderr, "cgrad train: rank %d of %d: %s; stopping at step %lld without saving (resume from %s)\n", r.rank,
+                r.world, cg_last_error(), (long long)r.step, o.checkpoint);
+        cg_dist_abort(r.d, 1);
+        goto done;
+    }
     if (st) {
         cli_fail("train", "training step failed");
         /* keep what was learned: the last good state is still worth a checkpoint */
@@ -891,16 +1004,18 @@ int cmd_train(int argc, char **argv) {
     } else printf("saved %s (step %lld)\n", o.checkpoint, (long long)r.step);
     fclose(r.metrics);
     r.metrics = NULL;
-    finish_files(&r);
+    if (r.rank == 0) finish_files(&r);
     if (interrupted) printf("interrupted at step %lld; continue with: cgrad train --resume %s\n", (long long)r.step,
                             o.checkpoint);
-    else if (!st) cli_task_show(stdout, &r.task, r.model, (int)o.samples, o.seed);
+    else if (!st && r.rank == 0) cli_task_show(stdout, &r.task, r.model, (int)o.samples, o.seed);
     const double train_loss = r.win_n ? r.win_sum / (double)r.win_n : r.last_train;
     printf("final step=%lld train_loss=%.4f val_loss=%.4f tokens_per_s=%.1f\n", (long long)r.step, train_loss, r.last_val,
            r.train_s > 0 ? (double)r.tokens_run / r.train_s : 0.0);
     fflush(stdout);
     rc = interrupted ? 130 : st ? 1 : 0;
 done:
+    if (rc && r.world > 1 && !all_failed) cg_dist_abort(r.d, rc); /* the others would wait for this rank */
+    cg_dist_reducer_free(r.red);
     if (r.metrics) fclose(r.metrics);
     cg_graph_free(r.g);
     cg_graph_free(r.ge);
@@ -911,5 +1026,6 @@ done:
     cg_tokenizer_free(r.tok);
     free(r.tok_json);
     cli_ckpt_free(&ck);
+    cg_dist_free(r.d);
     return rc;
 }

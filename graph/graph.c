@@ -154,6 +154,11 @@ void cg_graph_set_rng(cg_graph *g, uint64_t seed, uint64_t step) {
     g->step = step;
 }
 uint64_t cg_graph_rng_step(const cg_graph *g) { return g ? g->step : 0; }
+void cg_graph_on_grad_ready(cg_graph *g, cg_grad_ready_fn fn, void *ctx) {
+    if (!g) return;
+    g->ready_fn = fn;
+    g->ready_ctx = ctx;
+}
 int cg_graph_size(const cg_graph *g) { return g ? g->n : 0; }
 size_t cg_graph_bytes(const cg_graph *g) { return g ? g->meta.total + g->bufs.total : 0; }
 
@@ -414,6 +419,22 @@ bool cgi_grads_alias(const cg_tensor *a, const cg_tensor *b) {
     return offset_reachable(b->offset - a->offset, 0, nd, st, lo, hi, rlo, rhi, &budget);
 }
 
+static bool runs_backward(const cg_tensor *t) { return t->mark && t->requires_grad && cgi_ops[t->op].backward; }
+
+/* For each parameter, the smallest id among the nodes whose rules add to its gradient: the sweep
+ * runs in reverse, so that rule is the last, and the gradient is final once it has run. */
+static void ready_plan(cg_graph *g, cg_tensor *loss) {
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = pass ? loss->id : 0; pass ? i >= 0 : i <= loss->id; pass ? i-- : i++) {
+            cg_tensor *t = g->nodes[i];
+            if (!runs_backward(t)) continue;
+            for (int k = 0; k < t->nsrc; k++) {
+                cg_tensor *p = t->src[k]->root;
+                if (p->op == CGI_OP_PARAM && t->src[k]->requires_grad) p->ready_at = pass ? i : -1;
+            }
+        }
+}
+
 cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
     if (!g) return cgi_fail(CG_ERR_ARG, "[backward] graph is NULL");
     if (!loss) /* keep the message of the op that failed to build it, if there is one */
@@ -436,17 +457,26 @@ cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
         for (int k = 0; k < t->nsrc; k++)
             if (t->src[k]->requires_grad) t->src[k]->mark = true;
     }
+    if (g->ready_fn) ready_plan(g, loss);
     zero_once(g, loss);
     loss->grad[0] += 1;
     for (int i = loss->id; i >= 0; i--) {
         cg_tensor *t = g->nodes[i];
-        if (!t->mark || !t->requires_grad || !cgi_ops[t->op].backward) continue;
+        if (!runs_backward(t)) continue;
         for (int k = 0; k < t->nsrc; k++) /* a rule that claims src[0] zeroes it itself if it must */
             if (t->src[k]->requires_grad && !(k == 0 && (cgi_ops[t->op].bwd_grad & CGI_GRAD_CLAIMS_SRC0)))
                 zero_once(g, t->src[k]);
         double t0 = profiling() ? omp_get_wtime() : 0;
         cgi_ops[t->op].backward(t);
         if (t0 > 0) profile_node(t, 1, t0);
+        if (g->ready_fn)
+            for (int k = 0; k < t->nsrc; k++) {
+                cg_tensor *p = t->src[k]->root;
+                if (p->op == CGI_OP_PARAM && t->src[k]->requires_grad && p->ready_at == i) {
+                    p->ready_at = -1; /* once, even if this node reads it twice */
+                    g->ready_fn(p, g->ready_ctx);
+                }
+            }
     }
     /* Gradients the caller can read but that this loss does not reach (inputs it ignores, retained
      * nodes off its path, nodes built after it) hold the last pass's values or recycled memory

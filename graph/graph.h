@@ -97,6 +97,12 @@ cg_status cg_graph_forward(cg_graph *g);
 /* Accumulates d(loss)/d(p) into the gradient of every trainable parameter the scalar loss
  * depends on; requires-grad inputs and all other graph gradients are recomputed from zero. */
 cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss);
+/* Told during cg_graph_backward that param's gradient is final for this pass: the backward rule
+ * of every node reading it (directly or through views) has run. Runs on the calling thread. */
+typedef void (*cg_grad_ready_fn)(cg_tensor *param, void *ctx);
+/* Installs fn (NULL removes it): each trainable parameter the loss depends on is reported once per
+ * backward, in the order its gradient becomes final, so its reduction can start early. */
+void cg_graph_on_grad_ready(cg_graph *g, cg_grad_ready_fn fn, void *ctx);
 /* Sets the dropout stream: seed and step counter (each training forward advances the step). */
 void cg_graph_set_rng(cg_graph *g, uint64_t seed, uint64_t step);
 /* Current dropout step counter (to checkpoint it). */

@@ -62,6 +62,7 @@ struct cg_tensor {
     bool kept;         /* planned: the value is still there when forward (and backward) end */
     uint32_t grad_epoch; /* backward pass in which the gradient was last zeroed */
     bool grad_in_value;  /* planned: the gradient overwrites the value in place (no zeroing) */
+    int ready_at;        /* parameters, during a backward with a ready callback: id of the last rule adding to the gradient */
     int64_t shape[CG_MAX_DIMS];
     int64_t stride[CG_MAX_DIMS]; /* elements */
     int64_t offset;    /* elements from the start of root's storage */
@@ -107,6 +108,8 @@ struct cg_graph {
     void *block;       /* planned storage for values, gradients and scratch */
     size_t block_bytes;
     uint64_t seed, step;
+    cg_grad_ready_fn ready_fn; /* told as each parameter's gradient becomes final in backward */
+    void *ready_ctx;
 };
 
 /* Assigns storage to every value, gradient and scratch buffer of g by liveness (graph/plan.c). */

@@ -1,0 +1,411 @@
+/* Data parallelism over MPI: a world handle with bounded waits, and the gradient reducer that
+ * starts its buckets from the backward sweep. Built without MPI, the world has one rank. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "dist/dist.h"
+#include "graph/internal.h"
+#include "optim/optim.h"
+
+#ifdef CGRAD_MPI
+#include <mpi.h>
+#endif
+
+struct cg_dist {
+    int rank, size;
+    bool owns_mpi; /* cg_dist_init called MPI_Init, so cg_dist_free finalizes */
+    double timeout;
+#ifdef CGRAD_MPI
+    MPI_Comm comm;  /* control: checks, losses, barriers */
+    MPI_Comm gcomm; /* gradient buckets, so their order never mixes with control messages */
+#endif
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+bool cg_dist_built(void) {
+#ifdef CGRAD_MPI
+    return true;
+#else
+    return false;
+#endif
+}
+
+/* Open MPI's mpirun sets OMPI_COMM_WORLD_SIZE; PMIx and PMI launchers set their ranks. */
+bool cg_dist_launched(void) {
+    return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK");
+}
+
+cg_dist *cg_dist_init(double timeout_s) {
+    cg_dist *d = calloc(1, sizeof *d);
+    if (!d) {
+        cgi_fail(CG_ERR_NOMEM, "[dist] out of memory");
+        return NULL;
+    }
+    d->size = 1;
+    d->timeout = timeout_s > 0 ? timeout_s : 600;
+    if (!cg_dist_launched()) return d;
+#ifdef CGRAD_MPI
+    int inited = 0, provided = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+        /* FUNNELED: only the main thread calls MPI; OpenMP workers run the kernels. */
+        if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+            cgi_fail(CG_ERR_STATE, "[dist] MPI_Init_thread failed");
+            free(d);
+            return NULL;
+        }
+        d->owns_mpi = true;
+    }
+    MPI_Comm_dup(MPI_COMM_WORLD, &d->comm);
+    MPI_Comm_dup(MPI_COMM_WORLD, &d->gcomm);
+    /* Errors come back as codes, so a failure is reported with the rank and what it was doing. */
+    MPI_Comm_set_errhandler(d->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(d->gcomm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(d->comm, &d->rank);
+    MPI_Comm_size(d->comm, &d->size);
+#else
+    const char *n = getenv("OMPI_COMM_WORLD_SIZE");
+    if (n && atoi(n) > 1) {
+        cgi_fail(CG_ERR_STATE, "[dist] started by mpirun with %s ranks, but this cgrad was built without MPI "
+                               "(install libopenmpi-dev and rebuild with -DCGRAD_MPI=ON)", n);
+        free(d);
+        return NULL;
+    }
+#endif
+    return d;
+}
+
+void cg_dist_free(cg_dist *d) {
+    if (!d) return;
+#ifdef CGRAD_MPI
+    if (d->size > 1 || d->owns_mpi) {
+        MPI_Comm_free(&d->comm);
+        MPI_Comm_free(&d->gcomm);
+    }
+    if (d->owns_mpi) MPI_Finalize();
+#endif
+    free(d);
+}
+
+int cg_dist_rank(const cg_dist *d) { return d ? d->rank : 0; }
+int cg_dist_size(const cg_dist *d) { return d ? d->size : 1; }
+
+void cg_dist_abort(cg_dist *d, int code) {
+#ifdef CGRAD_MPI
+    if (d && d->size > 1) {
+        fflush(stdout);
+        fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, code);
+    }
+#else
+    (void)d, (void)code;
+#endif
+}
+
+#ifdef CGRAD_MPI
+static cg_status mpi_fail(const cg_dist *d, int rc, const char *what) {
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    return cgi_fail(CG_ERR_IO, "[dist] rank %d: %s failed: %s", d->rank, what, msg);
+}
+
+/* Waits for n requests, polling so that a rank that died or hangs becomes an error after the
+ * timeout instead of a hang. done_at (may be NULL) gets each request's completion time. */
+static cg_status wait_all(const cg_dist *d, int n, MPI_Request *req, double *done_at, const char *what) {
+    const double t0 = now_s();
+    int *idx = done_at ? malloc((size_t)n * sizeof *idx) : NULL;
+    for (long spins = 0;; spins++) {
+        int flag = 0, rc;
+        if (done_at && idx) {
+            int k = 0;
+            rc = MPI_Testsome(n, req, &k, idx, MPI_STATUSES_IGNORE);
+            const double t = now_s();
+            for (int i = 0; rc == MPI_SUCCESS && k != MPI_UNDEFINED && i < k; i++) done_at[idx[i]] = t;
+            flag = k == MPI_UNDEFINED; /* every request is MPI_REQUEST_NULL now */
+        } else rc = MPI_Testall(n, req, &flag, MPI_STATUSES_IGNORE);
+        if (rc != MPI_SUCCESS) {
+            free(idx);
+            return mpi_fail(d, rc, what);
+        }
+        if (flag) break;
+        if (now_s() - t0 > d->timeout) {
+            free(idx);
+            return cgi_fail(CG_ERR_IO, "[dist] rank %d: no answer from the other ranks for %.0f s in %s: a rank has "
+                                       "died or hangs", d->rank, d->timeout, what);
+        }
+        if (spins > 2000) { /* past the first few ms, yield the core to the kernels of the other ranks */
+            struct timespec ts = {0, 50000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    free(idx);
+    return CG_OK;
+}
+#endif
+
+cg_status cg_dist_bcast(cg_dist *d, void *buf, size_t bytes) {
+    if (!d || d->size == 1) return CG_OK;
+#ifdef CGRAD_MPI
+    MPI_Request req;
+    int rc = MPI_Ibcast(buf, (int)bytes, MPI_BYTE, 0, d->comm, &req);
+    return rc != MPI_SUCCESS ? mpi_fail(d, rc, "broadcast") : wait_all(d, 1, &req, NULL, "a broadcast");
+#else
+    (void)buf, (void)bytes;
+    return CG_OK;
+#endif
+}
+
+cg_status cg_dist_sum(cg_dist *d, double *x, int n) {
+    if (!d || d->size == 1) return CG_OK;
+#ifdef CGRAD_MPI
+    MPI_Request req;
+    int rc = MPI_Iallreduce(MPI_IN_PLACE, x, n, MPI_DOUBLE, MPI_SUM, d->comm, &req);
+    return rc != MPI_SUCCESS ? mpi_fail(d, rc, "all-reduce") : wait_all(d, 1, &req, NULL, "an all-reduce");
+#else
+    (void)x, (void)n;
+    return CG_OK;
+#endif
+}
+
+cg_status cg_dist_barrier(cg_dist *d) {
+    if (!d || d->size == 1) return CG_OK;
+#ifdef CGRAD_MPI
+    MPI_Request req;
+    int rc = MPI_Ibarrier(d->comm, &req);
+    return rc != MPI_SUCCESS ? mpi_fail(d, rc, "barrier") : wait_all(d, 1, &req, NULL, "a barrier");
+#else
+    return CG_OK;
+#endif
+}
+
+#ifdef CGRAD_MPI
+/* Rank root's string, broadcast to all (length first); the caller frees it. */
+static cg_status bcast_str(cg_dist *d, int root, const char *mine, char **out) {
+    double len = d->rank == root ? (double)strlen(mine) + 1 : 0;
+    MPI_Request req;
+    int rc = MPI_Ibcast(&len, 1, MPI_DOUBLE, root, d->comm, &req);
+    cg_status st = rc != MPI_SUCCESS ? mpi_fail(d, rc, "broadcast") : wait_all(d, 1, &req, NULL, "a broadcast");
+    if (st) return st;
+    char *s = malloc((size_t)len);
+    if (!s) return cgi_fail(CG_ERR_NOMEM, "[dist] out of memory");
+    if (d->rank == root) memcpy(s, mine, (size_t)len);
+    rc = MPI_Ibcast(s, (int)len, MPI_CHAR, root, d->comm, &req);
+    st = rc != MPI_SUCCESS ? mpi_fail(d, rc, "broadcast") : wait_all(d, 1, &req, NULL, "a broadcast");
+    if (st) {
+        free(s);
+        return st;
+    }
+    *out = s;
+    return CG_OK;
+}
+#endif
+
+cg_status cg_dist_check(cg_dist *d, const char *what, const char *value) {
+    if (!d || d->size == 1) return CG_OK;
+#ifdef CGRAD_MPI
+    char *ref = NULL, *theirs = NULL;
+    cg_status st = bcast_str(d, 0, value, &ref);
+    if (st) return st;
+    double bad = strcmp(ref, value) ? d->rank : d->size;
+    MPI_Request req;
+    int rc = MPI_Iallreduce(MPI_IN_PLACE, &bad, 1, MPI_DOUBLE, MPI_MIN, d->comm, &req);
+    st = rc != MPI_SUCCESS ? mpi_fail(d, rc, "all-reduce") : wait_all(d, 1, &req, NULL, "a settings check");
+    if (!st && bad < d->size) {
+        st = bcast_str(d, (int)bad, value, &theirs);
+        if (!st)
+            st = cgi_fail(CG_ERR_STATE, "[dist] %s differs: rank %d has '%s', rank 0 has '%s'", what, (int)bad, theirs, ref);
+    }
+    free(ref);
+    free(theirs);
+    return st;
+#else
+    (void)what, (void)value;
+    return CG_OK;
+#endif
+}
+
+/* ---- the reducer ---- */
+
+typedef struct {
+    int64_t lo, hi; /* elements of the gradient block */
+    int params;     /* parameters whose gradient lands here */
+    int pending;    /* of them, not yet final in this backward */
+    double start;   /* when its all-reduce started */
+} bucket;
+
+struct cg_dist_reducer {
+    cg_dist *d;
+    cg_params *ps;
+    cg_graph *g;
+    int64_t micro, m, span;
+    bool overlap;
+    cg_real *acc; /* earlier micro-batches' gradients, summed in order */
+    bucket *b;
+    int nb, next; /* buckets, and the next to start (they start in index order on every rank) */
+    double *done_at, first_start;
+    cg_dist_stats st;
+#ifdef CGRAD_MPI
+    MPI_Request *req;
+#endif
+};
+
+/* Offset of a parameter's gradient in the block. */
+static int64_t grad_off(cg_dist_reducer *r, const cg_tensor *p) { return p->grad - cg_params_grads(r->ps); }
+
+cg_dist_reducer *cg_dist_reducer_new(cg_dist *d, cg_params *ps, int64_t micro, size_t bucket_bytes, bool overlap) {
+    if (!ps || micro < 1) {
+        cgi_fail(CG_ERR_ARG, "[dist] reducer needs parameters and micro >= 1, got %lld", (long long)micro);
+        return NULL;
+    }
+    cg_dist_reducer *r = calloc(1, sizeof *r);
+    if (!r) goto nomem;
+    r->d = d, r->ps = ps, r->micro = micro, r->overlap = overlap;
+    r->span = cg_params_span(ps);
+    if (!bucket_bytes) bucket_bytes = 1 << 20;
+    const int n = cg_params_count(ps);
+    /* Buckets of consecutive parameters from the last one back: backward finishes the last layers
+     * first, so bucket 0 is ready earliest. Each is a contiguous range, reduced in place. */
+    r->b = calloc((size_t)(n > 0 ? n : 1), sizeof *r->b);
+    if (!r->b) goto nomem;
+    int64_t hi = r->span;
+    for (int i = n - 1; i >= 0;) {
+        bucket *bk = &r->b[r->nb++];
+        bk->hi = hi;
+        size_t bytes = 0;
+        for (; i >= 0 && (bytes == 0 || bytes < bucket_bytes); i--) {
+            const cg_tensor *p = cg_params_at(ps, i);
+            bk->lo = grad_off(r, p);
+            bytes = (size_t)(bk->hi - bk->lo) * sizeof(cg_real);
+            bk->params += cg_param_trainable(p);
+        }
+        hi = bk->lo;
+    }
+    r->done_at = calloc((size_t)(r->nb ? r->nb : 1), sizeof *r->done_at);
+    if (!r->done_at) goto nomem;
+    if (micro > 1 && !(r->acc = aligned_alloc(CGI_ALIGN, (size_t)((r->span * (int64_t)sizeof(cg_real) + CGI_ALIGN - 1) /
+                                                                  CGI_ALIGN * CGI_ALIGN))))
+        goto nomem;
+#ifdef CGRAD_MPI
+    if (!(r->req = malloc((size_t)(r->nb ? r->nb : 1) * sizeof *r->req))) goto nomem;
+    for (int k = 0; k < r->nb; k++) r->req[k] = MPI_REQUEST_NULL;
+#endif
+    r->st.buckets = cg_dist_size(d) > 1 ? r->nb : 0;
+    r->st.bytes = cg_dist_size(d) > 1 ? r->span * (int64_t)sizeof(cg_real) : 0;
+    return r;
+nomem:
+    cg_dist_reducer_free(r);
+    cgi_fail(CG_ERR_NOMEM, "[dist] out of memory for the reducer");
+    return NULL;
+}
+
+void cg_dist_reducer_free(cg_dist_reducer *r) {
+    if (!r) return;
+    if (r->g) cg_graph_on_grad_ready(r->g, NULL, NULL);
+    free(r->b);
+    free(r->done_at);
+    free(r->acc);
+#ifdef CGRAD_MPI
+    free(r->req);
+#endif
+    free(r);
+}
+
+/* Starts bucket k: adds the earlier micro-batches into it, then the in-place all-reduce. */
+static cg_status start(cg_dist_reducer *r, int k) {
+    bucket *bk = &r->b[k];
+    cg_real *gr = cg_params_grads(r->ps);
+    if (r->acc) /* g_last + acc: addition commutes, so this is the in-order sum */
+        for (int64_t i = bk->lo; i < bk->hi; i++) gr[i] += r->acc[i];
+    bk->start = now_s();
+    if (k == 0) r->first_start = bk->start;
+#ifdef CGRAD_MPI
+    const int rc = MPI_Iallreduce(MPI_IN_PLACE, gr + bk->lo, (int)(bk->hi - bk->lo),
+                                  sizeof(cg_real) == sizeof(float) ? MPI_FLOAT : MPI_DOUBLE, MPI_SUM, r->d->gcomm, &r->req[k]);
+    if (rc != MPI_SUCCESS) return mpi_fail(r->d, rc, "gradient all-reduce");
+#endif
+    return CG_OK;
+}
+
+static void on_ready(cg_tensor *p, void *ctx) {
+    cg_dist_reducer *r = ctx;
+    if (r->m != r->micro - 1) return; /* earlier micro-batches only accumulate */
+    const int64_t off = grad_off(r, p);
+    int lo = 0, hi = r->nb - 1; /* buckets run backwards through the block */
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (r->b[mid].lo > off) lo = mid + 1;
+        else hi = mid;
+    }
+    if (r->b[lo].pending > 0) r->b[lo].pending--;
+    while (r->next < r->nb && r->b[r->next].pending == 0) {
+        if (start(r, r->next)) return; /* finish reports it: the request stays null */
+        r->next++, r->st.early++;
+    }
+#ifdef CGRAD_MPI
+    if (r->next > 0) { /* libnbc moves only inside MPI calls: give it a turn */
+        int k = 0, idx[64];
+        MPI_Testsome(r->next < 64 ? r->next : 64, r->req, &k, idx, MPI_STATUSES_IGNORE);
+        const double t = now_s();
+        for (int i = 0; k != MPI_UNDEFINED && i < k; i++) r->done_at[idx[i]] = t;
+    }
+#endif
+}
+
+void cg_dist_reducer_attach(cg_dist_reducer *r, cg_graph *g) {
+    if (!r || !g) return;
+    r->g = g;
+    if (r->overlap && cg_dist_size(r->d) > 1) cg_graph_on_grad_ready(g, on_ready, r);
+}
+
+cg_status cg_dist_reducer_begin(cg_dist_reducer *r, int64_t m) {
+    if (!r || m < 0 || m >= r->micro) return cgi_fail(CG_ERR_ARG, "[dist] micro-batch %lld of %lld", (long long)m,
+                                                      r ? (long long)r->micro : 0LL);
+    cg_real *gr = cg_params_grads(r->ps);
+    if (m == 1) memcpy(r->acc, gr, (size_t)r->span * sizeof(cg_real));
+    else if (m > 1)
+        for (int64_t i = 0; i < r->span; i++) r->acc[i] += gr[i];
+    cg_params_zero_grad(r->ps);
+    r->m = m;
+    if (m == r->micro - 1) {
+        for (int k = 0; k < r->nb; k++) r->b[k].pending = r->b[k].params, r->done_at[k] = 0;
+        r->next = 0;
+    }
+    return CG_OK;
+}
+
+cg_status cg_dist_reducer_finish(cg_dist_reducer *r) {
+    if (!r) return cgi_fail(CG_ERR_ARG, "[dist] reducer is NULL");
+    const double t_end = now_s();
+    cg_status st = CG_OK;
+    if (cg_dist_size(r->d) == 1) {
+        if (r->acc)
+            for (int64_t i = 0; i < r->span; i++) cg_params_grads(r->ps)[i] += r->acc[i];
+    } else {
+        if (r->next > 0) r->st.backward_s += t_end - r->first_start;
+        while (!st && r->next < r->nb) st = start(r, r->next++);
+#ifdef CGRAD_MPI
+        if (!st) st = wait_all(r->d, r->nb, r->req, r->done_at, "the gradient all-reduce");
+#endif
+        r->st.wait_s += now_s() - t_end;
+        for (int k = 0; k < r->nb; k++) r->st.comm_s += (r->done_at[k] > 0 ? r->done_at[k] : now_s()) - r->b[k].start;
+    }
+    if (st) return st;
+    const int64_t n = r->micro * cg_dist_size(r->d);
+    if (n > 1) cg_grads_scale(r->ps, 1.0 / (double)n);
+    r->st.steps++;
+    return CG_OK;
+}
+
+cg_dist_stats cg_dist_reducer_stats(const cg_dist_reducer *r) {
+    cg_dist_stats s;
+    memset(&s, 0, sizeof s);
+    return r ? r->st : s;
+}
