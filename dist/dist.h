@@ -19,7 +19,11 @@
 #ifndef CGRAD_DIST_H
 #define CGRAD_DIST_H
 
-#include "graph/graph.h"
+#include "../graph/graph.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 typedef struct cg_dist cg_dist;
 typedef struct cg_dist_reducer cg_dist_reducer;
@@ -78,5 +82,9 @@ cg_status cg_dist_reducer_begin(cg_dist_reducer *r, int64_t m);
 cg_status cg_dist_reducer_finish(cg_dist_reducer *r);
 /* Timings and sizes so far. */
 cg_dist_stats cg_dist_reducer_stats(const cg_dist_reducer *r);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif
