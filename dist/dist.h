@@ -25,7 +25,9 @@
 extern "C" {
 #endif
 
+/* The ranks of an MPI job (or a world of one): opaque, from cg_dist_init. */
 typedef struct cg_dist cg_dist;
+/* Sums gradients over micro-batches and ranks: opaque, from cg_dist_reducer_new. */
 typedef struct cg_dist_reducer cg_dist_reducer;
 
 /* True when the library was built with MPI. */
@@ -56,6 +58,7 @@ cg_status cg_dist_barrier(cg_dist *d);
 
 /* ---- gradient averaging ---- */
 
+/* What the reducer did so far (cg_dist_reducer_stats). */
 typedef struct {
     int64_t steps;      /* finished reductions */
     int64_t buckets;    /* buckets per step */
