@@ -1,4 +1,5 @@
-/* Views (reshape, permute, slice, detach) and the two ops that copy: contiguous and concat.
+/* Views (reshape, permute, slice, detach, squeeze, unsqueeze) and the ops that copy: contiguous,
+ * concat (and stack through it), pad.
  * A view shares its root's value and gradient storage, so its backward is nothing: gradients
  * written through it land in the root's gradient directly. */
 #include "graph/internal.h"
@@ -246,3 +247,95 @@ cg_status cgi_fwd_append_into(cg_tensor *t) {
 }
 
 void cgi_bwd_append_into(cg_tensor *t) { (void)t; /* refused at build: nothing requires a gradient */ }
+
+/* ---- squeeze, unsqueeze: views that drop or add an axis of size 1, any strides; stack ---- */
+
+cg_tensor *cg_unsqueeze(cg_graph *g, cg_tensor *x, int axis) {
+    if (!cgi_inputs_ok(g, "unsqueeze", 1, &x)) return NULL;
+    const int a = axis < 0 ? axis + x->ndim + 1 : axis;
+    if (a < 0 || a > x->ndim || x->ndim >= CG_MAX_DIMS) {
+        cgi_fail(CG_ERR_SHAPE, "[unsqueeze] x%s: axis %d is not in [%d, %d] or the result has over %d dims",
+                 cgi_shp(x), axis, -x->ndim - 1, x->ndim, CG_MAX_DIMS);
+        return NULL;
+    }
+    int64_t s[CG_MAX_DIMS], st[CG_MAX_DIMS];
+    for (int d = 0, k = 0; d <= x->ndim; d++) {
+        if (d == a) { /* any stride serves a size-1 axis: the next one's keeps it contiguous-looking */
+            s[d] = 1;
+            st[d] = a < x->ndim ? x->stride[a] * x->shape[a] : 1;
+        } else s[d] = x->shape[k], st[d] = x->stride[k], k++;
+    }
+    return cgi_view(g, CGI_OP_RESHAPE, x, x->ndim + 1, s, st, x->offset);
+}
+
+cg_tensor *cg_squeeze(cg_graph *g, cg_tensor *x, int axis) {
+    if (!cgi_inputs_ok(g, "squeeze", 1, &x)) return NULL;
+    const int a = cgi_axis("squeeze", x, axis);
+    if (a < 0) return NULL;
+    if (x->shape[a] != 1) {
+        cgi_fail(CG_ERR_SHAPE, "[squeeze] x%s: axis %d has size %lld, not 1", cgi_shp(x), axis, (long long)x->shape[a]);
+        return NULL;
+    }
+    int64_t s[CG_MAX_DIMS], st[CG_MAX_DIMS];
+    for (int d = 0, k = 0; d < x->ndim; d++)
+        if (d != a) s[k] = x->shape[d], st[k] = x->stride[d], k++;
+    return cgi_view(g, CGI_OP_RESHAPE, x, x->ndim - 1, s, st, x->offset);
+}
+
+cg_tensor *cg_stack(cg_graph *g, int n, cg_tensor *const *xs, int axis) {
+    if (n <= 0 || !xs || n > 4096) {
+        cgi_fail(CG_ERR_ARG, "[stack] need 1 to 4096 inputs, got %d", n);
+        return NULL;
+    }
+    if (!cgi_inputs_ok(g, "stack", n, xs)) return NULL;
+    for (int i = 1; i < n; i++) {
+        bool same = xs[i]->ndim == xs[0]->ndim;
+        for (int d = 0; same && d < xs[0]->ndim; d++) same = xs[i]->shape[d] == xs[0]->shape[d];
+        if (!same) {
+            cgi_fail(CG_ERR_SHAPE, "[stack] input %d%s differs from input 0%s", i, cgi_shp(xs[i]), cgi_shp(xs[0]));
+            return NULL;
+        }
+    }
+    cg_tensor *u[4096];
+    for (int i = 0; i < n; i++)
+        if (!(u[i] = cg_unsqueeze(g, xs[i], axis))) return NULL;
+    return cg_concat(g, n, u, axis < 0 ? axis + xs[0]->ndim + 1 : axis);
+}
+
+/* ---- pad: a constant border; iarg[0] = where x's first element lands in the output ---- */
+
+cg_tensor *cg_pad(cg_graph *g, cg_tensor *x, const int64_t *before, const int64_t *after, double value) {
+    if (!cgi_inputs_ok(g, "pad", 1, &x) || !cgi_expect_real("pad", x, "x")) return NULL;
+    int64_t s[CG_MAX_DIMS];
+    for (int d = 0; d < x->ndim; d++) {
+        const int64_t lo = before ? before[d] : 0, hi = after ? after[d] : 0;
+        if (lo < 0 || hi < 0) {
+            cgi_fail(CG_ERR_SHAPE, "[pad] x%s axis %d: pads %lld and %lld must be >= 0 (slice to crop)", cgi_shp(x), d,
+                     (long long)lo, (long long)hi);
+            return NULL;
+        }
+        s[d] = x->shape[d] + lo + hi;
+    }
+    cg_tensor *t = cgi_node(g, CGI_OP_PAD, CG_REAL, x->ndim, s, 1, &x);
+    if (!t) return NULL;
+    int64_t off = 0;
+    for (int d = 0; d < x->ndim; d++) off += (before ? before[d] : 0) * t->stride[d];
+    t->iarg[0] = off;
+    t->farg[0] = value;
+    return t;
+}
+
+cg_status cgi_fwd_pad(cg_tensor *t) {
+    cg_tensor *x = t->src[0];
+    cg_real *y = t->data;
+    const cg_real v = (cg_real)t->farg[0];
+    const int64_t n = cgi_numel(t->ndim, t->shape);
+    for (int64_t i = 0; i < n; i++) y[i] = v;
+    cgi_copy(y + t->iarg[0], t->stride, x->data, x->stride, x->ndim, x->shape, 1.0, false);
+    return CG_OK;
+}
+
+void cgi_bwd_pad(cg_tensor *t) {
+    cg_tensor *x = t->src[0];
+    if (x->requires_grad) cgi_copy(x->grad, x->stride, t->grad + t->iarg[0], t->stride, x->ndim, x->shape, 1.0, true);
+}

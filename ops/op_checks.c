@@ -142,6 +142,19 @@ static cg_tensor *sum_view(ctx *c) { return cg_sum(G, T(X2(4, 3)), 1, false); }
 static cg_tensor *sum_all(ctx *c) { return cg_sum_all(G, T(X2(4, 3))); }
 static cg_tensor *mean1(ctx *c) { return cg_mean(G, X3(2, 3, 4), 1, false); }
 static cg_tensor *mean_all(ctx *c) { return cg_mean_all(G, X3(2, 3, 4)); }
+static cg_tensor *max_axis(ctx *c) { return cg_max(G, X3(2, 3, 4), 1, false); }
+static cg_tensor *max_view(ctx *c) { return cg_max(G, T(X2(4, 3)), -1, true); }
+static cg_tensor *min_axis(ctx *c) { return cg_min(G, X3(2, 3, 4), -1, true); }
+static cg_tensor *argmax_(ctx *c) { /* gather(x, argmax(x)) is max(x): the indices steer the gradient */
+    cg_tensor *x = X3(2, 5, 3);
+    return cg_gather(G, x, 1, cg_argmax(G, x, 1, true));
+}
+static cg_tensor *lse_axis(ctx *c) { return cg_logsumexp(G, leaf(c, -3, 3, false, 3, 2, 3, 4, 0), 1, false); }
+static cg_tensor *lse_view(ctx *c) { return cg_logsumexp(G, T(X2(5, 3)), -1, true); }
+static cg_tensor *var_axis(ctx *c) { return cg_var(G, X3(2, 3, 4), 1, false, 1); }
+static cg_tensor *var_pop(ctx *c) { return cg_var(G, T(X2(5, 3)), -1, true, 0); }
+static cg_tensor *norm_axis(ctx *c) { return cg_norm(G, X3(2, 3, 4), 0, true); }
+static cg_tensor *norm_view(ctx *c) { return cg_norm(G, T(X2(5, 3)), 1, false); }
 /* movement */
 static cg_tensor *reshape_(ctx *c) { int64_t s[2] = {4, -1}; return cg_reshape(G, X3(2, 3, 4), 2, s); }
 static cg_tensor *reshape_copy(ctx *c) { int64_t s[1] = {12}; return cg_reshape(G, T(X2(4, 3)), 1, s); }
@@ -161,6 +174,20 @@ static cg_tensor *concat_(ctx *c) {
     return cg_concat(G, 3, xs, 1);
 }
 static cg_tensor *concat0(ctx *c) { cg_tensor *xs[2] = {X2(2, 3), X2(1, 3)}; return cg_concat(G, 2, xs, 0); }
+static cg_tensor *unsqueeze_(ctx *c) { return cg_mul(G, cg_unsqueeze(G, X2(3, 4), 1), X3(3, 2, 4)); }
+static cg_tensor *squeeze_(ctx *c) { return cg_tanh(G, cg_squeeze(G, cg_transpose(G, X3(4, 1, 3), 0, 2), 1)); }
+static cg_tensor *stack_(ctx *c) { cg_tensor *xs[3] = {X2(2, 3), T(X2(3, 2)), X2(2, 3)}; return cg_stack(G, 3, xs, 1); }
+static cg_tensor *stack_last(ctx *c) { cg_tensor *xs[2] = {X2(2, 3), X2(2, 3)}; return cg_stack(G, 2, xs, -1); }
+static cg_tensor *pad_(ctx *c) { return cg_pad(G, X3(2, 3, 4), (int64_t[]){0, 1, 2}, (int64_t[]){1, 0, 3}, -0.5); }
+static cg_tensor *pad_view(ctx *c) { return cg_pad(G, T(X2(4, 3)), NULL, (int64_t[]){2, 1}, 0); }
+static cg_tensor *index_select0(ctx *c) {
+    cg_tensor *ix = ids(c, 0, 4, 1, 6, 0);
+    cg_idata(ix)[5] = cg_idata(ix)[0]; /* a repeated index adds up */
+    return cg_index_select(G, X2(4, 3), 0, ix);
+}
+static cg_tensor *index_select_mid(ctx *c) { return cg_index_select(G, cg_transpose(G, X3(2, 4, 5), 1, 2), 1, ids(c, 0, 5, 1, 7, 0)); }
+static cg_tensor *gather1(ctx *c) { return cg_gather(G, X2(3, 5), 1, ids(c, 0, 5, 2, 3, 7)); }
+static cg_tensor *gather0(ctx *c) { return cg_gather(G, T(X2(3, 4)), 0, ids(c, 0, 4, 2, 6, 3)); }
 /* matrix products */
 static cg_tensor *mm_2d(ctx *c) { return cg_matmul(G, X2(3, 4), X2(4, 5)); }
 static cg_tensor *mm_batched(ctx *c) { return cg_matmul(G, X3(2, 3, 4), X3(2, 4, 5)); }
@@ -175,6 +202,9 @@ static cg_tensor *linear_view(ctx *c) { return cg_linear(G, T(X2(4, 3)), T(X2(4,
 /* softmax family */
 static cg_tensor *softmax_(ctx *c) { return cg_softmax(G, leaf(c, -2, 2, false, 2, 3, 6, 0, 0)); }
 static cg_tensor *softmax_view(ctx *c) { return cg_softmax(G, cg_transpose(G, X3(2, 5, 3), 1, 2)); }
+static cg_tensor *softmax_axis0(ctx *c) { return cg_softmax_axis(G, leaf(c, -2, 2, false, 3, 4, 2, 3, 0), 0); }
+static cg_tensor *softmax_axis1(ctx *c) { return cg_softmax_axis(G, cg_transpose(G, X3(2, 5, 3), 0, 2), 1); }
+static cg_tensor *log_softmax_axis(ctx *c) { return cg_log_softmax_axis(G, leaf(c, -2, 2, false, 3, 2, 5, 3, 0), -2); }
 static cg_tensor *log_softmax_(ctx *c) { return cg_log_softmax(G, leaf(c, -2, 2, false, 2, 3, 6, 0, 0)); }
 static cg_tensor *log_softmax_view(ctx *c) { return cg_log_softmax(G, cg_transpose(G, X3(2, 5, 3), 1, 2)); }
 static cg_tensor *msm_causal(ctx *c) { return cg_masked_softmax(G, X4(2, 2, 4, 4), 0.5, NULL, true, NULL); }
@@ -287,7 +317,27 @@ static const check_case cases[] = {
     {"sum", "[4,3]^T all", sum_all},
     {"mean", "[2,3,4] axis 1", mean1},
     {"mean", "[2,3,4] all", mean_all},
+    {"max", "[2,3,4] axis 1", max_axis},
+    {"max", "[4,3]^T axis -1 keepdim", max_view},
+    {"min", "[2,3,4] axis -1 keepdim", min_axis},
+    {"argmax", "gather([2,5,3], 1, argmax)", argmax_},
+    {"logsumexp", "[2,3,4] axis 1", lse_axis},
+    {"logsumexp", "[5,3]^T axis -1 keepdim", lse_view},
+    {"var", "[2,3,4] axis 1 unbiased", var_axis},
+    {"var", "[5,3]^T axis -1 keepdim population", var_pop},
+    {"norm", "[2,3,4] axis 0 keepdim", norm_axis},
+    {"norm", "[5,3]^T axis 1", norm_view},
     {"reshape", "[2,3,4] -> [4,-1]", reshape_},
+    {"reshape", "unsqueeze [3,4] at 1", unsqueeze_},
+    {"reshape", "squeeze [3,1,4]^T axis 1", squeeze_},
+    {"concat", "stack [2,3] [3,2]^T [2,3] axis 1", stack_},
+    {"concat", "stack [2,3] [2,3] axis -1", stack_last},
+    {"pad", "[2,3,4] (0,1)(1,0)(2,3) value -0.5", pad_},
+    {"pad", "[4,3]^T after (2,1)", pad_view},
+    {"index_select", "[4,3] axis 0 index[6] repeats", index_select0},
+    {"index_select", "[2,5,4] 1<->2 axis 1 index[7]", index_select_mid},
+    {"gather", "[3,5] axis 1 index[3,7]", gather1},
+    {"gather", "[4,3]^T axis 0 index[6,3]", gather0},
     {"reshape", "[4,3]^T -> [12] (copies)", reshape_copy},
     {"permute", "transpose [2,3,4] 0<->2", transpose_},
     {"permute", "[2,3,4] -> (2,0,1)", permute_},
@@ -309,6 +359,9 @@ static const check_case cases[] = {
     {"linear", "[4,3]^T w[4,5]^T b[5]", linear_view},
     {"softmax", "[3,6]", softmax_},
     {"softmax", "[2,5,3] 1<->2", softmax_view},
+    {"softmax", "[4,2,3] axis 0", softmax_axis0},
+    {"softmax", "[3,5,2]^(0<->2) axis 1", softmax_axis1},
+    {"log_softmax", "[2,5,3] axis -2", log_softmax_axis},
     {"log_softmax", "[3,6]", log_softmax_},
     {"log_softmax", "[2,5,3] 1<->2", log_softmax_view},
     {"masked_softmax", "[2,2,4,4] causal", msm_causal},

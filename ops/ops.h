@@ -82,6 +82,18 @@ cg_tensor *cg_detach(cg_graph *g, cg_tensor *x);
 cg_tensor *cg_sum(cg_graph *g, cg_tensor *x, int axis, bool keepdim);
 /* Mean over one axis; keepdim leaves it with size 1. */
 cg_tensor *cg_mean(cg_graph *g, cg_tensor *x, int axis, bool keepdim);
+/* Max over one axis (keepdim leaves it with size 1); the gradient goes to the first maximum. */
+cg_tensor *cg_max(cg_graph *g, cg_tensor *x, int axis, bool keepdim);
+/* Min over one axis (keepdim leaves it with size 1); the gradient goes to the first minimum. */
+cg_tensor *cg_min(cg_graph *g, cg_tensor *x, int axis, bool keepdim);
+/* int32 position of the first maximum along one axis; carries no gradient. */
+cg_tensor *cg_argmax(cg_graph *g, cg_tensor *x, int axis, bool keepdim);
+/* log(sum(e^x)) over one axis, computed shifted by the max (no overflow). */
+cg_tensor *cg_logsumexp(cg_graph *g, cg_tensor *x, int axis, bool keepdim);
+/* Variance over one axis, dividing by n - correction (1: unbiased, as torch.var; 0: population). */
+cg_tensor *cg_var(cg_graph *g, cg_tensor *x, int axis, bool keepdim, int correction);
+/* L2 norm sqrt(sum(x^2)) over one axis; the gradient at a zero norm is 0. */
+cg_tensor *cg_norm(cg_graph *g, cg_tensor *x, int axis, bool keepdim);
 /* Sum of every element, a 0-d scalar. */
 cg_tensor *cg_sum_all(cg_graph *g, cg_tensor *x);
 /* Mean of every element, a 0-d scalar. */
@@ -106,6 +118,15 @@ cg_tensor *cg_concat(cg_graph *g, int n, cg_tensor *const *xs, int axis);
 /* Writes x into input leaf buf at [at, at + x's size) along axis and returns buf up to there, a
  * view of buf's storage (a KV cache grows in place); inference only, no gradients. */
 cg_tensor *cg_append_into(cg_graph *g, cg_tensor *buf, int64_t at, cg_tensor *x, int axis);
+/* View of x with a new axis of size 1 at axis (in [-ndim-1, ndim]); any strides, never a copy. */
+cg_tensor *cg_unsqueeze(cg_graph *g, cg_tensor *x, int axis);
+/* View of x without axis, which must have size 1; never a copy. */
+cg_tensor *cg_squeeze(cg_graph *g, cg_tensor *x, int axis);
+/* Joins n same-shaped tensors along a new axis (in [-ndim-1, ndim]) into a contiguous tensor. */
+cg_tensor *cg_stack(cg_graph *g, int n, cg_tensor *const *xs, int axis);
+/* x with before[d] and after[d] elements of value added on each side of axis d (arrays of ndim
+ * entries, NULL for none). */
+cg_tensor *cg_pad(cg_graph *g, cg_tensor *x, const int64_t *before, const int64_t *after, double value);
 /* View [B, T, H*D] -> [B, H, T, D] for attention heads. */
 cg_tensor *cg_split_heads(cg_graph *g, cg_tensor *x, int heads);
 /* [B, H, T, D] -> contiguous [B, T, H*D]. */
@@ -124,6 +145,10 @@ cg_tensor *cg_linear(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias);
 cg_tensor *cg_softmax(cg_graph *g, cg_tensor *x);
 /* Log-softmax over the last axis. */
 cg_tensor *cg_log_softmax(cg_graph *g, cg_tensor *x);
+/* Softmax over any axis, read in place through its stride. */
+cg_tensor *cg_softmax_axis(cg_graph *g, cg_tensor *x, int axis);
+/* Log-softmax over any axis, read in place through its stride. */
+cg_tensor *cg_log_softmax_axis(cg_graph *g, cg_tensor *x, int axis);
 /* Fused softmax(scale * x + mask) over the last axis of x[B, ..., Tq, Tk]: mask (real, may be
  * NULL) broadcasts to x; causal hides keys j > i + Tk - Tq; key_padding (int32 [B, Tk], may be
  * NULL) hides keys whose entry is 0. Rows with every key hidden come out as zeros. */
@@ -145,6 +170,12 @@ cg_tensor *cg_rmsnorm(cg_graph *g, cg_tensor *x, cg_tensor *gain, double eps);
 /* Rows of weight[V, D] picked by int32 ids of any shape -> [ids..., D]; forward fails on ids
  * outside [0, V). */
 cg_tensor *cg_embedding(cg_graph *g, cg_tensor *weight, cg_tensor *ids);
+/* x's slices index[k] along axis (int32 index [K]) -> x's shape with K there; forward fails on
+ * indices outside the axis; backward scatter-adds, deterministically. */
+cg_tensor *cg_index_select(cg_graph *g, cg_tensor *x, int axis, cg_tensor *index);
+/* torch.gather: out[.., j, ..] = x[.., index[.., j, ..], ..] along axis; int32 index shaped as x
+ * except along axis; forward fails on indices out of range; backward scatter-adds, deterministically. */
+cg_tensor *cg_gather(cg_graph *g, cg_tensor *x, int axis, cg_tensor *index);
 /* Fused mean cross-entropy of logits[..., C] against int32 targets[...]; targets equal to
  * ignore_index are skipped (the mean is over the rest; 0 if none is left). Forward fails on
  * targets outside [0, C) that are not ignore_index. */

@@ -1,32 +1,79 @@
-/* Softmax, log-softmax and the fused scaled, masked softmax of attention, all over the last
- * axis of a contiguous input (the constructors ask for contiguity). */
+/* Softmax, log-softmax and the fused scaled, masked softmax of attention over the last axis of a
+ * contiguous input (the constructors ask for contiguity); softmax and log-softmax also over any
+ * other axis, reading it in place with its stride. */
 #include <math.h>
 
 #include "graph/internal.h"
 #include "ops/ops.h"
 
-static cg_tensor *rowwise(cg_graph *g, int op, cg_tensor *x) {
+/* iarg[0]: the softmax axis's stride in the contiguous input (1: the axis is the last one that is
+ * not 1 wide, and rows are contiguous); iarg[1]: its length. */
+static cg_tensor *rowwise(cg_graph *g, int op, cg_tensor *x, int axis) {
     const char *nm = cgi_ops[op].name;
     if (!cgi_inputs_ok(g, nm, 1, &x) || !cgi_expect_real(nm, x, "x")) return NULL;
     if (x->ndim < 1) {
         cgi_fail(CG_ERR_SHAPE, "[%s] x%s needs at least one axis", nm, cgi_shp(x));
         return NULL;
     }
+    const int a = cgi_axis(nm, x, axis);
+    if (a < 0) return NULL;
     x = cg_contiguous(g, x);
-    return x ? cgi_node(g, op, CG_REAL, x->ndim, x->shape, 1, &x) : NULL;
+    cg_tensor *t = x ? cgi_node(g, op, CG_REAL, x->ndim, x->shape, 1, &x) : NULL;
+    if (t) t->iarg[0] = x->shape[a] > 1 ? x->stride[a] : 1, t->iarg[1] = x->shape[a];
+    return t;
 }
 
-cg_tensor *cg_softmax(cg_graph *g, cg_tensor *x) { return rowwise(g, CGI_OP_SOFTMAX, x); }
-cg_tensor *cg_log_softmax(cg_graph *g, cg_tensor *x) { return rowwise(g, CGI_OP_LOG_SOFTMAX, x); }
+cg_tensor *cg_softmax(cg_graph *g, cg_tensor *x) { return rowwise(g, CGI_OP_SOFTMAX, x, -1); }
+cg_tensor *cg_log_softmax(cg_graph *g, cg_tensor *x) { return rowwise(g, CGI_OP_LOG_SOFTMAX, x, -1); }
+cg_tensor *cg_softmax_axis(cg_graph *g, cg_tensor *x, int axis) { return rowwise(g, CGI_OP_SOFTMAX, x, axis); }
+cg_tensor *cg_log_softmax_axis(cg_graph *g, cg_tensor *x, int axis) { return rowwise(g, CGI_OP_LOG_SOFTMAX, x, axis); }
 
 static void dims(const cg_tensor *t, int64_t *rows, int64_t *cols) {
     *cols = t->ndim ? t->shape[t->ndim - 1] : 1;
     *rows = *cols ? cgi_numel(t->ndim, t->shape) / *cols : 0;
 }
 
+/* Softmax along an inner axis (stride s > 1): lane l covers elements base, base + s, ... */
+static void strided_fwd(cg_tensor *t, bool log_form) {
+    const int64_t s = t->iarg[0], n = t->iarg[1], total = cgi_numel(t->ndim, t->shape);
+    const int64_t lanes = n ? total / n : 0;
+    const cg_real *X = t->src[0]->data;
+    cg_real *Y = t->data;
+#pragma omp parallel for schedule(static) if (total > CGI_PAR_MIN) num_threads(cgi_nthreads())
+    for (int64_t l = 0; l < lanes; l++) {
+        const int64_t b = (l / s) * n * s + l % s;
+        cg_real mx = -INFINITY;
+        for (int64_t j = 0; j < n; j++) mx = X[b + j * s] > mx ? X[b + j * s] : mx;
+        double sum = 0;
+        for (int64_t j = 0; j < n; j++) sum += Y[b + j * s] = cgi_exp(X[b + j * s] - mx);
+        const cg_real lse = mx + (cg_real)log(sum), inv = (cg_real)(1.0 / sum);
+        for (int64_t j = 0; j < n; j++) Y[b + j * s] = log_form ? X[b + j * s] - lse : Y[b + j * s] * inv;
+    }
+}
+
+static void strided_bwd(cg_tensor *t, bool log_form) {
+    const int64_t s = t->iarg[0], n = t->iarg[1], total = cgi_numel(t->ndim, t->shape);
+    const int64_t lanes = n ? total / n : 0;
+    const cg_real *Y = t->data, *DY = t->grad;
+    cg_real *DX = t->src[0]->grad;
+#pragma omp parallel for schedule(static) if (total > CGI_PAR_MIN) num_threads(cgi_nthreads())
+    for (int64_t l = 0; l < lanes; l++) {
+        const int64_t b = (l / s) * n * s + l % s;
+        double sum = 0;
+        for (int64_t j = 0; j < n; j++) sum += log_form ? DY[b + j * s] : (double)DY[b + j * s] * Y[b + j * s];
+        for (int64_t j = 0; j < n; j++) {
+            const int64_t k = b + j * s;
+            DX[k] += log_form ? DY[k] - cgi_exp(Y[k]) * (cg_real)sum : Y[k] * (DY[k] - (cg_real)sum);
+        }
+    }
+}
+
 static cg_status softmax_fwd(cg_tensor *t, bool log_form) {
-    int64_t rows, n;
-    dims(t, &rows, &n);
+    if (t->iarg[0] != 1) {
+        strided_fwd(t, log_form);
+        return CG_OK;
+    }
+    const int64_t n = t->iarg[1], rows = n ? cgi_numel(t->ndim, t->shape) / n : 0;
     const cg_real *X = t->src[0]->data;
     cg_real *Y = t->data;
 #pragma omp parallel for schedule(static) if (rows * n > CGI_PAR_MIN) num_threads(cgi_nthreads())
@@ -49,8 +96,11 @@ static cg_status softmax_fwd(cg_tensor *t, bool log_form) {
 static void softmax_bwd(cg_tensor *t, bool log_form) {
     cg_tensor *x = t->src[0];
     if (!x->requires_grad) return;
-    int64_t rows, n;
-    dims(t, &rows, &n);
+    if (t->iarg[0] != 1) {
+        strided_bwd(t, log_form);
+        return;
+    }
+    const int64_t n = t->iarg[1], rows = n ? cgi_numel(t->ndim, t->shape) / n : 0;
     const cg_real *Y = t->data, *DY = t->grad;
     cg_real *DX = x->grad;
 #pragma omp parallel for schedule(static) if (rows * n > CGI_PAR_MIN) num_threads(cgi_nthreads())

@@ -1,6 +1,7 @@
 /* Every op's gradient against central differences (the table in ops/op_checks.c), and the GELU
  * derivatives at the edges of their range against the closed forms in double precision. */
 #include <math.h>
+#include <string.h>
 
 #include "../cgrad.h"
 #include "check.h"
@@ -112,6 +113,89 @@ static void selection_values(void) {
     cg_graph_free(g);
 }
 
+/* ---- reductions, indexing and shape ops against values worked out by hand ---- */
+
+#define S(...) ((const int64_t[]){__VA_ARGS__})
+
+static cg_tensor *filled(cg_graph *g, int nd, const int64_t *shape, const cg_real *v) {
+    cg_tensor *t = cg_input(g, "x", CG_REAL, nd, shape);
+    cg_write(t, v);
+    return t;
+}
+
+/* Runs g forward and compares out (n values) to want. */
+static void expect(cg_graph *g, cg_tensor *out, int n, const double *want, const char *what) {
+    cg_real got[64];
+    CHECK(out && cg_numel(out) == n && cg_graph_forward(g) == CG_OK && cg_read(out, got) == CG_OK, "%s: %s", what,
+          cg_last_error());
+    if (!out || cg_numel(out) != n) return;
+    for (int i = 0; i < n; i++)
+        CHECK(fabs(got[i] - want[i]) <= 1e-5 * (1 + fabs(want[i])), "%s[%d] = %.9g, want %.9g", what, i, (double)got[i],
+              want[i]);
+}
+
+static void reduction_values(void) {
+    cg_graph *g = cg_graph_new(CG_EVAL);
+    /* x[2,3] = [[1, 5, -2], [4, 4, 0]] */
+    cg_tensor *x = filled(g, 2, S(2, 3), (const cg_real[]){1, 5, -2, 4, 4, 0});
+    cg_tensor *o[8] = {cg_retain(cg_max(g, x, 1, false)), cg_retain(cg_min(g, x, 0, true)),
+                       cg_retain(cg_logsumexp(g, x, 1, false)), cg_retain(cg_var(g, x, 1, false, 1)),
+                       cg_retain(cg_var(g, x, 0, true, 0)), cg_retain(cg_norm(g, x, 1, true)),
+                       cg_retain(cg_softmax_axis(g, x, 0)), cg_retain(cg_log_softmax_axis(g, x, 0))};
+    cg_tensor *am = cg_retain(cg_argmax(g, x, 1, false)), *am0 = cg_retain(cg_argmax(g, x, 0, true));
+    CHECK(cg_ndim(o[1]) == 2 && cg_dim(o[1], 0) == 1 && cg_ndim(o[0]) == 1, "keepdim shapes");
+    const double l0 = log(exp(1.0) + exp(5.0) + exp(-2.0)), l1 = log(2 * exp(4.0) + 1);
+    expect(g, o[0], 2, (const double[]){5, 4}, "max axis 1");
+    expect(g, o[1], 3, (const double[]){1, 4, -2}, "min axis 0");
+    expect(g, o[2], 2, (const double[]){l0, l1}, "logsumexp axis 1");
+    expect(g, o[3], 2, (const double[]){(1.0 + 121 + 100) / 9 / 2, (16.0 / 9 * 2 + 64.0 / 9) / 2}, "var unbiased");
+    expect(g, o[4], 3, (const double[]){2.25, 0.25, 1}, "var population axis 0");
+    expect(g, o[5], 2, (const double[]){sqrt(30.0), sqrt(32.0)}, "norm axis 1");
+    const double s0 = 1 / (1 + exp(3.0)), s1 = 1 / (1 + exp(-1.0)), s2 = 1 / (1 + exp(2.0));
+    expect(g, o[6], 6, (const double[]){s0, s1, s2, 1 - s0, 1 - s1, 1 - s2}, "softmax axis 0");
+    expect(g, o[7], 6, (const double[]){log(s0), log(s1), log(s2), log(1 - s0), log(1 - s1), log(1 - s2)},
+           "log_softmax axis 0");
+    CHECK(cg_idata(am)[0] == 1 && cg_idata(am)[1] == 0, "argmax axis 1: %d %d (a tie takes the first)", cg_idata(am)[0],
+          cg_idata(am)[1]);
+    CHECK(cg_idata(am0)[0] == 1 && cg_idata(am0)[1] == 0 && cg_idata(am0)[2] == 1, "argmax axis 0");
+    CHECK(cg_var(g, x, 0, false, 2) == NULL && strstr(cg_last_error(), "[var]"), "var with no degrees of freedom: %s",
+          cg_last_error());
+    cg_graph_free(g);
+}
+
+static void index_values(void) {
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    /* x[3,2] = [[0, 1], [10, 11], [20, 21]] */
+    cg_tensor *x = cg_requires_grad(filled(g, 2, S(3, 2), (const cg_real[]){0, 1, 10, 11, 20, 21}));
+    cg_tensor *ix = cg_input(g, "ix", CG_INT32, 1, S(4));
+    cg_write_ids(ix, (const int32_t[]){2, 0, 2, 2});
+    cg_tensor *gi = cg_input(g, "gi", CG_INT32, 2, S(2, 2));
+    cg_write_ids(gi, (const int32_t[]){1, 0, 2, 2});
+    cg_tensor *sel = cg_retain(cg_index_select(g, x, 0, ix));
+    cg_tensor *gat = cg_retain(cg_gather(g, x, 0, gi));
+    cg_tensor *pad = cg_retain(cg_pad(g, x, S(1, 0), S(0, 1), 7));
+    cg_tensor *st = cg_retain(cg_stack(g, 2, (cg_tensor *[]){x, x}, 1));
+    cg_tensor *loss = cg_add(g, cg_sum_all(g, sel), cg_scale(g, cg_sum_all(g, gat), 100));
+    expect(g, sel, 8, (const double[]){20, 21, 0, 1, 20, 21, 20, 21}, "index_select");
+    expect(g, gat, 4, (const double[]){10, 1, 20, 21}, "gather");
+    expect(g, pad, 12, (const double[]){7, 7, 7, 0, 1, 7, 10, 11, 7, 20, 21, 7}, "pad");
+    expect(g, st, 12, (const double[]){0, 1, 0, 1, 10, 11, 10, 11, 20, 21, 20, 21}, "stack axis 1");
+    CHECK(cg_graph_forward(g) == CG_OK && cg_graph_backward(g, loss) == CG_OK, "%s", cg_last_error());
+    cg_real dx[6];
+    cg_read_grad(x, dx);
+    const double want[6] = {1, 1 + 100, 100, 0, 3 + 100, 3 + 100}; /* row 2 picked three times */
+    for (int i = 0; i < 6; i++) CHECK(dx[i] == want[i], "d x[%d] = %g, want %g", i, (double)dx[i], want[i]);
+    cg_write_ids(ix, (const int32_t[]){2, 0, 3, 2});
+    CHECK(cg_graph_forward(g) == CG_ERR_RANGE && strstr(cg_last_error(), "[index_select] index 3 at position 2"),
+          "out-of-range index: %s", cg_last_error());
+    cg_tensor *sq = cg_squeeze(g, cg_unsqueeze(g, cg_transpose(g, x, 0, 1), -1), 2);
+    CHECK(sq && cg_dim(sq, 0) == 2 && cg_dim(sq, 1) == 3 && cg_strides(sq)[0] == 1 && cg_strides(sq)[1] == 2,
+          "squeeze(unsqueeze(x^T)) keeps x^T's strides");
+    CHECK(cg_squeeze(g, x, 0) == NULL && strstr(cg_last_error(), "[squeeze]"), "squeeze of a size-3 axis: %s",
+          cg_last_error());
+    cg_graph_free(g);
+}
+
 int main(void) {
     int failed = cg_gradcheck_ops(stdout, 0, NULL);
     CHECK(failed == 0, "%d gradient checks failed", failed);
@@ -119,5 +203,7 @@ int main(void) {
     gelu_edges(true);
     activation_values();
     selection_values();
+    reduction_values();
+    index_values();
     TEST_END();
 }
