@@ -80,9 +80,13 @@ void cli_ckpt_free(cli_ckpt *ck) {
     memset(ck, 0, sizeof *ck);
 }
 
+/* A saved number outside the integer type is unusable, like a missing one (converting it is
+ * undefined: a checkpoint with "step": 1e300 made `cgrad info` do that). 2^63 and 2^64 are exact. */
 int64_t cli_json_i64(const cJSON *o, const char *key, int64_t dflt) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (cJSON_IsNumber(v)) return (int64_t)v->valuedouble;
+    if (cJSON_IsNumber(v))
+        return v->valuedouble >= -9223372036854775808.0 && v->valuedouble < 9223372036854775808.0
+                   ? (int64_t)v->valuedouble : dflt;
     if (cJSON_IsString(v)) return strtoll(v->valuestring, NULL, 10);
     return dflt;
 }
@@ -90,7 +94,8 @@ int64_t cli_json_i64(const cJSON *o, const char *key, int64_t dflt) {
 uint64_t cli_json_u64(const cJSON *o, const char *key, uint64_t dflt) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
     if (cJSON_IsString(v)) return strtoull(v->valuestring, NULL, 10);
-    if (cJSON_IsNumber(v)) return (uint64_t)v->valuedouble;
+    if (cJSON_IsNumber(v))
+        return v->valuedouble >= 0 && v->valuedouble < 18446744073709551616.0 ? (uint64_t)v->valuedouble : dflt;
     return dflt;
 }
 

@@ -94,9 +94,10 @@ typedef struct {
 cg_status cli_ckpt_load(const char *path, double dropout, cli_ckpt *ck);
 /* Frees everything the load made. */
 void cli_ckpt_free(cli_ckpt *ck);
-/* Integer field of a saved JSON object (numbers or decimal strings); dflt if absent. */
+/* Integer field of a saved JSON object (numbers or decimal strings); dflt if absent or a number
+ * outside int64. */
 int64_t cli_json_i64(const cJSON *o, const char *key, int64_t dflt);
-/* uint64 field saved as a decimal string; dflt if absent. */
+/* uint64 field saved as a decimal string; dflt if absent or a number outside uint64. */
 uint64_t cli_json_u64(const cJSON *o, const char *key, uint64_t dflt);
 /* Number field; dflt if absent. */
 double cli_json_num(const cJSON *o, const char *key, double dflt);

@@ -59,6 +59,12 @@ bool cgi_json_num(const cJSON *o, const char *key, bool required, double dflt, d
     bool ok;
     const cJSON *f = field(o, key, required, what, &ok);
     if (!ok) return false;
+    /* JSON has no inf, but cJSON reads 1e999 as one; a config must survive its own save (%.17g
+     * writes "inf", which no JSON parser reads back) */
+    if (f && !isfinite(f->valuedouble)) {
+        cgi_fail(CG_ERR_FORMAT, "[%s] field \"%s\" = %g must be a finite number", what, key, f->valuedouble);
+        return false;
+    }
     *out = f ? f->valuedouble : dflt;
     return true;
 }

@@ -233,6 +233,17 @@ static void hf_layouts(void) {
     cg_encdec_config ec;
     CHECK(cg_encdec_config_parse("{\"src_vocab_size\": 5}", &ec) == CG_ERR_FORMAT && strstr(cg_last_error(), "tgt_vocab_size"),
           "%s", cg_last_error());
+    /* found by fuzzing (tests/fuzz/corpus/config/classifier_inf_eps.json): 1e999, read as inf, was accepted
+     * and saved into checkpoints as "inf", which no JSON parser reads back */
+    CHECK(cg_gpt_config_parse("{\"vocab_size\": 5, \"n_positions\": 4, \"n_embd\": 8, \"n_layer\": 1, \"n_head\": 2, "
+                              "\"layer_norm_epsilon\": 1e999}", &c) == CG_ERR_FORMAT &&
+              strstr(cg_last_error(), "layer_norm_epsilon") && strstr(cg_last_error(), "finite"),
+          "an infinite epsilon is refused, naming the field: %s", cg_last_error());
+    cg_bert_config bc;
+    CHECK(cg_bert_config_parse("{\"vocab_size\": 5, \"hidden_size\": 8, \"num_hidden_layers\": 1, \"num_attention_heads\": 2, "
+                               "\"intermediate_size\": 8, \"max_position_embeddings\": 4, \"layer_norm_eps\": -1e400}", &bc) ==
+                  CG_ERR_FORMAT && strstr(cg_last_error(), "layer_norm_eps"),
+          "-inf epsilon: %s", cg_last_error());
 }
 
 /* BERT's training graph fuses the masked-LM head with its loss over labelled positions only: the

@@ -49,6 +49,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         return 0;
     }
     FUZZ_CHECK(ck.model && ck.tok && ck.ps && ck.train && ck.state, "a load succeeded without its parts");
+    /* every saved option and position field, read the ways `info` and `train --resume` read them */
+    const cJSON *objs[2] = {ck.train, ck.state};
+    for (int k = 0; k < 2; k++)
+        for (const cJSON *v = objs[k]->child; v; v = v->next) {
+            (void)cli_json_i64(objs[k], v->string, 0);
+            (void)cli_json_u64(objs[k], v->string, 0);
+            (void)cli_json_num(objs[k], v->string, 0);
+            (void)cli_json_str(objs[k], v->string, "");
+        }
     cli_ckpt_free(&ck);
     return 0;
 }
