@@ -1,5 +1,15 @@
+/* Command-line values: every subcommand declares its flags in a table (kind and range), and one
+ * parser checks each value in full before any work starts: a number must be the whole argument,
+ * finite and in range; an input file must exist; an output path must be writable. A bad value is
+ * a usage error (exit 2) whose message names the flag, the value and what was wanted. */
+#include <errno.h>
+#include <float.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli/commands.h"
 
@@ -15,15 +25,172 @@ bool cli_flag(int argc, char **argv, const char *name) {
     return false;
 }
 
-bool cli_known(int argc, char **argv, const char *const *known, const char *cmd) {
-    for (int i = 0; i < argc; i++) {
-        if (strncmp(argv[i], "--", 2)) continue;
-        bool ok = false;
-        for (int k = 0; known[k]; k++) ok |= !strcmp(argv[i], known[k]);
-        if (!ok) {
-            fprintf(stderr, "cgrad %s: unknown option %s\n", cmd, argv[i]);
+/* "in [lo, hi]", "in [lo, 1)", "greater than 0" or "at least lo", as the table's bounds say. */
+static void range_str(const cli_opt *o, char *buf, size_t n) {
+    if (o->hi >= DBL_MAX && o->lo == DBL_TRUE_MIN) snprintf(buf, n, "greater than 0");
+    else if (o->hi >= DBL_MAX) snprintf(buf, n, "at least %.17g", o->lo);
+    else if (o->hi == CLI_BELOW_1) snprintf(buf, n, "in [%.17g, 1)", o->lo);
+    else snprintf(buf, n, "in [%.17g, %.17g]", o->lo, o->hi);
+}
+
+/* The directory part of path ("." when it has none), into buf. */
+static void dir_of(const char *path, char *buf, size_t n) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(buf, n, ".");
+    else if (slash == path) snprintf(buf, n, "/");
+    else snprintf(buf, n, "%.*s", (int)(slash - path), path);
+}
+
+bool cli_check_value(const char *cmd, const cli_opt *o, const char *v, cli_value *out) {
+    char *end = NULL, range[96];
+    struct stat sb;
+    errno = 0;
+    switch (o->kind) {
+    case CLI_BARE: return true;
+    case CLI_STR:
+        out->s = v;
+        return true;
+    case CLI_IN:
+        out->s = v;
+        if (!*v || stat(v, &sb) || access(v, R_OK)) {
+            fprintf(stderr, "cgrad %s: %s '%s': cannot read it: %s\n", cmd, o->flag, v, *v ? strerror(errno) : "empty path");
             return false;
         }
+        return true;
+    case CLI_OUT: {
+        out->s = v;
+        char dir[4096];
+        dir_of(v, dir, sizeof dir);
+        const char *why = NULL;
+        if (!*v || v[strlen(v) - 1] == '/') why = "not a file name";
+        else if (!stat(v, &sb) && S_ISDIR(sb.st_mode)) why = "is a directory";
+        else if (stat(dir, &sb) || !S_ISDIR(sb.st_mode)) why = "its directory does not exist";
+        else if (access(dir, W_OK | X_OK)) why = "its directory is not writable";
+        else if (!access(v, F_OK) && access(v, W_OK)) why = "the file is not writable";
+        if (why) {
+            fprintf(stderr, "cgrad %s: %s '%s': cannot write it: %s\n", cmd, o->flag, v, why);
+            return false;
+        }
+        return true;
+    }
+    case CLI_INT: {
+        long long x = strtoll(v, &end, 10);
+        if (!errno && end != v && !*end && (double)x >= o->lo && (double)x <= o->hi) {
+            out->i = x;
+            return true;
+        }
+        range_str(o, range, sizeof range);
+        fprintf(stderr, "cgrad %s: %s wants a whole number %s, got '%s'\n", cmd, o->flag, range, v);
+        return false;
+    }
+    case CLI_U64: {
+        const char *p = v;
+        while (*p == ' ' || *p == '\t') p++;
+        unsigned long long x = strtoull(p, &end, 10);
+        if (*p != '-' && *p != '+' && !errno && end != p && !*end) {
+            out->u = x;
+            return true;
+        }
+        fprintf(stderr, "cgrad %s: %s wants a whole number in [0, 18446744073709551615], got '%s'\n", cmd, o->flag, v);
+        return false;
+    }
+    case CLI_NUM: {
+        double x = strtod(v, &end);
+        if (end != v && !*end && isfinite(x) && x >= o->lo && x <= o->hi) {
+            out->d = x;
+            return true;
+        }
+        range_str(o, range, sizeof range);
+        fprintf(stderr, "cgrad %s: %s wants a finite number %s, got '%s'\n", cmd, o->flag, range, v);
+        return false;
+    }
+    }
+    return false;
+}
+
+bool cli_parse(const char *cmd, const cli_opt *opts, int argc, char **argv, cli_args *a) {
+    memset(a, 0, sizeof *a);
+    a->cmd = cmd;
+    a->opts = opts;
+    while (opts[a->n].flag) a->n++;
+    if (a->n > CLI_MAX_OPTS) {
+        fprintf(stderr, "cgrad %s: internal: %d options, at most %d\n", cmd, a->n, CLI_MAX_OPTS);
+        return false;
+    }
+    a->words = (const char **)argv;
+    for (int i = 0; i < argc; i++) {
+        const char *w = argv[i];
+        if (!strcmp(w, "--")) { /* everything after is text, even if it starts with "--" */
+            while (++i < argc) a->words[a->n_words++] = argv[i];
+            break;
+        }
+        if (strncmp(w, "--", 2)) {
+            a->words[a->n_words++] = w; /* never ahead of i: argv doubles as the word list */
+            continue;
+        }
+        int k = 0;
+        while (k < a->n && strcmp(w, opts[k].flag)) k++;
+        if (k == a->n) {
+            fprintf(stderr, "cgrad %s: unknown option %s (cgrad flags lists every command's options)\n", cmd, w);
+            return false;
+        }
+        if (a->set[k]) {
+            fprintf(stderr, "cgrad %s: %s is given twice\n", cmd, w);
+            return false;
+        }
+        a->set[k] = true;
+        if (opts[k].kind == CLI_BARE) continue;
+        if (i + 1 >= argc) {
+            fprintf(stderr, "cgrad %s: %s needs a value\n", cmd, w);
+            return false;
+        }
+        if (!cli_check_value(cmd, &opts[k], argv[++i], &a->v[k])) return false;
     }
     return true;
+}
+
+static int find(const cli_args *a, const char *flag) {
+    for (int k = 0; k < a->n; k++)
+        if (!strcmp(a->opts[k].flag, flag)) return k;
+    fprintf(stderr, "cgrad %s: internal: no option %s in the table\n", a->cmd, flag);
+    return -1;
+}
+
+bool cli_has(const cli_args *a, const char *flag) {
+    int k = find(a, flag);
+    return k >= 0 && a->set[k];
+}
+const char *cli_str(const cli_args *a, const char *flag, const char *dflt) {
+    int k = find(a, flag);
+    return k >= 0 && a->set[k] ? a->v[k].s : dflt;
+}
+int64_t cli_int(const cli_args *a, const char *flag, int64_t dflt) {
+    int k = find(a, flag);
+    return k >= 0 && a->set[k] ? a->v[k].i : dflt;
+}
+uint64_t cli_u64(const cli_args *a, const char *flag, uint64_t dflt) {
+    int k = find(a, flag);
+    return k >= 0 && a->set[k] ? a->v[k].u : dflt;
+}
+double cli_num(const cli_args *a, const char *flag, double dflt) {
+    int k = find(a, flag);
+    return k >= 0 && a->set[k] ? a->v[k].d : dflt;
+}
+
+bool cli_too_big(const char *cmd, const char *flags, double bytes) {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    const double have = pages > 0 && page > 0 ? (double)pages * (double)page : 0x1p40;
+    if (!(bytes > have)) return false;
+    fprintf(stderr, "cgrad %s: %s: needs at least %.3g GB of memory, this machine has %.3g GB\n", cmd, flags, bytes / 1e9,
+            have / 1e9);
+    return true;
+}
+
+void cli_print_opts(FILE *f, const char *cmd, const cli_opt *o) {
+    static const char *const kinds[] = {"bare", "string", "int", "number", "u64", "in", "out"};
+    for (; o->flag; o++) {
+        fprintf(f, "%s\t%s\t%s", cmd, o->flag, kinds[o->kind]);
+        if (o->kind == CLI_INT || o->kind == CLI_NUM) fprintf(f, "\t%.17g\t%.17g", o->lo, o->hi);
+        fprintf(f, "\n");
+    }
 }

@@ -50,7 +50,12 @@ static const bench_config configs[] = {
 };
 #define N_CONFIGS (int)(sizeof configs / sizeof configs[0])
 
-static const char *const known[] = {"--config", "--threads", "--steps", "--warmup", "--gen", NULL};
+const cli_opt cli_bench_opts[] = {{"--config", CLI_STR, 0, 0, "a config name, or all"},
+                                  {"--threads", CLI_INT, 1, 1024, "threads (CGRAD_THREADS or all cores)"},
+                                  {"--steps", CLI_INT, 1, 1e6, "timed steps per config (5)"},
+                                  {"--warmup", CLI_INT, 0, 1e6, "untimed steps first (1)"},
+                                  {"--gen", CLI_BARE, 0, 0, "also time generation with and without the KV cache"},
+                                  {NULL, CLI_BARE, 0, 0, NULL}};
 
 static double now_s(void) {
     struct timespec ts;
@@ -354,14 +359,14 @@ static int gen_child(const void *arg, int threads, double unused) {
 }
 
 int cmd_bench(int argc, char **argv) {
-    if (!cli_known(argc, argv, known, "bench")) return 2;
-    const char *name = cli_arg(argc, argv, "--config");
-    const char *th = cli_arg(argc, argv, "--threads"), *st = cli_arg(argc, argv, "--steps"),
-               *wu = cli_arg(argc, argv, "--warmup");
-    opts.steps = st ? atoi(st) : 5;
-    opts.warmup = wu ? atoi(wu) : 1;
-    const bool gen = cli_flag(argc, argv, "--gen");
-    if (opts.steps < 1 || opts.warmup < 0 || (th && atoi(th) < 1)) {
+    cli_args a;
+    const bool ok_args = cli_parse("bench", cli_bench_opts, argc, argv, &a) && !a.n_words;
+    const char *name = ok_args ? cli_str(&a, "--config", NULL) : NULL;
+    const int64_t th = ok_args ? cli_int(&a, "--threads", 0) : 0;
+    opts.steps = ok_args ? (int)cli_int(&a, "--steps", 5) : 0;
+    opts.warmup = ok_args ? (int)cli_int(&a, "--warmup", 1) : 0;
+    const bool gen = ok_args && cli_has(&a, "--gen");
+    if (!ok_args) {
         fprintf(stderr, "usage: cgrad bench [--config NAME|all] [--threads N] [--steps N>=1] [--warmup N>=0] [--gen]\n"
                         "configs:");
         for (int i = 0; i < N_CONFIGS; i++) fprintf(stderr, " %s", configs[i].name);
@@ -369,7 +374,7 @@ int cmd_bench(int argc, char **argv) {
         return 2;
     }
     /* Setting the count starts no thread, so the parent stays fork-safe. */
-    cg_set_threads(th ? atoi(th) : 0);
+    cg_set_threads((int)th);
     const int threads = cg_threads();
     bool any = false, ok = true;
     if (!name && gen) name = "none";

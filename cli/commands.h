@@ -3,6 +3,8 @@
 #define CGRAD_CLI_COMMANDS_H
 
 #include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
 
 /* cgrad step: one forward/backward (and optional AdamW steps) on a batch file, outputs dumped. */
 int cmd_step(int argc, char **argv);
@@ -30,7 +32,65 @@ int cmd_plot(int argc, char **argv);
 const char *cli_arg(int argc, char **argv, const char *name);
 /* True if the bare flag is present. */
 bool cli_flag(int argc, char **argv, const char *name);
-/* Fails (message to stderr, false) if argv holds a flag not in the NULL-terminated known list. */
-bool cli_known(int argc, char **argv, const char *const *known, const char *cmd);
+
+/* ---- flag tables: each subcommand declares its options, one parser checks every value ---- */
+
+/* What a flag's value must be. IN: a file that exists and is readable; OUT: a path whose
+ * directory exists and is writable (and that is not a directory); BARE: no value. */
+typedef enum { CLI_BARE, CLI_STR, CLI_INT, CLI_NUM, CLI_U64, CLI_IN, CLI_OUT } cli_kind;
+
+/* One option: flag, kind, inclusive range for CLI_INT and CLI_NUM (hi DBL_MAX: unbounded; lo
+ * DBL_TRUE_MIN: "greater than 0"; hi CLI_BELOW_1: "below 1"), and a line of help. */
+typedef struct {
+    const char *flag;
+    cli_kind kind;
+    double lo, hi;
+    const char *help;
+} cli_opt;
+
+#define CLI_BELOW_1 0.99999999999999989 /* the double just below 1: [lo, 1) ranges */
+#define CLI_MAX_OPTS 48
+
+typedef union {
+    const char *s;
+    int64_t i;
+    uint64_t u;
+    double d;
+} cli_value;
+
+/* A parsed command line: the checked value of every option given, and the positional words. */
+typedef struct {
+    const char *cmd;
+    const cli_opt *opts;
+    int n;
+    bool set[CLI_MAX_OPTS];
+    cli_value v[CLI_MAX_OPTS];
+    const char **words; /* positional arguments (argv reused; "--" ends the options) */
+    int n_words;
+} cli_args;
+
+/* Checks one value against its option (the whole string must be the number; finite; in range;
+ * files as the kind says); prints "cgrad CMD: --flag wants ..., got 'v'" and returns false if bad. */
+bool cli_check_value(const char *cmd, const cli_opt *o, const char *v, cli_value *out);
+/* Parses argv against the NULL-flag-terminated table opts: unknown flags, missing or bad values
+ * and repeated flags print a message naming the flag and return false (a usage error: exit 2).
+ * Positional words are compacted to the front of argv (a->words). */
+bool cli_parse(const char *cmd, const cli_opt *opts, int argc, char **argv, cli_args *a);
+/* True if the option was given. */
+bool cli_has(const cli_args *a, const char *flag);
+/* The checked value of an option, or dflt when it was not given. */
+const char *cli_str(const cli_args *a, const char *flag, const char *dflt);
+int64_t cli_int(const cli_args *a, const char *flag, int64_t dflt);
+uint64_t cli_u64(const cli_args *a, const char *flag, uint64_t dflt);
+double cli_num(const cli_args *a, const char *flag, double dflt);
+/* True (message naming flags printed) if bytes exceed this machine's physical memory. */
+bool cli_too_big(const char *cmd, const char *flags, double bytes);
+/* One line per option, "CMD<TAB>FLAG<TAB>KIND[<TAB>LO<TAB>HI]": what `cgrad flags` prints. */
+void cli_print_opts(FILE *f, const char *cmd, const cli_opt *opts);
+
+/* The flag tables of the subcommands (cgrad flags walks them; tests sweep them). */
+extern const cli_opt cli_train_opts[], cli_sample_opts[], cli_translate_opts[], cli_fill_mask_opts[],
+    cli_classify_opts[], cli_eval_opts[], cli_info_opts[], cli_plot_opts[], cli_step_opts[], cli_bench_opts[],
+    cli_gradcheck_opts[];
 
 #endif

@@ -1,5 +1,7 @@
 /* cgrad sample, translate, fill-mask, classify, eval and info: using what `cgrad train` saved. */
+#include <float.h>
 #include <inttypes.h>
+#include <stdint.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,60 +12,34 @@
 #include "cli/session.h"
 #include "graph/internal.h"
 
-/* Parses "--name value" pairs against known flags; positional words go to words[]. Returns false
- * (message printed) on an unknown flag or a missing value. Bare flags are listed in bare. */
-static bool parse(int argc, char **argv, const char *cmd, const char *const *known, const char *const *bare,
-                  const char **words, int *n_words) {
-    *n_words = 0;
-    for (int i = 0; i < argc; i++) {
-        if (strncmp(argv[i], "--", 2) || !strcmp(argv[i], "--")) {
-            if (!strcmp(argv[i], "--")) {
-                while (++i < argc) words[(*n_words)++] = argv[i];
-                break;
-            }
-            words[(*n_words)++] = argv[i];
-            continue;
-        }
-        bool flag = false, valued = false;
-        for (int k = 0; bare && bare[k]; k++) flag |= !strcmp(argv[i], bare[k]);
-        for (int k = 0; known[k]; k++) valued |= !strcmp(argv[i], known[k]);
-        if (flag) continue;
-        if (!valued) {
-            fprintf(stderr, "cgrad %s: unknown option %s\n", cmd, argv[i]);
-            return false;
-        }
-        if (++i >= argc) {
-            fprintf(stderr, "cgrad %s: %s needs a value\n", cmd, argv[i - 1]);
-            return false;
-        }
-    }
-    return true;
-}
+#define THREADS {"--threads", CLI_INT, 1, 1024, "threads (CGRAD_THREADS or all cores)"}
+#define CKPT {"--checkpoint", CLI_IN, 0, 0, "checkpoint written by cgrad train"}
+#define END {NULL, CLI_BARE, 0, 0, NULL}
 
-static double num(int argc, char **argv, const char *name, double dflt) {
-    const char *v = cli_arg(argc, argv, name);
-    return v ? strtod(v, NULL) : dflt;
-}
-
-/* Opens --checkpoint for cmd, wanting arch (or any when want < 0). */
-static bool open_ckpt(int argc, char **argv, const char *cmd, int want, cli_ckpt *ck) {
-    const char *path = cli_arg(argc, argv, "--checkpoint");
+/* Opens --checkpoint, wanting arch (or any when want < 0); 0, or the exit code (message printed). */
+static int open_ckpt(const cli_args *a, int want, cli_ckpt *ck) {
+    const char *path = cli_str(a, "--checkpoint", NULL), *cmd = a->cmd;
     if (!path) {
         fprintf(stderr, "cgrad %s: --checkpoint PATH is required\n", cmd);
-        return false;
+        return 2;
     }
-    if (cli_arg(argc, argv, "--threads")) cg_set_threads(atoi(cli_arg(argc, argv, "--threads")));
-    if (cli_ckpt_load(path, 0.0, ck)) {
-        cli_fail(cmd, "cannot load the checkpoint");
-        return false;
-    }
+    if (cli_has(a, "--threads")) cg_set_threads((int)cli_int(a, "--threads", 0));
+    if (cli_ckpt_load(path, 0.0, ck)) return cli_fail(cmd, "cannot load the checkpoint");
     if (want >= 0 && ck->arch != (cg_arch)want) {
         fprintf(stderr, "cgrad %s: %s holds a %s model; %s needs %s\n", cmd, path, cg_arch_name(ck->arch), cmd,
                 cg_arch_name((cg_arch)want));
         cli_ckpt_free(ck);
-        return false;
+        return 1;
     }
-    return true;
+    return 0;
+}
+
+/* False (message naming the flag and the model's limit) when a size flag exceeds what the model has. */
+static bool within(const cli_args *a, const char *flag, int64_t value, int64_t limit, const char *what) {
+    if (value <= limit) return true;
+    fprintf(stderr, "cgrad %s: %s %lld exceeds %s (%lld) of %s\n", a->cmd, flag, (long long)value, what, (long long)limit,
+            cli_str(a, "--checkpoint", "?"));
+    return false;
 }
 
 /* Words joined by spaces, or NULL when there are none. */
@@ -97,28 +73,42 @@ static int each_text(const char **words, int n, int (*fn)(void *ctx, const char 
 
 /* ---- sample ---- */
 
+const cli_opt cli_sample_opts[] = {
+    CKPT,
+    {"--prompt", CLI_STR, 0, 0, "text to continue (default: a newline or <|endoftext|>)"},
+    {"--length", CLI_INT, 0, 1 << 30, "tokens to generate (500)"},
+    {"--temperature", CLI_NUM, 0, DBL_MAX, "0: greedy (0.8)"},
+    {"--top-k", CLI_INT, 0, 1 << 24, "keep the k likeliest tokens, at most the vocabulary (0: all)"},
+    {"--top-p", CLI_NUM, 0, 1, "nucleus: the smallest set holding this probability (0: off)"},
+    {"--seed", CLI_U64, 0, 0, "sampling seed (1337)"},
+    {"--count", CLI_INT, 1, 1 << 20, "samples, each with the next seed (1)"},
+    {"--no-cache", CLI_BARE, 0, 0, "recompute every step instead of the KV cache"},
+    THREADS,
+    END};
+
 int cmd_sample(int argc, char **argv) {
-    static const char *const known[] = {"--checkpoint", "--prompt", "--temperature", "--top-k", "--top-p", "--seed",
-                                        "--length", "--threads", "--count", NULL};
-    static const char *const bare[] = {"--no-cache", NULL};
-    const char *words[64];
-    int nw;
-    if (argc > 64 || !parse(argc, argv, "sample", known, bare, words, &nw) || nw) {
+    cli_args a;
+    if (!cli_parse("sample", cli_sample_opts, argc, argv, &a) || a.n_words || !cli_has(&a, "--checkpoint")) {
         fprintf(stderr, "usage: cgrad sample --checkpoint P [--prompt TEXT] [--length N] [--temperature T] [--top-k K] "
                         "[--top-p P] [--seed S] [--count N] [--no-cache] [--threads N]\n");
         return 2;
     }
+    const int64_t length = cli_int(&a, "--length", 500), count = cli_int(&a, "--count", 1), top_k = cli_int(&a, "--top-k", 0);
+    char what[64];
+    snprintf(what, sizeof what, "--length %lld", (long long)length);
+    if (cli_too_big("sample", what, 8.0 * (double)length)) return 2;
     cli_ckpt ck;
-    if (!open_ckpt(argc, argv, "sample", CG_ARCH_GPT2, &ck)) return 1;
-    cg_sampling s = {.temperature = num(argc, argv, "--temperature", 0.8), .top_k = (int)num(argc, argv, "--top-k", 0),
-                     .top_p = num(argc, argv, "--top-p", 0)};
-    const char *seed_s = cli_arg(argc, argv, "--seed");
-    const uint64_t seed = seed_s ? strtoull(seed_s, NULL, 10) : 1337;
-    const int64_t length = (int64_t)num(argc, argv, "--length", 500), count = (int64_t)num(argc, argv, "--count", 1);
-    const char *prompt = cli_arg(argc, argv, "--prompt");
+    int rc = open_ckpt(&a, CG_ARCH_GPT2, &ck);
+    if (rc) return rc;
+    if (!within(&a, "--top-k", top_k, cg_tokenizer_vocab_size(ck.tok), "the vocabulary")) {
+        cli_ckpt_free(&ck);
+        return 2;
+    }
+    cg_sampling s = {.temperature = cli_num(&a, "--temperature", 0.8), .top_k = (int)top_k, .top_p = cli_num(&a, "--top-p", 0)};
+    const uint64_t seed = cli_u64(&a, "--seed", 1337);
+    const char *prompt = cli_str(&a, "--prompt", NULL);
     int32_t *ids = NULL, dflt = cli_gpt_default_prompt(ck.tok);
     int64_t n = 0, dropped = 0;
-    int rc = 0;
     if (prompt && *prompt) {
         if (cli_encode(ck.tok, prompt, &ids, &n, &dropped)) rc = cli_fail("sample", "cannot encode the prompt");
         else if (dropped) fprintf(stderr, "cgrad sample: %lld prompt characters are not in the vocabulary; skipped\n",
@@ -132,7 +122,7 @@ int cmd_sample(int argc, char **argv) {
     for (int64_t c = 0; !rc && c < count; c++) {
         if (count > 1) printf("--- sample %lld ---\n", (long long)c + 1);
         if (cli_gpt_write(stdout, cg_model_gpt(ck.model), ck.tok, ids, n, length, &s, seed + (uint64_t)c,
-                          !cli_flag(argc, argv, "--no-cache")))
+                          !cli_has(&a, "--no-cache")))
             rc = cli_fail("sample", "generation failed");
         printf("\n");
     }
@@ -173,49 +163,52 @@ static int translate_one(void *ctx, const char *text) {
     return 0;
 }
 
+const cli_opt cli_translate_opts[] = {
+    CKPT, {"--beam", CLI_INT, 1, 64, "beam width, at most the target vocabulary (1: greedy)"}, THREADS, END};
+
 int cmd_translate(int argc, char **argv) {
-    static const char *const known[] = {"--checkpoint", "--beam", "--threads", NULL};
-    const char **words = malloc((size_t)(argc + 1) * sizeof *words);
-    int nw;
-    if (!words || !parse(argc, argv, "translate", known, NULL, words, &nw)) {
+    cli_args a;
+    if (!cli_parse("translate", cli_translate_opts, argc, argv, &a) || !cli_has(&a, "--checkpoint")) {
         fprintf(stderr, "usage: cgrad translate --checkpoint P [--beam N] [TEXT...]   (no TEXT: one per stdin line)\n");
-        free(words);
         return 2;
     }
     cli_ckpt ck;
-    int rc = 1;
-    if (open_ckpt(argc, argv, "translate", CG_ARCH_ENCDEC, &ck)) {
-        tr_ctx c = {&ck, (int)num(argc, argv, "--beam", 1)};
-        rc = each_text(words, nw, translate_one, &c);
-        cli_ckpt_free(&ck);
-    }
-    free(words);
+    int rc = open_ckpt(&a, CG_ARCH_ENCDEC, &ck);
+    if (rc) return rc;
+    tr_ctx c = {&ck, (int)cli_int(&a, "--beam", 1)};
+    if (!within(&a, "--beam", c.beam, cg_encdec_cfg(cg_model_encdec(ck.model))->tgt_vocab_size, "the target vocabulary"))
+        rc = 2;
+    else rc = each_text(a.words, a.n_words, translate_one, &c);
+    cli_ckpt_free(&ck);
     return rc;
 }
 
 /* ---- fill-mask ---- */
 
+const cli_opt cli_fill_mask_opts[] = {
+    CKPT, {"--top-k", CLI_INT, 1, 1 << 24, "tokens shown, at most the vocabulary (5)"}, THREADS, END};
+
 int cmd_fill_mask(int argc, char **argv) {
-    static const char *const known[] = {"--checkpoint", "--top-k", "--threads", NULL};
-    const char **words = malloc((size_t)(argc + 1) * sizeof *words);
-    int nw;
-    if (!words || !parse(argc, argv, "fill-mask", known, NULL, words, &nw) || nw == 0) {
+    cli_args a;
+    if (!cli_parse("fill-mask", cli_fill_mask_opts, argc, argv, &a) || a.n_words == 0 || !cli_has(&a, "--checkpoint")) {
         fprintf(stderr, "usage: cgrad fill-mask --checkpoint P [--top-k K] TEXT-with-[MASK]\n");
-        free(words);
         return 2;
     }
-    char *text = join(words, nw);
-    free(words);
     cli_ckpt ck;
-    if (!text || !open_ckpt(argc, argv, "fill-mask", CG_ARCH_BERT, &ck)) {
-        free(text);
+    int rc = open_ckpt(&a, CG_ARCH_BERT, &ck);
+    if (rc) return rc;
+    const int top_k = (int)cli_int(&a, "--top-k", 5);
+    if (!within(&a, "--top-k", top_k, cg_bert_cfg(cg_model_bert(ck.model))->vocab_size, "the vocabulary")) {
+        cli_ckpt_free(&ck);
+        return 2;
+    }
+    char *text = join(a.words, a.n_words);
+    if (!text) {
+        cli_ckpt_free(&ck);
         return 1;
     }
     const int32_t mask = cg_tokenizer_token_id(ck.tok, "[MASK]"), cls = cg_tokenizer_token_id(ck.tok, "[CLS]"),
                   sep = cg_tokenizer_token_id(ck.tok, "[SEP]");
-    int top_k = (int)num(argc, argv, "--top-k", 5);
-    if (top_k < 1) top_k = 1;
-    int rc = 0;
     /* The tokenizer splits "[MASK]" like any text, so the pieces between masks are encoded apart. */
     int64_t cap = (int64_t)strlen(text) + 3, n = 0;
     int32_t *ids = malloc((size_t)cap * sizeof *ids), *top = malloc((size_t)top_k * sizeof *top);
@@ -291,28 +284,25 @@ static int classify_one(void *ctx, const char *text) {
     return 0;
 }
 
+const cli_opt cli_classify_opts[] = {CKPT, THREADS, END};
+
 int cmd_classify(int argc, char **argv) {
-    static const char *const known[] = {"--checkpoint", "--threads", NULL};
-    const char **words = malloc((size_t)(argc + 1) * sizeof *words);
-    int nw;
-    if (!words || !parse(argc, argv, "classify", known, NULL, words, &nw)) {
+    cli_args a;
+    if (!cli_parse("classify", cli_classify_opts, argc, argv, &a) || !cli_has(&a, "--checkpoint")) {
         fprintf(stderr, "usage: cgrad classify --checkpoint P [TEXT...]   (no TEXT: one per stdin line)\n"
                         "prints: label <TAB> label=probability ... <TAB> text\n");
-        free(words);
         return 2;
     }
     cli_ckpt ck;
-    int rc = 1;
-    if (open_ckpt(argc, argv, "classify", CG_ARCH_CLASSIFIER, &ck)) {
-        cg_textcls_options to;
-        cg_textcls_options_default(ck.tok, &to); /* the same [CLS] rule as training */
-        const int64_t nc = cg_classifier_cfg(cg_model_classifier(ck.model))->num_classes;
-        cls_ctx c = {&ck, to.cls_id, cli_json_i64(ck.state, "graph_t", 0), malloc((size_t)nc * sizeof(double))};
-        rc = c.probs ? each_text(words, nw, classify_one, &c) : 1;
-        free(c.probs);
-        cli_ckpt_free(&ck);
-    }
-    free(words);
+    int rc = open_ckpt(&a, CG_ARCH_CLASSIFIER, &ck);
+    if (rc) return rc;
+    cg_textcls_options to;
+    cg_textcls_options_default(ck.tok, &to); /* the same [CLS] rule as training */
+    const int64_t nc = cg_classifier_cfg(cg_model_classifier(ck.model))->num_classes;
+    cls_ctx c = {&ck, to.cls_id, cli_json_i64(ck.state, "graph_t", 0), malloc((size_t)nc * sizeof(double))};
+    rc = c.probs ? each_text(a.words, a.n_words, classify_one, &c) : 1;
+    free(c.probs);
+    cli_ckpt_free(&ck);
     return rc;
 }
 
@@ -372,27 +362,30 @@ static int eval_lm(cli_ckpt *ck, const char *path, int64_t batch) {
     return 0;
 }
 
+const cli_opt cli_eval_opts[] = {
+    CKPT,
+    {"--data", CLI_IN, 0, 0, "text (gpt2, bert) or TSV (encdec, classifier) to score"},
+    {"--batch", CLI_INT, 1, 1 << 20, "rows per batch (the training batch)"},
+    {"--batches", CLI_INT, 1, 1e15, "batches (bert: 50; others: the whole file)"},
+    {"--exact", CLI_INT, 0, 1e15, "encdec: pairs decoded for exact match (all)"},
+    THREADS,
+    END};
+
 int cmd_eval(int argc, char **argv) {
-    static const char *const known[] = {"--checkpoint", "--data", "--batch", "--batches", "--threads", "--exact", NULL};
-    const char *words[40];
-    int nw;
-    const char *data = cli_arg(argc, argv, "--data");
-    if (argc > 40 || !parse(argc, argv, "eval", known, NULL, words, &nw) || nw || !data) {
+    cli_args a;
+    if (!cli_parse("eval", cli_eval_opts, argc, argv, &a) || a.n_words || !cli_has(&a, "--data") ||
+        !cli_has(&a, "--checkpoint")) {
         fprintf(stderr, "usage: cgrad eval --checkpoint P --data FILE [--batch N] [--batches N] [--exact N] [--threads N]\n"
                         "  gpt2: loss, perplexity and bits per character over the whole text; bert: masked-LM loss over\n"
                         "  --batches batches (50); encdec: loss and greedy exact match (--exact pairs, all); classifier:\n"
                         "  loss, accuracy and the majority-class rate\n");
         return 2;
     }
+    const char *data = cli_str(&a, "--data", NULL);
     cli_ckpt ck;
-    if (!open_ckpt(argc, argv, "eval", -1, &ck)) return 1;
-    const int64_t batch = (int64_t)num(argc, argv, "--batch", (double)cli_json_i64(ck.train, "batch", 8));
-    if (batch < 1) {
-        cli_ckpt_free(&ck);
-        fprintf(stderr, "cgrad eval: --batch must be >= 1\n");
-        return 2;
-    }
-    int rc = 0;
+    int rc = open_ckpt(&a, -1, &ck);
+    if (rc) return rc;
+    const int64_t saved = cli_json_i64(ck.train, "batch", 8), batch = cli_int(&a, "--batch", saved >= 1 && saved <= 1 << 20 ? saved : 8);
     if (ck.arch == CG_ARCH_GPT2) {
         rc = eval_lm(&ck, data, batch);
         cli_ckpt_free(&ck);
@@ -443,7 +436,7 @@ int cmd_eval(int argc, char **argv) {
     cg_model_graph mg;
     if (!rc && (!g || cg_model_build(g, ck.model, batch, t.t, t.s, &mg))) rc = cli_fail("eval", "cannot build the graph");
     cli_eval e;
-    const int64_t batches = (int64_t)num(argc, argv, "--batches", ck.arch == CG_ARCH_BERT ? 50 : 1e18);
+    const int64_t batches = cli_int(&a, "--batches", ck.arch == CG_ARCH_BERT ? 50 : INT64_MAX);
     if (!rc && cli_task_eval(&t, false, g, &mg, batches, NULL, &e)) rc = cli_fail("eval", "evaluation failed");
     if (!rc) {
         printf("%s: %lld batches of %lld\n", data, (long long)e.batches, (long long)batch);
@@ -458,7 +451,7 @@ int cmd_eval(int argc, char **argv) {
         }
         if (t.s2s) {
             /* Exact match over the file: the task's "held-out" split is empty here, so use all pairs. */
-            int64_t n = (int64_t)num(argc, argv, "--exact", 1e18), nv = cg_seq2seq_data_count(t.s2s, false), right = 0, k = 0;
+            int64_t n = cli_int(&a, "--exact", INT64_MAX), nv = cg_seq2seq_data_count(t.s2s, false), right = 0, k = 0;
             int32_t out[512];
             for (int64_t i = 0; i < n && i < nv; i++, k++) {
                 const int32_t *src, *tgt;
@@ -483,16 +476,17 @@ int cmd_eval(int argc, char **argv) {
 
 /* ---- info ---- */
 
+const cli_opt cli_info_opts[] = {CKPT, END};
+
 int cmd_info(int argc, char **argv) {
-    static const char *const known[] = {"--checkpoint", NULL};
-    const char *words[8];
-    int nw;
-    if (argc > 8 || !parse(argc, argv, "info", known, NULL, words, &nw) || nw > 1 ||
-        (!nw && !cli_arg(argc, argv, "--checkpoint"))) {
-        fprintf(stderr, "usage: cgrad info --checkpoint P\n");
+    cli_args a;
+    if (!cli_parse("info", cli_info_opts, argc, argv, &a) || a.n_words + cli_has(&a, "--checkpoint") != 1) {
+        fprintf(stderr, "usage: cgrad info --checkpoint P   (or: cgrad info P)\n");
         return 2;
     }
-    const char *path = nw ? words[0] : cli_arg(argc, argv, "--checkpoint");
+    cli_value v;
+    if (a.n_words && !cli_check_value("info", &cli_info_opts[0], a.words[0], &v)) return 2;
+    const char *path = a.n_words ? a.words[0] : cli_str(&a, "--checkpoint", NULL);
     cli_ckpt ck;
     if (cli_ckpt_load(path, 0.0, &ck)) return cli_fail("info", "cannot load the checkpoint");
     const char *kinds[] = {"char", "bpe", "wordpiece"};

@@ -1,4 +1,5 @@
 /* The cgrad command: one binary, one subcommand per job. */
+#include <float.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -6,21 +7,40 @@
 #include "cgrad.h"
 #include "cli/commands.h"
 
+const cli_opt cli_gradcheck_opts[] = {{"--op", CLI_STR, 0, 0, "only ops whose name contains this"},
+                                      {"--tol", CLI_NUM, 0, DBL_MAX, "relative tolerance (0: each op's own)"},
+                                      {"--threads", CLI_INT, 1, 1024, "threads (CGRAD_THREADS or all cores)"},
+                                      {NULL, CLI_BARE, 0, 0, NULL}};
+
 static int cmd_gradcheck(int argc, char **argv) {
-    const char *filter = NULL;
-    double tol = 0;
-    for (int i = 0; i < argc; i++) {
-        if (!strcmp(argv[i], "--op") && i + 1 < argc) filter = argv[++i];
-        else if (!strcmp(argv[i], "--tol") && i + 1 < argc) tol = atof(argv[++i]);
-        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) cg_set_threads(atoi(argv[++i]));
-        else {
-            fprintf(stderr, "usage: cgrad gradcheck [--op NAME] [--tol REL] [--threads N]\n");
-            return 2;
-        }
+    cli_args a;
+    if (!cli_parse("gradcheck", cli_gradcheck_opts, argc, argv, &a) || a.n_words) {
+        fprintf(stderr, "usage: cgrad gradcheck [--op NAME] [--tol REL] [--threads N]\n");
+        return 2;
     }
-    int failed = cg_gradcheck_ops(stdout, tol, filter);
+    if (cli_has(&a, "--threads")) cg_set_threads((int)cli_int(&a, "--threads", 0));
+    int failed = cg_gradcheck_ops(stdout, cli_num(&a, "--tol", 0), cli_str(&a, "--op", NULL));
     printf("%s: %d failed\n", failed ? "FAIL" : "PASS", failed);
     return failed ? 1 : 0;
+}
+
+/* The option tables of every subcommand, for `cgrad flags`. */
+static const struct {
+    const char *cmd;
+    const cli_opt *opts;
+} tables[] = {{"train", cli_train_opts},         {"sample", cli_sample_opts}, {"translate", cli_translate_opts},
+              {"fill-mask", cli_fill_mask_opts}, {"classify", cli_classify_opts}, {"eval", cli_eval_opts},
+              {"info", cli_info_opts},           {"plot", cli_plot_opts},     {"gradcheck", cli_gradcheck_opts},
+              {"step", cli_step_opts},           {"bench", cli_bench_opts}};
+
+static int cmd_flags(int argc, char **argv) {
+    (void)argv;
+    if (argc) {
+        fprintf(stderr, "usage: cgrad flags\n");
+        return 2;
+    }
+    for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) cli_print_opts(stdout, tables[i].cmd, tables[i].opts);
+    return 0;
 }
 
 static void usage(FILE *f) {
@@ -37,6 +57,7 @@ static void usage(FILE *f) {
             "  gradcheck   check every op's gradient against finite differences (table; exit 1 on a failure)\n"
             "  step        one forward/backward (and AdamW steps) of a zoo model on a batch file, outputs dumped\n"
             "  bench       time training steps (and --gen generation) of the benchmark configs, JSON lines\n"
+            "  flags       every command's options: command, flag, kind and range, one a line\n"
             "  help        this text\n");
 }
 
@@ -56,6 +77,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "gradcheck")) return cmd_gradcheck(argc - 2, argv + 2);
     if (!strcmp(argv[1], "step")) return cmd_step(argc - 2, argv + 2);
     if (!strcmp(argv[1], "bench")) return cmd_bench(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "flags")) return cmd_flags(argc - 2, argv + 2);
     fprintf(stderr, "cgrad: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;

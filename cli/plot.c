@@ -67,9 +67,13 @@ static cg_status read_csv(const char *path, series *s) {
     if (fgets(line, sizeof line, f)) cs = column(line, "step"), ct = column(line, "train_loss"), cv = column(line, "val_loss");
     cg_status st = CG_OK;
     if (cs < 0 || ct < 0 || cv < 0) st = cgi_fail(CG_ERR_FORMAT, "[plot] %s: the header needs step, train_loss and val_loss", path);
-    while (!st && fgets(line, sizeof line, f)) {
+    for (long no = 2; !st && fgets(line, sizeof line, f); no++) {
         double step = field_num(line, cs);
         if (isnan(step)) continue;
+        if (!isfinite(step)) { /* an axis to infinity has no ticks to draw */
+            st = cgi_fail(CG_ERR_FORMAT, "[plot] %s line %ld: step %g is not a finite number", path, no, step);
+            break;
+        }
         if (!push(s, step, field_num(line, ct), field_num(line, cv))) st = cgi_fail(CG_ERR_NOMEM, "[plot] out of memory");
     }
     fclose(f);
@@ -90,6 +94,13 @@ static void esc(FILE *f, const char *s) {
         else if (*s == '&') fputs("&amp;", f);
         else fputc(*s, f);
     }
+}
+
+/* Ticks lo, lo + step, ... up to hi: their count, 0 when the range cannot be ticked in a few
+ * finite steps (a step lost in rounding, an infinite or NaN range), so no loop can run away. */
+static int tick_count(double lo, double hi, double step) {
+    const double n = (hi - lo) / step;
+    return n >= 0 && n <= 64 ? (int)floor(n + 0.5) + 1 : 0;
 }
 
 enum { W = 860, H = 500, ML = 72, MR = 24, MT = 48, MB = 56 };
@@ -141,6 +152,7 @@ cg_status cli_plot_metrics(const char *csv_path, const char *svg_path, const cha
     fr.x1 = fmax(ceil(fr.x1 / xs) * xs, fr.x0 + xs);
     const double ys = nice_step(fr.y1 - fr.y0, 6);
     fr.y0 = floor(fr.y0 / ys) * ys, fr.y1 = fmax(ceil(fr.y1 / ys) * ys, fr.y0 + ys);
+    const int nx = tick_count(fr.x0, fr.x1, xs), ny = tick_count(fr.y0, fr.y1, ys);
 
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
                "font-family=\"Helvetica, Arial, sans-serif\" font-size=\"12\">\n", W, H, W, H);
@@ -148,24 +160,36 @@ cg_status cli_plot_metrics(const char *csv_path, const char *svg_path, const cha
     fprintf(f, "<text x=\"%d\" y=\"28\" text-anchor=\"middle\" font-size=\"15\" font-weight=\"bold\">", (ML + W - MR) / 2);
     esc(f, title ? title : "training loss");
     fprintf(f, "</text>\n<g stroke=\"#e4e4e4\" stroke-width=\"1\">\n");
-    for (double x = fr.x0; x <= fr.x1 + xs / 2; x += xs)
+    for (int i = 0; i < nx; i++) {
+        const double x = fr.x0 + i * xs;
         fprintf(f, "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\"/>\n", px(&fr, x), MT, px(&fr, x), H - MB);
-    for (double y = fr.y0; y <= fr.y1 + ys / 2; y += ys)
+    }
+    for (int i = 0; i < ny; i++) {
+        const double y = fr.y0 + i * ys;
         fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\"/>\n", ML, py(&fr, y), W - MR, py(&fr, y));
+    }
     fprintf(f, "</g>\n<g stroke=\"#333\" stroke-width=\"1\">\n");
     fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\"/>\n", ML, H - MB, W - MR, H - MB);
     fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\"/>\n", ML, MT, ML, H - MB);
-    for (double x = fr.x0; x <= fr.x1 + xs / 2; x += xs)
+    for (int i = 0; i < nx; i++) {
+        const double x = fr.x0 + i * xs;
         fprintf(f, "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\"/>\n", px(&fr, x), H - MB, px(&fr, x), H - MB + 5);
-    for (double y = fr.y0; y <= fr.y1 + ys / 2; y += ys)
+    }
+    for (int i = 0; i < ny; i++) {
+        const double y = fr.y0 + i * ys;
         fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\"/>\n", ML - 5, py(&fr, y), ML, py(&fr, y));
+    }
     fprintf(f, "</g>\n<g fill=\"#333\">\n");
-    for (double x = fr.x0; x <= fr.x1 + xs / 2; x += xs)
+    for (int i = 0; i < nx; i++) {
+        const double x = fr.x0 + i * xs;
         fprintf(f, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%g</text>\n", px(&fr, x), H - MB + 19,
                 fabs(x) < xs * 1e-9 ? 0.0 : x);
-    for (double y = fr.y0; y <= fr.y1 + ys / 2; y += ys)
+    }
+    for (int i = 0; i < ny; i++) {
+        const double y = fr.y0 + i * ys;
         fprintf(f, "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%g</text>\n", ML - 8, py(&fr, y) + 4,
                 fabs(y) < ys * 1e-9 ? 0.0 : y);
+    }
     fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" font-size=\"13\">step</text>\n", (ML + W - MR) / 2, H - 14);
     fprintf(f, "<text transform=\"translate(20 %d) rotate(-90)\" text-anchor=\"middle\" font-size=\"13\">",
             (MT + H - MB) / 2);
@@ -203,18 +227,22 @@ cg_status cli_plot_metrics(const char *csv_path, const char *svg_path, const cha
     return st;
 }
 
+const cli_opt cli_plot_opts[] = {{"--out", CLI_OUT, 0, 0, "SVG to write (METRICS.svg)"},
+                                 {"--title", CLI_STR, 0, 0, "chart title (the CSV's name)"},
+                                 {"--ylabel", CLI_STR, 0, 0, "y-axis label (loss (nats per token))"},
+                                 {NULL, CLI_BARE, 0, 0, NULL}};
+
 int cmd_plot(int argc, char **argv) {
-    const char *csv = NULL, *out = cli_arg(argc, argv, "--out"), *title = cli_arg(argc, argv, "--title"),
-               *ylabel = cli_arg(argc, argv, "--ylabel");
-    for (int i = 0; i < argc; i++) {
-        if (!strcmp(argv[i], "--out") || !strcmp(argv[i], "--title") || !strcmp(argv[i], "--ylabel")) i++;
-        else if (!strncmp(argv[i], "--", 2) || csv) csv = NULL, argc = -1;
-        else csv = argv[i];
-    }
-    if (argc < 0 || !csv) {
+    cli_args a;
+    if (!cli_parse("plot", cli_plot_opts, argc, argv, &a) || a.n_words != 1) {
         fprintf(stderr, "usage: cgrad plot METRICS.csv [--out LOSS.svg] [--title TEXT] [--ylabel TEXT]\n");
         return 2;
     }
+    const char *csv = a.words[0], *out = cli_str(&a, "--out", NULL), *title = cli_str(&a, "--title", NULL),
+               *ylabel = cli_str(&a, "--ylabel", NULL);
+    const cli_opt in = {"METRICS.csv", CLI_IN, 0, 0, NULL};
+    cli_value v;
+    if (!cli_check_value("plot", &in, csv, &v)) return 2;
     char def[4096];
     if (!out) {
         size_t n = strlen(csv);

@@ -1,5 +1,6 @@
 /* cgrad step: one forward and backward of a zoo model on a batch file, every output dumped to a
  * safetensors file for comparison with any framework; optionally N AdamW steps on the batch. */
+#include <float.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,17 +12,25 @@
 #include "models/zoo.h"
 #include "optim/optim.h"
 
-static const char *const known[] = {"--arch", "--config", "--weights", "--batch", "--out", "--steps", "--optim", "--lr",
-                                    "--beta1", "--beta2", "--eps", "--weight-decay", "--threads", NULL};
+const cli_opt cli_step_opts[] = {
+    {"--arch", CLI_STR, 0, 0, "gpt2|bert|encdec|classifier"},
+    {"--config", CLI_IN, 0, 0, "model config.json"},
+    {"--weights", CLI_IN, 0, 0, "safetensors weights"},
+    {"--batch", CLI_IN, 0, 0, "safetensors batch (the graph inputs by name)"},
+    {"--out", CLI_OUT, 0, 0, "safetensors file the outputs go to"},
+    {"--steps", CLI_INT, 0, 1 << 20, "AdamW steps on the batch after the dump (0)"},
+    {"--optim", CLI_STR, 0, 0, "adamw"},
+    {"--lr", CLI_NUM, DBL_TRUE_MIN, DBL_MAX, "learning rate (1e-3)"},
+    {"--beta1", CLI_NUM, 0, CLI_BELOW_1, "AdamW beta1 (0.9)"},
+    {"--beta2", CLI_NUM, 0, CLI_BELOW_1, "AdamW beta2 (0.999)"},
+    {"--eps", CLI_NUM, DBL_TRUE_MIN, DBL_MAX, "AdamW epsilon (1e-8)"},
+    {"--weight-decay", CLI_NUM, 0, DBL_MAX, "AdamW weight decay (0.01)"},
+    {"--threads", CLI_INT, 1, 1024, "threads (CGRAD_THREADS or all cores)"},
+    {NULL, CLI_BARE, 0, 0, NULL}};
 
 static int fail(const char *what) {
     fprintf(stderr, "cgrad step: %s%s%s\n", what, *cg_last_error() ? ": " : "", cg_last_error());
     return 1;
-}
-
-static double num(int argc, char **argv, const char *name, double dflt) {
-    const char *v = cli_arg(argc, argv, name);
-    return v ? atof(v) : dflt;
 }
 
 /* Fills every graph input from the batch tensor of the same name. */
@@ -35,22 +44,25 @@ static cg_status fill_inputs(const cg_model_graph *mg, const cg_st *batch) {
 }
 
 int cmd_step(int argc, char **argv) {
-    if (!cli_known(argc, argv, known, "step")) return 2;
-    const char *arch_s = cli_arg(argc, argv, "--arch"), *cfg_path = cli_arg(argc, argv, "--config"),
-               *w_path = cli_arg(argc, argv, "--weights"), *b_path = cli_arg(argc, argv, "--batch"),
-               *out_path = cli_arg(argc, argv, "--out");
-    if (!arch_s || !cfg_path || !w_path || !b_path || !out_path) {
+    cli_args a;
+    if (!cli_parse("step", cli_step_opts, argc, argv, &a)) return 2;
+    const char *arch_s = cli_str(&a, "--arch", NULL), *cfg_path = cli_str(&a, "--config", NULL),
+               *w_path = cli_str(&a, "--weights", NULL), *b_path = cli_str(&a, "--batch", NULL),
+               *out_path = cli_str(&a, "--out", NULL);
+    if (!arch_s || !cfg_path || !w_path || !b_path || !out_path || a.n_words) {
         fprintf(stderr, "usage: cgrad step --arch gpt2|bert|encdec|classifier --config config.json --weights w.safetensors "
                         "--batch b.safetensors --out o.safetensors [--steps N --optim adamw --lr X --beta1 X --beta2 X "
                         "--eps X --weight-decay X] [--threads N]\n");
         return 2;
     }
-    if (cli_arg(argc, argv, "--threads")) cg_set_threads(atoi(cli_arg(argc, argv, "--threads")));
-    const int steps = (int)num(argc, argv, "--steps", 0);
-    const char *optim_s = cli_arg(argc, argv, "--optim");
-    if (optim_s && strcmp(optim_s, "adamw")) return fail("only --optim adamw is supported");
+    if (cli_has(&a, "--threads")) cg_set_threads((int)cli_int(&a, "--threads", 0));
+    const int steps = (int)cli_int(&a, "--steps", 0);
+    const char *optim_s = cli_str(&a, "--optim", NULL);
     cg_arch arch;
-    if (cg_arch_parse(arch_s, &arch)) return fail("bad --arch");
+    if ((optim_s && strcmp(optim_s, "adamw")) || cg_arch_parse(arch_s, &arch)) {
+        fprintf(stderr, "cgrad step: %s\n", optim_s && strcmp(optim_s, "adamw") ? "only --optim adamw is supported" : cg_last_error());
+        return 2;
+    }
     char *cfg = cgi_read_text(cfg_path, NULL);
     if (!cfg) return fail("cannot read the config");
     cg_params *ps = cg_params_new();
@@ -106,11 +118,11 @@ int cmd_step(int argc, char **argv) {
     }
     if (!st && steps > 0) {
         cg_optim_config oc = cg_optim_defaults(CG_OPT_ADAMW);
-        oc.lr = num(argc, argv, "--lr", 1e-3);
-        oc.beta1 = num(argc, argv, "--beta1", 0.9);
-        oc.beta2 = num(argc, argv, "--beta2", 0.999);
-        oc.eps = num(argc, argv, "--eps", 1e-8);
-        oc.weight_decay = num(argc, argv, "--weight-decay", 0.01);
+        oc.lr = cli_num(&a, "--lr", 1e-3);
+        oc.beta1 = cli_num(&a, "--beta1", 0.9);
+        oc.beta2 = cli_num(&a, "--beta2", 0.999);
+        oc.eps = cli_num(&a, "--eps", 1e-8);
+        oc.weight_decay = cli_num(&a, "--weight-decay", 0.01);
         opt = cg_optim_new(ps, &oc); /* decay on every parameter, as AdamW over model.parameters() */
         losses = malloc((size_t)steps * sizeof *losses);
         if (!opt || !losses) st = CG_ERR_NOMEM;

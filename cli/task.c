@@ -2,6 +2,7 @@
  * evaluation, and a few worked examples. Batches are written straight into the graph's named
  * int32 inputs, so a step copies nothing and allocates nothing. */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,6 +92,9 @@ cg_status cli_gpt_write(FILE *f, const cg_gpt *m, const cg_tokenizer *tok, const
                         int64_t n, const cg_sampling *s, uint64_t seed, bool cache) {
     const int64_t ctx = cg_gpt_cfg(m)->n_positions, keep = ctx / 2 > 0 ? ctx / 2 : 1;
     if (ctx < 2) return cgi_fail(CG_ERR_ARG, "[sample] a context of %lld tokens leaves no room to generate", (long long)ctx);
+    if (n < 0 || n_prompt < 1 || n > (int64_t)(SIZE_MAX / sizeof(int32_t) / 2) - n_prompt) /* the buffer's size must not wrap */
+        return cgi_fail(CG_ERR_ARG, "[sample] %lld tokens after a %lld-token prompt: out of range", (long long)n,
+                        (long long)n_prompt);
     int32_t *buf = malloc((size_t)(n_prompt + n + 1) * sizeof *buf), *out = malloc((size_t)ctx * sizeof *out);
     if (!buf || !out) {
         free(buf);

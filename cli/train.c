@@ -4,6 +4,7 @@
  * dropout stream, options) goes into the checkpoint, so stopping and resuming gives the same
  * numbers, bit for bit, as running straight through with the same thread count. */
 #include <errno.h>
+#include <float.h>
 #include <inttypes.h>
 #include <math.h>
 #include <signal.h>
@@ -28,78 +29,84 @@ typedef struct {
     double val_fraction, lr, min_lr, beta1, beta2, eps, weight_decay, clip, dropout;
     uint64_t seed;
     /* run options: free to change on --resume */
-    int64_t steps, eval_every, eval_batches, eval_exact, save_every, log_every, samples, threads;
+    int64_t steps, eval_every, eval_batches, eval_exact, save_every, log_every, samples, threads, skip_nonfinite;
     const char *checkpoint, *metrics, *plot;
     int64_t bucket_kb, overlap; /* data-parallel runs (mpirun) */
     double dist_timeout;
 } topts;
 
+/* Counts that a checkpoint stores as JSON numbers stay below 2^53, where doubles are exact. */
+#define COUNT_MAX 1e15
+#define POS_MIN DBL_TRUE_MIN /* lo of "greater than 0" */
+
+/* Every option once: flag, kind, field, fixed (part of the run's identity: a resumed run must not
+ * change it), range, help. The table, the index enum and the field offsets come from this list. */
+#define TRAIN_OPTS(X)                                                                                                      \
+    X("--arch", CLI_STR, arch, true, 0, 0, "gpt2|bert|encdec|classifier (gpt2)")                                           \
+    X("--data", CLI_IN, data, false, 0, 0, "text (gpt2, bert) or TSV (encdec src\\ttgt, classifier label\\ttext)")          \
+    X("--val-data", CLI_IN, val_data, false, 0, 0, "held-out TSV for encdec/classifier (default: the last --val-fraction)") \
+    X("--val-fraction", CLI_NUM, val_fraction, true, 0, CLI_BELOW_1, "held-out share at the end of the data (0.1)")         \
+    X("--tokenizer", CLI_STR, tokenizer, true, 0, 0, "char|bpe|wordpiece (gpt2, encdec: char; bert, classifier: wordpiece)") \
+    X("--tokenizer-path", CLI_IN, tokenizer_path, true, 0, 0, "tokenizer file or directory (bpe: data/gpt2, wordpiece: data/bert/vocab.txt)") \
+    X("--vocab-size", CLI_INT, vocab_size, true, 0, 1 << 24, "bpe: train a tokenizer of this size on the data instead")     \
+    X("--layers", CLI_INT, layers, true, 1, 1024, "transformer layers (encdec: each stack)")                               \
+    X("--heads", CLI_INT, heads, true, 1, 1024, "attention heads")                                                         \
+    X("--dim", CLI_INT, dim, true, 1, 1 << 16, "model width")                                                              \
+    X("--ffn", CLI_INT, ffn, true, 1, 1 << 18, "feed-forward width (4 * dim)")                                             \
+    X("--context", CLI_INT, context, true, 2, 1 << 20, "tokens per row (encdec, classifier: the cap)")                     \
+    X("--batch", CLI_INT, batch, true, 1, 1 << 20, "rows per micro-batch")                                                 \
+    X("--grad-accum", CLI_INT, grad_accum, true, 1, 1 << 20, "micro-batches per step (1)")                                 \
+    X("--steps", CLI_INT, steps, false, 0, COUNT_MAX, "optimizer steps")                                                   \
+    X("--decay-steps", CLI_INT, decay_steps, true, 0, COUNT_MAX, "step where cosine/linear reach --min-lr (--steps)")      \
+    X("--lr", CLI_NUM, lr, true, POS_MIN, DBL_MAX, "peak learning rate (noam: the factor)")                                \
+    X("--min-lr", CLI_NUM, min_lr, true, 0, DBL_MAX, "final learning rate (lr / 10)")                                      \
+    X("--warmup", CLI_INT, warmup, true, 0, COUNT_MAX, "linear warmup steps")                                              \
+    X("--schedule", CLI_STR, schedule, true, 0, 0, "constant|cosine|linear|noam (cosine)")                                 \
+    X("--beta1", CLI_NUM, beta1, true, 0, CLI_BELOW_1, "AdamW beta1 (0.9)")                                                \
+    X("--beta2", CLI_NUM, beta2, true, 0, CLI_BELOW_1, "AdamW beta2 (0.99)")                                               \
+    X("--eps", CLI_NUM, eps, true, POS_MIN, DBL_MAX, "AdamW epsilon (1e-8)")                                               \
+    X("--weight-decay", CLI_NUM, weight_decay, true, 0, DBL_MAX, "decoupled decay on matrices and embeddings (0.1)")       \
+    X("--clip", CLI_NUM, clip, true, 0, DBL_MAX, "global gradient-norm clip, 0 for none (1.0)")                            \
+    X("--dropout", CLI_NUM, dropout, true, 0, CLI_BELOW_1, "dropout everywhere (0)")                                       \
+    X("--seed", CLI_U64, seed, true, 0, 0, "seed of initialisation, data order and dropout (1337)")                        \
+    X("--eval-every", CLI_INT, eval_every, false, 0, COUNT_MAX, "steps between held-out evaluations")                      \
+    X("--eval-batches", CLI_INT, eval_batches, false, 0, COUNT_MAX, "held-out batches per evaluation")                     \
+    X("--eval-exact", CLI_INT, eval_exact, false, 0, COUNT_MAX, "encdec: greedy exact match over this many held-out pairs at the end") \
+    X("--checkpoint", CLI_OUT, checkpoint, false, 0, 0, "checkpoint path (cgrad.ckpt; --resume: the resumed file)")        \
+    X("--save-every", CLI_INT, save_every, false, 0, COUNT_MAX, "steps between checkpoints, 0 for the end only")           \
+    X("--log-every", CLI_INT, log_every, false, 0, COUNT_MAX, "steps between log lines when stdout is not a terminal")     \
+    X("--metrics", CLI_OUT, metrics, false, 0, 0, "metrics CSV (next to the checkpoint, else ./cgrad_metrics.csv)")        \
+    X("--plot", CLI_OUT, plot, false, 0, 0, "loss-curve SVG (next to the metrics)")                                        \
+    X("--samples", CLI_INT, samples, false, 0, 1 << 20, "worked examples printed at the end (3)")                           \
+    X("--threads", CLI_INT, threads, false, 0, 1024, "threads (0: CGRAD_THREADS or all cores; mpirun: cores / ranks here)") \
+    X("--bucket-kb", CLI_INT, bucket_kb, false, 1, 1 << 22, "mpirun: KiB of gradients per all-reduce bucket (1024)")      \
+    X("--overlap", CLI_INT, overlap, false, 0, 1, "mpirun: 1 starts buckets while backward runs, 0 after it (1)")          \
+    X("--dist-timeout", CLI_NUM, dist_timeout, false, POS_MIN, 1e9, "mpirun: seconds a rank waits for the others, then fails (300)") \
+    X("--skip-nonfinite", CLI_INT, skip_nonfinite, false, 0, COUNT_MAX, "skip up to N steps whose loss or gradient is not finite (0: stop at the first)")
+
+#define OPT(f, k, field, fixed, lo, hi, help) {f, k, lo, hi, help},
+const cli_opt cli_train_opts[] = {TRAIN_OPTS(OPT){"--resume", CLI_IN, 0, 0, "continue from CKPT (the value is optional)"},
+                                  {NULL, CLI_BARE, 0, 0, NULL}};
+#undef OPT
+#define OPT(f, k, field, fixed, lo, hi, help) idx_##field,
+enum { TRAIN_OPTS(OPT) N_DEFS };
+#undef OPT
+#define OPT(f, k, field, fixed, lo, hi, help) {offsetof(topts, field), fixed},
+static const struct {
+    size_t off;
+    bool fixed;
+} layout[] = {TRAIN_OPTS(OPT)};
+#undef OPT
+#define defs cli_train_opts
+
 typedef enum { T_STR, T_INT, T_NUM, T_U64 } otype;
 
-typedef struct {
-    const char *flag;
-    otype type;
-    size_t off;
-    bool fixed; /* part of the run's identity: a resumed run must not change it */
-    const char *help;
-} optdef;
+/* How option i is stored in topts. */
+static otype type_of(int i) {
+    return defs[i].kind == CLI_INT ? T_INT : defs[i].kind == CLI_NUM ? T_NUM : defs[i].kind == CLI_U64 ? T_U64 : T_STR;
+}
 
-#define O(f, t, field, fixed, help) {f, t, offsetof(topts, field), fixed, help}
-static const optdef defs[] = {
-    O("--arch", T_STR, arch, true, "gpt2|bert|encdec|classifier (gpt2)"),
-    O("--data", T_STR, data, false, "text (gpt2, bert) or TSV (encdec src\\ttgt, classifier label\\ttext)"),
-    O("--val-data", T_STR, val_data, false, "held-out TSV for encdec/classifier (default: the last --val-fraction)"),
-    O("--val-fraction", T_NUM, val_fraction, true, "held-out share at the end of the data (0.1)"),
-    O("--tokenizer", T_STR, tokenizer, true, "char|bpe|wordpiece (gpt2, encdec: char; bert, classifier: wordpiece)"),
-    O("--tokenizer-path", T_STR, tokenizer_path, true, "tokenizer file or directory (bpe: data/gpt2, wordpiece: data/bert/vocab.txt)"),
-    O("--vocab-size", T_INT, vocab_size, true, "bpe: train a tokenizer of this size on the data instead"),
-    O("--layers", T_INT, layers, true, "transformer layers (encdec: each stack)"),
-    O("--heads", T_INT, heads, true, "attention heads"),
-    O("--dim", T_INT, dim, true, "model width"),
-    O("--ffn", T_INT, ffn, true, "feed-forward width (4 * dim)"),
-    O("--context", T_INT, context, true, "tokens per row (encdec, classifier: the cap)"),
-    O("--batch", T_INT, batch, true, "rows per micro-batch"),
-    O("--grad-accum", T_INT, grad_accum, true, "micro-batches per step (1)"),
-    O("--steps", T_INT, steps, false, "optimizer steps"),
-    O("--decay-steps", T_INT, decay_steps, true, "step where cosine/linear reach --min-lr (--steps)"),
-    O("--lr", T_NUM, lr, true, "peak learning rate (noam: the factor)"),
-    O("--min-lr", T_NUM, min_lr, true, "final learning rate (lr / 10)"),
-    O("--warmup", T_INT, warmup, true, "linear warmup steps"),
-    O("--schedule", T_STR, schedule, true, "constant|cosine|linear|noam (cosine)"),
-    O("--beta1", T_NUM, beta1, true, "AdamW beta1 (0.9)"),
-    O("--beta2", T_NUM, beta2, true, "AdamW beta2 (0.99)"),
-    O("--eps", T_NUM, eps, true, "AdamW epsilon (1e-8)"),
-    O("--weight-decay", T_NUM, weight_decay, true, "decoupled decay on matrices and embeddings (0.1)"),
-    O("--clip", T_NUM, clip, true, "global gradient-norm clip, 0 for none (1.0)"),
-    O("--dropout", T_NUM, dropout, true, "dropout everywhere (0)"),
-    O("--seed", T_U64, seed, true, "seed of initialisation, data order and dropout (1337)"),
-    O("--eval-every", T_INT, eval_every, false, "steps between held-out evaluations"),
-    O("--eval-batches", T_INT, eval_batches, false, "held-out batches per evaluation"),
-    O("--eval-exact", T_INT, eval_exact, false, "encdec: greedy exact match over this many held-out pairs at the end"),
-    O("--checkpoint", T_STR, checkpoint, false, "checkpoint path (cgrad.ckpt; --resume: the resumed file)"),
-    O("--save-every", T_INT, save_every, false, "steps between checkpoints, 0 for the end only"),
-    O("--log-every", T_INT, log_every, false, "steps between log lines when stdout is not a terminal"),
-    O("--metrics", T_STR, metrics, false, "metrics CSV (next to the checkpoint, else ./cgrad_metrics.csv)"),
-    O("--plot", T_STR, plot, false, "loss-curve SVG (next to the metrics)"),
-    O("--samples", T_INT, samples, false, "worked examples printed at the end (3)"),
-    O("--threads", T_INT, threads, false, "threads (CGRAD_THREADS or all cores; mpirun: cores / ranks here)"),
-    O("--bucket-kb", T_INT, bucket_kb, false, "mpirun: KiB of gradients per all-reduce bucket (1024)"),
-    O("--overlap", T_INT, overlap, false, "mpirun: 1 starts buckets while backward runs, 0 after it (1)"),
-    O("--dist-timeout", T_NUM, dist_timeout, false, "mpirun: seconds a rank waits for the others, then fails (300)"),
-};
-#define N_DEFS (int)(sizeof defs / sizeof defs[0])
-
-/* Index of each option in defs[], in table order. */
-enum {
-    idx_arch, idx_data, idx_val_data, idx_val_fraction, idx_tokenizer, idx_tokenizer_path, idx_vocab_size, idx_layers,
-    idx_heads, idx_dim, idx_ffn, idx_context, idx_batch, idx_grad_accum, idx_steps, idx_decay_steps, idx_lr,
-    idx_min_lr, idx_warmup, idx_schedule, idx_beta1, idx_beta2, idx_eps, idx_weight_decay, idx_clip, idx_dropout,
-    idx_seed, idx_eval_every, idx_eval_batches, idx_eval_exact, idx_checkpoint, idx_save_every, idx_log_every,
-    idx_metrics, idx_plot, idx_samples, idx_threads, idx_bucket_kb, idx_overlap, idx_dist_timeout, idx_count
-};
-_Static_assert(idx_count == N_DEFS, "the index list must follow defs[]");
-
-static void *field(topts *o, int i) { return (char *)o + defs[i].off; }
+static void *field(topts *o, int i) { return (char *)o + layout[i].off; }
 
 /* "--grad-accum" -> "grad_accum", the key in the checkpoint's "train" object. */
 static const char *key_of(int i) {
@@ -115,28 +122,12 @@ static void usage(FILE *f) {
     fprintf(f, "usage: cgrad train [--resume [CKPT]] [options]\n"
                "With no options: a character-level GPT on data/moby-dick.txt, a few minutes on 2 cores.\n");
     for (int i = 0; i < N_DEFS; i++) {
-        const char *arg = defs[i].type == T_STR ? "S" : defs[i].type == T_NUM ? "X" : "N";
+        const char *arg = defs[i].kind == CLI_NUM ? "X" : defs[i].kind == CLI_INT || defs[i].kind == CLI_U64 ? "N" : "S";
         fprintf(f, "  %s %s%*s%s\n", defs[i].flag, arg, (int)(18 - strlen(defs[i].flag)), "", defs[i].help);
     }
     fprintf(f, "  --resume [CKPT]     continue from CKPT (default: --checkpoint); settings come from it\n"
                "Last line: final step=N train_loss=X val_loss=Y tokens_per_s=Z (train_loss: mean since the\n"
                "previous evaluation). Ctrl-C saves a checkpoint and exits 130.\n");
-}
-
-static bool parse_value(const optdef *d, const char *v, void *dst) {
-    char *end = NULL;
-    errno = 0;
-    switch (d->type) {
-    case T_STR: *(const char **)dst = v; return true;
-    case T_INT: *(int64_t *)dst = strtoll(v, &end, 10); break;
-    case T_NUM: *(double *)dst = strtod(v, &end); break;
-    case T_U64: *(uint64_t *)dst = strtoull(v, &end, 10); break;
-    }
-    if (errno || end == v || *end) {
-        fprintf(stderr, "cgrad train: %s wants %s, got '%s'\n", d->flag, d->type == T_NUM ? "a number" : "an integer", v);
-        return false;
-    }
-    return true;
 }
 
 /* Per-arch defaults for every option the command line left unset. */
@@ -186,6 +177,7 @@ static void defaults(topts *o, const bool *set) {
     D(bucket_kb, 1024);
     D(overlap, 1);
     D(dist_timeout, 300);
+    D(skip_nonfinite, 0);
 #undef D
 }
 
@@ -210,7 +202,15 @@ static bool check_opts(const topts *o) {
             fprintf(stderr, "cgrad train: %s\n", rules[i].msg);
             return false;
         }
-    return true;
+    /* A lower bound of what the sizes need (the vocabulary is not known yet): each parameter four
+     * times (value, gradient, two moments) and a few activations of every layer's width per token. */
+    const double real = sizeof(cg_real), d = (double)o->dim, l = (double)o->layers, f = (double)o->ffn,
+                 t = (double)o->context, params = t * d + l * (4 * d * d + 2 * d * f),
+                 acts = (double)o->batch * t * l * (4 * d + f);
+    char flags[256];
+    snprintf(flags, sizeof flags, "--context %lld --dim %lld --ffn %lld --layers %lld --batch %lld", (long long)o->context,
+             (long long)o->dim, (long long)o->ffn, (long long)o->layers, (long long)o->batch);
+    return !cli_too_big("train", flags, 4 * real * params + real * acts);
 }
 
 /* Options as the checkpoint's "train" object. */
@@ -219,7 +219,7 @@ static cJSON *opts_json(topts *o) {
     for (int i = 0; i < N_DEFS; i++) {
         void *f = field(o, i);
         char buf[32];
-        switch (defs[i].type) {
+        switch (type_of(i)) {
         case T_STR: cJSON_AddStringToObject(j, key_of(i), *(const char **)f ? *(const char **)f : ""); break;
         case T_INT: cJSON_AddNumberToObject(j, key_of(i), (double)*(int64_t *)f); break;
         case T_NUM: cJSON_AddNumberToObject(j, key_of(i), *(double *)f); break;
@@ -233,8 +233,8 @@ static cJSON *opts_json(topts *o) {
 }
 
 static void value_str(const topts *o, int i, char *buf, size_t n) {
-    const void *f = (const char *)o + defs[i].off;
-    switch (defs[i].type) {
+    const void *f = (const char *)o + layout[i].off;
+    switch (type_of(i)) {
     case T_STR: snprintf(buf, n, "'%s'", *(const char *const *)f); break;
     case T_INT: snprintf(buf, n, "%" PRId64, *(const int64_t *)f); break;
     case T_NUM: { /* the shortest form that reads back as the same double */
@@ -254,20 +254,26 @@ static bool merge_saved(topts *o, bool *set, const cJSON *saved, const char *pat
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(saved, key_of(i));
         if (!v) continue;
         topts s = *o;
-        void *f = (char *)&s + defs[i].off;
-        switch (defs[i].type) {
+        void *f = field(&s, i);
+        double num = 0; /* a saved number must be in the flag's range too: the file may not be ours */
+        switch (type_of(i)) {
         case T_STR: *(const char **)f = cJSON_IsString(v) ? v->valuestring : ""; break;
-        case T_INT: *(int64_t *)f = cli_json_i64(saved, key_of(i), 0); break;
-        case T_NUM: *(double *)f = cli_json_num(saved, key_of(i), 0); break;
+        case T_INT: num = (double)(*(int64_t *)f = cli_json_i64(saved, key_of(i), 0)); break;
+        case T_NUM: num = *(double *)f = cli_json_num(saved, key_of(i), 0); break;
         case T_U64: *(uint64_t *)f = cli_json_u64(saved, key_of(i), 0); break;
+        }
+        if ((type_of(i) == T_INT || type_of(i) == T_NUM) && !(num >= defs[i].lo && num <= defs[i].hi)) {
+            fprintf(stderr, "cgrad train: %s: the saved %s = %.17g is outside %s's range [%.17g, %.17g]\n", path,
+                    key_of(i), num, defs[i].flag, defs[i].lo, defs[i].hi);
+            return false;
         }
         if (!set[i]) {
             if (i == idx_checkpoint) continue; /* saves go where the run resumed from */
-            memcpy(field(o, i), f, defs[i].type == T_STR ? sizeof(char *) : 8);
+            memcpy(field(o, i), f, type_of(i) == T_STR ? sizeof(char *) : 8);
             set[i] = true;
             continue;
         }
-        if (!defs[i].fixed) continue;
+        if (!layout[i].fixed) continue;
         char a[64], b[64];
         value_str(o, i, a, sizeof a);
         value_str(&s, i, b, sizeof b);
@@ -674,6 +680,9 @@ int cmd_train(int argc, char **argv) {
         }
         if (!strcmp(argv[i], "--resume")) {
             want_resume = true;
+            cli_value v;
+            if (i + 1 < argc && strncmp(argv[i + 1], "--", 2) && !cli_check_value("train", &defs[N_DEFS], argv[i + 1], &v))
+                return 2;
             if (i + 1 < argc && strncmp(argv[i + 1], "--", 2)) resume = argv[++i];
             continue;
         }
@@ -687,7 +696,14 @@ int cmd_train(int argc, char **argv) {
             fprintf(stderr, "cgrad train: %s needs a value\n", argv[i]);
             return 2;
         }
-        if (!parse_value(&defs[k], argv[++i], field(&o, k))) return 2;
+        cli_value v;
+        if (!cli_check_value("train", &defs[k], argv[++i], &v)) return 2;
+        switch (type_of(k)) {
+        case T_STR: *(const char **)field(&o, k) = v.s; break;
+        case T_INT: *(int64_t *)field(&o, k) = v.i; break;
+        case T_NUM: *(double *)field(&o, k) = v.d; break;
+        case T_U64: *(uint64_t *)field(&o, k) = v.u; break;
+        }
         set[k] = true;
     }
     const bool named_ckpt = set[idx_checkpoint];

@@ -204,7 +204,8 @@ cg_status cg_bert_fill_mask(const cg_bert *m, const int32_t *ids, int64_t n, int
         if (ids[i] == mask_id) at = i;
     if (at < 0) return cgi_fail(CG_ERR_ARG, "[bert fill_mask] no mask token (id %d) in the %lld ids", mask_id, (long long)n);
     const int64_t v = m->cfg.vocab_size;
-    if (top_k > v) top_k = (int)v;
+    if (top_k > v) /* the caller's buffers hold top_k rows: filling fewer would leave garbage */
+        return cgi_fail(CG_ERR_ARG, "[bert fill_mask] top_k %d exceeds the vocabulary of %lld", top_k, (long long)v);
     cg_graph *g = cg_graph_new(CG_EVAL);
     cg_tensor *in = g ? cg_input(g, "input_ids", CG_INT32, 2, (int64_t[]){1, n}) : NULL;
     if (!in) {
@@ -220,16 +221,8 @@ cg_status cg_bert_fill_mask(const cg_bert *m, const int32_t *ids, int64_t n, int
         double mx = row[0], sum = 0;
         for (int64_t j = 1; j < v; j++) mx = fmax(mx, row[j]);
         for (int64_t j = 0; j < v; j++) sum += exp(row[j] - mx);
-        for (int k = 0; k < top_k; k++) { /* selection of the k best; vocabularies are small next to the forward */
-            int32_t best = -1;
-            for (int64_t j = 0; j < v; j++) {
-                bool taken = false;
-                for (int q = 0; q < k; q++) taken |= top_ids[q] == j;
-                if (!taken && (best < 0 || row[j] > row[best])) best = (int32_t)j;
-            }
-            top_ids[k] = best;
-            top_probs[k] = exp(row[best] - mx) / sum;
-        }
+        cg_top_k(row, v, top_k, top_ids);
+        for (int k = 0; k < top_k; k++) top_probs[k] = exp(row[top_ids[k]] - mx) / sum;
     }
     cg_graph_free(g);
     return st;

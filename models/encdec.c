@@ -300,19 +300,13 @@ cg_status cg_encdec_translate(const cg_encdec *m, const int32_t *src, int64_t n_
             for (int64_t j = 0; j < v; j++) sum += exp((double)row[j] - mx);
             double lse = mx + log(sum);
             int32_t chosen[64];
-            int n_chosen = beam < 64 ? beam : 64;
-            for (int k = 0; k < n_chosen; k++) { /* the beam best extensions of this hypothesis */
-                int32_t best = -1;
-                for (int64_t j = 0; j < v; j++) {
-                    bool taken = false;
-                    for (int q = 0; q < k; q++) taken |= chosen[q] == j;
-                    if (!taken && (best < 0 || row[j] > row[best])) best = (int32_t)j;
-                }
-                chosen[k] = best;
+            /* the beam best extensions of this hypothesis; a vocabulary smaller than the beam has fewer */
+            const int64_t n_chosen = cg_top_k(row, v, beam, chosen);
+            for (int64_t k = 0; k < n_chosen; k++) {
                 hyp h = hs[b];
-                h.tok[h.len++] = best;
-                h.logp += (double)row[best] - lse;
-                h.done = best == c->eos_id;
+                h.tok[h.len++] = chosen[k];
+                h.logp += (double)row[chosen[k]] - lse;
+                h.done = chosen[k] == c->eos_id;
                 next[n_next++] = h;
             }
         }

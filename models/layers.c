@@ -88,6 +88,39 @@ static int by_prob_desc(const void *a, const void *b) {
     return x->id - y->id; /* ties broken by id so the order never depends on qsort */
 }
 
+/* True when candidate a ranks below b: smaller value, or equal and a later index. */
+static bool ranks_below(const cg_real *x, int32_t a, int32_t b) {
+    const double u = isnan(x[a]) ? -INFINITY : x[a], w = isnan(x[b]) ? -INFINITY : x[b];
+    return u < w || (u == w && a > b);
+}
+
+/* Restores the min-heap (root: the lowest-ranked kept index) below slot i. */
+static void sift_down(const cg_real *x, int32_t *h, int64_t n, int64_t i) {
+    for (;;) {
+        int64_t lo = i, l = 2 * i + 1, r = l + 1;
+        if (l < n && ranks_below(x, h[l], h[lo])) lo = l;
+        if (r < n && ranks_below(x, h[r], h[lo])) lo = r;
+        if (lo == i) return;
+        int32_t t = h[i];
+        h[i] = h[lo], h[lo] = t, i = lo;
+    }
+}
+
+int64_t cg_top_k(const cg_real *x, int64_t n, int64_t k, int32_t *idx) {
+    if (k > n) k = n;
+    if (k <= 0) return 0;
+    for (int64_t i = 0; i < k; i++) idx[i] = (int32_t)i;
+    for (int64_t i = k / 2 - 1; i >= 0; i--) sift_down(x, idx, k, i);
+    for (int64_t j = k; j < n; j++)
+        if (ranks_below(x, idx[0], (int32_t)j)) idx[0] = (int32_t)j, sift_down(x, idx, k, 0);
+    for (int64_t m = k - 1; m > 0; m--) { /* heap sort: the lowest goes to the back each time */
+        int32_t t = idx[0];
+        idx[0] = idx[m], idx[m] = t;
+        sift_down(x, idx, m, 0);
+    }
+    return k;
+}
+
 int32_t cg_sample(const cg_real *logits, int64_t v, const cg_sampling *s, cg_rng *r) {
     int32_t best = 0;
     for (int64_t i = 1; i < v; i++)

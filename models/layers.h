@@ -45,6 +45,9 @@ typedef struct {
 
 /* Picks a token id from logits[v] as s says, drawing from r. */
 int32_t cg_sample(const cg_real *logits, int64_t v, const cg_sampling *s, cg_rng *r);
+/* Indices of the k largest of x[0..n) into idx, largest first (ties: lower index first; NaN counts
+ * as the smallest); returns min(k, n). A heap of k: O(n log k) time, no allocation. */
+int64_t cg_top_k(const cg_real *x, int64_t n, int64_t k, int32_t *idx);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,205 @@
+/* Hostile command-line values: every subcommand x every flag x every kind of bad value, from the
+ * CLI's own option tables (`cgrad flags`), so a new flag is swept without a line here. Each bad
+ * value must end in a clean usage error: exit 2, a message naming the flag, no sanitizer report,
+ * no signal, within seconds. A value the table says is in range is not bad and is not run; which
+ * values are bad is decided here, independently of the CLI's parser (strtoll/strtod by hand).
+ * Also: unknown flags, flags missing their value, missing input files and unwritable outputs. */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+
+extern char **environ;
+
+static char bin[8192], dir[256];
+
+typedef struct {
+    int rc;       /* exit code, or -signal */
+    bool timeout; /* killed after the time limit */
+    char err[2048];
+} run_result;
+
+/* Runs `cgrad argv...` with stdin /dev/null, output to files in dir; at most limit_s seconds. */
+static run_result run(char *const *args, double limit_s) {
+    run_result r = {0};
+    char out[300], err[300];
+    snprintf(out, sizeof out, "%s/out.txt", dir);
+    snprintf(err, sizeof err, "%s/err.txt", dir);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 1, out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 2, err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    pid_t pid;
+    if (posix_spawn(&pid, bin, &fa, NULL, args, environ)) {
+        posix_spawn_file_actions_destroy(&fa);
+        r.rc = -1000;
+        return r;
+    }
+    posix_spawn_file_actions_destroy(&fa);
+    int status = 0;
+    struct timespec t0, now, nap = {0, 2000000};
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        pid_t w = waitpid(pid, &status, WNOHANG);
+        if (w == pid) break;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if ((double)(now.tv_sec - t0.tv_sec) + 1e-9 * (double)(now.tv_nsec - t0.tv_nsec) > limit_s) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            r.timeout = true;
+            break;
+        }
+        nanosleep(&nap, NULL);
+    }
+    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+    char *e = test_slurp(err, NULL);
+    snprintf(r.err, sizeof r.err, "%s", e ? e : "");
+    free(e);
+    return r;
+}
+
+/* ---- which values are bad: decided here, not by the CLI ---- */
+
+typedef struct {
+    char cmd[32], flag[48], kind[16];
+    double lo, hi;
+} opt;
+
+static bool whole(const char *v, const char *end) { return end != v && !*end; }
+
+/* True when v is a value the option accepts. */
+static bool acceptable(const opt *o, const char *v) {
+    char *end;
+    errno = 0;
+    if (!strcmp(o->kind, "int")) {
+        long long x = strtoll(v, &end, 10);
+        return !errno && whole(v, end) && (double)x >= o->lo && (double)x <= o->hi;
+    }
+    if (!strcmp(o->kind, "number")) {
+        double x = strtod(v, &end);
+        return whole(v, end) && isfinite(x) && x >= o->lo && x <= o->hi;
+    }
+    if (!strcmp(o->kind, "u64")) {
+        unsigned long long x = strtoull(v, &end, 10);
+        (void)x;
+        return !errno && whole(v, end) && v[0] != '-' && v[0] != '+';
+    }
+    if (!strcmp(o->kind, "in")) return *v && !access(v, R_OK);
+    return true; /* out: every candidate below is unwritable; string: anything goes */
+}
+
+/* The kinds of bad value, per kind of option. */
+static const char *const bad_numbers[] = {
+    "-1", "0", "-0.5", "0.5", "1e-320", "1e308", "4611686018427387904", "9223372036854775808",
+    "-9223372036854775809", "18446744073709551616", "1e999", "-1e999", "nan", "-nan", "inf", "-inf", "infinity",
+    "abc", "12abc", "1,5", "0x", "", " ", "--", "1e", "2147483648", "99999999999999999999999", NULL};
+static const char *const bad_files[] = {"/nonexistent-cgrad-dir/missing.file", "", NULL};
+static const char *const bad_outputs[] = {"/nonexistent-cgrad-dir/out.file", ".", "/", "", NULL};
+
+int main(void) {
+    const char *env = getenv("CGRAD_BIN");
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (env) snprintf(bin, sizeof bin, "%s", env);
+    else if (n > 0) {
+        self[n] = 0;
+        *strrchr(self, '/') = 0;
+        snprintf(bin, sizeof bin, "%s/../cgrad", self);
+    }
+    if (access(bin, X_OK)) {
+        fprintf(stderr, "test_cli_args: no cgrad binary at %s (build the cgrad_cli target or set CGRAD_BIN)\n", bin);
+        return 1;
+    }
+    snprintf(dir, sizeof dir, "/tmp/cgrad_test_cli_args.XXXXXX");
+    if (!mkdtemp(dir)) return 1;
+
+    /* The tables, as the CLI prints them ($CGRAD_FLAGS_BIN: another build's tables, to sweep an
+     * older binary that cannot list its own). */
+    char flags_bin[8192];
+    snprintf(flags_bin, sizeof flags_bin, "%s", getenv("CGRAD_FLAGS_BIN") ? getenv("CGRAD_FLAGS_BIN") : bin);
+    char *list_args[] = {flags_bin, "flags", NULL};
+    char saved_bin[8192];
+    snprintf(saved_bin, sizeof saved_bin, "%s", bin);
+    snprintf(bin, sizeof bin, "%s", flags_bin);
+    run_result fl = run(list_args, 30);
+    snprintf(bin, sizeof bin, "%s", saved_bin);
+    char path[300];
+    snprintf(path, sizeof path, "%s/out.txt", dir);
+    char *text = test_slurp(path, NULL);
+    CHECK(fl.rc == 0 && text && *text, "cgrad flags: rc %d %s", fl.rc, fl.err);
+    opt opts[256];
+    int n_opts = 0;
+    for (char *line = text ? strtok(text, "\n") : NULL; line && n_opts < 256; line = strtok(NULL, "\n")) {
+        opt *o = &opts[n_opts];
+        o->lo = -INFINITY, o->hi = INFINITY;
+        if (sscanf(line, "%31s %47s %15s %lf %lf", o->cmd, o->flag, o->kind, &o->lo, &o->hi) >= 3) n_opts++;
+    }
+    free(text);
+    CHECK(n_opts >= 60, "cgrad flags lists %d options", n_opts);
+
+    int runs = 0, clean = 0, crashes = 0, hangs = 0, wrong = 0, kinds = 0, cmds = 0;
+    bool kind_seen[64] = {0};
+    const char *prev_cmd = "";
+    for (int i = 0; i < n_opts; i++) {
+        const opt *o = &opts[i];
+        if (strcmp(prev_cmd, o->cmd)) { /* one unknown flag per command */
+            cmds++;
+            prev_cmd = o->cmd;
+            char *args[] = {bin, (char *)o->cmd, "--no-such-flag", "1", NULL};
+            run_result r = run(args, 20);
+            runs++;
+            bool ok = r.rc == 2 && strstr(r.err, "--no-such-flag");
+            clean += ok;
+            CHECK(ok, "cgrad %s --no-such-flag 1: rc %d, stderr '%s'", o->cmd, r.rc, r.err);
+        }
+        const char *const *values = !strcmp(o->kind, "int") || !strcmp(o->kind, "number") || !strcmp(o->kind, "u64")
+                                        ? bad_numbers
+                                    : !strcmp(o->kind, "in")  ? bad_files
+                                    : !strcmp(o->kind, "out") ? bad_outputs
+                                                              : NULL;
+        int base = values == bad_numbers ? 0 : values == bad_files ? 40 : 50;
+        /* The flag with its value missing (a valued flag last on the line). */
+        if (strcmp(o->kind, "bare")) {
+            char *args[] = {bin, (char *)o->cmd, (char *)o->flag, NULL};
+            run_result r = run(args, 20);
+            runs++;
+            kind_seen[63] = true;
+            bool ok = r.rc == 2 && strstr(r.err, o->flag) && !strstr(r.err, "Sanitizer") && !strstr(r.err, "runtime error");
+            clean += ok, crashes += r.rc < 0 && !r.timeout, hangs += r.timeout, wrong += !ok;
+            CHECK(ok, "cgrad %s %s (no value): rc %d%s, stderr '%s'", o->cmd, o->flag, r.rc, r.timeout ? " (hung)" : "", r.err);
+        }
+        for (int k = 0; values && values[k]; k++) {
+            if (acceptable(o, values[k])) continue; /* in range: not a bad value for this flag */
+            char *args[] = {bin, (char *)o->cmd, (char *)o->flag, (char *)values[k], NULL};
+            run_result r = run(args, 20);
+            runs++;
+            kind_seen[base + k] = true;
+            bool ok = r.rc == 2 && strstr(r.err, o->flag) && !strstr(r.err, "Sanitizer") && !strstr(r.err, "runtime error");
+            clean += ok, crashes += r.rc < 0 && !r.timeout, hangs += r.timeout, wrong += !ok;
+            CHECK(ok, "cgrad %s %s '%s': rc %d%s, stderr '%s'", o->cmd, o->flag, values[k], r.rc,
+                  r.timeout ? " (hung)" : "", r.err);
+        }
+    }
+    for (int k = 0; k < 64; k++) kinds += kind_seen[k];
+    printf("cli sweep: %d commands, %d options, %d kinds of bad value, %d runs: %d clean errors (exit 2, flag named), "
+           "%d crashes, %d hangs, %d other\n",
+           cmds, n_opts, kinds, runs, clean, crashes, hangs, wrong);
+    CHECK(crashes == 0 && hangs == 0 && wrong == 0, "%d crashes, %d hangs, %d other outcomes", crashes, hangs, wrong);
+    if (!test_failed) {
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        if (system(cmd)) fprintf(stderr, "could not remove %s\n", dir);
+    }
+    TEST_END();
+}
