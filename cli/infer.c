@@ -76,7 +76,7 @@ static int each_text(const char **words, int n, int (*fn)(void *ctx, const char 
 const cli_opt cli_sample_opts[] = {
     CKPT,
     {"--prompt", CLI_STR, 0, 0, "text to continue (default: a newline or <|endoftext|>)"},
-    {"--length", CLI_INT, 0, 1 << 30, "tokens to generate (500)"},
+    {"--length", CLI_INT, 0, 1 << 26, "tokens to generate (500)"},
     {"--temperature", CLI_NUM, 0, DBL_MAX, "0: greedy (0.8)"},
     {"--top-k", CLI_INT, 0, 1 << 24, "keep the k likeliest tokens, at most the vocabulary (0: all)"},
     {"--top-p", CLI_NUM, 0, 1, "nucleus: the smallest set holding this probability (0: off)"},

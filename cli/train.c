@@ -343,6 +343,7 @@ typedef struct {
     FILE *metrics;
     char metrics_path[4096], plot_path[4096];
     bool tty, bar_shown;
+    int64_t skipped; /* steps skipped for a non-finite loss or gradient (--skip-nonfinite) */
     double bar_drawn; /* when the progress bar was last redrawn */
     cg_dist *d;       /* the ranks of an mpirun job (a world of one otherwise) */
     int rank, world;
@@ -398,8 +399,43 @@ static void add_str(cJSON *j, const char *k, const char *fmt, ...) {
     cJSON_AddStringToObject(j, k, buf);
 }
 
+/* The first parameter (registration order) whose values (grads: gradients) hold a value that is
+ * not finite, with the flat index and the value; NULL when all are finite. */
+static const char *nonfinite_param(cg_params *ps, bool grads, int64_t *at, double *value) {
+    for (int i = 0; i < cg_params_count(ps); i++) {
+        cg_tensor *p = cg_params_at(ps, i);
+        const cg_real *x = grads ? cg_grad(p) : cg_data(p);
+        const int64_t n = cg_numel(p);
+        for (int64_t k = 0; x && k < n; k++)
+            if (!isfinite(x[k])) {
+                *at = k, *value = (double)x[k];
+                return cg_name(p);
+            }
+    }
+    return NULL;
+}
+
+/* Index of the first value of x[0..n) that is not finite, or -1. */
+static int64_t first_nonfinite(const cg_real *x, int64_t n) {
+    for (int64_t k = 0; x && k < n; k++)
+        if (!isfinite(x[k])) return k;
+    return -1;
+}
+
 static cg_status save(run *r) {
     if (r->rank > 0) return CG_OK; /* every rank holds the same state; one writes it */
+    /* Never replace a checkpoint with one that cannot be trained or sampled from. */
+    int64_t at;
+    double v;
+    const char *bad = nonfinite_param(r->ps, false, &at, &v);
+    if (bad)
+        return cgi_fail(CG_ERR_RANGE, "[train] %s not written: parameter '%s' holds %g at flat index %lld (step %lld); the "
+                                      "file keeps its last good state", r->o.checkpoint, bad, v, (long long)at, (long long)r->step);
+    const int64_t span_all = cg_params_span(r->ps);
+    for (int m = 0; m < 2; m++)
+        if ((at = first_nonfinite(m ? cg_optim_moment2(r->opt) : cg_optim_moment1(r->opt), span_all)) >= 0)
+            return cgi_fail(CG_ERR_RANGE, "[train] %s not written: optimizer moment %d is not finite at %lld (step %lld); the "
+                                          "file keeps its last good state", r->o.checkpoint, m + 1, (long long)at, (long long)r->step);
     cg_st_writer *w = cg_st_writer_new();
     if (!w) return cgi_fail(CG_ERR_NOMEM, "[train] out of memory");
     const int64_t span = cg_params_span(r->ps);
@@ -939,6 +975,7 @@ int cmd_train(int argc, char **argv) {
         }
     }
     cg_status st = CG_OK;
+    bool diverged = false;
     double tok_s = 0;
     /* The loop allocates nothing: batches go into the graphs' inputs, the optimizer works in place. */
     while (r.step < o.steps && !interrupted) {
@@ -954,8 +991,36 @@ int cmd_train(int argc, char **argv) {
         cg_graph_set_rng(r.g, r.dropout_seed, r.drop_step);
         loss = agree[0] / (double)(r.world * o.grad_accum);
         if (agree[1] > 0) interrupted = 1;
-        /* after the reduction every rank holds the same gradients, so the same norm and clip */
-        if (o.clip > 0) cg_clip_grad_norm(r.ps, o.clip);
+        /* After the reduction every rank holds the same gradients, so the same norm, clip and verdict.
+         * The norm is measured even without clipping: one pass over the gradients finds a NaN or an
+         * infinity before the optimizer spreads it into every parameter and moment. */
+        const double gnorm = cg_clip_grad_norm(r.ps, o.clip > 0 ? o.clip : INFINITY);
+        if (!isfinite(loss) || !isfinite(gnorm)) {
+            int64_t at = -1;
+            double v = 0;
+            const char *where = nonfinite_param(r.ps, false, &at, &v);
+            const bool in_values = where != NULL;
+            if (!where) where = nonfinite_param(r.ps, true, &at, &v);
+            char what[400];
+            if (where) snprintf(what, sizeof what, "first non-finite %s: %s[%lld] = %g", in_values ? "parameter" : "gradient",
+                                where, (long long)at, v);
+            else snprintf(what, sizeof what, "the gradients are finite, the loss is not");
+            clear_bar(&r);
+            if (r.skipped < o.skip_nonfinite) {
+                r.skipped++;
+                r.step++; /* the batch is used up; the optimizer and its schedule do not move */
+                fprintf(stderr, "cgrad train: step %lld: loss %g, gradient norm %g (%s): skipped (%lld of --skip-nonfinite %lld)\n",
+                        (long long)r.step, loss, gnorm, what, (long long)r.skipped, (long long)o.skip_nonfinite);
+                fprintf(r.metrics, "%lld,%.6g,%.9g,,,%.3f\n", (long long)r.step, lr, loss, r.elapsed0 + now_s() - r.t_start);
+                continue;
+            }
+            fprintf(stderr, "cgrad train: step %lld: loss %g, gradient norm %g: not finite (%s); stopping before the update, "
+                            "nothing saved (try a lower --lr, a --clip, or --skip-nonfinite N)\n",
+                    (long long)r.step + 1, loss, gnorm, what);
+            st = CG_ERR_RANGE;
+            diverged = true;
+            break;
+        }
         if ((st = cg_optim_step(r.opt, lr))) break;
         r.step++;
         const double dt = now_s() - t0;
@@ -964,12 +1029,6 @@ int cmd_train(int argc, char **argv) {
         tok_s = (double)tokens_per_step / dt;
         r.win_sum += loss, r.win_n++;
         r.last_train = loss;
-        if (!isfinite(loss)) {
-            clear_bar(&r);
-            fprintf(stderr, "cgrad train: loss is %g at step %lld; stopping (try a lower --lr)\n", loss, (long long)r.step);
-            st = CG_ERR_RANGE;
-            break;
-        }
         bool eval_now = (o.eval_every > 0 && r.step % o.eval_every == 0) || r.step == o.steps;
         const double rate = (double)r.tokens_run / r.train_s; /* since this process started: steadier than one step */
         if (r.tty ? now_s() - r.bar_drawn > 0.1 || r.step == o.steps : o.log_every > 0 && r.step % o.log_every == 0) {
@@ -1008,16 +1067,20 @@ int cmd_train(int argc, char **argv) {
         cg_dist_abort(r.d, 1);
         goto done;
     }
-    if (st) {
+    if (st && !diverged) {
         cli_fail("train", "training step failed");
         /* keep what was learned: the last good state is still worth a checkpoint */
     }
     if (!st && !interrupted && last_eval != r.step && r.step > 0 && o.eval_batches > 0 && first == r.step)
         evaluate(&r, true); /* resumed at the end: report where it stands */
-    if (save(&r)) {
+    if (r.skipped) fprintf(stderr, "cgrad train: %lld steps skipped for a non-finite loss or gradient\n", (long long)r.skipped);
+    /* A diverged run's parameters are finite (the bad update was never applied) but the very next
+     * step would repeat the failure: the checkpoint on disk, if any, stays as it was. */
+    const cg_status saved = diverged ? CG_ERR_RANGE : save(&r);
+    if (saved && !diverged) {
         fprintf(stderr, "cgrad train: cannot save the checkpoint: %s\n", cg_last_error());
         if (!st) st = CG_ERR_IO;
-    } else printf("saved %s (step %lld)\n", o.checkpoint, (long long)r.step);
+    } else if (!saved) printf("saved %s (step %lld)\n", o.checkpoint, (long long)r.step);
     fclose(r.metrics);
     r.metrics = NULL;
     if (r.rank == 0) finish_files(&r);

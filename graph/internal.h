@@ -235,12 +235,16 @@ void cgi_colsum_add(cg_real *dst, const cg_real *m, int64_t rows, int64_t cols, 
 size_t cgi_colsum_scratch(int64_t rows, int64_t cols);
 
 /* e^x for the softmax family: a branch-free Cephes-style polynomial (about 2 ulp in float) that
- * the compiler vectorises, where libm's expf is a scalar call per element. e^-inf is exactly 0. */
+ * the compiler vectorises, where libm's expf is a scalar call per element. e^-inf is exactly 0;
+ * e^NaN is NaN. */
 static inline cg_real cgi_exp(cg_real x) {
 #ifdef CGRAD_DOUBLE
     return exp(x);
 #else
-    float xc = x < -87.0f ? -87.0f : x > 88.3762626647949f ? 88.3762626647949f : x;
+    /* Clamped with comparisons that are false for NaN, so NaN becomes -87 here (a finite exponent,
+     * no undefined float-to-int conversion or negative shift) and is put back at the end. */
+    float xc = x > -87.0f ? x : -87.0f;
+    xc = xc < 88.3762626647949f ? xc : 88.3762626647949f;
     float fx = __builtin_floorf(xc * 1.44269504088896341f + 0.5f);
     float r = xc - fx * 0.693359375f + fx * 2.12194440e-4f;
     float y = 1.9875691500e-4f;
@@ -250,8 +254,8 @@ static inline cg_real cgi_exp(cg_real x) {
     y = y * r + 1.6666665459e-1f;
     y = y * r + 5.0000001201e-1f;
     y = y * r * r + r + 1.0f;
-    union { int32_t i; float f; } scale = {.i = ((int32_t)fx + 127) << 23};
-    return x < -103.97f ? 0.0f : y * scale.f;
+    union { uint32_t i; float f; } scale = {.i = (uint32_t)((int32_t)fx + 127) << 23};
+    return x < -103.97f ? 0.0f : x == x ? y * scale.f : x;
 #endif
 }
 

@@ -1,5 +1,7 @@
 /* Parameters: named leaves whose values and gradients sit in two contiguous blocks, so an
  * optimizer or a checkpoint walks one array. Each tensor starts on a 64-byte boundary. */
+#include <stddef.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "graph/internal.h"
@@ -31,10 +33,13 @@ void cg_params_free(cg_params *ps) {
     free(ps);
 }
 
+/* Elements the value and gradient blocks may hold together: their byte sizes fit a ptrdiff_t. */
+#define MAX_ELEMS ((int64_t)(PTRDIFF_MAX / (ptrdiff_t)sizeof(cg_real)) / 2)
+
 static bool grow(cg_params *ps, int64_t need) {
     if (ps->used + need <= ps->capacity) return true;
     int64_t cap = ps->capacity ? ps->capacity : 1 << 14;
-    while (cap < ps->used + need) cap *= 2;
+    while (cap < ps->used + need) cap = cap > MAX_ELEMS / 2 ? MAX_ELEMS : cap * 2; /* need <= MAX_ELEMS - used */
     size_t bytes = (size_t)cap * sizeof(cg_real);
     cg_real *v = aligned_alloc(CGI_ALIGN, bytes), *gr = aligned_alloc(CGI_ALIGN, bytes);
     if (!v || !gr) {
@@ -81,7 +86,15 @@ cg_tensor *cg_params_add(cg_params *ps, const char *name, int ndim, const int64_
         cgi_fail(CG_ERR_ARG, "[params_add] name '%s' is already taken", name);
         return NULL;
     }
-    int64_t n = cgi_numel(ndim, shape), padded = (n + PAD - 1) / PAD * PAD;
+    int64_t n = 1;
+    bool over = false;
+    for (int i = 0; i < ndim; i++) over |= __builtin_mul_overflow(n, shape[i], &n);
+    if (over || n > MAX_ELEMS - PAD - ps->used) { /* a count that wraps would loop or under-allocate */
+        cgi_fail(CG_ERR_SHAPE, "[params_add] '%s': shape %s needs %s elements, beyond the %lld a parameter set can hold",
+                 name, cgi_dims(ndim, shape), over ? "more than 2^63" : "too many", (long long)MAX_ELEMS);
+        return NULL;
+    }
+    int64_t padded = (n + PAD - 1) / PAD * PAD;
     if (!grow(ps, padded)) return NULL;
     if (ps->n == ps->cap) {
         int cap = ps->cap ? 2 * ps->cap : 64;

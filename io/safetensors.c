@@ -201,6 +201,29 @@ static cg_status parse_entry(cg_st *f, const cJSON *item, st_entry *e) {
     return CG_OK;
 }
 
+static int cmp_begin(const void *a, const void *b) {
+    const st_entry *x = *(const st_entry *const *)a, *y = *(const st_entry *const *)b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : x->end < y->end ? -1 : x->end > y->end;
+}
+
+/* Two tensors whose bytes overlap would alias: writing one changes the other. Empty ones hold no bytes. */
+static cg_status check_overlap(cg_st *f) {
+    const st_entry **by = malloc(((size_t)f->n + 1) * sizeof *by);
+    if (!by) return st_fail(f->label, CG_ERR_NOMEM, "out of memory");
+    int m = 0;
+    for (int i = 0; i < f->n; i++)
+        if (f->e[i].end > f->e[i].begin) by[m++] = &f->e[i];
+    qsort(by, (size_t)m, sizeof *by, cmp_begin);
+    cg_status s = CG_OK;
+    for (int i = 1; i < m && !s; i++)
+        if (by[i]->begin < by[i - 1]->end)
+            s = st_fail(f->label, CG_ERR_FORMAT, "tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap in the data buffer",
+                        by[i - 1]->name, (unsigned long long)by[i - 1]->begin, (unsigned long long)by[i - 1]->end,
+                        by[i]->name, (unsigned long long)by[i]->begin, (unsigned long long)by[i]->end);
+    free(by);
+    return s;
+}
+
 static cg_status parse(cg_st *f) {
     if (f->len < 8)
         return st_fail(f->label, CG_ERR_FORMAT, "file is %zu bytes, shorter than the 8-byte header length", f->len);
@@ -259,6 +282,7 @@ static cg_status parse(cg_st *f) {
             s = st_fail(f->label, CG_ERR_FORMAT, "duplicate tensor name '%s'", f->e[i].name);
             goto done;
         }
+    s = check_overlap(f);
 done:
     cJSON_Delete(root);
     return s;
@@ -471,18 +495,8 @@ static float f8_e5m2_to_float(uint8_t b) {
     return b & 0x80 ? -v : v;
 }
 
-cg_status cg_st_read(const cg_st *f, const char *name, cg_real *dst, int ndim, const int64_t *shape) {
-    const st_entry *e = lookup(f, name, "read");
-    if (!e) return CG_ERR_ARG;
-    cg_status s = check_shape(f, e, ndim, shape);
-    if (s != CG_OK) return s;
-    if (dtypes[e->dtype].kind != K_REAL)
-        return st_fail(f->label, CG_ERR_ARG, "tensor '%s' has dtype %s, not a floating type: use cg_st_read_ids", name,
-                       dtypes[e->dtype].name);
-    uint64_t n = numel_of(e);
-    if (n == 0) return CG_OK;
-    if (!dst) return cgi_fail(CG_ERR_ARG, "[safetensors] read: NULL destination");
-    const unsigned char *p = f->data + e->begin;
+/* n values of a floating tensor's bytes p, converted to cg_real. */
+static void decode(const st_entry *e, const unsigned char *p, uint64_t n, cg_real *dst) {
     switch (e->dtype) {
     case DT_F32:
 #ifdef CGRAD_DOUBLE
@@ -521,6 +535,37 @@ cg_status cg_st_read(const cg_st *f, const char *name, cg_real *dst, int ndim, c
         for (uint64_t i = 0; i < n; i++) dst[i] = f8_e5m2_to_float(p[i]);
         break;
     }
+}
+
+/* Index of the first value that is not finite once read as cg_real (NaN, inf, or a float64 beyond
+ * float32's range in a float32 build), or -1; decoded in chunks, so nothing is allocated. */
+static int64_t first_nonfinite(const cg_st *f, const st_entry *e, double *bad) {
+    cg_real buf[1024];
+    const uint64_t n = numel_of(e), size = (uint64_t)dtypes[e->dtype].size;
+    for (uint64_t at = 0; at < n; at += 1024) {
+        const uint64_t k = n - at < 1024 ? n - at : 1024;
+        decode(e, f->data + e->begin + at * size, k, buf);
+        for (uint64_t i = 0; i < k; i++)
+            if (!isfinite(buf[i])) {
+                *bad = (double)buf[i];
+                return (int64_t)(at + i);
+            }
+    }
+    return -1;
+}
+
+cg_status cg_st_read(const cg_st *f, const char *name, cg_real *dst, int ndim, const int64_t *shape) {
+    const st_entry *e = lookup(f, name, "read");
+    if (!e) return CG_ERR_ARG;
+    cg_status s = check_shape(f, e, ndim, shape);
+    if (s != CG_OK) return s;
+    if (dtypes[e->dtype].kind != K_REAL)
+        return st_fail(f->label, CG_ERR_ARG, "tensor '%s' has dtype %s, not a floating type: use cg_st_read_ids", name,
+                       dtypes[e->dtype].name);
+    uint64_t n = numel_of(e);
+    if (n == 0) return CG_OK;
+    if (!dst) return cgi_fail(CG_ERR_ARG, "[safetensors] read: NULL destination");
+    decode(e, f->data + e->begin, n, dst);
     return CG_OK;
 }
 
@@ -577,6 +622,11 @@ cg_status cg_st_read_params(const cg_st *f, cg_params *ps) {
         if (dtypes[f->e[k].dtype].kind != K_REAL)
             return st_fail(f->label, CG_ERR_ARG, "tensor '%s' has dtype %s, parameters need a floating type",
                            cg_name(p), dtypes[f->e[k].dtype].name);
+        double bad; /* a NaN weight makes every output NaN: refuse it here, naming it */
+        int64_t at = first_nonfinite(f, &f->e[k], &bad);
+        if (at >= 0)
+            return st_fail(f->label, CG_ERR_FORMAT, "tensor '%s' holds %g at flat index %lld: parameters must be finite",
+                           cg_name(p), bad, (long long)at);
     }
     for (int i = 0; i < n; i++) {
         cg_tensor *p = cg_params_at(ps, i);

@@ -2,6 +2,8 @@
  * safetensors image), damaged files are rejected with a message naming them, and a save killed
  * half way leaves the previous checkpoint intact. */
 #include <dirent.h>
+#include <math.h>
+#include <stdint.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -315,6 +317,85 @@ static void remove_dir(void) {
     rmdir(dir);
 }
 
+/* A safetensors image from a header and raw data bytes. */
+static size_t st_image(unsigned char *out, const char *header, const void *data, size_t data_len) {
+    uint64_t h = strlen(header);
+    memcpy(out, &h, 8);
+    memcpy(out + 8, header, h);
+    memcpy(out + 8 + h, data, data_len);
+    return 8 + h + data_len;
+}
+
+/* Hostile contents behind a valid gzip stream: aliased tensors, non-finite weights, a parameter
+ * count that overflows. Each is refused with the tensor (and the file) named; none hangs. */
+static void test_hostile(void) {
+    unsigned char img[1024];
+    float data[6] = {1, 2, 3, 4, 5, 6};
+    /* two tensors sharing bytes 8..16: writing one would change the other */
+    size_t n = st_image(img,
+                        "{\"__metadata__\":{\"format\":\"" CG_CHECKPOINT_FORMAT "\",\"version\":\"" CG_CHECKPOINT_VERSION "\"},"
+                        "\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
+                        "\"b\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[8,24]}}",
+                        data, sizeof data);
+    PATH(alias, "alias.ckpt");
+    gzip_to(alias, img, n);
+    expect_open_fails(alias, "'a' [0, 16) and 'b' [8, 24) overlap", NULL);
+    /* the same tensors side by side are fine, and so is an empty tensor anywhere */
+    n = st_image(img,
+                 "{\"__metadata__\":{\"format\":\"" CG_CHECKPOINT_FORMAT "\",\"version\":\"" CG_CHECKPOINT_VERSION "\"},"
+                 "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                 "\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[4,4]},"
+                 "\"b\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[8,24]}}",
+                 data, sizeof data);
+    gzip_to(alias, img, n);
+    cg_st *f = cg_checkpoint_open(alias);
+    CHECK(f != NULL, "adjacent tensors refused: %s", cg_last_error());
+    cg_st_close(f);
+
+    /* A NaN or an infinity among the weights: the parameter load names the tensor, index and file. */
+    const float bad[3] = {NAN, INFINITY, -INFINITY};
+    for (int k = 0; k < 3; k++) {
+        cg_params *ps = cg_params_new();
+        cg_tensor *p = cg_params_add(ps, "h.0.w", 2, (int64_t[]){3, 4});
+        cg_real v[12];
+        for (int i = 0; i < 12; i++) v[i] = (cg_real)i;
+        cg_st_writer *w = cg_st_writer_new();
+        cg_st_add(w, "h.0.w", 2, (int64_t[]){3, 4}, v);
+        PATH(good, "finite.ckpt");
+        CHECK(cg_checkpoint_save(w, good) == CG_OK, "%s", cg_last_error());
+        cg_st_writer_free(w);
+        v[7] = (cg_real)bad[k];
+        w = cg_st_writer_new();
+        cg_st_add(w, "h.0.w", 2, (int64_t[]){3, 4}, v);
+        PATH(path, "nan.ckpt");
+        CHECK(cg_checkpoint_save(w, path) == CG_OK, "%s", cg_last_error());
+        cg_st_writer_free(w);
+        cg_st *g = cg_checkpoint_open(good), *h = cg_checkpoint_open(path);
+        CHECK(g && cg_st_read_params(g, ps) == CG_OK && cg_data(p)[7] == 7, "finite weights: %s", cg_last_error());
+        cg_status st = h ? cg_st_read_params(h, ps) : CG_ERR_IO;
+        const char *e = cg_last_error();
+        CHECK(st == CG_ERR_FORMAT && strstr(e, "'h.0.w'") && strstr(e, "index 7") && strstr(e, "nan.ckpt") &&
+                  strstr(e, "finite"),
+              "weight %g: status %d, '%s'", (double)bad[k], st, e);
+        CHECK(cg_data(p)[7] == 7, "a refused load changed the parameters (%g)", (double)cg_data(p)[7]);
+        cg_st_close(g), cg_st_close(h);
+        cg_params_free(ps);
+    }
+
+    /* Shapes whose element count wraps int64, or needs more than memory can address: an error, at once. */
+    const int64_t shapes[3][2] = {{INT64_C(1) << 40, INT64_C(1) << 40}, {INT64_MAX / 2, 3}, {INT64_C(1) << 61, 1}};
+    for (int k = 0; k < 3; k++) {
+        cg_params *ps = cg_params_new();
+        cg_tensor *ok = cg_params_add(ps, "small", 1, (int64_t[]){5});
+        cg_tensor *p = cg_params_add(ps, "wte.weight", 2, shapes[k]);
+        const char *e = cg_last_error();
+        CHECK(ok && !p && strstr(e, "wte.weight") && strstr(e, "elements"), "shape [%lld, %lld]: %s", (long long)shapes[k][0],
+              (long long)shapes[k][1], e);
+        CHECK(cg_params_numel(ps) == 5 && cg_params_count(ps) == 1, "a refused add changed the set");
+        cg_params_free(ps);
+    }
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "/tmp/cgrad_ckpt_XXXXXX");
     if (!mkdtemp(dir)) {
@@ -324,6 +405,7 @@ int main(void) {
     test_round_trip();
     test_damaged();
     test_atomic();
+    test_hostile();
     remove_dir();
     TEST_END();
 }

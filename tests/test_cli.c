@@ -414,6 +414,177 @@ static void test_inference(void) {
     result_free(&r);
 }
 
+/* cgrad ARGS with a time limit: a hang is a failure (rc 137), not a stuck test. */
+static result cgrad_t(const char *args, int seconds) {
+    char a[4096];
+    snprintf(a, sizeof a, "%s", args);
+    char cmd[3 * PATH_MAX + 4096];
+    snprintf(cmd, sizeof cmd, "cd '%s' && timeout -s KILL %d '%s' %s < /dev/null > out.txt 2> err.txt", dir, seconds, bin, a);
+    int st = system(cmd);
+    result r = {WIFEXITED(st) ? WEXITSTATUS(st) : -1, test_slurp(path_of("out.txt"), NULL), test_slurp(path_of("err.txt"), NULL)};
+    if (!r.out) r.out = calloc(1, 1);
+    if (!r.err) r.err = calloc(1, 1);
+    return r;
+}
+
+/* Rewrites checkpoint src as dst with edit applied to each tensor's values (name, values, count). */
+static void rewrite_ckpt(const char *src_name, const char *dst_name, void (*edit)(const char *, cg_real *, int64_t),
+                         const char *config) {
+    cg_st *src = cg_checkpoint_open(path_of(src_name));
+    cg_st_writer *w = cg_st_writer_new();
+    for (int i = 0; src && i < cg_st_count(src); i++) {
+        const char *name = cg_st_name(src, i);
+        int nd;
+        int64_t shape[CG_MAX_DIMS], n = 1;
+        cg_st_info(src, name, NULL, &nd, shape);
+        for (int k = 0; k < nd; k++) n *= shape[k];
+        cg_real *buf = malloc((size_t)n * sizeof *buf + 1);
+        if (buf && !cg_st_read(src, name, buf, nd, shape)) {
+            if (edit) edit(name, buf, n);
+            cg_st_add(w, name, nd, shape, buf);
+        }
+        free(buf);
+    }
+    const char *keys[] = {"arch", "tokenizer", "train", "state", "config"};
+    for (int i = 0; src && i < 5; i++) cg_st_set_metadata(w, keys[i], i == 4 && config ? config : cg_st_metadata(src, keys[i]));
+    CHECK(src && !cg_checkpoint_save(w, path_of(dst_name)), "could not write %s: %s", dst_name, cg_last_error());
+    cg_st_writer_free(w), cg_st_close(src);
+}
+
+static void nan_in_mlp(const char *name, cg_real *v, int64_t n) {
+    if (!strcmp(name, "h.0.mlp.c_fc.weight") && n > 3) v[3] = NAN;
+}
+
+/* Hostile values that pass the flag tables' static ranges but not the model, files that lie, and
+ * a run that diverges. Each ends cleanly, in seconds, with the flag, tensor or step named. */
+static void test_hostile(void) {
+    /* sizes against the model: more top-k rows or beams than the vocabulary has tokens */
+    result r = cgrad_t("fill-mask --checkpoint bert_A.ckpt --top-k 1000 the [MASK] sailed", 60);
+    CHECK(r.rc == 2 && strstr(r.err, "--top-k 1000") && strstr(r.err, "vocabulary") && !strstr(r.out, "(null)"),
+          "fill-mask top-k above the vocabulary: rc %d '%s' '%.80s'", r.rc, r.err, r.out);
+    result_free(&r);
+    r = cgrad_t("info --checkpoint bert_A.ckpt", 60);
+    int vocab = 0;
+    const char *tk = strstr(r.out, "tokenizer   wordpiece, ");
+    if (tk) sscanf(tk, "tokenizer   wordpiece, %d ids", &vocab);
+    result_free(&r);
+    char a[256];
+    snprintf(a, sizeof a, "fill-mask --checkpoint bert_A.ckpt --top-k %d the [MASK] sailed", vocab);
+    r = cgrad_t(a, 60); /* every token once, likeliest first, probabilities summing to 1 */
+    int lines = 0, named = 0;
+    double sum = 0, prev = 2;
+    bool desc = true;
+    for (char *line = strtok(r.out, "\n"); line; line = strtok(NULL, "\n"), lines++) {
+        char tok[64];
+        double p = -1;
+        named += sscanf(line, "%63s %lf", tok, &p) == 2 && strcmp(tok, "(null)");
+        desc &= p >= 0 && p <= prev;
+        prev = p, sum += p;
+    }
+    CHECK(vocab > 10 && r.rc == 0 && lines == vocab && named == vocab && desc && fabs(sum - 1) < 1e-3,
+          "fill-mask --top-k %d (the vocabulary): rc %d, %d lines, %d named, sum %g: %s", vocab, r.rc, lines, named, sum, r.err);
+    result_free(&r);
+    r = cgrad_t("translate --checkpoint encdec_A.ckpt --beam 60 4321", 60);
+    CHECK(r.rc == 2 && strstr(r.err, "--beam 60") && strstr(r.err, "target vocabulary"), "beam above the vocabulary: rc %d '%s'",
+          r.rc, r.err);
+    result_free(&r);
+    r = cgrad_t("sample --checkpoint gpt_A.ckpt --length 4611686018427387904", 60);
+    CHECK(r.rc == 2 && strstr(r.err, "--length"), "sample --length 2^62: rc %d '%s'", r.rc, r.err);
+    result_free(&r);
+    r = cgrad_t("sample --checkpoint gpt_A.ckpt --top-k 100000 --length 5", 60);
+    CHECK(r.rc == 2 && strstr(r.err, "--top-k 100000") && strstr(r.err, "vocabulary"), "sample top-k: rc %d '%s'", r.rc, r.err);
+    result_free(&r);
+    r = cgrad_t("train --arch classifier --data cls.tsv --tokenizer char --context 9000000000000000 --steps 1", 60);
+    CHECK(r.rc == 2 && strstr(r.err, "--context"), "context 9e15: rc %d '%s'", r.rc, r.err);
+    result_free(&r);
+    r = cgrad_t("train --arch classifier --data cls.tsv --tokenizer char --context 1048576 --dim 65536 --heads 1 --steps 1", 60);
+    CHECK(r.rc == 2 && strstr(r.err, "--context 1048576") && strstr(r.err, "GB of memory"), "context x dim beyond memory: rc %d '%s'",
+          r.rc, r.err);
+    result_free(&r);
+
+    /* A metrics CSV with an infinite step, and one whose losses leave no room between ticks. */
+    spit("inf.csv", "step,lr,train_loss,val_loss\n1,0.1,2.5,\ninf,0.1,2.4,\n");
+    r = cgrad_t("plot inf.csv --out inf.svg", 30);
+    CHECK(r.rc == 1 && strstr(r.err, "inf.csv line 3") && strstr(r.err, "finite"), "plot with an infinite step: rc %d '%s'",
+          r.rc, r.err);
+    result_free(&r);
+    spit("flat.csv", "step,lr,train_loss,val_loss\n1,0.1,1e300,1e300\n2,0.1,1e300,\n1e300,0.1,1e300,\n");
+    r = cgrad_t("plot flat.csv --out flat.svg", 30);
+    size_t svg_len = 0;
+    char *svg = test_slurp(path_of("flat.svg"), &svg_len);
+    CHECK(r.rc == 0 && svg && svg_len < 100000 && strstr(svg, "</svg>"), "plot of huge equal values: rc %d, %zu bytes: %s", r.rc,
+          svg_len, r.err);
+    free(svg);
+    result_free(&r);
+
+    /* A checkpoint whose config needs more parameters than an int64 counts (it hung in params). */
+    cg_st *src = cg_checkpoint_open(path_of("gpt_A.ckpt"));
+    cJSON *cj = src ? cJSON_Parse(cg_st_metadata(src, "config")) : NULL;
+    cg_st_close(src);
+    char big[1024] = ""; /* 9e15 x 2048 wraps int64 in the first tensor, the token embedding */
+    if (cj) {
+        cJSON_ReplaceItemInObject(cj, "vocab_size", cJSON_CreateNumber(9e15));
+        cJSON_ReplaceItemInObject(cj, "n_embd", cJSON_CreateNumber(2048));
+        char *t = cJSON_PrintUnformatted(cj);
+        snprintf(big, sizeof big, "%s", t ? t : "");
+        free(t), cJSON_Delete(cj);
+    }
+    rewrite_ckpt("gpt_A.ckpt", "huge.ckpt", NULL, big);
+    r = cgrad_t("info --checkpoint huge.ckpt", 30);
+    CHECK(*big && r.rc == 1 && strstr(r.err, "huge.ckpt") && strstr(r.err, "elements"), "parameter count overflow: rc %d '%s'",
+          r.rc, r.err);
+    result_free(&r);
+
+    /* A NaN weight: refused at load, naming the tensor and the file. */
+    rewrite_ckpt("gpt_A.ckpt", "nan.ckpt", nan_in_mlp, NULL);
+    r = cgrad_t("sample --checkpoint nan.ckpt --length 20", 30);
+    CHECK(r.rc == 1 && strstr(r.err, "nan.ckpt") && strstr(r.err, "h.0.mlp.c_fc.weight") && strstr(r.err, "finite") && !*r.out,
+          "NaN weight: rc %d '%s' '%s'", r.rc, r.err, r.out);
+    result_free(&r);
+
+    /* Divergence: stop at the first non-finite loss or gradient, name the step and the tensor, and
+     * leave the good checkpoint at that path as it was. */
+    const char *base = "train --data text.txt --layers 1 --heads 2 --dim 16 --context 16 --batch 2 --eval-every 0 "
+                       "--samples 0 --threads 2 --checkpoint div.ckpt";
+    snprintf(a, sizeof a, "%s --steps 2", base);
+    r = cgrad_t(a, 60);
+    CHECK(r.rc == 0, "good run: rc %d '%s'", r.rc, r.err);
+    result_free(&r);
+    size_t len0, len1;
+    char *before = test_slurp(path_of("div.ckpt"), &len0);
+    snprintf(a, sizeof a, "%s --steps 40 --lr 1e6", base);
+    r = cgrad_t(a, 60);
+    long long step = -1;
+    const char *sp = strstr(r.err, "step ");
+    if (sp) sscanf(sp, "step %lld", &step);
+    CHECK(r.rc == 1 && step >= 1 && step <= 40 && strstr(r.err, "not finite") && strstr(r.err, "first non-finite") &&
+              strstr(r.err, "weight"),
+          "diverging run: rc %d '%s'", r.rc, r.err);
+    result_free(&r);
+    char *after = test_slurp(path_of("div.ckpt"), &len1);
+    CHECK(before && after && len0 == len1 && !memcmp(before, after, len0), "the diverged run replaced the good checkpoint");
+    free(before), free(after);
+    /* ... or skip such steps, as a loss scaler does; what is saved is finite */
+    snprintf(a, sizeof a, "%s --steps 12 --lr 1e6 --skip-nonfinite 1000 --checkpoint skip.ckpt", base);
+    r = cgrad_t(a, 60);
+    CHECK(r.rc == 0 && strstr(r.err, "skipped"), "skipping run: rc %d '%s'", r.rc, r.err);
+    result_free(&r);
+    cg_st *sk = cg_checkpoint_open(path_of("skip.ckpt"));
+    bool finite = sk != NULL && cg_st_count(sk) > 3;
+    for (int i = 0; finite && i < cg_st_count(sk); i++) {
+        int nd;
+        int64_t shape[CG_MAX_DIMS], n = 1;
+        cg_st_info(sk, cg_st_name(sk, i), NULL, &nd, shape);
+        for (int k = 0; k < nd; k++) n *= shape[k];
+        cg_real *v = malloc((size_t)n * sizeof *v + 1);
+        finite = v && !cg_st_read(sk, cg_st_name(sk, i), v, nd, shape);
+        for (int64_t k = 0; finite && k < n; k++) finite = isfinite(v[k]);
+        free(v);
+    }
+    CHECK(finite, "skip.ckpt holds non-finite values");
+    cg_st_close(sk);
+}
+
 /* Ctrl-C: the loop saves, prints the final line and exits 130; the checkpoint is at that step. */
 static void test_sigint(void) {
     int out[2];
@@ -476,6 +647,7 @@ int main(void) {
     test_outputs();
     test_errors();
     test_inference();
+    test_hostile();
     test_sigint();
     if (!test_failed) {
         char cmd[PATH_MAX + 16];

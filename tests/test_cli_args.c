@@ -4,7 +4,9 @@
  * no signal, within seconds. A value the table says is in range is not bad and is not run; which
  * values are bad is decided here, independently of the CLI's parser (strtoll/strtod by hand).
  * Also: unknown flags, flags missing their value, missing input files and unwritable outputs. */
+#define _DEFAULT_SOURCE /* realpath */
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <math.h>
 #include <signal.h>
@@ -121,13 +123,18 @@ int main(void) {
         fprintf(stderr, "test_cli_args: no cgrad binary at %s (build the cgrad_cli target or set CGRAD_BIN)\n", bin);
         return 1;
     }
+    char *abs = realpath(bin, NULL);
+    if (abs) snprintf(bin, sizeof bin, "%s", abs), free(abs);
     snprintf(dir, sizeof dir, "/tmp/cgrad_test_cli_args.XXXXXX");
-    if (!mkdtemp(dir)) return 1;
+    /* Run where no default data lies, so a bad value that slipped through fails fast, not trains. */
+    if (!mkdtemp(dir) || chdir(dir)) return 1;
 
     /* The tables, as the CLI prints them ($CGRAD_FLAGS_BIN: another build's tables, to sweep an
      * older binary that cannot list its own). */
     char flags_bin[8192];
-    snprintf(flags_bin, sizeof flags_bin, "%s", getenv("CGRAD_FLAGS_BIN") ? getenv("CGRAD_FLAGS_BIN") : bin);
+    char *fb = getenv("CGRAD_FLAGS_BIN") ? realpath(getenv("CGRAD_FLAGS_BIN"), NULL) : NULL;
+    snprintf(flags_bin, sizeof flags_bin, "%s", fb ? fb : bin);
+    free(fb);
     char *list_args[] = {flags_bin, "flags", NULL};
     char saved_bin[8192];
     snprintf(saved_bin, sizeof saved_bin, "%s", bin);
@@ -198,7 +205,7 @@ int main(void) {
     CHECK(crashes == 0 && hangs == 0 && wrong == 0, "%d crashes, %d hangs, %d other outcomes", crashes, hangs, wrong);
     if (!test_failed) {
         char cmd[300];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        snprintf(cmd, sizeof cmd, "cd / && rm -rf '%s'", dir);
         if (system(cmd)) fprintf(stderr, "could not remove %s\n", dir);
     }
     TEST_END();

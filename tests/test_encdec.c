@@ -82,6 +82,22 @@ int main(void) {
         double sg = score(m, srcs[k], 6, greedy, ng, ended), s4 = score(m, srcs[k], 6, beam4, nb4, ended4);
         CHECK(s4 >= sg - 1e-4, "source %d: beam 4 score %g below greedy %g", k, s4, sg);
     }
+    /* A beam wider than the target vocabulary: each hypothesis has only 9 extensions, and the
+     * search must use those, never an id past them (it once decoded id -1). */
+    for (int k = 0; k < 3; k++) {
+        int32_t wide[24], greedy[24];
+        int64_t nw = 0, ng = 0;
+        CHECK(cg_encdec_translate(m, srcs[k], 6, 20, 10, wide, &nw) == CG_OK, "beam 20 over 9 ids: %s", cg_last_error());
+        CHECK(cg_encdec_translate(m, srcs[k], 6, 1, 10, greedy, &ng) == CG_OK, "%s", cg_last_error());
+        bool in_range = nw >= 0 && nw <= 10;
+        for (int64_t i = 0; in_range && i < nw; i++) in_range = wide[i] >= 0 && wide[i] < c.tgt_vocab_size;
+        CHECK(in_range, "source %d: beam 20 decoded %lld tokens, ids outside [0, %lld)", k, (long long)nw,
+              (long long)c.tgt_vocab_size);
+        if (in_range) {
+            const double sw = score(m, srcs[k], 6, wide, nw, nw < 10), sg = score(m, srcs[k], 6, greedy, ng, ng < 10);
+            CHECK(sw >= sg - 1e-4, "source %d: beam 20 score %g below greedy %g", k, sw, sg);
+        }
+    }
     int32_t out[4];
     int64_t n;
     CHECK(cg_encdec_translate(m, srcs[0], 100, 1, 4, out, &n) == CG_ERR_ARG && strstr(cg_last_error(), "max_len"),
