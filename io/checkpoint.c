@@ -323,6 +323,7 @@ cg_st *cg_checkpoint_open(const char *path) {
     else if (!ver || strcmp(ver, CG_CHECKPOINT_VERSION) != 0)
         s = ck_fail(path, CG_ERR_FORMAT, "__metadata__ version is %s%s%s, this build reads version '%s'",
                     ver ? "'" : "", ver ? ver : "missing", ver ? "'" : "", CG_CHECKPOINT_VERSION);
+    if (s == CG_OK) s = cgi_st_check_disjoint(f); /* aliased tensors: one parameter's update would change another */
     if (s != CG_OK) {
         cg_st_close(f);
         return NULL;

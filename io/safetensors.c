@@ -206,8 +206,8 @@ static int cmp_begin(const void *a, const void *b) {
     return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : x->end < y->end ? -1 : x->end > y->end;
 }
 
-/* Two tensors whose bytes overlap would alias: writing one changes the other. Empty ones hold no bytes. */
-static cg_status check_overlap(cg_st *f) {
+/* Empty tensors hold no bytes, so they overlap nothing. */
+cg_status cgi_st_check_disjoint(const cg_st *f) {
     const st_entry **by = malloc(((size_t)f->n + 1) * sizeof *by);
     if (!by) return st_fail(f->label, CG_ERR_NOMEM, "out of memory");
     int m = 0;
@@ -282,7 +282,6 @@ static cg_status parse(cg_st *f) {
             s = st_fail(f->label, CG_ERR_FORMAT, "duplicate tensor name '%s'", f->e[i].name);
             goto done;
         }
-    s = check_overlap(f);
 done:
     cJSON_Delete(root);
     return s;

@@ -24,6 +24,7 @@
 extern char **environ;
 
 static char bin[8192], dir[256];
+static double limit = 20; /* seconds a run may take ($CGRAD_SWEEP_LIMIT): longer is a hang */
 
 typedef struct {
     int rc;       /* exit code, or -signal */
@@ -123,6 +124,7 @@ int main(void) {
         fprintf(stderr, "test_cli_args: no cgrad binary at %s (build the cgrad_cli target or set CGRAD_BIN)\n", bin);
         return 1;
     }
+    if (getenv("CGRAD_SWEEP_LIMIT")) limit = atof(getenv("CGRAD_SWEEP_LIMIT"));
     char *abs = realpath(bin, NULL);
     if (abs) snprintf(bin, sizeof bin, "%s", abs), free(abs);
     snprintf(dir, sizeof dir, "/tmp/cgrad_test_cli_args.XXXXXX");
@@ -164,7 +166,7 @@ int main(void) {
             cmds++;
             prev_cmd = o->cmd;
             char *args[] = {bin, (char *)o->cmd, "--no-such-flag", "1", NULL};
-            run_result r = run(args, 20);
+            run_result r = run(args, limit);
             runs++;
             bool ok = r.rc == 2 && strstr(r.err, "--no-such-flag");
             clean += ok;
@@ -179,7 +181,7 @@ int main(void) {
         /* The flag with its value missing (a valued flag last on the line). */
         if (strcmp(o->kind, "bare")) {
             char *args[] = {bin, (char *)o->cmd, (char *)o->flag, NULL};
-            run_result r = run(args, 20);
+            run_result r = run(args, limit);
             runs++;
             kind_seen[63] = true;
             bool ok = r.rc == 2 && strstr(r.err, o->flag) && !strstr(r.err, "Sanitizer") && !strstr(r.err, "runtime error");
@@ -189,7 +191,7 @@ int main(void) {
         for (int k = 0; values && values[k]; k++) {
             if (acceptable(o, values[k])) continue; /* in range: not a bad value for this flag */
             char *args[] = {bin, (char *)o->cmd, (char *)o->flag, (char *)values[k], NULL};
-            run_result r = run(args, 20);
+            run_result r = run(args, limit);
             runs++;
             kind_seen[base + k] = true;
             bool ok = r.rc == 2 && strstr(r.err, o->flag) && !strstr(r.err, "Sanitizer") && !strstr(r.err, "runtime error");
