@@ -99,14 +99,14 @@ static bool acceptable(const opt *o, const char *v) {
         return !errno && whole(v, end) && v[0] != '-' && v[0] != '+';
     }
     if (!strcmp(o->kind, "in")) return *v && !access(v, R_OK);
-    return true; /* out: every candidate below is unwritable; string: anything goes */
+    if (!strcmp(o->kind, "out")) return false; /* every output candidate below is unwritable */
+    return true;                               /* a string: anything goes */
 }
 
 /* The kinds of bad value, per kind of option. */
 static const char *const bad_numbers[] = {
-    "-1", "0", "-0.5", "0.5", "1e-320", "1e308", "4611686018427387904", "9223372036854775808",
-    "-9223372036854775809", "18446744073709551616", "1e999", "-1e999", "nan", "-nan", "inf", "-inf", "infinity",
-    "abc", "12abc", "1,5", "0x", "", " ", "--", "1e", "2147483648", "99999999999999999999999", NULL};
+    "-1", "0", "0.5", "1e-320", "1e308", "4611686018427387904", "9223372036854775808", "18446744073709551616",
+    "1e999", "nan", "-inf", "abc", "12abc", "", NULL};
 static const char *const bad_files[] = {"/nonexistent-cgrad-dir/missing.file", "", NULL};
 static const char *const bad_outputs[] = {"/nonexistent-cgrad-dir/out.file", ".", "/", "", NULL};
 
