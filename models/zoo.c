@@ -4,6 +4,7 @@
 
 #include "graph/internal.h"
 #include "models/zoo.h"
+#include "optim/lora.h"
 #include "ops/ops.h"
 
 struct cg_model {
@@ -207,7 +208,10 @@ cg_status cg_model_save(cg_model *m, const char *path) {
     cg_st_writer *w = cg_st_writer_new();
     if (!w) return CG_ERR_NOMEM;
     char *cfg = cg_model_config_json(m);
-    cg_status st = cg_st_add_params(w, m->ps);
+    cg_status st = CG_OK; /* the model's own weights: LoRA adapters go to their own file (cg_lora_save) */
+    for (int i = 0; !st && i < cg_params_count(m->ps); i++)
+        if (!cg_lora_is_adapter(cg_params_at(m->ps, i)))
+            st = cg_st_add_tensor(w, cg_name(cg_params_at(m->ps, i)), cg_params_at(m->ps, i));
     if (!st && cfg) st = cg_st_set_metadata(w, "config", cfg);
     if (!st) st = cg_st_set_metadata(w, "arch", cg_arch_name(m->arch));
     if (!st) st = cg_st_write(w, path);

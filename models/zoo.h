@@ -55,7 +55,8 @@ cg_classifier *cg_model_classifier(cg_model *m);
  * known buffers (attn.bias masks, position_ids) are skipped; any other unknown tensor, a missing
  * parameter or a wrong shape is an error naming it, and then no parameter has changed. */
 cg_status cg_model_load(cg_model *m, const cg_st *f);
-/* Writes every parameter under its own name to a safetensors file at path. */
+/* Writes every parameter under its own name to a safetensors file at path (LoRA adapters excepted:
+ * cg_lora_save writes those; cg_lora_merge first to fold them into the weights written here). */
 cg_status cg_model_save(cg_model *m, const char *path);
 
 /* A training graph: the batch inputs (named as in the batch files: gpt2 input_ids, targets;

@@ -4,7 +4,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <unistd.h>
+
 #include "graph/internal.h"
+#include "io/safetensors.h"
 #include "optim/lora.h"
 
 static bool in_set(const cg_params *ps, const cg_tensor *p) {
@@ -106,4 +109,131 @@ cg_status cg_lora_merge(cg_params *ps) {
         memset(b, 0, (size_t)(R * k) * sizeof *b);
     }
     return CG_OK;
+}
+
+/* ---- adapters on disk ---- */
+
+static cg_real *moment_of(cg_real *block, cg_params *ps, const cg_tensor *p) {
+    return block ? block + ((const cg_real *)p->data - cg_params_values(ps)) : NULL;
+}
+
+cg_status cg_lora_save(cg_params *ps, const cg_optim *o, const char *path) {
+    if (!ps || !path) return cgi_fail(CG_ERR_ARG, "[lora save] NULL argument");
+    cg_st_writer *w = cg_st_writer_new();
+    if (!w) return CG_ERR_NOMEM;
+    cg_real *m1 = o ? cg_optim_moment1((cg_optim *)o) : NULL, *m2 = o ? cg_optim_moment2((cg_optim *)o) : NULL;
+    cg_status st = CG_OK;
+    int n = 0;
+    char name[600], num[64];
+    for (int i = 0; !st && i < cg_params_count(ps); i++) {
+        cg_tensor *p = cg_params_at(ps, i);
+        if (!p->lora_a) continue;
+        const cg_tensor *ab[2] = {p->lora_a, p->lora_b};
+        for (int k = 0; !st && k < 2; k++) {
+            cg_tensor *t = (cg_tensor *)ab[k];
+            st = cg_st_add(w, t->name, 2, t->shape, t->data);
+            snprintf(name, sizeof name, "%s.exp_avg", t->name);
+            if (!st && m1) st = cg_st_add(w, name, 2, t->shape, moment_of(m1, ps, t));
+            snprintf(name, sizeof name, "%s.exp_avg_sq", t->name);
+            if (!st && m2) st = cg_st_add(w, name, 2, t->shape, moment_of(m2, ps, t));
+        }
+        snprintf(name, sizeof name, "scale:%s", p->name);
+        snprintf(num, sizeof num, "%.17g", p->lora_scale);
+        if (!st) st = cg_st_set_metadata(w, name, num);
+        n++;
+    }
+    if (!st && !n) st = cgi_fail(CG_ERR_STATE, "[lora save] %s: the parameter set has no adapters", path);
+    snprintf(num, sizeof num, "%lld", o ? (long long)cg_optim_steps(o) : -1LL);
+    if (!st) st = cg_st_set_metadata(w, "format", "cgrad-lora");
+    if (!st && o) st = cg_st_set_metadata(w, "optim_steps", num);
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    if (!st) st = cg_st_write(w, tmp);
+    if (!st && rename(tmp, path)) st = cgi_fail(CG_ERR_IO, "[lora save] cannot rename %s to %s", tmp, path);
+    if (st) remove(tmp);
+    cg_st_writer_free(w);
+    return st;
+}
+
+/* The base parameter name of an adapter tensor name "<base>.lora_A" into buf; false otherwise. */
+static bool base_name(const char *name, char *buf, size_t n) {
+    const size_t len = strlen(name);
+    if (len <= 7 || len - 7 >= n || strcmp(name + len - 7, ".lora_A")) return false;
+    memcpy(buf, name, len - 7);
+    buf[len - 7] = 0;
+    return true;
+}
+
+cg_status cg_lora_load(cg_params *ps, const char *path) {
+    if (!ps || !path) return cgi_fail(CG_ERR_ARG, "[lora load] NULL argument");
+    cg_st *f = cg_st_open(path);
+    if (!f) return CG_ERR_IO;
+    const char *fmt = cg_st_metadata(f, "format");
+    cg_status st = fmt && !strcmp(fmt, "cgrad-lora")
+                       ? CG_OK
+                       : cgi_fail(CG_ERR_FORMAT, "[lora load] %s: not an adapter file (format '%s')", path, fmt ? fmt : "");
+    /* check every adapter against its base before changing anything */
+    char base[512], key[600];
+    int found = 0;
+    for (int i = 0; !st && i < cg_st_count(f); i++) {
+        if (!base_name(cg_st_name(f, i), base, sizeof base)) continue;
+        cg_tensor *p = cg_params_find(ps, base);
+        int na = 0, nb = 0;
+        int64_t sa[CG_MAX_DIMS], sb[CG_MAX_DIMS];
+        snprintf(key, sizeof key, "%s.lora_B", base);
+        if (!p || p->ndim != 2 || p->lora_a)
+            st = cgi_fail(CG_ERR_FORMAT, "[lora load] %s: adapter '%s' has no free 2-D base parameter '%s'", path,
+                          cg_st_name(f, i), base);
+        else if (cg_st_info(f, cg_st_name(f, i), NULL, &na, sa) || cg_st_info(f, key, NULL, &nb, sb) || na != 2 ||
+                 nb != 2 || sa[1] != p->shape[1] || sb[0] != p->shape[0] || sa[0] != sb[1])
+            st = cgi_fail(CG_ERR_FORMAT, "[lora load] %s: adapter of '%s'%s: lora_A and lora_B must be [r, %lld] and "
+                          "[%lld, r]", path, base, cgi_shp(p), (long long)p->shape[1], (long long)p->shape[0]);
+        snprintf(key, sizeof key, "scale:%s", base);
+        const char *sc = cg_st_metadata(f, key);
+        if (!st && (!sc || !isfinite(strtod(sc, NULL)) || strtod(sc, NULL) == 0))
+            st = cgi_fail(CG_ERR_FORMAT, "[lora load] %s: no valid scale for '%s'", path, base);
+        found++;
+    }
+    if (!st && !found) st = cgi_fail(CG_ERR_FORMAT, "[lora load] %s: holds no adapters", path);
+    for (int i = 0; !st && i < cg_st_count(f); i++) {
+        if (!base_name(cg_st_name(f, i), base, sizeof base)) continue;
+        cg_tensor *p = cg_params_find(ps, base);
+        int64_t sa[CG_MAX_DIMS];
+        cg_st_info(f, cg_st_name(f, i), NULL, NULL, sa);
+        snprintf(key, sizeof key, "scale:%s", base);
+        const double scale = strtod(cg_st_metadata(f, key), NULL);
+        cg_rng r;
+        cg_rng_seed(&r, 0);
+        if ((st = cg_lora_add(ps, p, (int)sa[0], scale * (double)sa[0], &r))) break;
+        if ((st = cg_st_read(f, cg_name(p->lora_a), p->lora_a->data, 2, p->lora_a->shape))) break;
+        st = cg_st_read(f, cg_name(p->lora_b), p->lora_b->data, 2, p->lora_b->shape);
+    }
+    if (!st) /* as cg_lora_apply: the fine-tune trains its adapters alone */
+        for (int i = 0; i < cg_params_count(ps); i++)
+            if (!cg_lora_is_adapter(cg_params_at(ps, i))) cg_param_set_trainable(cg_params_at(ps, i), false);
+    cg_st_close(f);
+    return st;
+}
+
+cg_status cg_lora_load_optim(cg_optim *o, cg_params *ps, const char *path) {
+    if (!o || !ps || !path) return cgi_fail(CG_ERR_ARG, "[lora load] NULL argument");
+    cg_st *f = cg_st_open(path);
+    if (!f) return CG_ERR_IO;
+    const char *steps = cg_st_metadata(f, "optim_steps");
+    cg_real *m[2] = {cg_optim_moment1(o), cg_optim_moment2(o)};
+    const char *suffix[2] = {"exp_avg", "exp_avg_sq"};
+    cg_status st = steps && m[0] ? CG_OK
+                                 : cgi_fail(CG_ERR_FORMAT, "[lora load] %s: no optimizer state to restore", path);
+    char key[600];
+    for (int i = 0; !st && i < cg_params_count(ps); i++) {
+        cg_tensor *t = cg_params_at(ps, i);
+        if (!cg_lora_is_adapter(t)) continue;
+        for (int k = 0; !st && k < 2 && m[k]; k++) {
+            snprintf(key, sizeof key, "%s.%s", t->name, suffix[k]);
+            st = cg_st_read(f, key, moment_of(m[k], ps, t), 2, t->shape);
+        }
+    }
+    if (!st) st = cg_optim_set_steps(o, strtoll(steps, NULL, 10));
+    cg_st_close(f);
+    return st;
 }

@@ -9,6 +9,7 @@
 #define CGRAD_LORA_H
 
 #include "../graph/graph.h"
+#include "optim.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -24,6 +25,18 @@ int cg_lora_apply(cg_params *ps, const char *targets, int rank, double alpha, cg
 /* Folds every adapter into its base, P += (alpha / r) B A, and zeroes B, so the model computes
  * the same with or without the adapters (export the base weights alone after this). */
 cg_status cg_lora_merge(cg_params *ps);
+/* Writes only the adapters to a safetensors file at path (atomically: temp file, rename): their
+ * values, each adapter's scale in the metadata and, when o is not NULL, their Adam(W) moments
+ * ("<name>.exp_avg", "<name>.exp_avg_sq") and the step count. A fine-tune's file is then the
+ * size of its adapters, not of the model. */
+cg_status cg_lora_save(cg_params *ps, const cg_optim *o, const char *path);
+/* Adds to ps the adapters saved at path (on the base parameters of the same names, which it
+ * freezes, as cg_lora_apply does) and reads their values; ps then computes as the saved fine-tune.
+ * Errors name the file and the tensor; on an error no adapter has been added. */
+cg_status cg_lora_load(cg_params *ps, const char *path);
+/* Restores the moments and step count that cg_lora_save stored into o, an optimizer made over ps
+ * after cg_lora_load (resuming a fine-tune exactly); CG_ERR_FORMAT if the file has none. */
+cg_status cg_lora_load_optim(cg_optim *o, cg_params *ps, const char *path);
 /* True when p is an adapter parameter (lora_A or lora_B) of some base parameter. */
 bool cg_lora_is_adapter(const cg_tensor *p);
 /* The base parameter an adapter belongs to, or NULL when p is not an adapter. */

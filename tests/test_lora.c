@@ -159,6 +159,60 @@ static void test_gpt_finetune(void) {
     CHECK(base_moved == 0 && adapter_moved == 2 * added, "base tensors moved: %d, adapters moved: %d", base_moved,
           adapter_moved);
 
+    /* adapters alone on disk: a fresh model from the base file plus them computes the same loss, and
+     * with the moments restored one more step gives the same parameters bit for bit */
+    const char *base_path = "test_lora_base.safetensors", *ad_path = "test_lora_adapters.safetensors";
+    CHECK(cg_model_save(m, base_path) == CG_OK, "save base: %s", cg_last_error());
+    CHECK(cg_lora_save(ps, opt, ad_path) == CG_OK, "save adapters: %s", cg_last_error());
+    cg_st *af = cg_st_open(ad_path);
+    CHECK(af && cg_st_count(af) == 3 * 2 * added, "adapter file holds %d tensors", af ? cg_st_count(af) : -1);
+    for (int i = 0; af && i < cg_st_count(af); i++) CHECK(strstr(cg_st_name(af, i), ".lora_"), "%s", cg_st_name(af, i));
+    cg_st_close(af);
+    cg_st *bf = cg_st_open(base_path);
+    CHECK(bf && cg_st_count(bf) == base_count, "base file holds %d tensors, the model %d", bf ? cg_st_count(bf) : -1,
+          base_count);
+    cg_params *ps2 = cg_params_new();
+    cg_model *m2 = cg_model_new(CG_ARCH_GPT2, cfg, 0, ps2, 77);
+    CHECK(bf && cg_model_load(m2, bf) == CG_OK, "load base: %s", cg_last_error());
+    cg_st_close(bf);
+    CHECK(cg_lora_load(ps2, ad_path) == CG_OK, "load adapters: %s", cg_last_error());
+    CHECK(cg_params_count(ps2) == cg_params_count(ps), "%d parameters after loading", cg_params_count(ps2));
+    cg_optim *opt2 = cg_optim_new(ps2, &oc);
+    CHECK(cg_lora_load_optim(opt2, ps2, ad_path) == CG_OK, "load moments: %s", cg_last_error());
+    CHECK(cg_optim_steps(opt2) == cg_optim_steps(opt), "steps %lld", (long long)cg_optim_steps(opt2));
+    cg_graph *g2 = cg_graph_new(CG_TRAIN);
+    cg_model_graph mg2;
+    cg_model_build(g2, m2, 4, 8, 0, &mg2);
+    cg_write_ids(mg2.inputs[0], ids);
+    cg_write_ids(mg2.inputs[1], tgt);
+    cg_graph *gs[2] = {g, g2};
+    cg_model_graph *mgs[2] = {&mg, &mg2};
+    cg_params *pss[2] = {ps, ps2};
+    cg_optim *opts[2] = {opt, opt2};
+    double losses[2];
+    for (int k = 0; k < 2; k++) {
+        cg_graph_forward(gs[k]);
+        losses[k] = cg_item(mgs[k]->loss);
+        cg_params_zero_grad(pss[k]);
+        cg_graph_backward(gs[k], mgs[k]->loss);
+        cg_optim_step(opts[k], 3e-2);
+    }
+    CHECK(losses[0] == losses[1], "reloaded fine-tune loss %.9g, original %.9g", losses[1], losses[0]);
+    int differ = 0;
+    for (int i = 0; i < cg_params_count(ps); i++)
+        differ += memcmp(cg_data(cg_params_at(ps, i)), cg_data(cg_params_find(ps2, cg_name(cg_params_at(ps, i)))),
+                         (size_t)cg_numel(cg_params_at(ps, i)) * sizeof(cg_real)) != 0;
+    CHECK(differ == 0, "%d tensors differ after one resumed step", differ);
+    CHECK(cg_lora_load(ps2, ad_path) == CG_ERR_FORMAT && strstr(cg_last_error(), ad_path), "loading twice: %s",
+          cg_last_error());
+    CHECK(cg_lora_load(ps2, base_path) == CG_ERR_FORMAT, "a model file is no adapter file");
+    cg_optim_free(opt2);
+    cg_graph_free(g2);
+    cg_model_free(m2);
+    cg_params_free(ps2);
+    remove(base_path);
+    remove(ad_path);
+
     /* merged: the same logits from an eval graph built after the merge (B = 0 there) */
     cg_graph *e = cg_graph_new(CG_EVAL);
     cg_model_graph eg;
@@ -170,6 +224,24 @@ static void test_gpt_finetune(void) {
     cg_lora_merge(ps);
     cg_graph_forward(e);
     CHECK_NEAR(cg_item(eg.loss), adapted, 1e-5);
+    /* exported: the merged weights alone, in a model that never had adapters */
+    CHECK(cg_model_save(m, "test_lora_merged.safetensors") == CG_OK, "export: %s", cg_last_error());
+    cg_params *ps3 = cg_params_new();
+    cg_model *m3 = cg_model_new(CG_ARCH_GPT2, cfg, 0, ps3, 1);
+    cg_st *mf = cg_st_open("test_lora_merged.safetensors");
+    CHECK(mf && cg_model_load(m3, mf) == CG_OK, "load merged: %s", cg_last_error());
+    cg_st_close(mf);
+    remove("test_lora_merged.safetensors");
+    cg_graph *e3 = cg_graph_new(CG_EVAL);
+    cg_model_graph eg3;
+    cg_model_build(e3, m3, 4, 8, 0, &eg3);
+    cg_write_ids(eg3.inputs[0], ids);
+    cg_write_ids(eg3.inputs[1], tgt);
+    cg_graph_forward(e3);
+    CHECK_NEAR(cg_item(eg3.loss), adapted, 1e-5);
+    cg_graph_free(e3);
+    cg_model_free(m3);
+    cg_params_free(ps3);
     free(before);
     cg_optim_free(opt);
     cg_graph_free(g);
