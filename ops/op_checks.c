@@ -234,6 +234,18 @@ static cg_tensor *sdpa_views(ctx *c) {
     return cg_sdpa(G, cg_split_heads(G, qkv[0], 2), cg_split_heads(G, qkv[1], 2), cg_split_heads(G, qkv[2], 2), 0.4,
                    true, NULL);
 }
+static cg_tensor *rope_neox(ctx *c) { return cg_rope(G, X4(2, 2, 5, 6), 0, NULL); }
+static cg_tensor *rope_inter(ctx *c) {
+    cg_rope_config r = {.dims = 4, .theta = 100, .linear_factor = 2, .interleaved = true};
+    return cg_rope(G, X4(1, 2, 4, 6), 7, &r);
+}
+static cg_tensor *rope_packed(ctx *c) { /* the k heads of a packed [B, T, 3 * H * D] projection */
+    cg_tensor *qkv[3];
+    cg_split(G, X3(2, 4, 24), -1, 3, NULL, qkv);
+    cg_rope_config r = {.theta = 500000, .llama3_factor = 8, .llama3_low_freq_factor = 1, .llama3_high_freq_factor = 4,
+                        .llama3_original_context = 16};
+    return cg_rope(G, cg_split_heads(G, qkv[1], 2), 3, &r);
+}
 /* normalisation */
 static cg_tensor *ln_affine(ctx *c) { return cg_layernorm(G, X2(4, 6), leaf(c, 0.5, 1.5, false, 1, 6, 0, 0, 0), X1(6), 1e-5); }
 static cg_tensor *ln_plain(ctx *c) { return cg_layernorm(G, X3(2, 3, 5), NULL, NULL, 1e-5); }
@@ -374,6 +386,9 @@ static const check_case cases[] = {
     {"attention", "[2,2,5,3] causal", sdpa_causal},
     {"attention", "q[2,3,4,5] kv[2,3,7,5] key padding", sdpa_cross},
     {"attention", "heads of a [2,6,12] qkv view, causal", sdpa_views},
+    {"rope", "[2,2,5,6] half-split", rope_neox},
+    {"rope", "[1,2,4,6] interleaved 4 dims off 7 /2", rope_inter},
+    {"rope", "k heads of packed qkv, LLaMA 3", rope_packed},
     {"layernorm", "[4,6] gain bias", ln_affine},
     {"layernorm", "[2,3,5] plain", ln_plain},
     {"layernorm", "[2,3,5] 1<->2 gain", ln_view},

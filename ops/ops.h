@@ -160,6 +160,21 @@ cg_tensor *cg_masked_softmax(cg_graph *g, cg_tensor *x, double scale, cg_tensor 
  * blocks from the saved log-sum-exp. Returns [B, H, Tq, D]. */
 cg_tensor *cg_sdpa(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, double scale, bool causal,
                    cg_tensor *key_padding);
+/* Settings of cg_rope; zero-initialise, then set theta (NULL config: theta 10000, all of D, half-split). */
+typedef struct {
+    int dims;                  /* features rotated, from the start of D (0: all of D); even */
+    double theta;              /* base of the frequencies: 10000 (LLaMA 1 and 2), 500000 (LLaMA 3) */
+    double linear_factor;      /* linear position scaling: positions divided by it (0 or 1: none) */
+    bool interleaved;          /* pairs (2i, 2i+1), the original RoPE and Meta's LLaMA; false: (i, i + dims/2), GPT-NeoX and Hugging Face */
+    double llama3_factor;      /* LLaMA 3.1 frequency scaling (Hugging Face rope_type "llama3"): factor, 0 for off */
+    double llama3_low_freq_factor;  /* its low_freq_factor (1 in LLaMA 3.1) */
+    double llama3_high_freq_factor; /* its high_freq_factor (4 in LLaMA 3.1) */
+    int64_t llama3_original_context; /* its original_max_position_embeddings (8192 in LLaMA 3.1) */
+} cg_rope_config;
+/* Rotary position embedding of x[..., T, D] (e.g. [B, H, T, D] heads, strided views of a packed
+ * QKV included) at positions pos_offset + t (the KV cache's length during generation); the table
+ * is computed inside the op. Returns a contiguous tensor shaped as x. */
+cg_tensor *cg_rope(cg_graph *g, cg_tensor *x, int64_t pos_offset, const cg_rope_config *cfg);
 /* Fused layer norm over the last axis with gain and bias [D] (either may be NULL). */
 cg_tensor *cg_layernorm(cg_graph *g, cg_tensor *x, cg_tensor *gain, cg_tensor *bias, double eps);
 /* Fused RMS norm over the last axis, x / sqrt(mean(x^2) + eps) * gain (gain [D] may be NULL). */

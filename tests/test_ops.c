@@ -223,6 +223,69 @@ static void softmax_nonfinite(void) {
     cg_graph_free(g);
 }
 
+/* ---- rope: rotations worked out by hand, and the two properties the KV cache relies on ---- */
+
+static void rope_values(void) {
+    cg_graph *g = cg_graph_new(CG_EVAL);
+    /* x[1,1,2,4], both rows [1, 2, 3, 4]; theta 100 over 4 dims: frequencies 1 and 0.1; offset 3 */
+    cg_tensor *x = filled(g, 4, S(1, 1, 2, 4), (const cg_real[]){1, 2, 3, 4, 1, 2, 3, 4});
+    cg_rope_config half = {.theta = 100}, inter = {.theta = 100, .interleaved = true};
+    cg_rope_config lin = {.theta = 100, .linear_factor = 4}, part = {.dims = 2, .theta = 100};
+    cg_tensor *yh = cg_retain(cg_rope(g, x, 3, &half)), *yi = cg_retain(cg_rope(g, x, 3, &inter));
+    cg_tensor *yl = cg_retain(cg_rope(g, x, 12, &lin)), *yp = cg_retain(cg_rope(g, x, 3, &part));
+    double wh[8], wi[8], wp[8], wl[8];
+    for (int r = 0; r < 2; r++) { /* linear factor 4 at offset 12: positions 12/4 = 3 and 13/4 */
+        const double p = (12 + r) / 4.0, c0 = cos(p), s0 = sin(p), c1 = cos(0.1 * p), s1 = sin(0.1 * p);
+        wl[4 * r + 0] = 1 * c0 - 3 * s0, wl[4 * r + 2] = 1 * s0 + 3 * c0;
+        wl[4 * r + 1] = 2 * c1 - 4 * s1, wl[4 * r + 3] = 2 * s1 + 4 * c1;
+    }
+    for (int r = 0; r < 2; r++) {
+        const double p = 3 + r, c0 = cos(p), s0 = sin(p), c1 = cos(0.1 * p), s1 = sin(0.1 * p);
+        /* half-split pairs (0, 2) at frequency 1 and (1, 3) at 0.1 */
+        wh[4 * r + 0] = 1 * c0 - 3 * s0, wh[4 * r + 2] = 1 * s0 + 3 * c0;
+        wh[4 * r + 1] = 2 * c1 - 4 * s1, wh[4 * r + 3] = 2 * s1 + 4 * c1;
+        /* interleaved pairs (0, 1) at frequency 1 and (2, 3) at 0.1 */
+        wi[4 * r + 0] = 1 * c0 - 2 * s0, wi[4 * r + 1] = 1 * s0 + 2 * c0;
+        wi[4 * r + 2] = 3 * c1 - 4 * s1, wi[4 * r + 3] = 3 * s1 + 4 * c1;
+        /* 2 rotated dims: the pair (0, 1) at frequency 1, features 2 and 3 untouched */
+        wp[4 * r + 0] = 1 * c0 - 2 * s0, wp[4 * r + 1] = 1 * s0 + 2 * c0, wp[4 * r + 2] = 3, wp[4 * r + 3] = 4;
+    }
+    expect(g, yh, 8, wh, "rope half-split");
+    expect(g, yi, 8, wi, "rope interleaved");
+    expect(g, yl, 8, wl, "rope linear factor 4 at offset 12");
+    expect(g, yp, 8, wp, "rope over 2 of 4 dims");
+    cg_graph_free(g);
+
+    /* the KV cache: rotating positions [4, 9) with offset 4 gives the tail of rotating [0, 9); and
+     * scores depend on relative position only: q.k at (m, n) equals q.k at (m + 5, n + 5) */
+    g = cg_graph_new(CG_EVAL);
+    cg_rng rng;
+    cg_rng_seed(&rng, 9);
+    cg_tensor *full = cg_input(g, "full", CG_REAL, 4, S(1, 2, 9, 8));
+    cg_fill_uniform(full, &rng, -1, 1);
+    cg_rope_config llama = {.theta = 10000};
+    cg_tensor *all = cg_retain(cg_rope(g, full, 0, &llama));
+    cg_tensor *tail = cg_retain(cg_rope(g, cg_slice(g, full, 2, 4, 9), 4, &llama));
+    cg_tensor *shifted = cg_retain(cg_rope(g, full, 5, &llama));
+    CHECK(cg_graph_forward(g) == CG_OK, "%s", cg_last_error());
+    cg_real a[144], t[80], sh[144];
+    cg_read(all, a), cg_read(tail, t), cg_read(shifted, sh);
+    double worst = 0, worst_dot = 0;
+    for (int h = 0; h < 2; h++)
+        for (int i = 0; i < 5 * 8; i++) worst = fmax(worst, fabs(t[h * 40 + i] - a[h * 72 + 32 + i]));
+    for (int m = 0; m < 9; m++)
+        for (int n = 0; n < 9; n++) {
+            double d0 = 0, d1 = 0;
+            for (int e = 0; e < 8; e++) d0 += a[m * 8 + e] * a[n * 8 + e], d1 += sh[m * 8 + e] * sh[n * 8 + e];
+            worst_dot = fmax(worst_dot, fabs(d0 - d1));
+        }
+    CHECK(worst <= 1e-6, "rope with offset 4 differs from the tail of offset 0 by %g", worst);
+    CHECK(worst_dot <= 1e-5, "rotated dot products depend on absolute position: %g", worst_dot);
+    CHECK(cg_rope(g, full, 0, &(cg_rope_config){.dims = 3, .theta = 10000}) == NULL && strstr(cg_last_error(), "[rope]"),
+          "odd rotated dims: %s", cg_last_error());
+    cg_graph_free(g);
+}
+
 int main(void) {
     softmax_nonfinite();
     int failed = cg_gradcheck_ops(stdout, 0, NULL);
@@ -233,5 +296,6 @@ int main(void) {
     selection_values();
     reduction_values();
     index_values();
+    rope_values();
     TEST_END();
 }

@@ -1,0 +1,114 @@
+/* Rotary position embedding (RoPE, Su et al. 2021) over the last axis of x[..., T, D]: feature
+ * pairs are rotated by angle (offset + t) * f_i, f_i = theta^(-2i / dims) as LLaMA's scaling
+ * settings adjust it. The op computes its table of cosines and sines in double precision on each
+ * forward (T x dims/2, cheap next to the rotation) and keeps it in aux for backward, which rotates
+ * the gradient back by the same angles. x is read through its strides, so the q and k heads of a
+ * packed QKV projection are rotated without a copy first; the output is contiguous.
+ * iarg[0] rotated dims, iarg[1] interleaved, iarg[2] position offset, iarg[3] the frequencies f_i
+ * (dims/2 doubles in the graph's node arena: they depend on the settings only). */
+#include <math.h>
+
+#include "graph/internal.h"
+#include "ops/ops.h"
+
+cg_tensor *cg_rope(cg_graph *g, cg_tensor *x, int64_t pos_offset, const cg_rope_config *cfg) {
+    if (!cgi_inputs_ok(g, "rope", 1, &x) || !cgi_expect_real("rope", x, "x")) return NULL;
+    const cg_rope_config def = {.theta = 10000.0};
+    const cg_rope_config *c = cfg ? cfg : &def;
+    const int64_t d = x->ndim >= 2 ? x->shape[x->ndim - 1] : 0, dims = c->dims ? c->dims : d;
+    if (x->ndim < 2 || dims <= 0 || dims % 2 || dims > d) {
+        cgi_fail(CG_ERR_SHAPE, "[rope] x%s must be [..., T, D] with an even number of rotated dims %lld <= D",
+                 cgi_shp(x), (long long)dims);
+        return NULL;
+    }
+    const bool l3 = c->llama3_factor != 0;
+    if (!(c->theta > 1) || !(c->linear_factor >= 0) || pos_offset < 0 ||
+        (l3 && !(c->llama3_factor >= 1 && c->llama3_high_freq_factor > c->llama3_low_freq_factor &&
+                 c->llama3_low_freq_factor > 0 && c->llama3_original_context > 0))) {
+        cgi_fail(CG_ERR_ARG,
+                 "[rope] x%s: theta %g must be > 1, linear_factor %g >= 0, offset %lld >= 0; LLaMA 3 scaling "
+                 "(factor %g) needs factor >= 1, 0 < low %g < high %g and an original context (%lld)",
+                 cgi_shp(x), c->theta, c->linear_factor, (long long)pos_offset, c->llama3_factor,
+                 c->llama3_low_freq_factor, c->llama3_high_freq_factor, (long long)c->llama3_original_context);
+        return NULL;
+    }
+    double *f = cgi_arena_alloc(&g->meta, (size_t)(dims / 2) * sizeof *f);
+    if (!f) {
+        cgi_fail(CG_ERR_NOMEM, "[rope] out of memory");
+        return NULL;
+    }
+    for (int64_t i = 0; i < dims / 2; i++) {
+        double fi = pow(c->theta, -2.0 * (double)i / (double)dims);
+        if (l3) { /* HF's "llama3" rope_type: long wavelengths slow down by factor, short ones stay */
+            const double wl = 6.283185307179586 / fi, ctx = (double)c->llama3_original_context;
+            const double lo = c->llama3_low_freq_factor, hi = c->llama3_high_freq_factor;
+            if (wl > ctx / lo) fi /= c->llama3_factor;
+            else if (wl >= ctx / hi) {
+                const double s = (ctx / wl - lo) / (hi - lo);
+                fi = (1 - s) * fi / c->llama3_factor + s * fi;
+            }
+        }
+        f[i] = c->linear_factor > 0 ? fi / c->linear_factor : fi; /* linear: position / factor */
+    }
+    cg_tensor *t = cgi_node(g, CGI_OP_ROPE, CG_REAL, x->ndim, x->shape, 1, &x);
+    if (!t) return NULL;
+    t->iarg[0] = dims;
+    t->iarg[1] = c->interleaved;
+    t->iarg[2] = pos_offset;
+    t->iarg[3] = (int64_t)(intptr_t)f;
+    t->aux_bytes = (size_t)(x->shape[x->ndim - 2] * dims) * sizeof(cg_real); /* cos, sin [T, dims/2] */
+    return t;
+}
+
+/* Rotates rows of src (strided, feature stride ss) into dst (feature stride 1 or the grad's),
+ * by +angle (forward) or -angle (backward); features past dims are copied. */
+static void rotate(const cg_tensor *t, cg_real *dst, const int64_t *dst_stride, const cg_real *src,
+                   const int64_t *src_stride, int sign, bool accumulate) {
+    const int nd = t->ndim;
+    const int64_t T = t->shape[nd - 2], D = t->shape[nd - 1], half = t->iarg[0] / 2, rows = cgi_numel(nd - 1, t->shape);
+    const bool inter = t->iarg[1];
+    const cg_real *C = t->aux, *S = C + T * half;
+    const int64_t ds = dst_stride[nd - 1], ss = src_stride[nd - 1];
+#pragma omp parallel for schedule(static) if (rows * D > CGI_PAR_MIN) num_threads(cgi_nthreads())
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t so = 0, dof = 0, q = r;
+        for (int k = nd - 2; k >= 0; k--) {
+            so += (q % t->shape[k]) * src_stride[k];
+            dof += (q % t->shape[k]) * dst_stride[k];
+            q /= t->shape[k];
+        }
+        const cg_real *a = src + so, *c = C + (r % T) * half, *s = S + (r % T) * half;
+        cg_real *y = dst + dof;
+        for (int64_t i = 0; i < half; i++) {
+            const int64_t i1 = inter ? 2 * i : i, i2 = inter ? 2 * i + 1 : i + half;
+            const cg_real x1 = a[i1 * ss], x2 = a[i2 * ss], sn = sign * s[i];
+            const cg_real y1 = x1 * c[i] - x2 * sn, y2 = x1 * sn + x2 * c[i];
+            if (accumulate) y[i1 * ds] += y1, y[i2 * ds] += y2;
+            else y[i1 * ds] = y1, y[i2 * ds] = y2;
+        }
+        for (int64_t j = 2 * half; j < D; j++) {
+            if (accumulate) y[j * ds] += a[j * ss];
+            else y[j * ds] = a[j * ss];
+        }
+    }
+}
+
+cg_status cgi_fwd_rope(cg_tensor *t) {
+    const int64_t T = t->shape[t->ndim - 2], half = t->iarg[0] / 2;
+    const double *f = (const double *)(intptr_t)t->iarg[3];
+    cg_real *C = t->aux, *S = C + T * half;
+    for (int64_t p = 0; p < T; p++)
+        for (int64_t i = 0; i < half; i++) {
+            const double ang = (double)(t->iarg[2] + p) * f[i];
+            C[p * half + i] = (cg_real)cos(ang);
+            S[p * half + i] = (cg_real)sin(ang);
+        }
+    cg_tensor *x = t->src[0];
+    rotate(t, t->data, t->stride, x->data, x->stride, 1, false);
+    return CG_OK;
+}
+
+void cgi_bwd_rope(cg_tensor *t) {
+    cg_tensor *x = t->src[0];
+    if (x->requires_grad) rotate(t, x->grad, x->stride, t->grad, t->stride, -1, true);
+}
