@@ -220,6 +220,7 @@ static cg_tensor *alloc_node(cg_graph *g, int op, cg_dtype dt, int ndim, const i
     bool rg = false;
     for (int i = 0; i < nsrc; i++) {
         t->src[i] = src[i];
+        src[i]->used = true;
         rg |= src[i]->requires_grad;
     }
     t->requires_grad = rg && g->mode == CG_TRAIN;
@@ -297,6 +298,12 @@ cg_tensor *cg_requires_grad(cg_tensor *t) {
                  cgi_ops[t->op].name, cgi_shp(t));
         return NULL;
     }
+    if (t->used && !t->requires_grad && t->graph->mode == CG_TRAIN) {
+        /* the ops built on it decided then that no gradient flows through them */
+        cgi_fail(CG_ERR_STATE, "[requires_grad] input '%s'%s is already used by an op: call cg_requires_grad before using it",
+                 cg_name(t), cgi_shp(t));
+        return NULL;
+    }
     t->requires_grad = t->graph->mode == CG_TRAIN;
     return t;
 }
@@ -324,6 +331,13 @@ cg_status cg_graph_forward(cg_graph *g) {
         s = cgi_ops[t->op].forward(t);
         if (t0 > 0) profile_node(t, 0, t0);
         if (s) return s;
+        if (t == g->nudge) {
+            int64_t off = 0, k = g->nudge_at;
+            for (int d = t->ndim - 1; d >= 0; d--) off += (k % t->shape[d]) * t->stride[d], k /= t->shape[d];
+            cg_real *e = (cg_real *)t->data + off, was = *e;
+            *e = (cg_real)(was + g->nudge_by);
+            g->nudge_took = (double)*e - (double)was;
+        }
     }
     if (g->mode == CG_TRAIN) g->step++;
     g->ran_forward = true;
@@ -443,6 +457,13 @@ cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
     if (loss->graph != g) return cgi_fail(CG_ERR_ARG, "[backward] loss belongs to another graph");
     if (cgi_numel(loss->ndim, loss->shape) != 1 || loss->dtype != CG_REAL)
         return cgi_fail(CG_ERR_SHAPE, "[backward] loss must be a real scalar, got %s", cgi_shp(loss));
+    for (int i = 0; i <= loss->id; i++) { /* whether a gradient flows was fixed when each op was built */
+        const cg_tensor *t = g->nodes[i];
+        for (int k = 0; k < t->nsrc; k++)
+            if (t->src[k]->op == CGI_OP_PARAM && t->src[k]->requires_grad && !t->requires_grad)
+                return cgi_fail(CG_ERR_STATE, "[backward] parameter '%s'%s was made trainable after %s%s was built on it: "
+                                "rebuild the graph", cg_name(t->src[k]), cgi_shp(t->src[k]), cgi_ops[t->op].name, cgi_shp(t));
+    }
     if (!loss->requires_grad)
         return cgi_fail(CG_ERR_STATE, "[backward] loss depends on no trainable parameter or input");
     if (!g->planned || !g->ran_forward) return cgi_fail(CG_ERR_STATE, "[backward] run cg_graph_forward first");
@@ -576,7 +597,26 @@ cg_status cg_write_ids(cg_tensor *t, const int32_t *src) {
 }
 
 double cg_item(cg_tensor *t) {
-    if (!t || !t->data || !value_readable(t) || cgi_numel(t->ndim, t->shape) != 1) return NAN;
+    if (!t) return NAN; /* keeps the message of the op that failed to build it */
+    if (cgi_numel(t->ndim, t->shape) != 1) {
+        cgi_fail(CG_ERR_SHAPE, "[item] %s%s has %lld elements, not one", cgi_ops[t->op].name, cgi_shp(t),
+                 (long long)cgi_numel(t->ndim, t->shape));
+        return NAN;
+    }
+    const bool leaf = t->root->op == CGI_OP_INPUT || t->root->op == CGI_OP_PARAM;
+    if (!leaf && !t->graph->planned && t->root->retain) {
+        cgi_fail(CG_ERR_STATE, "[item] %s%s has no value yet: run cg_graph_forward", cgi_ops[t->op].name, cgi_shp(t));
+        return NAN;
+    }
+    if (!value_readable(t)) {
+        cgi_fail(CG_ERR_STATE, "[item] %s%s is an intermediate value, gone after the run: cg_retain it before running",
+                 cgi_ops[t->op].name, cgi_shp(t));
+        return NAN;
+    }
+    if (!t->data) {
+        cgi_fail(CG_ERR_STATE, "[item] %s%s has no value yet: run cg_graph_forward", cgi_ops[t->op].name, cgi_shp(t));
+        return NAN;
+    }
     return t->dtype == CG_INT32 ? *(int32_t *)t->data : *(cg_real *)t->data;
 }
 

@@ -123,7 +123,8 @@ cg_tensor *cg_wrap(cg_graph *g, const char *name, cg_dtype dtype, int ndim, cons
 /* Keeps t's value (and gradient) readable after forward/backward; intermediate values otherwise
  * share memory once their last reader has run (outputs and leaves are always kept). Returns t. */
 cg_tensor *cg_retain(cg_tensor *t);
-/* Marks an input leaf as needing its gradient; call before using it in ops. Returns t. */
+/* Marks an input leaf as needing its gradient; call before using it in ops (NULL and a message
+ * after: the ops built on it decided that no gradient flows). Returns t. */
 cg_tensor *cg_requires_grad(cg_tensor *t);
 /* Number of dimensions (0 for a scalar). */
 int cg_ndim(const cg_tensor *t);
@@ -157,7 +158,8 @@ cg_status cg_read_grad(cg_tensor *t, cg_real *dst);
 cg_status cg_write(cg_tensor *t, const cg_real *src);
 /* Copies n = cg_numel ids from src into an int32 tensor. */
 cg_status cg_write_ids(cg_tensor *t, const int32_t *src);
-/* Value of a one-element tensor, NAN if t is NULL, has no value yet or is larger. */
+/* Value of a one-element tensor; NAN, with cg_last_error saying why, if t has more elements, has no
+ * value yet, or is an intermediate value that was not cg_retain'ed (NULL t: NAN). */
 double cg_item(cg_tensor *t);
 /* Prints shape, strides and up to 16 values to stderr. */
 void cg_print(cg_tensor *t);
@@ -187,7 +189,8 @@ cg_real *cg_params_grads(cg_params *ps);
 int64_t cg_params_span(const cg_params *ps);
 /* Zeroes every gradient of the set. */
 void cg_params_zero_grad(cg_params *ps);
-/* Freezes (false) or unfreezes (true) a parameter; call before building graphs that use it. */
+/* Freezes (false) or unfreezes (true) a parameter; call before building graphs that use it: backward
+ * on a graph built while it was frozen fails with a message (rebuild it). */
 void cg_param_set_trainable(cg_tensor *p, bool trainable);
 /* True when t is a parameter that receives gradients. */
 bool cg_param_trainable(const cg_tensor *p);

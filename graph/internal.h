@@ -60,6 +60,7 @@ struct cg_tensor {
     bool mark;         /* scratch for the backward sweep */
     bool retain;       /* value (and gradient) stay valid after forward and backward */
     bool kept;         /* planned: the value is still there when forward (and backward) end */
+    bool used;         /* some node reads it: too late to make it require a gradient */
     uint32_t grad_epoch; /* backward pass in which the gradient was last zeroed */
     bool grad_in_value;  /* planned: the gradient overwrites the value in place (no zeroing) */
     int ready_at;        /* parameters, during a backward with a ready callback: id of the last rule adding to the gradient */
@@ -110,6 +111,11 @@ struct cg_graph {
     uint64_t seed, step;
     cg_grad_ready_fn ready_fn; /* told as each parameter's gradient becomes final in backward */
     void *ready_ctx;
+    /* gradient checks of a computed node: forward adds nudge_by to its element nudge_at (row-major)
+     * right after computing it, and records the step the element really took */
+    cg_tensor *nudge;
+    int64_t nudge_at;
+    double nudge_by, nudge_took;
 };
 
 /* Assigns storage to every value, gradient and scratch buffer of g by liveness (graph/plan.c). */

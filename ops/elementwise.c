@@ -176,6 +176,12 @@ void cgi_bwd_maximum(cg_tensor *t) { select_bwd(t, true); }
 static cg_tensor *unary2(cg_graph *g, int op, cg_tensor *x, double p, double q) {
     const char *nm = cgi_ops[op].name;
     if (!cgi_inputs_ok(g, nm, 1, &x) || !cgi_expect_real(nm, x, "x")) return NULL;
+    /* a NaN or infinite exponent, scale or slope makes every value and gradient garbage, silently;
+     * clamp alone takes +-inf, as "no bound" */
+    if (op != CGI_OP_CLAMP && (!isfinite(p) || !isfinite(q))) {
+        cgi_fail(CG_ERR_ARG, "[%s] x%s: scalar argument %g must be finite", nm, cgi_shp(x), isfinite(p) ? q : p);
+        return NULL;
+    }
     cg_tensor *t = cgi_node(g, op, CG_REAL, x->ndim, x->shape, 1, &x);
     if (t) t->farg[0] = p, t->farg[1] = q;
     return t;

@@ -127,7 +127,139 @@ static void test_unreached_zero(void) {
     cg_graph_free(g);
 }
 
+/* ---- misuse is an error with a message ---- */
+
+static bool error_says(const char *part) { return strstr(cg_last_error(), part) != NULL; }
+
+static void test_misuse(void) {
+    int64_t s[2] = {2, 3};
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    cg_tensor *x = cg_input(g, "x", CG_REAL, 2, s);
+    cg_tensor *y = cg_sum_all(g, cg_square(g, x));
+    cg_clear_error();
+    CHECK(cg_requires_grad(x) == NULL && error_says("[requires_grad]") && error_says("already used"),
+          "requires_grad after use: %s", cg_last_error());
+    cg_tensor *fresh = cg_input(g, "fresh", CG_REAL, 2, s);
+    CHECK(cg_requires_grad(fresh) == fresh, "requires_grad before use: %s", cg_last_error());
+
+    /* cg_item: an intermediate value not retained, and a tensor of several elements */
+    cg_tensor *mid = cg_exp(g, x);
+    cg_tensor *z = cg_sum_all(g, mid);
+    CHECK(cg_graph_forward(g) == CG_OK, "%s", cg_last_error());
+    cg_clear_error();
+    CHECK(isnan(cg_item(cg_sum_all(g, mid))) && error_says("[item]"), "item before the run: %s", cg_last_error());
+    CHECK(cg_graph_forward(g) == CG_OK, "%s", cg_last_error());
+    cg_clear_error();
+    CHECK(isnan(cg_item(mid)) && error_says("[item]"), "item of a %lld-element node: '%s'", (long long)cg_numel(mid),
+          cg_last_error());
+    cg_tensor *one = cg_sum_all(g, cg_square(g, z)); /* z is read by it: an intermediate */
+    CHECK(cg_graph_forward(g) == CG_OK, "%s", cg_last_error());
+    cg_clear_error();
+    CHECK(isnan(cg_item(z)) && error_says("cg_retain"), "item of an intermediate: '%s'", cg_last_error());
+    CHECK(cg_item(one) > 0 && cg_item(y) >= 0, "outputs stay readable");
+
+    /* scalar arguments that make every value garbage */
+    cg_clear_error();
+    CHECK(cg_pow(g, x, NAN) == NULL && error_says("[pow]"), "pow(x, NaN): %s", cg_last_error());
+    CHECK(cg_pow(g, x, INFINITY) == NULL && error_says("finite"), "pow(x, inf): %s", cg_last_error());
+    CHECK(cg_scale(g, x, NAN) == NULL && error_says("[scale]"), "scale(x, NaN): %s", cg_last_error());
+    CHECK(cg_add_scalar(g, x, -INFINITY) == NULL, "add_scalar(x, -inf) accepted");
+    CHECK(cg_clamp(g, x, -INFINITY, 1) != NULL, "clamp keeps +-inf as no bound: %s", cg_last_error());
+    cg_graph_free(g);
+
+    /* a parameter made trainable after a graph was built on it */
+    cg_params *ps = cg_params_new();
+    cg_tensor *w = cg_params_add(ps, "w", 2, s);
+    cg_fill(w, 0.5);
+    cg_param_set_trainable(w, false);
+    g = cg_graph_new(CG_TRAIN);
+    cg_tensor *in = cg_requires_grad(cg_input(g, "in", CG_REAL, 2, s));
+    cg_fill(in, 2.0);
+    cg_tensor *loss = cg_sum_all(g, cg_mul(g, in, w)); /* mul needs a gradient anyway: dw arrives */
+    cg_param_set_trainable(w, true);
+    cg_params_zero_grad(ps);
+    CHECK(cg_graph_forward(g) == CG_OK && cg_graph_backward(g, loss) == CG_OK && cg_grad(w)[0] == 2.0,
+          "unfrozen, through a node that needs a gradient anyway: %s", cg_last_error());
+    cg_graph_free(g);
+    cg_param_set_trainable(w, false);
+    g = cg_graph_new(CG_TRAIN);
+    in = cg_requires_grad(cg_input(g, "in", CG_REAL, 2, s));
+    loss = cg_add(g, cg_sum_all(g, in), cg_sum_all(g, cg_square(g, w))); /* square(w) was built gradient-free */
+    cg_param_set_trainable(w, true);
+    cg_clear_error();
+    CHECK(cg_graph_forward(g) == CG_OK && cg_graph_backward(g, loss) == CG_ERR_STATE && error_says("'w'") &&
+              error_says("trainable"), "unfrozen after build: '%s'", cg_last_error());
+    cg_graph_free(g);
+    g = cg_graph_new(CG_TRAIN); /* rebuilt: the gradient arrives */
+    in = cg_requires_grad(cg_input(g, "in", CG_REAL, 2, s));
+    cg_fill(in, 2.0);
+    loss = cg_sum_all(g, cg_mul(g, in, w));
+    cg_params_zero_grad(ps);
+    CHECK(cg_graph_forward(g) == CG_OK && cg_graph_backward(g, loss) == CG_OK, "%s", cg_last_error());
+    CHECK(cg_grad(w)[0] == 2.0, "dw = %g after rebuilding", (double)cg_grad(w)[0]);
+    cg_graph_free(g);
+    cg_params_free(ps);
+}
+
+/* ---- gradcheck: elementwise atol + rtol, the worst element, non-leaf nodes ---- */
+
+static void test_gradcheck(void) {
+    int64_t s[2] = {3, 4};
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    cg_tensor *a = cg_requires_grad(cg_input(g, "a", CG_REAL, 2, s));
+    cg_tensor *b = cg_requires_grad(cg_input(g, "b", CG_REAL, 2, s));
+    cg_rng r;
+    cg_rng_seed(&r, 3);
+    cg_fill_uniform(a, &r, -1, 1);
+    cg_fill_uniform(b, &r, 1, 2);
+    /* a's gradient (1e-5 a) is tiny beside the loss (about 30): its finite differences are all
+     * round-off, far off relatively but within the absolute tolerance */
+    cg_tensor *loss = cg_add(g, cg_sum_all(g, cg_square(g, b)), cg_scale(g, cg_sum_all(g, cg_square(g, a)), 5e-6));
+    cg_gradcheck_result res[3];
+    CHECK(cg_gradcheck(g, loss, 2, (cg_tensor *[]){a, b}, 0, res) == CG_OK, "%s", cg_last_error());
+    CHECK(res[0].pass && res[1].pass, "tiny gradients: pass %d %d (a: element %lld analytic %g numeric %g)", res[0].pass,
+          res[1].pass, (long long)res[0].worst, res[0].analytic, res[0].numeric);
+    CHECK(res[0].max_rel_err > CG_GRADCHECK_TOL, "a's error relative to its own scale (%g) should show the round-off "
+          "that failed this check before the absolute tolerance", res[0].max_rel_err);
+    cg_real ga[12];
+    cg_read_grad(a, ga);
+    CHECK(res[0].worst >= 0 && res[0].worst < 12 && res[0].analytic == ga[res[0].worst], "worst element %lld: %g vs %g",
+          (long long)res[0].worst, res[0].analytic, res[0].worst >= 0 && res[0].worst < 12 ? (double)ga[res[0].worst] : 0.0);
+    CHECK(fabs(res[1].analytic - res[1].numeric) <= CG_GRADCHECK_ATOL + CG_GRADCHECK_RTOL * fabs(res[1].numeric),
+          "b's worst element %lld: %g vs %g", (long long)res[1].worst, res[1].analytic, res[1].numeric);
+    /* a failing check names the element: a tolerance nothing meets */
+    CHECK(cg_gradcheck_tol(g, loss, 1, &b, 0, 0, 1e-30, res) == CG_OK && !res[0].pass && res[0].numeric != 0,
+          "rtol 1e-30 passed");
+    cg_graph_free(g);
+
+    /* with respect to computed nodes: h = tanh(x w^T), loss = sum(h^2 * c); dl/dh = 2 h c exactly */
+    g = cg_graph_new(CG_TRAIN);
+    int64_t sw[2] = {5, 4};
+    cg_tensor *x = cg_requires_grad(cg_input(g, "x", CG_REAL, 2, s));
+    cg_tensor *w = cg_requires_grad(cg_input(g, "w", CG_REAL, 2, sw));
+    cg_fill_uniform(x, &r, -1, 1);
+    cg_fill_uniform(w, &r, -1, 1);
+    cg_tensor *h = cg_tanh(g, cg_linear(g, x, w, NULL));
+    cg_tensor *sq = cg_square(g, h);
+    CHECK(cg_gradcheck(g, cg_sum_all(g, sq), 3, (cg_tensor *[]){h, sq, x}, 0, res) == CG_OK, "non-leaf: %s",
+          cg_last_error());
+    for (int i = 0; i < 3; i++)
+        CHECK(res[i].pass, "non-leaf input %d: element %lld analytic %g numeric %g", i, (long long)res[i].worst,
+              res[i].analytic, res[i].numeric);
+    cg_real hv[15], gh[15];
+    CHECK(cg_read(h, hv) == CG_OK && cg_read_grad(h, gh) == CG_OK, "%s", cg_last_error());
+    double worst = 0;
+    for (int i = 0; i < 15; i++) worst = fmax(worst, fabs(gh[i] - 2 * hv[i]));
+    CHECK(worst < 1e-5, "dl/dh = 2h: off by %g", worst);
+    cg_clear_error();
+    CHECK(cg_gradcheck(g, sq, 1, (cg_tensor *[]){cg_transpose(g, h, 0, 1)}, 0, res) == CG_ERR_ARG &&
+              strstr(cg_last_error(), "view"), "a view is refused with a message: %s", cg_last_error());
+    cg_graph_free(g);
+}
+
 int main(void) {
+    test_gradcheck();
+    test_misuse();
     test_unreached_zero();
     test_alias_bits("linear(z, z)", gram, 192, 96, 40);
     test_alias_bits("linear_cross_entropy(z, z)", gram_lce, 192, 96, 40);
