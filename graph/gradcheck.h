@@ -59,8 +59,8 @@ int cg_gradcheck_ops(FILE *out, double tol, const char *filter);
  * first element, then each shifted by 3), the worst sharing a rule can meet: checks the shared
  * gradient against finite differences and that `runs` backward passes on 2 threads match 1 thread
  * bit for bit (a rule that writes two gradients side by side races otherwise). Restores the
- * thread count. tol: the relative tolerance (<= 0: CG_GRADCHECK_RTOL, 10x that in float32). Returns the
- * number of failed rows. */
+ * thread count. Passes when max_rel_err <= tol (<= 0: CG_GRADCHECK_TOL, 10x that in float32: clustered
+ * values leave float32 differences less exact). Returns the number of failed rows. */
 int cg_gradcheck_ops_aliased(FILE *out, double tol, int runs, const char *filter);
 
 #ifdef __cplusplus
