@@ -25,6 +25,29 @@ static cJSON *meta_json(const cg_st *st, const char *key) {
     return j ? j : cJSON_CreateObject();
 }
 
+/* A LoRA fine-tune's checkpoint holds its adapters alone: the weights come from the checkpoint
+ * it started from (--init-from, saved as an absolute path), then the same adapters are added and
+ * read from this file. */
+static cg_status load_lora(cli_ckpt *ck, const char *path) {
+    const char *base = cli_json_str(ck->train, "init_from", "");
+    if (!*base) return cgi_fail(CG_ERR_FORMAT, "[checkpoint] %s: a LoRA checkpoint without its base (init_from)", path);
+    cg_st *bf = cg_checkpoint_open(base);
+    if (!bf) return cgi_fail(CG_ERR_IO, "[checkpoint] %s: cannot open its base %s: %s", path, base, cg_last_error());
+    cg_status st = cg_st_read_params(bf, ck->ps);
+    cg_st_close(bf);
+    if (st) return with_path(path, st, "base parameters");
+    cg_rng r;
+    cg_rng_seed(&r, 0);
+    if (cg_lora_apply(ck->ps, cli_json_str(ck->train, "lora_targets", ""), (int)cli_json_i64(ck->train, "lora_rank", 0),
+                      cli_json_num(ck->train, "lora_alpha", 1), &r) < 0)
+        return with_path(path, CG_ERR_FORMAT, "LoRA settings");
+    for (int i = 0; !st && i < cg_params_count(ck->ps); i++) {
+        cg_tensor *t = cg_params_at(ck->ps, i);
+        if (cg_lora_is_adapter(t)) st = cg_st_read(ck->st, cg_name(t), cg_data(t), cg_ndim(t), cg_shape(t));
+    }
+    return st ? with_path(path, st, "adapters") : CG_OK;
+}
+
 cg_status cli_ckpt_load(const char *path, double dropout, cli_ckpt *ck) {
     memset(ck, 0, sizeof *ck);
     struct stat sb;
@@ -46,6 +69,7 @@ cg_status cli_ckpt_load(const char *path, double dropout, cli_ckpt *ck) {
         ck->ps = cg_params_new();
         ck->model = ck->ps ? cg_model_new(ck->arch, cfg, dropout, ck->ps, 0) : NULL;
         if (!ck->model) st = with_path(path, CG_ERR_FORMAT, "metadata config");
+        else if (cli_json_i64(ck->train, "lora_rank", 0) > 0) st = load_lora(ck, path);
         else if ((st = cg_st_read_params(ck->st, ck->ps))) st = with_path(path, st, "parameters");
     }
     const char *labels = st ? NULL : cg_st_metadata(ck->st, "labels");

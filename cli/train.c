@@ -3,6 +3,7 @@
  * held-out loss. Everything a run depends on (parameters, optimizer moments and step, data draws,
  * dropout stream, options) goes into the checkpoint, so stopping and resuming gives the same
  * numbers, bit for bit, as running straight through with the same thread count. */
+#define _XOPEN_SOURCE 700 /* realpath */
 #include <errno.h>
 #include <float.h>
 #include <inttypes.h>
@@ -32,6 +33,9 @@ typedef struct {
     int64_t steps, eval_every, eval_batches, eval_exact, save_every, log_every, samples, threads, skip_nonfinite;
     const char *checkpoint, *metrics, *plot;
     int64_t bucket_kb, overlap; /* data-parallel runs (mpirun) */
+    const char *init_from, *lora_targets; /* fine-tuning */
+    int64_t lora_rank;
+    double lora_alpha;
     double dist_timeout;
 } topts;
 
@@ -82,6 +86,10 @@ typedef struct {
     X("--bucket-kb", CLI_INT, bucket_kb, false, 1, 1 << 22, "mpirun: KiB of gradients per all-reduce bucket (1024)")      \
     X("--overlap", CLI_INT, overlap, false, 0, 1, "mpirun: 1 starts buckets while backward runs, 0 after it (1)")          \
     X("--dist-timeout", CLI_NUM, dist_timeout, false, POS_MIN, 1e9, "mpirun: seconds a rank waits for the others, then fails (300)") \
+    X("--init-from", CLI_IN, init_from, true, 0, 0, "start a new run from a checkpoint's weights, model and tokenizer")   \
+    X("--lora-rank", CLI_INT, lora_rank, true, 0, 1 << 16, "LoRA: train rank-N adapters on --lora-targets, all else frozen (0: off)") \
+    X("--lora-alpha", CLI_NUM, lora_alpha, true, POS_MIN, 1e9, "LoRA: adapters add (alpha / rank) B A (alpha = rank)")   \
+    X("--lora-targets", CLI_STR, lora_targets, true, 0, 0, "LoRA: comma-separated parts of weight names (gpt2: attn,mlp)") \
     X("--skip-nonfinite", CLI_INT, skip_nonfinite, false, 0, COUNT_MAX, "skip up to N steps whose loss or gradient is not finite (0: stop at the first)")
 
 #define OPT(f, k, field, fixed, lo, hi, help) {f, k, lo, hi, help},
@@ -178,6 +186,10 @@ static void defaults(topts *o, const bool *set) {
     D(overlap, 1);
     D(dist_timeout, 300);
     D(skip_nonfinite, 0);
+    D(init_from, "");
+    D(lora_rank, 0);
+    D(lora_alpha, o->lora_rank > 0 ? (double)o->lora_rank : 1);
+    D(lora_targets, gpt ? "attn,mlp" : bert ? "attention,intermediate,output.dense" : "");
 #undef D
 }
 
@@ -195,6 +207,8 @@ static bool check_opts(const topts *o) {
         {!(o->dropout >= 0 && o->dropout < 1), "--dropout must be in [0, 1)"},
         {!(o->clip >= 0), "--clip must be >= 0"},
         {o->eval_every < 0 || o->eval_batches < 0 || o->save_every < 0 || o->log_every < 0, "--eval-every, --eval-batches, --save-every and --log-every must be >= 0"},
+        {o->lora_rank > 0 && !*o->init_from, "--lora-rank needs --init-from CKPT, the weights its adapters fine-tune"},
+        {o->lora_rank > 0 && !*o->lora_targets, "--lora-rank needs --lora-targets (parts of the weight names to adapt)"},
         {o->bucket_kb < 1 || (o->overlap != 0 && o->overlap != 1) || !(o->dist_timeout > 0), "--bucket-kb must be >= 1, --overlap 0 or 1, --dist-timeout > 0"},
     };
     for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++)
@@ -439,9 +453,24 @@ static cg_status save(run *r) {
     cg_st_writer *w = cg_st_writer_new();
     if (!w) return cgi_fail(CG_ERR_NOMEM, "[train] out of memory");
     const int64_t span = cg_params_span(r->ps);
-    cg_status st = cg_st_add_params(w, r->ps);
-    if (!st) st = cg_st_add(w, "optim.m1", 1, &span, cg_optim_moment1(r->opt));
-    if (!st) st = cg_st_add(w, "optim.m2", 1, &span, cg_optim_moment2(r->opt));
+    cg_status st = CG_OK;
+    if (r->o.lora_rank > 0) /* a fine-tune saves what it trains: the adapters and their moments */
+        for (int i = 0; !st && i < cg_params_count(r->ps); i++) {
+            cg_tensor *t = cg_params_at(r->ps, i);
+            if (!cg_lora_is_adapter(t)) continue;
+            char name[600];
+            const int64_t off = cg_data(t) - cg_params_values(r->ps);
+            st = cg_st_add_tensor(w, cg_name(t), t);
+            snprintf(name, sizeof name, "optim.m1.%s", cg_name(t));
+            if (!st) st = cg_st_add(w, name, cg_ndim(t), cg_shape(t), cg_optim_moment1(r->opt) + off);
+            snprintf(name, sizeof name, "optim.m2.%s", cg_name(t));
+            if (!st) st = cg_st_add(w, name, cg_ndim(t), cg_shape(t), cg_optim_moment2(r->opt) + off);
+        }
+    else {
+        st = cg_st_add_params(w, r->ps);
+        if (!st) st = cg_st_add(w, "optim.m1", 1, &span, cg_optim_moment1(r->opt));
+        if (!st) st = cg_st_add(w, "optim.m2", 1, &span, cg_optim_moment2(r->opt));
+    }
     char *cfg = cg_model_config_json(r->model);
     cJSON *train = opts_json(&r->o), *state = cJSON_CreateObject(), *labels = NULL;
     cJSON_AddNumberToObject(state, "step", (double)r->step);
@@ -495,10 +524,22 @@ static cg_status restore(run *r, const cli_ckpt *ck, const char *path) {
     const cJSON *s = ck->state;
     const int64_t span = cg_params_span(r->ps);
     cg_status st = CG_OK;
-    if (cg_st_find(ck->st, "optim.m1") < 0 || cg_st_find(ck->st, "optim.m2") < 0)
+    if (r->o.lora_rank > 0) {
+        for (int i = 0; !st && i < cg_params_count(r->ps); i++) {
+            cg_tensor *t = cg_params_at(r->ps, i);
+            if (!cg_lora_is_adapter(t)) continue;
+            char name[600];
+            const int64_t off = cg_data(t) - cg_params_values(r->ps);
+            snprintf(name, sizeof name, "optim.m1.%s", cg_name(t));
+            st = cg_st_read(ck->st, name, cg_optim_moment1(r->opt) + off, cg_ndim(t), cg_shape(t));
+            snprintf(name, sizeof name, "optim.m2.%s", cg_name(t));
+            if (!st) st = cg_st_read(ck->st, name, cg_optim_moment2(r->opt) + off, cg_ndim(t), cg_shape(t));
+        }
+        if (st) return st;
+    } else if (cg_st_find(ck->st, "optim.m1") < 0 || cg_st_find(ck->st, "optim.m2") < 0)
         return cgi_fail(CG_ERR_FORMAT, "[checkpoint] %s: no optimizer state (optim.m1, optim.m2)", path);
-    if ((st = cg_st_read(ck->st, "optim.m1", cg_optim_moment1(r->opt), 1, &span)) ||
-        (st = cg_st_read(ck->st, "optim.m2", cg_optim_moment2(r->opt), 1, &span)))
+    else if ((st = cg_st_read(ck->st, "optim.m1", cg_optim_moment1(r->opt), 1, &span)) ||
+             (st = cg_st_read(ck->st, "optim.m2", cg_optim_moment2(r->opt), 1, &span)))
         return st;
     if ((st = cg_optim_set_steps(r->opt, cli_json_i64(s, "optim_steps", 0)))) return st;
     r->step = cli_json_i64(s, "step", 0);
@@ -781,6 +822,30 @@ int cmd_train(int argc, char **argv) {
         }
         if (!named_ckpt) o.checkpoint = resume, set[idx_checkpoint] = true;
     }
+    const bool init = !resume && set[idx_init_from] && *o.init_from;
+    static char init_abs[4096];
+    if (init) { /* a new run on a trained model: its shape and tokenizer come with it */
+        /* the model takes this run's dropout (0 unless given), not the one its base trained with */
+        if (!realpath(o.init_from, init_abs) || cli_ckpt_load(init_abs, set[idx_dropout] ? o.dropout : 0, &ck)) {
+            fprintf(stderr, "cgrad train: --init-from %s: %s\n", o.init_from, cg_last_error());
+            goto done;
+        }
+        if (cli_json_i64(ck.train, "lora_rank", 0) > 0) {
+            fprintf(stderr, "cgrad train: --init-from %s is a LoRA fine-tune: merge it first (cgrad export), or resume it\n",
+                    o.init_from);
+            goto done;
+        }
+        o.init_from = init_abs;
+        static const char *const shape_keys[] = {"arch", "tokenizer", "tokenizer_path", "vocab_size", "layers",
+                                                 "heads", "dim", "ffn", "context"};
+        for (cJSON *v = ck.train ? ck.train->child : NULL, *next; v; v = next) { /* the rest is this run's */
+            next = v->next;
+            bool keep = false;
+            for (size_t i = 0; i < sizeof shape_keys / sizeof *shape_keys; i++) keep |= !strcmp(v->string, shape_keys[i]);
+            if (!keep) cJSON_DeleteItemFromObjectCaseSensitive(ck.train, v->string);
+        }
+        if (!merge_saved(&o, set, ck.train, init_abs)) goto done; /* its strings live as long as ck */
+    }
     rc = 2;
     if (cg_arch_parse(o.arch, &r.arch)) {
         fprintf(stderr, "cgrad train: --arch %s: expected gpt2, bert, encdec or classifier\n", o.arch);
@@ -827,6 +892,9 @@ int cmd_train(int argc, char **argv) {
         }
         r.tok = ck.tok;
         ck.tok = NULL;
+    } else if (init) {
+        r.tok = ck.tok;
+        ck.tok = NULL;
     } else {
         char *text = NULL;
         size_t len = 0;
@@ -871,7 +939,7 @@ int cmd_train(int argc, char **argv) {
     cg_rng_seed(&r.task.rng, data_seed);
     cg_data_cursor_init(&r.task.cur, data_seed);
 
-    if (resume) {
+    if (resume || init) {
         r.ps = ck.ps, r.model = ck.model;
         ck.ps = NULL, ck.model = NULL;
     } else {
@@ -883,6 +951,20 @@ int cmd_train(int argc, char **argv) {
             cli_fail("train", "cannot build the model");
             goto done;
         }
+    }
+    if (init && o.lora_rank > 0) { /* a resumed fine-tune has its adapters from the checkpoint */
+        cg_rng lr;
+        cg_rng_seed(&lr, init_seed);
+        const int n = cg_lora_apply(r.ps, o.lora_targets, (int)o.lora_rank, o.lora_alpha, &lr);
+        if (n < 0) {
+            cli_fail("train", "--lora-rank/--lora-targets");
+            goto done;
+        }
+        int64_t trainable = 0;
+        for (int i = 0; i < cg_params_count(r.ps); i++)
+            if (cg_param_trainable(cg_params_at(r.ps, i))) trainable += cg_numel(cg_params_at(r.ps, i));
+        printf("  LoRA: %d adapters of rank %lld (alpha %g) on '%s': %lld trainable parameters\n", n,
+               (long long)o.lora_rank, o.lora_alpha, o.lora_targets, (long long)trainable);
     }
     cg_optim_config oc = cg_optim_defaults(CG_OPT_ADAMW);
     oc.lr = o.lr, oc.beta1 = o.beta1, oc.beta2 = o.beta2, oc.eps = o.eps, oc.weight_decay = o.weight_decay;

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -196,6 +197,30 @@ static void test_resume(const char *name, const char *arch_args) {
               s1 == 8 && s2 == 8 && t1 == t2 && (v1 == v2 || (isnan(v1) && isnan(v2))),
           "%s final lines: '%s' vs '%s'", name, last_line(ra.out), "(resumed)");
     result_free(&ra), result_free(&rb), result_free(&rc);
+}
+
+/* A LoRA fine-tune saves its adapters alone, reads its base weights back through --init-from, and
+ * samples like any checkpoint; LoRA without a base is refused. */
+static void test_lora(void) {
+    struct stat base, lora;
+    CHECK(stat(path_of("gpt_A.ckpt"), &base) == 0 && stat(path_of("lora_A.ckpt"), &lora) == 0 &&
+              lora.st_size * 4 < base.st_size,
+          "LoRA checkpoint %lld bytes, its base %lld", (long long)lora.st_size, (long long)base.st_size);
+    cg_st *f = cg_checkpoint_open(path_of("lora_A.ckpt"));
+    int others = 0;
+    for (int i = 0; f && i < cg_st_count(f); i++) others += !strstr(cg_st_name(f, i), ".lora_");
+    CHECK(f && cg_st_count(f) == 3 * 8 && others == 0, "%d tensors, %d of them not adapters", f ? cg_st_count(f) : -1,
+          others);
+    cg_st_close(f);
+    result r = cgrad("sample --checkpoint lora_A.ckpt --length 8 --temperature 0", NULL);
+    CHECK(r.rc == 0 && strlen(r.out) > 0, "sample from a LoRA checkpoint rc %d: %s", r.rc, r.err);
+    result_free(&r);
+    r = cgrad("train --data text.txt --lora-rank 2 --steps 1", NULL);
+    CHECK(r.rc == 2 && strstr(r.err, "--init-from"), "LoRA without a base: rc %d: %s", r.rc, r.err);
+    result_free(&r);
+    r = cgrad("train --init-from gpt_A.ckpt --data text.txt --lora-rank 2 --lora-targets nosuch --steps 1", NULL);
+    CHECK(r.rc != 0 && strstr(r.err, "nosuch"), "targets matching nothing: rc %d: %s", r.rc, r.err);
+    result_free(&r);
 }
 
 static double schedule_lr(int k) { /* lr 1e-3, warmup 2, cosine to 1e-4 at step 8 */
@@ -644,6 +669,8 @@ int main(void) {
     test_resume("bert", "--arch bert --data text.txt --tokenizer-path vocab.txt --context 24 --dropout 0.1");
     test_resume("encdec", "--arch encdec --data rev.tsv --eval-exact 5");
     test_resume("cls", "--arch classifier --data cls.tsv --tokenizer char --context 32 --dropout 0.1");
+    test_resume("lora", "--init-from gpt_A.ckpt --data text.txt --lora-rank 2 --lora-alpha 4");
+    test_lora();
     test_outputs();
     test_errors();
     test_inference();
