@@ -18,6 +18,7 @@ const cli_opt cli_step_opts[] = {
     {"--weights", CLI_IN, 0, 0, "safetensors weights"},
     {"--batch", CLI_IN, 0, 0, "safetensors batch (the graph inputs by name)"},
     {"--out", CLI_OUT, 0, 0, "safetensors file the outputs go to"},
+    {"--dot", CLI_OUT, 0, 0, "Graphviz DOT file the step's graph goes to (memory plan, CGRAD_PROFILE times)"},
     {"--steps", CLI_INT, 0, 1 << 20, "AdamW steps on the batch after the dump (0)"},
     {"--optim", CLI_STR, 0, 0, "adamw"},
     {"--lr", CLI_NUM, DBL_TRUE_MIN, DBL_MAX, "learning rate (1e-3)"},
@@ -48,10 +49,10 @@ int cmd_step(int argc, char **argv) {
     if (!cli_parse("step", cli_step_opts, argc, argv, &a)) return 2;
     const char *arch_s = cli_str(&a, "--arch", NULL), *cfg_path = cli_str(&a, "--config", NULL),
                *w_path = cli_str(&a, "--weights", NULL), *b_path = cli_str(&a, "--batch", NULL),
-               *out_path = cli_str(&a, "--out", NULL);
-    if (!arch_s || !cfg_path || !w_path || !b_path || !out_path || a.n_words) {
+               *out_path = cli_str(&a, "--out", NULL), *dot_path = cli_str(&a, "--dot", NULL);
+    if (!arch_s || !cfg_path || !w_path || !b_path || (!out_path && !dot_path) || a.n_words) {
         fprintf(stderr, "usage: cgrad step --arch gpt2|bert|encdec|classifier --config config.json --weights w.safetensors "
-                        "--batch b.safetensors --out o.safetensors [--steps N --optim adamw --lr X --beta1 X --beta2 X "
+                        "--batch b.safetensors (--out o.safetensors | --dot graph.dot) [--steps N --optim adamw --lr X --beta1 X --beta2 X "
                         "--eps X --weight-decay X] [--threads N]\n");
         return 2;
     }
@@ -101,6 +102,11 @@ int cmd_step(int argc, char **argv) {
         rc = fail("step failed");
         goto done;
     }
+    /* the graph after one step: its memory plan, and its times under CGRAD_PROFILE */
+    if (dot_path && cg_graph_dot(g, dot_path)) {
+        rc = fail("cannot write the graph");
+        goto done;
+    }
     cg_status st = cg_st_add_tensor(out, "logits", mg.logits);
     cg_real loss = (cg_real)cg_item(mg.loss);
     if (!st) st = cg_st_add(out, "loss", 1, (int64_t[]){1}, &loss);
@@ -137,10 +143,11 @@ int cmd_step(int argc, char **argv) {
         if (!st) st = cg_st_add(out, "losses", 1, (int64_t[]){steps}, losses);
         if (!st) st = cg_st_add_params(out, ps);
     }
-    if (!st) st = cg_st_write(out, out_path);
+    if (!st && out_path) st = cg_st_write(out, out_path);
     if (st) rc = fail("cannot write the outputs");
-    else fprintf(stderr, "cgrad step: %s loss %.6f, %d parameters, wrote %s\n", arch_s, (double)loss,
-                 cg_params_count(ps), out_path);
+    else fprintf(stderr, "cgrad step: %s loss %.6f, %d parameters, wrote %s%s%s\n", arch_s, (double)loss,
+                 cg_params_count(ps), out_path ? out_path : "", out_path && dot_path ? " and " : "",
+                 dot_path ? dot_path : "");
 done:
     free(losses);
     cg_optim_free(opt);

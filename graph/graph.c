@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+/* fills the op table: refers to the kernels, whose clones live in their own files */
+#define CGI_OP_TABLE_FILE
 #include "graph/internal.h"
 
 #include <omp.h>
@@ -19,8 +21,9 @@ static bool profiling(void) {
     return profile > 0;
 }
 
-static void profile_node(const cg_tensor *t, int pass, double t0) {
+static void profile_node(cg_tensor *t, int pass, double t0) {
     const double dt = omp_get_wtime() - t0;
+    t->prof_ms[pass] = (float)(dt * 1e3);
     prof_time[t->op][pass] += dt, prof_calls[t->op][pass]++;
     if (profile > 1)
         fprintf(stderr, "[profile] %s node %d %s%s: %.3f ms\n", pass ? "bwd" : "fwd", t->id, cgi_ops[t->op].name,

@@ -111,6 +111,10 @@ uint64_t cg_graph_rng_step(const cg_graph *g);
 int cg_graph_size(const cg_graph *g);
 /* Bytes the graph holds for nodes, values and gradients. */
 size_t cg_graph_bytes(const cg_graph *g);
+/* Writes the graph as Graphviz DOT to path (render: dot -Tpng path -o graph.png): ops, shapes,
+ * the nodes a gradient flows through, after a forward the memory plan's buffer offsets and
+ * reuse, after a run under CGRAD_PROFILE each node's last times. CG_ERR_IO if path fails. */
+cg_status cg_graph_dot(const cg_graph *g, const char *path);
 
 /* ---- tensors ---- */
 

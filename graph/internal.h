@@ -40,11 +40,30 @@ enum { CGI_GRAD_OVER_VALUE = 1, CGI_GRAD_CLAIMS_SRC0 = 2, CGI_OUT_IN_SRC0 = 4 };
 
 extern const cgi_op_desc cgi_ops[CGI_OP_COUNT];
 
+/* Hot loops in a portable build (CGRAD_NATIVE=OFF): each function marked so is compiled for
+ * x86-64-v4 (AVX-512), x86-64-v3 (AVX2, FMA) and the x86-64-v2 baseline, and the loader picks the
+ * best the CPU has, once (an ifunc). GCC clones the OpenMP bodies inside with them, and the static
+ * inline helpers (cgi_exp, the row reductions) are inlined into each clone. A native build compiles
+ * everything once for the build machine instead. Every op's forward and backward carries it.
+ * GCC keeps the clones local to the file that defines them, so a file that only refers to a
+ * marked function must see it unmarked: graph.c, which fills the op table, defines
+ * CGI_OP_TABLE_FILE before including this header. */
+#if defined(CGRAD_PORTABLE) && defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define CGI_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define CGI_CLONES
+#endif
+#ifdef CGI_OP_TABLE_FILE
+#define CGI_KERNEL
+#else
+#define CGI_KERNEL CGI_CLONES
+#endif
+
 #define CG_LEAF(ID, name)
 #define CG_VIEW(ID, name)
 #define CG_OP(ID, name, family, reads, reads_out, grad) \
-    cg_status cgi_fwd_##name(cg_tensor *out); \
-    void cgi_bwd_##name(cg_tensor *out);
+    CGI_KERNEL cg_status cgi_fwd_##name(cg_tensor *out); \
+    CGI_KERNEL void cgi_bwd_##name(cg_tensor *out);
 #include "ops/ops.def"
 #undef CG_LEAF
 #undef CG_VIEW
@@ -64,6 +83,7 @@ struct cg_tensor {
     uint32_t grad_epoch; /* backward pass in which the gradient was last zeroed */
     bool grad_in_value;  /* planned: the gradient overwrites the value in place (no zeroing) */
     int ready_at;        /* parameters, during a backward with a ready callback: id of the last rule adding to the gradient */
+    float prof_ms[2];    /* last forward and backward time under CGRAD_PROFILE, for cg_graph_dot */
     int64_t shape[CG_MAX_DIMS];
     int64_t stride[CG_MAX_DIMS]; /* elements */
     int64_t offset;    /* elements from the start of root's storage */

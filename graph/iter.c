@@ -106,7 +106,7 @@ void cgi_reduce(cg_real *dst, const int64_t *dst_stride, const cg_real *src, con
     (void)nred;
 }
 
-void cgi_unbroadcast_add(cg_tensor *t, const cg_real *g_out, int ndim, const int64_t *out_shape, double scale) {
+CGI_CLONES void cgi_unbroadcast_add(cg_tensor *t, const cg_real *g_out, int ndim, const int64_t *out_shape, double scale) {
     int64_t cs[CG_MAX_DIMS], dst[CG_MAX_DIMS];
     cgi_contig_strides(ndim, out_shape, cs);
     unsigned mask = 0;
@@ -130,7 +130,7 @@ size_t cgi_colsum_scratch(int64_t rows, int64_t cols) {
     return (size_t)COLSUM_BLOCKS * (size_t)cols;
 }
 
-void cgi_colsum_add(cg_real *dst, const cg_real *m, int64_t rows, int64_t cols, int64_t ld, cg_real *scratch) {
+CGI_CLONES void cgi_colsum_add(cg_real *dst, const cg_real *m, int64_t rows, int64_t cols, int64_t ld, cg_real *scratch) {
     const int64_t per = (rows + COLSUM_BLOCKS - 1) / COLSUM_BLOCKS;
 #pragma omp parallel for schedule(static) if (rows * cols > CGI_PAR_MIN) num_threads(cgi_nthreads())
     for (int b = 0; b < COLSUM_BLOCKS; b++) {

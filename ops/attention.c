@@ -181,7 +181,7 @@ static int64_t key_end(const head *h, int64_t i0, int64_t nq) {
 
 /* One key block, probabilities kept: P = softmax(scores) normalised in place, O = P V. With w,
  * the products run on the micro-kernel over the head's keys and values packed in w. */
-static void fwd_kept(const head *h, int64_t i0, int64_t nq, int64_t kend, cg_real *pb, int64_t ps, cg_real *o,
+CGI_CLONES static void fwd_kept(const head *h, int64_t i0, int64_t nq, int64_t kend, cg_real *pb, int64_t ps, cg_real *o,
                      cg_real *lse, const cgi_ukr *u, const packs *w) {
     bool any = kend > 0;
     if (any && w) {
@@ -287,7 +287,7 @@ typedef struct {
 
 /* Backward of one query block with kept probabilities p [nq, kend] (row stride Tk) on the micro-
  * kernel: w holds the head's V^T and K. dp is scratch [nq, BK] for dP, then dS. */
-static void bwd_packed(const head *h, const cgi_ukr *u, const packs *w, int64_t i0, int64_t nq, int64_t kend,
+CGI_CLONES static void bwd_packed(const head *h, const cgi_ukr *u, const packs *w, int64_t i0, int64_t nq, int64_t kend,
                        const cg_real *p, const cg_real *dO, const cg_real *di, cg_real *dp, const grads *g) {
     const int64_t d = h->d, tk = h->tk;
     if (kend == 0) return;

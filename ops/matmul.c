@@ -387,7 +387,7 @@ static cg_real *dw_scratch(const cg_tensor *t) {
 }
 
 /* dst[i,j] += src[j,i] for dst [n, k], src [k, n] row-major; in tiles so both stay in cache. */
-static void add_transposed(cg_real *dst, int64_t rs, int64_t cs, const cg_real *src, int64_t n, int64_t k) {
+CGI_CLONES static void add_transposed(cg_real *dst, int64_t rs, int64_t cs, const cg_real *src, int64_t n, int64_t k) {
     enum { TILE = 32 };
 #pragma omp parallel for schedule(static) if (n * k > CGI_PAR_MIN) num_threads(cgi_nthreads())
     for (int64_t i0 = 0; i0 < n; i0 += TILE)

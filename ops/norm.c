@@ -57,7 +57,7 @@ cg_tensor *cg_rmsnorm(cg_graph *g, cg_tensor *x, cg_tensor *gain, double eps) {
     return norm(g, CGI_OP_RMSNORM, x, gain, NULL, eps);
 }
 
-static cg_status norm_fwd(cg_tensor *t) {
+CGI_CLONES static cg_status norm_fwd(cg_tensor *t) {
     const int64_t d = t->shape[t->ndim - 1], rows = d ? cgi_numel(t->ndim, t->shape) / d : 0;
     const cg_tensor *gt = t->iarg[0] ? t->src[t->iarg[0]] : NULL, *bt = t->iarg[1] ? t->src[t->iarg[1]] : NULL;
     const cg_real *gain = gt ? gt->data : NULL, *bias = bt ? bt->data : NULL;
@@ -87,7 +87,7 @@ static cg_status norm_fwd(cg_tensor *t) {
     return CG_OK;
 }
 
-static void norm_bwd(cg_tensor *t) {
+CGI_CLONES static void norm_bwd(cg_tensor *t) {
     cg_tensor *x = t->src[0], *gt = t->iarg[0] ? t->src[t->iarg[0]] : NULL, *bt = t->iarg[1] ? t->src[t->iarg[1]] : NULL;
     const int64_t d = t->shape[t->ndim - 1], rows = d ? cgi_numel(t->ndim, t->shape) / d : 0;
     const cg_real *X = x->data, *DY = t->grad, *mean = t->aux, *rstd = mean + rows;

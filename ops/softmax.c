@@ -34,7 +34,7 @@ static void dims(const cg_tensor *t, int64_t *rows, int64_t *cols) {
 }
 
 /* Softmax along an inner axis (stride s > 1): lane l covers elements base, base + s, ... */
-static void strided_fwd(cg_tensor *t, bool log_form) {
+CGI_CLONES static void strided_fwd(cg_tensor *t, bool log_form) {
     const int64_t s = t->iarg[0], n = t->iarg[1], total = cgi_numel(t->ndim, t->shape);
     const int64_t lanes = n ? total / n : 0;
     const cg_real *X = t->src[0]->data;
@@ -51,7 +51,7 @@ static void strided_fwd(cg_tensor *t, bool log_form) {
     }
 }
 
-static void strided_bwd(cg_tensor *t, bool log_form) {
+CGI_CLONES static void strided_bwd(cg_tensor *t, bool log_form) {
     const int64_t s = t->iarg[0], n = t->iarg[1], total = cgi_numel(t->ndim, t->shape);
     const int64_t lanes = n ? total / n : 0;
     const cg_real *Y = t->data, *DY = t->grad;
@@ -68,7 +68,7 @@ static void strided_bwd(cg_tensor *t, bool log_form) {
     }
 }
 
-static cg_status softmax_fwd(cg_tensor *t, bool log_form) {
+CGI_CLONES static cg_status softmax_fwd(cg_tensor *t, bool log_form) {
     if (t->iarg[0] != 1) {
         strided_fwd(t, log_form);
         return CG_OK;
@@ -93,7 +93,7 @@ static cg_status softmax_fwd(cg_tensor *t, bool log_form) {
     return CG_OK;
 }
 
-static void softmax_bwd(cg_tensor *t, bool log_form) {
+CGI_CLONES static void softmax_bwd(cg_tensor *t, bool log_form) {
     cg_tensor *x = t->src[0];
     if (!x->requires_grad) return;
     if (t->iarg[0] != 1) {

@@ -218,7 +218,7 @@ typedef struct {
 
 /* torch _single_tensor_adam(w): decay, m = m*b1 + a1*g, v = v*b2 + a2*g*g,
  * p += -step * m / (sqrt(v) / sqrt(bc2) + eps). */
-static void adam_range(cg_real *restrict p, const cg_real *restrict g, cg_real *restrict m,
+CGI_CLONES static void adam_range(cg_real *restrict p, const cg_real *restrict g, cg_real *restrict m,
                        cg_real *restrict v, int64_t n, const coefs *k, bool adamw, bool decay) {
     const cg_real b1 = k->b1, a1 = k->a1, b2 = k->b2, a2 = k->a2, bc2 = k->bc2_sqrt, eps = k->eps,
                   ns = k->neg_step;
@@ -243,7 +243,7 @@ static void adam_range(cg_real *restrict p, const cg_real *restrict g, cg_real *
 
 /* torch _single_tensor_sgd with dampening 0: d = g + wd*p; buf = buf*mom + d;
  * d = nesterov ? d + mom*buf : buf; p += -lr * d. */
-static void sgd_range(cg_real *restrict p, const cg_real *restrict g, cg_real *restrict buf,
+CGI_CLONES static void sgd_range(cg_real *restrict p, const cg_real *restrict g, cg_real *restrict buf,
                       int64_t n, const coefs *k, bool nesterov, bool decay) {
     const cg_real l2 = decay ? k->l2 : 0, mom = k->mom, nlr = k->neg_lr;
     for (int64_t j = 0; j < n; j++) {
