@@ -32,44 +32,82 @@ typedef struct {
     char err[2048];
 } run_result;
 
-/* Runs `cgrad argv...` with stdin /dev/null, output to files in dir; at most limit_s seconds. */
-static run_result run(char *const *args, double limit_s) {
-    run_result r = {0};
+/* One run of the sweep: `cgrad args...`, the flag its message must name, and its outcome. */
+typedef struct {
+    char *args[6];
+    const char *flag, *value; /* value NULL: the flag is given without one */
+    int kind;                 /* which kind of bad value (for the count) */
+    run_result r;
+} job;
+
+enum { SLOTS = 4 }; /* runs in flight: a run mostly waits on process start-up, not on a core */
+
+static double seconds_since(const struct timespec *t0) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)(now.tv_sec - t0->tv_sec) + 1e-9 * (double)(now.tv_nsec - t0->tv_nsec);
+}
+
+/* Starts `args` with stdin /dev/null and stdout/stderr to dir/out<slot>.txt, err<slot>.txt. */
+static pid_t start(char *const *args, int slot) {
     char out[300], err[300];
-    snprintf(out, sizeof out, "%s/out.txt", dir);
-    snprintf(err, sizeof err, "%s/err.txt", dir);
+    snprintf(out, sizeof out, "%s/out%d.txt", dir, slot);
+    snprintf(err, sizeof err, "%s/err%d.txt", dir, slot);
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
     posix_spawn_file_actions_addopen(&fa, 1, out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_addopen(&fa, 2, err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     pid_t pid;
-    if (posix_spawn(&pid, bin, &fa, NULL, args, environ)) {
-        posix_spawn_file_actions_destroy(&fa);
-        r.rc = -1000;
-        return r;
-    }
+    int bad = posix_spawn(&pid, args[0], &fa, NULL, args, environ);
     posix_spawn_file_actions_destroy(&fa);
-    int status = 0;
-    struct timespec t0, now, nap = {0, 2000000};
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (;;) {
-        pid_t w = waitpid(pid, &status, WNOHANG);
-        if (w == pid) break;
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        if ((double)(now.tv_sec - t0.tv_sec) + 1e-9 * (double)(now.tv_nsec - t0.tv_nsec) > limit_s) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            r.timeout = true;
-            break;
+    return bad ? -1 : pid;
+}
+
+/* Runs every job, SLOTS at a time, each for at most limit seconds (then it is killed: a hang). */
+static void run_all(job *jobs, int n) {
+    pid_t pid[SLOTS];
+    int which[SLOTS];
+    struct timespec t0[SLOTS], nap = {0, 1000000};
+    for (int k = 0; k < SLOTS; k++) pid[k] = 0;
+    for (int next = 0, busy = 0; next < n || busy;) {
+        for (int k = 0; k < SLOTS && next < n; k++)
+            if (!pid[k]) {
+                clock_gettime(CLOCK_MONOTONIC, &t0[k]);
+                which[k] = next;
+                pid[k] = start(jobs[next++].args, k);
+                if (pid[k] < 0) jobs[which[k]].r.rc = -1000, pid[k] = 0;
+                else busy++;
+            }
+        bool reaped = false;
+        for (int k = 0; k < SLOTS; k++) {
+            if (!pid[k]) continue;
+            int status = 0;
+            run_result *r = &jobs[which[k]].r;
+            pid_t w = waitpid(pid[k], &status, WNOHANG);
+            if (w != pid[k] && seconds_since(&t0[k]) > limit) {
+                kill(pid[k], SIGKILL);
+                waitpid(pid[k], &status, 0);
+                r->timeout = true, w = pid[k];
+            }
+            if (w != pid[k]) continue;
+            r->rc = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+            char err[300];
+            snprintf(err, sizeof err, "%s/err%d.txt", dir, k);
+            char *e = test_slurp(err, NULL);
+            snprintf(r->err, sizeof r->err, "%s", e ? e : "");
+            free(e);
+            pid[k] = 0, busy--, reaped = true;
         }
-        nanosleep(&nap, NULL);
+        if (!reaped) nanosleep(&nap, NULL);
     }
-    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
-    char *e = test_slurp(err, NULL);
-    snprintf(r.err, sizeof r.err, "%s", e ? e : "");
-    free(e);
-    return r;
+}
+
+/* Runs one command to the end (the flag listing). */
+static run_result run1(char *const *args) {
+    job j = {.args = {args[0], args[1], NULL}};
+    run_all(&j, 1);
+    return j.r;
 }
 
 /* ---- which values are bad: decided here, not by the CLI ---- */
@@ -113,10 +151,10 @@ static const char *const bad_outputs[] = {"/nonexistent-cgrad-dir/out.file", "."
 int main(void) {
     const char *env = getenv("CGRAD_BIN");
     char self[4096];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
     if (env) snprintf(bin, sizeof bin, "%s", env);
-    else if (n > 0) {
-        self[n] = 0;
+    else if (len > 0) {
+        self[len] = 0;
         *strrchr(self, '/') = 0;
         snprintf(bin, sizeof bin, "%s/../cgrad", self);
     }
@@ -138,16 +176,12 @@ int main(void) {
     snprintf(flags_bin, sizeof flags_bin, "%s", fb ? fb : bin);
     free(fb);
     char *list_args[] = {flags_bin, "flags", NULL};
-    char saved_bin[8192];
-    snprintf(saved_bin, sizeof saved_bin, "%s", bin);
-    snprintf(bin, sizeof bin, "%s", flags_bin);
-    run_result fl = run(list_args, 30);
-    snprintf(bin, sizeof bin, "%s", saved_bin);
+    run_result fl = run1(list_args);
     char path[300];
-    snprintf(path, sizeof path, "%s/out.txt", dir);
+    snprintf(path, sizeof path, "%s/out0.txt", dir);
     char *text = test_slurp(path, NULL);
     CHECK(fl.rc == 0 && text && *text, "cgrad flags: rc %d %s", fl.rc, fl.err);
-    opt opts[256];
+    static opt opts[256];
     int n_opts = 0;
     for (char *line = text ? strtok(text, "\n") : NULL; line && n_opts < 256; line = strtok(NULL, "\n")) {
         opt *o = &opts[n_opts];
@@ -157,53 +191,49 @@ int main(void) {
     free(text);
     CHECK(n_opts >= 60, "cgrad flags lists %d options", n_opts);
 
-    int runs = 0, clean = 0, crashes = 0, hangs = 0, wrong = 0, kinds = 0, cmds = 0;
-    bool kind_seen[64] = {0};
+    /* The runs: an unknown flag per command; per flag, its value missing and each bad value. */
+    static job jobs[8192];
+    int n = 0, cmds = 0;
     const char *prev_cmd = "";
-    for (int i = 0; i < n_opts; i++) {
-        const opt *o = &opts[i];
-        if (strcmp(prev_cmd, o->cmd)) { /* one unknown flag per command */
+    for (int i = 0; i < n_opts && n < 8000; i++) {
+        opt *o = &opts[i];
+        if (strcmp(prev_cmd, o->cmd)) {
             cmds++;
             prev_cmd = o->cmd;
-            char *args[] = {bin, (char *)o->cmd, "--no-such-flag", "1", NULL};
-            run_result r = run(args, limit);
-            runs++;
-            bool ok = r.rc == 2 && strstr(r.err, "--no-such-flag");
-            clean += ok;
-            CHECK(ok, "cgrad %s --no-such-flag 1: rc %d, stderr '%s'", o->cmd, r.rc, r.err);
+            jobs[n++] = (job){.args = {bin, o->cmd, "--no-such-flag", "1", NULL}, .flag = "--no-such-flag", .value = "1", .kind = 62};
         }
         const char *const *values = !strcmp(o->kind, "int") || !strcmp(o->kind, "number") || !strcmp(o->kind, "u64")
                                         ? bad_numbers
                                     : !strcmp(o->kind, "in")  ? bad_files
                                     : !strcmp(o->kind, "out") ? bad_outputs
                                                               : NULL;
-        int base = values == bad_numbers ? 0 : values == bad_files ? 40 : 50;
-        /* The flag with its value missing (a valued flag last on the line). */
-        if (strcmp(o->kind, "bare")) {
-            char *args[] = {bin, (char *)o->cmd, (char *)o->flag, NULL};
-            run_result r = run(args, limit);
-            runs++;
-            kind_seen[63] = true;
-            bool ok = r.rc == 2 && strstr(r.err, o->flag) && !strstr(r.err, "Sanitizer") && !strstr(r.err, "runtime error");
-            clean += ok, crashes += r.rc < 0 && !r.timeout, hangs += r.timeout, wrong += !ok;
-            CHECK(ok, "cgrad %s %s (no value): rc %d%s, stderr '%s'", o->cmd, o->flag, r.rc, r.timeout ? " (hung)" : "", r.err);
-        }
-        for (int k = 0; values && values[k]; k++) {
-            if (acceptable(o, values[k])) continue; /* in range: not a bad value for this flag */
-            char *args[] = {bin, (char *)o->cmd, (char *)o->flag, (char *)values[k], NULL};
-            run_result r = run(args, limit);
-            runs++;
-            kind_seen[base + k] = true;
-            bool ok = r.rc == 2 && strstr(r.err, o->flag) && !strstr(r.err, "Sanitizer") && !strstr(r.err, "runtime error");
-            clean += ok, crashes += r.rc < 0 && !r.timeout, hangs += r.timeout, wrong += !ok;
-            CHECK(ok, "cgrad %s %s '%s': rc %d%s, stderr '%s'", o->cmd, o->flag, values[k], r.rc,
-                  r.timeout ? " (hung)" : "", r.err);
-        }
+        const int base = values == bad_numbers ? 0 : values == bad_files ? 40 : 50;
+        if (strcmp(o->kind, "bare")) jobs[n++] = (job){.args = {bin, o->cmd, o->flag, NULL}, .flag = o->flag, .kind = 63};
+        for (int k = 0; values && values[k]; k++)
+            if (!acceptable(o, values[k])) /* in range: not a bad value for this flag */
+                jobs[n++] = (job){.args = {bin, o->cmd, o->flag, (char *)values[k], NULL}, .flag = o->flag,
+                                  .value = values[k], .kind = base + k};
+    }
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    run_all(jobs, n);
+    const double took = seconds_since(&t0);
+
+    int clean = 0, crashes = 0, hangs = 0, wrong = 0, kinds = 0;
+    bool kind_seen[64] = {0};
+    for (int i = 0; i < n; i++) {
+        const job *j = &jobs[i];
+        const run_result *r = &j->r;
+        kind_seen[j->kind] = true;
+        const bool ok = r->rc == 2 && strstr(r->err, j->flag) && !strstr(r->err, "Sanitizer") && !strstr(r->err, "runtime error");
+        clean += ok, crashes += r->rc < 0 && !r->timeout, hangs += r->timeout, wrong += !ok && r->rc >= 0 && !r->timeout;
+        CHECK(ok, "cgrad %s %s%s%s%s: rc %d%s, stderr '%s'", j->args[1], j->flag, j->value ? " '" : " (no value)",
+              j->value ? j->value : "", j->value ? "'" : "", r->rc, r->timeout ? " (hung)" : "", r->err);
     }
     for (int k = 0; k < 64; k++) kinds += kind_seen[k];
-    printf("cli sweep: %d commands, %d options, %d kinds of bad value, %d runs: %d clean errors (exit 2, flag named), "
-           "%d crashes, %d hangs, %d other\n",
-           cmds, n_opts, kinds, runs, clean, crashes, hangs, wrong);
+    printf("cli sweep: %d commands, %d options, %d kinds of bad input, %d runs in %.1f s: %d clean errors (exit 2, flag "
+           "named), %d crashes, %d hangs, %d other\n",
+           cmds, n_opts, kinds, n, took, clean, crashes, hangs, wrong);
     CHECK(crashes == 0 && hangs == 0 && wrong == 0, "%d crashes, %d hangs, %d other outcomes", crashes, hangs, wrong);
     if (!test_failed) {
         char cmd[300];
