@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Faults in a 2-rank mpirun job: the job must end with a clear error within a bounded time, never
+# hang, and the last checkpoint on disk must stay whole and resumable.
+#  1. rank 1 killed (SIGKILL) between saves;
+#  2. rank 0 killed while it writes a checkpoint (the temp file exists): the previous one survives;
+#  3. rank 1 stopped (SIGSTOP, a hang): rank 0 gives up after --dist-timeout and ends the job.
+# Usage: mpi_fault.sh CGRAD MPIRUN
+set -uo pipefail
+bin=$1 mpirun=$2
+run2=("$mpirun" --oversubscribe -n 2)
+[ "$(id -u)" -eq 0 ] && run2+=(--allow-run-as-root)
+dir=$(mktemp -d)
+mp=
+cleanup() { [ -n "$mp" ] && kill -KILL "$mp" 2>/dev/null; rm -rf "$dir"; }
+trap cleanup EXIT
+cd "$dir"
+for i in $(seq 1 400); do echo "line $i: the whale $((i * 7 % 13)) swims past ship $((i * 3 % 11)) at dawn."; done > text.txt
+# d 256: a 6 MB model whose checkpoint takes a visible time to write
+args=(--data text.txt --layers 2 --dim 256 --heads 4 --context 16 --batch 2 --steps 100000 --eval-every 0
+      --samples 0 --threads 1 --log-every 1 --checkpoint f.ckpt)
+fail=0
+ok() { echo "ok: $1"; }
+bad() { echo "FAIL: $1"; fail=1; }
+
+# rank_pid RANK: the pid of that rank among mpirun's children
+rank_pid() {
+    local p
+    for p in $(pgrep -P "$mp"); do
+        tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1" && { echo "$p"; return; }
+    done
+}
+# wait_for COND SECONDS: true once COND holds
+wait_for() {
+    local end=$((SECONDS + $2))
+    while [ $SECONDS -lt $end ]; do eval "$1" && return 0; sleep 0.02; done
+    return 1
+}
+# ended SECONDS: mpirun has exited within SECONDS; its status in $rc
+ended() {
+    local t0=$SECONDS
+    if wait_for '! kill -0 $mp 2>/dev/null' "$1"; then wait "$mp"; rc=$?; took=$((SECONDS - t0)); mp=; return 0; fi
+    return 1
+}
+saved_step() { "$bin" info f.ckpt 2>/dev/null | sed -n 's/^step *\([0-9]*\) of.*/\1/p'; }
+
+# 1. rank 1 dies between saves
+"${run2[@]}" "$bin" train "${args[@]}" --save-every 4 > one.out 2>&1 & mp=$!
+if wait_for '[ -e f.ckpt ] && ! ls f.ckpt.tmp.* >/dev/null 2>&1 && grep -q " 6/100000" one.out' 120; then
+    kill -KILL "$(rank_pid 1)"
+    if ended 30; then
+        [ $rc -ne 0 ] && ok "rank 1 killed: the job ended in ${took}s with status $rc" || bad "rank 1 killed but status 0"
+        grep -q "exited on signal 9" one.out && ok "mpirun names the dead rank: $(grep -o 'process rank 1.*signal 9' one.out | head -1)" \
+            || bad "no message naming the dead rank: $(tail -5 one.out)"
+    else bad "the job still runs 30 s after rank 1 was killed"; fi
+else bad "no checkpoint within 120 s: $(tail -c 400 one.out)"; fi
+s1=$(saved_step)
+[ -n "$s1" ] && [ $((s1 % 4)) -eq 0 ] && ok "checkpoint intact at step $s1" || bad "checkpoint unreadable after the kill"
+
+# 2. rank 0 dies while it writes a checkpoint; the job resumes from the surviving one first
+"${run2[@]}" "$bin" train --resume f.ckpt --save-every 2 > two.out 2>&1 & mp=$!
+if wait_for 'grep -q "resuming at step" two.out && ls f.ckpt.tmp.* >/dev/null 2>&1' 120; then
+    kill -KILL "$(rank_pid 0)"
+    ended 30 && [ $rc -ne 0 ] && ok "rank 0 killed during a save: the job ended in ${took}s with status $rc" \
+        || bad "the job did not end within 30 s after rank 0 died in a save"
+    s2=$(saved_step)
+    [ -n "$s2" ] && [ "$s2" -ge "$s1" ] && ok "the previous checkpoint survived the killed save (step $s2, resumed from $s1)" \
+        || bad "checkpoint unreadable after a killed save"
+else bad "no save began within 120 s: $(tail -c 400 two.out)"; fi
+rm -f f.ckpt.tmp.*
+
+# 3. rank 1 hangs: rank 0's bounded wait ends the job
+"${run2[@]}" "$bin" train --resume f.ckpt --dist-timeout 4 > three.out 2>&1 & mp=$!
+if wait_for 'grep -q "resuming at step" three.out && [ -n "$(rank_pid 1)" ]' 60; then
+    sleep 1
+    kill -STOP "$(rank_pid 1)"
+    if ended 40; then
+        [ $rc -ne 0 ] && ok "rank 1 stopped: the job ended in ${took}s (timeout 4 s) with status $rc" || bad "status 0 after a hang"
+        grep -q "no answer from the other ranks for 4 s" three.out && ok "$(grep -o 'rank 0: no answer.*hangs' three.out | head -1)" \
+            || bad "no timeout message: $(tail -c 600 three.out)"
+    else bad "the job still runs 40 s after rank 1 was stopped"; fi
+else bad "the resumed job did not start: $(tail -c 400 three.out)"; fi
+[ -n "$(saved_step)" ] && ok "checkpoint still loads" || bad "checkpoint unreadable at the end"
+exit $fail
