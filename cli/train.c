@@ -32,7 +32,7 @@ typedef struct {
     /* run options: free to change on --resume */
     int64_t steps, eval_every, eval_batches, eval_exact, save_every, log_every, samples, threads, skip_nonfinite;
     const char *checkpoint, *metrics, *plot;
-    int64_t bucket_kb, overlap; /* data-parallel runs (mpirun) */
+    int64_t bucket_kb, overlap, zero; /* data-parallel runs (mpirun) */
     const char *init_from, *lora_targets; /* fine-tuning */
     int64_t lora_rank;
     double lora_alpha;
@@ -86,6 +86,7 @@ typedef struct {
     X("--bucket-kb", CLI_INT, bucket_kb, false, 1, 1 << 22, "mpirun: KiB of gradients per all-reduce bucket (1024)")      \
     X("--overlap", CLI_INT, overlap, false, 0, 1, "mpirun: 1 starts buckets while backward runs, 0 after it (1)")          \
     X("--dist-timeout", CLI_NUM, dist_timeout, false, POS_MIN, 1e9, "mpirun: seconds a rank waits for the others, then fails (300)") \
+    X("--zero", CLI_INT, zero, false, 0, 1, "mpirun: 1 shards the AdamW moments over the ranks (ZeRO stage 1), 0 not (0)") \
     X("--init-from", CLI_IN, init_from, true, 0, 0, "start a new run from a checkpoint's weights, model and tokenizer")   \
     X("--lora-rank", CLI_INT, lora_rank, true, 0, 1 << 16, "LoRA: train rank-N adapters on --lora-targets, all else frozen (0: off)") \
     X("--lora-alpha", CLI_NUM, lora_alpha, true, POS_MIN, 1e9, "LoRA: adapters add (alpha / rank) B A (alpha = rank)")   \
@@ -190,6 +191,7 @@ static void defaults(topts *o, const bool *set) {
     D(lora_rank, 0);
     D(lora_alpha, o->lora_rank > 0 ? (double)o->lora_rank : 1);
     D(lora_targets, gpt ? "attn,mlp" : bert ? "attention,intermediate,output.dense" : "");
+    D(zero, 0);
 #undef D
 }
 
@@ -209,7 +211,8 @@ static bool check_opts(const topts *o) {
         {o->eval_every < 0 || o->eval_batches < 0 || o->save_every < 0 || o->log_every < 0, "--eval-every, --eval-batches, --save-every and --log-every must be >= 0"},
         {o->lora_rank > 0 && !*o->init_from, "--lora-rank needs --init-from CKPT, the weights its adapters fine-tune"},
         {o->lora_rank > 0 && !*o->lora_targets, "--lora-rank needs --lora-targets (parts of the weight names to adapt)"},
-        {o->bucket_kb < 1 || (o->overlap != 0 && o->overlap != 1) || !(o->dist_timeout > 0), "--bucket-kb must be >= 1, --overlap 0 or 1, --dist-timeout > 0"},
+        {o->bucket_kb < 1 || (o->overlap != 0 && o->overlap != 1) || !(o->dist_timeout > 0) || (o->zero != 0 && o->zero != 1),
+         "--bucket-kb must be >= 1, --overlap and --zero 0 or 1, --dist-timeout > 0"},
     };
     for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++)
         if (rules[i].bad) {
@@ -436,8 +439,29 @@ static int64_t first_nonfinite(const cg_real *x, int64_t n) {
     return -1;
 }
 
+static cg_status save_file(run *r, cg_real *m1, cg_real *m2);
+
+/* Every rank holds the same parameters; rank 0 writes them. With --zero the moments are gathered
+ * to rank 0 first, so the file is the same as without sharding. */
 static cg_status save(run *r) {
-    if (r->rank > 0) return CG_OK; /* every rank holds the same state; one writes it */
+    const bool gather = r->o.zero && r->world > 1;
+    if (r->rank > 0 && !gather) return CG_OK;
+    const int64_t span = cg_params_span(r->ps);
+    cg_real *full[2] = {NULL, NULL}, *m[2] = {cg_optim_moment1(r->opt), cg_optim_moment2(r->opt)};
+    cg_status st = CG_OK;
+    for (int k = 0; gather && k < 2 && !st; k++) {
+        if (r->rank == 0 && !(full[k] = malloc((size_t)span * sizeof(cg_real))))
+            st = cgi_fail(CG_ERR_NOMEM, "[train] out of memory for the optimizer state"); /* the others then time out */
+        if (!st) st = cg_dist_gather(r->d, m[k], full[k], span);
+        m[k] = full[k];
+    }
+    if (!st && r->rank == 0) st = save_file(r, m[0], m[1]);
+    free(full[0]), free(full[1]);
+    return st;
+}
+
+/* Writes the checkpoint with the whole moments m1, m2 (rank 0). */
+static cg_status save_file(run *r, cg_real *m1, cg_real *m2) {
     /* Never replace a checkpoint with one that cannot be trained or sampled from. */
     int64_t at;
     double v;
@@ -447,7 +471,7 @@ static cg_status save(run *r) {
                                       "file keeps its last good state", r->o.checkpoint, bad, v, (long long)at, (long long)r->step);
     const int64_t span_all = cg_params_span(r->ps);
     for (int m = 0; m < 2; m++)
-        if ((at = first_nonfinite(m ? cg_optim_moment2(r->opt) : cg_optim_moment1(r->opt), span_all)) >= 0)
+        if ((at = first_nonfinite(m ? m2 : m1, span_all)) >= 0)
             return cgi_fail(CG_ERR_RANGE, "[train] %s not written: optimizer moment %d is not finite at %lld (step %lld); the "
                                           "file keeps its last good state", r->o.checkpoint, m + 1, (long long)at, (long long)r->step);
     cg_st_writer *w = cg_st_writer_new();
@@ -462,14 +486,14 @@ static cg_status save(run *r) {
             const int64_t off = cg_data(t) - cg_params_values(r->ps);
             st = cg_st_add_tensor(w, cg_name(t), t);
             snprintf(name, sizeof name, "optim.m1.%s", cg_name(t));
-            if (!st) st = cg_st_add(w, name, cg_ndim(t), cg_shape(t), cg_optim_moment1(r->opt) + off);
+            if (!st) st = cg_st_add(w, name, cg_ndim(t), cg_shape(t), m1 + off);
             snprintf(name, sizeof name, "optim.m2.%s", cg_name(t));
-            if (!st) st = cg_st_add(w, name, cg_ndim(t), cg_shape(t), cg_optim_moment2(r->opt) + off);
+            if (!st) st = cg_st_add(w, name, cg_ndim(t), cg_shape(t), m2 + off);
         }
     else {
         st = cg_st_add_params(w, r->ps);
-        if (!st) st = cg_st_add(w, "optim.m1", 1, &span, cg_optim_moment1(r->opt));
-        if (!st) st = cg_st_add(w, "optim.m2", 1, &span, cg_optim_moment2(r->opt));
+        if (!st) st = cg_st_add(w, "optim.m1", 1, &span, m1);
+        if (!st) st = cg_st_add(w, "optim.m2", 1, &span, m2);
     }
     char *cfg = cg_model_config_json(r->model);
     cJSON *train = opts_json(&r->o), *state = cJSON_CreateObject(), *labels = NULL;
@@ -1002,6 +1026,14 @@ int cmd_train(int argc, char **argv) {
     }
     cg_dist_reducer_attach(r.red, r.g);
     r.task.dist = r.d;
+    if (o.zero && r.world > 1) { /* after restore: the optimizer keeps its own slice of the full moments */
+        int64_t lo, hi;
+        cg_dist_shard(r.d, r.rank, cg_params_span(r.ps), &lo, &hi);
+        if (cg_optim_shard(r.opt, lo, hi)) {
+            cli_fail("train", "cannot shard the optimizer");
+            goto done;
+        }
+    }
     if (r.world > 1 && dist_check(&r)) {
         if (r.rank == 0) fprintf(stderr, "cgrad train: the ranks disagree: %s\n", cg_last_error());
         all_failed = true;
@@ -1031,6 +1063,15 @@ int cmd_train(int argc, char **argv) {
                "%d threads\n",
                (long long)o.steps, (long long)o.batch, (long long)o.grad_accum, o.lr, o.schedule, (long long)o.warmup,
                o.min_lr, o.weight_decay, o.clip, o.dropout, cg_threads());
+        if (r.world > 1) {
+            int64_t lo, hi;
+            cg_optim_shard_range(r.opt, &lo, &hi);
+            printf("  AdamW moments on each rank: %.2f MB%s (%.2f MB unsharded); parameters + gradients %.2f MB%s\n",
+                   2e-6 * (double)(hi - lo) * (double)sizeof(cg_real), o.zero ? ", ZeRO-1 shard" : "",
+                   2e-6 * (double)cg_params_span(r.ps) * (double)sizeof(cg_real),
+                   2e-6 * (double)cg_params_span(r.ps) * (double)sizeof(cg_real),
+                   o.grad_accum > 1 ? " + accumulator" : "");
+        }
         if (r.world > 1)
             printf("  %d ranks (MPI): global batch %d x %lld x %lld = %lld rows a step, %lld KiB buckets, overlap %s\n",
                    r.world, r.world, (long long)o.batch, (long long)o.grad_accum, (long long)(r.world * o.batch * o.grad_accum),
@@ -1104,6 +1145,8 @@ int cmd_train(int argc, char **argv) {
             break;
         }
         if ((st = cg_optim_step(r.opt, lr))) break;
+        /* ZeRO-1: each rank updated its shard; the new values go to every rank */
+        if (o.zero && (st = cg_dist_allgather(r.d, cg_params_values(r.ps), cg_params_span(r.ps)))) break;
         r.step++;
         const double dt = now_s() - t0;
         r.train_s += dt;

@@ -16,10 +16,12 @@
 struct cg_dist {
     int rank, size;
     bool owns_mpi; /* cg_dist_init called MPI_Init, so cg_dist_free finalizes */
+    bool comms;    /* comm and gcomm were made */
     double timeout;
 #ifdef CGRAD_MPI
     MPI_Comm comm;  /* control: checks, losses, barriers */
     MPI_Comm gcomm; /* gradient buckets, so their order never mixes with control messages */
+    int *counts, *displs; /* per rank, for the shard collectives */
 #endif
 };
 
@@ -65,11 +67,19 @@ cg_dist *cg_dist_init(double timeout_s) {
     }
     MPI_Comm_dup(MPI_COMM_WORLD, &d->comm);
     MPI_Comm_dup(MPI_COMM_WORLD, &d->gcomm);
+    d->comms = true;
     /* Errors come back as codes, so a failure is reported with the rank and what it was doing. */
     MPI_Comm_set_errhandler(d->comm, MPI_ERRORS_RETURN);
     MPI_Comm_set_errhandler(d->gcomm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(d->comm, &d->rank);
     MPI_Comm_size(d->comm, &d->size);
+    d->counts = calloc((size_t)d->size, sizeof *d->counts);
+    d->displs = calloc((size_t)d->size, sizeof *d->displs);
+    if (!d->counts || !d->displs) {
+        cgi_fail(CG_ERR_NOMEM, "[dist] out of memory");
+        cg_dist_free(d);
+        return NULL;
+    }
 #else
     const char *n = getenv("OMPI_COMM_WORLD_SIZE");
     if (n && atoi(n) > 1) {
@@ -85,11 +95,13 @@ cg_dist *cg_dist_init(double timeout_s) {
 void cg_dist_free(cg_dist *d) {
     if (!d) return;
 #ifdef CGRAD_MPI
-    if (d->size > 1 || d->owns_mpi) {
+    if (d->comms) {
         MPI_Comm_free(&d->comm);
         MPI_Comm_free(&d->gcomm);
     }
     if (d->owns_mpi) MPI_Finalize();
+    free(d->counts);
+    free(d->displs);
 #endif
     free(d);
 }
@@ -232,6 +244,56 @@ cg_status cg_dist_check(cg_dist *d, const char *what, const char *value) {
 #endif
 }
 
+/* ---- ZeRO stage 1 ---- */
+
+void cg_dist_shard(const cg_dist *d, int rank, int64_t span, int64_t *lo, int64_t *hi) {
+    const int n = cg_dist_size(d);
+    int64_t per = (span + n - 1) / n;
+    per = (per + 15) / 16 * 16;
+    *lo = per * rank < span ? per * rank : span;
+    *hi = per * (rank + 1) < span ? per * (rank + 1) : span;
+}
+
+#ifdef CGRAD_MPI
+static MPI_Datatype real_type(void) { return sizeof(cg_real) == sizeof(float) ? MPI_FLOAT : MPI_DOUBLE; }
+
+static void shard_layout(cg_dist *d, int64_t span) {
+    for (int k = 0; k < d->size; k++) {
+        int64_t lo, hi;
+        cg_dist_shard(d, k, span, &lo, &hi);
+        d->displs[k] = (int)lo, d->counts[k] = (int)(hi - lo);
+    }
+}
+#endif
+
+cg_status cg_dist_allgather(cg_dist *d, cg_real *block, int64_t span) {
+    if (!d || d->size == 1) return CG_OK;
+#ifdef CGRAD_MPI
+    shard_layout(d, span);
+    MPI_Request req;
+    int rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, block, d->counts, d->displs, real_type(), d->gcomm, &req);
+    return rc != MPI_SUCCESS ? mpi_fail(d, rc, "all-gather") : wait_all(d, 1, &req, NULL, "the parameter all-gather");
+#else
+    (void)block, (void)span;
+    return CG_OK;
+#endif
+}
+
+cg_status cg_dist_gather(cg_dist *d, const cg_real *mine, cg_real *full, int64_t span) {
+    if (!d || d->size == 1) {
+        if (full && full != mine) memcpy(full, mine, (size_t)span * sizeof(cg_real));
+        return CG_OK;
+    }
+#ifdef CGRAD_MPI
+    shard_layout(d, span);
+    MPI_Request req;
+    int rc = MPI_Igatherv(mine, d->counts[d->rank], real_type(), full, d->counts, d->displs, real_type(), 0, d->gcomm, &req);
+    return rc != MPI_SUCCESS ? mpi_fail(d, rc, "gather") : wait_all(d, 1, &req, NULL, "the optimizer-state gather");
+#else
+    return CG_OK;
+#endif
+}
+
 /* ---- the reducer ---- */
 
 typedef struct {
@@ -327,8 +389,8 @@ static cg_status start(cg_dist_reducer *r, int k) {
     bk->start = now_s();
     if (k == 0) r->first_start = bk->start;
 #ifdef CGRAD_MPI
-    const int rc = MPI_Iallreduce(MPI_IN_PLACE, gr + bk->lo, (int)(bk->hi - bk->lo),
-                                  sizeof(cg_real) == sizeof(float) ? MPI_FLOAT : MPI_DOUBLE, MPI_SUM, r->d->gcomm, &r->req[k]);
+    const int rc = MPI_Iallreduce(MPI_IN_PLACE, gr + bk->lo, (int)(bk->hi - bk->lo), real_type(), MPI_SUM, r->d->gcomm,
+                                  &r->req[k]);
     if (rc != MPI_SUCCESS) return mpi_fail(r->d, rc, "gradient all-reduce");
 #endif
     return CG_OK;

@@ -56,6 +56,16 @@ cg_status cg_dist_sum(cg_dist *d, double *x, int n);
 /* Waits until every rank has arrived. */
 cg_status cg_dist_barrier(cg_dist *d);
 
+/* ---- ZeRO stage 1: optimizer state sharded by element ranges ---- */
+
+/* Rank's share [*lo, *hi) of a block of span elements: equal parts cut at multiples of 16. */
+void cg_dist_shard(const cg_dist *d, int rank, int64_t span, int64_t *lo, int64_t *hi);
+/* Copies every rank's shard of block (span elements, shards as cg_dist_shard) to every rank, in place. */
+cg_status cg_dist_allgather(cg_dist *d, cg_real *block, int64_t span);
+/* Gathers every rank's shard (mine: its hi - lo elements) into full (span elements) on rank 0;
+ * other ranks pass full NULL. */
+cg_status cg_dist_gather(cg_dist *d, const cg_real *mine, cg_real *full, int64_t span);
+
 /* ---- gradient averaging ---- */
 
 /* What the reducer did so far (cg_dist_reducer_stats). */

@@ -25,7 +25,8 @@ struct cg_optim {
     int n;           /* parameters when the optimizer was made */
     int64_t span;    /* cg_params_span then */
     bool *decay;     /* per parameter */
-    cg_real *m, *v;  /* moments, span elements each, or NULL */
+    cg_real *m, *v;  /* moments for elements [lo, hi) of the blocks, or NULL */
+    int64_t lo, hi;  /* the shard this optimizer updates: [0, span) unless cg_optim_shard */
     int64_t steps;
 };
 
@@ -133,6 +134,7 @@ cg_optim *cg_optim_new(cg_params *ps, const cg_optim_config *cfg) {
     o->cfg = *cfg;
     o->n = cg_params_count(ps);
     o->span = span;
+    o->lo = 0, o->hi = span;
     o->decay = malloc((size_t)o->n * sizeof *o->decay);
     if (!o->decay) goto nomem;
     for (int i = 0; i < o->n; i++) o->decay[i] = true;
@@ -277,14 +279,17 @@ cg_status cg_optim_step(cg_optim *o, double lr) {
         k.bc2_sqrt = (cg_real)sqrt(1 - pow(c->beta2, t));
         k.neg_step = (cg_real)(-(lr / (1 - pow(c->beta1, t))));
     }
-    cg_real *P = cg_params_values(ps), *G = cg_params_grads(ps), *M = o->m, *V = o->v;
+    /* moments start at the shard: M + a - lo is element a's */
+    cg_real *P = cg_params_values(ps), *G = cg_params_grads(ps), *M = o->m ? o->m - o->lo : NULL, *V = o->v ? o->v - o->lo : NULL;
     const bool adamw = c->kind == CG_OPT_ADAMW, sgd = c->kind == CG_OPT_SGD;
     const int n = o->n;
     const bool *decay = o->decay;
-#pragma omp parallel for schedule(static) if (o->span > CGI_PAR_MIN) num_threads(cgi_nthreads())
+    const int64_t base = o->lo, len = o->hi - o->lo;
+#pragma omp parallel for schedule(static) if (len > CGI_PAR_MIN) num_threads(cgi_nthreads())
     for (int ch = 0; ch < NCHUNK; ch++) {
         int64_t lo, hi;
-        chunk_bounds(o->span, ch, &lo, &hi);
+        chunk_bounds(len, ch, &lo, &hi);
+        lo += base, hi += base;
         if (lo >= hi) continue;
         FOR_RANGES(ps, n, lo, hi, {
             if (sgd) sgd_range(P + a, G + a, M ? M + a : NULL, e - a, &k, c->nesterov, decay[i]);
@@ -302,6 +307,35 @@ cg_status cg_optim_set_steps(cg_optim *o, int64_t steps) {
     if (steps < 0) return cgi_fail(CG_ERR_ARG, "[optim_set_steps] steps %lld < 0", (long long)steps);
     o->steps = steps;
     return CG_OK;
+}
+
+cg_status cg_optim_shard(cg_optim *o, int64_t lo, int64_t hi) {
+    if (!o) return cgi_fail(CG_ERR_ARG, "[optim_shard] optimizer is NULL");
+    if (lo < 0 || hi > o->span || lo > hi || lo % CHUNK_ALIGN)
+        return cgi_fail(CG_ERR_ARG, "[optim_shard] [%lld, %lld) is not a range of the %lld-element block starting at a "
+                        "multiple of %d", (long long)lo, (long long)hi, (long long)o->span, CHUNK_ALIGN);
+    /* moments of the new range, carried over where the old one covered them */
+    const int64_t n = hi - lo, bytes = (n * (int64_t)sizeof(cg_real) + CGI_ALIGN - 1) / CGI_ALIGN * CGI_ALIGN;
+    cg_real *nb[2] = {NULL, NULL}, *old[2] = {o->m, o->v};
+    for (int k = 0; k < 2; k++) {
+        if (!old[k]) continue;
+        if (!(nb[k] = aligned_alloc(CGI_ALIGN, (size_t)(bytes ? bytes : CGI_ALIGN)))) {
+            free(nb[0]);
+            return cgi_fail(CG_ERR_NOMEM, "[optim_shard] cannot allocate moments for %lld elements", (long long)n);
+        }
+        memset(nb[k], 0, (size_t)bytes);
+        const int64_t a = lo > o->lo ? lo : o->lo, e = hi < o->hi ? hi : o->hi;
+        if (a < e) memcpy(nb[k] + (a - lo), old[k] + (a - o->lo), (size_t)(e - a) * sizeof(cg_real));
+    }
+    free(o->m), free(o->v);
+    o->m = nb[0], o->v = nb[1];
+    o->lo = lo, o->hi = hi;
+    return CG_OK;
+}
+
+void cg_optim_shard_range(const cg_optim *o, int64_t *lo, int64_t *hi) {
+    *lo = o ? o->lo : 0;
+    *hi = o ? o->hi : 0;
 }
 
 cg_real *cg_optim_moment1(cg_optim *o) { return o ? o->m : NULL; }

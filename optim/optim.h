@@ -64,8 +64,15 @@ cg_status cg_optim_step(cg_optim *o, double lr);
 int64_t cg_optim_steps(const cg_optim *o);
 /* Restores the update count from a checkpoint; CG_ERR_ARG if negative. */
 cg_status cg_optim_set_steps(cg_optim *o, int64_t steps);
+/* Keeps moments and makes updates only for elements [lo, hi) of the parameter block (lo a
+ * multiple of 16); the moments outside are freed, those inside kept. ZeRO stage 1: each rank
+ * updates its shard, then the ranks all-gather the values. Results per element are unchanged. */
+cg_status cg_optim_shard(cg_optim *o, int64_t lo, int64_t hi);
+/* The elements [*lo, *hi) the optimizer updates and keeps moments for ([0, span) unless sharded). */
+void cg_optim_shard_range(const cg_optim *o, int64_t *lo, int64_t *hi);
 /* First-moment block (SGD: momentum buffer), cg_params_span elements laid out as
- * cg_params_values; owned by o, write it to restore a checkpoint. NULL for SGD without momentum. */
+ * cg_params_values (sharded: hi - lo elements from element lo); owned by o, write it to restore
+ * a checkpoint. NULL for SGD without momentum. */
 cg_real *cg_optim_moment1(cg_optim *o);
 /* Second-moment block, same layout; owned by o. NULL for SGD. */
 cg_real *cg_optim_moment2(cg_optim *o);

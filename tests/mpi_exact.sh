@@ -3,6 +3,7 @@
 #  - 2 ranks x batch 4 equal 1 process x --grad-accum 2 x batch 4 bit for bit (parameters and
 #    AdamW moments: `cgrad info` digests), dropout on, and the logged losses match;
 #  - a resume with another number of ranks is refused, and a 2-rank resume continues exactly;
+#  - --zero 1 (AdamW moments sharded) changes no bit, and resumes an unsharded checkpoint exactly;
 #  - ranks started with different settings fail, naming the flag and the rank.
 # Usage: mpi_exact.sh CGRAD MPIRUN
 set -uo pipefail
@@ -37,6 +38,14 @@ cp two.ckpt four.ckpt
 "${run2[@]}" "$bin" train --resume four.ckpt --steps 8 > r3.out 2>&1 || cat r3.out
 "${run2[@]}" "$bin" train "${args[@]}" --steps 8 --checkpoint eight.ckpt > r4.out 2>&1 || cat r4.out
 check '[ "$(digest four.ckpt)" = "$(digest eight.ckpt)" ]' "2-rank resume at step 6 of 8 = 8 steps straight"
+
+# ZeRO-1: the moments sharded over the ranks change nothing, the file holds them whole
+"${run2[@]}" "$bin" train "${args[@]}" --steps 6 --zero 1 --checkpoint zero.ckpt > zero.out 2>&1 || cat zero.out
+check '[ "$(digest zero.ckpt)" = "$(digest two.ckpt)" ]' "--zero 1 gives the same parameters and (gathered) moments"
+check 'grep -q "ZeRO-1 shard" zero.out' "$(grep -o 'AdamW moments on each rank.*unsharded)' zero.out)"
+cp two.ckpt five.ckpt
+"${run2[@]}" "$bin" train --resume five.ckpt --steps 8 --zero 1 > r5.out 2>&1 || cat r5.out
+check '[ "$(digest five.ckpt)" = "$(digest eight.ckpt)" ]' "a --zero 1 resume of an unsharded run continues exactly"
 
 # settings that differ between ranks: the flag and the rank are named
 "$mpirun" --oversubscribe $([ "$(id -u)" -eq 0 ] && echo --allow-run-as-root) -n 1 "$bin" train "${args[@]}" --steps 2 \

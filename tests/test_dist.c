@@ -138,7 +138,52 @@ static void test_reducer_micro(void) {
     cg_params_free(ps);
 }
 
+/* ZeRO-1's optimizer half: two optimizers over the same parameters, each sharded to one half of
+ * the block, update exactly what one unsharded optimizer updates. */
+static void test_optim_shard(void) {
+    cg_params *ps[3];
+    cg_optim *o[3];
+    cg_gpt *m[3];
+    cg_gpt_config cfg = {.vocab_size = V, .n_positions = T, .n_embd = 16, .n_layer = 1, .n_head = 2, .layer_norm_epsilon = 1e-5};
+    cg_optim_config oc = cg_optim_defaults(CG_OPT_ADAMW);
+    for (int k = 0; k < 3; k++) {
+        ps[k] = cg_params_new();
+        m[k] = cg_gpt_new(&cfg, ps[k], 3);
+        o[k] = cg_optim_new(ps[k], &oc);
+        cg_optim_decay_matrices_only(o[k], true);
+    }
+    const int64_t span = cg_params_span(ps[0]), half = (span / 2 + 15) / 16 * 16;
+    CHECK(cg_optim_shard(o[1], 0, half) == CG_OK && cg_optim_shard(o[2], half, span) == CG_OK, "%s", cg_last_error());
+    CHECK(cg_optim_shard(o[2], 3, span) == CG_ERR_ARG, "a shard must start at a multiple of 16");
+    int64_t lo, hi;
+    cg_optim_shard_range(o[2], &lo, &hi);
+    CHECK(lo == half && hi == span, "shard [%lld, %lld)", (long long)lo, (long long)hi);
+    cg_real *init = malloc((size_t)span * sizeof(cg_real));
+    memcpy(init, cg_params_values(ps[1]), (size_t)span * sizeof(cg_real));
+    cg_rng r;
+    cg_rng_seed(&r, 5);
+    for (int step = 0; step < 3; step++) {
+        for (int64_t i = 0; i < span; i++) { /* the same gradient for all three */
+            const cg_real gv = (cg_real)cg_rng_normal(&r);
+            for (int k = 0; k < 3; k++) cg_params_grads(ps[k])[i] = gv;
+        }
+        for (int k = 0; k < 3; k++) cg_optim_step(o[k], 1e-2);
+    }
+    const cg_real *want = cg_params_values(ps[0]), *a = cg_params_values(ps[1]), *b = cg_params_values(ps[2]);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < span; i++) bad += memcmp(&want[i], i < half ? &a[i] : &b[i], sizeof(cg_real)) != 0;
+    CHECK(bad == 0, "%lld of %lld values differ between the sharded and unsharded updates", (long long)bad, (long long)span);
+    const size_t rest = (size_t)(span - half) * sizeof(cg_real);
+    CHECK(!memcmp(cg_params_values(ps[1]) + half, init + half, rest) && memcmp(want + half, init + half, rest),
+          "the first shard left the second half alone (which the unsharded optimizer changed)");
+    free(init);
+    CHECK(!memcmp(cg_optim_moment2(o[2]), cg_optim_moment2(o[0]) + half, (size_t)(span - half) * sizeof(cg_real)),
+          "the second shard's moments start at its first element");
+    for (int k = 0; k < 3; k++) cg_optim_free(o[k]), cg_gpt_free(m[k]), cg_params_free(ps[k]);
+}
+
 int main(void) {
+    test_optim_shard();
     test_grad_ready();
     test_reducer_micro();
     TEST_END();
