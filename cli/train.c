@@ -1170,9 +1170,10 @@ int cmd_train(int argc, char **argv) {
         fprintf(r.metrics, ",%.1f,%.3f\n", tok_s, r.elapsed0 + now_s() - r.t_start);
         if (r.world > 1 && o.log_every > 0 && r.step % o.log_every == 0) {
             const cg_dist_stats ds = cg_dist_reducer_stats(r.red);
-            printf("  all-reduce: %lld buckets, %.2f MB a step; per step: buckets in flight %.1f ms (summed), waited after "
-                   "backward %.1f ms; %lld of %lld buckets started during backward\n", (long long)ds.buckets,
-                   (double)ds.bytes / 1e6, 1e3 * ds.comm_s / (double)ds.steps, 1e3 * ds.wait_s / (double)ds.steps,
+            printf("  all-reduce: %lld buckets, %.2f MB a step; per step %.1f ms from first start to last end, %.1f ms of "
+                   "it after backward (%.0f%% behind backward); %lld of %lld buckets started during backward\n",
+                   (long long)ds.buckets, (double)ds.bytes / 1e6, 1e3 * ds.comm_s / (double)ds.steps,
+                   1e3 * ds.wait_s / (double)ds.steps, ds.comm_s > ds.wait_s ? 100 * (1 - ds.wait_s / ds.comm_s) : 0.0,
                    (long long)ds.early, (long long)(ds.steps * ds.buckets));
         }
         if (o.save_every > 0 && r.step % o.save_every == 0 && r.step < o.steps) {

@@ -451,13 +451,15 @@ cg_status cg_dist_reducer_finish(cg_dist_reducer *r) {
         if (r->acc)
             for (int64_t i = 0; i < r->span; i++) cg_params_grads(r->ps)[i] += r->acc[i];
     } else {
-        if (r->next > 0) r->st.backward_s += t_end - r->first_start;
         while (!st && r->next < r->nb) st = start(r, r->next++);
 #ifdef CGRAD_MPI
         if (!st) st = wait_all(r->d, r->nb, r->req, r->done_at, "the gradient all-reduce");
 #endif
-        r->st.wait_s += now_s() - t_end;
-        for (int k = 0; k < r->nb; k++) r->st.comm_s += (r->done_at[k] > 0 ? r->done_at[k] : now_s()) - r->b[k].start;
+        const double t_done = now_s();
+        double last = r->first_start;
+        for (int k = 0; k < r->nb; k++) last = r->done_at[k] > last ? r->done_at[k] : last;
+        r->st.wait_s += t_done - t_end;
+        r->st.comm_s += (last > t_done ? t_done : last) - r->first_start;
     }
     if (st) return st;
     const int64_t n = r->micro * cg_dist_size(r->d);

@@ -74,9 +74,8 @@ typedef struct {
     int64_t buckets;    /* buckets per step */
     int64_t bytes;      /* gradient bytes all-reduced per step */
     int64_t early;      /* buckets started inside backward, over all steps */
-    double backward_s;  /* time from the first bucket start to the end of backward (overlap window) */
-    double wait_s;      /* time finish spent waiting for reductions (not hidden by backward) */
-    double comm_s;      /* time from each bucket's start to its observed completion, summed */
+    double comm_s;      /* from the first bucket's start to the last one's observed end, summed over steps */
+    double wait_s;      /* of that, the time after backward (finish waiting): not hidden by backward */
 } cg_dist_stats;
 
 /* Reducer for ps over d's ranks with micro micro-batches per rank and step, buckets of about
