@@ -45,6 +45,8 @@ static void profile_report(void) {
     memset(prof_calls, 0, sizeof prof_calls);
 }
 
+const int CGRAD_ABI = (int)sizeof(cg_real); /* see graph.h: the link-time guard against mixing builds */
+
 const cgi_op_desc cgi_ops[CGI_OP_COUNT] = {
 #define CG_LEAF(ID, nm) [CGI_OP_##ID] = {#nm, CGI_KIND_LEAF, NULL, NULL},
 #define CG_VIEW(ID, nm) [CGI_OP_##ID] = {#nm, CGI_KIND_VIEW, NULL, NULL},

@@ -22,6 +22,20 @@ typedef float cg_real; /* element type of real tensors: float in the default bui
 
 #define CG_MAX_DIMS 6 /* most dimensions a tensor can have */
 
+/* The element type is fixed when the library is compiled, so a program compiled for the other one
+ * would link and then read garbage: every file that includes this header references a symbol that
+ * only the matching library defines, and a mismatch fails to link ("undefined reference to
+ * cgrad_abi_f64": compile with -DCGRAD_DOUBLE, or link libcgrad instead of libcgrad_f64). */
+#ifdef CGRAD_DOUBLE
+#define CGRAD_ABI cgrad_abi_f64 /* the symbol libcgrad_f64 defines */
+#else
+#define CGRAD_ABI cgrad_abi_f32 /* the symbol libcgrad (float32) defines */
+#endif
+/* Defined only by the library whose cg_real matches this header's. */
+extern const int CGRAD_ABI;
+/* The reference that makes a mismatched library fail to link (one per file, kept by the compiler). */
+__attribute__((used)) static const int *const cgrad_abi_ref = &CGRAD_ABI;
+
 /* What a fallible call returns; the message is in cg_last_error(). */
 typedef enum {
     CG_OK = 0,     /* success */
