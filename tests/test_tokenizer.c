@@ -487,6 +487,28 @@ static void test_bpe_train(void) {
     cg_tokenizer_free(u);
     free(json);
 
+    /* The same files from memory (what the fuzz harness feeds): the same tokenizer; the label names
+     * them in messages; bytes after the JSON object, even after a NUL, are refused. */
+    size_t le, lb;
+    char *eb = test_slurp(e, &le), *bb = test_slurp(v, &lb);
+    u = eb && bb ? cg_tokenizer_bpe_from_memory(eb, le, bb, lb, NULL, NULL) : NULL;
+    CHECK(u && cg_tokenizer_vocab_size(u) == 267, "bpe from memory: %s", cg_last_error());
+    if (u) check_list("lowest from memory", u, "lowest", (const int32_t[]){259, 257}, 2);
+    cg_tokenizer_free(u);
+    CHECK(cg_tokenizer_bpe_from_memory("{\"a\": 0}\0{", 10, bb, lb, "mem.json", NULL) == NULL, "a NUL and more");
+    check_error_has("after NUL", "mem.json: bytes after the JSON object at byte 8");
+    CHECK(cg_tokenizer_bpe_from_memory("{\"a\": 0} \n", 10, "a b", 3, NULL, "mem.bpe") == NULL, "merge of unknown");
+    check_error_has("merge label", "mem.bpe line 1: token \"b\" is not in the vocabulary");
+    CHECK(cg_tokenizer_bpe_from_memory(NULL, 0, NULL, 0, NULL, NULL) == NULL, "nothing");
+    check_error_has("empty", "encoder.json: malformed JSON");
+    free(eb), free(bb);
+    u = cg_tokenizer_wordpiece_from_memory("[PAD]\n[UNK]\nhi", 14, NULL);
+    CHECK(u && cg_tokenizer_vocab_size(u) == 3 && cg_tokenizer_token_id(u, "hi") == 2, "wordpiece from memory: %s",
+          cg_last_error());
+    cg_tokenizer_free(u);
+    CHECK(cg_tokenizer_wordpiece_from_memory("[PAD]\nhi", 8, NULL) == NULL, "no [UNK] in memory");
+    check_error_has("wordpiece label", "vocab.txt: the vocabulary has no [UNK] token");
+
     /* Malformed files, built from the trained ones. */
     char *vb = test_slurp(v, NULL);
     size_t lv = strlen(vb);
