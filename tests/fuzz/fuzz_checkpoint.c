@@ -6,6 +6,7 @@
 #define FUZZ_MAX_ALLOC_MB "64"
 #include "fuzz.h"
 
+#include <math.h>
 #include <zlib.h>
 
 #include "../../cli/session.h"
@@ -49,6 +50,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         return 0;
     }
     FUZZ_CHECK(ck.model && ck.tok && ck.ps && ck.train && ck.state, "a load succeeded without its parts");
+    /* the loader refuses non-finite weights, so a model that loaded computes with finite ones */
+    for (int i = 0; i < cg_params_count(ck.ps); i++) {
+        cg_tensor *p = cg_params_at(ck.ps, i);
+        for (int64_t k = 0; k < cg_numel(p); k++)
+            FUZZ_CHECK(isfinite((double)cg_data(p)[k]), "parameter %s[%lld] = %g loaded", cg_name(p), (long long)k,
+                       (double)cg_data(p)[k]);
+    }
     /* every saved option and position field, read the ways `info` and `train --resume` read them */
     const cJSON *objs[2] = {ck.train, ck.state};
     for (int k = 0; k < 2; k++)
