@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "cgrad.h"
+#include "graph/internal.h"
 #include "cli/commands.h"
 #include "models/zoo.h"
 #include "optim/optim.h"
@@ -113,7 +114,11 @@ static double sgemm_gflops(int64_t n, int reps) {
     double best = INFINITY;
     for (int k = 0; k <= reps; k++) {
         double t0 = now_s();
+#ifdef CGRAD_DOUBLE
         bli_sgemm(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, n, n, n, &one, a, n, 1, b, n, 1, &zero, c, n, 1);
+#else /* threaded as cgrad threads its own products */
+        cgi_gemm(n, n, n, a, n, 1, b, n, 1, one, zero, c, n, 1, cg_threads());
+#endif
         double dt = now_s() - t0;
         if (k > 0 && dt < best) best = dt;
     }
@@ -388,6 +393,7 @@ int cmd_bench(int argc, char **argv) {
     }
     printf("# cgrad bench: %d thread(s), %d warm-up + %d timed steps per config (median reported)%s\n", threads,
            opts.warmup, opts.steps, sizeof(cg_real) == 8 ? ", float64 build" : ", float32");
+    printf("# %s\n", cg_runtime_info());
     printf("# step = zero grads + forward + loss + backward + AdamW update; dropout 0; random token data\n");
     printf("# model FLOPs/step = (6*N + 12*d*sum_attn(keys)) * tokens  (nanoGPT estimate_mfu: 6N + 12*L*H*Q*T per token)\n"
            "#   N = parameters used in matmuls (position/segment tables and untied input embeddings excluded),\n"

@@ -58,13 +58,18 @@ static void usage(FILE *f) {
             "  step        one forward/backward (and AdamW steps) of a zoo model on a batch file, outputs dumped\n"
             "  bench       time training steps (and --gen generation) of the benchmark configs, JSON lines\n"
             "  flags       every command's options: command, flag, kind and range, one a line\n"
-            "  help        this text\n");
+            "  help        this text\n"
+            "  --version   cgrad's and BLIS's versions, BLIS's kernel set and why, threads, OpenMP wait policy\n");
 }
 
 int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "help") || !strcmp(argv[1], "--help")) {
         usage(stdout);
         return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        printf("%s\n", cg_runtime_info());
+        return 0;
     }
     static const struct {
         const char *name;

@@ -79,6 +79,16 @@ const char *cg_status_name(cg_status s);
 void cg_set_threads(int n);
 /* Threads kernels use now. */
 int cg_threads(void);
+/* BLIS's kernel set in use ("skx", "haswell", "zen3", ...); cgrad picks it from the CPU's features
+ * before BLIS's first use unless BLIS_ARCH_TYPE is set. Static storage. */
+const char *cg_blas_kernels(void);
+/* How the kernel set was chosen (BLIS_ARCH_TYPE, BLIS's choice, or cgrad's and why). Static storage. */
+const char *cg_blas_kernels_reason(void);
+/* One line for a user timing steps: cgrad and BLIS versions, kernel set and why, threads, OpenMP
+ * wait policy. Static storage, rewritten by each call. */
+const char *cg_runtime_info(void);
+/* cgrad's version, "MAJOR.MINOR.PATCH". */
+const char *cg_version(void);
 
 /* ---- random numbers (splitmix64: one word of state, so checkpoints can store it) ---- */
 

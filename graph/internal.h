@@ -171,6 +171,13 @@ cg_tensor *cgi_lora_linear(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *y
 
 /* ---- threads ---- */
 int cgi_nthreads(void);
+/* Chooses BLIS's kernel set (graph/kernels.c) once; call before BLIS's first use. */
+void cgi_blis_init(void);
+enum { CGI_CPU_AVX2_FMA = 1, CGI_CPU_AVX512 = 2, CGI_CPU_AMD = 4 };
+/* This CPU's CGI_CPU_* flags. */
+unsigned cgi_cpu_features(void);
+/* The kernel set to run given BLIS's own pick (NULL: unknown) and its log, and why (static text). */
+const char *cgi_pick_kernels(const char *blis_pick, const char *blis_log, unsigned features, const char **why);
 #define CGI_PAR_MIN 16384 /* elements below which a kernel stays on one thread */
 /* For a backward rule about to write x's gradient for the first time in its op: true when it may
  * assign rather than add (x owns its storage and nothing has written it in this pass), which saves
@@ -213,9 +220,24 @@ static inline void cgi_iter_row(const cgi_iter *it, int64_t r, int64_t *off) {
 }
 
 /* ---- shared kernels ---- */
-/* C[m,n] = alpha A[m,k] B[k,n] + beta C through BLIS, any strides (ops/matmul.c). */
+/* C[m,n] = alpha A[m,k] B[k,n] + beta C through BLIS, any strides, on up to `threads` threads
+ * (ops/matmul.c). */
 void cgi_gemm(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, int64_t csa, const cg_real *b,
               int64_t rsb, int64_t csb, cg_real alpha, cg_real beta, cg_real *c, int64_t rsc, int64_t csc, int threads);
+/* One product for cgi_gemm_many: C[m,n] = alpha A[m,k] B[k,n] + beta C. */
+typedef struct {
+    int64_t m, n, k;
+    const cg_real *a;
+    int64_t rsa, csa;
+    const cg_real *b;
+    int64_t rsb, csb;
+    cg_real alpha, beta;
+    cg_real *c;
+    int64_t rsc, csc;
+} cgi_gemm_job;
+/* Independent products (no C shared) side by side on up to `threads` threads, each cut into
+ * pieces the threads share: one team, no barrier but the last. */
+void cgi_gemm_many(const cgi_gemm_job *jobs, int njobs, int threads);
 /* Products on BLIS's own micro-kernel over operands packed by the caller, for small products
  * that reuse an operand many times (attention's keys and values): packing it once replaces a
  * repack in every BLIS call (ops/matmul.c). A packed operand is a run of panels: A's of `mr`

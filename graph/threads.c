@@ -1,9 +1,10 @@
 /* One thread setting for the OpenMP kernels and BLIS. BLIS here is the OpenMP build, so both
- * draw on libgomp's pool; batched small products run BLIS single-threaded inside our own
- * parallel loops instead of nesting. */
+ * draw on libgomp's pool; cgrad runs every BLIS call single-threaded inside its own parallel
+ * loops (ops/matmul.c), so teams never nest. The global BLIS count serves callers of BLIS itself. */
 #include <blis.h>
 #include <math.h>
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,6 +13,7 @@
 static int n_threads; /* 0: not yet decided */
 
 void cg_set_threads(int n) {
+    cgi_blis_init();
     if (n <= 0) {
         const char *env = getenv("CGRAD_THREADS");
         n = env ? atoi(env) : 0;
@@ -28,6 +30,21 @@ int cg_threads(void) {
 }
 
 int cgi_nthreads(void) { return cg_threads(); }
+
+#ifndef CGRAD_VERSION
+#define CGRAD_VERSION "unknown"
+#endif
+const char *cg_version(void) { return CGRAD_VERSION; }
+
+const char *cg_runtime_info(void) {
+    static _Thread_local char line[512];
+    const char *wp = getenv("OMP_WAIT_POLICY"), *spin = getenv("GOMP_SPINCOUNT");
+    snprintf(line, sizeof line, "cgrad %s, BLIS %s (%s threading), kernels %s (%s), %d thread(s), OMP_WAIT_POLICY=%s%s%s",
+             cg_version(), bli_info_get_version_str(), bli_info_get_enable_openmp() ? "OpenMP" : bli_info_get_enable_pthreads() ? "pthreads" : "no",
+             cg_blas_kernels(), cg_blas_kernels_reason(), cg_threads(), wp ? wp : "unset (libgomp spins, then sleeps)",
+             spin ? ", GOMP_SPINCOUNT=" : "", spin ? spin : "");
+    return line;
+}
 
 void cg_rng_seed(cg_rng *r, uint64_t seed) { r->state = seed; }
 

@@ -225,25 +225,24 @@ void cgi_bwd_linear_cross_entropy(cg_tensor *t) {
             for (int64_t j = 0; j < c.v; j++) z[j] = gscale * cgi_exp(z[j] - l);
             z[c.tg[target_offset(tgt, (int64_t)c.index[r0 + i])]] -= gscale;
         }
-        /* as in a linear's backward, dX and dW side by side on half the threads each: BLIS splits
-         * these shapes (307 x 256 over 30522, and its transpose) poorly over two threads; side by
-         * side, bert-small's head backward went from 96-101 to 80-82 ms (medians, interleaved) */
-        const bool split = x->requires_grad && w->requires_grad && nt >= 2 && !cgi_grads_alias(x, w);
-#pragma omp parallel sections num_threads(2) if (split)
-        {
-#pragma omp section
-            if (x->requires_grad) { /* dx rows = dlogits @ W, scattered back */
-                cgi_gemm(m, c.d, c.v, c.logits, c.v, 1, c.W, c.wr, c.wc, 1, 0, c.dxs, c.d, 1, split ? nt / 2 : nt);
-                for (int64_t i = 0; i < m; i++) {
-                    cg_real *dst = x->grad + (int64_t)c.index[r0 + i] * c.d;
-                    for (int64_t e = 0; e < c.d; e++) dst[e] += c.dxs[i * c.d + e];
-                }
+        /* as in a linear's backward, dX and dW side by side as one list of pieces: BLIS split these
+         * shapes (307 x 256 over 30522, and its transpose) poorly over two threads; side by side,
+         * bert-small's head backward went from 96-101 to 80-82 ms (medians, interleaved) */
+        cgi_gemm_job jobs[2];
+        int nj = 0;
+        /* dX lands in scratch and is scattered after both, so the two never share output, even
+         * when x's and w's gradients alias */
+        if (x->requires_grad) /* dx rows = dlogits @ W, gathered; scattered back below */
+            jobs[nj++] = (cgi_gemm_job){m, c.d, c.v, c.logits, c.v, 1, c.W, c.wr, c.wc, 1, 0, c.dxs, c.d, 1};
+        if (w->requires_grad) /* dW += dlogits^T @ xs */
+            jobs[nj++] = (cgi_gemm_job){c.v, c.d, m, c.logits, 1, c.v, c.xs, c.d, 1, 1, 1, w->grad, w->stride[0],
+                                        w->stride[1]};
+        cgi_gemm_many(jobs, nj, nt);
+        if (x->requires_grad)
+            for (int64_t i = 0; i < m; i++) {
+                cg_real *dst = x->grad + (int64_t)c.index[r0 + i] * c.d;
+                for (int64_t e = 0; e < c.d; e++) dst[e] += c.dxs[i * c.d + e];
             }
-#pragma omp section
-            if (w->requires_grad) /* dW += dlogits^T @ xs */
-                cgi_gemm(c.v, c.d, m, c.logits, 1, c.v, c.xs, c.d, 1, 1, 1, w->grad, w->stride[0], w->stride[1],
-                         split ? nt - nt / 2 : nt);
-        }
         if (b && b->requires_grad) {
             if (b->stride[0] == 1) cgi_colsum_add(b->grad, c.logits, m, c.v, c.v, c.colsum);
             else {

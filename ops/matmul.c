@@ -1,35 +1,27 @@
 /* Matrix products through BLIS with strides: a transposed or sliced operand is passed as it
- * lies in memory, never copied. Batches run in parallel over single-threaded BLIS calls when
- * there are enough of them; otherwise BLIS threads each product. */
+ * lies in memory, never copied. BLIS always runs single-threaded: batches run in parallel when
+ * there are enough of them; otherwise each product is cut into pieces for the threads. */
 #include <blis.h>
+#include <omp.h>
 
 #include "graph/internal.h"
 #include "ops/ops.h"
 
-/* C[m,n] = alpha * A[m,k] @ B[k,n] + beta * C, all general-strided; threads = BLIS threads.
+/* C[m,n] = alpha * A[m,k] @ B[k,n] + beta * C on the calling thread, all general-strided.
  * A single row or column goes to gemv: gemm would pack the whole other operand for one vector
  * (token-by-token generation is all such products). */
-void cgi_gemm(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, int64_t csa, const cg_real *b,
-              int64_t rsb, int64_t csb, cg_real alpha, cg_real beta, cg_real *c, int64_t rsc, int64_t csc, int threads) {
+static void gemm1(const cgi_gemm_job *j) {
+    int64_t m = j->m, n = j->n, k = j->k, rsa = j->rsa, csa = j->csa, rsb = j->rsb, csb = j->csb;
+    cg_real alpha = j->alpha, beta = j->beta, *c = j->c;
+    const int64_t rsc = j->rsc, csc = j->csc;
     if (m == 0 || n == 0) return;
     if (k == 0) { /* an empty sum: C = beta * C */
         for (int64_t i = 0; i < m; i++)
-            for (int64_t j = 0; j < n; j++) c[i * rsc + j * csc] = beta == 0 ? 0 : beta * c[i * rsc + j * csc];
+            for (int64_t jj = 0; jj < n; jj++) c[i * rsc + jj * csc] = beta == 0 ? 0 : beta * c[i * rsc + jj * csc];
         return;
     }
-    /* BLIS runs gemv on one thread; a large one is split by output rows over the threads. */
-    if (m == 1 && n > 1 && threads > 1 && (double)n * (double)k >= (double)(1 << 17)) {
-#pragma omp parallel for schedule(static) num_threads(threads)
-        for (int part = 0; part < threads; part++) {
-            const int64_t lo = n * part / threads, hi = n * (part + 1) / threads;
-            cgi_gemm(1, hi - lo, k, a, rsa, csa, b + lo * csb, rsb, csb, alpha, beta, c + lo * csc, rsc, csc, 1);
-        }
-        return;
-    }
-    /* Waking a thread team costs more than a small product takes. */
-    if ((double)m * (double)n * (double)k < (double)(1 << 20)) threads = 1;
     rntm_t rntm = BLIS_RNTM_INITIALIZER;
-    bli_rntm_set_num_threads(threads, &rntm);
+    bli_rntm_set_num_threads(1, &rntm);
     /* With A stored by rows and B by columns (A @ W^T, Q @ K^T) BLIS's small-matrix path takes its
      * dot-product kernels, which ran 1.2-1.7x slower than packing here on Zen 3 (e.g. 256x256x64,
      * the attention scores: 37 against 62 GFLOP/s); below 32 rows or columns it stays the faster. */
@@ -44,13 +36,13 @@ void cgi_gemm(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, in
     typedef float real_t;
 #endif
     if (m == 1 && n > 1) { /* c[1,n] = a[1,k] B[k,n]  <=>  c^T = B^T a^T: B^T is [n, k] */
-        GEMV(BLIS_NO_TRANSPOSE, BLIS_NO_CONJUGATE, n, k, &alpha, (real_t *)b, csb, rsb, (real_t *)a, csa, &beta, c, csc,
-             NULL, &rntm);
+        GEMV(BLIS_NO_TRANSPOSE, BLIS_NO_CONJUGATE, n, k, &alpha, (real_t *)j->b, csb, rsb, (real_t *)j->a, csa, &beta,
+             c, csc, NULL, &rntm);
         return;
     }
     if (n == 1) { /* c[m,1] = A[m,k] b[k,1] */
-        GEMV(BLIS_NO_TRANSPOSE, BLIS_NO_CONJUGATE, m, k, &alpha, (real_t *)a, rsa, csa, (real_t *)b, rsb, &beta, c, rsc,
-             NULL, &rntm);
+        GEMV(BLIS_NO_TRANSPOSE, BLIS_NO_CONJUGATE, m, k, &alpha, (real_t *)j->a, rsa, csa, (real_t *)j->b, rsb, &beta,
+             c, rsc, NULL, &rntm);
         return;
     }
     /* BLIS rejects strides it cannot tell apart on size-1 dimensions; give those a plain one. */
@@ -63,10 +55,89 @@ void cgi_gemm(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, in
     FIX(m, k, rsa, csa);
     FIX(k, n, rsb, csb);
 #undef FIX
-    GEMM(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, m, n, k, &alpha, (real_t *)a, rsa, csa, (real_t *)b, rsb, csb, &beta, c,
-         rsc, csc, NULL, &rntm);
+    GEMM(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, m, n, k, &alpha, (real_t *)j->a, rsa, csa, (real_t *)j->b, rsb, csb,
+         &beta, c, rsc, csc, NULL, &rntm);
 #undef GEMV
 #undef GEMM
+}
+
+/* Threads over products. BLIS always runs on one thread; a product is cut into pieces along the
+ * longer side of C, which the threads take in turn. BLIS's own threads wait for each other in
+ * spinning barriers several times per product: with another busy process on the machine (or on
+ * SMT siblings) a waiting thread burns the time its partner needs, and 2-thread steps took 3-10x
+ * as long as 1-thread ones. Pieces share no barrier, only the join at the region's end, and a
+ * thread held up elsewhere simply takes fewer of them. The cost is packing the uncut operand
+ * once per piece, under 3% of a piece's work at the sizes allowed below. */
+enum { MAX_PIECES = 256 };
+typedef struct {
+    int job;
+    int64_t lo, hi; /* the rows (cut_rows) or columns of C the piece computes */
+} piece;
+
+static bool cut_rows(const cgi_gemm_job *j) { return j->m >= j->n; }
+
+/* How many pieces job j can be cut into: at most want, each with at least 2^19 multiply-adds (a
+ * matrix-vector product: 2^16) and 32 rows or columns (vector: 256 elements). */
+static int pieces_of(const cgi_gemm_job *j, int want) {
+    const int64_t len = cut_rows(j) ? j->m : j->n;
+    const bool vec = j->m == 1 || j->n == 1;
+    const double work = (double)j->m * (double)j->n * (double)j->k, min_work = vec ? 1 << 16 : 1 << 19;
+    const int64_t min_len = vec ? 256 : 32;
+    int p = want;
+    while (p > 1 && (work / p < min_work || len / p < min_len)) p--;
+    return p;
+}
+
+static void run_piece(const cgi_gemm_job *jobs, const piece *pc) {
+    cgi_gemm_job j = jobs[pc->job];
+    if (cut_rows(&j)) {
+        j.a += pc->lo * j.rsa;
+        j.c += pc->lo * j.rsc;
+        j.m = pc->hi - pc->lo;
+    } else {
+        j.b += pc->lo * j.csb;
+        j.c += pc->lo * j.csc;
+        j.n = pc->hi - pc->lo;
+    }
+    gemm1(&j);
+}
+
+void cgi_gemm_many(const cgi_gemm_job *jobs, int njobs, int threads) {
+    cgi_blis_init();
+    if (threads > 1 && omp_in_parallel()) threads = 1; /* never nest a team inside a team */
+    double total = 0;
+    for (int i = 0; i < njobs; i++) total += (double)jobs[i].m * (double)jobs[i].n * (double)jobs[i].k;
+    piece pcs[MAX_PIECES];
+    int np = 0;
+    for (int i = 0; i < njobs; i++) {
+        const cgi_gemm_job *j = &jobs[i];
+        if (j->m == 0 || j->n == 0) continue;
+        /* two pieces per thread over all jobs, shared by work */
+        const double share = total > 0 ? (double)j->m * (double)j->n * (double)j->k / total : 1;
+        int want = threads > 1 ? (int)(2 * threads * share + 0.5) : 1;
+        if (want < 1) want = 1;
+        if (want > MAX_PIECES - np - (njobs - 1 - i)) want = MAX_PIECES - np - (njobs - 1 - i);
+        const int p = pieces_of(j, want);
+        const int64_t len = cut_rows(j) ? j->m : j->n;
+        for (int q = 0; q < p; q++) {
+            /* cut on multiples of 32 so each piece keeps whole micro-tiles */
+            int64_t lo = q == 0 ? 0 : len * q / p / 32 * 32, hi = q == p - 1 ? len : len * (q + 1) / p / 32 * 32;
+            if (p > 1 && len < 32 * p) lo = len * q / p, hi = len * (q + 1) / p;
+            if (hi > lo) pcs[np++] = (piece){i, lo, hi};
+        }
+    }
+    if (np == 1 || threads <= 1) {
+        for (int q = 0; q < np; q++) run_piece(jobs, &pcs[q]);
+        return;
+    }
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads < np ? threads : np)
+    for (int q = 0; q < np; q++) run_piece(jobs, &pcs[q]);
+}
+
+void cgi_gemm(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, int64_t csa, const cg_real *b,
+              int64_t rsb, int64_t csb, cg_real alpha, cg_real beta, cg_real *c, int64_t rsc, int64_t csc, int threads) {
+    const cgi_gemm_job j = {m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, c, rsc, csc};
+    cgi_gemm_many(&j, 1, threads);
 }
 
 /* ---- BLIS's micro-kernel on caller-packed operands ---- */
@@ -90,6 +161,7 @@ static void *pack_kernel(int64_t w, cntx_t *cx) {
 /* The kernel takes any C strides, so a column-preferring one needs no special case, only runs
  * slower on row-major tiles. */
 void cgi_ukr_init(cgi_ukr *u) {
+    cgi_blis_init();
     cntx_t *cx = bli_gks_query_cntx();
     u->cntx = cx;
     u->kernel = (void *)bli_cntx_get_l3_nat_ukr_dt(UKR_DT, BLIS_GEMM_UKR, cx);
@@ -400,31 +472,30 @@ void cgi_bwd_linear(cg_tensor *t) {
     cg_tensor *x = t->src[0], *w = t->src[1], *bias = t->nsrc > 2 ? t->src[2] : NULL;
     int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1];
     const int nt = cgi_nthreads();
-    /* dX and dW cost the same: with two or more threads they run side by side, each on half the
-     * threads, which beats splitting every product across all of them; one after the other when
-     * they write one storage (linear(z, z), a Gram matrix), where side by side they would race. */
-    const bool both = x->requires_grad && w->requires_grad, split = both && nt >= 2 && !cgi_grads_alias(x, w);
+    /* dX and dW go to the threads as one list of pieces: side by side they beat cutting each
+     * product across all threads in turn, and one team serves both. When x's and w's gradients
+     * share storage, the two products write the same memory and run one after the other
+     * (linear(z, z), a Gram matrix), where side by side they would race. */
     const bool assign = x->requires_grad && cgi_grad_begin(x); /* dX's first writer: beta 0, no zeroing */
-#pragma omp parallel sections num_threads(2) if (split)
-    {
-#pragma omp section
-        if (x->requires_grad) /* dX[m,k] += dY[m,n] @ W[n,k] */
-            gemm(m, k, n, t->grad, n, 1, w->data, w->stride[0], w->stride[1], assign ? 0 : 1, x->grad, row_stride(x),
-                 x->stride[x->ndim - 1], split ? nt / 2 : nt);
-#pragma omp section
-        if (w->requires_grad) {
-            const int wt = split ? nt - nt / 2 : nt;
-            const int64_t xr = row_stride(x), xc = x->stride[x->ndim - 1];
-            const bool tr = dw_as_transpose(x, w);
-            cg_real *s = dw_scratch(t);
-            if (tr) /* dW^T[k,n] = X^T[k,m] @ dY[m,n] */
-                gemm(k, n, m, x->data, xc, xr, t->grad, n, 1, s ? 0 : 1, s ? s : w->grad, s ? n : w->stride[1],
-                     s ? 1 : w->stride[0], wt);
-            else /* dW[n,k] = dY^T[n,m] @ X[m,k] */
-                gemm(n, k, m, t->grad, 1, n, x->data, xr, xc, s ? 0 : 1, s ? s : w->grad, s ? k : w->stride[0],
-                     s ? 1 : w->stride[1], wt);
-        }
+    cgi_gemm_job jobs[2];
+    int nj = 0;
+    if (x->requires_grad) /* dX[m,k] += dY[m,n] @ W[n,k] */
+        jobs[nj++] = (cgi_gemm_job){m, k, n, t->grad, n, 1, w->data, w->stride[0], w->stride[1], 1, assign ? 0 : 1,
+                                    x->grad, row_stride(x), x->stride[x->ndim - 1]};
+    if (w->requires_grad) {
+        const int64_t xr = row_stride(x), xc = x->stride[x->ndim - 1];
+        cg_real *s = dw_scratch(t);
+        if (dw_as_transpose(x, w)) /* dW^T[k,n] = X^T[k,m] @ dY[m,n] */
+            jobs[nj++] = (cgi_gemm_job){k, n, m, x->data, xc, xr, t->grad, n, 1, 1, s ? 0 : 1, s ? s : w->grad,
+                                        s ? n : w->stride[1], s ? 1 : w->stride[0]};
+        else /* dW[n,k] = dY^T[n,m] @ X[m,k] */
+            jobs[nj++] = (cgi_gemm_job){n, k, m, t->grad, 1, n, x->data, xr, xc, 1, s ? 0 : 1, s ? s : w->grad,
+                                        s ? k : w->stride[0], s ? 1 : w->stride[1]};
     }
+    if (nj == 2 && cgi_grads_alias(x, w)) {
+        cgi_gemm_many(&jobs[0], 1, nt);
+        cgi_gemm_many(&jobs[1], 1, nt);
+    } else cgi_gemm_many(jobs, nj, nt);
     const cg_real *s = w->requires_grad ? dw_scratch(t) : NULL;
     if (s) { /* after both products, on every thread */
         const bool tr = dw_as_transpose(x, w);

@@ -1,0 +1,121 @@
+/* BLIS's kernel set as cgrad chooses it, and products cut into pieces over threads. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cgrad.h"
+#include "check.h"
+#include "graph/internal.h"
+
+/* The choice rule on BLIS's answers for CPUs this machine is not. */
+static void test_pick_rule(void) {
+    const char *why = NULL, *k;
+    const unsigned avx2 = CGI_CPU_AVX2_FMA, avx512 = CGI_CPU_AVX2_FMA | CGI_CPU_AVX512;
+    /* Zen 4 / Zen 5: BLIS 0.9 runs generic */
+    k = cgi_pick_kernels("generic", "", avx512 | CGI_CPU_AMD, &why);
+    CHECK(k && !strcmp(k, "skx"), "AVX-512 AMD that BLIS does not know: %s", k ? k : "(null)");
+    k = cgi_pick_kernels("generic", "", avx2 | CGI_CPU_AMD, &why);
+    CHECK(k && !strcmp(k, "zen3"), "AVX2 AMD that BLIS does not know: %s", k ? k : "(null)");
+    k = cgi_pick_kernels("generic", "", avx2, &why);
+    CHECK(k && !strcmp(k, "haswell"), "AVX2 CPU that BLIS does not know: %s", k ? k : "(null)");
+    /* a CPU without AVX2: BLIS's choice stands, even generic */
+    k = cgi_pick_kernels("generic", "", 0, &why);
+    CHECK(k && !strcmp(k, "generic"), "no AVX2: %s", k ? k : "(null)");
+    /* BLIS knows the CPU: its choice stands */
+    k = cgi_pick_kernels("zen3", "", avx2 | CGI_CPU_AMD, &why);
+    CHECK(k && !strcmp(k, "zen3") && strstr(why, "BLIS's choice"), "Zen 3: %s (%s)", k ? k : "(null)", why);
+    k = cgi_pick_kernels("skx", "", avx512, &why);
+    CHECK(k && !strcmp(k, "skx"), "Skylake-X: %s", k ? k : "(null)");
+    k = cgi_pick_kernels("haswell", "libblis: Hardware has 1 FMA unit; using 'haswell' (not 'skx') sub-config.\n",
+                         avx512, &why);
+    CHECK(k && !strcmp(k, "haswell"), "AVX-512 with one FMA unit keeps haswell: %s", k ? k : "(null)");
+    /* BLIS cannot count the FMA units: skx, measured faster */
+    k = cgi_pick_kernels("haswell", "libblis: Number of FMA units unknown; using 'haswell' (not 'skx') config.\n",
+                         avx512, &why);
+    CHECK(k && !strcmp(k, "skx"), "AVX-512, FMA units unknown: %s", k ? k : "(null)");
+    /* BLIS's answer unreadable: the feature table */
+    k = cgi_pick_kernels(NULL, NULL, avx512, &why);
+    CHECK(k && !strcmp(k, "skx"), "no answer from BLIS: %s", k ? k : "(null)");
+}
+
+/* On this machine: never generic where AVX2 + FMA exist, and the reason is reported. */
+static void test_kernels_in_use(void) {
+    const char *k = cg_blas_kernels(), *why = cg_blas_kernels_reason();
+    printf("kernels in use: %s (%s)\n%s\n", k, why, cg_runtime_info());
+    CHECK(k && *k && why && *why, "kernel set and reason reported");
+    if (cgi_cpu_features() & CGI_CPU_AVX2_FMA)
+        CHECK(strcmp(k, "generic"), "BLIS runs 'generic' on a CPU with AVX2 + FMA (%s)", why);
+    if ((cgi_cpu_features() & CGI_CPU_AVX512) && !getenv("BLIS_ARCH_TYPE"))
+        CHECK(!strcmp(k, "skx") || !strcmp(k, "haswell"), "AVX-512 CPU runs '%s'", k);
+    CHECK(strstr(cg_runtime_info(), cg_version()) != NULL, "runtime line names the version");
+}
+
+/* cgi_gemm_many against a plain triple loop, over thread counts that cut products into pieces,
+ * shapes on and off the 32-multiple cuts, vectors, transposed operands, and two jobs at once. */
+static void naive(const cgi_gemm_job *j, cg_real *c) {
+    for (int64_t i = 0; i < j->m; i++)
+        for (int64_t q = 0; q < j->n; q++) {
+            double s = 0;
+            for (int64_t p = 0; p < j->k; p++) s += (double)j->a[i * j->rsa + p * j->csa] * j->b[p * j->rsb + q * j->csb];
+            c[i * j->rsc + q * j->csc] = (cg_real)(j->alpha * s + j->beta * c[i * j->rsc + q * j->csc]);
+        }
+}
+
+static void test_pieces(void) {
+    static const int64_t shapes[][3] = {{1, 3000, 300}, {3000, 1, 300}, {700, 129, 64}, {97, 1100, 40},
+                                        {64, 64, 8},    {1, 5, 7},      {513, 515, 33}, {40, 2000, 130}};
+    cg_rng r;
+    cg_rng_seed(&r, 3);
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+        cg_real *a = malloc(sizeof(cg_real) * (size_t)(m * k)), *b = malloc(sizeof(cg_real) * (size_t)(k * n)),
+                *c0 = malloc(sizeof(cg_real) * (size_t)(m * n)), *c = malloc(sizeof(cg_real) * (size_t)(m * n)),
+                *c1 = malloc(sizeof(cg_real) * (size_t)(m * n));
+        for (int64_t i = 0; i < m * k; i++) a[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
+        for (int64_t i = 0; i < k * n; i++) b[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
+        for (int64_t i = 0; i < m * n; i++) c0[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
+        for (int tr = 0; tr < 2; tr++) {
+            /* tr: B read through a transpose (column strides), C written by columns */
+            cgi_gemm_job j = {m, n, k, a, k, 1, b, tr ? 1 : n, tr ? k : 1, 0.5, 1, c, tr ? 1 : n, tr ? m : 1};
+            cgi_gemm_job ref = j;
+            ref.c = c1;
+            memcpy(c1, c0, sizeof(cg_real) * (size_t)(m * n));
+            naive(&ref, c1);
+            for (int th = 1; th <= 4; th++) {
+                memcpy(c, c0, sizeof(cg_real) * (size_t)(m * n));
+                cgi_gemm_many(&j, 1, th);
+                double worst = 0;
+                for (int64_t i = 0; i < m * n; i++) worst = fmax(worst, fabs((double)c[i] - (double)c1[i]));
+                CHECK(worst < 1e-4, "[%lld,%lld,%lld] tr %d on %d threads: max error %g", (long long)m, (long long)n,
+                      (long long)k, tr, th, worst);
+            }
+        }
+        free(a), free(b), free(c0), free(c), free(c1);
+    }
+    /* two jobs at once (a linear's dX and dW): each equals its own run */
+    const int64_t m = 300, n = 200, k = 150;
+    cg_real *x = malloc(sizeof(cg_real) * m * k), *w = malloc(sizeof(cg_real) * n * k),
+            *dy = malloc(sizeof(cg_real) * m * n), *dx = calloc((size_t)(m * k), sizeof(cg_real)),
+            *dw = calloc((size_t)(n * k), sizeof(cg_real)), *rx = calloc((size_t)(m * k), sizeof(cg_real)),
+            *rw = calloc((size_t)(n * k), sizeof(cg_real));
+    for (int64_t i = 0; i < m * k; i++) x[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
+    for (int64_t i = 0; i < n * k; i++) w[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
+    for (int64_t i = 0; i < m * n; i++) dy[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
+    cgi_gemm_job jobs[2] = {{m, k, n, dy, n, 1, w, k, 1, 1, 0, dx, k, 1}, {n, k, m, dy, 1, n, x, k, 1, 1, 0, dw, k, 1}};
+    cgi_gemm_job refs[2] = {jobs[0], jobs[1]};
+    refs[0].c = rx, refs[1].c = rw;
+    naive(&refs[0], rx);
+    naive(&refs[1], rw);
+    cgi_gemm_many(jobs, 2, 3);
+    double worst = 0;
+    for (int64_t i = 0; i < m * k; i++) worst = fmax(worst, fabs((double)dx[i] - (double)rx[i]));
+    for (int64_t i = 0; i < n * k; i++) worst = fmax(worst, fabs((double)dw[i] - (double)rw[i]));
+    CHECK(worst < 1e-4, "two jobs on 3 threads: max error %g", worst);
+    free(x), free(w), free(dy), free(dx), free(dw), free(rx), free(rw);
+}
+
+int main(void) {
+    test_pick_rule();
+    test_kernels_in_use();
+    test_pieces();
+    TEST_END();
+}
