@@ -2,31 +2,29 @@
 # cgrad against PyTorch on the same cores: builds cgrad if needed, runs `cgrad bench` and
 # bench/torch_bench.py on every config (and generation), prints a Markdown table side by side.
 #
-#   bench/compare.sh [--steps N] [--warmup N] [--threads N] [--torch-threads T,B] [--configs A,B] [--no-gen] [--scaling]
+#   bench/compare.sh [--steps N] [--warmup N] [--budgets 1,2] [--configs A,B] [--no-gen] [--rounds N]
 #
-# cgrad runs with --threads (default 2); PyTorch with (torch, BLAS) threads T,B, or the fastest
-# setting bench/torch_bench.py finds when --torch-threads is absent. The two alternate config by
-# config, so both see about the same machine load. --scaling adds gpt-small at 1 thread on both
-# sides. BUILD_DIR (default build-bench) picks the Release build; OUT_DIR (default a new folder
-# under /tmp) keeps the raw outputs; NICE (e.g. -10, needs root) runs both benchmarks at that
-# niceness, so that other work on a shared machine disturbs the timings less.
+# For each thread budget (cores), cgrad runs with that many threads and PyTorch at its best within
+# it: fp32 on OpenBLAS and on BLIS with cgrad's kernel set, bf16 autocast, thread splits and wait
+# policy from a sweep (bench/torch_bench.py). The two alternate config by config, so both see about
+# the same machine load; --rounds repeats the whole alternation for medians and spread. BUILD_DIR
+# (default build-bench) picks the Release build; OUT_DIR (default a new folder under /tmp) keeps
+# the raw outputs; NICE (e.g. -10, needs root) runs both at that niceness.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${BUILD_DIR:-$root/build-bench}
 out=${OUT_DIR:-$(mktemp -d /tmp/cgrad-compare.XXXXXX)}
-steps=5 warmup=1 threads=2 torch_threads="" scaling=0 gen=1
+steps=5 warmup=1 budgets=2 rounds=1 gen=1
 configs=gpt-tiny,gpt-small,bert-small,encdec-base,gpt-tiny-4k
 while [ $# -gt 0 ]; do
   case $1 in
     --steps) steps=$2; shift 2 ;;
     --warmup) warmup=$2; shift 2 ;;
-    --threads) threads=$2; shift 2 ;;
-    --torch-threads) torch_threads=$2; shift 2 ;;
+    --budgets) budgets=$2; shift 2 ;;
     --configs) configs=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
     --no-gen) gen=0; shift ;;
-    --scaling) scaling=1; shift ;;
-    *) echo "usage: bench/compare.sh [--steps N] [--warmup N] [--threads N] [--torch-threads T,B] [--configs A,B]" \
-            "[--no-gen] [--scaling]" >&2
+    *) echo "usage: bench/compare.sh [--steps N] [--warmup N] [--budgets 1,2] [--configs A,B] [--no-gen] [--rounds N]" >&2
        exit 2 ;;
   esac
 done
@@ -45,95 +43,79 @@ echo "# load average before: $(load) ($(nproc) cores); raw outputs in $out${NICE
 pre=()
 [ -z "${NICE:-}" ] || pre=(nice -n "$NICE")
 cgrad=("${pre[@]}" "$build/cgrad" bench)
-torch_base=("${pre[@]}" /usr/bin/python3 "$root/bench/torch_bench.py" --steps "$steps" --warmup "$warmup")
-torch=("${torch_base[@]}")
-torch_gen=("${torch_base[@]}")
-[ -z "$torch_threads" ] || torch_gen+=(--threads "${torch_threads%,*}" --blas-threads "${torch_threads#*,}")
-if [ -z "$torch_threads" ] && [ -n "$configs" ]; then
-  # The sweep's last line names the fastest (torch, BLAS) setting.
-  "${torch[@]}" --sweep-only | tee "$out/torch-sweep.txt"
-  torch_threads=$(sed -n 's/^# torch sweep: fastest is torch threads \([0-9]*\), BLAS threads \([0-9]*\)$/\1,\2/p' \
-    "$out/torch-sweep.txt")
-  [ -n "$torch_threads" ] || { echo "compare.sh: the torch thread sweep failed" >&2; torch_threads=1,1; }
-fi
-[ -z "$torch_threads" ] || torch+=(--threads "${torch_threads%,*}" --blas-threads "${torch_threads#*,}")
+"$build/cgrad" --version | tee "$out/cgrad-version.txt"
+kernels=$(sed -n 's/.*kernels \([a-z0-9]*\) .*/\1/p' "$out/cgrad-version.txt")
+torch=("${pre[@]}" /usr/bin/python3 "$root/bench/torch_bench.py" --steps "$steps" --warmup "$warmup"
+       --blis-kernels "$kernels" --settings "$out/torch-settings.json")
 
-for cfg in ${configs//,/ }; do
-  "${cgrad[@]}" --config "$cfg" --threads "$threads" --steps "$steps" --warmup "$warmup" |
-    tee -a "$out/cgrad.txt" || echo "# cgrad bench failed on $cfg"
-  "${torch[@]}" --config "$cfg" | tee -a "$out/torch.txt" || echo "# torch_bench.py failed on $cfg"
+for round in $(seq "$rounds"); do
+  for b in ${budgets//,/ }; do
+    for cfg in ${configs//,/ }; do
+      "${cgrad[@]}" --config "$cfg" --threads "$b" --steps "$steps" --warmup "$warmup" |
+        tee -a "$out/cgrad.txt" || echo "# cgrad bench failed on $cfg"
+      "${torch[@]}" --config "$cfg" --budgets "$b" | tee -a "$out/torch.txt" || echo "# torch_bench.py failed on $cfg"
+    done
+    if [ "$gen" = 1 ]; then
+      "${cgrad[@]}" --gen --threads "$b" | tee -a "$out/cgrad.txt" || echo "# cgrad bench --gen failed"
+      "${torch[@]}" --gen --budgets "$b" | tee -a "$out/torch.txt" || echo "# torch_bench.py --gen failed"
+    fi
+  done
 done
-if [ "$gen" = 1 ]; then
-  "${cgrad[@]}" --gen --threads "$threads" | tee -a "$out/cgrad.txt" || echo "# cgrad bench --gen failed"
-  # unless --torch-threads fixed them, generation picks its own fastest torch threads
-  "${torch_gen[@]}" --gen | tee -a "$out/torch.txt" || echo "# torch_bench.py --gen failed"
-fi
-if [ "$scaling" = 1 ]; then
-  "${cgrad[@]}" --config gpt-small --threads 1 --steps "$steps" --warmup "$warmup" | tee "$out/cgrad-1t.txt" || true
-  "${torch_base[@]}" --config gpt-small --threads 1 --blas-threads 1 | tee "$out/torch-1t.txt" || true
-fi
 echo "# load average after: $(load)"
 
 /usr/bin/python3 - "$out" <<'EOF'
-import json, os, sys
+import json, os, statistics, sys
 out = sys.argv[1]
 
-def rows(name):
-    path = os.path.join(out, name)
+def runs(name):
+    """Every JSON line of a file, grouped by (config, threads or budget)."""
     res = {}
+    path = os.path.join(out, name)
     if os.path.exists(path):
         for line in open(path):
             if line.startswith("{"):
                 r = json.loads(line)
-                res[r["config"]] = r
+                res.setdefault((r["config"], r.get("budget", r.get("threads"))), []).append(r)
     return res
 
-def f(r, k, fmt):
-    v = r.get(k) if r else None
-    return fmt.format(v) if isinstance(v, (int, float)) else (r.get("error", "—") if r else "—")
+def med(rs, key):
+    v = [r[key] for r in rs or [] if isinstance(r.get(key), (int, float))]
+    return (statistics.median(v), min(v), max(v)) if v else None
 
-def ratio(a, b, ka, kb):
-    try:
-        return f"{a[ka] / b[kb]:.2f}x"
-    except (KeyError, TypeError, ZeroDivisionError):
+def show(m, fmt="{:.0f}"):
+    if not m:
         return "—"
+    return fmt.format(m[0]) + (f" ({fmt.format(m[1])}–{fmt.format(m[2])})" if m[1] != m[2] else "")
 
-c, t = rows("cgrad.txt"), rows("torch.txt")
-tr = next(iter(t.values()), {})
+def ratio(a, b):
+    return f"{a[0] / b[0]:.2f}×" if a and b else "—"
+
+c, t = runs("cgrad.txt"), runs("torch.txt")
+print(open(os.path.join(out, "cgrad-version.txt")).read().strip())
 print()
-print(f"cgrad: {next(iter(c.values()), {}).get('threads', '?')} threads; PyTorch: torch threads "
-      f"{tr.get('threads', '?')}, BLAS threads {tr.get('blas_threads', '?')}")
+print("ms per step, medians over rounds (range); speed-up = PyTorch / cgrad; memory = cgrad peak / PyTorch fp32 peak")
 print()
-print("| config | cgrad ms/step | torch ms/step | speed-up (torch/cgrad) | cgrad tok/s | cgrad GFLOP/s "
-      "| sgemm fraction | cgrad peak MB | torch peak MB | memory ratio (torch/cgrad) |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-for name in ["gpt-tiny", "gpt-small", "bert-small", "encdec-base", "gpt-tiny-4k"]:
-    a, b = c.get(name), t.get(name)
-    if not a and not b:
+print("| config | threads | cgrad | PyTorch fp32 best | speed-up | PyTorch's winner | PyTorch bf16 | vs bf16 "
+      "| cgrad sgemm fraction | peak MB cgrad / PyTorch |")
+print("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|")
+for (name, b) in sorted(c, key=lambda k: (k[1], k[0])):
+    if name == "gpt-tiny-gen":
         continue
-    print(f"| {name} | {f(a, 'ms_per_step', '{:.1f}')} | {f(b, 'ms_per_step', '{:.1f}')} | "
-          f"{ratio(b, a, 'ms_per_step', 'ms_per_step')} | {f(a, 'tokens_per_s', '{:.0f}')} | "
-          f"{f(a, 'gflops', '{:.1f}')} | {f(a, 'sgemm_fraction', '{:.2f}')} | {f(a, 'peak_rss_mb', '{:.0f}')} | "
-          f"{f(b, 'peak_rss_mb', '{:.0f}')} | {ratio(b, a, 'peak_rss_mb', 'peak_rss_mb')} |")
-a, b = c.get("gpt-tiny-gen"), t.get("gpt-tiny-gen")
+    a, p = c.get((name, b)), t.get((name, b))
+    ca, pf, pb = med(a, "ms_per_step"), med(p, "ms_per_step"), med(p, "bf16_ms_per_step")
+    win = p[-1].get("fp32_variant") or "—" if p else "—"
+    bf = show(pb) if pb else ("n/a" if p else "—")
+    mem = f"{show(med(a, 'peak_rss_mb'))} / {show(med(p, 'peak_rss_mb'))}"
+    print(f"| {name} | {b} | {show(ca)} | {show(pf)} | {ratio(pf, ca)} | {win} | {bf} | {ratio(pb, ca)} | "
+          f"{show(med(a, 'sgemm_fraction'), '{:.2f}')} | {mem} |")
 print()
-print("| generation (gpt-tiny, 16 + 200 tokens, greedy) | cgrad tok/s | torch tok/s | ratio (cgrad/torch) |")
-print("|---|---:|---:|---:|")
-print(f"| with KV cache | {f(a, 'tokens_per_s', '{:.1f}')} | {f(b, 'tokens_per_s', '{:.1f}')} | "
-      f"{ratio(a, b, 'tokens_per_s', 'tokens_per_s')} |")
-print(f"| without cache | {f(a, 'tokens_per_s_nocache', '{:.1f}')} | {f(b, 'tokens_per_s_nocache', '{:.1f}')} | "
-      f"{ratio(a, b, 'tokens_per_s_nocache', 'tokens_per_s_nocache')} |")
-if b and "threads" in b:
-    print(f"\nPyTorch generation ran at (torch, BLAS) threads ({b.get('threads')}, {b.get('blas_threads')}) with cache, "
-          f"({b.get('threads_nocache', b.get('threads'))}, {b.get('blas_threads_nocache', b.get('blas_threads'))}) without.")
-c1, t1 = rows("cgrad-1t.txt").get("gpt-small"), rows("torch-1t.txt").get("gpt-small")
-if c1 or t1:
-    a, b = c.get("gpt-small"), t.get("gpt-small")
-    print()
-    print("| gpt-small scaling | 1 thread ms/step | default threads ms/step | speed-up |")
-    print("|---|---:|---:|---:|")
-    print(f"| cgrad | {f(c1, 'ms_per_step', '{:.1f}')} | {f(a, 'ms_per_step', '{:.1f}')} | "
-          f"{ratio(c1, a, 'ms_per_step', 'ms_per_step')} |")
-    print(f"| torch | {f(t1, 'ms_per_step', '{:.1f}')} | {f(b, 'ms_per_step', '{:.1f}')} | "
-          f"{ratio(t1, b, 'ms_per_step', 'ms_per_step')} |")
+print("| generation (gpt-tiny, 16 + 200 tokens, greedy), tokens/s | threads | cgrad | PyTorch fp32 best | ratio | PyTorch bf16 |")
+print("|---|---:|---:|---:|---:|---:|")
+for (name, b) in sorted(c):
+    if name != "gpt-tiny-gen":
+        continue
+    a, p = c.get((name, b)), t.get((name, b))
+    for key, lab in (("tokens_per_s", "with KV cache"), ("tokens_per_s_nocache", "without cache")):
+        ca, pf, pb = med(a, key), med(p, key), med(p, "bf16_" + key)
+        print(f"| {lab} | {b} | {show(ca)} | {show(pf)} | {ratio(ca, pf)} | {show(pb)} |")
 EOF

@@ -401,6 +401,7 @@ def main():
     ap.add_argument("--gen", action="store_true")
     ap.add_argument("--budgets", default="2", help="thread budgets (cores) to report, e.g. 1,2")
     ap.add_argument("--blis-kernels", help="BLIS kernel set for the BLIS variant (cgrad --version names cgrad's)")
+    ap.add_argument("--settings", help="JSON file of the sweep's winners: read if it exists, else written")
     ap.add_argument("--threads", type=int)
     ap.add_argument("--blas-threads", type=int)
     ap.add_argument("--mlm-full", action="store_true", help="BERT MLM head on every position (Hugging Face)")
@@ -428,7 +429,14 @@ def main():
           f"{BLIS_KERNELS or 'BLIS own choice'}; {a.warmup} warm-up + {a.steps} timed steps, median"
           f"{', MLM head on every position' if MLM_FULL else ''}", flush=True)
     for budget in [int(x) for x in a.budgets.split(",")]:
-        best = sweep(variants, budget, fixed) if names else {}
+        saved = json.load(open(a.settings)) if a.settings and os.path.exists(a.settings) else {}
+        if str(budget) in saved:
+            best = {v: tuple(x) for v, x in saved[str(budget)].items()}
+        else:
+            best = sweep(variants, budget, fixed) if names else {}
+            if a.settings and best:
+                saved[str(budget)] = best
+                json.dump(saved, open(a.settings, "w"))
         for name in names:
             rs = []
             for v in variants:
