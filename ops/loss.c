@@ -1,15 +1,27 @@
 /* Fused cross-entropy: log-softmax and negative log-likelihood in one pass, mean over the
- * targets that are not ignored. Forward saves each row's log-sum-exp for backward. */
+ * targets that are not ignored, with optional label smoothing. Forward saves each row's
+ * log-sum-exp for backward. Also the fused linear + cross-entropy, cross-entropy against soft
+ * targets, and the elementwise losses (mean squared error, binary cross-entropy with logits). */
 #include <math.h>
 
 #include "graph/internal.h"
 #include "ops/ops.h"
 
-/* iarg[0]: ignore_index; iarg[1]: counted targets of the last forward. aux: lse[rows], loss[rows]. */
+/* iarg[0]: ignore_index; iarg[1]: counted targets of the last forward; farg[0]: label smoothing.
+ * aux: lse[rows], loss[rows]. */
 cg_tensor *cg_cross_entropy(cg_graph *g, cg_tensor *logits, cg_tensor *targets, int ignore_index) {
+    return cg_cross_entropy_smooth(g, logits, targets, ignore_index, 0);
+}
+
+cg_tensor *cg_cross_entropy_smooth(cg_graph *g, cg_tensor *logits, cg_tensor *targets, int ignore_index,
+                                   double smoothing) {
     cg_tensor *in[2] = {logits, targets};
     if (!cgi_inputs_ok(g, "cross_entropy", 2, in) || !cgi_expect_real("cross_entropy", logits, "logits"))
         return NULL;
+    if (!(smoothing >= 0 && smoothing <= 1)) {
+        cgi_fail(CG_ERR_ARG, "[cross_entropy] label smoothing %g must be in [0, 1]", smoothing);
+        return NULL;
+    }
     bool ok = logits->ndim >= 1 && targets->dtype == CG_INT32 && targets->ndim == logits->ndim - 1;
     for (int d = 0; ok && d < targets->ndim; d++) ok = targets->shape[d] == logits->shape[d];
     if (!ok) {
@@ -22,6 +34,7 @@ cg_tensor *cg_cross_entropy(cg_graph *g, cg_tensor *logits, cg_tensor *targets, 
     cg_tensor *t = cgi_node(g, CGI_OP_CROSS_ENTROPY, CG_REAL, 0, NULL, 2, in);
     if (!t) return NULL;
     t->iarg[0] = ignore_index;
+    t->farg[0] = smoothing;
     t->aux_bytes = (size_t)(2 * cgi_numel(targets->ndim, targets->shape)) * sizeof(cg_real);
     return t;
 }
@@ -55,6 +68,7 @@ cg_status cgi_fwd_cross_entropy(cg_tensor *t) {
     FOR_COUNTED_TARGETS("cross_entropy", tg, c, ignore, r, k, count++);
     const cg_real *X = lg->data;
     cg_real *lse = t->aux, *loss = lse + rows;
+    const cg_real eps = (cg_real)t->farg[0];
 #pragma omp parallel for schedule(static) if (rows * c > CGI_PAR_MIN) num_threads(cgi_nthreads())
     for (int64_t r = 0; r < rows; r++) {
         int32_t k = T[target_offset(tg, r)];
@@ -65,7 +79,8 @@ cg_status cgi_fwd_cross_entropy(cg_tensor *t) {
         const cg_real *x = X + r * c;
         const cg_real mx = cgi_row_max(x, c);
         lse[r] = mx + (cg_real)log(cgi_sum_exp(x, c, mx, NULL));
-        loss[r] = lse[r] - x[k];
+        /* smoothing e spreads e / C of the target's mass over every class, as torch */
+        loss[r] = lse[r] - (1 - eps) * x[k] - (eps ? eps / (cg_real)c * (cg_real)cgi_row_sum(x, c) : 0);
     }
     double total = 0;
     for (int64_t r = 0; r < rows; r++) total += loss[r];
@@ -86,6 +101,7 @@ void cgi_bwd_cross_entropy(cg_tensor *t) {
     const int64_t c = lg->shape[lg->ndim - 1], rows = cgi_numel(tg->ndim, tg->shape);
     const int32_t *T = tg->data, ignore = (int32_t)t->iarg[0];
     const cg_real gscale = t->grad[0] / (cg_real)t->iarg[1], *X = lg->data, *lse = t->aux;
+    const cg_real eps = (cg_real)t->farg[0], spread = eps / (cg_real)c;
     cg_real *DX = lg->grad;
 #pragma omp parallel for schedule(static) if (rows * c > CGI_PAR_MIN) num_threads(cgi_nthreads())
     for (int64_t r = 0; r < rows; r++) {
@@ -96,9 +112,9 @@ void cgi_bwd_cross_entropy(cg_tensor *t) {
             if (in_place) memset(dx, 0, (size_t)c * sizeof *dx);
             continue;
         }
-        if (in_place) for (int64_t j = 0; j < c; j++) dx[j] = gscale * cgi_exp(x[j] - lse[r]);
-        else for (int64_t j = 0; j < c; j++) dx[j] += gscale * cgi_exp(x[j] - lse[r]);
-        dx[k] -= gscale;
+        if (in_place) for (int64_t j = 0; j < c; j++) dx[j] = gscale * (cgi_exp(x[j] - lse[r]) - spread);
+        else for (int64_t j = 0; j < c; j++) dx[j] += gscale * (cgi_exp(x[j] - lse[r]) - spread);
+        dx[k] -= gscale * (1 - eps);
     }
 }
 
@@ -249,6 +265,153 @@ void cgi_bwd_linear_cross_entropy(cg_tensor *t) {
                 int64_t cs[2] = {c.v, 1}, ds[2] = {0, b->stride[0]}, sh[2] = {m, c.v};
                 cgi_reduce(b->grad, ds, c.logits, cs, 2, sh, 1u, 1.0, true);
             }
+        }
+    }
+}
+
+/* ---- elementwise losses, the mean over every element: mse (pred, target) and binary cross-entropy
+ * with logits (logits, target probabilities). Sums run in fixed blocks of EW_BLOCK elements whose
+ * partial sums (aux) are added in order, so the value does not depend on the thread count. ---- */
+
+#define EW_BLOCK 4096
+
+static cg_tensor *elementwise_loss(cg_graph *g, int op, cg_tensor *a, cg_tensor *b, const char *ra, const char *rb) {
+    const char *nm = cgi_ops[op].name;
+    cg_tensor *in[2] = {a, b};
+    if (!cgi_inputs_ok(g, nm, 2, in) || !cgi_expect_real(nm, a, ra) || !cgi_expect_real(nm, b, rb)) return NULL;
+    bool same = a->ndim == b->ndim;
+    for (int d = 0; same && d < a->ndim; d++) same = a->shape[d] == b->shape[d];
+    if (!same) {
+        cgi_fail(CG_ERR_SHAPE, "[%s] %s%s and %s%s must have the same shape", nm, ra, cgi_shp(a), rb, cgi_shp(b));
+        return NULL;
+    }
+    in[0] = cg_contiguous(g, a);
+    in[1] = cg_contiguous(g, b);
+    if (!in[0] || !in[1]) return NULL;
+    cg_tensor *t = cgi_node(g, op, CG_REAL, 0, NULL, 2, in);
+    if (t) t->aux_bytes = (size_t)((cgi_numel(a->ndim, a->shape) + EW_BLOCK - 1) / EW_BLOCK + 1) * sizeof(double);
+    return t;
+}
+
+cg_tensor *cg_mse_loss(cg_graph *g, cg_tensor *pred, cg_tensor *target) {
+    return elementwise_loss(g, CGI_OP_MSE_LOSS, pred, target, "pred", "target");
+}
+cg_tensor *cg_bce_with_logits(cg_graph *g, cg_tensor *logits, cg_tensor *target) {
+    return elementwise_loss(g, CGI_OP_BCE_WITH_LOGITS, logits, target, "logits", "target");
+}
+
+/* max(x, 0) - x t + log(1 + e^-|x|): log-sigmoid without overflow for any x */
+static inline double bce_term(double x, double t) { return (x > 0 ? x : 0) - x * t + log1p(exp(-fabs(x))); }
+
+static cg_status elementwise_loss_fwd(cg_tensor *t) {
+    const cg_tensor *a = t->src[0];
+    const cg_real *A = a->data, *B = t->src[1]->data;
+    const int64_t n = cgi_numel(a->ndim, a->shape), blocks = (n + EW_BLOCK - 1) / EW_BLOCK;
+    const bool mse = t->op == CGI_OP_MSE_LOSS;
+    double *part = t->aux;
+#pragma omp parallel for schedule(static) if (n > CGI_PAR_MIN) num_threads(cgi_nthreads())
+    for (int64_t k = 0; k < blocks; k++) {
+        double s = 0;
+        for (int64_t i = k * EW_BLOCK; i < n && i < (k + 1) * EW_BLOCK; i++)
+            s += mse ? ((double)A[i] - B[i]) * ((double)A[i] - B[i]) : bce_term(A[i], B[i]);
+        part[k] = s;
+    }
+    double total = 0;
+    for (int64_t k = 0; k < blocks; k++) total += part[k];
+    *(cg_real *)t->data = (cg_real)(n ? total / (double)n : 0.0);
+    return CG_OK;
+}
+
+/* mse: d/dpred = 2 (pred - target) / n, d/dtarget its negative; bce: d/dx = (sigmoid(x) - t) / n,
+ * d/dt = -x / n */
+static void elementwise_loss_bwd(cg_tensor *t) {
+    cg_tensor *a = t->src[0], *b = t->src[1];
+    const int64_t n = cgi_numel(a->ndim, a->shape);
+    if (!n) return;
+    const cg_real *A = a->data, *B = b->data, k = t->grad[0] / (cg_real)n;
+    const bool mse = t->op == CGI_OP_MSE_LOSS;
+    cg_real *DA = a->requires_grad ? a->grad : NULL, *DB = b->requires_grad ? b->grad : NULL;
+#pragma omp parallel for schedule(static) if (n > CGI_PAR_MIN) num_threads(cgi_nthreads())
+    for (int64_t i = 0; i < n; i++) {
+        if (mse) {
+            const cg_real d = 2 * k * (A[i] - B[i]);
+            if (DA) DA[i] += d;
+            if (DB) DB[i] -= d;
+        } else {
+            if (DA) DA[i] += k * (1 / (1 + cgi_exp(-A[i])) - B[i]);
+            if (DB) DB[i] -= k * A[i];
+        }
+    }
+}
+
+cg_status cgi_fwd_mse_loss(cg_tensor *t) { return elementwise_loss_fwd(t); }
+cg_status cgi_fwd_bce_with_logits(cg_tensor *t) { return elementwise_loss_fwd(t); }
+void cgi_bwd_mse_loss(cg_tensor *t) { elementwise_loss_bwd(t); }
+void cgi_bwd_bce_with_logits(cg_tensor *t) { elementwise_loss_bwd(t); }
+
+/* ---- cross-entropy against soft targets: mean over rows of -sum_c p_c log_softmax(x)_c
+ * = sum_c p_c (lse - x_c). aux: lse[rows]. ---- */
+
+cg_tensor *cg_cross_entropy_soft(cg_graph *g, cg_tensor *logits, cg_tensor *probs) {
+    cg_tensor *in[2] = {logits, probs};
+    if (!cgi_inputs_ok(g, "cross_entropy_soft", 2, in) || !cgi_expect_real("cross_entropy_soft", logits, "logits") ||
+        !cgi_expect_real("cross_entropy_soft", probs, "probs"))
+        return NULL;
+    bool same = logits->ndim >= 1 && logits->ndim == probs->ndim;
+    for (int d = 0; same && d < logits->ndim; d++) same = logits->shape[d] == probs->shape[d];
+    if (!same) {
+        cgi_fail(CG_ERR_SHAPE, "[cross_entropy_soft] logits%s [..., C] and probs%s must have the same shape",
+                 cgi_shp(logits), cgi_shp(probs));
+        return NULL;
+    }
+    in[0] = cg_contiguous(g, logits);
+    in[1] = cg_contiguous(g, probs);
+    if (!in[0] || !in[1]) return NULL;
+    cg_tensor *t = cgi_node(g, CGI_OP_CROSS_ENTROPY_SOFT, CG_REAL, 0, NULL, 2, in);
+    const int64_t c = logits->shape[logits->ndim - 1];
+    if (t) t->aux_bytes = (size_t)(2 * (c ? cgi_numel(logits->ndim, logits->shape) / c : 0)) * sizeof(cg_real);
+    return t;
+}
+
+cg_status cgi_fwd_cross_entropy_soft(cg_tensor *t) {
+    const cg_tensor *lg = t->src[0];
+    const int64_t c = lg->shape[lg->ndim - 1], rows = c ? cgi_numel(lg->ndim, lg->shape) / c : 0;
+    const cg_real *X = lg->data, *P = t->src[1]->data;
+    cg_real *lse = t->aux, *loss = lse + rows;
+#pragma omp parallel for schedule(static) if (rows * c > CGI_PAR_MIN) num_threads(cgi_nthreads())
+    for (int64_t r = 0; r < rows; r++) {
+        const cg_real *x = X + r * c, *p = P + r * c;
+        const cg_real mx = cgi_row_max(x, c);
+        lse[r] = mx + (cg_real)log(cgi_sum_exp(x, c, mx, NULL));
+        double s = 0;
+        for (int64_t j = 0; j < c; j++)
+            if (p[j] != 0) s += (double)p[j] * (lse[r] - x[j]); /* a zero target never meets an -inf logit */
+        loss[r] = (cg_real)s;
+    }
+    double total = 0;
+    for (int64_t r = 0; r < rows; r++) total += loss[r];
+    *(cg_real *)t->data = (cg_real)(rows ? total / (double)rows : 0.0);
+    return CG_OK;
+}
+
+/* d/dx_c = softmax_c * sum(p) - p_c; d/dp_c = lse - x_c; both over rows */
+void cgi_bwd_cross_entropy_soft(cg_tensor *t) {
+    cg_tensor *lg = t->src[0], *pt = t->src[1];
+    const int64_t c = lg->shape[lg->ndim - 1], rows = c ? cgi_numel(lg->ndim, lg->shape) / c : 0;
+    if (!rows) return;
+    const cg_real *X = lg->data, *P = pt->data, *lse = t->aux, k = t->grad[0] / (cg_real)rows;
+#pragma omp parallel for schedule(static) if (rows * c > CGI_PAR_MIN) num_threads(cgi_nthreads())
+    for (int64_t r = 0; r < rows; r++) {
+        const cg_real *x = X + r * c, *p = P + r * c;
+        if (lg->requires_grad) {
+            double sp = 0;
+            for (int64_t j = 0; j < c; j++) sp += p[j];
+            cg_real *dx = lg->grad + r * c;
+            for (int64_t j = 0; j < c; j++) dx[j] += k * (cgi_exp(x[j] - lse[r]) * (cg_real)sp - p[j]);
+        }
+        if (pt->requires_grad) {
+            cg_real *dp = pt->grad + r * c;
+            for (int64_t j = 0; j < c; j++) dp[j] += k * (lse[r] - x[j]);
         }
     }
 }

@@ -269,6 +269,17 @@ static cg_tensor *lce_basic(ctx *c) {
     return cg_linear_cross_entropy(G, X3(2, 3, 4), X2(6, 4), X1(6), t, -100);
 }
 static cg_tensor *lce_view(ctx *c) { return cg_linear_cross_entropy(G, T(X2(4, 5)), T(X2(4, 7)), NULL, ids(c, 0, 7, 1, 5, 0), -100); }
+static cg_tensor *ce_smooth(ctx *c) {
+    cg_tensor *t = ids(c, 0, 5, 1, 6, 0);
+    cg_idata(t)[3] = -100;
+    return cg_cross_entropy_smooth(G, leaf(c, -2, 2, false, 2, 6, 5, 0, 0), t, -100, 0.1);
+}
+static cg_tensor *ce_soft(ctx *c) { return cg_cross_entropy_soft(G, leaf(c, -2, 2, false, 3, 2, 3, 5, 0), leaf(c, 0, 1, false, 3, 2, 3, 5, 0)); }
+static cg_tensor *ce_soft_view(ctx *c) { return cg_cross_entropy_soft(G, T(X2(5, 4)), T(leaf(c, 0, 1, false, 2, 5, 4, 0, 0))); }
+static cg_tensor *mse_(ctx *c) { return cg_mse_loss(G, X3(2, 3, 4), X3(2, 3, 4)); }
+static cg_tensor *mse_view(ctx *c) { return cg_mse_loss(G, T(X2(4, 3)), X2(3, 4)); }
+static cg_tensor *bce_(ctx *c) { return cg_bce_with_logits(G, leaf(c, -4, 4, false, 2, 3, 5, 0, 0), leaf(c, 0, 1, false, 2, 3, 5, 0, 0)); }
+static cg_tensor *bce_view(ctx *c) { return cg_bce_with_logits(G, T(leaf(c, -30, 30, false, 2, 5, 3, 0, 0)), leaf(c, 0, 1, false, 2, 3, 5, 0, 0)); }
 #undef G
 
 /* slice's case wraps the view in an op so the check covers a strided read */
@@ -400,6 +411,13 @@ static const check_case cases[] = {
     {"cross_entropy", "[6,5]", ce_basic},
     {"cross_entropy", "[2,3,4] ignore -100", ce_ignore},
     {"cross_entropy", "[5,4]^T ignore 0", ce_view},
+    {"cross_entropy", "[6,5] smoothing 0.1, ignore", ce_smooth},
+    {"cross_entropy_soft", "[2,3,5] probs [2,3,5]", ce_soft},
+    {"cross_entropy_soft", "[5,4]^T probs [5,4]^T", ce_soft_view},
+    {"mse_loss", "[2,3,4] [2,3,4]", mse_},
+    {"mse_loss", "[4,3]^T [3,4]", mse_view},
+    {"bce_with_logits", "[3,5] targets [3,5]", bce_},
+    {"bce_with_logits", "[5,3]^T in [-30,30]", bce_view},
     {"linear_cross_entropy", "x[2,3,4] w[6,4] b[6] ignore", lce_basic},
     {"linear_cross_entropy", "x[4,5]^T w[4,7]^T", lce_view},
 };

@@ -195,6 +195,18 @@ cg_tensor *cg_gather(cg_graph *g, cg_tensor *x, int axis, cg_tensor *index);
  * ignore_index are skipped (the mean is over the rest; 0 if none is left). Forward fails on
  * targets outside [0, C) that are not ignore_index. */
 cg_tensor *cg_cross_entropy(cg_graph *g, cg_tensor *logits, cg_tensor *targets, int ignore_index);
+/* cg_cross_entropy with label smoothing in [0, 1]: (1 - s) * NLL + s * mean over classes of
+ * -log_softmax, as torch's CrossEntropyLoss(label_smoothing = s). */
+cg_tensor *cg_cross_entropy_smooth(cg_graph *g, cg_tensor *logits, cg_tensor *targets, int ignore_index,
+                                   double smoothing);
+/* Mean over rows of -sum(probs * log_softmax(logits)) for real soft targets probs shaped as
+ * logits[..., C]; gradients flow into both. */
+cg_tensor *cg_cross_entropy_soft(cg_graph *g, cg_tensor *logits, cg_tensor *probs);
+/* Mean squared error mean((pred - target)^2), same shapes; gradients flow into both. */
+cg_tensor *cg_mse_loss(cg_graph *g, cg_tensor *pred, cg_tensor *target);
+/* Binary cross-entropy with logits, mean over elements, real targets in [0, 1] of the same shape;
+ * stable for any logit (torch's BCEWithLogitsLoss). */
+cg_tensor *cg_bce_with_logits(cg_graph *g, cg_tensor *logits, cg_tensor *target);
 
 /* Fused cross_entropy(linear(x, w, bias), targets): mean over the rows whose target is not
  * ignore_index, computed in chunks of rows so the [rows, V] logits never exist whole; rows with

@@ -250,6 +250,52 @@ static void test_swiglu(void) {
     compare("silu [7,19]", silu_build, NULL);
 }
 
+/* ---- losses against their definitions composed from ops ---- */
+
+static cg_tensor *smooth_build(bctx *c, bool fused) {
+    const int32_t tv[6] = {3, 0, -100, 6, 2, 6};
+    cg_tensor *logits = leaf(c, "logits", 2, S(6, 7), -3, 3, false);
+    cg_tensor *tg = ints(c->g, 1, S(6), tv);
+    const double e = 0.2;
+    if (fused) return cg_cross_entropy_smooth(c->g, logits, tg, -100, e);
+    /* (1 - e) NLL + e mean_c(-log_softmax), over the 5 counted rows */
+    cg_real w[6 * 7] = {0};
+    for (int r = 0; r < 6; r++)
+        for (int j = 0; j < 7 && tv[r] != -100; j++) w[r * 7 + j] = (cg_real)(e / 7 + (j == tv[r] ? 1 - e : 0));
+    cg_tensor *wt = reals(c->g, 2, S(6, 7), w);
+    return cg_scale(c->g, cg_sum_all(c->g, cg_mul(c->g, cg_log_softmax(c->g, logits), wt)), -1.0 / 5);
+}
+
+static cg_tensor *soft_build(bctx *c, bool fused) {
+    cg_tensor *logits = leaf(c, "logits", 3, S(2, 3, 6), -3, 3, false);
+    cg_tensor *p = leaf(c, "probs", 3, S(2, 3, 6), 0, 1, false);
+    if (fused) return cg_cross_entropy_soft(c->g, logits, p);
+    return cg_scale(c->g, cg_sum_all(c->g, cg_mul(c->g, cg_log_softmax(c->g, logits), p)), -1.0 / 6);
+}
+
+static cg_tensor *mse_build(bctx *c, bool fused) {
+    cg_tensor *a = leaf(c, "pred", 2, S(5, 9), -2, 2, false), *b = leaf(c, "target", 2, S(5, 9), -2, 2, false);
+    return fused ? cg_mse_loss(c->g, a, b) : cg_mean_all(c->g, cg_square(c->g, cg_sub(c->g, a, b)));
+}
+
+static cg_tensor *bce_build(bctx *c, bool fused) {
+    cg_tensor *x = leaf(c, "logits", 2, S(5, 9), -6, 6, false), *t = leaf(c, "target", 2, S(5, 9), 0, 1, false);
+    if (fused) return cg_bce_with_logits(c->g, x, t);
+    /* -(t log sigmoid(x) + (1 - t) log(1 - sigmoid(x))) */
+    cg_graph *g = c->g;
+    cg_tensor *s = cg_sigmoid(g, x);
+    cg_tensor *l = cg_add(g, cg_mul(g, t, cg_log(g, s)),
+                          cg_mul(g, cg_add_scalar(g, cg_neg(g, t), 1), cg_log(g, cg_add_scalar(g, cg_neg(g, s), 1))));
+    return cg_neg(g, cg_mean_all(g, l));
+}
+
+static void test_losses(void) {
+    compare("cross_entropy label smoothing 0.2, ignore", smooth_build, NULL);
+    compare("cross_entropy_soft [2,3,6]", soft_build, NULL);
+    compare("mse_loss [5,9]", mse_build, NULL);
+    compare("bce_with_logits [5,9]", bce_build, NULL);
+}
+
 /* ---- masked_softmax ---- */
 
 typedef struct {
@@ -389,6 +435,7 @@ int main(void) {
     test_layernorm();
     test_rmsnorm();
     test_swiglu();
+    test_losses();
     test_masked_softmax();
     test_linear();
     TEST_END();
