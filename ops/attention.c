@@ -74,16 +74,35 @@ static size_t slots_offset(const cg_tensor *t) {
 
 cg_tensor *cg_sdpa(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, double scale, bool causal,
                    cg_tensor *key_padding) {
-    cg_tensor *in[3] = {q, k, v};
+    const cg_sdpa_opts o = {.scale = scale, .causal = causal, .key_padding = key_padding};
+    return cg_sdpa_ex(g, q, k, v, &o);
+}
+
+/* farg[1]: the sliding window (0: none). */
+cg_tensor *cg_sdpa_ex(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, const cg_sdpa_opts *opts) {
+    if (!opts) {
+        cgi_fail(CG_ERR_ARG, "[sdpa] opts is NULL");
+        return NULL;
+    }
+    const double scale = opts->scale;
+    const bool causal = opts->causal;
+    cg_tensor *key_padding = opts->key_padding, *in[3] = {q, k, v};
     if (!cgi_inputs_ok(g, "sdpa", 3, in) || (key_padding && !cgi_inputs_ok(g, "sdpa", 1, &key_padding))) return NULL;
     for (int i = 0; i < 3; i++)
         if (!cgi_expect_real("sdpa", in[i], (const char *[]){"q", "k", "v"}[i])) return NULL;
     bool ok = q->ndim == 4 && k->ndim == 4 && v->ndim == 4;
-    for (int d = 0; ok && d < 2; d++) ok = k->shape[d] == q->shape[d] && v->shape[d] == q->shape[d];
+    /* grouped-query and multi-query attention: K and V have Hk heads, each shared by Hq / Hk queries */
+    ok = ok && k->shape[0] == q->shape[0] && v->shape[0] == q->shape[0] && v->shape[1] == k->shape[1] &&
+         k->shape[1] > 0 && q->shape[1] % k->shape[1] == 0;
     ok = ok && k->shape[3] == q->shape[3] && v->shape[3] == q->shape[3] && v->shape[2] == k->shape[2];
     if (!ok) {
-        cgi_fail(CG_ERR_SHAPE, "[sdpa] q%s k%s v%s must be [B, H, Tq, D], [B, H, Tk, D], [B, H, Tk, D]", cgi_shp(q),
-                 cgi_shp(k), cgi_shp(v));
+        cgi_fail(CG_ERR_SHAPE,
+                 "[sdpa] q%s k%s v%s must be [B, Hq, Tq, D], [B, Hk, Tk, D], [B, Hk, Tk, D] with Hk dividing Hq",
+                 cgi_shp(q), cgi_shp(k), cgi_shp(v));
+        return NULL;
+    }
+    if (opts->window < 0) {
+        cgi_fail(CG_ERR_ARG, "[sdpa] q%s: window %lld must be >= 0 (0: none)", cgi_shp(q), (long long)opts->window);
         return NULL;
     }
     if (key_padding && (key_padding->dtype != CG_INT32 || key_padding->ndim != 2 ||
@@ -98,6 +117,7 @@ cg_tensor *cg_sdpa(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, double
     cg_tensor *t = cgi_node(g, CGI_OP_ATTENTION, CG_REAL, 4, q->shape, key_padding ? 4 : 3, src);
     if (!t) return NULL;
     t->farg[0] = scale;
+    t->farg[1] = (double)opts->window;
     t->iarg[0] = causal;
     t->iarg[1] = key_padding ? 3 : 0;
     t->iarg[2] = cgi_nthreads();
@@ -119,16 +139,17 @@ typedef struct {
     int64_t qs, ks, vs; /* row strides */
     const int32_t *keep; int64_t keep_s;
     int64_t tq, tk, d, shift;
+    int64_t window; /* a query sees keys less than this far from its own position (0: all) */
     bool causal;
     cg_real scale;
 } head;
 
 static void head_at(const cg_tensor *t, int64_t bh, head *h) {
     const cg_tensor *q = t->src[0], *k = t->src[1], *v = t->src[2];
-    const int64_t b = bh / q->shape[1], hh = bh % q->shape[1];
+    const int64_t b = bh / q->shape[1], hh = bh % q->shape[1], hk = hh / (q->shape[1] / k->shape[1]);
     h->q = (const cg_real *)q->data + b * q->stride[0] + hh * q->stride[1];
-    h->k = (const cg_real *)k->data + b * k->stride[0] + hh * k->stride[1];
-    h->v = (const cg_real *)v->data + b * v->stride[0] + hh * v->stride[1];
+    h->k = (const cg_real *)k->data + b * k->stride[0] + hk * k->stride[1];
+    h->v = (const cg_real *)v->data + b * v->stride[0] + hk * v->stride[1];
     h->qs = q->stride[2], h->ks = k->stride[2], h->vs = v->stride[2];
     const cg_tensor *kp = t->iarg[1] ? t->src[t->iarg[1]] : NULL;
     h->keep = kp ? (const int32_t *)kp->data + b * kp->stride[0] : NULL;
@@ -136,13 +157,26 @@ static void head_at(const cg_tensor *t, int64_t bh, head *h) {
     h->tq = q->shape[2], h->tk = k->shape[2], h->d = q->shape[3];
     h->shift = h->tk - h->tq;
     h->causal = t->iarg[0];
+    h->window = (int64_t)t->farg[1];
     h->scale = (cg_real)t->farg[0];
 }
 
-/* How many of keys [j0, j0+nk) query row i sees through the causal mask: a prefix of them. */
+/* Query row i sees keys [first, vis) of block [j0, j0+nk), counted from j0: the causal mask ends the
+ * range at its own position, a sliding window w starts it w - 1 keys before (and ends it w - 1 keys
+ * after, when not causal). */
 static int64_t visible(const head *h, int64_t i, int64_t j0, int64_t nk) {
-    const int64_t vis = h->causal ? i + h->shift + 1 - j0 : nk;
+    const int64_t vis = h->causal ? i + h->shift + 1 - j0 : h->window ? i + h->shift + h->window - j0 : nk;
     return vis < 0 ? 0 : vis > nk ? nk : vis;
+}
+static int64_t first_visible(const head *h, int64_t i, int64_t j0, int64_t nk) {
+    const int64_t f = h->window ? i + h->shift - h->window + 1 - j0 : 0;
+    return f < 0 ? 0 : f > nk ? nk : f;
+}
+
+/* Key blocks that start before this hold no key any row of the query block sees. */
+static int64_t key_start(const head *h, int64_t i0) {
+    const int64_t f = h->window ? i0 + h->shift - h->window + 1 : 0;
+    return f <= 0 ? 0 : f / BK * BK;
 }
 
 /* Masks scores of query rows [i0, i0+nq) against keys [j0, j0+nk) in s[nq][ss] to -inf; returns
@@ -151,14 +185,15 @@ static int64_t visible(const head *h, int64_t i, int64_t j0, int64_t nk) {
 static bool mask(const head *h, int64_t i0, int64_t nq, int64_t j0, int64_t nk, cg_real *s, int64_t ss) {
     bool any = false;
     for (int64_t r = 0; r < nq; r++) {
-        const int64_t vis = visible(h, i0 + r, j0, nk);
+        const int64_t vis = visible(h, i0 + r, j0, nk), first = first_visible(h, i0 + r, j0, nk);
         cg_real *sr = s + r * ss;
+        for (int64_t c = 0; c < first; c++) sr[c] = -INFINITY;
         for (int64_t c = vis; c < nk; c++) sr[c] = -INFINITY;
         if (h->keep) {
-            for (int64_t c = 0; c < vis; c++)
+            for (int64_t c = first; c < vis; c++)
                 if (h->keep[(j0 + c) * h->keep_s] == 0) sr[c] = -INFINITY;
                 else any = true;
-        } else any = any || vis > 0;
+        } else any = any || vis > first;
     }
     return any;
 }
@@ -246,7 +281,7 @@ cg_status cgi_fwd_attention(cg_tensor *t) {
             }
             for (int64_t r = 0; r < nq; r++) m[r] = -INFINITY, l[r] = 0;
             memset(acc, 0, (size_t)(nq * d) * sizeof *acc);
-            for (int64_t j0 = 0; j0 < kend; j0 += BK) {
+            for (int64_t j0 = key_start(&h, i0); j0 < kend; j0 += BK) {
                 const int64_t nk = kend - j0 < BK ? kend - j0 : BK;
                 if (!scores(&h, i0, nq, j0, nk, s, BK)) continue;
                 for (int64_t r = 0; r < nq; r++) { /* online softmax: rescale what came before */
@@ -336,8 +371,14 @@ void cgi_bwd_attention(cg_tensor *t) {
     for (int i = 0; i < 3; i++)
         for (int j = i + 1; j < 3; j++)
             serial |= cgi_grads_alias(t->src[i], t->src[j]) && !cgi_same_view(t->src[i], t->src[j]);
-#pragma omp parallel for schedule(dynamic, 1) num_threads(slots) if (bhn > 1 && slots > 1 && !serial)
-    for (int64_t bh = 0; bh < bhn; bh++) {
+    /* With grouped-query heads several query heads write one head's dK and dV: a thread takes a
+     * (batch, key head) pair and runs its query heads in order, so no two threads share a
+     * gradient row and the sums do not depend on the thread count. */
+    const int64_t hq = t->shape[1], hkv = k->shape[1], group = hq / hkv, ngroups = t->shape[0] * hkv;
+    (void)bhn;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(slots) if (ngroups > 1 && slots > 1 && !serial)
+    for (int64_t bg = 0; bg < ngroups; bg++)
+    for (int64_t bh = (bg / hkv) * hq + (bg % hkv) * group; bh < (bg / hkv) * hq + (bg % hkv + 1) * group; bh++) {
         int me = omp_get_thread_num();
         cg_real *slot = (cg_real *)lse + slots_offset(t) + (size_t)me * stride, *dp = slot + BQ * BK,
                 *di = dp + BQ * BK + BQ * d;
@@ -349,10 +390,10 @@ void cgi_bwd_attention(cg_tensor *t) {
             cgi_ukr_pack_b(&u, d, tk, h.v, 1, h.vs, w.kv1);
             cgi_ukr_pack_b(&u, tk, d, h.k, h.ks, 1, w.kv2);
         }
-        const int64_t b = bh / t->shape[1], hh = bh % t->shape[1];
+        const int64_t b = bh / hq, hh = bh % hq, kh = hh / group;
         cg_real *gQ = gq ? q->grad + b * q->stride[0] + hh * q->stride[1] : NULL;
-        cg_real *gK = gk ? k->grad + b * k->stride[0] + hh * k->stride[1] : NULL;
-        cg_real *gV = gv ? v->grad + b * v->stride[0] + hh * v->stride[1] : NULL;
+        cg_real *gK = gk ? k->grad + b * k->stride[0] + kh * k->stride[1] : NULL;
+        cg_real *gV = gv ? v->grad + b * v->stride[0] + kh * v->stride[1] : NULL;
         const cg_real *o = out + bh * tq * d, *dO = dout + bh * tq * d, *L = lse + bh * tq;
         const int64_t bq = h.causal ? BQ / 2 : BQ;
         for (int64_t i0 = 0; i0 < tq; i0 += bq) {
@@ -368,7 +409,7 @@ void cgi_bwd_attention(cg_tensor *t) {
                 bwd_packed(&h, &u, &w, i0, nq, kend, probs + (bh * tq + i0) * tk, dO + i0 * d, di, dp, &gr);
                 continue;
             }
-            for (int64_t j0 = 0; j0 < kend; j0 += BK) {
+            for (int64_t j0 = probs ? 0 : key_start(&h, i0); j0 < kend; j0 += BK) {
                 const int64_t nk = kend - j0 < BK ? kend - j0 : BK;
                 cg_real *p = probs ? (cg_real *)probs + (bh * tq + i0) * tk : slot;
                 const int64_t ps = probs ? tk : BK; /* P's row stride */

@@ -246,6 +246,14 @@ static cg_tensor *rope_packed(ctx *c) { /* the k heads of a packed [B, T, 3 * H 
                         .llama3_original_context = 16};
     return cg_rope(G, cg_split_heads(G, qkv[1], 2), 3, &r);
 }
+static cg_tensor *sdpa_gqa(ctx *c) {
+    const cg_sdpa_opts o = {.scale = 0.5, .causal = true, .window = 3};
+    return cg_sdpa_ex(G, X4(2, 4, 6, 3), X4(2, 2, 6, 3), X4(2, 2, 6, 3), &o);
+}
+static cg_tensor *sdpa_mqa(ctx *c) {
+    const cg_sdpa_opts o = {.scale = 0.7, .window = 2};
+    return cg_sdpa_ex(G, X4(1, 3, 4, 5), X4(1, 1, 6, 5), X4(1, 1, 6, 5), &o);
+}
 /* normalisation */
 static cg_tensor *ln_affine(ctx *c) { return cg_layernorm(G, X2(4, 6), leaf(c, 0.5, 1.5, false, 1, 6, 0, 0, 0), X1(6), 1e-5); }
 static cg_tensor *ln_plain(ctx *c) { return cg_layernorm(G, X3(2, 3, 5), NULL, NULL, 1e-5); }
@@ -397,6 +405,8 @@ static const check_case cases[] = {
     {"attention", "[2,2,5,3] causal", sdpa_causal},
     {"attention", "q[2,3,4,5] kv[2,3,7,5] key padding", sdpa_cross},
     {"attention", "heads of a [2,6,12] qkv view, causal", sdpa_views},
+    {"attention", "4 q heads on 2 kv, causal window 3", sdpa_gqa},
+    {"attention", "multi-query 3 on 1, window 2 both sides", sdpa_mqa},
     {"rope", "[2,2,5,6] half-split", rope_neox},
     {"rope", "[1,2,4,6] interleaved 4 dims off 7 /2", rope_inter},
     {"rope", "k heads of packed qkv, LLaMA 3", rope_packed},

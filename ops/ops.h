@@ -160,6 +160,17 @@ cg_tensor *cg_masked_softmax(cg_graph *g, cg_tensor *x, double scale, cg_tensor 
  * blocks from the saved log-sum-exp. Returns [B, H, Tq, D]. */
 cg_tensor *cg_sdpa(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, double scale, bool causal,
                    cg_tensor *key_padding);
+/* Options of cg_sdpa_ex; zero-initialise, then set what you need. */
+typedef struct {
+    double scale;           /* multiplies q k^T, usually 1 / sqrt(D) */
+    bool causal;            /* hide keys j > i + Tk - Tq */
+    cg_tensor *key_padding; /* int32 [B, Tk], 0 hides a key; or NULL */
+    int64_t window;         /* sliding window: a query at position p sees keys in (p - window, p], and also up to
+                               p + window - 1 when not causal (Mistral's local attention); 0: all keys */
+} cg_sdpa_opts;
+/* cg_sdpa with options, and grouped-query / multi-query heads: k and v may have Hk heads with Hk
+ * dividing q's Hq, query head h reading key head h / (Hq / Hk). Still no [Tq, Tk] buffer. */
+cg_tensor *cg_sdpa_ex(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, const cg_sdpa_opts *opts);
 /* Settings of cg_rope; zero-initialise, then set theta (NULL config: theta 10000, all of D, half-split). */
 typedef struct {
     int dims;                  /* features rotated, from the start of D (0: all of D); even */

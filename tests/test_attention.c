@@ -14,13 +14,15 @@
 typedef struct {
     int64_t b, h, tq, tk, d;
     bool causal, padding, all_hidden_row, views;
+    int64_t hk, window; /* key/value heads (0: h) and sliding window (0: none), through cg_sdpa_ex */
 } cfg;
 
 static void run(const cfg *c, bool fused, cg_real **out, cg_real *grads[3]) {
     cg_graph *g = cg_graph_new(CG_TRAIN);
     cg_rng r;
     cg_rng_seed(&r, 5);
-    int64_t sq[4] = {c->b, c->h, c->tq, c->d}, sk[4] = {c->b, c->h, c->tk, c->d};
+    const int64_t hk = c->hk ? c->hk : c->h;
+    int64_t sq[4] = {c->b, c->h, c->tq, c->d}, sk[4] = {c->b, hk, c->tk, c->d};
     cg_tensor *leaf[3], *q, *k, *v;
     if (c->views) { /* q, k, v as head views of one [B, T, 3*H*D] tensor, as in GPT-2 */
         int64_t s3[3] = {c->b, c->tq, 3 * c->h * c->d};
@@ -45,8 +47,28 @@ static void run(const cfg *c, bool fused, cg_real **out, cg_real *grads[3]) {
     }
     const double scale = 1.0 / sqrt((double)c->d);
     cg_tensor *o;
-    if (fused) o = cg_sdpa(g, q, k, v, scale, c->causal, kp);
-    else o = cg_matmul(g, cg_masked_softmax(g, cg_matmul(g, q, cg_transpose(g, k, -1, -2)), scale, NULL, c->causal, kp), v);
+    if (fused && (c->hk || c->window)) {
+        const cg_sdpa_opts opts = {.scale = scale, .causal = c->causal, .key_padding = kp, .window = c->window};
+        o = cg_sdpa_ex(g, q, k, v, &opts);
+    } else if (fused) o = cg_sdpa(g, q, k, v, scale, c->causal, kp);
+    else {
+        if (hk != c->h) { /* each key head repeated for its group of query heads */
+            cg_tensor *rep = cg_input(g, "rep", CG_INT32, 1, (int64_t[]){c->h});
+            for (int64_t i = 0; i < c->h; i++) cg_idata(rep)[i] = (int32_t)(i / (c->h / hk));
+            k = cg_index_select(g, k, 1, rep), v = cg_index_select(g, v, 1, rep);
+        }
+        cg_tensor *mask = NULL;
+        if (c->window) { /* -inf outside the window, built by hand */
+            mask = cg_input(g, "window", CG_REAL, 2, (int64_t[]){c->tq, c->tk});
+            for (int64_t i = 0; i < c->tq; i++)
+                for (int64_t j = 0; j < c->tk; j++) {
+                    const int64_t p = i + c->tk - c->tq;
+                    const bool seen = j > p - c->window && (c->causal || j < p + c->window);
+                    cg_data(mask)[i * c->tk + j] = seen ? 0 : -INFINITY;
+                }
+        }
+        o = cg_matmul(g, cg_masked_softmax(g, cg_matmul(g, q, cg_transpose(g, k, -1, -2)), scale, mask, c->causal, kp), v);
+    }
     cg_tensor *w = cg_input(g, "w", CG_REAL, 4, cg_shape(o));
     cg_fill_uniform(w, &r, -1, 1);
     cg_retain(o);
@@ -78,7 +100,7 @@ static void compare(const char *what, const cfg *c) {
     run(c, true, &oa, ga);
     run(c, false, &ob, gb);
     const double tol = sizeof(cg_real) == 4 ? 2e-5 : 1e-12;
-    int64_t no = c->b * c->h * c->tq * c->d, nk = c->b * c->h * c->tk * c->d;
+    int64_t no = c->b * c->h * c->tq * c->d, nk = c->b * (c->hk ? c->hk : c->h) * c->tk * c->d;
     double e = rel_diff(oa, ob, no);
     CHECK(e <= tol, "%s: output differs by %g", what, e);
     for (int i = 0; i < 3; i++) {
@@ -122,15 +144,21 @@ static void packing_fallback(void) {
 
 int main(void) {
     packing_fallback();
-    compare("causal 150x150", &(cfg){2, 3, 150, 150, 16, true, false, false, false});
-    compare("causal 600x600 (several 256-key blocks)", &(cfg){1, 2, 600, 600, 8, true, false, false, false});
-    compare("full 300x700 with padding (several key blocks)", &(cfg){1, 2, 300, 700, 8, false, true, false, false});
-    compare("cross 70x130 with padding", &(cfg){2, 2, 70, 130, 8, false, true, false, false});
-    compare("causal Tq 5 < Tk 140 (cached keys)", &(cfg){1, 2, 5, 140, 16, true, false, false, false});
-    compare("causal + padding + a fully hidden batch", &(cfg){2, 2, 80, 80, 8, true, true, true, false});
-    compare("GPT-2 head views of qkv, causal 100", &(cfg){2, 4, 100, 100, 8, true, false, false, true});
-    compare("causal Tq 40 > Tk 24 (leading rows see no key)", &(cfg){1, 2, 40, 24, 16, true, false, false, false});
-    compare("gpt-tiny's head: causal 256, D 64", &(cfg){1, 2, 256, 256, 64, true, false, false, true});
-    compare("bert-small's head: full 128 with padding, D 64", &(cfg){2, 2, 128, 128, 64, false, true, false, false});
+    compare("causal 150x150", &(cfg){2, 3, 150, 150, 16, true, false, false, false, 0, 0});
+    compare("causal 600x600 (several 256-key blocks)", &(cfg){1, 2, 600, 600, 8, true, false, false, false, 0, 0});
+    compare("full 300x700 with padding (several key blocks)", &(cfg){1, 2, 300, 700, 8, false, true, false, false, 0, 0});
+    compare("cross 70x130 with padding", &(cfg){2, 2, 70, 130, 8, false, true, false, false, 0, 0});
+    compare("causal Tq 5 < Tk 140 (cached keys)", &(cfg){1, 2, 5, 140, 16, true, false, false, false, 0, 0});
+    compare("causal + padding + a fully hidden batch", &(cfg){2, 2, 80, 80, 8, true, true, true, false, 0, 0});
+    compare("GPT-2 head views of qkv, causal 100", &(cfg){2, 4, 100, 100, 8, true, false, false, true, 0, 0});
+    compare("causal Tq 40 > Tk 24 (leading rows see no key)", &(cfg){1, 2, 40, 24, 16, true, false, false, false, 0, 0});
+    compare("gpt-tiny's head: causal 256, D 64", &(cfg){1, 2, 256, 256, 64, true, false, false, true, 0, 0});
+    compare("bert-small's head: full 128 with padding, D 64", &(cfg){2, 2, 128, 128, 64, false, true, false, false, 0, 0});
+    compare("grouped-query: 6 query heads on 2 key heads, causal 150", &(cfg){2, 6, 150, 150, 16, true, false, false, false, 2, 0});
+    compare("multi-query: 4 query heads on 1, cross 70x300, padding", &(cfg){2, 4, 70, 300, 8, false, true, false, false, 1, 0});
+    compare("sliding window 33, causal 150", &(cfg){1, 2, 150, 150, 16, true, false, false, false, 0, 33});
+    compare("sliding window 100, causal 700 (skips key blocks)", &(cfg){1, 2, 700, 700, 8, true, false, false, false, 0, 100});
+    compare("window 20 both sides, grouped, padding, 90x90", &(cfg){2, 4, 90, 90, 8, false, true, false, false, 2, 20});
+    compare("window 50, causal Tq 5 < Tk 300 (cached keys), multi-query", &(cfg){1, 4, 5, 300, 16, true, false, false, false, 1, 50});
     TEST_END();
 }
