@@ -131,7 +131,7 @@ bool cli_parse(const char *cmd, const cli_opt *opts, int argc, char **argv, cli_
         int k = 0;
         while (k < a->n && strcmp(w, opts[k].flag)) k++;
         if (k == a->n) {
-            fprintf(stderr, "cgrad %s: unknown option %s (cgrad flags lists every command's options)\n", cmd, w);
+            fprintf(stderr, "cgrad %s: unknown option %s (cgrad %s --help lists the options)\n", cmd, w, cmd);
             return false;
         }
         if (a->set[k]) {
@@ -141,12 +141,46 @@ bool cli_parse(const char *cmd, const cli_opt *opts, int argc, char **argv, cli_
         a->set[k] = true;
         if (opts[k].kind == CLI_BARE) continue;
         if (i + 1 >= argc) {
-            fprintf(stderr, "cgrad %s: %s needs a value\n", cmd, w);
+            fprintf(stderr, "cgrad %s: %s needs a value (cgrad %s --help)\n", cmd, w, cmd);
             return false;
         }
         if (!cli_check_value(cmd, &opts[k], argv[++i], &a->v[k])) return false;
     }
     return true;
+}
+
+bool cli_words(const cli_args *a, int lo, int hi, const char *what) {
+    if (a->n_words > hi) {
+        fprintf(stderr, "cgrad %s: unexpected argument '%s' (", a->cmd, a->words[hi]);
+        if (hi == 0) fprintf(stderr, "%s takes no positional arguments", a->cmd);
+        else fprintf(stderr, "%s takes at most %d: %s", a->cmd, hi, what);
+        fprintf(stderr, "; cgrad %s --help lists the options)\n", a->cmd);
+        return false;
+    }
+    if (a->n_words < lo) {
+        fprintf(stderr, "cgrad %s: missing %s (cgrad %s --help)\n", a->cmd, what, a->cmd);
+        return false;
+    }
+    return true;
+}
+
+bool cli_require(const cli_args *a, const char *flag, const char *value) {
+    if (cli_has(a, flag)) return true;
+    fprintf(stderr, "cgrad %s: %s %s is required (cgrad %s --help)\n", a->cmd, flag, value, a->cmd);
+    return false;
+}
+
+bool cli_wants_help(const cli_opt *opts, int argc, char **argv) {
+    for (int i = 0; i < argc; i++) {
+        const char *w = argv[i];
+        if (!strcmp(w, "--")) return false;
+        if (!strcmp(w, "--help") || !strcmp(w, "-h")) return true;
+        const cli_opt *o = opts;
+        while (o->flag && strcmp(o->flag, w)) o++;
+        /* a flag's value is never a request for help (--prompt -h); --resume's value is optional */
+        if (o->flag && o->kind != CLI_BARE && i + 1 < argc && (strcmp(w, "--resume") || strncmp(argv[i + 1], "-", 1))) i++;
+    }
+    return false;
 }
 
 static int find(const cli_args *a, const char *flag) {

@@ -365,15 +365,14 @@ static int gen_child(const void *arg, int threads, double unused) {
 
 int cmd_bench(int argc, char **argv) {
     cli_args a;
-    const bool ok_args = cli_parse("bench", cli_bench_opts, argc, argv, &a) && !a.n_words;
+    const bool ok_args = cli_parse("bench", cli_bench_opts, argc, argv, &a) && cli_words(&a, 0, 0, NULL);
     const char *name = ok_args ? cli_str(&a, "--config", NULL) : NULL;
     const int64_t th = ok_args ? cli_int(&a, "--threads", 0) : 0;
     opts.steps = ok_args ? (int)cli_int(&a, "--steps", 5) : 0;
     opts.warmup = ok_args ? (int)cli_int(&a, "--warmup", 1) : 0;
     const bool gen = ok_args && cli_has(&a, "--gen");
     if (!ok_args) {
-        fprintf(stderr, "usage: cgrad bench [--config NAME|all] [--threads N] [--steps N>=1] [--warmup N>=0] [--gen]\n"
-                        "configs:");
+        fprintf(stderr, "configs:");
         for (int i = 0; i < N_CONFIGS; i++) fprintf(stderr, " %s", configs[i].name);
         fprintf(stderr, "\n");
         return 2;

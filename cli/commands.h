@@ -76,6 +76,15 @@ bool cli_check_value(const char *cmd, const cli_opt *o, const char *v, cli_value
  * and repeated flags print a message naming the flag and return false (a usage error: exit 2).
  * Positional words are compacted to the front of argv (a->words). */
 bool cli_parse(const char *cmd, const cli_opt *opts, int argc, char **argv, cli_args *a);
+/* Checks the count of positional words is in [lo, hi]; otherwise prints "unexpected argument 'X'"
+ * or "missing WHAT", pointing at --help, and returns false (a usage error: exit 2). */
+bool cli_words(const cli_args *a, int lo, int hi, const char *what);
+/* True if the option was given; otherwise prints "FLAG VALUE is required" and returns false. */
+bool cli_require(const cli_args *a, const char *flag, const char *value);
+/* True if argv asks for help (--help or -h where an option may stand, not as a flag's value). */
+bool cli_wants_help(const cli_opt *opts, int argc, char **argv);
+/* The default of train option flag for --arch arch (NULL: gpt2) into buf ("" when it has none). */
+void cli_train_default(const char *arch, const char *flag, char *buf, size_t n);
 /* True if the option was given. */
 bool cli_has(const cli_args *a, const char *flag);
 /* The checked value of an option, or dflt when it was not given. */

@@ -54,8 +54,13 @@ static char *join(const char **words, int n) {
     return s;
 }
 
-/* Calls fn on each text: the positional words as one text, or each line of stdin. */
-static int each_text(const char **words, int n, int (*fn)(void *ctx, const char *text), void *ctx) {
+/* Calls fn on each text: the positional words (each one a text when apart, else all as one text),
+ * or each line of stdin when there are none. */
+static int each_text(const char **words, int n, bool apart, int (*fn)(void *ctx, const char *text), void *ctx) {
+    for (int i = 0; apart && i < n; i++) {
+        int rc = fn(ctx, words[i]);
+        if (rc || i == n - 1) return rc;
+    }
     char *joined = join(words, n);
     if (joined) {
         int rc = fn(ctx, joined);
@@ -88,11 +93,9 @@ const cli_opt cli_sample_opts[] = {
 
 int cmd_sample(int argc, char **argv) {
     cli_args a;
-    if (!cli_parse("sample", cli_sample_opts, argc, argv, &a) || a.n_words || !cli_has(&a, "--checkpoint")) {
-        fprintf(stderr, "usage: cgrad sample --checkpoint P [--prompt TEXT] [--length N] [--temperature T] [--top-k K] "
-                        "[--top-p P] [--seed S] [--count N] [--no-cache] [--threads N]\n");
+    if (!cli_parse("sample", cli_sample_opts, argc, argv, &a) || !cli_words(&a, 0, 0, NULL) ||
+        !cli_require(&a, "--checkpoint", "CKPT"))
         return 2;
-    }
     const int64_t length = cli_int(&a, "--length", 500), count = cli_int(&a, "--count", 1), top_k = cli_int(&a, "--top-k", 0);
     char what[64];
     snprintf(what, sizeof what, "--length %lld", (long long)length);
@@ -168,17 +171,14 @@ const cli_opt cli_translate_opts[] = {
 
 int cmd_translate(int argc, char **argv) {
     cli_args a;
-    if (!cli_parse("translate", cli_translate_opts, argc, argv, &a) || !cli_has(&a, "--checkpoint")) {
-        fprintf(stderr, "usage: cgrad translate --checkpoint P [--beam N] [TEXT...]   (no TEXT: one per stdin line)\n");
-        return 2;
-    }
+    if (!cli_parse("translate", cli_translate_opts, argc, argv, &a) || !cli_require(&a, "--checkpoint", "CKPT")) return 2;
     cli_ckpt ck;
     int rc = open_ckpt(&a, CG_ARCH_ENCDEC, &ck);
     if (rc) return rc;
     tr_ctx c = {&ck, (int)cli_int(&a, "--beam", 1)};
     if (!within(&a, "--beam", c.beam, cg_encdec_cfg(cg_model_encdec(ck.model))->tgt_vocab_size, "the target vocabulary"))
         rc = 2;
-    else rc = each_text(a.words, a.n_words, translate_one, &c);
+    else rc = each_text(a.words, a.n_words, false, translate_one, &c);
     cli_ckpt_free(&ck);
     return rc;
 }
@@ -190,10 +190,9 @@ const cli_opt cli_fill_mask_opts[] = {
 
 int cmd_fill_mask(int argc, char **argv) {
     cli_args a;
-    if (!cli_parse("fill-mask", cli_fill_mask_opts, argc, argv, &a) || a.n_words == 0 || !cli_has(&a, "--checkpoint")) {
-        fprintf(stderr, "usage: cgrad fill-mask --checkpoint P [--top-k K] TEXT-with-[MASK]\n");
+    if (!cli_parse("fill-mask", cli_fill_mask_opts, argc, argv, &a) || !cli_require(&a, "--checkpoint", "CKPT") ||
+        !cli_words(&a, 1, INT32_MAX, "the text, with [MASK]"))
         return 2;
-    }
     cli_ckpt ck;
     int rc = open_ckpt(&a, CG_ARCH_BERT, &ck);
     if (rc) return rc;
@@ -288,11 +287,7 @@ const cli_opt cli_classify_opts[] = {CKPT, THREADS, END};
 
 int cmd_classify(int argc, char **argv) {
     cli_args a;
-    if (!cli_parse("classify", cli_classify_opts, argc, argv, &a) || !cli_has(&a, "--checkpoint")) {
-        fprintf(stderr, "usage: cgrad classify --checkpoint P [TEXT...]   (no TEXT: one per stdin line)\n"
-                        "prints: label <TAB> label=probability ... <TAB> text\n");
-        return 2;
-    }
+    if (!cli_parse("classify", cli_classify_opts, argc, argv, &a) || !cli_require(&a, "--checkpoint", "CKPT")) return 2;
     cli_ckpt ck;
     int rc = open_ckpt(&a, CG_ARCH_CLASSIFIER, &ck);
     if (rc) return rc;
@@ -300,7 +295,7 @@ int cmd_classify(int argc, char **argv) {
     cg_textcls_options_default(ck.tok, &to); /* the same [CLS] rule as training */
     const int64_t nc = cg_classifier_cfg(cg_model_classifier(ck.model))->num_classes;
     cls_ctx c = {&ck, to.cls_id, cli_json_i64(ck.state, "graph_t", 0), malloc((size_t)nc * sizeof(double))};
-    rc = c.probs ? each_text(a.words, a.n_words, classify_one, &c) : 1;
+    rc = c.probs ? each_text(a.words, a.n_words, true, classify_one, &c) : 1;
     free(c.probs);
     cli_ckpt_free(&ck);
     return rc;
@@ -373,14 +368,9 @@ const cli_opt cli_eval_opts[] = {
 
 int cmd_eval(int argc, char **argv) {
     cli_args a;
-    if (!cli_parse("eval", cli_eval_opts, argc, argv, &a) || a.n_words || !cli_has(&a, "--data") ||
-        !cli_has(&a, "--checkpoint")) {
-        fprintf(stderr, "usage: cgrad eval --checkpoint P --data FILE [--batch N] [--batches N] [--exact N] [--threads N]\n"
-                        "  gpt2: loss, perplexity and bits per character over the whole text; bert: masked-LM loss over\n"
-                        "  --batches batches (50); encdec: loss and greedy exact match (--exact pairs, all); classifier:\n"
-                        "  loss, accuracy and the majority-class rate\n");
+    if (!cli_parse("eval", cli_eval_opts, argc, argv, &a) || !cli_words(&a, 0, 0, NULL) ||
+        !cli_require(&a, "--checkpoint", "CKPT") || !cli_require(&a, "--data", "FILE"))
         return 2;
-    }
     const char *data = cli_str(&a, "--data", NULL);
     cli_ckpt ck;
     int rc = open_ckpt(&a, -1, &ck);
@@ -480,10 +470,9 @@ const cli_opt cli_info_opts[] = {CKPT, END};
 
 int cmd_info(int argc, char **argv) {
     cli_args a;
-    if (!cli_parse("info", cli_info_opts, argc, argv, &a) || a.n_words + cli_has(&a, "--checkpoint") != 1) {
-        fprintf(stderr, "usage: cgrad info --checkpoint P   (or: cgrad info P)\n");
+    if (!cli_parse("info", cli_info_opts, argc, argv, &a) ||
+        !cli_words(&a, cli_has(&a, "--checkpoint") ? 0 : 1, cli_has(&a, "--checkpoint") ? 0 : 1, "the checkpoint: CKPT or --checkpoint CKPT"))
         return 2;
-    }
     cli_value v;
     if (a.n_words && !cli_check_value("info", &cli_info_opts[0], a.words[0], &v)) return 2;
     const char *path = a.n_words ? a.words[0] : cli_str(&a, "--checkpoint", NULL);

@@ -1,4 +1,6 @@
-/* The cgrad command: one binary, one subcommand per job. */
+/* The cgrad command: one binary, one subcommand per job. Every subcommand is one row of the table
+ * below (its usage line, what it does, its option table), so `--help`, `cgrad help` and the README's
+ * command table all come from the same place. */
 #include <float.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,60 +9,157 @@
 
 #include "cgrad.h"
 #include "cli/commands.h"
+#include "graph/internal.h"
 
-const cli_opt cli_gradcheck_opts[] = {{"--op", CLI_STR, 0, 0, "only ops whose name contains this"},
+const cli_opt cli_gradcheck_opts[] = {{"--op", CLI_STR, 0, 0, "only ops whose name contains this (no match: an error)"},
                                       {"--tol", CLI_NUM, 0, DBL_MAX, "relative tolerance (0: each op's own)"},
                                       {"--threads", CLI_INT, 1, 1024, "threads (CGRAD_THREADS or all cores)"},
                                       {NULL, CLI_BARE, 0, 0, NULL}};
 
 static int cmd_gradcheck(int argc, char **argv) {
     cli_args a;
-    if (!cli_parse("gradcheck", cli_gradcheck_opts, argc, argv, &a) || a.n_words) {
-        fprintf(stderr, "usage: cgrad gradcheck [--op NAME] [--tol REL] [--threads N]\n");
+    if (!cli_parse("gradcheck", cli_gradcheck_opts, argc, argv, &a) || !cli_words(&a, 0, 0, NULL)) return 2;
+    if (cli_has(&a, "--threads")) cg_set_threads((int)cli_int(&a, "--threads", 0));
+    const char *only = cli_str(&a, "--op", NULL);
+    bool known = !only;
+    for (int op = 0; op < CGI_OP_COUNT && !known; op++) known = strstr(cgi_ops[op].name, only) != NULL;
+    if (!known) { /* a filter that matches nothing would print an empty table and pass */
+        fprintf(stderr, "cgrad gradcheck: --op '%s' is part of no op's name (cgrad gradcheck lists them all)\n", only);
         return 2;
     }
-    if (cli_has(&a, "--threads")) cg_set_threads((int)cli_int(&a, "--threads", 0));
-    int failed = cg_gradcheck_ops(stdout, cli_num(&a, "--tol", 0), cli_str(&a, "--op", NULL));
+    int failed = cg_gradcheck_ops(stdout, cli_num(&a, "--tol", 0), only);
     printf("%s: %d failed\n", failed ? "FAIL" : "PASS", failed);
     return failed ? 1 : 0;
 }
 
-/* The option tables of every subcommand, for `cgrad flags`. */
-static const struct {
-    const char *cmd;
+static int cmd_flags(int argc, char **argv);
+static int cmd_help(int argc, char **argv);
+
+/* One subcommand: its name, entry point, option table, usage (after "cgrad NAME"), a one-line
+ * summary, and notes printed after the options. */
+typedef struct {
+    const char *name;
+    int (*fn)(int, char **);
     const cli_opt *opts;
-} tables[] = {{"train", cli_train_opts},         {"sample", cli_sample_opts}, {"translate", cli_translate_opts},
-              {"fill-mask", cli_fill_mask_opts}, {"classify", cli_classify_opts}, {"eval", cli_eval_opts},
-              {"info", cli_info_opts},           {"plot", cli_plot_opts},     {"gradcheck", cli_gradcheck_opts},
-              {"step", cli_step_opts},           {"bench", cli_bench_opts}};
+    const char *usage, *summary, *notes;
+} command;
+
+static const cli_opt no_opts[] = {{NULL, CLI_BARE, 0, 0, NULL}};
+
+static const command commands[] = {
+    {"train", cmd_train, cli_train_opts, "[--resume [CKPT]] [options]",
+     "train a model (no options: a character-level GPT on moby-dick.txt, a few minutes on 2 cores)",
+     "Defaults shown are --arch's (cgrad train --arch bert --help: BERT's).\n"
+     "Last line: final step=N train_loss=X val_loss=Y tokens_per_s=Z (train_loss: mean since the previous\n"
+     "evaluation; tokens_per_s: training tokens over training seconds). Ctrl-C saves a checkpoint, exits 130."},
+    {"sample", cmd_sample, cli_sample_opts, "--checkpoint CKPT [--prompt TEXT] [options]",
+     "generate text from a GPT checkpoint", NULL},
+    {"translate", cmd_translate, cli_translate_opts, "--checkpoint CKPT [--beam N] [TEXT...]",
+     "decode with an encoder-decoder checkpoint (greedy or --beam N)",
+     "TEXT: the words form one source sentence; no TEXT: one sentence per stdin line."},
+    {"fill-mask", cmd_fill_mask, cli_fill_mask_opts, "--checkpoint CKPT [--top-k K] TEXT-with-[MASK]",
+     "a BERT checkpoint's top tokens for [MASK]", "The words form one text; it must hold [MASK]."},
+    {"classify", cmd_classify, cli_classify_opts, "--checkpoint CKPT [TEXT...]",
+     "label and class probabilities from a classifier checkpoint",
+     "One row per TEXT argument (quote a text that has spaces), or per stdin line when no TEXT is given:\n"
+     "  label <TAB> label=probability ... <TAB> text"},
+    {"eval", cmd_eval, cli_eval_opts, "--checkpoint CKPT --data FILE [options]",
+     "loss, perplexity, bits per character (accuracy, exact match) over a file",
+     "gpt2: loss, perplexity and bits per character over the whole text; bert: masked-LM loss over --batches\n"
+     "batches (50); encdec: loss and greedy exact match (--exact pairs, all); classifier: loss, accuracy and\n"
+     "the majority-class rate."},
+    {"info", cmd_info, cli_info_opts, "CKPT | --checkpoint CKPT", "what a checkpoint holds", NULL},
+    {"plot", cmd_plot, cli_plot_opts, "METRICS.csv [--out FILE.svg] [options]", "draw a metrics CSV as an SVG loss chart",
+     NULL},
+    {"gradcheck", cmd_gradcheck, cli_gradcheck_opts, "[--op NAME] [--tol REL] [--threads N]",
+     "check every op's gradient against finite differences (table; exit 1 on a failure)", NULL},
+    {"step", cmd_step, cli_step_opts,
+     "--arch A --config config.json --weights w.safetensors --batch b.safetensors (--out o.safetensors | --dot g.dot) [options]",
+     "one forward/backward (and AdamW steps) of a zoo model on a batch file, outputs dumped", NULL},
+    {"bench", cmd_bench, cli_bench_opts, "[--config NAME|all] [--steps N] [--warmup N] [--gen] [--threads N]",
+     "time training steps (and --gen generation) of the benchmark configs, JSON lines", NULL},
+    {"flags", cmd_flags, no_opts, "", "every command's options: command, flag, kind and range, one a line", NULL},
+    {"help", cmd_help, no_opts, "[COMMAND | --markdown]",
+     "the list of commands, or one command's help (as cgrad COMMAND --help)",
+     "--markdown: the command table as Markdown, as the README has it."},
+};
+#define N_COMMANDS (int)(sizeof commands / sizeof commands[0])
+
+static const command *find_command(const char *name) {
+    for (int i = 0; i < N_COMMANDS; i++)
+        if (!strcmp(name, commands[i].name)) return &commands[i];
+    return NULL;
+}
 
 static int cmd_flags(int argc, char **argv) {
-    (void)argv;
-    if (argc) {
-        fprintf(stderr, "usage: cgrad flags\n");
-        return 2;
-    }
-    for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) cli_print_opts(stdout, tables[i].cmd, tables[i].opts);
+    cli_args a;
+    if (!cli_parse("flags", no_opts, argc, argv, &a) || !cli_words(&a, 0, 0, NULL)) return 2;
+    for (int i = 0; i < N_COMMANDS; i++)
+        if (commands[i].opts != no_opts) cli_print_opts(stdout, commands[i].name, commands[i].opts);
     return 0;
 }
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: cgrad COMMAND [ARGS]\n"
-            "  train       train a model (no arguments: a character-level GPT on data/moby-dick.txt)\n"
-            "  sample      generate text from a GPT checkpoint\n"
-            "  translate   decode with an encoder-decoder checkpoint (greedy or --beam N)\n"
-            "  fill-mask   a BERT checkpoint's top tokens for [MASK]\n"
-            "  classify    label and probabilities from a classifier checkpoint\n"
-            "  eval        loss, perplexity, bits per character (accuracy, exact match) over a file\n"
-            "  info        what a checkpoint holds\n"
-            "  plot        draw a metrics CSV as an SVG loss chart\n"
-            "  gradcheck   check every op's gradient against finite differences (table; exit 1 on a failure)\n"
-            "  step        one forward/backward (and AdamW steps) of a zoo model on a batch file, outputs dumped\n"
-            "  bench       time training steps (and --gen generation) of the benchmark configs, JSON lines\n"
-            "  flags       every command's options: command, flag, kind and range, one a line\n"
-            "  help        this text\n"
-            "  --version   cgrad's and BLIS's versions, BLIS's kernel set and why, threads, OpenMP wait policy\n");
+/* "cgrad NAME USAGE": the first line of a command's help. */
+static void usage_line(FILE *f, const command *c) { fprintf(f, "usage: cgrad %s%s%s\n", c->name, *c->usage ? " " : "", c->usage); }
+
+/* A command's --help: usage line, summary, the option table (value kind, default, help), notes. */
+static void command_help(FILE *f, const command *c, int argc, char **argv) {
+    usage_line(f, c);
+    fprintf(f, "%c%s.\n", c->summary[0] >= 'a' && c->summary[0] <= 'z' ? c->summary[0] - 'a' + 'A' : c->summary[0],
+            c->summary + 1);
+    if (c->opts[0].flag) fprintf(f, "options:\n");
+    const char *arch = cli_arg(argc, argv, "--arch");
+    for (int k = 0; c->opts[k].flag; k++) {
+        const cli_opt *o = &c->opts[k];
+        static const char *const arg[] = {"", "S", "N", "X", "N", "FILE", "FILE"};
+        char left[64], dflt[96] = "";
+        snprintf(left, sizeof left, "%s %s", o->flag, arg[o->kind]);
+        if (c->fn == cmd_train) cli_train_default(arch, o->flag, dflt, sizeof dflt);
+        fprintf(f, "  %-22s %s", left, o->help);
+        if (*dflt) fprintf(f, " [default: %s]", dflt);
+        fprintf(f, "\n");
+    }
+    if (c->notes) fprintf(f, "%s\n", c->notes);
+}
+
+/* The list of commands, each with its usage line and summary. */
+static void overview(FILE *f) {
+    fprintf(f, "usage: cgrad COMMAND [ARGS]   (cgrad COMMAND --help, or cgrad help COMMAND: its options)\n");
+    for (int i = 0; i < N_COMMANDS; i++) fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "  --version  cgrad's and BLIS's versions, BLIS's kernel set and why, threads, OpenMP wait policy\n");
+}
+
+/* The README's command table: command, first line of its --help, summary. */
+static void markdown(FILE *f) {
+    fprintf(f, "| command | first line of `--help` | what it does |\n|---|---|---|\n");
+    for (int i = 0; i < N_COMMANDS; i++) {
+        char line[512];
+        snprintf(line, sizeof line, "usage: cgrad %s%s%s", commands[i].name, *commands[i].usage ? " " : "",
+                 commands[i].usage);
+        fprintf(f, "| `%s` | `", commands[i].name);
+        for (const char *p = line; *p; p++) fprintf(f, *p == '|' ? "\\|" : "%c", *p); /* a cell's own bars are escaped */
+        fprintf(f, "` | %s |\n", commands[i].summary);
+    }
+}
+
+static int cmd_help(int argc, char **argv) {
+    if (argc == 0) {
+        overview(stdout);
+        return 0;
+    }
+    if (argc == 1 && !strcmp(argv[0], "--markdown")) {
+        markdown(stdout);
+        return 0;
+    }
+    const command *c = !strcmp(argv[0], "--help") || !strcmp(argv[0], "-h") ? find_command("help") : find_command(argv[0]);
+    if (argc == 1 && c) {
+        command_help(stdout, c, 0, NULL);
+        return 0;
+    }
+    if (!c && argv[0][0] != '-') fprintf(stderr, "cgrad help: unknown command '%s' (cgrad help lists them)\n", argv[0]);
+    else fprintf(stderr, "cgrad help: unexpected argument '%s' (usage: cgrad help [COMMAND | --markdown])\n",
+                 argv[c ? 1 : 0]);
+    return 2;
 }
 
 /* libgomp reads its wait policy once, when it loads, and by default a thread that runs out of work
@@ -77,28 +176,24 @@ static void wait_passively(char **argv) {
 }
 
 int main(int argc, char **argv) {
-    wait_passively(argv);
-    if (argc < 2 || !strcmp(argv[1], "help") || !strcmp(argv[1], "--help")) {
-        usage(stdout);
-        return argc < 2 ? 2 : 0;
+    if (argc < 2) {
+        overview(stderr);
+        return 2;
     }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) return cmd_help(argc - 2, argv + 2);
     if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
         printf("%s\n", cg_runtime_info());
         return 0;
     }
-    static const struct {
-        const char *name;
-        int (*fn)(int, char **);
-    } cmds[] = {{"train", cmd_train},       {"sample", cmd_sample}, {"translate", cmd_translate},
-                {"fill-mask", cmd_fill_mask}, {"classify", cmd_classify}, {"eval", cmd_eval},
-                {"info", cmd_info},         {"plot", cmd_plot}};
-    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
-        if (!strcmp(argv[1], cmds[i].name)) return cmds[i].fn(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "gradcheck")) return cmd_gradcheck(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "step")) return cmd_step(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "bench")) return cmd_bench(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "flags")) return cmd_flags(argc - 2, argv + 2);
-    fprintf(stderr, "cgrad: unknown command '%s'\n", argv[1]);
-    usage(stderr);
-    return 2;
+    const command *c = find_command(argv[1]);
+    if (!c) {
+        fprintf(stderr, "cgrad: unknown command '%s' (cgrad help lists the commands)\n", argv[1]);
+        return 2;
+    }
+    if (c->fn != cmd_help && cli_wants_help(c->opts, argc - 2, argv + 2)) {
+        command_help(stdout, c, argc - 2, argv + 2);
+        return 0;
+    }
+    wait_passively(argv);
+    return c->fn(argc - 2, argv + 2);
 }

@@ -234,10 +234,7 @@ const cli_opt cli_plot_opts[] = {{"--out", CLI_OUT, 0, 0, "SVG to write (METRICS
 
 int cmd_plot(int argc, char **argv) {
     cli_args a;
-    if (!cli_parse("plot", cli_plot_opts, argc, argv, &a) || a.n_words != 1) {
-        fprintf(stderr, "usage: cgrad plot METRICS.csv [--out LOSS.svg] [--title TEXT] [--ylabel TEXT]\n");
-        return 2;
-    }
+    if (!cli_parse("plot", cli_plot_opts, argc, argv, &a) || !cli_words(&a, 1, 1, "the metrics file")) return 2;
     const char *csv = a.words[0], *out = cli_str(&a, "--out", NULL), *title = cli_str(&a, "--title", NULL),
                *ylabel = cli_str(&a, "--ylabel", NULL);
     const cli_opt in = {"METRICS.csv", CLI_IN, 0, 0, NULL};

@@ -46,14 +46,15 @@ static cg_status fill_inputs(const cg_model_graph *mg, const cg_st *batch) {
 
 int cmd_step(int argc, char **argv) {
     cli_args a;
-    if (!cli_parse("step", cli_step_opts, argc, argv, &a)) return 2;
+    if (!cli_parse("step", cli_step_opts, argc, argv, &a) || !cli_words(&a, 0, 0, NULL)) return 2;
     const char *arch_s = cli_str(&a, "--arch", NULL), *cfg_path = cli_str(&a, "--config", NULL),
                *w_path = cli_str(&a, "--weights", NULL), *b_path = cli_str(&a, "--batch", NULL),
                *out_path = cli_str(&a, "--out", NULL), *dot_path = cli_str(&a, "--dot", NULL);
-    if (!arch_s || !cfg_path || !w_path || !b_path || (!out_path && !dot_path) || a.n_words) {
-        fprintf(stderr, "usage: cgrad step --arch gpt2|bert|encdec|classifier --config config.json --weights w.safetensors "
-                        "--batch b.safetensors (--out o.safetensors | --dot graph.dot) [--steps N --optim adamw --lr X --beta1 X --beta2 X "
-                        "--eps X --weight-decay X] [--threads N]\n");
+    if (!cli_require(&a, "--arch", "gpt2|bert|encdec|classifier") || !cli_require(&a, "--config", "config.json") ||
+        !cli_require(&a, "--weights", "w.safetensors") || !cli_require(&a, "--batch", "b.safetensors"))
+        return 2;
+    if (!out_path && !dot_path) {
+        fprintf(stderr, "cgrad step: --out o.safetensors or --dot graph.dot is required (cgrad step --help)\n");
         return 2;
     }
     if (cli_has(&a, "--threads")) cg_set_threads((int)cli_int(&a, "--threads", 0));

@@ -127,18 +127,6 @@ static const char *key_of(int i) {
     return k;
 }
 
-static void usage(FILE *f) {
-    fprintf(f, "usage: cgrad train [--resume [CKPT]] [options]\n"
-               "With no options: a character-level GPT on data/moby-dick.txt, a few minutes on 2 cores.\n");
-    for (int i = 0; i < N_DEFS; i++) {
-        const char *arg = defs[i].kind == CLI_NUM ? "X" : defs[i].kind == CLI_INT || defs[i].kind == CLI_U64 ? "N" : "S";
-        fprintf(f, "  %s %s%*s%s\n", defs[i].flag, arg, (int)(18 - strlen(defs[i].flag)), "", defs[i].help);
-    }
-    fprintf(f, "  --resume [CKPT]     continue from CKPT (default: --checkpoint); settings come from it\n"
-               "Last line: final step=N train_loss=X val_loss=Y tokens_per_s=Z (train_loss: mean since the\n"
-               "previous evaluation). Ctrl-C saves a checkpoint and exits 130.\n");
-}
-
 /* Per-arch defaults for every option the command line left unset. */
 static void defaults(topts *o, const bool *set) {
     cg_arch a = CG_ARCH_GPT2;
@@ -193,6 +181,27 @@ static void defaults(topts *o, const bool *set) {
     D(lora_targets, gpt ? "attn,mlp" : bert ? "attention,intermediate,output.dense" : "");
     D(zero, 0);
 #undef D
+}
+
+static void value_str(const topts *o, int i, char *buf, size_t n);
+
+void cli_train_default(const char *arch, const char *flag, char *buf, size_t n) {
+    topts o;
+    memset(&o, 0, sizeof o);
+    bool set[N_DEFS] = {0};
+    o.arch = arch ? arch : "gpt2";
+    set[idx_arch] = true;
+    defaults(&o, set);
+    *buf = 0;
+    for (int i = 0; i < N_DEFS; i++)
+        if (!strcmp(defs[i].flag, flag)) {
+            value_str(&o, i, buf, n);
+            if (type_of(i) == T_STR) { /* without value_str's quotes; "" has no default */
+                size_t len = strlen(buf);
+                memmove(buf, buf + 1, len);
+                if (len >= 2) buf[len - 2] = 0;
+            }
+        }
 }
 
 /* Checks options a run cannot work with; messages name the flag. */
@@ -775,10 +784,6 @@ int cmd_train(int argc, char **argv) {
     bool want_resume = false;
     o.arch = "gpt2";
     for (int i = 0; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            usage(stdout);
-            return 0;
-        }
         if (!strcmp(argv[i], "--resume")) {
             want_resume = true;
             cli_value v;
@@ -790,7 +795,10 @@ int cmd_train(int argc, char **argv) {
         int k = 0;
         while (k < N_DEFS && strcmp(argv[i], defs[k].flag)) k++;
         if (k == N_DEFS) {
-            fprintf(stderr, "cgrad train: unknown option %s (cgrad train --help lists them)\n", argv[i]);
+            if (strncmp(argv[i], "--", 2))
+                fprintf(stderr, "cgrad train: unexpected argument '%s' (train takes no positional arguments; cgrad train "
+                                "--help lists the options)\n", argv[i]);
+            else fprintf(stderr, "cgrad train: unknown option %s (cgrad train --help lists the options)\n", argv[i]);
             return 2;
         }
         if (i + 1 >= argc) {

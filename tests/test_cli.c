@@ -422,6 +422,18 @@ static void test_inference(void) {
     CHECK(r.rc == 0 && lines == 2, "classify rc %d, %d lines: %s", r.rc, lines, r.err);
     result_free(&r);
 
+    /* Several TEXT arguments: one row each, in order (they used to be joined into one text). */
+    r = cgrad("classify --checkpoint cls_A.ckpt 'the good ship film' 'the awful storm film' sea", NULL);
+    const char *texts[] = {"the good ship film", "the awful storm film", "sea"};
+    lines = 0;
+    for (char *line = strtok(r.out, "\n"); line; line = strtok(NULL, "\n"), lines++) {
+        const char *tab = strrchr(line, '\t');
+        CHECK(lines < 3 && tab && !strcmp(tab + 1, texts[lines]) && strstr(line, "neg="), "classify row %d: '%s'", lines,
+              line);
+    }
+    CHECK(r.rc == 0 && lines == 3, "classify of 3 texts: rc %d, %d rows: %s", r.rc, lines, r.err);
+    result_free(&r);
+
     r = cgrad("translate --checkpoint encdec_A.ckpt", "123\n98765\n");
     lines = 0;
     for (char *line = strtok(r.out, "\n"); line; line = strtok(NULL, "\n")) lines++;

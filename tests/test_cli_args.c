@@ -110,6 +110,14 @@ static run_result run1(char *const *args) {
     return j.r;
 }
 
+/* Writes text to dir/name. */
+static void spit_file(const char *name, const char *text) {
+    char p[4096];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "wb");
+    if (f) fputs(text, f), fclose(f);
+}
+
 /* ---- which values are bad: decided here, not by the CLI ---- */
 
 typedef struct {
@@ -147,6 +155,95 @@ static const char *const bad_numbers[] = {
     "1e999", "nan", "-inf", "abc", "12abc", "", NULL};
 static const char *const bad_files[] = {"/nonexistent-cgrad-dir/missing.file", "", NULL};
 static const char *const bad_outputs[] = {"/nonexistent-cgrad-dir/out.file", ".", "/", "", NULL};
+
+
+/* ---- help and stray arguments ---- */
+
+/* Runs `cgrad ARGS` (a shell line) in the scratch directory; stdout and stderr into *out, *err. */
+static int sh(const char *args, char **out, char **err) {
+    char cmd[16384];
+    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' %s < /dev/null > h_out.txt 2> h_err.txt", dir, bin, args);
+    const int st = system(cmd);
+    snprintf(cmd, sizeof cmd, "%s/h_out.txt", dir);
+    *out = test_slurp(cmd, NULL);
+    snprintf(cmd, sizeof cmd, "%s/h_err.txt", dir);
+    *err = test_slurp(cmd, NULL);
+    if (!*out) *out = calloc(1, 1);
+    if (!*err) *err = calloc(1, 1);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Every command's --help, -h and `cgrad help CMD`: exit 0, the same text on stdout, nothing on
+ * stderr, a first line "usage: cgrad CMD", and every flag of the command's table. */
+static void test_help(const opt *opts, int n_opts) {
+    char *out, *err, *list;
+    int rc = sh("help", &list, &err);
+    CHECK(rc == 0 && !*err && strstr(list, "usage: cgrad COMMAND"), "cgrad help: rc %d '%s'", rc, err);
+    free(err);
+    const char *extra[] = {"flags", "help"};
+    const int n_cmds = n_opts + 2;
+    int checked = 0;
+    for (int i = 0; i < n_cmds; i++) {
+        const char *cmd = i < n_opts ? opts[i].cmd : extra[i - n_opts];
+        if (i > 0 && i < n_opts && !strcmp(cmd, opts[i - 1].cmd)) continue; /* one command at a time */
+        char args[3][128], want[96], line[128];
+        snprintf(args[0], sizeof args[0], "%.40s --help", cmd);
+        snprintf(args[1], sizeof args[1], "%.40s -h", cmd);
+        snprintf(args[2], sizeof args[2], "help %.40s", cmd);
+        snprintf(want, sizeof want, "usage: cgrad %.40s", cmd);
+        snprintf(line, sizeof line, "\n  %-10.40s ", cmd);
+        CHECK(strstr(list, line), "cgrad help does not list %s", cmd);
+        char *first = NULL;
+        for (int k = 0; k < 3; k++) {
+            rc = sh(args[k], &out, &err);
+            const size_t wl = strlen(want);
+            CHECK(rc == 0 && !*err && !strncmp(out, want, wl) && (out[wl] == ' ' || out[wl] == '\n'),
+                  "cgrad %s: rc %d, stderr '%s', first line '%.80s'", args[k], rc, err, out);
+            for (int j = 0; j < n_opts; j++)
+                if (!strcmp(opts[j].cmd, cmd)) {
+                    char flag[64];
+                    snprintf(flag, sizeof flag, "\n  %s ", opts[j].flag);
+                    CHECK(strstr(out, flag), "cgrad %s does not describe %s", args[k], opts[j].flag);
+                }
+            if (!first) first = strdup(out);
+            else CHECK(!strcmp(first, out), "cgrad %s differs from cgrad %s", args[k], args[0]);
+            free(out), free(err);
+            checked++;
+        }
+        free(first);
+    }
+    free(list);
+    CHECK(checked >= 3 * 11, "only %d help texts checked", checked);
+
+    /* Stray words, unknown commands and values that look like -h are usage errors naming the word. */
+    static const struct {
+        const char *args, *named;
+    } stray[] = {{"eval stray-word", "'stray-word'"},        {"sample --checkpoint a stray-word", "'stray-word'"},
+                 {"train stray-word", "'stray-word'"},       {"bench stray-word", "'stray-word'"},
+                 {"step stray-word", "'stray-word'"},        {"gradcheck stray-word", "'stray-word'"},
+                 {"info a.ckpt b.ckpt", "'b.ckpt'"},         {"flags stray-word", "'stray-word'"},
+                 {"step --weights a b c", "'b'"},            {"help no-such-command", "no-such-command"},
+                 {"no-such-command", "no-such-command"},     {"sample --prompt -h", "--checkpoint"},
+                 {"gradcheck --op no-such-op", "no-such-op"}, {"eval --no-such-flag", "--no-such-flag"}};
+    for (size_t i = 0; i < sizeof stray / sizeof stray[0]; i++) {
+        spit_file("a", "x"), spit_file("b", "x"), spit_file("c", "x");
+        rc = sh(stray[i].args, &out, &err);
+        CHECK(rc == 2 && strstr(err, stray[i].named) && (strstr(err, "help") || strstr(err, "gradcheck lists")) &&
+                  !strstr(out, "usage:"),
+              "cgrad %s: rc %d, stderr '%s', stdout '%.60s'", stray[i].args, rc, err, out);
+        free(out), free(err);
+    }
+
+    /* The README's command table is the binary's own (cgrad help --markdown), not typed by hand. */
+    char path[4096];
+    snprintf(path, sizeof path, "%s/../README.md", CGRAD_TEST_DIR);
+    char *readme = test_slurp(path, NULL);
+    rc = sh("help --markdown", &out, &err);
+    const char *begin = readme ? strstr(readme, "<!-- cgrad help --markdown -->\n") : NULL;
+    CHECK(rc == 0 && begin && !strncmp(begin + strlen("<!-- cgrad help --markdown -->\n"), out, strlen(out)),
+          "README.md's command table is not `cgrad help --markdown` (regenerate it):\n%s", out);
+    free(out), free(err), free(readme);
+}
 
 int main(void) {
     const char *env = getenv("CGRAD_BIN");
@@ -191,6 +288,8 @@ int main(void) {
     free(text);
     CHECK(n_opts >= 60, "cgrad flags lists %d options", n_opts);
 
+    test_help(opts, n_opts);
+
     /* The runs: an unknown flag per command; per flag, its value missing and each bad value. */
     static job jobs[8192];
     int n = 0, cmds = 0;
@@ -225,7 +324,7 @@ int main(void) {
         const job *j = &jobs[i];
         const run_result *r = &j->r;
         kind_seen[j->kind] = true;
-        const bool ok = r->rc == 2 && strstr(r->err, j->flag) && !strstr(r->err, "Sanitizer") && !strstr(r->err, "runtime error");
+        const bool ok = r->rc == 2 && strstr(r->err, j->flag) && (j->kind != 62 || strstr(r->err, "--help")) && !strstr(r->err, "Sanitizer") && !strstr(r->err, "runtime error");
         clean += ok, crashes += r->rc < 0 && !r->timeout, hangs += r->timeout, wrong += !ok && r->rc >= 0 && !r->timeout;
         CHECK(ok, "cgrad %s %s%s%s%s: rc %d%s, stderr '%s'", j->args[1], j->flag, j->value ? " '" : " (no value)",
               j->value ? j->value : "", j->value ? "'" : "", r->rc, r->timeout ? " (hung)" : "", r->err);
