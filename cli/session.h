@@ -112,4 +112,22 @@ int cli_fail(const char *cmd, const char *what);
  * ylabel NULL says "loss (nats per token)". */
 cg_status cli_plot_metrics(const char *csv_path, const char *svg_path, const char *title, const char *ylabel);
 
+/* ---- progress: throughput and ETA over the last steps ---- */
+
+#define CLI_RATE_WINDOW 20 /* steps; the metrics column tok_per_s_last20 is named after it */
+
+/* The seconds and tokens of the last CLI_RATE_WINDOW training steps (a ring; zero it to start). */
+typedef struct {
+    double s[CLI_RATE_WINDOW], sum_s;
+    int64_t tokens[CLI_RATE_WINDOW], sum_tokens, n;
+} cli_rate;
+
+/* Records one training step: its seconds (no evaluation or saving in them) and tokens. */
+void cli_rate_add(cli_rate *r, double seconds, int64_t tokens);
+/* Tokens per second over the window: its tokens over its seconds (0 before the first step). */
+double cli_rate_tokens_per_s(const cli_rate *r);
+/* Seconds left: the window's mean step time for each step left, plus eval_s for each evaluation
+ * left; -1 before the first step. */
+double cli_rate_eta(const cli_rate *r, int64_t steps_left, int64_t evals_left, double eval_s);
+
 #endif

@@ -375,6 +375,8 @@ typedef struct {
     int rank, world;
     cg_dist_reducer *red;
     uint64_t drop_step; /* dropout stream position at the start of the step, the same on every rank */
+    cli_rate rate;      /* the last steps' seconds and tokens: tok/s and ETA */
+    double eval_s;      /* seconds the last evaluation took (for the ETA) */
 } run;
 
 static const char *const arch_label[] = {"gpt2", "bert", "encdec", "classifier"};
@@ -596,9 +598,14 @@ static cg_status restore(run *r, const cli_ckpt *ck, const char *path) {
     return CG_OK;
 }
 
+#define STR_(x) #x
+#define STR(x) STR_(x)
+/* The throughput column, named after its definition: tokens over seconds of the last steps. */
+#define TOK_COLUMN "tok_per_s_last" STR(CLI_RATE_WINDOW)
+
 /* Rewrites the metrics CSV keeping the rows up to the resumed step, then appends to it. */
 static FILE *open_metrics(const char *path, int64_t keep_upto) {
-    static const char *header = "step,lr,train_loss,val_loss,tokens_per_s,elapsed_s\n";
+    static const char *header = "step,lr,train_loss,val_loss," TOK_COLUMN ",elapsed_s\n";
     char *old = NULL;
     size_t len = 0;
     if (keep_upto > 0) {
@@ -641,11 +648,18 @@ static void clear_bar(run *r) {
     r->bar_shown = false;
 }
 
-static void progress(run *r, int64_t first, double loss, double lr, double tok_s) {
+/* Evaluations still to come after step done: at each multiple of --eval-every, and at the end. */
+static int64_t evals_left(const topts *o, int64_t done) {
+    const int64_t total = o->steps, every = o->eval_every;
+    if (done >= total) return 0;
+    return every > 0 ? total / every - done / every + (total % every != 0) : 1;
+}
+
+static void progress(run *r, double loss, double lr) {
     const int64_t total = r->o.steps, done = r->step;
-    double per_step = (now_s() - r->t_start) / (double)(done - first > 0 ? done - first : 1);
+    const double tok_s = cli_rate_tokens_per_s(&r->rate);
     char eta[32];
-    fmt_time(eta, sizeof eta, per_step * (double)(total - done));
+    fmt_time(eta, sizeof eta, cli_rate_eta(&r->rate, total - done, evals_left(&r->o, done), r->eval_s));
     if (r->tty) {
         char bar[25];
         int fillc = total > 0 ? (int)(24 * done / total) : 24;
@@ -678,6 +692,7 @@ static void log_eval(run *r, const cli_eval *e, double exact, int64_t tried) {
 /* Held-out evaluation; closes the training-loss window. */
 static void evaluate(run *r, bool final) {
     cli_eval e;
+    const double t0 = now_s();
     /* ranks must run the same collectives: a sharded evaluation always completes */
     cg_status st = cli_task_eval(&r->task, true, r->ge, &r->mge, r->o.eval_batches, r->world > 1 ? NULL : &interrupted, &e);
     if (st) {
@@ -686,6 +701,7 @@ static void evaluate(run *r, bool final) {
         e.loss = NAN;
     }
     if (interrupted) return; /* a cut-short evaluation is not a result */
+    r->eval_s = now_s() - t0;
     double exact = -1;
     int64_t tried = 0;
     if (final && r->o.eval_exact > 0 && r->rank == 0) exact = cli_task_exact(&r->task, r->model, r->o.eval_exact, &tried);
@@ -1107,7 +1123,6 @@ int cmd_train(int argc, char **argv) {
     }
     cg_status st = CG_OK;
     bool diverged = false;
-    double tok_s = 0;
     /* The loop allocates nothing: batches go into the graphs' inputs, the optimizer works in place. */
     while (r.step < o.steps && !interrupted) {
         const double t0 = now_s(), lr = cg_schedule_lr(&r.sched, cg_optim_steps(r.opt));
@@ -1159,13 +1174,13 @@ int cmd_train(int argc, char **argv) {
         const double dt = now_s() - t0;
         r.train_s += dt;
         r.tokens_run += tokens_per_step;
-        tok_s = (double)tokens_per_step / dt;
+        cli_rate_add(&r.rate, dt, tokens_per_step);
+        const double tok_s = cli_rate_tokens_per_s(&r.rate);
         r.win_sum += loss, r.win_n++;
         r.last_train = loss;
         bool eval_now = (o.eval_every > 0 && r.step % o.eval_every == 0) || r.step == o.steps;
-        const double rate = (double)r.tokens_run / r.train_s; /* since this process started: steadier than one step */
         if (r.tty ? now_s() - r.bar_drawn > 0.1 || r.step == o.steps : o.log_every > 0 && r.step % o.log_every == 0) {
-            progress(&r, first, loss, lr, rate);
+            progress(&r, loss, lr);
             r.bar_drawn = now_s();
         }
         double val = NAN;

@@ -248,7 +248,7 @@ static void test_outputs(void) {
 
     /* Metrics CSV: header, one row a step, the schedule's rate, held-out loss at evaluations. */
     char *csv = test_slurp(path_of("gpt_A_metrics.csv"), NULL);
-    CHECK(csv && !strncmp(csv, "step,lr,train_loss,val_loss,tokens_per_s,elapsed_s\n", 51), "csv header: %.60s",
+    CHECK(csv && !strncmp(csv, "step,lr,train_loss,val_loss,tok_per_s_last20,elapsed_s\n", 55), "csv header: %.60s",
           csv ? csv : "(none)");
     /* A fresh run first measures the untrained model: step 0 has only a held-out loss. */
     char *body = csv ? strchr(csv, '\n') + 1 : NULL;
