@@ -31,11 +31,17 @@ static cJSON *meta_json(const cg_st *st, const char *key) {
 static cg_status load_lora(cli_ckpt *ck, const char *path) {
     const char *base = cli_json_str(ck->train, "init_from", "");
     if (!*base) return cgi_fail(CG_ERR_FORMAT, "[checkpoint] %s: a LoRA checkpoint without its base (init_from)", path);
-    cg_st *bf = cg_checkpoint_open(base);
-    if (!bf) return cgi_fail(CG_ERR_IO, "[checkpoint] %s: cannot open its base %s: %s", path, base, cg_last_error());
-    cg_status st = cg_st_read_params(bf, ck->ps);
-    cg_st_close(bf);
-    if (st) return with_path(path, st, "base parameters");
+    cg_status st = CG_OK;
+    if (cli_hf_layout(base)) { /* a Hugging Face-layout base: weights by transformers' names */
+        if (cli_hf_read_weights(base, ck->model))
+            return cgi_fail(CG_ERR_IO, "[checkpoint] %s: cannot read its base %s: %s", path, base, cg_last_error());
+    } else {
+        cg_st *bf = cg_checkpoint_open(base);
+        if (!bf) return cgi_fail(CG_ERR_IO, "[checkpoint] %s: cannot open its base %s: %s", path, base, cg_last_error());
+        st = cg_st_read_params(bf, ck->ps);
+        cg_st_close(bf);
+        if (st) return with_path(path, st, "base parameters");
+    }
     cg_rng r;
     cg_rng_seed(&r, 0);
     if (cg_lora_apply(ck->ps, cli_json_str(ck->train, "lora_targets", ""), (int)cli_json_i64(ck->train, "lora_rank", 0),
@@ -53,6 +59,7 @@ cg_status cli_ckpt_load(const char *path, double dropout, cli_ckpt *ck) {
     struct stat sb;
     if (stat(path, &sb)) return cgi_fail(CG_ERR_IO, "[checkpoint] %s: cannot open: %s", path, strerror(errno));
     ck->file_bytes = (long long)sb.st_size;
+    if (cli_hf_layout(path)) return cli_hf_load(path, dropout, false, ck); /* model.safetensors + config.json */
     if (!(ck->st = cg_checkpoint_open(path))) return with_path(path, CG_ERR_FORMAT, "");
     const char *arch = cg_st_metadata(ck->st, "arch"), *cfg = cg_st_metadata(ck->st, "config"),
                *tok = cg_st_metadata(ck->st, "tokenizer");

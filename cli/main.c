@@ -69,6 +69,10 @@ static const command commands[] = {
      "batches (50); encdec: loss and greedy exact match (--exact pairs, all); classifier: loss, accuracy and\n"
      "the majority-class rate."},
     {"info", cmd_info, cli_info_opts, "CKPT | --checkpoint CKPT", "what a checkpoint holds", NULL},
+    {"export", cmd_export, cli_export_opts, "CKPT DIR",
+     "a checkpoint as a Hugging Face model directory: model.safetensors, config.json, tokenizer files",
+     "DIR loads in transformers (gpt2: GPT2LMHeadModel, bert: BertForPreTraining) and back into cgrad:\n"
+     "every CKPT argument (--checkpoint, --init-from, info) also takes such a DIR or its .safetensors file."},
     {"plot", cmd_plot, cli_plot_opts, "METRICS.csv [--out FILE.svg] [options]", "draw a metrics CSV as an SVG loss chart",
      NULL},
     {"gradcheck", cmd_gradcheck, cli_gradcheck_opts, "[--op NAME] [--tol REL] [--threads N]",

@@ -94,6 +94,15 @@ typedef struct {
 cg_status cli_ckpt_load(const char *path, double dropout, cli_ckpt *ck);
 /* Frees everything the load made. */
 void cli_ckpt_free(cli_ckpt *ck);
+/* True if path is a directory or a file that is not gzip: a Hugging Face layout, not a checkpoint. */
+bool cli_hf_layout(const char *path);
+/* Opens a Hugging Face-layout model as a checkpoint (cli_ckpt_load does this for such a path): a
+ * directory holding model.safetensors + config.json + tokenizer files, or the .safetensors file with
+ * them beside it. partial: parameters the file lacks stay initialised and unknown tensors are
+ * skipped, both listed on stdout (a fine-tune's new head); otherwise every name must match. */
+cg_status cli_hf_load(const char *path, double dropout, bool partial, cli_ckpt *ck);
+/* Reads a Hugging Face-layout model's weights into m (every name must match). */
+cg_status cli_hf_read_weights(const char *path, cg_model *m);
 /* Integer field of a saved JSON object (numbers or decimal strings); dflt if absent or a number
  * outside int64. */
 int64_t cli_json_i64(const cJSON *o, const char *key, int64_t dflt);

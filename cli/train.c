@@ -874,7 +874,9 @@ int cmd_train(int argc, char **argv) {
     static char init_abs[4096];
     if (init) { /* a new run on a trained model: its shape and tokenizer come with it */
         /* the model takes this run's dropout (0 unless given), not the one its base trained with */
-        if (!realpath(o.init_from, init_abs) || cli_ckpt_load(init_abs, set[idx_dropout] ? o.dropout : 0, &ck)) {
+        const double d0 = set[idx_dropout] ? o.dropout : 0; /* Hugging Face layout: a new head may initialise */
+        if (!realpath(o.init_from, init_abs) ||
+            (cli_hf_layout(init_abs) ? cli_hf_load(init_abs, d0, true, &ck) : cli_ckpt_load(init_abs, d0, &ck))) {
             fprintf(stderr, "cgrad train: --init-from %s: %s\n", o.init_from, cg_last_error());
             goto done;
         }

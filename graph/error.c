@@ -1,5 +1,6 @@
 /* Errors are values: a status code plus a thread-local message naming the op and the shapes. */
 #include <stdio.h>
+#include <string.h>
 
 #include "graph/internal.h"
 
@@ -23,11 +24,15 @@ const char *cg_status_name(cg_status s) {
     return "unknown error";
 }
 
+/* Formats into a scratch buffer first: callers wrap the previous message ("...: %s",
+ * cg_last_error()), and vsnprintf onto its own argument is undefined (it garbled them). */
 cg_status cgi_fail(cg_status s, const char *fmt, ...) {
+    char msg[sizeof last_error];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    memcpy(last_error, msg, sizeof msg);
     return s;
 }
 

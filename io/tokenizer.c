@@ -684,44 +684,84 @@ static cg_tokenizer *load_serialized(const char *path) {
     return t;
 }
 
+/* The BPE pair in dir under either naming: GPT-2's release (encoder.json + vocab.bpe) or the
+ * Hugging Face hub's (vocab.json + merges.txt); NULL (no message) when dir holds neither pair. */
+static cg_tokenizer *load_bpe_pair(const char *dir, bool *found) {
+    static const char *const pairs[2][2] = {{"encoder.json", "vocab.bpe"}, {"vocab.json", "merges.txt"}};
+    *found = false;
+    cg_tokenizer *t = NULL;
+    for (int k = 0; k < 2 && !*found; k++) {
+        char *enc = join(dir, pairs[k][0]), *bpe = join(dir, pairs[k][1]);
+        if (enc && bpe && is_file(enc) && is_file(bpe)) {
+            *found = true;
+            t = cg_tokenizer_bpe_load(enc, bpe);
+        }
+        free(enc);
+        free(bpe);
+    }
+    return t;
+}
+
+/* The directory part of path ("." when it has none), malloc'd. */
+static char *dir_part(const char *path) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) return strdup(".");
+    size_t n = slash == path ? 1 : (size_t)(slash - path);
+    char *d = malloc(n + 1);
+    if (d) memcpy(d, path, n), d[n] = 0;
+    return d;
+}
+
 cg_tokenizer *cg_tokenizer_load(const char *path) {
     if (!path) {
         cgi_fail(CG_ERR_ARG, "[tokenizer] load: NULL path");
         return NULL;
     }
+    bool found = false;
+    cg_tokenizer *t = NULL;
     if (!is_dir(path)) {
         if (!is_file(path)) {
             cgi_fail(CG_ERR_IO, "[tokenizer] load: %s: no such file or directory", path);
             return NULL;
         }
+        /* one file of a BPE pair names the pair: the other one sits beside it */
+        static const char *const members[] = {"/encoder.json", "/vocab.bpe", "/vocab.json", "/merges.txt"};
+        for (int k = 0; k < 4; k++)
+            if (ends_with(path, members[k] + 1) && (!strcmp(path, members[k] + 1) || ends_with(path, members[k]))) {
+                char *dir = dir_part(path);
+                t = dir ? load_bpe_pair(dir, &found) : NULL;
+                if (dir && !found)
+                    cgi_fail(CG_ERR_IO, "[tokenizer] load: %s: its BPE partner (%s) is not beside it", path,
+                             k < 2 ? "encoder.json + vocab.bpe" : "vocab.json + merges.txt");
+                free(dir);
+                return t;
+            }
         if (ends_with(path, ".txt")) return cg_tokenizer_wordpiece_load(path);
         if (ends_with(path, ".json")) return load_serialized(path);
         cgi_fail(CG_ERR_ARG, "[tokenizer] load: %s: expected a directory, a vocab .txt or a .json file", path);
         return NULL;
     }
-    char *ser = join(path, "cg_tokenizer.json"), *enc = join(path, "encoder.json");
-    char *bpe = join(path, "vocab.bpe"), *txt = join(path, "vocab.txt");
-    cg_tokenizer *t = NULL;
-    if (ser && enc && bpe && txt) {
+    char *ser = join(path, "cg_tokenizer.json"), *txt = join(path, "vocab.txt");
+    if (ser && txt) {
         if (is_file(ser)) t = load_serialized(ser);
-        else if (is_file(enc) && is_file(bpe)) t = cg_tokenizer_bpe_load(enc, bpe);
-        else if (is_file(txt)) t = cg_tokenizer_wordpiece_load(txt);
+        else if ((t = load_bpe_pair(path, &found)) || found) {
+        } else if (is_file(txt)) t = cg_tokenizer_wordpiece_load(txt);
         else
-            cgi_fail(CG_ERR_IO, "[tokenizer] load: %s holds no cg_tokenizer.json, encoder.json + vocab.bpe "
-                     "or vocab.txt", path);
+            cgi_fail(CG_ERR_IO, "[tokenizer] load: %s holds no cg_tokenizer.json, encoder.json + vocab.bpe, "
+                     "vocab.json + merges.txt or vocab.txt", path);
     }
     free(ser);
-    free(enc);
-    free(bpe);
     free(txt);
     return t;
 }
 
-cg_status cg_tokenizer_save(const cg_tokenizer *t, const char *dir) {
+/* hub: BPE under the Hugging Face hub's names (vocab.json + merges.txt) instead of GPT-2's. */
+static cg_status save_as(const cg_tokenizer *t, const char *dir, bool hub) {
     if (!t || !dir) return cgi_fail(CG_ERR_ARG, "[tokenizer] save: NULL argument");
     if (!is_dir(dir) && mkdir(dir, 0777) != 0)
         return cgi_fail(CG_ERR_IO, "[tokenizer] save: cannot create directory %s: %s", dir, strerror(errno));
-    if (t->kind == CG_TOK_BPE) return cgi_bpe_save(t, dir);
+    if (t->kind == CG_TOK_BPE)
+        return cgi_bpe_save(t, dir, hub ? "vocab.json" : "encoder.json", hub ? "merges.txt" : "vocab.bpe");
     char *path = join(dir, t->kind == CG_TOK_WORDPIECE ? "vocab.txt" : "cg_tokenizer.json");
     if (!path) return CG_ERR_NOMEM;
     cg_status st;
@@ -746,3 +786,7 @@ cg_status cg_tokenizer_save(const cg_tokenizer *t, const char *dir) {
     free(path);
     return st;
 }
+
+cg_status cg_tokenizer_save(const cg_tokenizer *t, const char *dir) { return save_as(t, dir, false); }
+
+cg_status cg_tokenizer_save_hf(const cg_tokenizer *t, const char *dir) { return save_as(t, dir, true); }

@@ -49,14 +49,17 @@ cg_tokenizer *cg_tokenizer_wordpiece_load(const char *vocab_txt);
 /* As cg_tokenizer_wordpiece_load from the len bytes of a vocab.txt (not kept, need no NUL); name
  * names it in messages (NULL: "vocab.txt"). */
 cg_tokenizer *cg_tokenizer_wordpiece_from_memory(const char *vocab_txt, size_t len, const char *name);
-/* Loads by path: a directory holding cg_tokenizer.json, encoder.json + vocab.bpe, or vocab.txt
- * (tried in that order), a *.txt vocab file, or a *.json file from cg_tokenizer_serialize. NULL on
- * failure. Free with cg_tokenizer_free. */
+/* Loads by path: a directory holding cg_tokenizer.json, encoder.json + vocab.bpe, vocab.json +
+ * merges.txt (the Hugging Face hub's names), or vocab.txt (tried in that order), one file of a BPE
+ * pair (its partner beside it), a *.txt vocab file, or a *.json file from cg_tokenizer_serialize.
+ * NULL on failure. Free with cg_tokenizer_free. */
 cg_tokenizer *cg_tokenizer_load(const char *path);
 /* Writes the tokenizer into directory dir (created if missing) in the form cg_tokenizer_load reads:
  * bpe -> encoder.json + vocab.bpe (GPT-2's exact format), wordpiece -> vocab.txt, char ->
  * cg_tokenizer.json. */
 cg_status cg_tokenizer_save(const cg_tokenizer *tok, const char *dir);
+/* As cg_tokenizer_save with the Hugging Face hub's file names: bpe -> vocab.json + merges.txt. */
+cg_status cg_tokenizer_save_hf(const cg_tokenizer *tok, const char *dir);
 /* The whole tokenizer as one JSON string for a checkpoint ({"kind": "char", "codepoints": [...]},
  * {"kind": "bpe", "vocab": [...], "merges": ["a b", ...]} or {"kind": "wordpiece", "vocab":
  * [...]}); *json is malloc'd, the caller frees it. */

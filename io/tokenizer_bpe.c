@@ -365,7 +365,7 @@ static bool json_string(cgi_buf *b, const char *s, size_t len) {
     return ok && cgi_buf_add(b, "\"", 1);
 }
 
-cg_status cgi_bpe_save(const cg_tokenizer *t, const char *dir) {
+cg_status cgi_bpe_save(const cg_tokenizer *t, const char *dir, const char *vocab_name, const char *merges_name) {
     size_t dl = strlen(dir);
     char *path = malloc(dl + 16);
     cgi_buf b = {0};
@@ -380,7 +380,7 @@ cg_status cgi_bpe_save(const cg_tokenizer *t, const char *dir) {
     ok = ok && cgi_buf_add(&b, "}", 1);
     cg_status st = ok ? CG_OK : CG_ERR_NOMEM;
     if (st == CG_OK) {
-        snprintf(path, dl + 16, "%s/encoder.json", dir);
+        snprintf(path, dl + 16, "%s/%s", dir, vocab_name);
         st = cgi_write_file(path, b.s, b.n);
     }
     b.n = 0;
@@ -392,7 +392,7 @@ cg_status cgi_bpe_save(const cg_tokenizer *t, const char *dir) {
     }
     if (st == CG_OK && !ok) st = CG_ERR_NOMEM;
     if (st == CG_OK) {
-        snprintf(path, dl + 16, "%s/vocab.bpe", dir);
+        snprintf(path, dl + 16, "%s/%s", dir, merges_name);
         st = cgi_write_file(path, b.s, b.n);
     }
     free(b.s);

@@ -113,7 +113,7 @@ cg_status cgi_bpe_add_merge(cg_tokenizer *t, const char *s, size_t len, const ch
 cg_status cgi_bpe_finish(cg_tokenizer *t, const char *src);
 cg_status cgi_bpe_encode(const cg_tokenizer *t, const char *text, size_t len, int32_t **ids, int64_t *n);
 cg_status cgi_bpe_decode(const cg_tokenizer *t, const int32_t *ids, int64_t n, char **text, size_t *len);
-cg_status cgi_bpe_save(const cg_tokenizer *t, const char *dir);
+cg_status cgi_bpe_save(const cg_tokenizer *t, const char *dir, const char *vocab_name, const char *merges_name);
 /* Finds [UNK]; names src in errors. */
 cg_status cgi_wordpiece_finish(cg_tokenizer *t, const char *src);
 cg_status cgi_wordpiece_encode(const cg_tokenizer *t, const char *text, size_t len, int32_t **ids, int64_t *n);

@@ -137,7 +137,20 @@ static bool tensors_equal(const cg_st *f, const char *a, const char *b, int64_t 
     return eq;
 }
 
-cg_status cg_model_load(cg_model *m, const cg_st *f) {
+/* Appends ", name" (or "name" first) to a malloc'd list; false when out of memory. */
+static bool list_add(char **list, const char *name) {
+    size_t a = *list ? strlen(*list) : 0, b = strlen(name);
+    char *s = realloc(*list, a + b + 3);
+    if (!s) return false;
+    snprintf(s + a, b + 3, "%s%s", a ? ", " : "", name);
+    *list = s;
+    return true;
+}
+
+/* strict: every parameter must be in f and every tensor of f a parameter (or a known buffer or
+ * tied twin). Otherwise missing parameters keep their values and unknown tensors are listed in
+ * *skipped, missing parameters in *kept (both malloc'd, NULL when none). */
+static cg_status load_named(cg_model *m, const cg_st *f, bool strict, char **kept, char **skipped) {
     if (!m || !f) return cgi_fail(CG_ERR_ARG, "[model load] NULL model or file");
     const name_rules *r = &rules[m->arch];
     cg_params *ps = m->ps;
@@ -163,12 +176,17 @@ cg_status cg_model_load(cg_model *m, const cg_st *f) {
                 j = cg_st_find(f, full);
             }
             cg_tensor *p = cg_params_find(ps, twin);
+            if (j < 0 && !strict) continue; /* the twin is missing too: it keeps its value */
             if (j < 0 || !p || !tensors_equal(f, stored, cg_st_name(f, j), cg_numel(p)))
                 st = cgi_fail(CG_ERR_FORMAT, "[model load] tied tensor %s differs from %s (or %s is missing)", stored,
                               twin, twin);
             continue;
         }
         cg_tensor *p = cg_params_find(ps, name);
+        if (!p && !strict) {
+            if (!list_add(skipped, stored)) st = cgi_fail(CG_ERR_NOMEM, "[model load] out of memory");
+            continue;
+        }
         if (!p) {
             st = cgi_fail(CG_ERR_FORMAT, "[model load] tensor %s matches no %s parameter (is the config right?)",
                           stored, cg_arch_name(m->arch));
@@ -189,17 +207,40 @@ cg_status cg_model_load(cg_model *m, const cg_st *f) {
             }
     }
     for (int k = 0; !st && k < np; k++)
-        if (source[k] < 0)
-            st = cgi_fail(CG_ERR_FORMAT, "[model load] parameter %s is missing from the file", cg_name(cg_params_at(ps, k)));
+        if (source[k] < 0 && (strict || !cg_lora_is_adapter(cg_params_at(ps, k)))) {
+            if (strict)
+                st = cgi_fail(CG_ERR_FORMAT, "[model load] parameter %s is missing from the file",
+                              cg_name(cg_params_at(ps, k)));
+            else if (!list_add(kept, cg_name(cg_params_at(ps, k))))
+                st = cgi_fail(CG_ERR_NOMEM, "[model load] out of memory");
+        }
     /* Pass 2: read. Shapes were checked, so only a dtype the reader refuses can fail here. */
     for (int k = 0; !st && k < np; k++) {
         cg_tensor *p = cg_params_at(ps, k);
+        if (source[k] < 0) continue;
         cg_real *buf = malloc((size_t)cg_numel(p) * sizeof *buf);
         if (!buf) st = cgi_fail(CG_ERR_NOMEM, "[model load] out of memory");
         else if (!(st = cg_st_read(f, cg_st_name(f, source[k]), buf, cg_ndim(p), cg_shape(p)))) st = cg_write(p, buf);
         free(buf);
     }
     free(source);
+    return st;
+}
+
+cg_status cg_model_load(cg_model *m, const cg_st *f) { return load_named(m, f, true, NULL, NULL); }
+
+cg_status cg_model_load_partial(cg_model *m, const cg_st *f, char **kept, char **skipped) {
+    char *k = NULL, *s = NULL;
+    cg_status st = load_named(m, f, false, &k, &s);
+    if (st) {
+        free(k);
+        free(s);
+        k = s = NULL;
+    }
+    if (kept) *kept = k;
+    else free(k);
+    if (skipped) *skipped = s;
+    else free(s);
     return st;
 }
 
@@ -216,6 +257,27 @@ cg_status cg_model_save(cg_model *m, const char *path) {
     if (!st) st = cg_st_set_metadata(w, "arch", cg_arch_name(m->arch));
     if (!st) st = cg_st_write(w, path);
     free(cfg);
+    cg_st_writer_free(w);
+    return st;
+}
+
+/* transformers' own files: GPT2LMHeadModel's tensors live under "transformer.", its lm_head is the
+ * tied word embedding and not stored; BertForPreTraining stores its names as they are, without the
+ * tied decoder. The "format" metadata is what from_pretrained checks before it reads a file. */
+cg_status cg_model_save_hf(cg_model *m, const char *path) {
+    if (!m || !path) return cgi_fail(CG_ERR_ARG, "[model save] NULL argument");
+    cg_st_writer *w = cg_st_writer_new();
+    if (!w) return CG_ERR_NOMEM;
+    const char *prefix = m->arch == CG_ARCH_GPT2 ? rules[m->arch].prefix : "";
+    cg_status st = cg_st_set_metadata(w, "format", "pt");
+    for (int i = 0; !st && i < cg_params_count(m->ps); i++) {
+        cg_tensor *p = cg_params_at(m->ps, i);
+        if (cg_lora_is_adapter(p)) continue;
+        char name[512];
+        snprintf(name, sizeof name, "%s%s", prefix, cg_name(p));
+        st = cg_st_add_tensor(w, name, p);
+    }
+    if (!st) st = cg_st_write(w, path);
     cg_st_writer_free(w);
     return st;
 }

@@ -55,6 +55,15 @@ cg_classifier *cg_model_classifier(cg_model *m);
  * known buffers (attn.bias masks, position_ids) are skipped; any other unknown tensor, a missing
  * parameter or a wrong shape is an error naming it, and then no parameter has changed. */
 cg_status cg_model_load(cg_model *m, const cg_st *f);
+/* As cg_model_load, for starting from another model's weights: a parameter the file lacks keeps
+ * its value (a new head stays initialised) and a tensor that matches no parameter is skipped (the
+ * old head), but names that match must match in shape. *kept and *skipped (either may be NULL)
+ * receive malloc'd comma-separated names, or NULL when there are none; the caller frees them. */
+cg_status cg_model_load_partial(cg_model *m, const cg_st *f, char **kept, char **skipped);
+/* Writes the weights at path as transformers' save_pretrained does (model.safetensors): the
+ * arch's Hugging Face names (gpt2 under "transformer.", tied lm_head.weight and BERT's tied decoder
+ * left out), "format": "pt" metadata; LoRA adapters are not written (cg_lora_merge first). */
+cg_status cg_model_save_hf(cg_model *m, const char *path);
 /* Writes every parameter under its own name to a safetensors file at path (LoRA adapters excepted:
  * cg_lora_save writes those; cg_lora_merge first to fold them into the weights written here). */
 cg_status cg_model_save(cg_model *m, const char *path);

@@ -1,0 +1,347 @@
+/* The Hugging Face layout, in and out: `cgrad export CKPT DIR` writes model.safetensors (weights
+ * only, transformers' names), config.json and the tokenizer files, the way save_pretrained lays
+ * out a model; and every command that takes a checkpoint also takes such a directory (or its
+ * .safetensors file with config.json beside it), so `--init-from DIR` fine-tunes from one. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli/commands.h"
+#include "cli/session.h"
+#include "graph/internal.h"
+#include "optim/lora.h"
+
+static bool is_dir(const char *p) {
+    struct stat sb;
+    return !stat(p, &sb) && S_ISDIR(sb.st_mode);
+}
+
+static bool is_file(const char *p) {
+    struct stat sb;
+    return !stat(p, &sb) && S_ISREG(sb.st_mode);
+}
+
+static void path_join(char *out, size_t n, const char *dir, const char *name) {
+    snprintf(out, n, "%s%s%s", dir, *dir && dir[strlen(dir) - 1] == '/' ? "" : "/", name);
+}
+
+/* Fails with "[hf] file: " before the current message (copied first: it is the buffer written). */
+static cg_status with_file(cg_status st, const char *file) {
+    char msg[900];
+    snprintf(msg, sizeof msg, "%s", cg_last_error());
+    return cgi_fail(st, "[hf] %s: %s", file, msg);
+}
+
+/* The directory part of path ("." without one). */
+static void dir_of(const char *path, char *out, size_t n) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(out, n, ".");
+    else snprintf(out, n, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+}
+
+bool cli_hf_layout(const char *path) {
+    if (is_dir(path)) return true;
+    FILE *f = fopen(path, "rb");
+    if (!f) return false;
+    unsigned char b[2] = {0, 0};
+    const size_t n = fread(b, 1, 2, f);
+    fclose(f);
+    return !(n == 2 && b[0] == 0x1f && b[1] == 0x8b); /* gzip: a cgrad checkpoint */
+}
+
+/* Architecture a config.json describes: model_type gpt2 or bert, or a cgrad arch name. */
+static cg_status arch_of(const cJSON *cfg, const char *path, cg_arch *arch) {
+    const char *mt = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(cfg, "model_type"));
+    if (!mt) return cgi_fail(CG_ERR_FORMAT, "[hf] %s: no \"model_type\" (gpt2, bert, encdec or classifier)", path);
+    if (cg_arch_parse(mt, arch))
+        return cgi_fail(CG_ERR_FORMAT, "[hf] %s: model_type \"%s\" is not one cgrad has (gpt2, bert, encdec, classifier)",
+                        path, mt);
+    return CG_OK;
+}
+
+/* config.json of a BertForSequenceClassification without num_labels or id2label means 2 labels,
+ * as transformers reads it. */
+static void default_labels(cJSON *cfg) {
+    const cJSON *archs = cJSON_GetObjectItemCaseSensitive(cfg, "architectures");
+    const char *a0 = cJSON_GetStringValue(cJSON_GetArrayItem(archs, 0));
+    if (a0 && strstr(a0, "ForSequenceClassification") && !cJSON_GetObjectItemCaseSensitive(cfg, "num_labels") &&
+        !cJSON_GetObjectItemCaseSensitive(cfg, "id2label"))
+        cJSON_AddNumberToObject(cfg, "num_labels", 2);
+}
+
+/* The training shape of a model, as `cgrad train` names its options, so --init-from takes it. */
+static cJSON *shape_json(cg_model *m, const cg_tokenizer *tok, const char *tok_dir) {
+    static const char *const kinds[] = {"char", "bpe", "wordpiece"};
+    long long l = 0, h = 0, d = 0, f = 0, t = 0;
+    const cg_gpt_config *g = cg_gpt_cfg(cg_model_gpt(m));
+    const cg_bert_config *b = cg_bert_cfg(cg_model_bert(m));
+    const cg_encdec_config *e = cg_encdec_cfg(cg_model_encdec(m));
+    const cg_classifier_config *c = cg_classifier_cfg(cg_model_classifier(m));
+    if (g) l = g->n_layer, h = g->n_head, d = g->n_embd, f = g->n_inner > 0 ? g->n_inner : 4 * g->n_embd, t = g->n_positions;
+    if (b) l = b->num_hidden_layers, h = b->num_attention_heads, d = b->hidden_size, f = b->intermediate_size, t = b->max_position_embeddings;
+    if (e) l = e->num_encoder_layers, h = e->n_head, d = e->d_model, f = e->dim_feedforward, t = e->max_len;
+    if (c) l = c->n_layer, h = c->n_head, d = c->d_model, f = c->dim_feedforward, t = c->max_len;
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "arch", cg_arch_name(cg_model_arch(m)));
+    cJSON_AddStringToObject(j, "tokenizer", kinds[cg_tokenizer_kind(tok)]);
+    cJSON_AddStringToObject(j, "tokenizer_path", tok_dir);
+    cJSON_AddNumberToObject(j, "layers", (double)l);
+    cJSON_AddNumberToObject(j, "heads", (double)h);
+    cJSON_AddNumberToObject(j, "dim", (double)d);
+    cJSON_AddNumberToObject(j, "ffn", (double)f);
+    cJSON_AddNumberToObject(j, "context", (double)t);
+    return j;
+}
+
+/* Reads the labels of an id2label object {"0": "neg", ...} into ck. */
+static void read_labels(const cJSON *cfg, cli_ckpt *ck) {
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(cfg, "id2label");
+    const int n = cJSON_IsObject(m) ? cJSON_GetArraySize(m) : 0;
+    if (n <= 0 || !(ck->labels = calloc((size_t)n + 1, sizeof *ck->labels))) return;
+    ck->n_labels = n;
+    for (int i = 0; i < n; i++) {
+        char key[24];
+        snprintf(key, sizeof key, "%d", i);
+        const char *s = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(m, key));
+        ck->labels[i] = strdup(s ? s : "?");
+    }
+}
+
+/* Where the weights, config and tokenizer of path are: path a directory holding model.safetensors
+ * and config.json, or a .safetensors file with config.json (and the tokenizer) beside it. */
+static cg_status locate(const char *path, char *weights, char *config, char *dir, size_t n) {
+    if (is_dir(path)) {
+        snprintf(dir, n, "%s", path);
+        path_join(weights, n, path, "model.safetensors");
+        if (!is_file(weights)) {
+            char sharded[4200];
+            path_join(sharded, sizeof sharded, path, "model.safetensors.index.json");
+            return cgi_fail(CG_ERR_IO, "[hf] %s: no model.safetensors in this directory%s", path,
+                            is_file(sharded) ? " (a sharded model: cgrad reads one file, not model-0000N-of-N shards)"
+                                             : " (a Hugging Face model directory holds model.safetensors + config.json)");
+        }
+    } else {
+        snprintf(weights, n, "%s", path);
+        dir_of(path, dir, n);
+    }
+    path_join(config, n, dir, "config.json");
+    return CG_OK;
+}
+
+cg_status cli_hf_load(const char *path, double dropout, bool partial, cli_ckpt *ck) {
+    memset(ck, 0, sizeof *ck);
+    char weights[4200], config[4200], dir[4200];
+    cg_status st = locate(path, weights, config, dir, sizeof weights);
+    if (st) return st;
+    struct stat sb;
+    if (!stat(weights, &sb)) ck->file_bytes = (long long)sb.st_size;
+    if (!(ck->st = cg_st_open(weights))) {
+        char msg[900];
+        snprintf(msg, sizeof msg, "%s", cg_last_error());
+        return cgi_fail(CG_ERR_FORMAT, "[checkpoint] %s: neither a cgrad checkpoint (gzip, written by cgrad train) nor a "
+                        "safetensors file: %s", weights, msg);
+    }
+    /* config.json beside the weights; a file cg_model_save wrote carries its config in the metadata */
+    char *text = NULL;
+    size_t text_len = 0;
+    if (is_file(config) && cg_read_text_file(config, &text, &text_len)) {
+        char msg[900];
+        snprintf(msg, sizeof msg, "%s", cg_last_error());
+        cli_ckpt_free(ck);
+        return cgi_fail(CG_ERR_FORMAT, "[hf] %s", msg);
+    }
+    const char *meta_cfg = cg_st_metadata(ck->st, "config");
+    cJSON *cfg = text ? cJSON_Parse(text) : meta_cfg ? cJSON_Parse(meta_cfg) : NULL;
+    const char *cfg_name = text || !meta_cfg ? config : weights;
+    free(text);
+    if (!cfg || !cJSON_IsObject(cfg)) {
+        cJSON_Delete(cfg);
+        cli_ckpt_free(ck);
+        return cgi_fail(CG_ERR_FORMAT,
+                        is_file(config) ? "[hf] %s: not a JSON object" : "[hf] %s is a safetensors file, not a cgrad "
+                        "checkpoint (gzip): put the model's config.json beside it (the Hugging Face layout: "
+                        "model.safetensors + config.json + tokenizer files, as cgrad export writes), then pass the "
+                        "directory or the file",
+                        is_file(config) ? config : weights);
+    }
+    if (!cJSON_GetObjectItemCaseSensitive(cfg, "model_type") && cg_st_metadata(ck->st, "arch"))
+        cJSON_AddStringToObject(cfg, "model_type", cg_st_metadata(ck->st, "arch"));
+    default_labels(cfg);
+    if (!(st = arch_of(cfg, cfg_name, &ck->arch))) {
+        char *cfg_text = cJSON_PrintUnformatted(cfg);
+        ck->ps = cg_params_new();
+        ck->model = ck->ps && cfg_text ? cg_model_new(ck->arch, cfg_text, dropout < 0 ? 0 : dropout, ck->ps, 0) : NULL;
+        free(cfg_text);
+        if (!ck->model) st = with_file(CG_ERR_FORMAT, cfg_name);
+    }
+    char *kept = NULL, *skipped = NULL;
+    if (!st) {
+        st = partial ? cg_model_load_partial(ck->model, ck->st, &kept, &skipped) : cg_model_load(ck->model, ck->st);
+        if (st) st = with_file(st, weights);
+    }
+    if (!st && !(ck->tok = cg_tokenizer_load(dir)))
+        st = cgi_fail(CG_ERR_FORMAT, "[hf] %s: no tokenizer beside the weights: %s (cgrad export writes one)", dir,
+                      cg_last_error());
+    if (!st) {
+        ck->train = shape_json(ck->model, ck->tok, dir);
+        ck->state = cJSON_CreateObject();
+        read_labels(cfg, ck);
+        if (kept) printf("  %s: initialised (not in the file): %s\n", weights, kept);
+        if (skipped) printf("  %s: skipped (no such parameter): %s\n", weights, skipped);
+    }
+    free(kept);
+    free(skipped);
+    cJSON_Delete(cfg);
+    if (st) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", cg_last_error());
+        cli_ckpt_free(ck);
+        cgi_fail(st, "%s", msg);
+    }
+    return st;
+}
+
+cg_status cli_hf_read_weights(const char *path, cg_model *m) {
+    char weights[4200], config[4200], dir[4200];
+    cg_status st = locate(path, weights, config, dir, sizeof weights);
+    if (st) return st;
+    cg_st *f = cg_st_open(weights);
+    if (!f) return CG_ERR_FORMAT;
+    st = cg_model_load(m, f);
+    cg_st_close(f);
+    return st ? with_file(st, weights) : CG_OK;
+}
+
+/* ---- export ---- */
+
+const cli_opt cli_export_opts[] = {{NULL, CLI_BARE, 0, 0, NULL}};
+
+/* config.json as transformers reads it: the model's own config plus the class and the fields the
+ * class needs that cgrad does not keep (activation, tied embeddings, special token ids, dtype). */
+static cJSON *hf_config(cli_ckpt *ck) {
+    char *own = cg_model_config_json(ck->model);
+    cJSON *c = own ? cJSON_Parse(own) : NULL;
+    free(own);
+    if (!c) return NULL;
+    const double drop = cli_json_num(ck->train, "dropout", 0);
+    const char *dtype = sizeof(cg_real) == 8 ? "float64" : "float32";
+    const cg_tokenizer *tok = ck->tok;
+    cJSON *archs = cJSON_CreateArray();
+    cJSON_AddItemToObject(c, "architectures", archs);
+    if (ck->arch == CG_ARCH_GPT2) {
+        cJSON_AddItemToArray(archs, cJSON_CreateString("GPT2LMHeadModel"));
+        cJSON_AddNumberToObject(c, "n_ctx", cJSON_GetObjectItemCaseSensitive(c, "n_positions")->valuedouble);
+        cJSON_AddStringToObject(c, "activation_function", "gelu_new");
+        cJSON_AddNumberToObject(c, "resid_pdrop", drop);
+        cJSON_AddNumberToObject(c, "embd_pdrop", drop);
+        cJSON_AddNumberToObject(c, "attn_pdrop", drop);
+        const int32_t eot = cg_tokenizer_token_id(tok, "<|endoftext|>");
+        if (eot >= 0) {
+            cJSON_AddNumberToObject(c, "bos_token_id", eot);
+            cJSON_AddNumberToObject(c, "eos_token_id", eot);
+        } else { /* transformers' defaults (50256) would lie outside a smaller vocabulary */
+            cJSON_AddNullToObject(c, "bos_token_id");
+            cJSON_AddNullToObject(c, "eos_token_id");
+        }
+    } else if (ck->arch == CG_ARCH_BERT) {
+        const bool cls = cJSON_GetObjectItemCaseSensitive(c, "num_labels")->valuedouble > 0;
+        cJSON_AddItemToArray(archs, cJSON_CreateString(cls ? "BertForSequenceClassification" : "BertForPreTraining"));
+        if (!cls) cJSON_DeleteItemFromObjectCaseSensitive(c, "num_labels"); /* 0 would break transformers' id2label */
+        cJSON_AddNumberToObject(c, "hidden_dropout_prob", drop);
+        cJSON_AddNumberToObject(c, "attention_probs_dropout_prob", drop);
+        cJSON_AddStringToObject(c, "position_embedding_type", "absolute");
+        const int32_t pad = cg_tokenizer_token_id(tok, "[PAD]");
+        cJSON_AddNumberToObject(c, "pad_token_id", pad >= 0 ? pad : 0);
+    }
+    /* classifier and encdec are cgrad's own (torch nn.Transformer names): no transformers class */
+    cJSON_AddNumberToObject(c, "initializer_range", 0.02);
+    cJSON_AddBoolToObject(c, "tie_word_embeddings", ck->arch == CG_ARCH_GPT2 || ck->arch == CG_ARCH_BERT);
+    cJSON_AddStringToObject(c, "torch_dtype", dtype);
+    if (ck->n_labels > 0) {
+        cJSON *i2l = cJSON_CreateObject(), *l2i = cJSON_CreateObject();
+        for (int i = 0; i < ck->n_labels; i++) {
+            char k[24];
+            snprintf(k, sizeof k, "%d", i);
+            cJSON_AddStringToObject(i2l, k, ck->labels[i]);
+            cJSON_AddNumberToObject(l2i, ck->labels[i], i);
+        }
+        cJSON_AddItemToObject(c, "id2label", i2l);
+        cJSON_AddItemToObject(c, "label2id", l2i);
+    }
+    return c;
+}
+
+static cg_status write_json(const char *dir, const char *name, cJSON *j) {
+    char path[4200];
+    path_join(path, sizeof path, dir, name);
+    char *s = j ? cJSON_Print(j) : NULL;
+    FILE *f = s ? fopen(path, "wb") : NULL;
+    bool ok = f && fputs(s, f) >= 0 && fputc('\n', f) != EOF;
+    if (f && fclose(f)) ok = false;
+    free(s);
+    return ok ? CG_OK : cgi_fail(CG_ERR_IO, "[export] %s: cannot write: %s", path, strerror(errno));
+}
+
+/* tokenizer_config.json: which transformers class reads the tokenizer files. */
+static cJSON *tokenizer_config(const cli_ckpt *ck) {
+    cJSON *t = cJSON_CreateObject();
+    const cJSON *ctx = cJSON_GetObjectItemCaseSensitive(ck->train, "context");
+    if (cg_tokenizer_kind(ck->tok) == CG_TOK_BPE) {
+        cJSON_AddStringToObject(t, "tokenizer_class", "GPT2Tokenizer");
+        if (cg_tokenizer_token_id(ck->tok, "<|endoftext|>") >= 0) {
+            cJSON_AddStringToObject(t, "bos_token", "<|endoftext|>");
+            cJSON_AddStringToObject(t, "eos_token", "<|endoftext|>");
+            cJSON_AddStringToObject(t, "unk_token", "<|endoftext|>");
+        }
+    } else if (cg_tokenizer_kind(ck->tok) == CG_TOK_WORDPIECE) {
+        cJSON_AddStringToObject(t, "tokenizer_class", "BertTokenizer");
+        cJSON_AddBoolToObject(t, "do_lower_case", true);
+    } else {
+        cJSON_AddStringToObject(t, "tokenizer_class", "cgrad char (cg_tokenizer.json: one token per code point)");
+    }
+    if (cJSON_IsNumber(ctx)) cJSON_AddNumberToObject(t, "model_max_length", ctx->valuedouble);
+    return t;
+}
+
+int cmd_export(int argc, char **argv) {
+    cli_args a;
+    if (!cli_parse("export", cli_export_opts, argc, argv, &a) || !cli_words(&a, 2, 2, "CKPT and DIR")) return 2;
+    const char *ckpt = a.words[0], *dir = a.words[1];
+    cli_ckpt ck;
+    if (cli_ckpt_load(ckpt, 0.0, &ck)) return cli_fail("export", "cannot load the checkpoint");
+    int rc = 1;
+    bool lora = false;
+    for (int i = 0; i < cg_params_count(ck.ps); i++) lora |= cg_lora_is_adapter(cg_params_at(ck.ps, i));
+    if (lora && cg_lora_merge(ck.ps)) {
+        cli_fail("export", "cannot merge the LoRA adapters");
+        goto done;
+    }
+    if (!is_dir(dir) && mkdir(dir, 0777)) {
+        fprintf(stderr, "cgrad export: cannot create the directory %s: %s\n", dir, strerror(errno));
+        goto done;
+    }
+    char path[4200];
+    path_join(path, sizeof path, dir, "model.safetensors");
+    cJSON *cfg = hf_config(&ck), *tcfg = tokenizer_config(&ck);
+    cg_status st = cg_model_save_hf(ck.model, path);
+    if (!st) st = write_json(dir, "config.json", cfg);
+    if (!st) st = cg_tokenizer_save_hf(ck.tok, dir);
+    if (!st) st = write_json(dir, "tokenizer_config.json", tcfg);
+    cJSON_Delete(cfg);
+    cJSON_Delete(tcfg);
+    if (st) {
+        cli_fail("export", dir);
+        goto done;
+    }
+    static const char *const tok_files[] = {"cg_tokenizer.json (cgrad's own: transformers has no char tokenizer)",
+                                            "vocab.json + merges.txt", "vocab.txt"};
+    printf("exported %s (%s, %lld parameters%s) to %s: model.safetensors, config.json, %s, tokenizer_config.json\n",
+           ckpt, cg_arch_name(ck.arch), (long long)cg_params_numel(ck.ps), lora ? ", LoRA merged" : "", dir,
+           tok_files[cg_tokenizer_kind(ck.tok)]);
+    rc = 0;
+done:
+    cli_ckpt_free(&ck);
+    return rc;
+}
