@@ -161,3 +161,64 @@ int32_t cg_sample(const cg_real *logits, int64_t v, const cg_sampling *s, cg_rng
     free(c);
     return pick;
 }
+
+cg_tensor *cg_kv_cache_extend(cg_graph *g, cg_kv_cache *c, int64_t layer, bool values, cg_tensor *fresh) {
+    if (!fresh || !c) return NULL;
+    const int64_t h = c->heads, d = c->head_dim, cap = c->cap;
+    if (cg_ndim(fresh) != 4 || cg_dim(fresh, 1) != h || cg_dim(fresh, 3) != d) {
+        cgi_fail(CG_ERR_SHAPE, "[kv cache] keys%s do not fit a cache of %lld heads of %lld", cgi_shp(fresh),
+                 (long long)h, (long long)d);
+        return NULL;
+    }
+    int64_t s[4] = {1, h, cap, d}, st[4] = {h * cap * d, cap * d, d, 1};
+    cg_real *store = (values ? c->v : c->k) + layer * h * cap * d;
+    return cg_append_into(g, cg_wrap(g, "kv_cache", CG_REAL, 4, s, st, store), c->len, fresh, 2);
+}
+
+cg_status cg_decoder_generate(cg_decoder_forward fwd, const void *model, const cg_decoder_info *info,
+                              const int32_t *prompt, int64_t n_prompt, int64_t n_new, const cg_sampling *s,
+                              uint64_t seed, bool use_cache, int32_t *out) {
+    const char *what = info && info->name ? info->name : "generate";
+    if (!fwd || !model || !info || !prompt || !out || n_prompt <= 0 || n_new < 0)
+        return cgi_fail(CG_ERR_ARG, "[%s] need a model, a non-empty prompt and an output buffer", what);
+    const int64_t total = n_prompt + n_new, v = info->vocab;
+    if (total > info->context)
+        return cgi_fail(CG_ERR_ARG, "[%s] %lld prompt + %lld new tokens exceed the context of %lld", what,
+                        (long long)n_prompt, (long long)n_new, (long long)info->context);
+    for (int64_t i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= v)
+            return cgi_fail(CG_ERR_RANGE, "[%s] prompt token %d at %lld outside vocabulary [0, %lld)", what, prompt[i],
+                            (long long)i, (long long)v);
+    memcpy(out, prompt, (size_t)n_prompt * sizeof *out);
+    cg_graph *g = cg_graph_new(CG_EVAL);
+    cg_kv_cache kc = {.cap = total, .heads = info->kv_heads, .head_dim = info->head_dim};
+    cg_status st = g ? CG_OK : CG_ERR_NOMEM;
+    if (!st && use_cache) {
+        size_t per = (size_t)(info->layers * info->kv_heads * info->head_dim * total);
+        kc.k = malloc(per * sizeof(cg_real));
+        kc.v = malloc(per * sizeof(cg_real));
+        if (!kc.k || !kc.v) st = cgi_fail(CG_ERR_NOMEM, "[%s] out of memory", what);
+    }
+    cg_rng r;
+    cg_rng_seed(&r, seed);
+    for (int64_t n = n_prompt; !st && n < total; n++) {
+        cg_graph_reset(g);
+        /* With the cache, the first step feeds the whole prompt and later steps one token. */
+        const int64_t from = use_cache ? kc.len : 0, t = n - from;
+        cg_tensor *ids = cg_input(g, "ids", CG_INT32, 2, (int64_t[]){1, t});
+        if (ids) memcpy(cg_idata(ids), out + from, (size_t)t * sizeof(int32_t));
+        cg_tensor *logits = fwd(g, model, ids, use_cache ? &kc : NULL);
+        if (!logits) {
+            st = CG_ERR_SHAPE;
+            break;
+        }
+        st = cg_graph_forward(g);
+        if (st) break;
+        if (use_cache) kc.len += t; /* forward wrote this step's keys and values into the cache */
+        out[n] = cg_sample(cg_data(logits) + (t - 1) * v, v, s, &r);
+    }
+    free(kc.k);
+    free(kc.v);
+    cg_graph_free(g);
+    return st;
+}

@@ -49,6 +49,35 @@ int32_t cg_sample(const cg_real *logits, int64_t v, const cg_sampling *s, cg_rng
  * as the smallest); returns min(k, n). A heap of k: O(n log k) time, no allocation. */
 int64_t cg_top_k(const cg_real *x, int64_t n, int64_t k, int32_t *idx);
 
+/* Keys and values of earlier positions, kept across generation steps: per layer [heads, cap, head_dim]. */
+typedef struct {
+    cg_real *k, *v;           /* layers * heads * cap * head_dim each */
+    int64_t len, cap;         /* positions held, and room */
+    int64_t heads, head_dim;  /* key/value heads and their width */
+} cg_kv_cache;
+
+/* Writes this step's keys (values if values) fresh[1, heads, T, head_dim] of layer into c after the
+ * len positions held, and returns all of them, [1, heads, len + T, head_dim] read in place. */
+cg_tensor *cg_kv_cache_extend(cg_graph *g, cg_kv_cache *c, int64_t layer, bool values, cg_tensor *fresh);
+
+/* A decoder's forward for generation: int32 ids [1, T] -> logits [1, T, vocab]; with a cache its
+ * positions start at cache->len and each layer extends the cache (the caller then adds T to len). */
+typedef cg_tensor *(*cg_decoder_forward)(cg_graph *g, const void *model, cg_tensor *ids, cg_kv_cache *cache);
+
+/* What cg_decoder_generate needs to know of a decoder. */
+typedef struct {
+    const char *name;                  /* for messages, e.g. "gpt generate" */
+    int64_t vocab, context;            /* logits per position, longest sequence */
+    int64_t layers, kv_heads, head_dim; /* the cache's shape */
+} cg_decoder_info;
+
+/* Sampling loop shared by the zoo's decoders: n_new tokens after the prompt into out[n_prompt +
+ * n_new] (prompt copied first); with use_cache the first step feeds the prompt and later steps one
+ * token through cached keys and values, else every step recomputes the whole sequence. */
+cg_status cg_decoder_generate(cg_decoder_forward fwd, const void *model, const cg_decoder_info *info,
+                              const int32_t *prompt, int64_t n_prompt, int64_t n_new, const cg_sampling *s,
+                              uint64_t seed, bool use_cache, int32_t *out);
+
 #ifdef __cplusplus
 }
 #endif

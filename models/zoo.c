@@ -14,18 +14,19 @@ struct cg_model {
     void *impl;
 };
 
-static const char *arch_names[] = {"gpt2", "bert", "encdec", "classifier"};
+static const char *arch_names[] = {"gpt2", "bert", "encdec", "classifier", "llama"};
+#define N_ARCH (int)(sizeof arch_names / sizeof arch_names[0])
 
 cg_status cg_arch_parse(const char *name, cg_arch *arch) {
-    for (int i = 0; name && i < 4; i++)
+    for (int i = 0; name && i < N_ARCH; i++)
         if (!strcmp(name, arch_names[i])) {
             *arch = (cg_arch)i;
             return CG_OK;
         }
-    return cgi_fail(CG_ERR_ARG, "[arch] unknown architecture '%s' (gpt2, bert, encdec, classifier)", name ? name : "(null)");
+    return cgi_fail(CG_ERR_ARG, "[arch] unknown architecture '%s' (gpt2, bert, encdec, classifier, llama)", name ? name : "(null)");
 }
 
-const char *cg_arch_name(cg_arch arch) { return (unsigned)arch < 4 ? arch_names[arch] : "?"; }
+const char *cg_arch_name(cg_arch arch) { return (unsigned)arch < N_ARCH ? arch_names[arch] : "?"; }
 
 cg_model *cg_model_new(cg_arch arch, const char *config_json, double dropout, cg_params *ps, uint64_t seed) {
     cg_model *m = calloc(1, sizeof *m);
@@ -58,6 +59,11 @@ cg_model *cg_model_new(cg_arch arch, const char *config_json, double dropout, cg
             c.dropout = dropout, m->impl = cg_classifier_new(&c, ps, seed);
         break;
     }
+    case CG_ARCH_LLAMA: {
+        cg_llama_config c;
+        if (!(s = cg_llama_config_parse(config_json, &c))) c.dropout = dropout, m->impl = cg_llama_new(&c, ps, seed);
+        break;
+    }
     default: cgi_fail(CG_ERR_ARG, "[model] unknown arch %d", (int)arch);
     }
     if (!m->impl) {
@@ -74,6 +80,7 @@ void cg_model_free(cg_model *m) {
     case CG_ARCH_BERT: cg_bert_free(m->impl); break;
     case CG_ARCH_ENCDEC: cg_encdec_free(m->impl); break;
     case CG_ARCH_CLASSIFIER: cg_classifier_free(m->impl); break;
+    case CG_ARCH_LLAMA: cg_llama_free(m->impl); break;
     }
     free(m);
 }
@@ -87,6 +94,23 @@ cg_gpt *cg_model_gpt(cg_model *m) { return m && m->arch == CG_ARCH_GPT2 ? m->imp
 cg_bert *cg_model_bert(cg_model *m) { return m && m->arch == CG_ARCH_BERT ? m->impl : NULL; }
 cg_encdec *cg_model_encdec(cg_model *m) { return m && m->arch == CG_ARCH_ENCDEC ? m->impl : NULL; }
 cg_classifier *cg_model_classifier(cg_model *m) { return m && m->arch == CG_ARCH_CLASSIFIER ? m->impl : NULL; }
+cg_llama *cg_model_llama(cg_model *m) { return m && m->arch == CG_ARCH_LLAMA ? m->impl : NULL; }
+bool cg_model_is_decoder(const cg_model *m) { return m && (m->arch == CG_ARCH_GPT2 || m->arch == CG_ARCH_LLAMA); }
+
+int64_t cg_model_context(const cg_model *m) {
+    if (!m) return 0;
+    if (m->arch == CG_ARCH_GPT2) return cg_gpt_cfg(m->impl)->n_positions;
+    if (m->arch == CG_ARCH_LLAMA) return cg_llama_cfg(m->impl)->max_position_embeddings;
+    return 0;
+}
+
+cg_status cg_model_generate(const cg_model *m, const int32_t *prompt, int64_t n_prompt, int64_t n_new,
+                            const cg_sampling *s, uint64_t seed, bool use_cache, int32_t *out) {
+    if (m && m->arch == CG_ARCH_GPT2) return cg_gpt_generate(m->impl, prompt, n_prompt, n_new, s, seed, use_cache, out);
+    if (m && m->arch == CG_ARCH_LLAMA) return cg_llama_generate(m->impl, prompt, n_prompt, n_new, s, seed, use_cache, out);
+    return cgi_fail(CG_ERR_ARG, "[generate] a %s model does not generate text (gpt2, llama do)",
+                    m ? cg_arch_name(m->arch) : "NULL");
+}
 
 char *cg_model_config_json(const cg_model *m) {
     if (!m) return NULL;
@@ -95,6 +119,7 @@ char *cg_model_config_json(const cg_model *m) {
     case CG_ARCH_BERT: return cg_bert_config_json(cg_bert_cfg(m->impl));
     case CG_ARCH_ENCDEC: return cg_encdec_config_json(cg_encdec_cfg(m->impl));
     case CG_ARCH_CLASSIFIER: return cg_classifier_config_json(cg_classifier_cfg(m->impl));
+    case CG_ARCH_LLAMA: return cg_llama_config_json(cg_llama_cfg(m->impl));
     }
     return NULL;
 }
@@ -107,7 +132,7 @@ typedef struct {
     const char *skip_suffix[3];    /* buffers that are not parameters */
 } name_rules;
 
-static const name_rules rules[4] = {
+static const name_rules rules[] = {
     [CG_ARCH_GPT2] = {"transformer.", {{"lm_head.weight", "wte.weight"}}, {".attn.bias", ".attn.masked_bias"}},
     [CG_ARCH_BERT] = {NULL,
                       {{"cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight"},
@@ -115,7 +140,10 @@ static const name_rules rules[4] = {
                       {"embeddings.position_ids"}},
     [CG_ARCH_ENCDEC] = {NULL, {{0}}, {0}},
     [CG_ARCH_CLASSIFIER] = {NULL, {{0}}, {0}},
+    /* lm_head.weight is a parameter of its own unless tie_word_embeddings; the tie applies only then */
+    [CG_ARCH_LLAMA] = {NULL, {{"lm_head.weight", "model.embed_tokens.weight"}}, {".rotary_emb.inv_freq"}},
 };
+_Static_assert(sizeof rules / sizeof rules[0] == sizeof arch_names / sizeof arch_names[0], "a name rule per arch");
 
 static bool ends_with(const char *s, const char *suffix) {
     size_t a = strlen(s), b = strlen(suffix);
@@ -167,7 +195,7 @@ static cg_status load_named(cg_model *m, const cg_st *f, bool strict, char **kep
         if (skip) continue;
         const char *twin = NULL;
         for (int k = 0; k < 2 && r->tied[k][0]; k++)
-            if (!strcmp(name, r->tied[k][0])) twin = r->tied[k][1];
+            if (!strcmp(name, r->tied[k][0]) && !cg_params_find(ps, name)) twin = r->tied[k][1];
         if (twin) {
             int j = cg_st_find(f, twin);
             if (j < 0 && r->prefix) {
@@ -295,9 +323,10 @@ cg_status cg_model_build(cg_graph *g, cg_model *m, int64_t batch, int64_t t, int
     if (!g || !m || !o) return cgi_fail(CG_ERR_ARG, "[model build] NULL argument");
     memset(o, 0, sizeof *o);
     switch (m->arch) {
-    case CG_ARCH_GPT2: {
+    case CG_ARCH_GPT2:
+    case CG_ARCH_LLAMA: {
         cg_tensor *ids = add_input(g, o, "input_ids", 2, batch, t), *tg = add_input(g, o, "targets", 2, batch, t);
-        o->logits = cg_gpt_logits(g, m->impl, ids);
+        o->logits = m->arch == CG_ARCH_LLAMA ? cg_llama_logits(g, m->impl, ids) : cg_gpt_logits(g, m->impl, ids);
         o->loss = cg_cross_entropy(g, o->logits, tg, -100);
         break;
     }

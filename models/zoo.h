@@ -10,6 +10,7 @@
 #include "classifier.h"
 #include "encdec.h"
 #include "gpt.h"
+#include "llama.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -20,10 +21,11 @@ typedef enum {
     CG_ARCH_GPT2,      /* GPT-2 decoder, language modelling */
     CG_ARCH_BERT,      /* BERT encoder, masked LM and next sentence (or a classification head) */
     CG_ARCH_ENCDEC,    /* encoder-decoder, sequence to sequence */
-    CG_ARCH_CLASSIFIER /* encoder with mean pooling, text classification */
+    CG_ARCH_CLASSIFIER, /* encoder with mean pooling, text classification */
+    CG_ARCH_LLAMA       /* LLaMA decoder (RMSNorm, SwiGLU, RoPE, grouped-query attention), language modelling */
 } cg_arch;
 
-/* Arch named "gpt2", "bert", "encdec" or "classifier"; CG_ERR_ARG otherwise. */
+/* Arch named "gpt2", "bert", "encdec", "classifier" or "llama"; CG_ERR_ARG otherwise. */
 cg_status cg_arch_parse(const char *name, cg_arch *arch);
 /* The arch's name. */
 const char *cg_arch_name(cg_arch arch);
@@ -49,11 +51,21 @@ cg_bert *cg_model_bert(cg_model *m);
 cg_encdec *cg_model_encdec(cg_model *m);
 /* The wrapped model, or NULL if the arch differs. */
 cg_classifier *cg_model_classifier(cg_model *m);
+/* The wrapped model, or NULL if the arch differs. */
+cg_llama *cg_model_llama(cg_model *m);
+/* True for the language-model decoders (gpt2, llama): they generate and train on input_ids, targets. */
+bool cg_model_is_decoder(const cg_model *m);
+/* A decoder's longest sequence (n_positions, max_position_embeddings); 0 for other archs. */
+int64_t cg_model_context(const cg_model *m);
+/* A decoder's generation (cg_gpt_generate, cg_llama_generate); CG_ERR_ARG for other archs. */
+cg_status cg_model_generate(const cg_model *m, const int32_t *prompt, int64_t n_prompt, int64_t n_new,
+                            const cg_sampling *s, uint64_t seed, bool use_cache, int32_t *out);
 
 /* Loads every parameter from f by the arch's names: GPT-2 names may carry a "transformer."
- * prefix, tied duplicates (lm_head.weight, cls.predictions.decoder.*) must equal their twin,
- * known buffers (attn.bias masks, position_ids) are skipped; any other unknown tensor, a missing
- * parameter or a wrong shape is an error naming it, and then no parameter has changed. */
+ * prefix, tied duplicates (lm_head.weight of GPT-2 and of a tied LLaMA, cls.predictions.decoder.*)
+ * must equal their twin, known buffers (attn.bias masks, position_ids, rotary inv_freq) are skipped;
+ * any other unknown tensor, a missing parameter or a wrong shape is an error naming it, and then no
+ * parameter has changed. */
 cg_status cg_model_load(cg_model *m, const cg_st *f);
 /* As cg_model_load, for starting from another model's weights: a parameter the file lacks keeps
  * its value (a new head stays initialised) and a tensor that matches no parameter is skipped (the
@@ -68,7 +80,7 @@ cg_status cg_model_save_hf(cg_model *m, const char *path);
  * cg_lora_save writes those; cg_lora_merge first to fold them into the weights written here). */
 cg_status cg_model_save(cg_model *m, const char *path);
 
-/* A training graph: the batch inputs (named as in the batch files: gpt2 input_ids, targets;
+/* A training graph: the batch inputs (named as in the batch files: gpt2 and llama input_ids, targets;
  * bert input_ids, token_type_ids, attention_mask, labels, next_sentence_label; encdec src,
  * src_mask, tgt_in, tgt_out; classifier input_ids, attention_mask, labels) and the outputs. */
 typedef struct {

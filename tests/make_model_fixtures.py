@@ -207,11 +207,12 @@ def gelu_erf(x):
     return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
 
 
-def run_family(arch, model, batch, forward, config, seed, extra_expected_keys=()):
-    """forward(model, batch) -> dict with 'logits', 'loss' (+extras). Writes all five files."""
+def run_family(arch, model, batch, forward, config, seed, extra_expected_keys=(), init=None):
+    """forward(model, batch) -> dict with 'logits', 'loss' (+extras). Writes all five files.
+    init(model, seed) replaces init_params (families whose norms are not nn.LayerNorm)."""
     d = os.path.join(OUT, arch)
     os.makedirs(d, exist_ok=True)
-    init_params(model, seed)
+    (init or init_params)(model, seed)
     model.train()  # no dropout anywhere, but training mode (and no torch fast paths)
     w0 = params_of(model)
     shadow = copy.deepcopy(model).float()  # the same run in float32, to size the C side's tolerances

@@ -295,8 +295,8 @@ static void bert_fused_head(void) {
 
 int main(void) {
     bert_fused_head();
-    const char *archs[4] = {"gpt2", "bert", "encdec", "classifier"};
-    for (int i = 0; i < 4; i++) parity(archs[i]);
+    const char *archs[5] = {"gpt2", "bert", "encdec", "classifier", "llama"};
+    for (int i = 0; i < 5; i++) parity(archs[i]);
     hf_layouts();
     TEST_END();
 }
