@@ -51,9 +51,12 @@ int64_t cg_top_k(const cg_real *x, int64_t n, int64_t k, int32_t *idx);
 
 /* Keys and values of earlier positions, kept across generation steps: per layer [heads, cap, head_dim]. */
 typedef struct {
-    cg_real *k, *v;           /* layers * heads * cap * head_dim each */
-    int64_t len, cap;         /* positions held, and room */
-    int64_t heads, head_dim;  /* key/value heads and their width */
+    cg_real *k;       /* keys: layers * heads * cap * head_dim */
+    cg_real *v;       /* values, laid out as k */
+    int64_t len;      /* positions held */
+    int64_t cap;      /* positions there is room for */
+    int64_t heads;    /* key/value heads */
+    int64_t head_dim; /* features per head */
 } cg_kv_cache;
 
 /* Writes this step's keys (values if values) fresh[1, heads, T, head_dim] of layer into c after the
@@ -66,9 +69,12 @@ typedef cg_tensor *(*cg_decoder_forward)(cg_graph *g, const void *model, cg_tens
 
 /* What cg_decoder_generate needs to know of a decoder. */
 typedef struct {
-    const char *name;                  /* for messages, e.g. "gpt generate" */
-    int64_t vocab, context;            /* logits per position, longest sequence */
-    int64_t layers, kv_heads, head_dim; /* the cache's shape */
+    const char *name;  /* for messages, e.g. "gpt generate" */
+    int64_t vocab;     /* logits per position */
+    int64_t context;   /* longest sequence */
+    int64_t layers;    /* blocks, each with its cache */
+    int64_t kv_heads;  /* key/value heads of a block */
+    int64_t head_dim;  /* features per head */
 } cg_decoder_info;
 
 /* Sampling loop shared by the zoo's decoders: n_new tokens after the prompt into out[n_prompt +
