@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "cli/commands.h"
+#include "graph/internal.h"
 
 const char *cli_arg(int argc, char **argv, const char *name) {
     for (int i = 0; i + 1 < argc; i++)
@@ -227,4 +228,25 @@ void cli_print_opts(FILE *f, const char *cmd, const cli_opt *o) {
         if (o->kind == CLI_INT || o->kind == CLI_NUM) fprintf(f, "\t%.17g\t%.17g", o->lo, o->hi);
         fprintf(f, "\n");
     }
+}
+
+const char *cli_default_data(const char *rel, const char *flag) {
+    static char found[4][4096];
+    static int k;
+    char *out = found[k = (k + 1) % 4];
+    const char *env = getenv("CGRAD_DATA");
+    char first[4096] = "", cwd[4096];
+    if (env && *env) {
+        snprintf(out, sizeof found[0], "%s/%s", env, rel);
+        if (!access(out, R_OK)) return out;
+        snprintf(first, sizeof first, "%s (CGRAD_DATA) and ", out);
+    }
+    snprintf(out, sizeof found[0], "data/%s", rel);
+    if (!access(out, R_OK)) return out;
+    cgi_fail(CG_ERR_IO,
+             "[data] the default %s is not there: looked for %sdata/%s (in %s)%s; give %s, or set CGRAD_DATA to a folder "
+             "that holds %s (./setup.sh puts the default data in the source tree's data/)",
+             rel, first, rel, getcwd(cwd, sizeof cwd) ? cwd : ".",
+             env && *env ? "" : " (CGRAD_DATA is not set)", flag, rel);
+    return NULL;
 }

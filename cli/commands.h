@@ -87,6 +87,10 @@ bool cli_require(const cli_args *a, const char *flag, const char *value);
 bool cli_wants_help(const cli_opt *opts, int argc, char **argv);
 /* The default of train option flag for --arch arch (NULL: gpt2) into buf ("" when it has none). */
 void cli_train_default(const char *arch, const char *flag, char *buf, size_t n);
+/* A default data file or folder rel: $CGRAD_DATA/rel if CGRAD_DATA is set and it is there, else
+ * data/rel under the working directory; NULL when neither exists, with cg_last_error() naming every
+ * place looked and how to point at data (flag, or CGRAD_DATA). A static buffer (4 in turn). */
+const char *cli_default_data(const char *rel, const char *flag);
 /* True if the option was given. */
 bool cli_has(const cli_args *a, const char *flag);
 /* The checked value of an option, or dflt when it was not given. */

@@ -47,9 +47,13 @@ typedef struct {
 static const cli_opt no_opts[] = {{NULL, CLI_BARE, 0, 0, NULL}};
 
 static const command commands[] = {
-    {"train", cmd_train, cli_train_opts, "[--resume [CKPT]] [options]",
+    {"train", cmd_train, cli_train_opts, "[--config run.json] [--resume [CKPT]] [options]",
      "train a model (no options: a character-level GPT on moby-dick.txt, a few minutes on 2 cores)",
-     "Defaults shown are --arch's (cgrad train --arch bert --help: BERT's).\n"
+     "Defaults shown are --arch's (cgrad train --arch bert --help: BERT's). --config FILE reads options from a\n"
+     "JSON object whose keys are the flags without dashes (\"grad_accum\" or \"grad-accum\"); flags given here win.\n"
+     "Written beside the checkpoint NAME.ckpt: NAME_run.json (the resolved options, a --config file for the run);\n"
+     "beside the metrics CSV: the same rows as JSON lines (.jsonl). Default data (moby-dick.txt, sentiment/,\n"
+     "gpt2/, bert/vocab.txt) is looked up in $CGRAD_DATA, then ./data.\n"
      "Last line: final step=N train_loss=X val_loss=Y tokens_per_s=Z (train_loss: mean since the previous\n"
      "evaluation; tokens_per_s: training tokens over training seconds). Ctrl-C saves a checkpoint, exits 130."},
     {"sample", cmd_sample, cli_sample_opts, "--checkpoint CKPT [--prompt TEXT] [options]",

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/commands.h"
 #include "cli/session.h"
 #include "graph/internal.h"
 
@@ -34,8 +35,10 @@ cg_tokenizer *cli_tokenizer_make(const char *kind, const char *path, int64_t voc
     }
     if (!kind || !strcmp(kind, "char")) tok = cg_tokenizer_char_new(text, len);
     else if (!strcmp(kind, "bpe"))
-        tok = vocab_size > 0 ? cg_tokenizer_bpe_train(text, len, (int32_t)vocab_size) : cg_tokenizer_load("data/gpt2");
-    else if (!strcmp(kind, "wordpiece")) tok = cg_tokenizer_load("data/bert/vocab.txt");
+        tok = vocab_size > 0 ? cg_tokenizer_bpe_train(text, len, (int32_t)vocab_size)
+              : (path = cli_default_data("gpt2", "--tokenizer-path DIR")) ? cg_tokenizer_load(path) : NULL;
+    else if (!strcmp(kind, "wordpiece"))
+        tok = (path = cli_default_data("bert/vocab.txt", "--tokenizer-path FILE")) ? cg_tokenizer_load(path) : NULL;
     else cgi_fail(CG_ERR_ARG, "[tokenizer] unknown kind '%s' (char, bpe, wordpiece)", kind);
     return tok;
 }

@@ -95,6 +95,7 @@ typedef struct {
 
 #define OPT(f, k, field, fixed, lo, hi, help) {f, k, lo, hi, help},
 const cli_opt cli_train_opts[] = {TRAIN_OPTS(OPT){"--resume", CLI_IN, 0, 0, "continue from CKPT (the value is optional)"},
+                                  {"--config", CLI_IN, 0, 0, "JSON object of options (run.json); flags given here win"},
                                   {NULL, CLI_BARE, 0, 0, NULL}};
 #undef OPT
 #define OPT(f, k, field, fixed, lo, hi, help) idx_##field,
@@ -107,6 +108,7 @@ static const struct {
 } layout[] = {TRAIN_OPTS(OPT)};
 #undef OPT
 #define defs cli_train_opts
+#define CONFIG_OPT (&defs[N_DEFS + 1]) /* --config: read before the defaults, never saved */
 
 typedef enum { T_STR, T_INT, T_NUM, T_U64 } otype;
 
@@ -314,6 +316,66 @@ static bool merge_saved(topts *o, bool *set, const cJSON *saved, const char *pat
     return true;
 }
 
+/* Takes every option the command line left unset from the JSON object in path (--config): keys are
+ * the flags without their dashes ("grad_accum" or "grad-accum"), values JSON strings or numbers,
+ * each checked as the flag's value would be. An unknown key, a wrong type or a bad value is a usage
+ * error naming the file and the key. The strings point into *doc, which the caller frees. */
+static bool load_config(const char *path, topts *o, bool *set, cJSON **doc) {
+    char *text = NULL;
+    size_t len = 0;
+    if (cg_read_text_file(path, &text, &len)) {
+        fprintf(stderr, "cgrad train: --config %s: %s\n", path, cg_last_error());
+        return false;
+    }
+    const char *end = NULL;
+    *doc = cJSON_ParseWithOpts(text, &end, true);
+    if (!*doc) fprintf(stderr, "cgrad train: --config %s: not valid JSON at byte %lld\n", path, (long long)(end ? end - text : 0));
+    else if (!cJSON_IsObject(*doc)) fprintf(stderr, "cgrad train: --config %s: not a JSON object of options\n", path);
+    free(text);
+    if (!*doc || !cJSON_IsObject(*doc)) return false;
+    for (const cJSON *v = (*doc)->child; v; v = v->next) {
+        char flag[64];
+        snprintf(flag, sizeof flag, "--%s", v->string);
+        for (char *p = flag + 2; *p; p++)
+            if (*p == '_') *p = '-';
+        int k = 0;
+        while (k < N_DEFS && strcmp(flag, defs[k].flag)) k++;
+        if (k == N_DEFS) {
+            fprintf(stderr, "cgrad train: --config %s: unknown key \"%s\" (the keys are train's flags without the "
+                            "dashes: cgrad train --help)\n", path, v->string);
+            return false;
+        }
+        char num[64];
+        const char *value = NULL;
+        if (cJSON_IsString(v)) value = v->valuestring;
+        else if (cJSON_IsNumber(v) && type_of(k) != T_STR) {
+            const double d = v->valuedouble; /* integers as integers: "1e+03" is no whole number */
+            if (type_of(k) != T_NUM && d == floor(d) && fabs(d) < 9.007199254740992e15) snprintf(num, sizeof num, "%.0f", d);
+            else snprintf(num, sizeof num, "%.17g", d);
+            value = num;
+        }
+        if (!value) {
+            fprintf(stderr, "cgrad train: --config %s: key \"%s\" wants a %s, not this JSON value\n", path, v->string,
+                    type_of(k) == T_STR ? "string" : "number");
+            return false;
+        }
+        if (set[k] || (!*value && type_of(k) == T_STR)) continue; /* the command line wins; "": not given (an unset path) */
+        cli_value cv;
+        if (!cli_check_value("train", &defs[k], value, &cv)) {
+            fprintf(stderr, "cgrad train: (key \"%s\" of --config %s)\n", v->string, path);
+            return false;
+        }
+        switch (type_of(k)) {
+        case T_STR: *(const char **)field(o, k) = cv.s; break;
+        case T_INT: *(int64_t *)field(o, k) = cv.i; break;
+        case T_NUM: *(double *)field(o, k) = cv.d; break;
+        case T_U64: *(uint64_t *)field(o, k) = cv.u; break;
+        }
+        set[k] = true;
+    }
+    return true;
+}
+
 /* ---- the run ---- */
 
 static volatile sig_atomic_t interrupted;
@@ -366,8 +428,8 @@ typedef struct {
     double last_train, last_val;
     uint32_t data_crc, val_crc;
     int64_t data_bytes;
-    FILE *metrics;
-    char metrics_path[4096], plot_path[4096];
+    FILE *metrics, *jsonl; /* the metrics as CSV and as JSON lines */
+    char metrics_path[4096], plot_path[4096], jsonl_path[4096], run_path[4096];
     bool tty, bar_shown;
     int64_t skipped; /* steps skipped for a non-finite loss or gradient (--skip-nonfinite) */
     double bar_drawn; /* when the progress bar was last redrawn */
@@ -603,9 +665,15 @@ static cg_status restore(run *r, const cli_ckpt *ck, const char *path) {
 /* The throughput column, named after its definition: tokens over seconds of the last steps. */
 #define TOK_COLUMN "tok_per_s_last" STR(CLI_RATE_WINDOW)
 
-/* Rewrites the metrics CSV keeping the rows up to the resumed step, then appends to it. */
-static FILE *open_metrics(const char *path, int64_t keep_upto) {
-    static const char *header = "step,lr,train_loss,val_loss," TOK_COLUMN ",elapsed_s\n";
+/* The step a metrics row is about: a CSV row's first field, a JSON line's leading "step"; -1 if neither. */
+static int64_t row_step(const char *line) {
+    if (!strncmp(line, "{\"step\":", 8)) line += 8 + strspn(line + 8, " ");
+    return *line >= '0' && *line <= '9' ? strtoll(line, NULL, 10) : -1;
+}
+
+/* Rewrites a metrics file (header NULL: JSON lines) keeping the rows up to the resumed step, then
+ * appends to it. */
+static FILE *open_metrics(const char *path, int64_t keep_upto, const char *header) {
     char *old = NULL;
     size_t len = 0;
     if (keep_upto > 0) {
@@ -625,16 +693,51 @@ static FILE *open_metrics(const char *path, int64_t keep_upto) {
         free(old);
         return NULL;
     }
-    fputs(header, f);
-    for (char *line = old ? strchr(old, '\n') : NULL; line && *++line;) {
+    if (header) fputs(header, f);
+    for (char *line = old; line && *line;) {
         char *nl = strchr(line, '\n');
         if (!nl) break;
-        if (strtoll(line, NULL, 10) <= keep_upto && line[0] >= '0' && line[0] <= '9') fwrite(line, 1, (size_t)(nl - line + 1), f);
-        line = nl;
+        const int64_t step = row_step(line);
+        if (step >= 0 && step <= keep_upto) fwrite(line, 1, (size_t)(nl - line + 1), f);
+        line = nl + 1;
     }
     free(old);
     fflush(f);
     return f;
+}
+
+/* One metrics row, in the CSV and as a JSON line. NAN lr, val_loss or tok_s: no value (an empty
+ * field, an absent key); train NULL: none (a skipped step's non-finite loss is written as it is). */
+static void metrics_row(run *r, int64_t step, double lr, const double *train, double val, double tok_s, double elapsed) {
+    const struct { const char *key, *fmt; double v; bool any; } col[] = {
+        {"lr", "%.6g", lr, false}, {"train_loss", "%.9g", train ? *train : NAN, train != NULL},
+        {"val_loss", "%.9g", val, false}, {TOK_COLUMN, "%.1f", tok_s, false}, {"elapsed_s", "%.3f", elapsed, false}};
+    fprintf(r->metrics, "%lld", (long long)step);
+    if (r->jsonl) fprintf(r->jsonl, "{\"step\": %lld", (long long)step);
+    for (size_t i = 0; i < sizeof col / sizeof col[0]; i++) {
+        fputc(',', r->metrics);
+        if (isnan(col[i].v) && !col[i].any) continue;
+        fprintf(r->metrics, col[i].fmt, col[i].v);
+        if (r->jsonl && isfinite(col[i].v)) { /* JSON has no infinity: a diverged loss stays in the CSV */
+            fprintf(r->jsonl, ", \"%s\": ", col[i].key);
+            fprintf(r->jsonl, col[i].fmt, col[i].v);
+        }
+    }
+    fputc('\n', r->metrics);
+    if (r->jsonl) fputs("}\n", r->jsonl);
+}
+
+/* The run's resolved options as one JSON object (the checkpoint's "train" object, pretty): the file
+ * --config reads, so `cgrad train --config X_run.json` sets up the same run. */
+static int write_run_json(run *r) {
+    cJSON *j = opts_json(&r->o);
+    char *text = j ? cJSON_Print(j) : NULL;
+    cJSON_Delete(j);
+    FILE *f = text ? fopen(r->run_path, "w") : NULL;
+    bool ok = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF;
+    if (f && fclose(f)) ok = false;
+    free(text);
+    return ok ? 0 : -1;
 }
 
 static void fmt_time(char *buf, size_t n, double s) {
@@ -713,6 +816,7 @@ static void evaluate(run *r, bool final) {
 
 static void finish_files(run *r) {
     if (r->metrics) fflush(r->metrics);
+    if (r->jsonl) fflush(r->jsonl);
     char title[256];
     snprintf(title, sizeof title, "cgrad train %s: %lld layers, d %lld, context %lld, batch %lld", cg_arch_name(r->arch),
              (long long)r->o.layers, (long long)r->o.dim, (long long)r->task.t, (long long)(r->o.batch * r->o.grad_accum));
@@ -736,6 +840,15 @@ static void derive_paths(run *r, bool named_ckpt) {
         int base = n > 4 && !strcmp(r->metrics_path + n - 4, ".csv") ? (int)n - 4 : (int)n;
         if (base > 8 && !strncmp(r->metrics_path + base - 8, "_metrics", 8)) base -= 8;
         snprintf(r->plot_path, sizeof r->plot_path, "%.*s_loss.svg", base, r->metrics_path);
+    }
+    { /* the JSON lines beside the CSV; the resolved options beside the checkpoint */
+        size_t n = strlen(r->metrics_path);
+        int base = n > 4 && !strcmp(r->metrics_path + n - 4, ".csv") ? (int)n - 4 : (int)n;
+        snprintf(r->jsonl_path, sizeof r->jsonl_path, "%.*s.jsonl", base, r->metrics_path);
+        const char *c = r->o.checkpoint, *dot = strrchr(c, '.'), *slash = strrchr(c, '/');
+        base = dot && (!slash || dot > slash) ? (int)(dot - c) : (int)strlen(c);
+        snprintf(r->run_path, sizeof r->run_path, "%.*s_run.json", base, c);
+        if (!named_ckpt) snprintf(r->run_path, sizeof r->run_path, "cgrad_run.json");
     }
 }
 
@@ -798,6 +911,8 @@ int cmd_train(int argc, char **argv) {
     bool set[N_DEFS] = {0};
     const char *resume = NULL;
     bool want_resume = false;
+    const char *config_path = NULL;
+    cJSON *config = NULL; /* --config's document: its strings are options' values */
     o.arch = "gpt2";
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--resume")) {
@@ -806,6 +921,20 @@ int cmd_train(int argc, char **argv) {
             if (i + 1 < argc && strncmp(argv[i + 1], "--", 2) && !cli_check_value("train", &defs[N_DEFS], argv[i + 1], &v))
                 return 2;
             if (i + 1 < argc && strncmp(argv[i + 1], "--", 2)) resume = argv[++i];
+            continue;
+        }
+        if (!strcmp(argv[i], "--config")) {
+            cli_value v;
+            if (i + 1 >= argc) {
+                fprintf(stderr, "cgrad train: --config needs a value (cgrad train --help)\n");
+                return 2;
+            }
+            if (config_path) {
+                fprintf(stderr, "cgrad train: --config is given twice\n");
+                return 2;
+            }
+            if (!cli_check_value("train", CONFIG_OPT, argv[++i], &v)) return 2;
+            config_path = v.s;
             continue;
         }
         int k = 0;
@@ -830,6 +959,10 @@ int cmd_train(int argc, char **argv) {
         case T_U64: *(uint64_t *)field(&o, k) = v.u; break;
         }
         set[k] = true;
+    }
+    if (config_path && !load_config(config_path, &o, set, &config)) {
+        cJSON_Delete(config);
+        return 2;
     }
     const bool named_ckpt = set[idx_checkpoint];
     if (want_resume && !resume) {
@@ -911,6 +1044,10 @@ int cmd_train(int argc, char **argv) {
         fprintf(stderr, "cgrad train: --arch %s needs --data FILE.tsv (one \"source<TAB>target\" pair a line)\n", o.arch);
         goto done;
     }
+    if (!set[idx_data] && !strncmp(o.data, "data/", 5) && !(o.data = cli_default_data(o.data + 5, "--data FILE"))) {
+        fprintf(stderr, "cgrad train: %s\n", cg_last_error());
+        goto done;
+    }
     rc = 1;
     r.o = o;
     if (o.threads > 0) cg_set_threads((int)o.threads);
@@ -920,8 +1057,7 @@ int cmd_train(int argc, char **argv) {
 
     /* Tokenizer: restored, or made from the data. */
     if (!file_crc(o.data, &r.data_crc, &r.data_bytes)) {
-        fprintf(stderr, "cgrad train: cannot read --data %s: %s%s\n", o.data, strerror(errno),
-                errno == ENOENT && !set[idx_data] ? " (run ./setup.sh to fetch the default data)" : "");
+        fprintf(stderr, "cgrad train: cannot read --data %s: %s\n", o.data, strerror(errno));
         goto done;
     }
     int64_t vb = 0;
@@ -1065,9 +1201,20 @@ int cmd_train(int argc, char **argv) {
         all_failed = true;
         goto done;
     }
-    if (r.rank > 0) snprintf(r.metrics_path, sizeof r.metrics_path, "/dev/null");
-    if (!(r.metrics = open_metrics(r.metrics_path, resume ? r.step : 0))) {
+    if (r.rank > 0) {
+        snprintf(r.metrics_path, sizeof r.metrics_path, "/dev/null");
+        snprintf(r.jsonl_path, sizeof r.jsonl_path, "/dev/null");
+    }
+    if (!(r.metrics = open_metrics(r.metrics_path, resume ? r.step : 0, "step,lr,train_loss,val_loss," TOK_COLUMN ",elapsed_s\n"))) {
         fprintf(stderr, "cgrad train: cannot write %s: %s\n", r.metrics_path, strerror(errno));
+        goto done;
+    }
+    if (!(r.jsonl = open_metrics(r.jsonl_path, resume ? r.step : 0, NULL))) {
+        fprintf(stderr, "cgrad train: cannot write %s: %s\n", r.jsonl_path, strerror(errno));
+        goto done;
+    }
+    if (r.rank == 0 && write_run_json(&r)) {
+        fprintf(stderr, "cgrad train: cannot write %s: %s\n", r.run_path, strerror(errno));
         goto done;
     }
 
@@ -1119,7 +1266,7 @@ int cmd_train(int argc, char **argv) {
     if (r.step == 0 && o.eval_every > 0 && o.eval_batches > 0) { /* where a fresh model starts */
         evaluate(&r, false);
         if (!interrupted) {
-            fprintf(r.metrics, "0,0,,%.9g,,%.3f\n", r.last_val, now_s() - r.t_start);
+            metrics_row(&r, 0, 0, NULL, r.last_val, NAN, now_s() - r.t_start);
             last_eval = 0;
         }
     }
@@ -1159,7 +1306,7 @@ int cmd_train(int argc, char **argv) {
                 r.step++; /* the batch is used up; the optimizer and its schedule do not move */
                 fprintf(stderr, "cgrad train: step %lld: loss %g, gradient norm %g (%s): skipped (%lld of --skip-nonfinite %lld)\n",
                         (long long)r.step, loss, gnorm, what, (long long)r.skipped, (long long)o.skip_nonfinite);
-                fprintf(r.metrics, "%lld,%.6g,%.9g,,,%.3f\n", (long long)r.step, lr, loss, r.elapsed0 + now_s() - r.t_start);
+                metrics_row(&r, r.step, lr, &loss, NAN, NAN, r.elapsed0 + now_s() - r.t_start);
                 continue;
             }
             fprintf(stderr, "cgrad train: step %lld: loss %g, gradient norm %g: not finite (%s); stopping before the update, "
@@ -1190,9 +1337,7 @@ int cmd_train(int argc, char **argv) {
             evaluate(&r, r.step == o.steps);
             if (!interrupted) val = r.last_val, last_eval = r.step;
         }
-        fprintf(r.metrics, "%lld,%.6g,%.9g,", (long long)r.step, lr, loss);
-        if (!isnan(val)) fprintf(r.metrics, "%.9g", val);
-        fprintf(r.metrics, ",%.1f,%.3f\n", tok_s, r.elapsed0 + now_s() - r.t_start);
+        metrics_row(&r, r.step, lr, &loss, val, tok_s, r.elapsed0 + now_s() - r.t_start);
         if (r.world > 1 && o.log_every > 0 && r.step % o.log_every == 0) {
             const cg_dist_stats ds = cg_dist_reducer_stats(r.red);
             printf("  all-reduce: %lld buckets, %.2f MB a step; per step %.1f ms from first start to last end, %.1f ms of "
@@ -1233,7 +1378,8 @@ int cmd_train(int argc, char **argv) {
         if (!st) st = CG_ERR_IO;
     } else if (!saved) printf("saved %s (step %lld)\n", o.checkpoint, (long long)r.step);
     fclose(r.metrics);
-    r.metrics = NULL;
+    fclose(r.jsonl);
+    r.metrics = r.jsonl = NULL;
     if (r.rank == 0) finish_files(&r);
     if (interrupted) printf("interrupted at step %lld; continue with: cgrad train --resume %s\n", (long long)r.step,
                             o.checkpoint);
@@ -1247,6 +1393,8 @@ done:
     if (rc && r.world > 1 && !all_failed) cg_dist_abort(r.d, rc); /* the others would wait for this rank */
     cg_dist_reducer_free(r.red);
     if (r.metrics) fclose(r.metrics);
+    if (r.jsonl) fclose(r.jsonl);
+    cJSON_Delete(config);
     cg_graph_free(r.g);
     cg_graph_free(r.ge);
     cg_optim_free(r.opt);

@@ -33,7 +33,7 @@ static char *path_of(const char *name) {
     static char p[4][PATH_MAX + 64];
     static int k;
     k = (k + 1) % 4;
-    snprintf(p[k], sizeof p[k], "%s/%s", dir, name);
+    if (snprintf(p[k], sizeof p[k], "%s/%s", dir, name) >= (int)sizeof p[k]) p[k][0] = 0; /* too long: no file */
     return p[k];
 }
 
@@ -293,6 +293,114 @@ static void test_outputs(void) {
     CHECK(r.rc == 0 && loss > 0 && fabs(ppl - exp(loss)) < 1e-3 * ppl && fabs(bpc - loss / log(2.0)) < 1e-3,
           "eval: %s %s", r.out, r.err);
     result_free(&r);
+}
+
+/* The metrics JSON lines hold the CSV's rows: the same steps, the same numbers, absent where the
+ * CSV field is empty; every line parses. Returns the row count (-1 on a mismatch). */
+static int jsonl_matches_csv(const char *name) {
+    char csv_name[128], jl_name[128];
+    snprintf(csv_name, sizeof csv_name, "%s_metrics.csv", name);
+    snprintf(jl_name, sizeof jl_name, "%s_metrics.jsonl", name);
+    char *csv = test_slurp(path_of(csv_name), NULL), *jl = test_slurp(path_of(jl_name), NULL);
+    int rows = 0;
+    bool ok = csv && jl;
+    char *cs = NULL, *js = NULL, *header = csv ? strtok_r(csv, "\n", &cs) : NULL;
+    char *keys[8];
+    int n_keys = 0;
+    for (char *k = header ? strtok(header, ",") : NULL; k && n_keys < 8; k = strtok(NULL, ",")) keys[n_keys++] = k;
+    ok = ok && n_keys == 6;
+    for (char *row = ok ? strtok_r(NULL, "\n", &cs) : NULL, *line = ok ? strtok_r(jl, "\n", &js) : NULL; ok && (row || line);
+         row = strtok_r(NULL, "\n", &cs), line = strtok_r(NULL, "\n", &js), rows++) {
+        cJSON *j = line ? cJSON_Parse(line) : NULL;
+        ok = row && j;
+        char *f = row;
+        for (int c = 0; ok && c < n_keys; c++) {
+            char *comma = strchr(f, ',');
+            if (comma) *comma = 0;
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, keys[c]);
+            ok = *f ? cJSON_IsNumber(v) && v->valuedouble == strtod(f, NULL) : v == NULL;
+            if (!ok) fprintf(stderr, "  %s row %d, %s: csv '%s', json line '%s'\n", name, rows, keys[c], f, line);
+            f = comma ? comma + 1 : f + strlen(f);
+        }
+        cJSON_Delete(j);
+    }
+    free(csv), free(jl);
+    return ok ? rows : -1;
+}
+
+/* One file describes a run: --config takes train's options (flags win), the resolved options are
+ * written as X_run.json beside the checkpoint and set up the same run again; unknown keys and bad
+ * values name the key. Metrics also go out as JSON lines. Default data is looked up in $CGRAD_DATA
+ * then ./data, and a missing default says where it looked and how to point at data. */
+static void test_run_files(void) {
+    char *run = test_slurp(path_of("gpt_A_run.json"), NULL);
+    cJSON *j = run ? cJSON_Parse(run) : NULL;
+    CHECK(j && cJSON_GetObjectItem(j, "layers") && cJSON_GetObjectItem(j, "layers")->valuedouble == 1 &&
+              cJSON_GetObjectItem(j, "steps")->valuedouble == 8,
+          "gpt_A_run.json: %s", run ? run : "(missing)");
+    cJSON_Delete(j), free(run);
+    result r = cgrad("train --config gpt_A_run.json --checkpoint cfg.ckpt", NULL);
+    CHECK(r.rc == 0 && same_checkpoints(path_of("gpt_A.ckpt"), path_of("cfg.ckpt")),
+          "the run from gpt_A_run.json differs from gpt_A: rc %d %s", r.rc, r.err);
+    result_free(&r);
+    r = cgrad("train --config gpt_A_run.json --steps 3 --checkpoint cfg3.ckpt", NULL);
+    long long step = -1;
+    double t, v, x;
+    run = test_slurp(path_of("cfg3_run.json"), NULL);
+    CHECK(r.rc == 0 && parse_final(last_line(r.out), &step, &t, &v, &x) && step == 3 && run && strstr(run, "\"steps\":\t3,"),
+          "--steps 3 over the file's 8: rc %d, '%s', %s", r.rc, last_line(r.out), r.err);
+    free(run), result_free(&r);
+    spit("dash.json", "{\"grad-accum\": 2, \"steps\": 1, \"data\": \"text.txt\", \"layers\": 1, \"heads\": 2, "
+                      "\"dim\": 16, \"batch\": 2, \"samples\": 0, \"eval_batches\": 1, \"checkpoint\": \"dash.ckpt\"}");
+    r = cgrad("train --config dash.json", NULL);
+    run = test_slurp(path_of("dash_run.json"), NULL);
+    CHECK(r.rc == 0 && run && strstr(run, "\"grad_accum\":\t2,"), "dashed keys: rc %d %s", r.rc, r.err);
+    free(run), result_free(&r);
+    static const struct {
+        const char *json, *named[2];
+    } bad[] = {{"{\"layers\": 1, \"no_such_key\": 2}", {"no_such_key", "bad.json"}},
+               {"{\"lr\": -1}", {"\"lr\"", "--lr"}},
+               {"{\"layers\": 2.5}", {"\"layers\"", "2.5"}},
+               {"{\"data\": 5}", {"\"data\"", "string"}},
+               {"[1, 2]", {"bad.json", "object"}},
+               {"{\"lr\": ", {"bad.json", "JSON"}}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        spit("bad.json", bad[i].json);
+        r = cgrad("train --config bad.json --data text.txt --steps 1", NULL);
+        CHECK(r.rc == 2 && strstr(r.err, bad[i].named[0]) && strstr(r.err, bad[i].named[1]) && !*r.out,
+              "--config %s: rc %d, stderr '%s'", bad[i].json, r.rc, r.err);
+        result_free(&r);
+    }
+
+    /* JSON lines: every row of the CSV, a resumed run's too (cut back to the resumed step, then appended). */
+    const char *runs[] = {"gpt_A", "gpt_B", "bert_B", "cls_A"};
+    for (int i = 0; i < 4; i++) {
+        const int rows = jsonl_matches_csv(runs[i]);
+        CHECK(rows == 9, "%s_metrics.jsonl: %d rows matching the CSV, want 9", runs[i], rows);
+    }
+
+    /* Default data: $CGRAD_DATA, then ./data; missing, the message says where it looked. */
+    r = cgrad("train --steps 1", NULL);
+    CHECK(r.rc == 2 && strstr(r.err, "data/moby-dick.txt") && strstr(r.err, "CGRAD_DATA") && strstr(r.err, "--data") &&
+              strstr(r.err, dir),
+          "missing default data: rc %d '%s'", r.rc, r.err);
+    result_free(&r);
+    mkdir(path_of("shared"), 0755);
+    char *text = test_slurp(path_of("text.txt"), NULL);
+    spit("shared/moby-dick.txt", text ? text : "");
+    free(text);
+    setenv("CGRAD_DATA", path_of("shared"), 1);
+    r = cgrad("train --layers 1 --heads 2 --dim 16 --batch 2 --context 32 --steps 1 --samples 0 --eval-batches 1 "
+              "--checkpoint envdata.ckpt", NULL);
+    char want[PATH_MAX + 64];
+    snprintf(want, sizeof want, "data %s/shared/moby-dick.txt:", dir);
+    CHECK(r.rc == 0 && strstr(r.out, want), "CGRAD_DATA: rc %d, want '%s' in %s %s", r.rc, want, r.out, r.err);
+    result_free(&r);
+    r = cgrad("train --arch bert --data text.txt --steps 1", NULL);
+    CHECK(r.rc != 0 && strstr(r.err, "shared/bert/vocab.txt") && strstr(r.err, "--tokenizer-path"),
+          "missing default vocabulary under CGRAD_DATA: rc %d '%s'", r.rc, r.err);
+    result_free(&r);
+    unsetenv("CGRAD_DATA");
 }
 
 static void test_errors(void) {
@@ -684,6 +792,7 @@ int main(void) {
     test_resume("lora", "--init-from gpt_A.ckpt --data text.txt --lora-rank 2 --lora-alpha 4");
     test_lora();
     test_outputs();
+    test_run_files();
     test_errors();
     test_inference();
     test_hostile();
