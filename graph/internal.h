@@ -128,6 +128,8 @@ struct cg_graph {
     uint32_t epoch;    /* backward passes run, to zero each gradient on its first write */
     void *block;       /* planned storage for values, gradients and scratch */
     size_t block_bytes;
+    size_t plan_bytes;   /* the last plan's size (block_bytes may be larger, from an earlier plan) */
+    uint64_t plan_steps; /* elementary steps the last plan took, for the test of its growth */
     uint64_t seed, step;
     cg_grad_ready_fn ready_fn; /* told as each parameter's gradient becomes final in backward */
     void *ready_ctx;
