@@ -77,8 +77,10 @@ static const command commands[] = {
      "a checkpoint as a Hugging Face model directory: model.safetensors, config.json, tokenizer files",
      "DIR loads in transformers (gpt2: GPT2LMHeadModel, bert: BertForPreTraining) and back into cgrad:\n"
      "every CKPT argument (--checkpoint, --init-from, info) also takes such a DIR or its .safetensors file."},
-    {"plot", cmd_plot, cli_plot_opts, "METRICS.csv [--out FILE.svg] [options]", "draw a metrics CSV as an SVG loss chart",
-     NULL},
+    {"plot", cmd_plot, cli_plot_opts, "METRICS [METRICS...] [--out FILE.svg] [--labels A,B,...] [options]",
+     "draw runs' metrics as SVG panels: loss, learning rate, tokens/s; several runs overlaid",
+     "Each METRICS is a run's metrics CSV or JSON lines (NAME_metrics.csv, NAME_metrics.jsonl). One colour a run;\n"
+     "the learning-rate and throughput panels appear when the files have lr and tok_per_s_... columns."},
     {"gradcheck", cmd_gradcheck, cli_gradcheck_opts, "[--op NAME] [--tol REL] [--threads N]",
      "check every op's gradient against finite differences (table; exit 1 on a failure)", NULL},
     {"step", cmd_step, cli_step_opts,

@@ -120,6 +120,11 @@ int cli_fail(const char *cmd, const char *what);
 /* Draws the metrics CSV (step, lr, train_loss, val_loss, ...) as an SVG line chart at svg_path;
  * ylabel NULL says "loss (nats per token)". */
 cg_status cli_plot_metrics(const char *csv_path, const char *svg_path, const char *title, const char *ylabel);
+/* Draws n_runs metrics files (CSV or JSON lines) over one step axis: loss, learning-rate and
+ * throughput panels (the last two when the files have those columns), one colour a run, named by
+ * labels[i] (labels NULL: the paths). */
+cg_status cli_plot_runs(const char *const *paths, const char *const *labels, int n_runs, const char *svg_path,
+                        const char *title, const char *ylabel);
 
 /* ---- progress: throughput and ETA over the last steps ---- */
 

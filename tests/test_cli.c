@@ -379,6 +379,29 @@ static void test_run_files(void) {
         CHECK(rows == 9, "%s_metrics.jsonl: %d rows matching the CSV, want 9", runs[i], rows);
     }
 
+    /* cgrad plot overlays runs (a CSV and a JSON-lines file) in loss, learning-rate and throughput panels. */
+    r = cgrad("plot gpt_A_metrics.csv cls_A_metrics.jsonl --out runs.svg --labels 'gpt run,cls run'", NULL);
+    char *svg = test_slurp(path_of("runs.svg"), NULL);
+    int lines = 0, points_lr = -1;
+    for (const char *p = svg; p && (p = strstr(p, "<polyline")); p++) lines++;
+    /* gpt_A's learning-rate line: the third polyline, one point per row (steps 0 to 8) */
+    const char *third = svg ? strstr(svg, "<polyline") : NULL;
+    for (int k = 0; k < 2 && third; k++) third = strstr(third + 1, "<polyline");
+    if (third) {
+        points_lr = 0;
+        for (const char *p = strstr(third, "points=\"") + 8; *p != '"'; p++) points_lr += *p == ',';
+    }
+    CHECK(r.rc == 0 && svg && strstr(svg, "gpt run (held-out last") && strstr(svg, "cls run (held-out last") &&
+              strstr(svg, ">learning rate<") && strstr(svg, ">tokens/s<") && lines == 8 && points_lr == 9,
+          "plot of two runs: rc %d, %d polylines, %d lr points: %s", r.rc, lines, points_lr, r.err);
+    free(svg), result_free(&r);
+    r = cgrad("plot gpt_A_metrics.csv cls_A_metrics.jsonl", NULL);
+    CHECK(r.rc == 2 && strstr(r.err, "--out"), "two runs without --out: rc %d '%s'", r.rc, r.err);
+    result_free(&r);
+    r = cgrad("plot gpt_A_metrics.csv cls_A_metrics.jsonl --out x.svg --labels one", NULL);
+    CHECK(r.rc == 2 && strstr(r.err, "--labels"), "one label for two runs: rc %d '%s'", r.rc, r.err);
+    result_free(&r);
+
     /* Default data: $CGRAD_DATA, then ./data; missing, the message says where it looked. */
     r = cgrad("train --steps 1", NULL);
     CHECK(r.rc == 2 && strstr(r.err, "data/moby-dick.txt") && strstr(r.err, "CGRAD_DATA") && strstr(r.err, "--data") &&
