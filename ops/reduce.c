@@ -139,18 +139,21 @@ static lanes lanes_of(const cg_tensor *t) {
 }
 static inline int64_t base(const lanes *L, int64_t l) { return (l / L->step) * L->n * L->step + l % L->step; }
 
-#define PAR_LANES(L) _Pragma("omp parallel for schedule(static) if ((L).count * (L).n > CGI_PAR_MIN) num_threads(cgi_nthreads())")
+/* A loop over t's lanes (l), split over the threads; its body sees X (x's data), n and step (a
+ * lane's length and stride) and L, and starts at lane l's first element b0 = base(&L, l). */
+#define FOR_EACH_LANE(t)                                                                             \
+    const lanes L = lanes_of(t);                                                                     \
+    const cg_real *const X = L.x;                                                                    \
+    const int64_t n = L.n, step = L.step;                                                            \
+    (void)X, (void)n;                                                                                \
+    _Pragma("omp parallel for schedule(static) if (L.count * L.n > CGI_PAR_MIN) num_threads(cgi_nthreads())") \
+    for (int64_t l = 0; l < L.count; l++)
 
 /* max (sign 1) or min (sign -1) with the first winning index; NaN wins, as in torch */
 static void extreme_fwd(cg_tensor *t, cg_real sign) {
     cg_real *Y = t->data;
     int32_t *at = t->aux_bytes ? t->aux : NULL;
-    const lanes L = lanes_of(t);
-    const cg_real *X = L.x;
-    const int64_t n = L.n, step = L.step;
-    (void)X, (void)n;
-    PAR_LANES(L)
-    for (int64_t l = 0; l < L.count; l++) {
+    FOR_EACH_LANE(t) {
         const int64_t b0 = base(&L, l);
         int64_t best = 0;
         cg_real bv = X[b0] * sign;
@@ -169,12 +172,7 @@ static void extreme_bwd(cg_tensor *t) {
     if (!x->requires_grad) return;
     const int32_t *at = t->aux;
     const cg_real *DY = t->grad;
-    const lanes L = lanes_of(t);
-    const cg_real *X = L.x;
-    const int64_t n = L.n, step = L.step;
-    (void)X, (void)n;
-    PAR_LANES(L)
-    for (int64_t l = 0; l < L.count; l++) {
+    FOR_EACH_LANE(t) {
         const int64_t b0 = base(&L, l);
         x->grad[b0 + at[l] * step] += DY[l];
     }
@@ -189,12 +187,7 @@ void cgi_bwd_argmax(cg_tensor *t) { (void)t; }
 
 cg_status cgi_fwd_logsumexp(cg_tensor *t) {
     cg_real *Y = t->data;
-    const lanes L = lanes_of(t);
-    const cg_real *X = L.x;
-    const int64_t n = L.n, step = L.step;
-    (void)X, (void)n;
-    PAR_LANES(L)
-    for (int64_t l = 0; l < L.count; l++) {
+    FOR_EACH_LANE(t) {
         const int64_t b0 = base(&L, l);
         cg_real m = -INFINITY;
         for (int64_t j = 0; j < n; j++) m = X[b0 + j * step] > m ? X[b0 + j * step] : m;
@@ -211,12 +204,7 @@ void cgi_bwd_logsumexp(cg_tensor *t) {
     cg_tensor *x = t->src[0];
     if (!x->requires_grad) return;
     const cg_real *Y = t->data, *DY = t->grad;
-    const lanes L = lanes_of(t);
-    const cg_real *X = L.x;
-    const int64_t n = L.n, step = L.step;
-    (void)X, (void)n;
-    PAR_LANES(L)
-    for (int64_t l = 0; l < L.count; l++) {
+    FOR_EACH_LANE(t) {
         const int64_t b0 = base(&L, l);
         if (!isfinite(Y[l])) continue;
         for (int64_t j = 0; j < n; j++) x->grad[b0 + j * step] += DY[l] * (cg_real)exp((double)(X[b0 + j * step] - Y[l]));
@@ -232,12 +220,7 @@ static double lane_mean(const cg_real *x, int64_t n, int64_t step) {
 cg_status cgi_fwd_var(cg_tensor *t) {
     cg_real *Y = t->data;
     const double dof = (double)(t->src[0]->shape[t->iarg[0]] - (int64_t)t->farg[0]);
-    const lanes L = lanes_of(t);
-    const cg_real *X = L.x;
-    const int64_t n = L.n, step = L.step;
-    (void)X, (void)n;
-    PAR_LANES(L)
-    for (int64_t l = 0; l < L.count; l++) {
+    FOR_EACH_LANE(t) {
         const int64_t b0 = base(&L, l);
         const double mu = lane_mean(X + b0, n, step);
         double s = 0;
@@ -253,12 +236,7 @@ void cgi_bwd_var(cg_tensor *t) {
     if (!x->requires_grad) return;
     const cg_real *DY = t->grad;
     const double dof = (double)(x->shape[t->iarg[0]] - (int64_t)t->farg[0]);
-    const lanes L = lanes_of(t);
-    const cg_real *X = L.x;
-    const int64_t n = L.n, step = L.step;
-    (void)X, (void)n;
-    PAR_LANES(L)
-    for (int64_t l = 0; l < L.count; l++) {
+    FOR_EACH_LANE(t) {
         const int64_t b0 = base(&L, l);
         const double mu = lane_mean(X + b0, n, step);
         const cg_real k = (cg_real)(2 * DY[l] / dof);
@@ -268,12 +246,7 @@ void cgi_bwd_var(cg_tensor *t) {
 
 cg_status cgi_fwd_norm(cg_tensor *t) {
     cg_real *Y = t->data;
-    const lanes L = lanes_of(t);
-    const cg_real *X = L.x;
-    const int64_t n = L.n, step = L.step;
-    (void)X, (void)n;
-    PAR_LANES(L)
-    for (int64_t l = 0; l < L.count; l++) {
+    FOR_EACH_LANE(t) {
         const int64_t b0 = base(&L, l);
         double s = 0;
         for (int64_t j = 0; j < n; j++) s += (double)X[b0 + j * step] * X[b0 + j * step];
@@ -287,12 +260,7 @@ void cgi_bwd_norm(cg_tensor *t) {
     cg_tensor *x = t->src[0];
     if (!x->requires_grad) return;
     const cg_real *Y = t->data, *DY = t->grad;
-    const lanes L = lanes_of(t);
-    const cg_real *X = L.x;
-    const int64_t n = L.n, step = L.step;
-    (void)X, (void)n;
-    PAR_LANES(L)
-    for (int64_t l = 0; l < L.count; l++) {
+    FOR_EACH_LANE(t) {
         const int64_t b0 = base(&L, l);
         if (Y[l] == 0) continue;
         const cg_real k = DY[l] / Y[l];
