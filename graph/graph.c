@@ -239,6 +239,15 @@ cg_tensor *cgi_node(cg_graph *g, int op, cg_dtype dt, int ndim, const int64_t *s
     return alloc_node(g, op, dt, ndim, shape, nsrc, src);
 }
 
+void *cgi_node_params(cg_graph *g, const char *op, size_t bytes) {
+    void *p = cgi_arena_alloc(&g->meta, bytes);
+    if (!p) {
+        cgi_fail(CG_ERR_NOMEM, "[%s] out of memory for %zu bytes of settings", op, bytes);
+        return NULL;
+    }
+    return memset(p, 0, bytes);
+}
+
 cg_tensor *cgi_view(cg_graph *g, int op, cg_tensor *x, int ndim, const int64_t *shape,
                     const int64_t *stride, int64_t offset) {
     cg_tensor *t = alloc_node(g, op, x->dtype, ndim, shape, 1, &x);

@@ -98,6 +98,7 @@ struct cg_tensor {
     cg_tensor **src;
     int64_t iarg[4];   /* op arguments */
     double farg[2];
+    void *params;      /* an op's settings beyond iarg and farg: a struct of its own (cgi_node_params) */
     cg_graph *graph;   /* NULL for parameters */
     const char *name;
     /* parameters with a low-rank adapter (optim/lora.c): value + lora_scale * lora_b @ lora_a */
@@ -154,6 +155,11 @@ bool cgi_inputs_ok(cg_graph *g, const char *op, int n, cg_tensor *const *xs);
 /* New contiguous compute node; requires_grad follows the sources and the graph's mode. */
 cg_tensor *cgi_node(cg_graph *g, int op, cg_dtype dt, int ndim, const int64_t *shape, int nsrc,
                     cg_tensor *const *src);
+/* Zeroed storage for a node's settings (a struct the op defines, kept in its t->params), in the
+ * graph's node arena, so it lives as long as the node and kernels read it on every run. NULL with
+ * a message naming op when out of memory. Allocate before cgi_node, so that a failure leaves no
+ * node behind. For ops whose settings outgrow iarg and farg (attention's options, rope's table). */
+void *cgi_node_params(cg_graph *g, const char *op, size_t bytes);
 /* New view of x with the given shape, strides and offset (elements from x's root). */
 cg_tensor *cgi_view(cg_graph *g, int op, cg_tensor *x, int ndim, const int64_t *shape,
                     const int64_t *stride, int64_t offset);
@@ -375,6 +381,17 @@ static inline uint64_t cgi_hash64(uint64_t x) {
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
     return x ^ (x >> 31);
+}
+
+/* Dropout's keep mask, shared by cg_dropout and the fused attention: element `index` of node `id`
+ * in forward pass `step` is kept when its hash clears the threshold. Counter-based, so backward
+ * draws the same mask again instead of storing it, on any thread count. */
+static inline uint64_t cgi_dropout_key(uint64_t seed, int id, uint64_t step) {
+    return cgi_hash64(seed ^ cgi_hash64((uint64_t)id * 0x100000001b3ULL ^ cgi_hash64(step)));
+}
+static inline uint64_t cgi_dropout_threshold(double p) { return (uint64_t)(p * 18446744073709551616.0); }
+static inline bool cgi_dropout_keeps(uint64_t key, uint64_t index, uint64_t threshold) {
+    return cgi_hash64(key + index * 0x9e3779b97f4a7c15ULL) >= threshold;
 }
 
 /* Elementwise loop over a cgi_iter of 4 operands: P0[..] ACC EXPR, where EXPR reads A, B, C,

@@ -18,10 +18,32 @@
 #define BQ 128 /* scratch capacity; the query block is BQ, or BQ / 2 when causal */
 #define BK 256
 
-/* iarg[0] causal, iarg[1] key_padding source index (0: none), iarg[2] scratch slots, iarg[3] whether
- * forward keeps the probabilities. aux: lse[B*H*Tq], then P[B*H*Tq*Tk] when kept, then per slot:
- * s[BQ*BK], dp[BQ*BK], acc[BQ*D], rows[3*BQ], and when kept the packed operands below. */
-static size_t slot_reals(int64_t d) { return (size_t)(2 * BQ * BK + BQ * d + 3 * BQ); }
+/* The node's settings (t->params). The bias options (ALiBi, T5's table) depend on the query and
+ * key positions only through j - i, so per head they become one vector over the Tq + Tk - 1
+ * relative offsets (rel), added to each row of scores as a contiguous run. */
+typedef struct {
+    double scale, dropout;
+    int64_t window;
+    bool causal, alibi, keeps_probs;
+    int slots;                 /* scratch slots (the thread count at construction) */
+    int kp, bias, table;       /* source index of the key padding, the bias tensor, T5's table (0: none) */
+    int64_t bias_st[4];        /* the bias read as [B, Hq, Tq, Tk] (0 where broadcast) */
+    uint64_t step;             /* the graph's dropout step at the last forward */
+    int64_t nrel;              /* Tq + Tk - 1: relative offsets j - i + Tq - 1 */
+    int32_t bucket[];          /* with a T5 table: its bucket for each relative offset */
+} sdpa_params;
+
+static const sdpa_params *prm(const cg_tensor *t) { return t->params; }
+static bool has_rel(const sdpa_params *p) { return p->alibi || p->table; }
+
+/* aux: lse[B*H*Tq], then P[B*H*Tq*Tk] when kept, then per slot: s[BQ*BK], dp[BQ*BK], acc[BQ*D],
+ * rows[3*BQ], rel[nrel] (with a relative bias), and when kept the packed operands below. */
+static size_t align16(size_t n) { return (n + 15) / 16 * 16; }
+static size_t slot_reals(const cg_tensor *t) {
+    const sdpa_params *p = prm(t);
+    return (size_t)(2 * BQ * BK + BQ * t->shape[3] + 3 * BQ) + (has_rel(p) ? align16((size_t)p->nrel) : 0);
+}
+static cg_real *rel_at(const cg_tensor *t, cg_real *slot) { return slot + 2 * BQ * BK + BQ * t->shape[3] + 3 * BQ; }
 
 /* When every key fits in one block the softmax needs no running rescale, and the probabilities
  * (Tq x Tk per head, at most 256 keys wide, so still linear in Tq) are kept for backward, which
@@ -34,7 +56,7 @@ static bool keeps_probs(int64_t tk) { return tk <= BK; }
  * a head's keys and values once for all its query blocks (BLIS packs them again in every call),
  * and causal tiles above the diagonal skipped at the micro-tile rather than the block. Below a
  * few query rows (token-by-token generation) BLIS's own gemv stays the faster. */
-static bool packs_heads(const cg_tensor *t) { return t->iarg[3] && t->shape[2] >= 16; }
+static bool packs_heads(const cg_tensor *t) { return prm(t)->keeps_probs && t->shape[2] >= 16; }
 
 typedef struct {
     cg_real *kv1; /* K^T in forward, V^T in backward: B panels of depth D over the keys */
@@ -43,7 +65,6 @@ typedef struct {
     cg_real *b;   /* a query block's dO or Q as B */
 } packs;
 
-static size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 static size_t packs_reals(const cgi_ukr *u, int64_t tk, int64_t d) {
     const int64_t rows = BQ > tk ? BQ : tk, depth = d > rows ? d : rows;
     return align16(cgi_ukr_packed_b(u, d, tk)) + align16(cgi_ukr_packed_b(u, tk, d)) +
@@ -51,12 +72,13 @@ static size_t packs_reals(const cgi_ukr *u, int64_t tk, int64_t d) {
 }
 
 static size_t slot_stride(const cg_tensor *t, const cgi_ukr *u) {
-    return align16(slot_reals(t->shape[3]) + (packs_heads(t) ? packs_reals(u, t->src[1]->shape[2], t->shape[3]) : 0));
+    return align16(slot_reals(t) + (packs_heads(t) ? packs_reals(u, t->src[1]->shape[2], t->shape[3]) : 0));
 }
 
 /* The packed operands of a slot, 64-byte aligned as the micro-kernel's loads want. */
-static packs packs_at(cg_real *slot, const cgi_ukr *u, int64_t tk, int64_t d) {
-    cg_real *p = slot + slot_reals(d);
+static packs packs_at(const cg_tensor *t, cg_real *slot, const cgi_ukr *u) {
+    const int64_t tk = t->src[1]->shape[2], d = t->shape[3];
+    cg_real *p = slot + slot_reals(t);
     p += (16 - ((uintptr_t)p / sizeof(cg_real)) % 16) % 16;
     packs w;
     w.kv1 = p, p += align16(cgi_ukr_packed_b(u, d, tk));
@@ -69,7 +91,7 @@ static packs packs_at(cg_real *slot, const cgi_ukr *u, int64_t tk, int64_t d) {
 
 static size_t probs_offset(const cg_tensor *t) { return (size_t)(t->shape[0] * t->shape[1] * t->shape[2]); }
 static size_t slots_offset(const cg_tensor *t) {
-    return probs_offset(t) + (t->iarg[3] ? probs_offset(t) * (size_t)t->src[1]->shape[2] : 0);
+    return probs_offset(t) + (prm(t)->keeps_probs ? probs_offset(t) * (size_t)t->src[1]->shape[2] : 0);
 }
 
 cg_tensor *cg_sdpa(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, double scale, bool causal,
@@ -78,18 +100,58 @@ cg_tensor *cg_sdpa(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, double
     return cg_sdpa_ex(g, q, k, v, &o);
 }
 
-/* farg[1]: the sliding window (0: none). */
+/* T5's bucket of a relative position rel = key - query (Raffel et al., as Hugging Face's
+ * _relative_position_bucket computes it, in float32 for the logarithmic part): exact buckets for
+ * short distances, logarithmic ones up to max_distance; bidirectional tables spend half their
+ * buckets on keys after the query. */
+static int32_t t5_bucket(int64_t rel, bool bidirectional, int64_t nb, int64_t max_distance) {
+    int64_t b = 0;
+    if (bidirectional) {
+        nb /= 2;
+        if (rel > 0) b += nb;
+        rel = rel < 0 ? -rel : rel;
+    } else rel = rel < 0 ? -rel : 0;
+    const int64_t exact = nb / 2;
+    if (rel < exact) return (int32_t)(b + rel);
+    const float f = logf((float)rel / (float)exact) / (float)log((double)max_distance / (double)exact) *
+                    (float)(nb - exact);
+    const int64_t large = exact + (int64_t)f;
+    return (int32_t)(b + (large < nb - 1 ? large : nb - 1));
+}
+
+/* ALiBi's slope for query head h of n (Press et al.): 2^(-8 (h + 1) / n) for n a power of two;
+ * otherwise, as BLOOM, the slopes of the power of two p below n, then every other slope of 2p. */
+static double alibi_slope(int64_t h, int64_t n) {
+    int64_t p = 1;
+    while (p * 2 <= n) p *= 2;
+    return h < p ? pow(2.0, -8.0 * (double)(h + 1) / (double)p) : pow(2.0, -4.0 * (double)(2 * (h - p) + 1) / (double)p);
+}
+
+/* A bias broadcastable to [B, Hq, Tq, Tk]: its strides read as that shape, 0 where broadcast. */
+static bool bias_strides(const cg_tensor *bias, const int64_t *want, int64_t *st) {
+    if (bias->ndim < 1 || bias->ndim > 4) return false;
+    for (int i = 0; i < 4; i++) {
+        const int j = i - (4 - bias->ndim);
+        const int64_t n = j >= 0 ? bias->shape[j] : 1;
+        if (n != 1 && n != want[i]) return false;
+        st[i] = n == 1 ? 0 : bias->stride[j];
+    }
+    return true;
+}
+
 cg_tensor *cg_sdpa_ex(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, const cg_sdpa_opts *opts) {
     if (!opts) {
         cgi_fail(CG_ERR_ARG, "[sdpa] opts is NULL");
         return NULL;
     }
-    const double scale = opts->scale;
-    const bool causal = opts->causal;
-    cg_tensor *key_padding = opts->key_padding, *in[3] = {q, k, v};
-    if (!cgi_inputs_ok(g, "sdpa", 3, in) || (key_padding && !cgi_inputs_ok(g, "sdpa", 1, &key_padding))) return NULL;
+    cg_tensor *key_padding = opts->key_padding, *bias = opts->bias, *table = opts->rel_bias, *in[3] = {q, k, v};
+    if (!cgi_inputs_ok(g, "sdpa", 3, in) || (key_padding && !cgi_inputs_ok(g, "sdpa", 1, &key_padding)) ||
+        (bias && !cgi_inputs_ok(g, "sdpa", 1, &bias)) || (table && !cgi_inputs_ok(g, "sdpa", 1, &table)))
+        return NULL;
     for (int i = 0; i < 3; i++)
         if (!cgi_expect_real("sdpa", in[i], (const char *[]){"q", "k", "v"}[i])) return NULL;
+    if ((bias && !cgi_expect_real("sdpa", bias, "bias")) || (table && !cgi_expect_real("sdpa", table, "rel_bias")))
+        return NULL;
     bool ok = q->ndim == 4 && k->ndim == 4 && v->ndim == 4;
     /* grouped-query and multi-query attention: K and V have Hk heads, each shared by Hq / Hk queries */
     ok = ok && k->shape[0] == q->shape[0] && v->shape[0] == q->shape[0] && v->shape[1] == k->shape[1] &&
@@ -101,30 +163,68 @@ cg_tensor *cg_sdpa_ex(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, con
                  cgi_shp(q), cgi_shp(k), cgi_shp(v));
         return NULL;
     }
+    const int64_t B = q->shape[0], hq = q->shape[1], tq = q->shape[2], tk = k->shape[2];
     if (opts->window < 0) {
         cgi_fail(CG_ERR_ARG, "[sdpa] q%s: window %lld must be >= 0 (0: none)", cgi_shp(q), (long long)opts->window);
         return NULL;
     }
+    if (!(opts->dropout >= 0 && opts->dropout < 1)) {
+        cgi_fail(CG_ERR_ARG, "[sdpa] q%s: dropout %g must be in [0, 1)", cgi_shp(q), opts->dropout);
+        return NULL;
+    }
     if (key_padding && (key_padding->dtype != CG_INT32 || key_padding->ndim != 2 ||
-                        key_padding->shape[0] != q->shape[0] || key_padding->shape[1] != k->shape[2])) {
+                        key_padding->shape[0] != B || key_padding->shape[1] != tk)) {
         cgi_fail(CG_ERR_SHAPE, "[sdpa] key_padding%s must be int32 [B, Tk] = [%lld, %lld]", cgi_shp(key_padding),
-                 (long long)q->shape[0], (long long)k->shape[2]);
+                 (long long)B, (long long)tk);
+        return NULL;
+    }
+    const int64_t want[4] = {B, hq, tq, tk}, max_distance = opts->rel_max_distance ? opts->rel_max_distance : 128;
+    int64_t bias_st[4] = {0};
+    if (bias && !bias_strides(bias, want, bias_st)) {
+        cgi_fail(CG_ERR_SHAPE, "[sdpa] bias%s must broadcast to [B, Hq, Tq, Tk] = %s", cgi_shp(bias), cgi_dims(4, want));
+        return NULL;
+    }
+    const int64_t nb = table && table->ndim == 2 ? table->shape[0] : 0, half = opts->causal ? nb : nb / 2;
+    if (table && (table->ndim != 2 || table->shape[1] != hq || half < 2 || max_distance <= half / 2)) {
+        cgi_fail(CG_ERR_SHAPE,
+                 "[sdpa] rel_bias%s must be [num_buckets, Hq = %lld] with num_buckets >= %d, and max distance %lld "
+                 "beyond its exact buckets",
+                 cgi_shp(table), (long long)hq, opts->causal ? 2 : 4, (long long)max_distance);
         return NULL;
     }
     for (int i = 0; i < 3; i++) /* BLIS reads rows in place; only the feature axis must be dense */
         if (in[i]->stride[3] != 1 && (in[i] = cg_contiguous(g, in[i])) == NULL) return NULL;
-    cg_tensor *src[4] = {in[0], in[1], in[2], key_padding};
-    cg_tensor *t = cgi_node(g, CGI_OP_ATTENTION, CG_REAL, 4, q->shape, key_padding ? 4 : 3, src);
+    if (bias && bias_st[3] > 1) { /* the kernel adds bias rows as runs */
+        if ((bias = cg_contiguous(g, bias)) == NULL) return NULL;
+        bias_strides(bias, want, bias_st);
+    }
+    const int64_t nrel = tq + tk - 1;
+    sdpa_params *p = cgi_node_params(g, "sdpa", sizeof *p + (table ? (size_t)nrel * sizeof(int32_t) : 0));
+    if (!p) return NULL;
+    cg_tensor *src[6] = {in[0], in[1], in[2]};
+    int nsrc = 3;
+    if (key_padding) p->kp = nsrc, src[nsrc++] = key_padding;
+    if (bias) p->bias = nsrc, src[nsrc++] = bias;
+    if (table) p->table = nsrc, src[nsrc++] = table;
+    cg_tensor *t = cgi_node(g, CGI_OP_ATTENTION, CG_REAL, 4, q->shape, nsrc, src);
     if (!t) return NULL;
-    t->farg[0] = scale;
-    t->farg[1] = (double)opts->window;
-    t->iarg[0] = causal;
-    t->iarg[1] = key_padding ? 3 : 0;
-    t->iarg[2] = cgi_nthreads();
-    t->iarg[3] = keeps_probs(k->shape[2]);
+    t->params = p;
+    p->scale = opts->scale;
+    p->window = opts->window;
+    p->causal = opts->causal;
+    p->alibi = opts->alibi;
+    p->dropout = g->mode == CG_TRAIN ? opts->dropout : 0; /* as cg_dropout: identity when evaluating */
+    p->slots = cgi_nthreads();
+    p->keeps_probs = keeps_probs(tk);
+    memcpy(p->bias_st, bias_st, sizeof bias_st);
+    p->nrel = nrel;
+    for (int64_t r = 0; table && r < nrel; r++) /* offset r is key - query position r - (Tk - 1) */
+        p->bucket[r] = t5_bucket(r - (tk - 1), !opts->causal, nb, max_distance);
     cgi_ukr u;
     cgi_ukr_init(&u);
-    t->aux_bytes = (slots_offset(t) + (size_t)t->iarg[2] * slot_stride(t, &u) + 16) * sizeof(cg_real);
+    t->aux_bytes = (slots_offset(t) + (size_t)p->slots * slot_stride(t, &u) + 16) * sizeof(cg_real);
+    /* the T5 table's gradient per (batch, head) and offset, summed into the table in a fixed order */
+    if (table && table->requires_grad) t->bwd_aux_bytes = (size_t)(B * hq * nrel) * sizeof(cg_real);
     return t;
 }
 
@@ -138,27 +238,56 @@ typedef struct {
     const cg_real *q, *k, *v;
     int64_t qs, ks, vs; /* row strides */
     const int32_t *keep; int64_t keep_s;
+    const cg_real *bias; int64_t bias_si, bias_sj; /* this head's slice of the bias tensor */
+    const cg_real *rel; /* ALiBi and T5 bias by relative offset j - i + Tq - 1, or NULL */
     int64_t tq, tk, d, shift;
     int64_t window; /* a query sees keys less than this far from its own position (0: all) */
     bool causal;
     cg_real scale;
+    /* dropout: element (i, j) is kept when its hash, counted at row (bh Tq + i) of [B Hq Tq, Tk], clears threshold */
+    bool drop;
+    uint64_t drop_key, drop_threshold, drop_row;
+    cg_real drop_scale;
 } head;
 
-static void head_at(const cg_tensor *t, int64_t bh, head *h) {
+/* The head bh of t; rel (a slot's scratch of nrel reals) gets the head's relative bias, if any. */
+static void head_at(const cg_tensor *t, int64_t bh, cg_real *rel, head *h) {
+    const sdpa_params *p = prm(t);
     const cg_tensor *q = t->src[0], *k = t->src[1], *v = t->src[2];
     const int64_t b = bh / q->shape[1], hh = bh % q->shape[1], hk = hh / (q->shape[1] / k->shape[1]);
     h->q = (const cg_real *)q->data + b * q->stride[0] + hh * q->stride[1];
     h->k = (const cg_real *)k->data + b * k->stride[0] + hk * k->stride[1];
     h->v = (const cg_real *)v->data + b * v->stride[0] + hk * v->stride[1];
     h->qs = q->stride[2], h->ks = k->stride[2], h->vs = v->stride[2];
-    const cg_tensor *kp = t->iarg[1] ? t->src[t->iarg[1]] : NULL;
+    const cg_tensor *kp = p->kp ? t->src[p->kp] : NULL;
     h->keep = kp ? (const int32_t *)kp->data + b * kp->stride[0] : NULL;
     h->keep_s = kp ? kp->stride[1] : 0;
+    h->bias = p->bias ? (const cg_real *)t->src[p->bias]->data + b * p->bias_st[0] + hh * p->bias_st[1] : NULL;
+    h->bias_si = p->bias_st[2], h->bias_sj = p->bias_st[3];
     h->tq = q->shape[2], h->tk = k->shape[2], h->d = q->shape[3];
     h->shift = h->tk - h->tq;
-    h->causal = t->iarg[0];
-    h->window = (int64_t)t->farg[1];
-    h->scale = (cg_real)t->farg[0];
+    h->causal = p->causal;
+    h->window = p->window;
+    h->scale = (cg_real)p->scale;
+    h->rel = NULL;
+    if (has_rel(p)) { /* offset r is key - query position r - (Tk - 1) */
+        const double slope = p->alibi ? alibi_slope(hh, q->shape[1]) : 0;
+        const cg_tensor *tb = p->table ? t->src[p->table] : NULL;
+        for (int64_t r = 0; r < p->nrel; r++) {
+            const int64_t dist = r - (h->tk - 1);
+            double x = -slope * (double)(dist < 0 ? -dist : dist);
+            if (tb) x += ((const cg_real *)tb->data)[p->bucket[r] * tb->stride[0] + hh * tb->stride[1]];
+            rel[r] = (cg_real)x;
+        }
+        h->rel = rel;
+    }
+    h->drop = p->dropout > 0;
+    if (h->drop) {
+        h->drop_key = cgi_dropout_key(t->graph->seed, t->id, p->step);
+        h->drop_threshold = cgi_dropout_threshold(p->dropout);
+        h->drop_scale = (cg_real)(1.0 / (1.0 - p->dropout));
+        h->drop_row = (uint64_t)(bh * h->tq);
+    }
 }
 
 /* Query row i sees keys [first, vis) of block [j0, j0+nk), counted from j0: the causal mask ends the
@@ -179,14 +308,23 @@ static int64_t key_start(const head *h, int64_t i0) {
     return f <= 0 ? 0 : f / BK * BK;
 }
 
-/* Masks scores of query rows [i0, i0+nq) against keys [j0, j0+nk) in s[nq][ss] to -inf; returns
- * false when the whole block is hidden. A causal row hides a tail of the block, padding hides
- * single keys; most blocks have neither and skip the masking pass. */
+/* Adds the biases to the scores of query rows [i0, i0+nq) against keys [j0, j0+nk) in s[nq][ss]
+ * and masks hidden ones to -inf; returns false when the whole block is hidden. A causal row hides
+ * a tail of the block, padding hides single keys. */
 static bool mask(const head *h, int64_t i0, int64_t nq, int64_t j0, int64_t nk, cg_real *s, int64_t ss) {
     bool any = false;
     for (int64_t r = 0; r < nq; r++) {
         const int64_t vis = visible(h, i0 + r, j0, nk), first = first_visible(h, i0 + r, j0, nk);
         cg_real *sr = s + r * ss;
+        if (h->rel) { /* the relative bias of keys j0 + c, offsets j0 + c - i + Tq - 1 */
+            const cg_real *rr = h->rel + j0 - (i0 + r) + h->tq - 1;
+            for (int64_t c = first; c < vis; c++) sr[c] += rr[c];
+        }
+        if (h->bias) {
+            const cg_real *br = h->bias + (i0 + r) * h->bias_si + j0 * h->bias_sj;
+            if (h->bias_sj) for (int64_t c = first; c < vis; c++) sr[c] += br[c];
+            else for (int64_t c = first; c < vis; c++) sr[c] += br[0];
+        }
         for (int64_t c = 0; c < first; c++) sr[c] = -INFINITY;
         for (int64_t c = vis; c < nk; c++) sr[c] = -INFINITY;
         if (h->keep) {
@@ -214,10 +352,37 @@ static int64_t key_end(const head *h, int64_t i0, int64_t nq) {
     return e < 0 ? 0 : e > h->tk ? h->tk : e;
 }
 
+/* Dropout on the probabilities p of query row i against keys [j0, j0 + n): each is kept, scaled by
+ * 1 / (1 - dropout), or zeroed, into pt (which may be p). */
+static void drop_probs(const head *h, int64_t i, int64_t j0, int64_t n, const cg_real *p, cg_real *pt) {
+    const uint64_t at = (h->drop_row + (uint64_t)i) * (uint64_t)h->tk + (uint64_t)j0, key = h->drop_key,
+                   thr = h->drop_threshold;
+    const cg_real keep = h->drop_scale;
+    for (int64_t c = 0; c < n; c++) pt[c] = cgi_dropout_keeps(key, at + (uint64_t)c, thr) ? p[c] * keep : 0;
+}
+
+/* Backward through the dropout of row i, keys [j0, j0 + n), with the mask M (0 or the keep scale)
+ * drawn again: pt = M P (which may overwrite p), and when dp is given it holds dO V^T on entry and
+ * dS = P (M dP - D) on exit. (D = rowsum(dO O) is unchanged: O is made of the dropped weights.) */
+static void drop_grads(const head *h, int64_t i, int64_t j0, int64_t n, const cg_real *p, cg_real *pt, cg_real *dp,
+                       cg_real di) {
+    const uint64_t at = (h->drop_row + (uint64_t)i) * (uint64_t)h->tk + (uint64_t)j0, key = h->drop_key,
+                   thr = h->drop_threshold;
+    const cg_real keep = h->drop_scale;
+    if (dp)
+        for (int64_t c = 0; c < n; c++) {
+            const cg_real m = cgi_dropout_keeps(key, at + (uint64_t)c, thr) ? keep : 0, pc = p[c];
+            dp[c] = pc * (m * dp[c] - di);
+            pt[c] = pc * m;
+        }
+    else drop_probs(h, i, j0, n, p, pt);
+}
+
 /* One key block, probabilities kept: P = softmax(scores) normalised in place, O = P V. With w,
- * the products run on the micro-kernel over the head's keys and values packed in w. */
+ * the products run on the micro-kernel over the head's keys and values packed in w. With dropout,
+ * O is made of the dropped weights, put in pt [nq, BK]; P stays whole for backward. */
 CGI_CLONES static void fwd_kept(const head *h, int64_t i0, int64_t nq, int64_t kend, cg_real *pb, int64_t ps, cg_real *o,
-                     cg_real *lse, const cgi_ukr *u, const packs *w) {
+                     cg_real *lse, const cgi_ukr *u, const packs *w, cg_real *pt) {
     bool any = kend > 0;
     if (any && w) {
         cgi_ukr_pack_a(u, nq, h->d, h->q + i0 * h->qs, h->qs, 1, w->a);
@@ -244,6 +409,10 @@ CGI_CLONES static void fwd_kept(const head *h, int64_t i0, int64_t nq, int64_t k
         for (int64_t c = 0; c < kend; c++) pr[c] *= inv;
         lse[r] = mx + (cg_real)log(l);
     }
+    if (h->drop) {
+        for (int64_t r = 0; r < nq; r++) drop_probs(h, i0 + r, 0, kend, pb + r * ps, pt + r * BK);
+        pb = pt, ps = BK;
+    }
     if (w) {
         cgi_ukr_pack_a(u, nq, kend, pb, ps, 1, w->a);
         cgi_ukr_gemm(u, nq, h->d, kend, 1, w->a, kend, w->kv2, h->tk, 0, o, h->d, 1, CGI_UKR_FULL, diag(h, i0));
@@ -252,8 +421,10 @@ CGI_CLONES static void fwd_kept(const head *h, int64_t i0, int64_t nq, int64_t k
 
 cg_status cgi_fwd_attention(cg_tensor *t) {
     const int64_t bhn = t->shape[0] * t->shape[1], tq = t->shape[2], d = t->shape[3], tk = t->src[1]->shape[2];
-    cg_real *lse = t->aux, *out = t->data, *probs = t->iarg[3] ? lse + probs_offset(t) : NULL;
-    const int slots = (int)t->iarg[2];
+    sdpa_params *p = t->params;
+    p->step = t->graph->step; /* backward draws this pass's dropout mask again */
+    cg_real *lse = t->aux, *out = t->data, *probs = p->keeps_probs ? lse + probs_offset(t) : NULL;
+    const int slots = p->slots;
     cgi_ukr u;
     cgi_ukr_init(&u);
     const bool packed = packs_heads(t);
@@ -263,11 +434,11 @@ cg_status cgi_fwd_attention(cg_tensor *t) {
         int me = omp_get_thread_num();
         cg_real *s = lse + slots_offset(t) + (size_t)me * stride, *acc = s + 2 * BQ * BK, *m = acc + BQ * d, *l = m + BQ;
         head h;
-        head_at(t, bh, &h);
+        head_at(t, bh, rel_at(t, s), &h);
         cg_real *o = out + bh * tq * d;
-        packs w;
+        packs w = {0};
         if (packed) { /* K^T and V for every query block of the head */
-            w = packs_at(s, &u, tk, d);
+            w = packs_at(t, s, &u);
             cgi_ukr_pack_b(&u, d, tk, h.k, 1, h.ks, w.kv1);
             cgi_ukr_pack_b(&u, tk, d, h.v, h.vs, 1, w.kv2);
         }
@@ -276,7 +447,7 @@ cg_status cgi_fwd_attention(cg_tensor *t) {
             const int64_t nq = tq - i0 < bq ? tq - i0 : bq, kend = key_end(&h, i0, nq);
             if (probs) {
                 fwd_kept(&h, i0, nq, kend, probs + (bh * tq + i0) * tk, tk, o + i0 * d, lse + bh * tq + i0, &u,
-                         packed ? &w : NULL);
+                         packed ? &w : NULL, s);
                 continue;
             }
             for (int64_t r = 0; r < nq; r++) m[r] = -INFINITY, l[r] = 0;
@@ -294,6 +465,7 @@ cg_status cgi_fwd_attention(cg_tensor *t) {
                     const cg_real corr = m[r] == -INFINITY ? 0 : cgi_exp(m[r] - mx);
                     l[r] = l[r] * corr + (cg_real)cgi_sum_exp(sr, nk, mx, sr);
                     m[r] = mx;
+                    if (h.drop) drop_probs(&h, i0 + r, j0, nk, sr, sr); /* the sum keeps every weight */
                     if (corr != 1) for (int64_t e = 0; e < d; e++) acc[r * d + e] *= corr;
                 }
                 gemm1(nq, d, nk, s, BK, 1, h.v + j0 * h.vs, h.vs, 1, 1, 1, acc, d, 1);
@@ -314,34 +486,60 @@ cg_status cgi_fwd_attention(cg_tensor *t) {
     return CG_OK;
 }
 
-/* A head's gradients and their row and feature strides. */
+/* A head's gradients and their row and feature strides; bias is this head's slice of the bias
+ * tensor's gradient (row and key strides), rel its T5 offsets' (by j - i + Tq - 1). */
 typedef struct {
-    cg_real *q, *k, *v;
-    int64_t qr, qc, kr, kc, vr, vc;
+    cg_real *q, *k, *v, *bias, *rel;
+    int64_t qr, qc, kr, kc, vr, vc, bias_si, bias_sj;
 } grads;
 
+/* Adds dS [nq, nk] (row stride BK) of query rows i0.. against keys j0.. into the bias gradients:
+ * the bias tensor's elementwise, T5's by relative offset. */
+static void bias_grads(const head *h, const grads *g, int64_t i0, int64_t nq, int64_t j0, int64_t nk, const cg_real *ds) {
+    for (int64_t r = 0; r < nq; r++) {
+        const cg_real *dr = ds + r * BK;
+        if (g->rel) {
+            cg_real *rr = g->rel + j0 - (i0 + r) + h->tq - 1;
+            for (int64_t c = 0; c < nk; c++) rr[c] += dr[c];
+        }
+        if (g->bias) {
+            cg_real *br = g->bias + (i0 + r) * g->bias_si + j0 * g->bias_sj;
+            if (g->bias_sj) for (int64_t c = 0; c < nk; c++) br[c] += dr[c];
+            else br[0] += (cg_real)cgi_row_sum(dr, nk);
+        }
+    }
+}
+
 /* Backward of one query block with kept probabilities p [nq, kend] (row stride Tk) on the micro-
- * kernel: w holds the head's V^T and K. dp is scratch [nq, BK] for dP, then dS. */
+ * kernel: w holds the head's V^T and K. dp is scratch [nq, BK] for dP, then dS; pt [nq, BK] gets
+ * the dropped weights with dropout. */
 CGI_CLONES static void bwd_packed(const head *h, const cgi_ukr *u, const packs *w, int64_t i0, int64_t nq, int64_t kend,
-                       const cg_real *p, const cg_real *dO, const cg_real *di, cg_real *dp, const grads *g) {
+                       const cg_real *p, const cg_real *dO, const cg_real *di, cg_real *dp, cg_real *pt, const grads *g) {
     const int64_t d = h->d, tk = h->tk;
     if (kend == 0) return;
-    if (g->v) { /* dV += P^T dO */
-        cgi_ukr_pack_a(u, kend, nq, p, 1, tk, w->a);
-        cgi_ukr_pack_b(u, nq, d, dO, d, 1, w->b);
-        cgi_ukr_gemm(u, kend, d, nq, 1, w->a, nq, w->b, nq, 1, g->v, g->vr, g->vc, CGI_UKR_FULL, CGI_UKR_FULL);
+    const bool ds = g->q || g->k || g->bias || g->rel;
+    if (ds) { /* dP = dO V^T, skipping the tiles the causal mask hides */
+        cgi_ukr_pack_a(u, nq, d, dO, d, 1, w->a);
+        cgi_ukr_gemm(u, nq, kend, d, 1, w->a, d, w->kv1, d, 0, dp, BK, 1, diag(h, i0), CGI_UKR_FULL);
     }
-    if (!g->q && !g->k) return;
-    /* dP = dO V^T, skipping the tiles the causal mask hides; dS = P * (dP - D), zero where hidden */
-    cgi_ukr_pack_a(u, nq, d, dO, d, 1, w->a);
-    cgi_ukr_gemm(u, nq, kend, d, 1, w->a, d, w->kv1, d, 0, dp, BK, 1, diag(h, i0), CGI_UKR_FULL);
-    for (int64_t r = 0; r < nq; r++) {
+    for (int64_t r = 0; (ds || h->drop) && r < nq; r++) { /* dS = P * (dP - D), zero where hidden */
         const int64_t vis = visible(h, i0 + r, 0, kend);
         cg_real *dr = dp + r * BK;
         const cg_real *pr = p + r * tk, dr_i = di[r];
-        for (int64_t c = 0; c < vis; c++) dr[c] = pr[c] * (dr[c] - dr_i);
-        for (int64_t c = vis; c < kend; c++) dr[c] = 0;
+        if (h->drop) {
+            drop_grads(h, i0 + r, 0, vis, pr, pt + r * BK, ds ? dr : NULL, dr_i);
+            for (int64_t c = vis; c < kend; c++) pt[r * BK + c] = 0;
+        } else
+            for (int64_t c = 0; c < vis; c++) dr[c] = pr[c] * (dr[c] - dr_i);
+        if (ds) for (int64_t c = vis; c < kend; c++) dr[c] = 0;
     }
+    if (g->v) { /* dV += P^T dO, of the dropped weights */
+        if (h->drop) cgi_ukr_pack_a(u, kend, nq, pt, 1, BK, w->a);
+        else cgi_ukr_pack_a(u, kend, nq, p, 1, tk, w->a);
+        cgi_ukr_pack_b(u, nq, d, dO, d, 1, w->b);
+        cgi_ukr_gemm(u, kend, d, nq, 1, w->a, nq, w->b, nq, 1, g->v, g->vr, g->vc, CGI_UKR_FULL, CGI_UKR_FULL);
+    }
+    if (g->bias || g->rel) bias_grads(h, g, i0, nq, 0, kend, dp);
     if (g->q) { /* dQ += scale * dS K */
         cgi_ukr_pack_a(u, nq, kend, dp, BK, 1, w->a);
         cgi_ukr_gemm(u, nq, d, kend, h->scale, w->a, kend, w->kv2, tk, 1, g->q + i0 * g->qr, g->qr, g->qc, CGI_UKR_FULL,
@@ -355,11 +553,16 @@ CGI_CLONES static void bwd_packed(const head *h, const cgi_ukr *u, const packs *
 }
 
 void cgi_bwd_attention(cg_tensor *t) {
-    cg_tensor *q = t->src[0], *k = t->src[1], *v = t->src[2];
-    const bool gq = q->requires_grad, gk = k->requires_grad, gv = v->requires_grad;
-    const int64_t bhn = t->shape[0] * t->shape[1], tq = t->shape[2], d = t->shape[3], tk = k->shape[2];
-    const cg_real *lse = t->aux, *out = t->data, *dout = t->grad, *probs = t->iarg[3] ? lse + probs_offset(t) : NULL;
-    const int slots = (int)t->iarg[2];
+    const sdpa_params *p = prm(t);
+    cg_tensor *q = t->src[0], *k = t->src[1], *v = t->src[2], *bias = p->bias ? t->src[p->bias] : NULL,
+              *table = p->table ? t->src[p->table] : NULL;
+    const bool gq = q->requires_grad, gk = k->requires_grad, gv = v->requires_grad, gb = bias && bias->requires_grad,
+               gt = table && table->requires_grad && t->bwd_aux;
+    const int64_t B = t->shape[0], hq = t->shape[1], tq = t->shape[2], d = t->shape[3], tk = k->shape[2];
+    const cg_real *lse = t->aux, *out = t->data, *dout = t->grad, *probs = p->keeps_probs ? lse + probs_offset(t) : NULL;
+    cg_real *drel = gt ? t->bwd_aux : NULL;
+    if (drel) memset(drel, 0, t->bwd_aux_bytes);
+    const int slots = p->slots;
     cgi_ukr u;
     cgi_ukr_init(&u);
     const bool packed = packs_heads(t);
@@ -368,32 +571,42 @@ void cgi_bwd_attention(cg_tensor *t) {
      * storage seen differently (keys = queries shifted by a head), one head's dK is another's dQ:
      * the heads then run in order. The same view (q = k = v) keeps each head on one thread. */
     bool serial = false;
-    for (int i = 0; i < 3; i++)
-        for (int j = i + 1; j < 3; j++)
-            serial |= cgi_grads_alias(t->src[i], t->src[j]) && !cgi_same_view(t->src[i], t->src[j]);
+    for (int i = 0; i < t->nsrc; i++)
+        for (int j = i + 1; j < t->nsrc; j++)
+            serial |= t->src[i]->dtype == CG_REAL && t->src[j]->dtype == CG_REAL && cgi_grads_alias(t->src[i], t->src[j]) &&
+                      !cgi_same_view(t->src[i], t->src[j]);
     /* With grouped-query heads several query heads write one head's dK and dV: a thread takes a
-     * (batch, key head) pair and runs its query heads in order, so no two threads share a
-     * gradient row and the sums do not depend on the thread count. */
-    const int64_t hq = t->shape[1], hkv = k->shape[1], group = hq / hkv, ngroups = t->shape[0] * hkv;
-    (void)bhn;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(slots) if (ngroups > 1 && slots > 1 && !serial)
-    for (int64_t bg = 0; bg < ngroups; bg++)
-    for (int64_t bh = (bg / hkv) * hq + (bg % hkv) * group; bh < (bg / hkv) * hq + (bg % hkv + 1) * group; bh++) {
+     * unit of (batch, key head) and runs its query heads in order, so no two threads share a
+     * gradient row and the sums do not depend on the thread count. A bias that gets a gradient
+     * and is broadcast over batches (or heads) widens the unit to every batch (or head) sharing a
+     * slice of it. */
+    const int64_t hkv = k->shape[1], group = hq / hkv;
+    const bool all_b = gb && p->bias_st[0] == 0 && B > 1, all_h = gb && p->bias_st[1] == 0 && hq > 1;
+    const int64_t bunits = all_b ? 1 : B, hunits = all_h ? 1 : hkv, units = bunits * hunits;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(slots) if (units > 1 && slots > 1 && !serial)
+    for (int64_t un = 0; un < units; un++)
+    for (int64_t b = all_b ? 0 : un / hunits; b < (all_b ? B : un / hunits + 1); b++)
+    for (int64_t hh = all_h ? 0 : (un % hunits) * group; hh < (all_h ? hq : (un % hunits + 1) * group); hh++) {
+        const int64_t bh = b * hq + hh, kh = hh / group;
         int me = omp_get_thread_num();
         cg_real *slot = (cg_real *)lse + slots_offset(t) + (size_t)me * stride, *dp = slot + BQ * BK,
                 *di = dp + BQ * BK + BQ * d;
         head h;
-        head_at(t, bh, &h);
-        packs w;
+        head_at(t, bh, rel_at(t, slot), &h);
+        packs w = {0};
         if (packed) { /* V^T and K for every query block of the head */
-            w = packs_at(slot, &u, tk, d);
+            w = packs_at(t, slot, &u);
             cgi_ukr_pack_b(&u, d, tk, h.v, 1, h.vs, w.kv1);
             cgi_ukr_pack_b(&u, tk, d, h.k, h.ks, 1, w.kv2);
         }
-        const int64_t b = bh / hq, hh = bh % hq, kh = hh / group;
-        cg_real *gQ = gq ? q->grad + b * q->stride[0] + hh * q->stride[1] : NULL;
-        cg_real *gK = gk ? k->grad + b * k->stride[0] + kh * k->stride[1] : NULL;
-        cg_real *gV = gv ? v->grad + b * v->stride[0] + kh * v->stride[1] : NULL;
+        const grads gr = {
+            gq ? q->grad + b * q->stride[0] + hh * q->stride[1] : NULL,
+            gk ? k->grad + b * k->stride[0] + kh * k->stride[1] : NULL,
+            gv ? v->grad + b * v->stride[0] + kh * v->stride[1] : NULL,
+            gb ? bias->grad + b * p->bias_st[0] + hh * p->bias_st[1] : NULL,
+            drel ? drel + bh * p->nrel : NULL,
+            q->stride[2], q->stride[3], k->stride[2], k->stride[3], v->stride[2], v->stride[3], p->bias_st[2], p->bias_st[3]};
+        const bool ds = gq || gk || gb || drel;
         const cg_real *o = out + bh * tq * d, *dO = dout + bh * tq * d, *L = lse + bh * tq;
         const int64_t bq = h.causal ? BQ / 2 : BQ;
         for (int64_t i0 = 0; i0 < tq; i0 += bq) {
@@ -404,40 +617,52 @@ void cgi_bwd_attention(cg_tensor *t) {
                 di[r] = s;
             }
             if (packed) {
-                const grads gr = {gQ, gK, gV, q->stride[2], q->stride[3], k->stride[2], k->stride[3], v->stride[2],
-                                  v->stride[3]};
-                bwd_packed(&h, &u, &w, i0, nq, kend, probs + (bh * tq + i0) * tk, dO + i0 * d, di, dp, &gr);
+                bwd_packed(&h, &u, &w, i0, nq, kend, probs + (bh * tq + i0) * tk, dO + i0 * d, di, dp, slot, &gr);
                 continue;
             }
             for (int64_t j0 = probs ? 0 : key_start(&h, i0); j0 < kend; j0 += BK) {
                 const int64_t nk = kend - j0 < BK ? kend - j0 : BK;
-                cg_real *p = probs ? (cg_real *)probs + (bh * tq + i0) * tk : slot;
+                cg_real *pb = probs ? (cg_real *)probs + (bh * tq + i0) * tk : slot;
                 const int64_t ps = probs ? tk : BK; /* P's row stride */
                 if (!probs) {
-                    if (!scores(&h, i0, nq, j0, nk, p, BK)) continue;
+                    if (!scores(&h, i0, nq, j0, nk, pb, BK)) continue;
                     for (int64_t r = 0; r < nq; r++) {
-                        cg_real *pr = p + r * BK;
+                        cg_real *pr = pb + r * BK;
                         const cg_real lr = L[i0 + r];
                         for (int64_t c = 0; c < nk; c++) pr[c] = cgi_exp(pr[c] - lr);
                     }
                 }
-                if (gV) /* dV[j] += P^T dO[i] */
-                    gemm1(nk, d, nq, p, 1, ps, dO + i0 * d, d, 1, 1, 1, gV + j0 * v->stride[2], v->stride[2], v->stride[3]);
-                if (!gq && !gk) continue;
-                /* dP = dO[i] V[j]^T; dS = P * (dP - D) */
-                gemm1(nq, nk, d, dO + i0 * d, d, 1, h.v + j0 * h.vs, 1, h.vs, 1, 0, dp, BK, 1);
-                for (int64_t r = 0; r < nq; r++) {
-                    cg_real *dr = dp + r * BK;
-                    const cg_real *pr = p + r * ps, dr_i = di[r];
-                    for (int64_t c = 0; c < nk; c++) dr[c] = pr[c] * (dr[c] - dr_i);
-                }
+                if (ds) /* dP = dO[i] V[j]^T */
+                    gemm1(nq, nk, d, dO + i0 * d, d, 1, h.v + j0 * h.vs, 1, h.vs, 1, 0, dp, BK, 1);
+                const cg_real *pv = pb; /* the weights O was made of */
+                int64_t pvs = ps;
+                if (h.drop) { /* dS = P * (M dP - D), and M P into the slot (over P when it is there) */
+                    for (int64_t r = 0; r < nq; r++)
+                        drop_grads(&h, i0 + r, j0, nk, pb + r * ps, slot + r * BK, ds ? dp + r * BK : NULL, di[r]);
+                    pv = slot, pvs = BK;
+                } else if (ds) /* dS = P * (dP - D) */
+                    for (int64_t r = 0; r < nq; r++) {
+                        cg_real *dr = dp + r * BK;
+                        const cg_real *pr = pb + r * ps, dr_i = di[r];
+                        for (int64_t c = 0; c < nk; c++) dr[c] = pr[c] * (dr[c] - dr_i);
+                    }
+                if (gv) /* dV[j] += P^T dO[i] */
+                    gemm1(nk, d, nq, pv, 1, pvs, dO + i0 * d, d, 1, 1, 1, gr.v + j0 * gr.vr, gr.vr, gr.vc);
+                if (!ds) continue;
+                if (gr.bias || gr.rel) bias_grads(&h, &gr, i0, nq, j0, nk, dp);
                 if (gq) /* dQ[i] += scale * dS K[j] */
-                    gemm1(nq, d, nk, dp, BK, 1, h.k + j0 * h.ks, h.ks, 1, h.scale, 1, gQ + i0 * q->stride[2], q->stride[2],
-                          q->stride[3]);
+                    gemm1(nq, d, nk, dp, BK, 1, h.k + j0 * h.ks, h.ks, 1, h.scale, 1, gr.q + i0 * gr.qr, gr.qr, gr.qc);
                 if (gk) /* dK[j] += scale * dS^T Q[i] */
-                    gemm1(nk, d, nq, dp, 1, BK, h.q + i0 * h.qs, h.qs, 1, h.scale, 1, gK + j0 * k->stride[2],
-                          k->stride[2], k->stride[3]);
+                    gemm1(nk, d, nq, dp, 1, BK, h.q + i0 * h.qs, h.qs, 1, h.scale, 1, gr.k + j0 * gr.kr, gr.kr, gr.kc);
             }
         }
     }
+    if (!drel) return;
+    /* T5's table: each head's column gets its (batch, offset) sums in a fixed order */
+    const int64_t nrel = p->nrel;
+#pragma omp parallel for schedule(static) num_threads(slots) if (hq > 1 && slots > 1)
+    for (int64_t hh = 0; hh < hq; hh++)
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t r = 0; r < nrel; r++)
+                table->grad[p->bucket[r] * table->stride[0] + hh * table->stride[1]] += drel[(b * hq + hh) * nrel + r];
 }

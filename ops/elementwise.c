@@ -524,9 +524,8 @@ static void dropout_loop(cg_tensor *t, cg_real *dst, const int64_t *sd, const cg
     const int64_t *st[3] = {sd, ss, t->stride};
     cgi_iter it;
     cgi_iter_init(&it, t->ndim, t->shape, 3, st);
-    const uint64_t key = cgi_hash64(t->graph->seed ^ cgi_hash64((uint64_t)t->id * 0x100000001b3ULL ^
-                                                                 cgi_hash64((uint64_t)t->iarg[0])));
-    const uint64_t threshold = (uint64_t)(t->farg[0] * 18446744073709551616.0);
+    const uint64_t key = cgi_dropout_key(t->graph->seed, t->id, (uint64_t)t->iarg[0]);
+    const uint64_t threshold = cgi_dropout_threshold(t->farg[0]);
     const cg_real keep_scale = (cg_real)(1.0 / (1.0 - t->farg[0]));
     const int64_t s0 = it.st[0][it.ndim - 1], s1 = it.st[1][it.ndim - 1], s2 = it.st[2][it.ndim - 1];
     const int64_t nch = cgi_chunks(it.inner);
@@ -537,7 +536,7 @@ static void dropout_loop(cg_tensor *t, cg_real *dst, const int64_t *sd, const cg
         cgi_iter_row(&it, r, off);
         for (int64_t j = lo; j < hi; j++) {
             uint64_t index = (uint64_t)(off[2] + j * s2); /* position in the contiguous output */
-            bool keep = cgi_hash64(key + index * 0x9e3779b97f4a7c15ULL) >= threshold;
+            bool keep = cgi_dropout_keeps(key, index, threshold);
             cg_real v = keep ? src[off[1] + j * s1] * keep_scale : 0;
             if (accumulate) dst[off[0] + j * s0] += v;
             else dst[off[0] + j * s0] = v;

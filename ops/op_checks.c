@@ -254,6 +254,32 @@ static cg_tensor *sdpa_mqa(ctx *c) {
     const cg_sdpa_opts o = {.scale = 0.7, .window = 2};
     return cg_sdpa_ex(G, X4(1, 3, 4, 5), X4(1, 1, 6, 5), X4(1, 1, 6, 5), &o);
 }
+static cg_tensor *sdpa_alibi(ctx *c) { /* 3 heads: BLOOM's slopes for a count that is not a power of two */
+    cg_tensor *kp = ids(c, 0, 2, 2, 2, 7);
+    for (int b = 0; b < 2; b++) cg_idata(kp)[b * 7 + 6] = 1;
+    const cg_sdpa_opts o = {.scale = 0.6, .causal = true, .alibi = true, .key_padding = kp};
+    return cg_sdpa_ex(G, X4(2, 3, 5, 3), X4(2, 3, 7, 3), X4(2, 3, 7, 3), &o);
+}
+static cg_tensor *sdpa_t5(ctx *c) { /* bidirectional buckets, distances past the exact ones */
+    const cg_sdpa_opts o = {.scale = 0.5, .rel_bias = X2(8, 2), .rel_max_distance = 6};
+    return cg_sdpa_ex(G, X4(2, 2, 5, 3), X4(2, 2, 7, 3), X4(2, 2, 7, 3), &o);
+}
+static cg_tensor *sdpa_t5_causal(ctx *c) {
+    const cg_sdpa_opts o = {.scale = 0.5, .causal = true, .rel_bias = T(X2(4, 6)), .rel_max_distance = 5};
+    return cg_sdpa_ex(G, X4(1, 4, 7, 3), X4(1, 2, 7, 3), X4(1, 2, 7, 3), &o);
+}
+static cg_tensor *sdpa_bias_b(ctx *c) { /* a bias shared by the batch */
+    const cg_sdpa_opts o = {.scale = 0.5, .causal = true, .bias = X4(1, 2, 4, 6)};
+    return cg_sdpa_ex(G, X4(2, 2, 4, 3), X4(2, 2, 6, 3), X4(2, 2, 6, 3), &o);
+}
+static cg_tensor *sdpa_bias_keys(ctx *c) { /* [B, 1, 1, Tk], shared by heads and queries, with ALiBi */
+    const cg_sdpa_opts o = {.scale = 0.5, .alibi = true, .window = 3, .bias = X4(2, 1, 1, 6)};
+    return cg_sdpa_ex(G, X4(2, 4, 5, 3), X4(2, 2, 6, 3), X4(2, 2, 6, 3), &o);
+}
+static cg_tensor *sdpa_dropout(ctx *c) {
+    const cg_sdpa_opts o = {.scale = 0.6, .causal = true, .alibi = true, .rel_bias = X2(6, 2), .dropout = 0.3};
+    return cg_sdpa_ex(G, X4(2, 2, 6, 3), X4(2, 2, 6, 3), X4(2, 2, 6, 3), &o);
+}
 /* normalisation */
 static cg_tensor *ln_affine(ctx *c) { return cg_layernorm(G, X2(4, 6), leaf(c, 0.5, 1.5, false, 1, 6, 0, 0, 0), X1(6), 1e-5); }
 static cg_tensor *ln_plain(ctx *c) { return cg_layernorm(G, X3(2, 3, 5), NULL, NULL, 1e-5); }
@@ -407,6 +433,12 @@ static const check_case cases[] = {
     {"attention", "heads of a [2,6,12] qkv view, causal", sdpa_views},
     {"attention", "4 q heads on 2 kv, causal window 3", sdpa_gqa},
     {"attention", "multi-query 3 on 1, window 2 both sides", sdpa_mqa},
+    {"attention", "ALiBi 3 heads, causal 5x7, padding", sdpa_alibi},
+    {"attention", "T5 table [8,2] bidirectional, 5x7", sdpa_t5},
+    {"attention", "T5 table [6,4]^T causal, grouped", sdpa_t5_causal},
+    {"attention", "bias [1,2,4,6], causal 4x6", sdpa_bias_b},
+    {"attention", "bias [2,1,1,6] + ALiBi, window 3", sdpa_bias_keys},
+    {"attention", "dropout 0.3, ALiBi + T5, causal", sdpa_dropout},
     {"rope", "[2,2,5,6] half-split", rope_neox},
     {"rope", "[1,2,4,6] interleaved 4 dims off 7 /2", rope_inter},
     {"rope", "k heads of packed qkv, LLaMA 3", rope_packed},

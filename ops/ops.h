@@ -167,9 +167,18 @@ typedef struct {
     cg_tensor *key_padding; /* int32 [B, Tk], 0 hides a key; or NULL */
     int64_t window;         /* sliding window: a query at position p sees keys in (p - window, p], and also up to
                                p + window - 1 when not causal (Mistral's local attention); 0: all keys */
+    bool alibi;             /* ALiBi: adds -m_h |j - p| to the scores of query head h, with the paper's slopes
+                               m_h = 2^(-8 (h + 1) / Hq) and BLOOM's for an Hq that is not a power of two */
+    cg_tensor *rel_bias;    /* T5's relative position bias: a real table [num_buckets, Hq] (a parameter, it
+                               gets a gradient), indexed by T5's bucket of j - p, bidirectional unless causal */
+    int64_t rel_max_distance; /* T5's relative_attention_max_distance (0: 128) */
+    cg_tensor *bias;        /* an additive real bias broadcastable to [B, Hq, Tq, Tk], or NULL; gets a gradient */
+    double dropout;         /* drops attention weights with this probability in training graphs (0: none); the
+                               mask is cg_dropout's counter-based hash, drawn again in backward, never stored */
 } cg_sdpa_opts;
 /* cg_sdpa with options, and grouped-query / multi-query heads: k and v may have Hk heads with Hk
- * dividing q's Hq, query head h reading key head h / (Hq / Hk). Still no [Tq, Tk] buffer. */
+ * dividing q's Hq, query head h reading key head h / (Hq / Hk). Still no [Tq, Tk] buffer; p above
+ * is the query's position i + Tk - Tq. */
 cg_tensor *cg_sdpa_ex(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, const cg_sdpa_opts *opts);
 /* Settings of cg_rope; zero-initialise, then set theta (NULL config: theta 10000, all of D, half-split). */
 typedef struct {

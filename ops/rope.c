@@ -4,8 +4,8 @@
  * forward (T x dims/2, cheap next to the rotation) and keeps it in aux for backward, which rotates
  * the gradient back by the same angles. x is read through its strides, so the q and k heads of a
  * packed QKV projection are rotated without a copy first; the output is contiguous.
- * iarg[0] rotated dims, iarg[1] interleaved, iarg[2] position offset, iarg[3] the frequencies f_i
- * (dims/2 doubles in the graph's node arena: they depend on the settings only). */
+ * iarg[0] rotated dims, iarg[1] interleaved, iarg[2] position offset; params: the frequencies f_i
+ * (dims/2 doubles: they depend on the settings only). */
 #include <math.h>
 
 #include "graph/internal.h"
@@ -32,11 +32,8 @@ cg_tensor *cg_rope(cg_graph *g, cg_tensor *x, int64_t pos_offset, const cg_rope_
                  c->llama3_low_freq_factor, c->llama3_high_freq_factor, (long long)c->llama3_original_context);
         return NULL;
     }
-    double *f = cgi_arena_alloc(&g->meta, (size_t)(dims / 2) * sizeof *f);
-    if (!f) {
-        cgi_fail(CG_ERR_NOMEM, "[rope] out of memory");
-        return NULL;
-    }
+    double *f = cgi_node_params(g, "rope", (size_t)(dims / 2) * sizeof *f);
+    if (!f) return NULL;
     for (int64_t i = 0; i < dims / 2; i++) {
         double fi = pow(c->theta, -2.0 * (double)i / (double)dims);
         if (l3) { /* HF's "llama3" rope_type: long wavelengths slow down by factor, short ones stay */
@@ -52,10 +49,10 @@ cg_tensor *cg_rope(cg_graph *g, cg_tensor *x, int64_t pos_offset, const cg_rope_
     }
     cg_tensor *t = cgi_node(g, CGI_OP_ROPE, CG_REAL, x->ndim, x->shape, 1, &x);
     if (!t) return NULL;
+    t->params = f;
     t->iarg[0] = dims;
     t->iarg[1] = c->interleaved;
     t->iarg[2] = pos_offset;
-    t->iarg[3] = (int64_t)(intptr_t)f;
     t->aux_bytes = (size_t)(x->shape[x->ndim - 2] * dims) * sizeof(cg_real); /* cos, sin [T, dims/2] */
     return t;
 }
@@ -95,7 +92,7 @@ static void rotate(const cg_tensor *t, cg_real *dst, const int64_t *dst_stride, 
 
 cg_status cgi_fwd_rope(cg_tensor *t) {
     const int64_t T = t->shape[t->ndim - 2], half = t->iarg[0] / 2;
-    const double *f = (const double *)(intptr_t)t->iarg[3];
+    const double *f = t->params;
     cg_real *C = t->aux, *S = C + T * half;
     for (int64_t p = 0; p < T; p++)
         for (int64_t i = 0; i < half; i++) {

@@ -1,8 +1,9 @@
 /* The fused attention (cg_sdpa) against its composite twin, matmul -> masked softmax -> matmul,
  * forward and backward, at sizes that span several query blocks and several 256-key blocks, with causal masks (Tq == Tk,
- * Tq < Tk, Tq > Tk), key padding, rows with every key hidden, and strided head views; and the
- * packing under its micro-kernel path: BLIS's packing kernels against the loops that stand in
- * where BLIS has none. */
+ * Tq < Tk, Tq > Tk), key padding, rows with every key hidden, and strided head views; the biases
+ * (ALiBi, T5's table, a bias tensor) against a materialised bias added by the twin, and dropout
+ * against the twin multiplying by the mask materialised from the same hash; and the packing under
+ * its micro-kernel path: BLIS's packing kernels against the loops that stand in where BLIS has none. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,15 +16,48 @@ typedef struct {
     int64_t b, h, tq, tk, d;
     bool causal, padding, all_hidden_row, views;
     int64_t hk, window; /* key/value heads (0: h) and sliding window (0: none), through cg_sdpa_ex */
+    bool alibi;
+    int64_t t5; /* T5 table buckets (0: none), max distance 20 */
+    int bias;   /* a bias tensor: 0 none, 1 [1, H, Tq, Tk], 2 [B, 1, 1, Tk], 3 [Tq, Tk] */
+    double dropout;
 } cfg;
 
-static void run(const cfg *c, bool fused, cg_real **out, cg_real *grads[3]) {
+enum { NLEAF = 5 }; /* q, k, v, bias, T5 table */
+
+/* T5's bucket, written from the paper's description (exact buckets below half, then logarithmic to
+ * max_distance), in double precision; hand-checked in t5_buckets below. */
+static int64_t t5_ref(int64_t rel, bool bidirectional, int64_t nb, int64_t maxd) {
+    int64_t base = 0;
+    if (bidirectional) {
+        nb /= 2;
+        base = rel > 0 ? nb : 0;
+        rel = labs((long)rel);
+    } else rel = rel < 0 ? -rel : 0;
+    const int64_t exact = nb / 2;
+    if (rel < exact) return base + rel;
+    const int64_t large = exact + (int64_t)(log((double)rel / exact) / log((double)maxd / exact) * (double)(nb - exact));
+    return base + (large < nb - 1 ? large : nb - 1);
+}
+
+/* ALiBi's slopes for n heads as BLOOM's get_slopes lists them. */
+static double alibi_ref(int64_t h, int64_t n) {
+    int64_t p = 1;
+    while (2 * p <= n) p *= 2;
+    if (h < p) return pow(pow(2.0, -8.0 / (double)p), (double)(h + 1));
+    return pow(pow(2.0, -4.0 / (double)p), (double)(2 * (h - p) + 1));
+}
+
+/* The fused node's id and the dropout step of its forward, so the twin can draw the same mask. */
+static int drop_id;
+static const uint64_t drop_seed = 77, drop_step = 5;
+
+static void run(const cfg *c, bool fused, cg_real **out, cg_real *grads[NLEAF]) {
     cg_graph *g = cg_graph_new(CG_TRAIN);
     cg_rng r;
     cg_rng_seed(&r, 5);
     const int64_t hk = c->hk ? c->hk : c->h;
     int64_t sq[4] = {c->b, c->h, c->tq, c->d}, sk[4] = {c->b, hk, c->tk, c->d};
-    cg_tensor *leaf[3], *q, *k, *v;
+    cg_tensor *leaf[NLEAF] = {0}, *q, *k, *v;
     if (c->views) { /* q, k, v as head views of one [B, T, 3*H*D] tensor, as in GPT-2 */
         int64_t s3[3] = {c->b, c->tq, 3 * c->h * c->d};
         leaf[0] = cg_requires_grad(cg_input(g, "qkv", CG_REAL, 3, s3));
@@ -45,11 +79,25 @@ static void run(const cfg *c, bool fused, cg_real **out, cg_real *grads[3]) {
         for (int64_t bb = 0; bb < c->b; bb++) cg_idata(kp)[bb * c->tk] = 1;
         if (c->all_hidden_row) memset(cg_idata(kp), 0, (size_t)c->tk * sizeof(int32_t)); /* batch 0 sees nothing */
     }
+    cg_tensor *bias = NULL, *table = NULL;
+    if (c->bias) {
+        const int64_t shapes[3][4] = {{1, c->h, c->tq, c->tk}, {c->b, 1, 1, c->tk}, {c->tq, c->tk}};
+        leaf[3] = bias = cg_requires_grad(cg_input(g, "bias", CG_REAL, c->bias == 3 ? 2 : 4, shapes[c->bias - 1]));
+        cg_fill_uniform(bias, &r, -1, 1);
+    }
+    if (c->t5) {
+        leaf[4] = table = cg_requires_grad(cg_input(g, "t5", CG_REAL, 2, (int64_t[]){c->t5, c->h}));
+        cg_fill_uniform(table, &r, -1, 1);
+    }
     const double scale = 1.0 / sqrt((double)c->d);
     cg_tensor *o;
-    if (fused && (c->hk || c->window)) {
-        const cg_sdpa_opts opts = {.scale = scale, .causal = c->causal, .key_padding = kp, .window = c->window};
+    cg_graph_set_rng(g, drop_seed, drop_step);
+    if (fused && (c->hk || c->window || c->alibi || c->t5 || c->bias || c->dropout)) {
+        const cg_sdpa_opts opts = {.scale = scale, .causal = c->causal, .key_padding = kp, .window = c->window,
+                                   .alibi = c->alibi, .rel_bias = table, .rel_max_distance = 20, .bias = bias,
+                                   .dropout = c->dropout};
         o = cg_sdpa_ex(g, q, k, v, &opts);
+        if (o) drop_id = o->id;
     } else if (fused) o = cg_sdpa(g, q, k, v, scale, c->causal, kp);
     else {
         if (hk != c->h) { /* each key head repeated for its group of query heads */
@@ -67,7 +115,33 @@ static void run(const cfg *c, bool fused, cg_real **out, cg_real *grads[3]) {
                     cg_data(mask)[i * c->tk + j] = seen ? 0 : -INFINITY;
                 }
         }
-        o = cg_matmul(g, cg_masked_softmax(g, cg_matmul(g, q, cg_transpose(g, k, -1, -2)), scale, mask, c->causal, kp), v);
+        if (c->alibi || c->t5) { /* the relative biases materialised as [H, Tq, Tk]; T5's gathered from its table */
+            cg_tensor *rel = cg_input(g, "alibi", CG_REAL, 3, (int64_t[]){c->h, c->tq, c->tk});
+            cg_tensor *idx = cg_input(g, "buckets", CG_INT32, 1, (int64_t[]){c->tq * c->tk});
+            for (int64_t hh = 0; hh < c->h; hh++)
+                for (int64_t i = 0; i < c->tq; i++)
+                    for (int64_t j = 0; j < c->tk; j++) {
+                        const int64_t dist = j - (i + c->tk - c->tq);
+                        cg_data(rel)[(hh * c->tq + i) * c->tk + j] =
+                            c->alibi ? (cg_real)(-alibi_ref(hh, c->h) * (double)labs((long)dist)) : 0;
+                        cg_idata(idx)[i * c->tk + j] = (int32_t)t5_ref(dist, !c->causal, c->t5, 20);
+                    }
+            if (table) { /* [Tq Tk, H] rows of the table -> [H, Tq, Tk] */
+                cg_tensor *rows = cg_reshape(g, cg_index_select(g, table, 0, idx), 3, (int64_t[]){c->tq, c->tk, c->h});
+                rel = cg_add(g, rel, cg_permute(g, rows, (const int[]){2, 0, 1}));
+            }
+            mask = mask ? cg_add(g, mask, rel) : rel;
+        }
+        if (bias) mask = mask ? cg_add(g, mask, bias) : bias;
+        cg_tensor *w = cg_masked_softmax(g, cg_matmul(g, q, cg_transpose(g, k, -1, -2)), scale, mask, c->causal, kp);
+        if (c->dropout) { /* the fused node's mask, drawn from the same hash: element (b, h, i, j) of [B, H, Tq, Tk] */
+            cg_tensor *m = cg_input(g, "drop", CG_REAL, 4, (int64_t[]){c->b, c->h, c->tq, c->tk});
+            const uint64_t key = cgi_dropout_key(drop_seed, drop_id, drop_step), thr = cgi_dropout_threshold(c->dropout);
+            for (int64_t e = 0; e < cg_numel(m); e++)
+                cg_data(m)[e] = cgi_dropout_keeps(key, (uint64_t)e, thr) ? (cg_real)(1.0 / (1.0 - c->dropout)) : 0;
+            w = cg_mul(g, w, m);
+        }
+        o = cg_matmul(g, w, v);
     }
     cg_tensor *w = cg_input(g, "w", CG_REAL, 4, cg_shape(o));
     cg_fill_uniform(w, &r, -1, 1);
@@ -76,7 +150,7 @@ static void run(const cfg *c, bool fused, cg_real **out, cg_real *grads[3]) {
     CHECK(loss && cg_graph_forward(g) == CG_OK && cg_graph_backward(g, loss) == CG_OK, "%s", cg_last_error());
     *out = malloc((size_t)cg_numel(o) * sizeof(cg_real));
     cg_read(o, *out);
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < NLEAF; i++) {
         grads[i] = NULL;
         if (!leaf[i]) continue;
         grads[i] = malloc((size_t)cg_numel(leaf[i]) * sizeof(cg_real));
@@ -96,22 +170,99 @@ static double rel_diff(const cg_real *a, const cg_real *b, int64_t n) {
 }
 
 static void compare(const char *what, const cfg *c) {
-    cg_real *oa, *ob, *ga[3], *gb[3];
+    cg_real *oa, *ob, *ga[NLEAF], *gb[NLEAF];
     run(c, true, &oa, ga);
     run(c, false, &ob, gb);
     const double tol = sizeof(cg_real) == 4 ? 2e-5 : 1e-12;
     int64_t no = c->b * c->h * c->tq * c->d, nk = c->b * (c->hk ? c->hk : c->h) * c->tk * c->d;
     double e = rel_diff(oa, ob, no);
     CHECK(e <= tol, "%s: output differs by %g", what, e);
-    for (int i = 0; i < 3; i++) {
+    const int64_t nbias[4] = {0, c->h * c->tq * c->tk, c->b * c->tk, c->tq * c->tk};
+    for (int i = 0; i < NLEAF; i++) {
         if (!ga[i]) continue;
-        int64_t n = c->views ? c->b * c->tq * 3 * c->h * c->d : i ? nk : no;
+        int64_t n = c->views && i == 0 ? c->b * c->tq * 3 * c->h * c->d : i == 0 ? no : i < 3 ? nk : i == 3 ? nbias[c->bias] : c->t5 * c->h;
         e = rel_diff(ga[i], gb[i], n);
         CHECK(e <= tol, "%s: gradient %d differs by %g", what, i, e);
     }
     free(oa);
     free(ob);
-    for (int i = 0; i < 3; i++) free(ga[i]), free(gb[i]);
+    for (int i = 0; i < NLEAF; i++) free(ga[i]), free(gb[i]);
+}
+
+/* The fused output and gradients of two runs of c, bit for bit (same < 0: must differ). */
+static void same_bits(const char *what, const cfg *a, const cfg *b, bool same) {
+    cg_real *oa, *ob, *ga[NLEAF], *gb[NLEAF];
+    run(a, true, &oa, ga);
+    run(b, true, &ob, gb);
+    const size_t n = (size_t)(a->b * a->h * a->tq * a->d) * sizeof(cg_real);
+    CHECK((memcmp(oa, ob, n) == 0) == same, "%s: outputs %s", what, same ? "differ" : "are the same");
+    for (int i = 0; i < 3 && same; i++)
+        CHECK(memcmp(ga[i], gb[i], (size_t)(i ? a->b * a->h * a->tk * a->d : a->b * a->h * a->tq * a->d) * sizeof(cg_real)) == 0,
+              "%s: gradient %d differs", what, i);
+    free(oa);
+    free(ob);
+    for (int i = 0; i < NLEAF; i++) free(ga[i]), free(gb[i]);
+}
+
+/* Dropout's mask read off the output: with q = k = 0 every weight is 1 / Tk, and with V the identity
+ * (D = Tk) output row i is row i of the dropped weights. Checks the kept fraction against 1 - p,
+ * the kept values against 1 / (Tk (1 - p)), and each element against the hash at its (b, h, i, j). */
+static void keep_rate(int64_t tq, int64_t tk, double p) {
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    const int64_t B = 2, H = 2, sq[4] = {B, H, tq, tk}, sk[4] = {B, H, tk, tk};
+    cg_tensor *q = cg_input(g, "q", CG_REAL, 4, sq), *k = cg_input(g, "k", CG_REAL, 4, sk), *v = cg_input(g, "v", CG_REAL, 4, sk);
+    for (int64_t bh = 0; bh < B * H; bh++)
+        for (int64_t j = 0; j < tk; j++) cg_data(v)[(bh * tk + j) * tk + j] = 1;
+    const cg_sdpa_opts opts = {.scale = 1, .dropout = p};
+    cg_tensor *o = cg_retain(cg_sdpa_ex(g, q, k, v, &opts));
+    cg_graph_set_rng(g, 9, 3);
+    CHECK(o && cg_graph_forward(g) == CG_OK, "%s", cg_last_error());
+    const uint64_t key = cgi_dropout_key(9, o->id, 3), thr = cgi_dropout_threshold(p);
+    const cg_real want = (cg_real)(1.0 / ((double)tk * (1 - p)));
+    int64_t kept = 0, wrong = 0, off = 0;
+    for (int64_t e = 0; e < cg_numel(o); e++) {
+        const cg_real x = cg_data(o)[e];
+        kept += x != 0;
+        wrong += (x != 0) != cgi_dropout_keeps(key, (uint64_t)e, thr);
+        off += x != 0 && fabs((double)(x - want)) > 1e-5 * want;
+    }
+    const double n = (double)cg_numel(o), rate = (double)kept / n, sd = sqrt(p * (1 - p) / n);
+    CHECK(fabs(rate - (1 - p)) <= 5 * sd, "keep rate %.5f, expected %.5f +- %.5f (Tk %lld)", rate, 1 - p, 5 * sd, (long long)tk);
+    CHECK(wrong == 0 && off == 0, "Tk %lld: %lld elements against the hash, %lld kept values off", (long long)tk,
+          (long long)wrong, (long long)off);
+    cg_graph_free(g);
+}
+
+/* Bad options are refused with a message naming the op and the shapes. */
+static void refused(void) {
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    const int64_t sq[4] = {2, 4, 5, 8}, sk[4] = {2, 2, 7, 8};
+    cg_tensor *q = cg_input(g, "q", CG_REAL, 4, sq), *k = cg_input(g, "k", CG_REAL, 4, sk), *v = cg_input(g, "v", CG_REAL, 4, sk);
+    const struct { cg_sdpa_opts o; const char *says; } bad[] = {
+        {{.scale = 1, .dropout = 1}, "dropout 1 must be in [0, 1)"},
+        {{.scale = 1, .bias = cg_input(g, "b", CG_REAL, 3, (int64_t[]){3, 5, 7})}, "bias[3,5,7] must broadcast to [B, Hq, Tq, Tk] = [2,4,5,7]"},
+        {{.scale = 1, .rel_bias = cg_input(g, "t", CG_REAL, 2, (int64_t[]){32, 2})}, "rel_bias[32,2] must be [num_buckets, Hq = 4]"},
+        {{.scale = 1, .rel_bias = cg_input(g, "t", CG_REAL, 2, (int64_t[]){8, 4}), .rel_max_distance = 2}, "max distance 2"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECK(cg_sdpa_ex(g, q, k, v, &bad[i].o) == NULL && strstr(cg_last_error(), "[sdpa]") &&
+                  strstr(cg_last_error(), bad[i].says),
+              "case %zu: %s", i, cg_last_error());
+    }
+    cg_graph_free(g);
+}
+
+static void dropout_cases(void) {
+    const cfg base = {.b = 2, .h = 3, .tq = 90, .tk = 90, .d = 8, .causal = true, .alibi = true, .dropout = 0.25};
+    same_bits("dropout, same seed and step twice", &base, &base, true);
+    cfg other = base;
+    other.dropout = 0.3;
+    same_bits("dropout 0.25 against 0.3", &base, &other, false);
+    cfg none = base, zero = base;
+    none.dropout = 0, zero.dropout = 1e-300; /* p > 0 that drops nothing: the dropout path, bit for bit */
+    same_bits("dropout ~0 against none", &none, &zero, true);
+    keep_rate(100, 200, 0.1);  /* probabilities kept */
+    keep_rate(40, 300, 0.35); /* recomputed from the log-sum-exp, two key blocks */
 }
 
 /* Packs a matrix both ways (BLIS's kernel, then the fallback loops) for every stride order and
@@ -144,21 +295,48 @@ static void packing_fallback(void) {
 
 int main(void) {
     packing_fallback();
-    compare("causal 150x150", &(cfg){2, 3, 150, 150, 16, true, false, false, false, 0, 0});
-    compare("causal 600x600 (several 256-key blocks)", &(cfg){1, 2, 600, 600, 8, true, false, false, false, 0, 0});
-    compare("full 300x700 with padding (several key blocks)", &(cfg){1, 2, 300, 700, 8, false, true, false, false, 0, 0});
-    compare("cross 70x130 with padding", &(cfg){2, 2, 70, 130, 8, false, true, false, false, 0, 0});
-    compare("causal Tq 5 < Tk 140 (cached keys)", &(cfg){1, 2, 5, 140, 16, true, false, false, false, 0, 0});
-    compare("causal + padding + a fully hidden batch", &(cfg){2, 2, 80, 80, 8, true, true, true, false, 0, 0});
-    compare("GPT-2 head views of qkv, causal 100", &(cfg){2, 4, 100, 100, 8, true, false, false, true, 0, 0});
-    compare("causal Tq 40 > Tk 24 (leading rows see no key)", &(cfg){1, 2, 40, 24, 16, true, false, false, false, 0, 0});
-    compare("gpt-tiny's head: causal 256, D 64", &(cfg){1, 2, 256, 256, 64, true, false, false, true, 0, 0});
-    compare("bert-small's head: full 128 with padding, D 64", &(cfg){2, 2, 128, 128, 64, false, true, false, false, 0, 0});
-    compare("grouped-query: 6 query heads on 2 key heads, causal 150", &(cfg){2, 6, 150, 150, 16, true, false, false, false, 2, 0});
-    compare("multi-query: 4 query heads on 1, cross 70x300, padding", &(cfg){2, 4, 70, 300, 8, false, true, false, false, 1, 0});
-    compare("sliding window 33, causal 150", &(cfg){1, 2, 150, 150, 16, true, false, false, false, 0, 33});
-    compare("sliding window 100, causal 700 (skips key blocks)", &(cfg){1, 2, 700, 700, 8, true, false, false, false, 0, 100});
-    compare("window 20 both sides, grouped, padding, 90x90", &(cfg){2, 4, 90, 90, 8, false, true, false, false, 2, 20});
-    compare("window 50, causal Tq 5 < Tk 300 (cached keys), multi-query", &(cfg){1, 4, 5, 300, 16, true, false, false, false, 1, 50});
+    compare("causal 150x150", &(cfg){2, 3, 150, 150, 16, true, false, false, false, 0, 0, false, 0, 0, 0});
+    compare("causal 600x600 (several 256-key blocks)", &(cfg){1, 2, 600, 600, 8, true, false, false, false, 0, 0, false, 0, 0, 0});
+    compare("full 300x700 with padding (several key blocks)", &(cfg){1, 2, 300, 700, 8, false, true, false, false, 0, 0, false, 0, 0, 0});
+    compare("cross 70x130 with padding", &(cfg){2, 2, 70, 130, 8, false, true, false, false, 0, 0, false, 0, 0, 0});
+    compare("causal Tq 5 < Tk 140 (cached keys)", &(cfg){1, 2, 5, 140, 16, true, false, false, false, 0, 0, false, 0, 0, 0});
+    compare("causal + padding + a fully hidden batch", &(cfg){2, 2, 80, 80, 8, true, true, true, false, 0, 0, false, 0, 0, 0});
+    compare("GPT-2 head views of qkv, causal 100", &(cfg){2, 4, 100, 100, 8, true, false, false, true, 0, 0, false, 0, 0, 0});
+    compare("causal Tq 40 > Tk 24 (leading rows see no key)", &(cfg){1, 2, 40, 24, 16, true, false, false, false, 0, 0, false, 0, 0, 0});
+    compare("gpt-tiny's head: causal 256, D 64", &(cfg){1, 2, 256, 256, 64, true, false, false, true, 0, 0, false, 0, 0, 0});
+    compare("bert-small's head: full 128 with padding, D 64", &(cfg){2, 2, 128, 128, 64, false, true, false, false, 0, 0, false, 0, 0, 0});
+    compare("grouped-query: 6 query heads on 2 key heads, causal 150", &(cfg){2, 6, 150, 150, 16, true, false, false, false, 2, 0, false, 0, 0, 0});
+    compare("multi-query: 4 query heads on 1, cross 70x300, padding", &(cfg){2, 4, 70, 300, 8, false, true, false, false, 1, 0, false, 0, 0, 0});
+    compare("sliding window 33, causal 150", &(cfg){1, 2, 150, 150, 16, true, false, false, false, 0, 33, false, 0, 0, 0});
+    compare("sliding window 100, causal 700 (skips key blocks)", &(cfg){1, 2, 700, 700, 8, true, false, false, false, 0, 100, false, 0, 0, 0});
+    compare("window 20 both sides, grouped, padding, 90x90", &(cfg){2, 4, 90, 90, 8, false, true, false, false, 2, 20, false, 0, 0, 0});
+    compare("window 50, causal Tq 5 < Tk 300 (cached keys), multi-query", &(cfg){1, 4, 5, 300, 16, true, false, false, false, 1, 50, false, 0, 0, 0});
+    /* 3 heads: BLOOM's slopes 1/16, 1/256 and 1/4; T5's buckets worked by hand (32 buckets, 128) */
+    CHECK(alibi_ref(0, 3) == 1.0 / 16 && alibi_ref(1, 3) == 1.0 / 256 && alibi_ref(2, 3) == 0.25, "slopes %g %g %g",
+          alibi_ref(0, 3), alibi_ref(1, 3), alibi_ref(2, 3));
+    CHECK(t5_ref(-1, true, 32, 128) == 1 && t5_ref(1, true, 32, 128) == 17 && t5_ref(-20, true, 32, 128) == 10 &&
+              t5_ref(-200, true, 32, 128) == 15 && t5_ref(5, false, 32, 128) == 0 && t5_ref(-20, false, 32, 128) == 17,
+          "T5 buckets %lld %lld %lld", (long long)t5_ref(-1, true, 32, 128), (long long)t5_ref(-20, true, 32, 128),
+          (long long)t5_ref(-20, false, 32, 128));
+    compare("ALiBi, 3 heads, causal 150", &(cfg){.b = 2, .h = 3, .tq = 150, .tk = 150, .d = 16, .causal = true, .alibi = true});
+    compare("ALiBi, grouped 4 on 2, full 300x700 with padding (key blocks)",
+            &(cfg){.b = 1, .h = 4, .tq = 300, .tk = 700, .d = 8, .padding = true, .hk = 2, .alibi = true});
+    compare("T5 bidirectional 32 buckets, cross 70x300, padding",
+            &(cfg){.b = 2, .h = 2, .tq = 70, .tk = 300, .d = 8, .padding = true, .t5 = 32});
+    compare("T5 causal 16 buckets, 600 (key blocks), multi-query",
+            &(cfg){.b = 1, .h = 3, .tq = 600, .tk = 600, .d = 8, .causal = true, .hk = 1, .t5 = 16});
+    compare("bias [1,H,Tq,Tk] shared by the batch, causal 100, views",
+            &(cfg){.b = 2, .h = 4, .tq = 100, .tk = 100, .d = 8, .causal = true, .views = true, .bias = 1});
+    compare("bias [B,1,1,Tk], full 300x700", &(cfg){.b = 2, .h = 2, .tq = 300, .tk = 700, .d = 8, .bias = 2});
+    compare("bias [Tq,Tk] + ALiBi + T5, window 20 both sides, grouped",
+            &(cfg){.b = 2, .h = 4, .tq = 90, .tk = 90, .d = 8, .hk = 2, .window = 20, .alibi = true, .t5 = 8, .bias = 3});
+    compare("dropout 0.2, causal 150 (kept, micro-kernel)",
+            &(cfg){.b = 2, .h = 3, .tq = 150, .tk = 150, .d = 16, .causal = true, .dropout = 0.2});
+    compare("dropout 0.1 + T5 + bias, full 300x700 with padding (recomputed)",
+            &(cfg){.b = 1, .h = 2, .tq = 300, .tk = 700, .d = 8, .padding = true, .t5 = 32, .bias = 1, .dropout = 0.1});
+    compare("dropout 0.5, causal Tq 5 < Tk 140 (kept, BLIS), grouped",
+            &(cfg){.b = 2, .h = 4, .tq = 5, .tk = 140, .d = 16, .causal = true, .hk = 2, .dropout = 0.5});
+    dropout_cases();
+    refused();
     TEST_END();
 }
