@@ -25,9 +25,11 @@ static int open_ckpt(const cli_args *a, int want, cli_ckpt *ck) {
     }
     if (cli_has(a, "--threads")) cg_set_threads((int)cli_int(a, "--threads", 0));
     if (cli_ckpt_load(path, 0.0, ck)) return cli_fail(cmd, "cannot load the checkpoint");
-    if (want >= 0 && ck->arch != (cg_arch)want) {
-        fprintf(stderr, "cgrad %s: %s holds a %s model; %s needs %s\n", cmd, path, cg_arch_name(ck->arch), cmd,
-                cg_arch_name((cg_arch)want));
+    /* a BERT with a classification head classifies as the classifier does */
+    const cg_arch got = cg_model_num_classes(ck->model) > 0 ? CG_ARCH_CLASSIFIER : ck->arch;
+    if (want >= 0 && got != (cg_arch)want) {
+        fprintf(stderr, "cgrad %s: %s holds a %s model%s; %s needs %s\n", cmd, path, cg_arch_name(ck->arch),
+                got != ck->arch ? " with a classification head" : "", cmd, cg_arch_name((cg_arch)want));
         cli_ckpt_free(ck);
         return 1;
     }
@@ -264,14 +266,14 @@ typedef struct {
 
 static int classify_one(void *ctx, const char *text) {
     cls_ctx *c = ctx;
-    const cg_classifier *m = cg_model_classifier(c->ck->model);
+    cg_model *m = c->ck->model;
     int32_t *ids = NULL;
     int64_t n = 0;
     if (cli_encode(c->ck->tok, text, &ids, &n, NULL)) return cli_fail("classify", "cannot encode the text");
     cg_status st = cli_classify(m, ids, n, c->cls_id, c->max_t, c->probs);
     free(ids);
     if (st) return cli_fail("classify", "failed");
-    const int64_t nc = cg_classifier_cfg(m)->num_classes;
+    const int64_t nc = cg_model_num_classes(m);
     int64_t best = 0;
     for (int64_t k = 1; k < nc; k++)
         if (c->probs[k] > c->probs[best]) best = k;
@@ -293,7 +295,7 @@ int cmd_classify(int argc, char **argv) {
     if (rc) return rc;
     cg_textcls_options to;
     cg_textcls_options_default(ck.tok, &to); /* the same [CLS] rule as training */
-    const int64_t nc = cg_classifier_cfg(cg_model_classifier(ck.model))->num_classes;
+    const int64_t nc = cg_model_num_classes(ck.model);
     cls_ctx c = {&ck, to.cls_id, cli_json_i64(ck.state, "graph_t", 0), malloc((size_t)nc * sizeof(double))};
     rc = c.probs ? each_text(a.words, a.n_words, true, classify_one, &c) : 1;
     free(c.probs);
@@ -384,7 +386,8 @@ int cmd_eval(int argc, char **argv) {
     int64_t context = cli_json_i64(ck.train, "context", 64);
     cli_task t;
     int32_t *map = NULL;
-    if (cli_task_open(&t, ck.arch, ck.tok, data, NULL, 0.0, batch, context)) {
+    const cg_arch task = cg_model_num_classes(ck.model) > 0 ? CG_ARCH_CLASSIFIER : ck.arch; /* bert: --head classify */
+    if (cli_task_open(&t, task, ck.tok, data, NULL, 0.0, batch, context)) {
         cli_ckpt_free(&ck);
         return cli_fail("eval", "cannot load the data");
     }
@@ -426,11 +429,11 @@ int cmd_eval(int argc, char **argv) {
     cg_model_graph mg;
     if (!rc && (!g || cg_model_build(g, ck.model, batch, t.t, t.s, &mg))) rc = cli_fail("eval", "cannot build the graph");
     cli_eval e;
-    const int64_t batches = cli_int(&a, "--batches", ck.arch == CG_ARCH_BERT ? 50 : INT64_MAX);
+    const int64_t batches = cli_int(&a, "--batches", task == CG_ARCH_BERT ? 50 : INT64_MAX);
     if (!rc && cli_task_eval(&t, false, g, &mg, batches, NULL, &e)) rc = cli_fail("eval", "evaluation failed");
     if (!rc) {
         printf("%s: %lld batches of %lld\n", data, (long long)e.batches, (long long)batch);
-        if (ck.arch == CG_ARCH_BERT)
+        if (task == CG_ARCH_BERT)
             printf("loss %.4f  mlm_loss %.4f (perplexity %.2f)  nsp_loss %.4f\n", e.loss, e.mlm_loss, exp(e.mlm_loss),
                    e.nsp_loss);
         else printf("loss %.4f nats/%s  perplexity %.3f\n", e.loss, t.cls ? "example" : "token", exp(e.loss));

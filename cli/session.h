@@ -69,7 +69,7 @@ cg_status cli_gpt_write(FILE *f, const cg_gpt *m, const cg_tokenizer *tok, const
 int32_t cli_gpt_default_prompt(const cg_tokenizer *tok);
 /* Class probabilities of one text (ids without [CLS]; cls_id < 0: none) into probs[num_classes];
  * the text is cut to max_t tokens ([CLS] included; <= 0: the model's max_len). */
-cg_status cli_classify(const cg_classifier *m, const int32_t *ids, int64_t n, int32_t cls_id, int64_t max_t, double *probs);
+cg_status cli_classify(cg_model *m, const int32_t *ids, int64_t n, int32_t cls_id, int64_t max_t, double *probs);
 /* Prints up to n worked examples of the model on held-out data (samples, fill-mask, translations
  * or predictions) to f. */
 void cli_task_show(FILE *f, cli_task *t, cg_model *m, int n, uint64_t seed);

@@ -111,7 +111,7 @@ int cmd_step(int argc, char **argv) {
     cg_status st = cg_st_add_tensor(out, "logits", mg.logits);
     cg_real loss = (cg_real)cg_item(mg.loss);
     if (!st) st = cg_st_add(out, "loss", 1, (int64_t[]){1}, &loss);
-    if (!st && arch == CG_ARCH_BERT) {
+    if (!st && arch == CG_ARCH_BERT && mg.nsp_logits) { /* not a BERT classifier */
         cg_real l[2] = {(cg_real)cg_item(mg.mlm_loss), (cg_real)cg_item(mg.nsp_loss)};
         st = cg_st_add_tensor(out, "seq_relationship_logits", mg.nsp_logits);
         if (!st) st = cg_st_add(out, "mlm_loss", 1, (int64_t[]){1}, &l[0]);

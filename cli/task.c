@@ -492,7 +492,7 @@ static void show_cls(FILE *f, cli_task *t, cg_model *m, int n) {
         int64_t len;
         int32_t y;
         cg_textcls_example(t->cls, true, i * (nv / n > 0 ? nv / n : 1), &ids, &len, &y);
-        if (cli_classify(cg_model_classifier(m), ids, len, t->cls_id, t->t, p)) break;
+        if (cli_classify(m, ids, len, t->cls_id, t->t, p)) break;
         int32_t best = 0;
         for (int32_t k = 1; k < c; k++)
             if (p[k] > p[best]) best = k;
@@ -515,15 +515,15 @@ void cli_task_show(FILE *f, cli_task *t, cg_model *m, int n, uint64_t seed) {
     fflush(f);
 }
 
-cg_status cli_classify(const cg_classifier *m, const int32_t *ids, int64_t n, int32_t cls_id, int64_t max_t, double *probs) {
-    const cg_classifier_config *c = cg_classifier_cfg(m);
-    if (max_t <= 0 || max_t > c->max_len) max_t = c->max_len;
+cg_status cli_classify(cg_model *m, const int32_t *ids, int64_t n, int32_t cls_id, int64_t max_t, double *probs) {
+    const int64_t max_len = cg_model_max_len(m), classes = cg_model_num_classes(m);
+    if (max_t <= 0 || max_t > max_len) max_t = max_len;
     int64_t k = (cls_id >= 0) + n;
     if (k > max_t) k = max_t;
     if (k < 1) k = 1;
     cg_graph *g = cg_graph_new(CG_EVAL);
     cg_tensor *x = g ? cg_input(g, "input_ids", CG_INT32, 2, (int64_t[]){1, k}) : NULL;
-    cg_tensor *p = x ? cg_softmax(g, cg_classifier_logits(g, m, x, NULL)) : NULL;
+    cg_tensor *p = x ? cg_softmax(g, cg_model_class_logits(g, m, x, NULL)) : NULL;
     cg_status st = p ? CG_OK : cgi_fail(CG_ERR_NOMEM, "[classify] cannot build the graph");
     if (!st) {
         int32_t *xi = cg_idata(x);
@@ -532,7 +532,7 @@ cg_status cli_classify(const cg_classifier *m, const int32_t *ids, int64_t n, in
         for (int64_t i = 0; j < k; i++) xi[j++] = i < n ? ids[i] : 0;
         st = cg_graph_forward(g);
     }
-    for (int64_t i = 0; !st && i < c->num_classes; i++) probs[i] = cg_data(p)[i];
+    for (int64_t i = 0; !st && i < classes; i++) probs[i] = cg_data(p)[i];
     cg_graph_free(g);
     return st;
 }

@@ -33,7 +33,7 @@ typedef struct {
     int64_t steps, eval_every, eval_batches, eval_exact, save_every, log_every, samples, threads, skip_nonfinite;
     const char *checkpoint, *metrics, *plot;
     int64_t bucket_kb, overlap, zero; /* data-parallel runs (mpirun) */
-    const char *init_from, *lora_targets; /* fine-tuning */
+    const char *init_from, *lora_targets, *head; /* fine-tuning */
     int64_t lora_rank;
     double lora_alpha;
     double dist_timeout;
@@ -88,6 +88,7 @@ typedef struct {
     X("--dist-timeout", CLI_NUM, dist_timeout, false, POS_MIN, 1e9, "mpirun: seconds a rank waits for the others, then fails (300)") \
     X("--zero", CLI_INT, zero, false, 0, 1, "mpirun: 1 shards the AdamW moments over the ranks (ZeRO stage 1), 0 not (0)") \
     X("--init-from", CLI_IN, init_from, true, 0, 0, "start a new run from a checkpoint's weights, model and tokenizer")   \
+    X("--head", CLI_STR, head, true, 0, 0, "bert: pretrain (masked LM + next sentence) or classify (--data label<TAB>text; a new head on --init-from's encoder)") \
     X("--lora-rank", CLI_INT, lora_rank, true, 0, 1 << 16, "LoRA: train rank-N adapters on --lora-targets, all else frozen (0: off)") \
     X("--lora-alpha", CLI_NUM, lora_alpha, true, POS_MIN, 1e9, "LoRA: adapters add (alpha / rank) B A (alpha = rank)")   \
     X("--lora-targets", CLI_STR, lora_targets, true, 0, 0, "LoRA: comma-separated parts of weight names (gpt2: attn,mlp)") \
@@ -178,6 +179,7 @@ static void defaults(topts *o, const bool *set) {
     D(dist_timeout, 300);
     D(skip_nonfinite, 0);
     D(init_from, "");
+    D(head, bert ? "pretrain" : "");
     D(lora_rank, 0);
     D(lora_alpha, o->lora_rank > 0 ? (double)o->lora_rank : 1);
     D(lora_targets, gpt ? "attn,mlp" : bert ? "attention,intermediate,output.dense" : "");
@@ -206,6 +208,11 @@ void cli_train_default(const char *arch, const char *flag, char *buf, size_t n) 
         }
 }
 
+static bool bert_arch(const topts *o) { return o->arch && !strcmp(o->arch, "bert"); }
+
+/* A BERT fine-tuned as a classifier (BertForSequenceClassification) runs the classifier's task. */
+static bool bert_classify(const topts *o) { return bert_arch(o) && o->head && !strcmp(o->head, "classify"); }
+
 /* Checks options a run cannot work with; messages name the flag. */
 static bool check_opts(const topts *o) {
     struct { bool bad; const char *msg; } rules[] = {
@@ -221,6 +228,8 @@ static bool check_opts(const topts *o) {
         {!(o->clip >= 0), "--clip must be >= 0"},
         {o->eval_every < 0 || o->eval_batches < 0 || o->save_every < 0 || o->log_every < 0, "--eval-every, --eval-batches, --save-every and --log-every must be >= 0"},
         {o->lora_rank > 0 && !*o->init_from, "--lora-rank needs --init-from CKPT, the weights its adapters fine-tune"},
+        {*o->head && strcmp(o->head, "pretrain") && strcmp(o->head, "classify"), "--head must be pretrain or classify"},
+        {!bert_arch(o) && *o->head, "--head is for --arch bert"},
         {o->lora_rank > 0 && !*o->lora_targets, "--lora-rank needs --lora-targets (parts of the weight names to adapt)"},
         {o->bucket_kb < 1 || (o->overlap != 0 && o->overlap != 1) || !(o->dist_timeout > 0) || (o->zero != 0 && o->zero != 1),
          "--bucket-kb must be >= 1, --overlap and --zero 0 or 1, --dist-timeout > 0"},
@@ -458,8 +467,9 @@ static char *model_config(run *r) {
         snprintf(buf, sizeof buf,
                  "{\"vocab_size\": %" PRId64 ", \"hidden_size\": %" PRId64 ", \"num_hidden_layers\": %" PRId64
                  ", \"num_attention_heads\": %" PRId64 ", \"intermediate_size\": %" PRId64
-                 ", \"max_position_embeddings\": %" PRId64 ", \"type_vocab_size\": 2}",
-                 (int64_t)v, o->dim, o->layers, o->heads, o->ffn, o->context);
+                 ", \"max_position_embeddings\": %" PRId64 ", \"type_vocab_size\": 2, \"num_labels\": %d}",
+                 (int64_t)v, o->dim, o->layers, o->heads, o->ffn, o->context,
+                 r->task.cls ? (int)cg_textcls_num_labels(r->task.cls) : 0);
         break;
     case CG_ARCH_ENCDEC:
         snprintf(buf, sizeof buf,
@@ -477,6 +487,37 @@ static char *model_config(run *r) {
         break;
     }
     return strdup(buf);
+}
+
+/* --head classify on a pretrained BERT: the same encoder with a classification head for the task's
+ * labels (BertForSequenceClassification). The encoder's weights come from the --init-from file,
+ * the head is initialised; both lists are printed. The new model replaces ck's. */
+static bool new_head(cli_ckpt *ck, run *r, uint64_t seed) {
+    char *own = cg_model_config_json(ck->model);
+    cJSON *c = own ? cJSON_Parse(own) : NULL;
+    free(own);
+    if (c) cJSON_DeleteItemFromObjectCaseSensitive(c, "num_labels");
+    if (c) cJSON_AddNumberToObject(c, "num_labels", cg_textcls_num_labels(r->task.cls));
+    char *cfg = c ? cJSON_PrintUnformatted(c) : NULL;
+    cJSON_Delete(c);
+    cg_params *ps = cg_params_new();
+    cg_model *m = cfg && ps ? cg_model_new(CG_ARCH_BERT, cfg, r->o.dropout, ps, seed) : NULL;
+    free(cfg);
+    char *kept = NULL, *skipped = NULL;
+    if (!m || cg_model_load_partial(m, ck->st, &kept, &skipped)) {
+        cli_fail("train", "--head classify: cannot start the classifier from --init-from");
+        cg_model_free(m);
+        cg_params_free(ps);
+        return false;
+    }
+    printf("  --head classify: %d labels; initialised: %s\n  not used (the pretraining heads): %s\n",
+           (int)cg_textcls_num_labels(r->task.cls), kept ? kept : "none", skipped ? skipped : "none");
+    free(kept);
+    free(skipped);
+    cg_model_free(ck->model);
+    cg_params_free(ck->ps);
+    ck->model = m, ck->ps = ps;
+    return true;
 }
 
 static void add_str(cJSON *j, const char *k, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -1028,6 +1069,8 @@ int cmd_train(int argc, char **argv) {
             if (!keep) cJSON_DeleteItemFromObjectCaseSensitive(ck.train, v->string);
         }
         if (!merge_saved(&o, set, ck.train, init_abs)) goto done; /* its strings live as long as ck */
+        if (cg_model_num_classes(ck.model) > 0 && cg_model_arch(ck.model) == CG_ARCH_BERT && !set[idx_head])
+            o.head = "classify", set[idx_head] = true; /* a BERT classifier goes on classifying */
     }
     rc = 2;
     if (cg_arch_parse(o.arch, &r.arch)) {
@@ -1036,7 +1079,7 @@ int cmd_train(int argc, char **argv) {
     }
     defaults(&o, set);
     if (!check_opts(&o)) goto done;
-    if (*o.val_data && (r.arch == CG_ARCH_GPT2 || r.arch == CG_ARCH_BERT)) {
+    if (*o.val_data && (r.arch == CG_ARCH_GPT2 || (r.arch == CG_ARCH_BERT && !bert_classify(&o)))) {
         fprintf(stderr, "cgrad train: --val-data is for encdec and classifier; %s holds out --val-fraction of --data\n", o.arch);
         goto done;
     }
@@ -1103,7 +1146,7 @@ int cmd_train(int argc, char **argv) {
         cli_fail("train", "cannot serialize the tokenizer");
         goto done;
     }
-    if (cli_task_open(&r.task, r.arch, r.tok, o.data, o.val_data, o.val_fraction, o.batch, o.context)) {
+    if (cli_task_open(&r.task, bert_classify(&o) ? CG_ARCH_CLASSIFIER : r.arch, r.tok, o.data, o.val_data, o.val_fraction, o.batch, o.context)) {
         cli_fail("train", "cannot load the data");
         goto done;
     }
@@ -1125,6 +1168,7 @@ int cmd_train(int argc, char **argv) {
     cg_rng_seed(&r.task.rng, data_seed);
     cg_data_cursor_init(&r.task.cur, data_seed);
 
+    if (init && bert_classify(&o) && cg_model_num_classes(ck.model) == 0 && !new_head(&ck, &r, init_seed)) goto done;
     if (resume || init) {
         r.ps = ck.ps, r.model = ck.model;
         ck.ps = NULL, ck.model = NULL;
@@ -1218,7 +1262,7 @@ int cmd_train(int argc, char **argv) {
         goto done;
     }
 
-    const int64_t tokens_per_step = r.world * o.batch * o.grad_accum * (r.arch == CG_ARCH_CLASSIFIER ? r.task.t : r.task.t + r.task.s);
+    const int64_t tokens_per_step = r.world * o.batch * o.grad_accum * (r.task.arch == CG_ARCH_CLASSIFIER ? r.task.t : r.task.t + r.task.s);
     {
         int64_t ntr = r.task.lm ? cg_lm_data_count(r.task.lm, false) : r.task.mlm ? cg_mlm_data_count(r.task.mlm, false)
                       : r.task.s2s ? cg_seq2seq_data_count(r.task.s2s, false) : cg_textcls_data_count(r.task.cls, false);

@@ -111,15 +111,17 @@ cg_bert *cg_bert_new(const cg_bert_config *cfg, cg_params *ps, uint64_t seed) {
              (l->ln2_b = cg_param_const(ps, 0, 1, &d, "bert.encoder.layer.%lld.output.LayerNorm.bias", n));
     }
     ok = ok && (m->pool_w = cg_param_normal(ps, &r, sd, 2, dd, "bert.pooler.dense.weight")) &&
-         (m->pool_b = cg_param_const(ps, 0, 1, &d, "bert.pooler.dense.bias")) &&
-         (m->tr_w = cg_param_normal(ps, &r, sd, 2, dd, "cls.predictions.transform.dense.weight")) &&
-         (m->tr_b = cg_param_const(ps, 0, 1, &d, "cls.predictions.transform.dense.bias")) &&
-         (m->tln_w = cg_param_const(ps, 1, 1, &d, "cls.predictions.transform.LayerNorm.weight")) &&
-         (m->tln_b = cg_param_const(ps, 0, 1, &d, "cls.predictions.transform.LayerNorm.bias")) &&
-         (m->mlm_b = cg_param_const(ps, 0, 1, &c->vocab_size, "cls.predictions.bias")) &&
-         (m->nsp_w = cg_param_normal(ps, &r, sd, 2, (int64_t[]){2, d}, "cls.seq_relationship.weight")) &&
-         (m->nsp_b = cg_param_const(ps, 0, 1, (int64_t[]){2}, "cls.seq_relationship.bias"));
-    if (ok && c->num_labels > 0)
+         (m->pool_b = cg_param_const(ps, 0, 1, &d, "bert.pooler.dense.bias"));
+    /* a classifier (BertForSequenceClassification) has no pretraining heads: nothing would train them */
+    if (ok && c->num_labels == 0)
+        ok = (m->tr_w = cg_param_normal(ps, &r, sd, 2, dd, "cls.predictions.transform.dense.weight")) &&
+             (m->tr_b = cg_param_const(ps, 0, 1, &d, "cls.predictions.transform.dense.bias")) &&
+             (m->tln_w = cg_param_const(ps, 1, 1, &d, "cls.predictions.transform.LayerNorm.weight")) &&
+             (m->tln_b = cg_param_const(ps, 0, 1, &d, "cls.predictions.transform.LayerNorm.bias")) &&
+             (m->mlm_b = cg_param_const(ps, 0, 1, &c->vocab_size, "cls.predictions.bias")) &&
+             (m->nsp_w = cg_param_normal(ps, &r, sd, 2, (int64_t[]){2, d}, "cls.seq_relationship.weight")) &&
+             (m->nsp_b = cg_param_const(ps, 0, 1, (int64_t[]){2}, "cls.seq_relationship.bias"));
+    else if (ok)
         ok = (m->cls_w = cg_param_normal(ps, &r, sd, 2, (int64_t[]){c->num_labels, d}, "classifier.weight")) &&
              (m->cls_b = cg_param_const(ps, 0, 1, &c->num_labels, "classifier.bias"));
     if (!ok) {
@@ -171,14 +173,17 @@ cg_status cg_bert_forward_ex(cg_graph *g, const cg_bert *m, cg_tensor *ids, cg_t
         x = cg_post_ln_residual(g, x, f, p, l->ln2_w, l->ln2_b, eps);
     }
     out->hidden = x;
+    cg_tensor *cls = cg_reshape(g, cg_slice(g, x, 1, 0, 1), 2, (int64_t[]){b, d});
+    cg_tensor *pooled = cg_tanh(g, cg_linear(g, cls, m->pool_w, m->pool_b));
+    if (m->cls_w) {
+        out->cls_logits = cg_linear(g, cg_dropout(g, pooled, p), m->cls_w, m->cls_b);
+        return out->cls_logits ? CG_OK : CG_ERR_SHAPE;
+    }
     cg_tensor *h = cg_layernorm(g, cg_gelu(g, cg_linear(g, x, m->tr_w, m->tr_b)), m->tln_w, m->tln_b, eps);
     if (mlm_labels) out->mlm_loss = cg_linear_cross_entropy(g, h, m->word, m->mlm_b, mlm_labels, -100);
     else out->mlm_logits = cg_linear(g, h, m->word, m->mlm_b); /* decoder tied to the word embeddings */
-    cg_tensor *cls = cg_reshape(g, cg_slice(g, x, 1, 0, 1), 2, (int64_t[]){b, d});
-    cg_tensor *pooled = cg_tanh(g, cg_linear(g, cls, m->pool_w, m->pool_b));
     out->nsp_logits = cg_linear(g, pooled, m->nsp_w, m->nsp_b);
-    if (m->cls_w) out->cls_logits = cg_linear(g, cg_dropout(g, pooled, p), m->cls_w, m->cls_b);
-    bool ok = (out->mlm_logits || out->mlm_loss) && out->nsp_logits && (!m->cls_w || out->cls_logits);
+    bool ok = (out->mlm_logits || out->mlm_loss) && out->nsp_logits;
     return ok ? CG_OK : CG_ERR_SHAPE;
 }
 
@@ -202,6 +207,9 @@ cg_status cg_bert_fill_mask(const cg_bert *m, const int32_t *ids, int64_t n, int
     int64_t at = -1;
     for (int64_t i = 0; i < n && at < 0; i++)
         if (ids[i] == mask_id) at = i;
+    if (m->cls_w)
+        return cgi_fail(CG_ERR_ARG, "[bert fill_mask] a classifier (num_labels %lld) has no masked-LM head",
+                        (long long)m->cfg.num_labels);
     if (at < 0) return cgi_fail(CG_ERR_ARG, "[bert fill_mask] no mask token (id %d) in the %lld ids", mask_id, (long long)n);
     const int64_t v = m->cfg.vocab_size;
     if (top_k > v) /* the caller's buffers hold top_k rows: filling fewer would leave garbage */

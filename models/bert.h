@@ -1,6 +1,7 @@
 /* BERT-style encoder (Hugging Face BertForPreTraining layout): token, position and segment
  * embeddings with LayerNorm, post-LN encoder with exact GELU, masked-LM head tied to the word
- * embeddings, next-sentence head on the tanh pooler over [CLS], optional classification head. */
+ * embeddings, next-sentence head on the tanh pooler over [CLS]; or, with num_labels > 0, a
+ * classification head on the pooler instead of both (BertForSequenceClassification). */
 #ifndef CGRAD_BERT_H
 #define CGRAD_BERT_H
 
@@ -19,7 +20,7 @@ typedef struct {
     int64_t intermediate_size;       /* feed-forward width */
     int64_t max_position_embeddings; /* longest sequence */
     int64_t type_vocab_size;         /* segment (token type) embedding rows */
-    int64_t num_labels;    /* > 0 adds the sequence-classification head classifier.{weight,bias} */
+    int64_t num_labels;    /* > 0: the classification head classifier.{weight,bias} replaces the pretraining heads */
     double layer_norm_eps; /* 1e-12 in BERT */
     double dropout;        /* hidden and attention dropout */
 } cg_bert_config;
@@ -27,8 +28,8 @@ typedef struct {
 /* The nodes a BERT forward adds to a graph. */
 typedef struct {
     cg_tensor *hidden;     /* [B, T, d] last encoder layer */
-    cg_tensor *mlm_logits; /* [B, T, vocab] */
-    cg_tensor *nsp_logits; /* [B, 2] */
+    cg_tensor *mlm_logits; /* [B, T, vocab] (NULL in a classifier) */
+    cg_tensor *nsp_logits; /* [B, 2] (NULL in a classifier) */
     cg_tensor *cls_logits; /* [B, num_labels], NULL without the head */
     cg_tensor *mlm_loss;   /* fused masked-LM loss when labels were given, else NULL */
 } cg_bert_outputs;

@@ -204,6 +204,10 @@ static cg_status load_named(cg_model *m, const cg_st *f, bool strict, char **kep
                 j = cg_st_find(f, full);
             }
             cg_tensor *p = cg_params_find(ps, twin);
+            if (!strict && !p) { /* the model has no such head (a classifier from a pretrained file) */
+                if (!list_add(skipped, stored)) st = cgi_fail(CG_ERR_NOMEM, "[model load] out of memory");
+                continue;
+            }
             if (j < 0 && !strict) continue; /* the twin is missing too: it keeps its value */
             if (j < 0 || !p || !tensors_equal(f, stored, cg_st_name(f, j), cg_numel(p)))
                 st = cgi_fail(CG_ERR_FORMAT, "[model load] tied tensor %s differs from %s (or %s is missing)", stored,
@@ -331,6 +335,13 @@ cg_status cg_model_build(cg_graph *g, cg_model *m, int64_t batch, int64_t t, int
         break;
     }
     case CG_ARCH_BERT: {
+        if (cg_bert_cfg(m->impl)->num_labels > 0) { /* a classifier: the classifier arch's inputs */
+            cg_tensor *ids = add_input(g, o, "input_ids", 2, batch, t),
+                      *am = add_input(g, o, "attention_mask", 2, batch, t), *lb = add_input(g, o, "labels", 1, batch, 0);
+            o->logits = cg_model_class_logits(g, m, ids, am);
+            o->loss = cg_cross_entropy(g, o->logits, lb, -100);
+            break;
+        }
         cg_tensor *ids = add_input(g, o, "input_ids", 2, batch, t), *tt = add_input(g, o, "token_type_ids", 2, batch, t),
                   *am = add_input(g, o, "attention_mask", 2, batch, t), *lb = add_input(g, o, "labels", 2, batch, t),
                   *ns = add_input(g, o, "next_sentence_label", 1, batch, 0);
@@ -360,7 +371,7 @@ cg_status cg_model_build(cg_graph *g, cg_model *m, int64_t batch, int64_t t, int
     }
     /* The caller reads these after the run; the planner would otherwise recycle them. Large
      * logits are kept only in eval graphs: in training their memory is the gradient's. */
-    if (cg_graph_mode(g) == CG_EVAL || m->arch == CG_ARCH_CLASSIFIER) cg_retain(o->logits);
+    if (cg_graph_mode(g) == CG_EVAL || cg_model_num_classes(m) > 0) cg_retain(o->logits);
     cg_retain(o->nsp_logits);
     cg_retain(o->mlm_loss);
     cg_retain(o->nsp_loss);
@@ -372,4 +383,32 @@ cg_tensor *cg_model_graph_input(const cg_model_graph *mg, const char *name) {
     for (int i = 0; mg && name && i < mg->n_inputs; i++)
         if (!strcmp(cg_name(mg->inputs[i]), name)) return mg->inputs[i];
     return NULL;
+}
+
+int64_t cg_model_num_classes(const cg_model *m) {
+    if (m && m->arch == CG_ARCH_CLASSIFIER) return cg_classifier_cfg(m->impl)->num_classes;
+    if (m && m->arch == CG_ARCH_BERT) return cg_bert_cfg(m->impl)->num_labels;
+    return 0;
+}
+
+int64_t cg_model_max_len(const cg_model *m) {
+    if (!m) return 0;
+    switch (m->arch) {
+    case CG_ARCH_GPT2: return cg_gpt_cfg(m->impl)->n_positions;
+    case CG_ARCH_BERT: return cg_bert_cfg(m->impl)->max_position_embeddings;
+    case CG_ARCH_ENCDEC: return cg_encdec_cfg(m->impl)->max_len;
+    case CG_ARCH_CLASSIFIER: return cg_classifier_cfg(m->impl)->max_len;
+    }
+    return 0;
+}
+
+cg_tensor *cg_model_class_logits(cg_graph *g, cg_model *m, cg_tensor *ids, cg_tensor *attention_mask) {
+    if (m && m->arch == CG_ARCH_CLASSIFIER) return cg_classifier_logits(g, m->impl, ids, attention_mask);
+    if (cg_model_num_classes(m) <= 0) {
+        cgi_fail(CG_ERR_ARG, "[model] a %s model without a classification head has no class logits",
+                 m ? cg_arch_name(m->arch) : "NULL");
+        return NULL;
+    }
+    cg_bert_outputs bo;
+    return cg_bert_forward(g, m->impl, ids, NULL, attention_mask, &bo) ? NULL : bo.cls_logits;
 }

@@ -82,7 +82,8 @@ cg_status cg_model_save(cg_model *m, const char *path);
 
 /* A training graph: the batch inputs (named as in the batch files: gpt2 and llama input_ids, targets;
  * bert input_ids, token_type_ids, attention_mask, labels, next_sentence_label; encdec src,
- * src_mask, tgt_in, tgt_out; classifier input_ids, attention_mask, labels) and the outputs. */
+ * src_mask, tgt_in, tgt_out; classifier, and bert with num_labels > 0, input_ids, attention_mask,
+ * labels) and the outputs. */
 typedef struct {
     cg_tensor *loss;       /* the scalar to train on */
     cg_tensor *logits;     /* the model's output logits */
@@ -100,6 +101,13 @@ void cg_model_set_full_logits(cg_model *m, bool on);
  * losses are retained; logits are retained in eval graphs (and the classifier's always): in a
  * training graph cg_retain them to read them, which costs their gradient's memory. */
 cg_status cg_model_build(cg_graph *g, cg_model *m, int64_t batch, int64_t t, int64_t s, cg_model_graph *out);
+/* Classes of a classification model (classifier, or bert with num_labels > 0); 0 otherwise. */
+int64_t cg_model_num_classes(const cg_model *m);
+/* Longest sequence the model takes (positions). */
+int64_t cg_model_max_len(const cg_model *m);
+/* Adds a classification model to g: ids [B, T] int32, attention_mask [B, T] (may be NULL) ->
+ * logits [B, classes]; NULL (message set) for a model without a classification head. */
+cg_tensor *cg_model_class_logits(cg_graph *g, cg_model *m, cg_tensor *ids, cg_tensor *attention_mask);
 /* The input of that name, or NULL. */
 cg_tensor *cg_model_graph_input(const cg_model_graph *mg, const char *name);
 

@@ -39,6 +39,26 @@ def read_st(path):
                   .reshape(v["shape"]).astype(np.float64) for k, v in h.items()}
 
 
+class BertSeqCls(torch.nn.Module):
+    """transformers' BertForSequenceClassification: the reference BERT's encoder and pooler (the
+    names bert.*), a linear head classifier.* on the pooled [CLS]; no pretraining heads."""
+
+    def __init__(self, c):
+        super().__init__()
+        full = ref.Bert(c)
+        self.bert = full.bert
+        self.classifier = torch.nn.Linear(c["hidden_size"], c["num_labels"])
+
+    def forward(self, ids, mask):
+        e, T = self.bert.embeddings, ids.shape[1]
+        x = e.LayerNorm(e.word_embeddings(ids) + e.position_embeddings(torch.arange(T)) +
+                        e.token_type_embeddings(torch.zeros_like(ids)))
+        add = (1.0 - mask.to(x.dtype))[:, None, None, :] * torch.finfo(x.dtype).min
+        for layer in self.bert.encoder.layer:
+            x = layer(x, add)
+        return self.classifier(torch.tanh(self.bert.pooler.dense(x[:, 0])))
+
+
 def check(cond, what):
     print(("ok: " if cond else "FAIL: ") + what)
     return bool(cond)
@@ -59,6 +79,14 @@ def check_dir(cgrad, d):
         t = min(cfg["n_positions"], 12)
         ids = rng.integers(0, cfg["vocab_size"], size=(2, t))
         batch = {"input_ids": ids, "targets": np.roll(ids, -1, axis=1)}
+    elif mt == "bert" and arch == "BertForSequenceClassification":
+        model = BertSeqCls(cfg).double()
+        sd = dict(w)
+        t = min(cfg["max_position_embeddings"], 12)
+        ids = rng.integers(0, cfg["vocab_size"], size=(2, t))
+        mask = np.ones((2, t), dtype=np.int64)
+        mask[1, t - 3:] = 0
+        batch = {"input_ids": ids, "attention_mask": mask, "labels": np.array([0, cfg["num_labels"] - 1])}
     elif mt == "bert":
         ok &= check(arch == "BertForPreTraining", "%s: architectures %s" % (d, arch))
         ok &= check(not any(k.startswith("cls.predictions.decoder") for k in w),
@@ -95,6 +123,8 @@ def check_dir(cgrad, d):
     with torch.no_grad():
         if mt == "gpt2":
             logits = model(tb["input_ids"]).numpy()
+        elif arch == "BertForSequenceClassification":
+            logits = model(tb["input_ids"], tb["attention_mask"]).numpy()
         else:
             logits, nsp = model(tb["input_ids"], tb["token_type_ids"], tb["attention_mask"])
             logits = logits.numpy()

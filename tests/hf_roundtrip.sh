@@ -67,6 +67,21 @@ run "$bin" train "${tune[@]}" --init-from b.ckpt --checkpoint b_ckpt.ckpt
 run "$bin" train "${tune[@]}" --init-from bdir --checkpoint b_dir.ckpt
 check '[ -n "$(moments b_dir.ckpt)" ] && [ "$(moments b_ckpt.ckpt)" = "$(moments b_dir.ckpt)" ]' "bert: --init-from DIR = --init-from CKPT"
 
+# BERT classification from the BertForPreTraining directory: the encoder loads, a new head starts
+for i in $(seq 1 60); do echo -e "pos\tline $i: the whale swims at dawn."; echo -e "neg\tthe ship $i: past line."; done > cls.tsv
+run "$bin" train "${tune[@]}" --init-from bdir --head classify --data cls.tsv --checkpoint bc.ckpt
+check 'grep -q "initialised: classifier.weight, classifier.bias" run.out && grep -q "not used (the pretraining heads): cls.predictions.bias" run.out' \
+      "--head classify: the head is initialised, the pretraining heads are listed as not used"
+run "$bin" export bc.ckpt bcdir
+check 'grep -q "\"BertForSequenceClassification\"" bcdir/config.json && grep -q "\"neg\"" bcdir/config.json &&
+       [ "$(digest bc.ckpt)" = "$(digest bcdir)" ]' "a BERT classifier exports as BertForSequenceClassification with its labels"
+"$bin" classify --checkpoint bc.ckpt "the whale" "the ship" > c1.txt 2>&1
+"$bin" classify --checkpoint bcdir "the whale" "the ship" > c2.txt 2>&1
+check '[ "$(wc -l < c1.txt)" = 2 ] && cmp -s c1.txt c2.txt' "classify reads the directory as the checkpoint ($(head -1 c2.txt))"
+run "$bin" train "${tune[@]}" --init-from bdir --head classify --data cls.tsv --steps 1 --checkpoint bc_half.ckpt
+run "$bin" train --resume bc_half.ckpt --steps 3
+check '[ "$(moments bc_half.ckpt)" = "$(moments bc.ckpt)" ]' "a --head classify run resumes exactly"
+
 # LoRA on a Hugging Face base: its checkpoint reads the base from the directory; export merges it
 run "$bin" train "${tune[@]}" --init-from gdir --lora-rank 2 --checkpoint lora.ckpt
 run "$bin" sample --checkpoint lora.ckpt --length 8 --temperature 0 --threads 1
@@ -91,7 +106,7 @@ check 'grep -q "wrong/model.safetensors" err.txt && grep -q "tensor transformer.
 check 'grep -q "no model.safetensors" err.txt' "a directory without model.safetensors says so ($(tail -1 err.txt))"
 
 if "$py" -c "import torch, numpy" 2>/dev/null; then
-  "$py" "$here/check_hf_export.py" "$bin" gdir bdir || fail=1
+  "$py" "$here/check_hf_export.py" "$bin" gdir bdir bcdir || fail=1
 else
   echo "skip: no torch in $py, the names were not checked against the torch reference models"
 fi

@@ -293,7 +293,80 @@ static void bert_fused_head(void) {
     cg_params_free(ps);
 }
 
+/* Starting a BERT classifier from a BertForPreTraining file: the encoder's tensors load, the new
+ * head keeps its initial values, the pretraining heads are skipped, and both lists say so; a strict
+ * load refuses the same file. And transformers' layout out: save_hf names GPT-2's tensors under
+ * "transformer.", leaves the tied lm_head out, marks the file "format": "pt", and loads back. */
+static void hf_partial_and_save(void) {
+    char *text = cgi_read_text(FIX "bert/config.json", NULL);
+    cJSON *c = cJSON_Parse(text);
+    free(text);
+    cJSON_AddNumberToObject(c, "num_labels", 3);
+    char *cfg = cJSON_PrintUnformatted(c);
+    cJSON_Delete(c);
+    cg_params *ps = cg_params_new(), *fresh = cg_params_new();
+    cg_model *m = cg_model_new(CG_ARCH_BERT, cfg, 0, ps, 7), *m0 = cg_model_new(CG_ARCH_BERT, cfg, 0, fresh, 7);
+    free(cfg);
+    cg_st *f = cg_st_open(FIX "bert/weights_hf_tied.safetensors");
+    char *kept = NULL, *skipped = NULL;
+    CHECK(m && m0 && f && cg_model_num_classes(m) == 3 && !cg_params_find(ps, "cls.predictions.bias"),
+          "a BERT classifier has the head and no pretraining heads: %s", cg_last_error());
+    CHECK(cg_model_load(m, f) == CG_ERR_FORMAT && strstr(cg_last_error(), "matches no bert parameter"),
+          "a strict load refuses the pretraining file: %s", cg_last_error());
+    CHECK(cg_model_load_partial(m, f, &kept, &skipped) == CG_OK, "%s", cg_last_error());
+    CHECK(kept && !strcmp(kept, "classifier.weight, classifier.bias"), "initialised: %s", kept ? kept : "(none)");
+    CHECK(skipped && strstr(skipped, "cls.predictions.bias") && strstr(skipped, "cls.seq_relationship.weight") &&
+              strstr(skipped, "cls.predictions.decoder.bias") && !strstr(skipped, "bert."),
+          "skipped: %s", skipped ? skipped : "(none)");
+    bool from_file = true, head_kept = true;
+    for (int i = 0; i < cg_params_count(ps); i++) {
+        cg_tensor *p = cg_params_at(ps, i);
+        const int64_t n = cg_numel(p);
+        if (!strncmp(cg_name(p), "classifier.", 11)) {
+            head_kept &= !memcmp(cg_data(p), cg_data(cg_params_find(fresh, cg_name(p))), (size_t)n * sizeof(cg_real));
+            continue;
+        }
+        cg_real *want = malloc((size_t)n * sizeof *want);
+        from_file &= want && !cg_st_read(f, cg_name(p), want, -1, NULL) && !memcmp(want, cg_data(p), (size_t)n * sizeof *want);
+        free(want);
+    }
+    CHECK(from_file && head_kept, "encoder from the file %d, head as initialised %d", from_file, head_kept);
+    free(kept);
+    free(skipped);
+    cg_st_close(f);
+    cg_model_free(m);
+    cg_model_free(m0);
+    cg_params_free(ps);
+    cg_params_free(fresh);
+
+    cg_status st;
+    m = load_model("gpt2", "weights.safetensors", &ps, &st);
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/cgrad_hf_%d.safetensors", (int)getpid());
+    CHECK(st == CG_OK && cg_model_save_hf(m, path) == CG_OK, "%s", cg_last_error());
+    f = cg_st_open(path);
+    bool prefixed = f && cg_st_count(f) == cg_params_count(ps);
+    for (int i = 0; f && i < cg_st_count(f); i++) prefixed &= !strncmp(cg_st_name(f, i), "transformer.", 12);
+    CHECK(prefixed && cg_st_find(f, "lm_head.weight") < 0 && cg_st_metadata(f, "format") &&
+              !strcmp(cg_st_metadata(f, "format"), "pt"),
+          "save_hf: %d tensors, all under transformer., no lm_head, format pt", f ? cg_st_count(f) : -1);
+    cfg = cg_model_config_json(m);
+    cg_params *ps2 = cg_params_new();
+    cg_model *m2 = cg_model_new(CG_ARCH_GPT2, cfg, 0, ps2, 3);
+    free(cfg);
+    CHECK(m2 && cg_model_load(m2, f) == CG_OK && cg_params_numel(ps) == cg_params_numel(ps2) &&
+              !memcmp(cg_params_values(ps), cg_params_values(ps2), (size_t)cg_params_numel(ps) * sizeof(cg_real)),
+          "save_hf loads back bit for bit: %s", cg_last_error());
+    cg_st_close(f);
+    unlink(path);
+    cg_model_free(m2);
+    cg_params_free(ps2);
+    cg_model_free(m);
+    cg_params_free(ps);
+}
+
 int main(void) {
+    hf_partial_and_save();
     bert_fused_head();
     const char *archs[5] = {"gpt2", "bert", "encdec", "classifier", "llama"};
     for (int i = 0; i < 5; i++) parity(archs[i]);
