@@ -54,9 +54,9 @@ bool cli_hf_layout(const char *path) {
 /* Architecture a config.json describes: model_type gpt2 or bert, or a cgrad arch name. */
 static cg_status arch_of(const cJSON *cfg, const char *path, cg_arch *arch) {
     const char *mt = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(cfg, "model_type"));
-    if (!mt) return cgi_fail(CG_ERR_FORMAT, "[hf] %s: no \"model_type\" (gpt2, bert, encdec or classifier)", path);
+    if (!mt) return cgi_fail(CG_ERR_FORMAT, "[hf] %s: no \"model_type\" (gpt2, bert, encdec, classifier or llama)", path);
     if (cg_arch_parse(mt, arch))
-        return cgi_fail(CG_ERR_FORMAT, "[hf] %s: model_type \"%s\" is not one cgrad has (gpt2, bert, encdec, classifier)",
+        return cgi_fail(CG_ERR_FORMAT, "[hf] %s: model_type \"%s\" is not one cgrad has (gpt2, bert, encdec, classifier, llama)",
                         path, mt);
     return CG_OK;
 }
@@ -79,10 +79,13 @@ static cJSON *shape_json(cg_model *m, const cg_tokenizer *tok, const char *tok_d
     const cg_bert_config *b = cg_bert_cfg(cg_model_bert(m));
     const cg_encdec_config *e = cg_encdec_cfg(cg_model_encdec(m));
     const cg_classifier_config *c = cg_classifier_cfg(cg_model_classifier(m));
+    const cg_llama_config *q = cg_llama_cfg(cg_model_llama(m));
     if (g) l = g->n_layer, h = g->n_head, d = g->n_embd, f = g->n_inner > 0 ? g->n_inner : 4 * g->n_embd, t = g->n_positions;
     if (b) l = b->num_hidden_layers, h = b->num_attention_heads, d = b->hidden_size, f = b->intermediate_size, t = b->max_position_embeddings;
     if (e) l = e->num_encoder_layers, h = e->n_head, d = e->d_model, f = e->dim_feedforward, t = e->max_len;
     if (c) l = c->n_layer, h = c->n_head, d = c->d_model, f = c->dim_feedforward, t = c->max_len;
+    if (q) l = q->num_hidden_layers, h = q->num_attention_heads, d = q->hidden_size, f = q->intermediate_size,
+        t = q->max_position_embeddings;
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "arch", cg_arch_name(cg_model_arch(m)));
     cJSON_AddStringToObject(j, "tokenizer", kinds[cg_tokenizer_kind(tok)]);
@@ -255,9 +258,12 @@ static cJSON *hf_config(cli_ckpt *ck) {
         const int32_t pad = cg_tokenizer_token_id(tok, "[PAD]");
         cJSON_AddNumberToObject(c, "pad_token_id", pad >= 0 ? pad : 0);
     }
-    /* classifier and encdec are cgrad's own (torch nn.Transformer names): no transformers class */
+    /* LLaMA's config and names are transformers' already (LlamaForCausalLM); classifier and encdec
+     * are cgrad's own (torch nn.Transformer names): no transformers class */
+    if (ck->arch == CG_ARCH_LLAMA) cJSON_AddItemToArray(archs, cJSON_CreateString("LlamaForCausalLM"));
     cJSON_AddNumberToObject(c, "initializer_range", 0.02);
-    cJSON_AddBoolToObject(c, "tie_word_embeddings", ck->arch == CG_ARCH_GPT2 || ck->arch == CG_ARCH_BERT);
+    if (!cJSON_GetObjectItemCaseSensitive(c, "tie_word_embeddings"))
+        cJSON_AddBoolToObject(c, "tie_word_embeddings", ck->arch == CG_ARCH_GPT2 || ck->arch == CG_ARCH_BERT);
     cJSON_AddStringToObject(c, "torch_dtype", dtype);
     if (ck->n_labels > 0) {
         cJSON *i2l = cJSON_CreateObject(), *l2i = cJSON_CreateObject();

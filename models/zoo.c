@@ -392,13 +392,10 @@ int64_t cg_model_num_classes(const cg_model *m) {
 }
 
 int64_t cg_model_max_len(const cg_model *m) {
-    if (!m) return 0;
-    switch (m->arch) {
-    case CG_ARCH_GPT2: return cg_gpt_cfg(m->impl)->n_positions;
-    case CG_ARCH_BERT: return cg_bert_cfg(m->impl)->max_position_embeddings;
-    case CG_ARCH_ENCDEC: return cg_encdec_cfg(m->impl)->max_len;
-    case CG_ARCH_CLASSIFIER: return cg_classifier_cfg(m->impl)->max_len;
-    }
+    if (cg_model_is_decoder(m)) return cg_model_context(m);
+    if (m && m->arch == CG_ARCH_BERT) return cg_bert_cfg(m->impl)->max_position_embeddings;
+    if (m && m->arch == CG_ARCH_ENCDEC) return cg_encdec_cfg(m->impl)->max_len;
+    if (m && m->arch == CG_ARCH_CLASSIFIER) return cg_classifier_cfg(m->impl)->max_len;
     return 0;
 }
 

@@ -103,7 +103,7 @@ void cg_model_set_full_logits(cg_model *m, bool on);
 cg_status cg_model_build(cg_graph *g, cg_model *m, int64_t batch, int64_t t, int64_t s, cg_model_graph *out);
 /* Classes of a classification model (classifier, or bert with num_labels > 0); 0 otherwise. */
 int64_t cg_model_num_classes(const cg_model *m);
-/* Longest sequence the model takes (positions). */
+/* Longest sequence any model takes (positions; cg_model_context: decoders only). */
 int64_t cg_model_max_len(const cg_model *m);
 /* Adds a classification model to g: ids [B, T] int32, attention_mask [B, T] (may be NULL) ->
  * logits [B, classes]; NULL (message set) for a model without a classification head. */
