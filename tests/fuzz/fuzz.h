@@ -89,6 +89,28 @@ static inline char *fuzz_strndup(const uint8_t *p, size_t n) {
     return s;
 }
 
+/* Encodes text with t: ids stay in the vocabulary, only invalid UTF-8 may fail (with a message
+ * naming it), and decoding works; with exact, decoding gives back the very bytes (BPE's promise;
+ * WordPiece lowercases and drops accents, so it only has to decode). */
+static inline void fuzz_encode_decode(const cg_tokenizer *t, const char *text, size_t len, bool exact) {
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    cg_clear_error();
+    if (cg_tokenizer_encode(t, text, len, &ids, &n) != CG_OK) {
+        FUZZ_CHECK(strstr(cg_last_error(), "UTF-8"), "encode failed on valid input? %s", cg_last_error());
+        return;
+    }
+    int32_t v = cg_tokenizer_vocab_size(t);
+    for (int64_t i = 0; i < n; i++) FUZZ_CHECK(ids[i] >= 0 && ids[i] < v, "encode gave id %d of %d", (int)ids[i], (int)v);
+    char *back = NULL;
+    size_t blen = 0;
+    FUZZ_CHECK(cg_tokenizer_decode(t, ids, n, &back, &blen) == CG_OK, "decode of encode failed: %s", cg_last_error());
+    if (exact)
+        FUZZ_CHECK(blen == len && !memcmp(back, text, len), "decode(encode(s)) != s (%zu vs %zu bytes)", blen, len);
+    free(back);
+    free(ids);
+}
+
 /* Path of a file under the source tree's tests/fixtures (or data/ when fixture is NULL). */
 static inline const char *fuzz_src_path(const char *rel) {
     static char buf[4][1024];

@@ -17,23 +17,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     return 0;
 }
 
-static void encode(const cg_tokenizer *t, const char *text, size_t len) {
-    int32_t *ids = NULL;
-    int64_t n = 0;
-    cg_clear_error();
-    if (cg_tokenizer_encode(t, text, len, &ids, &n) != CG_OK) {
-        FUZZ_CHECK(strstr(cg_last_error(), "UTF-8"), "encode failed on valid input? %s", cg_last_error());
-        return;
-    }
-    int32_t v = cg_tokenizer_vocab_size(t);
-    for (int64_t i = 0; i < n; i++) FUZZ_CHECK(ids[i] >= 0 && ids[i] < v, "encode gave id %d of %d", (int)ids[i], (int)v);
-    char *back = NULL;
-    size_t blen = 0;
-    FUZZ_CHECK(cg_tokenizer_decode(t, ids, n, &back, &blen) == CG_OK, "decode failed: %s", cg_last_error());
-    free(back);
-    free(ids);
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const uint8_t *p1;
     size_t n0, n1;
@@ -42,8 +25,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     cg_clear_error();
     cg_tokenizer *t = cg_tokenizer_wordpiece_from_memory((const char *)data, n0, "fuzz-vocab.txt");
     if (!t) fuzz_expect_message("fuzz-vocab.txt");
-    else encode(t, text, n1);
-    encode(bert, text, n1);
+    else fuzz_encode_decode(t, text, n1, false);
+    fuzz_encode_decode(bert, text, n1, false);
     cg_tokenizer_free(t);
     free(text);
     return 0;
