@@ -792,11 +792,12 @@ static void clear_bar(run *r) {
     r->bar_shown = false;
 }
 
-/* Evaluations still to come after step done: at each multiple of --eval-every, and at the end. */
+/* Evaluations still to come once step done is trained (its own, if due, runs after the progress
+ * line): at each multiple of --eval-every in [done, total], and at the end. */
 static int64_t evals_left(const topts *o, int64_t done) {
     const int64_t total = o->steps, every = o->eval_every;
-    if (done >= total) return 0;
-    return every > 0 ? total / every - done / every + (total % every != 0) : 1;
+    if (done > total) return 0;
+    return every > 0 ? total / every - (done - 1) / every + (total % every != 0) : 1;
 }
 
 static void progress(run *r, double loss, double lr) {
