@@ -19,12 +19,6 @@ struct cg_gpt {
     gpt_block *h;
 };
 
-/* Keys and values of positions [0, len) per layer, laid out [H, cap, D]. */
-typedef struct {
-    cg_real *k, *v;
-    int64_t len, cap;
-} kv_cache;
-
 cg_status cg_gpt_config_parse(const char *json, cg_gpt_config *c) {
     const char *what = "gpt2 config";
     if (!c) return cgi_fail(CG_ERR_ARG, "[%s] NULL config", what);
@@ -122,16 +116,8 @@ static cg_tensor *conv1d(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *b) 
     return cg_linear(g, x, cg_transpose(g, w, 0, 1), b);
 }
 
-/* Writes this step's keys (or values) [1, H, T, D] into the cache after the len already there and
- * returns all of them, read in place from the cache. */
-static cg_tensor *with_cache(cg_graph *g, cg_real *store, int64_t len, int64_t cap, cg_tensor *fresh) {
-    if (!fresh) return NULL;
-    const int64_t h = cg_dim(fresh, 1), d = cg_dim(fresh, 3);
-    int64_t s[4] = {1, h, cap, d}, st[4] = {h * cap * d, cap * d, d, 1};
-    return cg_append_into(g, cg_wrap(g, "kv_cache", CG_REAL, 4, s, st, store), len, fresh, 2);
-}
-
-static cg_tensor *gpt_forward(cg_graph *g, const cg_gpt *m, cg_tensor *ids, kv_cache *cache) {
+static cg_tensor *gpt_forward(cg_graph *g, const void *model, cg_tensor *ids, cg_kv_cache *cache) {
+    const cg_gpt *m = model;
     if (!m) {
         cgi_fail(CG_ERR_ARG, "[gpt] model is NULL");
         return NULL;
@@ -158,11 +144,7 @@ static cg_tensor *gpt_forward(cg_graph *g, const cg_gpt *m, cg_tensor *ids, kv_c
         cg_split(g, conv1d(g, cg_layernorm(g, x, b->ln1_w, b->ln1_b, eps), b->attn_w, b->attn_b), -1, 3, NULL, qkv);
         cg_tensor *q = cg_split_heads(g, qkv[0], heads), *k = cg_split_heads(g, qkv[1], heads),
                   *v = cg_split_heads(g, qkv[2], heads);
-        if (cache) {
-            const int64_t layer = i * heads * cache->cap * (c->n_embd / heads);
-            k = with_cache(g, cache->k + layer, past, cache->cap, k);
-            v = with_cache(g, cache->v + layer, past, cache->cap, v);
-        }
+        if (cache) k = cg_kv_cache_extend(g, cache, i, false, k), v = cg_kv_cache_extend(g, cache, i, true, v);
         cg_tensor *a = cg_merge_heads(g, cg_attention(g, q, k, v, true, NULL, p));
         x = cg_add(g, x, cg_dropout(g, conv1d(g, a, b->proj_w, b->proj_b), p));
         cg_tensor *f = cg_gelu_tanh(g, conv1d(g, cg_layernorm(g, x, b->ln2_w, b->ln2_b, eps), b->fc_w, b->fc_b));
@@ -176,48 +158,9 @@ cg_tensor *cg_gpt_logits(cg_graph *g, const cg_gpt *m, cg_tensor *ids) { return 
 
 cg_status cg_gpt_generate(const cg_gpt *m, const int32_t *prompt, int64_t n_prompt, int64_t n_new,
                           const cg_sampling *s, uint64_t seed, bool use_cache, int32_t *out) {
-    if (!m || !prompt || !out || n_prompt <= 0 || n_new < 0)
-        return cgi_fail(CG_ERR_ARG, "[gpt generate] need a model, a non-empty prompt and an output buffer");
+    if (!m) return cgi_fail(CG_ERR_ARG, "[gpt generate] model is NULL");
     const cg_gpt_config *c = &m->cfg;
-    const int64_t total = n_prompt + n_new;
-    if (total > c->n_positions)
-        return cgi_fail(CG_ERR_ARG, "[gpt generate] %lld prompt + %lld new tokens exceed n_positions %lld",
-                        (long long)n_prompt, (long long)n_new, (long long)c->n_positions);
-    for (int64_t i = 0; i < n_prompt; i++)
-        if (prompt[i] < 0 || prompt[i] >= c->vocab_size)
-            return cgi_fail(CG_ERR_RANGE, "[gpt generate] prompt token %d at %lld outside vocabulary [0, %lld)",
-                            prompt[i], (long long)i, (long long)c->vocab_size);
-    memcpy(out, prompt, (size_t)n_prompt * sizeof *out);
-    cg_graph *g = cg_graph_new(CG_EVAL);
-    kv_cache kc = {0};
-    cg_status st = g ? CG_OK : CG_ERR_NOMEM;
-    if (!st && use_cache) {
-        size_t per = (size_t)(c->n_layer * c->n_embd * total);
-        kc.cap = total;
-        kc.k = malloc(per * sizeof(cg_real));
-        kc.v = malloc(per * sizeof(cg_real));
-        if (!kc.k || !kc.v) st = cgi_fail(CG_ERR_NOMEM, "[gpt generate] out of memory");
-    }
-    cg_rng r;
-    cg_rng_seed(&r, seed);
-    for (int64_t n = n_prompt; !st && n < total; n++) {
-        cg_graph_reset(g);
-        /* With the cache, the first step feeds the whole prompt and later steps one token. */
-        const int64_t from = use_cache ? kc.len : 0, t = n - from;
-        cg_tensor *ids = cg_input(g, "ids", CG_INT32, 2, (int64_t[]){1, t});
-        if (ids) memcpy(cg_idata(ids), out + from, (size_t)t * sizeof(int32_t));
-        cg_tensor *logits = gpt_forward(g, m, ids, use_cache ? &kc : NULL);
-        if (!logits) {
-            st = CG_ERR_SHAPE;
-            break;
-        }
-        st = cg_graph_forward(g);
-        if (st) break;
-        if (use_cache) kc.len += t; /* forward wrote this step's keys and values into the cache */
-        out[n] = cg_sample(cg_data(logits) + (t - 1) * c->vocab_size, c->vocab_size, s, &r);
-    }
-    free(kc.k);
-    free(kc.v);
-    cg_graph_free(g);
-    return st;
+    const cg_decoder_info info = {"gpt generate", c->vocab_size, c->n_positions, c->n_layer, c->n_head,
+                                  c->n_embd / c->n_head};
+    return cg_decoder_generate(gpt_forward, m, &info, prompt, n_prompt, n_new, s, seed, use_cache, out);
 }
