@@ -48,6 +48,11 @@ static const bench_config configs[] = {
     {"gpt-tiny-4k", CG_ARCH_GPT2,
      "{\"vocab_size\": 256, \"n_positions\": 4096, \"n_embd\": 256, \"n_layer\": 4, \"n_head\": 4}", 1, 4096, 0,
      {"wpe.weight"}},
+    /* gpt-tiny as LLaMA: SwiGLU width 688 (8/3 d, to 16) matches its MLP parameters; 2 key/value heads */
+    {"llama-tiny", CG_ARCH_LLAMA,
+     "{\"vocab_size\": 256, \"hidden_size\": 256, \"intermediate_size\": 688, \"num_hidden_layers\": 4, "
+     "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"max_position_embeddings\": 256}",
+     16, 256, 0, {"model.embed_tokens.weight"}},
 };
 #define N_CONFIGS (int)(sizeof configs / sizeof configs[0])
 
@@ -206,6 +211,7 @@ static void fill_const(cg_tensor *t, int32_t v) {
 static void fill_batch(const bench_config *c, const cg_model_graph *mg, int64_t vocab, cg_rng *r) {
     switch (c->arch) {
     case CG_ARCH_GPT2:
+    case CG_ARCH_LLAMA:
         fill_ids(cg_model_graph_input(mg, "input_ids"), r, 0, (int32_t)vocab);
         fill_ids(cg_model_graph_input(mg, "targets"), r, 0, (int32_t)vocab);
         break;
@@ -258,6 +264,9 @@ static int train_child(const void *arg, int threads, double sgemm) {
     if (c->arch == CG_ARCH_GPT2) {
         const cg_gpt_config *g = cg_gpt_cfg(cg_model_gpt(m));
         vocab = g->vocab_size, d = g->n_embd, attn = g->n_layer * c->t;
+    } else if (c->arch == CG_ARCH_LLAMA) {
+        const cg_llama_config *l = cg_llama_cfg(cg_model_llama(m));
+        vocab = l->vocab_size, d = l->num_attention_heads * l->head_dim, attn = l->num_hidden_layers * c->t;
     } else if (c->arch == CG_ARCH_BERT) {
         const cg_bert_config *b = cg_bert_cfg(cg_model_bert(m));
         vocab = b->vocab_size, d = b->hidden_size, attn = b->num_hidden_layers * c->t;
@@ -322,13 +331,15 @@ static int train_child(const void *arg, int threads, double sgemm) {
 
 enum { GEN_REPS = 5 };
 
+/* Greedy generation of a decoder config (gpt-tiny, llama-tiny) with and without the KV cache. */
 static int gen_child(const void *arg, int threads, double unused) {
-    const bench_config *c = &configs[0]; /* gpt-tiny */
+    const bench_config *c = arg;
     const int64_t n_prompt = 16, n_new = 200;
+    char name[64];
+    snprintf(name, sizeof name, "%s-gen", c->name);
     cg_params *ps = cg_params_new();
     cg_model *m = cg_model_new(c->arch, c->json, 0.0, ps, 1234);
-    if (!m) return fail("gpt-tiny-gen", threads, "cannot make the model");
-    cg_gpt *gpt = cg_model_gpt(m);
+    if (!m) return fail(name, threads, "cannot make the model");
     int32_t prompt[16], out[2][16 + 200];
     cg_rng r;
     cg_rng_seed(&r, 42);
@@ -336,27 +347,27 @@ static int gen_child(const void *arg, int threads, double unused) {
     cg_sampling greedy = {0.0, 0, 0.0};
     double tps[2];
     for (int cache = 1; cache >= 0; cache--) {
-        if (cg_gpt_generate(gpt, prompt, n_prompt, 8, &greedy, 1, cache, out[cache])) /* warm-up */
-            return fail("gpt-tiny-gen", threads, "generation failed");
+        if (cg_model_generate(m, prompt, n_prompt, 8, &greedy, 1, cache, out[cache])) /* warm-up */
+            return fail(name, threads, "generation failed");
         /* the cached run is short, so a busy machine moves it most: the median of GEN_REPS */
         double secs[GEN_REPS];
         const int reps = cache ? GEN_REPS : 1;
         for (int rep = 0; rep < reps; rep++) {
             double t0 = now_s();
-            if (cg_gpt_generate(gpt, prompt, n_prompt, n_new, &greedy, 1, cache, out[cache]))
-                return fail("gpt-tiny-gen", threads, "generation failed");
+            if (cg_model_generate(m, prompt, n_prompt, n_new, &greedy, 1, cache, out[cache]))
+                return fail(name, threads, "generation failed");
             secs[rep] = now_s() - t0;
         }
         tps[cache] = (double)n_new / median(secs, reps);
-        printf("gpt-tiny-gen %s KV cache: %d-token prompt + %d new tokens (greedy), %.1f tokens/s\n",
+        printf("%s %s KV cache: %d-token prompt + %d new tokens (greedy), %.1f tokens/s\n", name,
                cache ? "with   " : "without", (int)n_prompt, (int)n_new, tps[cache]);
     }
     /* Greedy decoding is deterministic, so the cache must not change a token (float ties aside). */
     int same = 0;
     while (same < n_prompt + n_new && out[0][same] == out[1][same]) same++;
     if (same < n_prompt + n_new)
-        printf("gpt-tiny-gen WARNING: cached and uncached generation differ from token %d on\n", same - (int)n_prompt);
-    printf("{\"config\":\"gpt-tiny-gen\", \"threads\":%d, \"tokens_per_s\":%.1f, \"tokens_per_s_nocache\":%.1f}\n",
+        printf("%s WARNING: cached and uncached generation differ from token %d on\n", name, same - (int)n_prompt);
+    printf("{\"config\":\"%s\", \"threads\":%d, \"tokens_per_s\":%.1f, \"tokens_per_s_nocache\":%.1f}\n", name,
            threads, tps[1], tps[0]);
     cg_model_free(m);
     cg_params_free(ps);
@@ -406,6 +417,8 @@ int cmd_bench(int argc, char **argv) {
                loadavg());
         ok &= in_child(train_child, &configs[i], threads, sgemm, configs[i].name);
     }
-    if (gen) ok &= in_child(gen_child, NULL, threads, 0, "gpt-tiny-gen");
+    for (int i = 0; gen && i < N_CONFIGS; i++) /* the decoders of gpt-tiny's size */
+        if (!strcmp(configs[i].name, "gpt-tiny") || !strcmp(configs[i].name, "llama-tiny"))
+            ok &= in_child(gen_child, &configs[i], threads, 0, configs[i].name);
     return ok ? 0 : 1;
 }

@@ -51,7 +51,7 @@ bool cli_hf_layout(const char *path) {
     return !(n == 2 && b[0] == 0x1f && b[1] == 0x8b); /* gzip: a cgrad checkpoint */
 }
 
-/* Architecture a config.json describes: model_type gpt2 or bert, or a cgrad arch name. */
+/* Architecture a config.json describes: model_type gpt2, bert or llama, or a cgrad arch name. */
 static cg_status arch_of(const cJSON *cfg, const char *path, cg_arch *arch) {
     const char *mt = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(cfg, "model_type"));
     if (!mt) return cgi_fail(CG_ERR_FORMAT, "[hf] %s: no \"model_type\" (gpt2, bert, encdec, classifier or llama)", path);
@@ -92,6 +92,7 @@ static cJSON *shape_json(cg_model *m, const cg_tokenizer *tok, const char *tok_d
     cJSON_AddStringToObject(j, "tokenizer_path", tok_dir);
     cJSON_AddNumberToObject(j, "layers", (double)l);
     cJSON_AddNumberToObject(j, "heads", (double)h);
+    if (q) cJSON_AddNumberToObject(j, "kv_heads", (double)q->num_key_value_heads);
     cJSON_AddNumberToObject(j, "dim", (double)d);
     cJSON_AddNumberToObject(j, "ffn", (double)f);
     cJSON_AddNumberToObject(j, "context", (double)t);
@@ -232,6 +233,7 @@ static cJSON *hf_config(cli_ckpt *ck) {
     const char *dtype = sizeof(cg_real) == 8 ? "float64" : "float32";
     const cg_tokenizer *tok = ck->tok;
     cJSON *archs = cJSON_CreateArray();
+    cJSON_DeleteItemFromObjectCaseSensitive(c, "architectures"); /* a model's own config may name it */
     cJSON_AddItemToObject(c, "architectures", archs);
     if (ck->arch == CG_ARCH_GPT2) {
         cJSON_AddItemToArray(archs, cJSON_CreateString("GPT2LMHeadModel"));
@@ -257,6 +259,10 @@ static cJSON *hf_config(cli_ckpt *ck) {
         cJSON_AddStringToObject(c, "position_embedding_type", "absolute");
         const int32_t pad = cg_tokenizer_token_id(tok, "[PAD]");
         cJSON_AddNumberToObject(c, "pad_token_id", pad >= 0 ? pad : 0);
+    } else if (ck->arch == CG_ARCH_LLAMA) { /* its config has the rest, tie_word_embeddings included */
+        cJSON_AddNumberToObject(c, "attention_dropout", drop);
+        cJSON_AddNullToObject(c, "bos_token_id"); /* LlamaConfig's 1 and 2 name no token of a cgrad vocabulary */
+        cJSON_AddNullToObject(c, "eos_token_id");
     }
     /* LLaMA's config and names are transformers' already (LlamaForCausalLM); classifier and encdec
      * are cgrad's own (torch nn.Transformer names): no transformers class */

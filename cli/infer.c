@@ -103,8 +103,14 @@ int cmd_sample(int argc, char **argv) {
     snprintf(what, sizeof what, "--length %lld", (long long)length);
     if (cli_too_big("sample", what, 8.0 * (double)length)) return 2;
     cli_ckpt ck;
-    int rc = open_ckpt(&a, CG_ARCH_GPT2, &ck);
+    int rc = open_ckpt(&a, -1, &ck);
     if (rc) return rc;
+    if (!cg_model_is_decoder(ck.model)) {
+        fprintf(stderr, "cgrad sample: %s holds a %s model; sample needs gpt2 or llama\n", cli_str(&a, "--checkpoint", "?"),
+                cg_arch_name(ck.arch));
+        cli_ckpt_free(&ck);
+        return 1;
+    }
     if (!within(&a, "--top-k", top_k, cg_tokenizer_vocab_size(ck.tok), "the vocabulary")) {
         cli_ckpt_free(&ck);
         return 2;
@@ -126,8 +132,7 @@ int cmd_sample(int argc, char **argv) {
     }
     for (int64_t c = 0; !rc && c < count; c++) {
         if (count > 1) printf("--- sample %lld ---\n", (long long)c + 1);
-        if (cli_gpt_write(stdout, cg_model_gpt(ck.model), ck.tok, ids, n, length, &s, seed + (uint64_t)c,
-                          !cli_has(&a, "--no-cache")))
+        if (cli_lm_write(stdout, ck.model, ck.tok, ids, n, length, &s, seed + (uint64_t)c, !cli_has(&a, "--no-cache")))
             rc = cli_fail("sample", "generation failed");
         printf("\n");
     }
@@ -307,8 +312,7 @@ int cmd_classify(int argc, char **argv) {
 
 /* Loss over the whole file in consecutive windows of the model's context. */
 static int eval_lm(cli_ckpt *ck, const char *path, int64_t batch) {
-    const cg_gpt *m = cg_model_gpt(ck->model);
-    const int64_t t = cg_gpt_cfg(m)->n_positions;
+    const int64_t t = cg_model_context(ck->model);
     char *text;
     size_t len;
     if (cg_read_text_file(path, &text, &len)) return cli_fail("eval", "cannot read the data");
@@ -330,9 +334,10 @@ static int eval_lm(cli_ckpt *ck, const char *path, int64_t batch) {
     if (!cg_tokenizer_decode(ck->tok, ids, 1, &first, &flen)) chars -= cli_utf8_count(first, flen);
     free(first);
     cg_graph *g = cg_graph_new(CG_EVAL);
-    cg_tensor *x = g ? cg_input(g, "input_ids", CG_INT32, 2, (int64_t[]){batch, t}) : NULL,
-              *y = x ? cg_input(g, "targets", CG_INT32, 2, (int64_t[]){batch, t}) : NULL;
-    cg_tensor *loss = y ? cg_retain(cg_cross_entropy(g, cg_gpt_logits(g, m, x), y, CG_IGNORE_INDEX)) : NULL;
+    cg_model_graph mg;
+    const bool built = g && !cg_model_build(g, ck->model, batch, t, 0, &mg);
+    cg_tensor *x = built ? cg_model_graph_input(&mg, "input_ids") : NULL, *y = built ? cg_model_graph_input(&mg, "targets") : NULL;
+    cg_tensor *loss = built ? mg.loss : NULL;
     double nats = 0;
     int64_t scored = 0;
     if (!loss) st = CG_ERR_SHAPE;
@@ -361,7 +366,7 @@ static int eval_lm(cli_ckpt *ck, const char *path, int64_t batch) {
 
 const cli_opt cli_eval_opts[] = {
     CKPT,
-    {"--data", CLI_IN, 0, 0, "text (gpt2, bert) or TSV (encdec, classifier) to score"},
+    {"--data", CLI_IN, 0, 0, "text (gpt2, llama, bert) or TSV (encdec, classifier) to score"},
     {"--batch", CLI_INT, 1, 1 << 20, "rows per batch (the training batch)"},
     {"--batches", CLI_INT, 1, 1e15, "batches (bert: 50; others: the whole file)"},
     {"--exact", CLI_INT, 0, 1e15, "encdec: pairs decoded for exact match (all)"},
@@ -378,7 +383,7 @@ int cmd_eval(int argc, char **argv) {
     int rc = open_ckpt(&a, -1, &ck);
     if (rc) return rc;
     const int64_t saved = cli_json_i64(ck.train, "batch", 8), batch = cli_int(&a, "--batch", saved >= 1 && saved <= 1 << 20 ? saved : 8);
-    if (ck.arch == CG_ARCH_GPT2) {
+    if (cg_model_is_decoder(ck.model)) {
         rc = eval_lm(&ck, data, batch);
         cli_ckpt_free(&ck);
         return rc;

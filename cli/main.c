@@ -57,7 +57,7 @@ static const command commands[] = {
      "Last line: final step=N train_loss=X val_loss=Y tokens_per_s=Z (train_loss: mean since the previous\n"
      "evaluation; tokens_per_s: training tokens over training seconds). Ctrl-C saves a checkpoint, exits 130."},
     {"sample", cmd_sample, cli_sample_opts, "--checkpoint CKPT [--prompt TEXT] [options]",
-     "generate text from a GPT checkpoint", NULL},
+     "generate text from a GPT or LLaMA checkpoint", NULL},
     {"translate", cmd_translate, cli_translate_opts, "--checkpoint CKPT [--beam N] [TEXT...]",
      "decode with an encoder-decoder checkpoint (greedy or --beam N)",
      "TEXT: the words form one source sentence; no TEXT: one sentence per stdin line."},
@@ -69,7 +69,7 @@ static const command commands[] = {
      "  label <TAB> label=probability ... <TAB> text"},
     {"eval", cmd_eval, cli_eval_opts, "--checkpoint CKPT --data FILE [options]",
      "loss, perplexity, bits per character (accuracy, exact match) over a file",
-     "gpt2: loss, perplexity and bits per character over the whole text; bert: masked-LM loss over --batches\n"
+     "gpt2, llama: loss, perplexity and bits per character over the whole text; bert: masked-LM loss over --batches\n"
      "batches (50); encdec: loss and greedy exact match (--exact pairs, all); classifier: loss, accuracy and\n"
      "the majority-class rate."},
     {"info", cmd_info, cli_info_opts, "CKPT | --checkpoint CKPT", "what a checkpoint holds", NULL},

@@ -61,10 +61,10 @@ cg_tokenizer *cli_tokenizer_make(const char *kind, const char *path, int64_t voc
 cg_status cli_encode(const cg_tokenizer *tok, const char *text, int32_t **ids, int64_t *n, int64_t *dropped);
 /* Number of UTF-8 code points in s. */
 int64_t cli_utf8_count(const char *s, size_t len);
-/* Writes n tokens of GPT text after the prompt to f as they are made, in chunks that fit the
- * context (each later chunk is prompted with the last half context). */
-cg_status cli_gpt_write(FILE *f, const cg_gpt *m, const cg_tokenizer *tok, const int32_t *prompt, int64_t n_prompt,
-                        int64_t n, const cg_sampling *s, uint64_t seed, bool cache);
+/* Writes n tokens of a decoder's (gpt2, llama) text after the prompt to f as they are made, in
+ * chunks that fit the context (each later chunk is prompted with the last half context). */
+cg_status cli_lm_write(FILE *f, const cg_model *m, const cg_tokenizer *tok, const int32_t *prompt, int64_t n_prompt,
+                       int64_t n, const cg_sampling *s, uint64_t seed, bool cache);
 /* Default one-token prompt for a GPT tokenizer: newline, <|endoftext|>, or id 0. */
 int32_t cli_gpt_default_prompt(const cg_tokenizer *tok);
 /* Class probabilities of one text (ids without [CLS]; cls_id < 0: none) into probs[num_classes];

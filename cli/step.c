@@ -13,7 +13,7 @@
 #include "optim/optim.h"
 
 const cli_opt cli_step_opts[] = {
-    {"--arch", CLI_STR, 0, 0, "gpt2|bert|encdec|classifier"},
+    {"--arch", CLI_STR, 0, 0, "gpt2|bert|encdec|classifier|llama"},
     {"--config", CLI_IN, 0, 0, "model config.json"},
     {"--weights", CLI_IN, 0, 0, "safetensors weights"},
     {"--batch", CLI_IN, 0, 0, "safetensors batch (the graph inputs by name)"},
@@ -50,7 +50,7 @@ int cmd_step(int argc, char **argv) {
     const char *arch_s = cli_str(&a, "--arch", NULL), *cfg_path = cli_str(&a, "--config", NULL),
                *w_path = cli_str(&a, "--weights", NULL), *b_path = cli_str(&a, "--batch", NULL),
                *out_path = cli_str(&a, "--out", NULL), *dot_path = cli_str(&a, "--dot", NULL);
-    if (!cli_require(&a, "--arch", "gpt2|bert|encdec|classifier") || !cli_require(&a, "--config", "config.json") ||
+    if (!cli_require(&a, "--arch", "gpt2|bert|encdec|classifier|llama") || !cli_require(&a, "--config", "config.json") ||
         !cli_require(&a, "--weights", "w.safetensors") || !cli_require(&a, "--batch", "b.safetensors"))
         return 2;
     if (!out_path && !dot_path) {

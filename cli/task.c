@@ -91,9 +91,9 @@ static void write_ids(FILE *f, const cg_tokenizer *tok, const int32_t *ids, int6
     free(text);
 }
 
-cg_status cli_gpt_write(FILE *f, const cg_gpt *m, const cg_tokenizer *tok, const int32_t *prompt, int64_t n_prompt,
-                        int64_t n, const cg_sampling *s, uint64_t seed, bool cache) {
-    const int64_t ctx = cg_gpt_cfg(m)->n_positions, keep = ctx / 2 > 0 ? ctx / 2 : 1;
+cg_status cli_lm_write(FILE *f, const cg_model *m, const cg_tokenizer *tok, const int32_t *prompt, int64_t n_prompt,
+                       int64_t n, const cg_sampling *s, uint64_t seed, bool cache) {
+    const int64_t ctx = cg_model_context(m), keep = ctx / 2 > 0 ? ctx / 2 : 1;
     if (ctx < 2) return cgi_fail(CG_ERR_ARG, "[sample] a context of %lld tokens leaves no room to generate", (long long)ctx);
     if (n < 0 || n_prompt < 1 || n > (int64_t)(SIZE_MAX / sizeof(int32_t) / 2) - n_prompt) /* the buffer's size must not wrap */
         return cgi_fail(CG_ERR_ARG, "[sample] %lld tokens after a %lld-token prompt: out of range", (long long)n,
@@ -113,7 +113,7 @@ cg_status cli_gpt_write(FILE *f, const cg_gpt *m, const cg_tokenizer *tok, const
         /* The first chunk sees as much prompt as fits; later ones the last half context. */
         int64_t p = chunk == 0 ? (len < ctx ? len : keep) : (len < keep ? len : keep);
         int64_t k = ctx - p < n - done ? ctx - p : n - done;
-        st = cg_gpt_generate(m, buf + len - p, p, k, s, seed + 0x9E3779B97F4A7C15ull * chunk, cache, out);
+        st = cg_model_generate(m, buf + len - p, p, k, s, seed + 0x9E3779B97F4A7C15ull * chunk, cache, out);
         if (st) break;
         memcpy(buf + len, out + p, (size_t)k * sizeof *buf);
         write_ids(f, tok, buf + len, k);
@@ -217,7 +217,8 @@ cg_status cli_task_open(cli_task *t, cg_arch arch, const cg_tokenizer *tok, cons
     if (val_path && !*val_path) val_path = NULL;
     cg_status st = CG_ERR_ARG;
     switch (arch) {
-    case CG_ARCH_GPT2: st = open_lm(t, data_path, val_fraction); break;
+    case CG_ARCH_GPT2:
+    case CG_ARCH_LLAMA: st = open_lm(t, data_path, val_fraction); break;
     case CG_ARCH_BERT: st = open_mlm(t, data_path, val_fraction); break;
     case CG_ARCH_ENCDEC: st = open_s2s(t, data_path, val_path, val_fraction, context); break;
     case CG_ARCH_CLASSIFIER: st = open_cls(t, data_path, val_path, val_fraction, context); break;
@@ -233,7 +234,8 @@ static int32_t *in(const cg_model_graph *mg, const char *name) { return cg_idata
 /* One batch of a split into the graph's inputs; r/c are the draws to use. */
 static cg_status fill(cli_task *t, bool val, cg_rng *r, cg_data_cursor *c, const cg_model_graph *mg) {
     switch (t->arch) {
-    case CG_ARCH_GPT2: return cg_lm_batch(t->lm, val, r, t->batch, t->t, in(mg, "input_ids"), in(mg, "targets"));
+    case CG_ARCH_GPT2:
+    case CG_ARCH_LLAMA: return cg_lm_batch(t->lm, val, r, t->batch, t->t, in(mg, "input_ids"), in(mg, "targets"));
     case CG_ARCH_BERT:
         return cg_mlm_batch(t->mlm, val, r, t->batch, t->t, in(mg, "input_ids"), in(mg, "token_type_ids"),
                             in(mg, "attention_mask"), in(mg, "labels"), in(mg, "next_sentence_label"));
@@ -416,13 +418,13 @@ static void print_text(FILE *f, const cg_tokenizer *tok, const int32_t *ids, int
     free(text);
 }
 
-static void show_gpt(FILE *f, cli_task *t, cg_model *m, int n, uint64_t seed) {
+static void show_lm(FILE *f, cli_task *t, cg_model *m, int n, uint64_t seed) {
     cg_sampling s = {.temperature = 0.8, .top_k = 0, .top_p = 0};
     int32_t p = cli_gpt_default_prompt(t->tok);
     int64_t len = cg_tokenizer_kind(t->tok) == CG_TOK_CHAR ? 300 : 100;
     for (int i = 0; i < n; i++) {
         fprintf(f, "--- sample %d (temperature 0.8) ---\n", i + 1);
-        if (cli_gpt_write(f, cg_model_gpt(m), t->tok, &p, 1, len, &s, seed + (uint64_t)i, true))
+        if (cli_lm_write(f, m, t->tok, &p, 1, len, &s, seed + (uint64_t)i, true))
             fprintf(f, "(sampling failed: %s)", cg_last_error());
         fputc('\n', f);
     }
@@ -507,7 +509,8 @@ static void show_cls(FILE *f, cli_task *t, cg_model *m, int n) {
 void cli_task_show(FILE *f, cli_task *t, cg_model *m, int n, uint64_t seed) {
     if (n <= 0) return;
     switch (t->arch) {
-    case CG_ARCH_GPT2: show_gpt(f, t, m, n, seed); break;
+    case CG_ARCH_GPT2:
+    case CG_ARCH_LLAMA: show_lm(f, t, m, n, seed); break;
     case CG_ARCH_BERT: fprintf(f, "fill-mask on held-out sentences:\n"), show_bert(f, t, m, n, seed); break;
     case CG_ARCH_ENCDEC: fprintf(f, "greedy decoding of held-out pairs:\n"), show_encdec(f, t, m, n); break;
     case CG_ARCH_CLASSIFIER: fprintf(f, "held-out predictions:\n"), show_cls(f, t, m, n); break;

@@ -26,7 +26,7 @@
 
 typedef struct {
     const char *arch, *data, *val_data, *tokenizer, *tokenizer_path, *schedule;
-    int64_t vocab_size, layers, heads, dim, ffn, context, batch, grad_accum, decay_steps, warmup;
+    int64_t vocab_size, layers, heads, kv_heads, dim, ffn, context, batch, grad_accum, decay_steps, warmup;
     double val_fraction, lr, min_lr, beta1, beta2, eps, weight_decay, clip, dropout;
     uint64_t seed;
     /* run options: free to change on --resume */
@@ -46,17 +46,18 @@ typedef struct {
 /* Every option once: flag, kind, field, fixed (part of the run's identity: a resumed run must not
  * change it), range, help. The table, the index enum and the field offsets come from this list. */
 #define TRAIN_OPTS(X)                                                                                                      \
-    X("--arch", CLI_STR, arch, true, 0, 0, "gpt2|bert|encdec|classifier (gpt2)")                                           \
-    X("--data", CLI_IN, data, false, 0, 0, "text (gpt2, bert) or TSV (encdec src\\ttgt, classifier label\\ttext)")          \
+    X("--arch", CLI_STR, arch, true, 0, 0, "gpt2|bert|encdec|classifier|llama (gpt2)")                                     \
+    X("--data", CLI_IN, data, false, 0, 0, "text (gpt2, llama, bert) or TSV (encdec src\\ttgt, classifier label\\ttext)")   \
     X("--val-data", CLI_IN, val_data, false, 0, 0, "held-out TSV for encdec/classifier (default: the last --val-fraction)") \
     X("--val-fraction", CLI_NUM, val_fraction, true, 0, CLI_BELOW_1, "held-out share at the end of the data (0.1)")         \
-    X("--tokenizer", CLI_STR, tokenizer, true, 0, 0, "char|bpe|wordpiece (gpt2, encdec: char; bert, classifier: wordpiece)") \
+    X("--tokenizer", CLI_STR, tokenizer, true, 0, 0, "char|bpe|wordpiece (gpt2, llama, encdec: char; bert, classifier: wordpiece)") \
     X("--tokenizer-path", CLI_IN, tokenizer_path, true, 0, 0, "tokenizer file or directory (bpe: data/gpt2, wordpiece: data/bert/vocab.txt)") \
     X("--vocab-size", CLI_INT, vocab_size, true, 0, 1 << 24, "bpe: train a tokenizer of this size on the data instead")     \
     X("--layers", CLI_INT, layers, true, 1, 1024, "transformer layers (encdec: each stack)")                               \
     X("--heads", CLI_INT, heads, true, 1, 1024, "attention heads")                                                         \
+    X("--kv-heads", CLI_INT, kv_heads, true, 0, 1024, "llama: key/value heads, dividing --heads (grouped-query; 0: --heads)") \
     X("--dim", CLI_INT, dim, true, 1, 1 << 16, "model width")                                                              \
-    X("--ffn", CLI_INT, ffn, true, 1, 1 << 18, "feed-forward width (4 * dim)")                                             \
+    X("--ffn", CLI_INT, ffn, true, 1, 1 << 18, "feed-forward width (4 * dim; llama: 8/3 * dim)")                                             \
     X("--context", CLI_INT, context, true, 2, 1 << 20, "tokens per row (encdec, classifier: the cap)")                     \
     X("--batch", CLI_INT, batch, true, 1, 1 << 20, "rows per micro-batch")                                                 \
     X("--grad-accum", CLI_INT, grad_accum, true, 1, 1 << 20, "micro-batches per step (1)")                                 \
@@ -91,7 +92,7 @@ typedef struct {
     X("--head", CLI_STR, head, true, 0, 0, "bert: pretrain (masked LM + next sentence) or classify (--data label<TAB>text; a new head on --init-from's encoder)") \
     X("--lora-rank", CLI_INT, lora_rank, true, 0, 1 << 16, "LoRA: train rank-N adapters on --lora-targets, all else frozen (0: off)") \
     X("--lora-alpha", CLI_NUM, lora_alpha, true, POS_MIN, 1e9, "LoRA: adapters add (alpha / rank) B A (alpha = rank)")   \
-    X("--lora-targets", CLI_STR, lora_targets, true, 0, 0, "LoRA: comma-separated parts of weight names (gpt2: attn,mlp)") \
+    X("--lora-targets", CLI_STR, lora_targets, true, 0, 0, "LoRA: comma-separated parts of weight names (gpt2: attn,mlp; llama: self_attn,mlp)") \
     X("--skip-nonfinite", CLI_INT, skip_nonfinite, false, 0, COUNT_MAX, "skip up to N steps whose loss or gradient is not finite (0: stop at the first)")
 
 #define OPT(f, k, field, fixed, lo, hi, help) {f, k, lo, hi, help},
@@ -134,7 +135,8 @@ static const char *key_of(int i) {
 static void defaults(topts *o, const bool *set) {
     cg_arch a = CG_ARCH_GPT2;
     cg_arch_parse(o->arch, &a);
-    const bool gpt = a == CG_ARCH_GPT2, bert = a == CG_ARCH_BERT, ed = a == CG_ARCH_ENCDEC, cls = a == CG_ARCH_CLASSIFIER;
+    const bool llama = a == CG_ARCH_LLAMA, gpt = a == CG_ARCH_GPT2 || llama; /* llama: gpt2's run, its own model */
+    const bool bert = a == CG_ARCH_BERT, ed = a == CG_ARCH_ENCDEC, cls = a == CG_ARCH_CLASSIFIER;
 #define D(field, value) \
     if (!set[idx_##field]) o->field = (value)
     D(data, cls ? "data/sentiment/all.tsv" : ed ? "" : "data/moby-dick.txt");
@@ -145,8 +147,9 @@ static void defaults(topts *o, const bool *set) {
     D(vocab_size, 0);
     D(layers, gpt ? 4 : 2);
     D(heads, 4);
+    D(kv_heads, llama && o->heads % 2 == 0 ? o->heads / 2 : 0);
     D(dim, cls ? 64 : 128);
-    D(ffn, 4 * o->dim);
+    D(ffn, llama ? (8 * o->dim / 3 + 31) / 32 * 32 : 4 * o->dim); /* SwiGLU's three matrices: LLaMA's 8/3, to 32 */
     D(context, gpt ? 128 : 64);
     D(batch, gpt || bert ? 16 : 32);
     D(grad_accum, 1);
@@ -182,7 +185,7 @@ static void defaults(topts *o, const bool *set) {
     D(head, bert ? "pretrain" : "");
     D(lora_rank, 0);
     D(lora_alpha, o->lora_rank > 0 ? (double)o->lora_rank : 1);
-    D(lora_targets, gpt ? "attn,mlp" : bert ? "attention,intermediate,output.dense" : "");
+    D(lora_targets, llama ? "self_attn,mlp" : gpt ? "attn,mlp" : bert ? "attention,intermediate,output.dense" : "");
     D(zero, 0);
 #undef D
 }
@@ -218,6 +221,9 @@ static bool check_opts(const topts *o) {
     struct { bool bad; const char *msg; } rules[] = {
         {o->layers < 1, "--layers must be >= 1"},
         {o->heads < 1 || o->dim % o->heads, "--dim must be a positive multiple of --heads"},
+        {o->kv_heads < 0 || (o->kv_heads > 0 && o->heads % o->kv_heads), "--kv-heads must divide --heads"},
+        {o->kv_heads > 0 && strcmp(o->arch, "llama"), "--kv-heads is for --arch llama"},
+        {!strcmp(o->arch, "llama") && (o->dim / o->heads) % 2, "--arch llama needs an even --dim / --heads (rotary pairs)"},
         {o->ffn < 1, "--ffn must be >= 1"},
         {o->context < 2, "--context must be >= 2"},
         {o->batch < 1, "--batch must be >= 1"},
@@ -450,7 +456,6 @@ typedef struct {
     double eval_s;      /* seconds the last evaluation took (for the ETA) */
 } run;
 
-static const char *const arch_label[] = {"gpt2", "bert", "encdec", "classifier"};
 
 static char *model_config(run *r) {
     const topts *o = &r->o;
@@ -484,6 +489,13 @@ static char *model_config(run *r) {
                  "{\"vocab_size\": %" PRId64 ", \"d_model\": %" PRId64 ", \"n_head\": %" PRId64 ", \"n_layer\": %" PRId64
                  ", \"dim_feedforward\": %" PRId64 ", \"max_len\": %" PRId64 ", \"num_classes\": %d}",
                  (int64_t)v, o->dim, o->heads, o->layers, o->ffn, o->context, (int)cg_textcls_num_labels(r->task.cls));
+        break;
+    case CG_ARCH_LLAMA:
+        snprintf(buf, sizeof buf,
+                 "{\"model_type\": \"llama\", \"vocab_size\": %" PRId64 ", \"hidden_size\": %" PRId64
+                 ", \"intermediate_size\": %" PRId64 ", \"num_hidden_layers\": %" PRId64 ", \"num_attention_heads\": %" PRId64
+                 ", \"num_key_value_heads\": %" PRId64 ", \"max_position_embeddings\": %" PRId64 ", \"rms_norm_eps\": 1e-6}",
+                 (int64_t)v, o->dim, o->ffn, o->layers, o->heads, o->kv_heads ? o->kv_heads : o->heads, o->context);
         break;
     }
     return strdup(buf);
@@ -863,7 +875,9 @@ static void finish_files(run *r) {
     snprintf(title, sizeof title, "cgrad train %s: %lld layers, d %lld, context %lld, batch %lld", cg_arch_name(r->arch),
              (long long)r->o.layers, (long long)r->o.dim, (long long)r->task.t, (long long)(r->o.batch * r->o.grad_accum));
     static const char *const ylabel[] = {"loss (nats per token)", "loss (masked-LM + next-sentence, nats)",
-                                         "loss (nats per target token)", "loss (nats per example)"};
+                                         "loss (nats per target token)", "loss (nats per example)",
+                                         "loss (nats per token)"};
+    _Static_assert(sizeof ylabel / sizeof *ylabel == CG_ARCH_LLAMA + 1, "a loss label per arch");
     if (cli_plot_metrics(r->metrics_path, r->plot_path, title, ylabel[r->arch]))
         fprintf(stderr, "cgrad train: cannot draw %s: %s\n", r->plot_path, cg_last_error());
 }
@@ -1062,7 +1076,7 @@ int cmd_train(int argc, char **argv) {
         }
         o.init_from = init_abs;
         static const char *const shape_keys[] = {"arch", "tokenizer", "tokenizer_path", "vocab_size", "layers",
-                                                 "heads", "dim", "ffn", "context"};
+                                                 "heads", "kv_heads", "dim", "ffn", "context"};
         for (cJSON *v = ck.train ? ck.train->child : NULL, *next; v; v = next) { /* the rest is this run's */
             next = v->next;
             bool keep = false;
@@ -1075,12 +1089,12 @@ int cmd_train(int argc, char **argv) {
     }
     rc = 2;
     if (cg_arch_parse(o.arch, &r.arch)) {
-        fprintf(stderr, "cgrad train: --arch %s: expected gpt2, bert, encdec or classifier\n", o.arch);
+        fprintf(stderr, "cgrad train: --arch %s: expected gpt2, bert, encdec, classifier or llama\n", o.arch);
         goto done;
     }
     defaults(&o, set);
     if (!check_opts(&o)) goto done;
-    if (*o.val_data && (r.arch == CG_ARCH_GPT2 || (r.arch == CG_ARCH_BERT && !bert_classify(&o)))) {
+    if (*o.val_data && (r.arch == CG_ARCH_GPT2 || r.arch == CG_ARCH_LLAMA || (r.arch == CG_ARCH_BERT && !bert_classify(&o)))) {
         fprintf(stderr, "cgrad train: --val-data is for encdec and classifier; %s holds out --val-fraction of --data\n", o.arch);
         goto done;
     }
@@ -1271,7 +1285,7 @@ int cmd_train(int argc, char **argv) {
                       : r.task.s2s ? cg_seq2seq_data_count(r.task.s2s, true) : cg_textcls_data_count(r.task.cls, true);
         const char *unit = r.task.lm ? "tokens" : r.task.mlm ? "sentences" : r.task.s2s ? "pairs" : "examples";
         const char *kinds[] = {"char", "bpe", "wordpiece"};
-        printf("cgrad train: %s, %lld layers, %lld heads, d %lld, context %lld: %.2fM parameters\n", arch_label[r.arch],
+        printf("cgrad train: %s, %lld layers, %lld heads, d %lld, context %lld: %.2fM parameters\n", cg_arch_name(r.arch),
                (long long)o.layers, (long long)o.heads, (long long)o.dim, (long long)r.task.t,
                (double)cg_params_numel(r.ps) / 1e6);
         printf("  data %s: %lld training / %lld held-out %s; %s tokenizer, %d ids\n", o.data, (long long)ntr,

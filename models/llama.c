@@ -101,27 +101,34 @@ cg_status cg_llama_config_parse(const char *json, cg_llama_config *c) {
     return ok ? CG_OK : CG_ERR_FORMAT;
 }
 
+/* The shortest text that reads back as v (1e-06, not %.17g's 9.9999999999999995e-07). */
+static const char *num(char *buf, double v) {
+    for (int digits = 6; digits <= 17; digits++)
+        if (snprintf(buf, 32, "%.*g", digits, v), strtod(buf, NULL) == v) break;
+    return buf;
+}
+
 char *cg_llama_config_json(const cg_llama_config *c) {
-    char scaling[320] = "null";
+    char scaling[320] = "null", n[6][32];
     if (c->rope.llama3_factor > 0)
         snprintf(scaling, sizeof scaling,
-                 "{\"rope_type\": \"llama3\", \"factor\": %.17g, \"low_freq_factor\": %.17g, \"high_freq_factor\": "
-                 "%.17g, \"original_max_position_embeddings\": %lld}",
-                 c->rope.llama3_factor, c->rope.llama3_low_freq_factor, c->rope.llama3_high_freq_factor,
-                 (long long)c->rope.llama3_original_context);
+                 "{\"rope_type\": \"llama3\", \"factor\": %s, \"low_freq_factor\": %s, \"high_freq_factor\": "
+                 "%s, \"original_max_position_embeddings\": %lld}",
+                 num(n[0], c->rope.llama3_factor), num(n[1], c->rope.llama3_low_freq_factor),
+                 num(n[2], c->rope.llama3_high_freq_factor), (long long)c->rope.llama3_original_context);
     else if (c->rope.linear_factor > 0)
-        snprintf(scaling, sizeof scaling, "{\"rope_type\": \"linear\", \"factor\": %.17g}", c->rope.linear_factor);
+        snprintf(scaling, sizeof scaling, "{\"rope_type\": \"linear\", \"factor\": %s}", num(n[0], c->rope.linear_factor));
     char *s = malloc(1024);
     if (!s) return NULL;
     snprintf(s, 1024,
              "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"vocab_size\": %lld, "
              "\"hidden_size\": %lld, \"intermediate_size\": %lld, \"num_hidden_layers\": %lld, "
              "\"num_attention_heads\": %lld, \"num_key_value_heads\": %lld, \"head_dim\": %lld, "
-             "\"max_position_embeddings\": %lld, \"rms_norm_eps\": %.17g, \"rope_theta\": %.17g, \"rope_scaling\": %s, "
+             "\"max_position_embeddings\": %lld, \"rms_norm_eps\": %s, \"rope_theta\": %s, \"rope_scaling\": %s, "
              "\"tie_word_embeddings\": %s, \"hidden_act\": \"silu\", \"attention_bias\": false, \"mlp_bias\": false}",
              (long long)c->vocab_size, (long long)c->hidden_size, (long long)c->intermediate_size,
              (long long)c->num_hidden_layers, (long long)c->num_attention_heads, (long long)kv_heads(c),
-             (long long)head_dim(c), (long long)c->max_position_embeddings, c->rms_norm_eps, c->rope.theta, scaling,
+             (long long)head_dim(c), (long long)c->max_position_embeddings, num(n[4], c->rms_norm_eps), num(n[5], c->rope.theta), scaling,
              c->tie_word_embeddings ? "true" : "false");
     return s;
 }

@@ -228,19 +228,51 @@ static double schedule_lr(int k) { /* lr 1e-3, warmup 2, cosine to 1e-4 at step 
     return 1e-4 + 0.5 * (1 + cos(3.14159265358979323846 * (k - 2) / 6.0)) * (1e-3 - 1e-4);
 }
 
+/* A decoder checkpoint (gpt2, llama): sampling reproducible by seed, greedy decoding unchanged by the
+ * cache (greedy_n past the context: in chunks, the cache restarting each), and eval's perplexity and
+ * bits per character following from its loss (char tokens are characters). */
+static void check_decoder(const char *ckpt, int n, int greedy_n) {
+    char a[4][320]; /* a[2] is a[1] and a flag */
+    snprintf(a[0], sizeof a[0], "sample --checkpoint %s --prompt 'the whale' --length %d --seed 5", ckpt, n);
+    snprintf(a[1], 256, "sample --checkpoint %s --prompt 'the ' --length %d --temperature 0", ckpt, greedy_n);
+    snprintf(a[2], sizeof a[2], "%.256s --no-cache", a[1]);
+    snprintf(a[3], sizeof a[3], "eval --checkpoint %s --data text.txt", ckpt);
+    result s1 = cgrad(a[0], NULL), s2 = cgrad(a[0], NULL), g1 = cgrad(a[1], NULL), g2 = cgrad(a[2], NULL);
+    CHECK(s1.rc == 0 && !strcmp(s1.out, s2.out) && !strncmp(s1.out, "the whale", 9) && strlen(s1.out) == 9 + (size_t)n + 1,
+          "%s sample (%d): '%s' / '%s' %s", ckpt, s1.rc, s1.out, s2.out, s1.err);
+    CHECK(g1.rc == 0 && g2.rc == 0 && !strcmp(g1.out, g2.out) && strlen(g1.out) == 4 + (size_t)greedy_n + 1,
+          "%s greedy with and without the cache:\n'%s'\n'%s'", ckpt, g1.out, g2.out);
+    result_free(&s1), result_free(&s2), result_free(&g1), result_free(&g2);
+    result r = cgrad(a[3], NULL);
+    double loss = NAN, ppl = NAN, bpc = NAN;
+    const char *l = strstr(r.out, "loss ");
+    if (l) sscanf(l, "loss %lf nats/token  perplexity %lf  bits_per_char %lf", &loss, &ppl, &bpc);
+    CHECK(r.rc == 0 && loss > 0 && fabs(ppl - exp(loss)) < 1e-3 * ppl && fabs(bpc - loss / log(2.0)) < 1e-3,
+          "%s eval: %s %s", ckpt, r.out, r.err);
+    result_free(&r);
+}
+
+/* cgrad info of ckpt: the char tokenizer's ids and the parameter count (-1 if absent). */
+static result info_counts(const char *ckpt, int *v, long long *params) {
+    char a[256];
+    snprintf(a, sizeof a, "info --checkpoint %s", ckpt);
+    result r = cgrad(a, NULL);
+    *v = 0, *params = -1;
+    const char *tk = strstr(r.out, "tokenizer   char, "), *pp = strstr(r.out, "parameters  ");
+    if (tk) sscanf(tk, "tokenizer   char, %d ids", v);
+    if (pp) sscanf(pp, "parameters  %lld", params);
+    return r;
+}
+
 static void test_outputs(void) {
     /* Final line: exactly the documented form, and the last line of stdout. */
-    result r = cgrad("info --checkpoint gpt_A.ckpt", NULL);
+    int v;
+    long long params;
+    result r = info_counts("gpt_A.ckpt", &v, &params);
     CHECK(r.rc == 0, "info rc %d: %s", r.rc, r.err);
     CHECK(strstr(r.out, "arch        gpt2") != NULL, "info: %s", r.out);
     CHECK(strstr(r.out, "step        8 of 8") != NULL, "info step: %s", r.out);
     /* Parameter count from GPT-2's layout, independently of the library. */
-    int v = 0;
-    long long params = -1;
-    const char *tk = strstr(r.out, "tokenizer   char, ");
-    if (tk) sscanf(tk, "tokenizer   char, %d ids", &v);
-    const char *pp = strstr(r.out, "parameters  ");
-    if (pp) sscanf(pp, "parameters  %lld", &params);
     const long long d = 16, ctx = 64, f = 64;
     long long want = v * d + ctx * d + (2 * d + d * 3 * d + 3 * d + d * d + d + 2 * d + d * f + f + f * d + d) + 2 * d;
     CHECK(v > 10 && params == want, "parameters %lld, GPT-2 layout with V=%d gives %lld", params, v, want);
@@ -274,24 +306,38 @@ static void test_outputs(void) {
           "svg chart incomplete");
     free(svg);
 
-    /* Sampling: reproducible by seed; the cache changes nothing for greedy decoding. */
-    result s1 = cgrad("sample --checkpoint gpt_A.ckpt --prompt 'the whale' --length 40 --seed 5", NULL),
-           s2 = cgrad("sample --checkpoint gpt_A.ckpt --prompt 'the whale' --length 40 --seed 5", NULL),
-           g1 = cgrad("sample --checkpoint gpt_A.ckpt --prompt 'the ' --length 100 --temperature 0", NULL),
-           g2 = cgrad("sample --checkpoint gpt_A.ckpt --prompt 'the ' --length 100 --temperature 0 --no-cache", NULL);
-    CHECK(s1.rc == 0 && !strcmp(s1.out, s2.out) && !strncmp(s1.out, "the whale", 9) && strlen(s1.out) == 9 + 40 + 1,
-          "sample (%d): '%s' / '%s' %s", s1.rc, s1.out, s2.out, s1.err);
-    CHECK(g1.rc == 0 && g2.rc == 0 && !strcmp(g1.out, g2.out) && strlen(g1.out) == 4 + 100 + 1,
-          "greedy with and without the cache:\n'%s'\n'%s'", g1.out, g2.out);
-    result_free(&s1), result_free(&s2), result_free(&g1), result_free(&g2);
+    check_decoder("gpt_A.ckpt", 40, 100);
+}
 
-    /* eval: perplexity and bits per character follow from the loss (char tokens are characters). */
-    r = cgrad("eval --checkpoint gpt_A.ckpt --data text.txt", NULL);
-    double loss = NAN, ppl = NAN, bpc = NAN;
-    const char *l = strstr(r.out, "loss ");
-    if (l) sscanf(l, "loss %lf nats/token  perplexity %lf  bits_per_char %lf", &loss, &ppl, &bpc);
-    CHECK(r.rc == 0 && loss > 0 && fabs(ppl - exp(loss)) < 1e-3 * ppl && fabs(bpc - loss / log(2.0)) < 1e-3,
-          "eval: %s %s", r.out, r.err);
+/* LLaMA from the command line: the parameter count of its layout (grouped-query K/V, SwiGLU, untied
+ * head), reproducible sampling, the cache, eval, export, and its flags' errors. */
+static void test_llama(void) {
+    int v;
+    long long params;
+    result r = info_counts("llama_A.ckpt", &v, &params);
+    /* --dim 16 --heads 2 --kv-heads 1: head width 8, K and V one head each; --ffn 8/3 * 16 up to 32 = 64 */
+    const long long d = 16, kv = 8, f = 64;
+    long long want = v * d + (d * d + 2 * kv * d + d * d + 3 * d * f + 2 * d) + d + v * d;
+    CHECK(r.rc == 0 && strstr(r.out, "arch        llama") && strstr(r.out, "\"num_key_value_heads\": 1"),
+          "llama info rc %d: %s %s", r.rc, r.out, r.err);
+    CHECK(v > 10 && params == want, "llama parameters %lld, the LLaMA layout with V=%d gives %lld", params, v, want);
+    result_free(&r);
+    check_decoder("llama_A.ckpt", 20, 40); /* 4 + 40 tokens: past the context of 32 */
+    r = cgrad("export llama_A.ckpt llama_hf", NULL);
+    result i2 = cgrad("info llama_hf", NULL);
+    char *cfg = test_slurp(path_of("llama_hf/config.json"), NULL);
+    CHECK(r.rc == 0 && i2.rc == 0 && cfg && strstr(cfg, "LlamaForCausalLM") && strstr(i2.out, "arch        llama"),
+          "llama export rc %d / info rc %d: %s %s", r.rc, i2.rc, r.err, i2.err);
+    free(cfg);
+    result_free(&r), result_free(&i2);
+    r = cgrad("train --arch llama --data text.txt --heads 4 --kv-heads 3 --steps 1", NULL);
+    CHECK(r.rc == 2 && strstr(r.err, "--kv-heads must divide --heads"), "rc %d: %s", r.rc, r.err);
+    result_free(&r);
+    r = cgrad("train --data text.txt --kv-heads 2 --steps 1", NULL);
+    CHECK(r.rc == 2 && strstr(r.err, "--kv-heads is for --arch llama"), "rc %d: %s", r.rc, r.err);
+    result_free(&r);
+    r = cgrad("sample --checkpoint cls_A.ckpt --length 4", NULL);
+    CHECK(r.rc == 1 && strstr(r.err, "sample needs gpt2 or llama"), "sample of a classifier: rc %d: %s", r.rc, r.err);
     result_free(&r);
 }
 
@@ -812,10 +858,12 @@ int main(void) {
     test_resume("bert", "--arch bert --data text.txt --tokenizer-path vocab.txt --context 24 --dropout 0.1");
     test_resume("encdec", "--arch encdec --data rev.tsv --eval-exact 5");
     test_resume("cls", "--arch classifier --data cls.tsv --tokenizer char --context 32 --dropout 0.1");
+    test_resume("llama", "--arch llama --data text.txt --context 32 --kv-heads 1 --dropout 0.1");
     test_resume("lora", "--init-from gpt_A.ckpt --data text.txt --lora-rank 2 --lora-alpha 4");
     test_lora();
     test_outputs();
     test_run_files();
+    test_llama();
     test_errors();
     test_inference();
     test_hostile();
