@@ -180,7 +180,7 @@ static void check_error_has(const char *what, const char *needle) {
 }
 
 static void rm_tmp(void) {
-    static const char *names[] = {"encoder.json", "vocab.bpe", "vocab.txt", "cg_tokenizer.json", "t.json"};
+    static const char *names[] = {"encoder.json", "vocab.bpe", "vocab.txt", "cg_tokenizer.json", "t.json", "vocab.json", "merges.txt"};
     char p[128];
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         snprintf(p, sizeof p, "%s/%s", tmpdir, names[i]);
@@ -351,6 +351,28 @@ static void test_gpt2(void) {
     CHECK(u && cg_tokenizer_kind(u) == CG_TOK_BPE, "load saved GPT-2: %s", cg_last_error());
     if (u) check_list("Hello world after save", u, "Hello world", (const int32_t[]){15496, 995}, 2);
     cg_tokenizer_free(u);
+    rm_tmp();
+
+    /* The Hugging Face hub's names: the same bytes as vocab.json + merges.txt, read from the
+     * directory or from either file of the pair. */
+    CHECK(cg_tokenizer_save_hf(t, tmpdir) == CG_OK, "save GPT-2 under the hub's names: %s", cg_last_error());
+    snprintf(p, sizeof p, "%s/vocab.json", tmpdir);
+    a = test_slurp(p, &la), b = test_slurp(DATA "gpt2/encoder.json", &lb);
+    CHECK(a && b && la == lb && memcmp(a, b, la) == 0, "vocab.json is GPT-2's encoder.json (%zu vs %zu bytes)", la, lb);
+    free(a), free(b);
+    static const char *const hub[] = {"", "/vocab.json", "/merges.txt"};
+    for (int k = 0; k < 3; k++) {
+        snprintf(p, sizeof p, "%s%s", tmpdir, hub[k]);
+        u = cg_tokenizer_load(p);
+        CHECK(u && cg_tokenizer_kind(u) == CG_TOK_BPE, "load %s: %s", p, cg_last_error());
+        if (u) check_list("Hello world from the hub's names", u, "Hello world", (const int32_t[]){15496, 995}, 2);
+        cg_tokenizer_free(u);
+    }
+    snprintf(p, sizeof p, "%s/merges.txt", tmpdir);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/vocab.json", tmpdir);
+    CHECK(!cg_tokenizer_load(p), "vocab.json without merges.txt");
+    check_error_has("lone vocab.json", "its BPE partner (vocab.json + merges.txt) is not beside it");
     rm_tmp();
 
     char *json = NULL;
