@@ -1400,10 +1400,12 @@ int cmd_train(int argc, char **argv) {
         if (r.world > 1 && o.log_every > 0 && r.step % o.log_every == 0) {
             const cg_dist_stats ds = cg_dist_reducer_stats(r.red);
             printf("  all-reduce: %lld buckets, %.2f MB a step; per step %.1f ms from first start to last end, %.1f ms of "
-                   "it after backward (%.0f%% behind backward); %lld of %lld buckets started during backward\n",
+                   "it after backward (%.0f%% behind backward); %lld of %lld buckets started during backward; "
+                   "final before an earlier one: %lld in step 1 (memory order), %lld since (backward's order)\n",
                    (long long)ds.buckets, (double)ds.bytes / 1e6, 1e3 * ds.comm_s / (double)ds.steps,
                    1e3 * ds.wait_s / (double)ds.steps, ds.comm_s > ds.wait_s ? 100 * (1 - ds.wait_s / ds.comm_s) : 0.0,
-                   (long long)ds.early, (long long)(ds.steps * ds.buckets));
+                   (long long)ds.early, (long long)(ds.steps * ds.buckets), (long long)ds.held_first,
+                   (long long)ds.held);
         }
         if (o.save_every > 0 && r.step % o.save_every == 0 && r.step < o.steps) {
             if (save(&r)) {

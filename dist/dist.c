@@ -296,10 +296,13 @@ cg_status cg_dist_gather(cg_dist *d, const cg_real *mine, cg_real *full, int64_t
 
 /* ---- the reducer ---- */
 
+/* A bucket is a run of consecutive parameters, params [first, first + n), whose gradients are one
+ * range of the gradient block, all-reduced in place as one message. */
 typedef struct {
-    int64_t lo, hi; /* elements of the gradient block */
-    int params;     /* parameters whose gradient lands here */
-    int pending;    /* of them, not yet final in this backward */
+    int first, n;   /* its parameters */
+    int64_t lo, hi; /* their range of the gradient block */
+    int final_at;   /* position of its last gradient in the observed ready order */
+    int pending;    /* of its trainable parameters, not yet final in this backward */
     double start;   /* when its all-reduce started */
 } bucket;
 
@@ -309,7 +312,12 @@ struct cg_dist_reducer {
     cg_graph *g;
     int64_t micro, m, span;
     bool overlap;
-    cg_real *acc; /* earlier micro-batches' gradients, summed in order */
+    cg_real *acc;   /* earlier micro-batches' gradients, summed in order */
+    int np;         /* parameters */
+    int *bucket_of; /* parameter index -> its bucket */
+    int *ready;     /* parameters in the order the first overlapped backward made them final */
+    int nready;
+    bool reordered; /* buckets start in that order (from the second step on) */
     bucket *b;
     int nb, next; /* buckets, and the next to start (they start in index order on every rank) */
     double *done_at, first_start;
@@ -320,7 +328,18 @@ struct cg_dist_reducer {
 };
 
 /* Offset of a parameter's gradient in the block. */
-static int64_t grad_off(cg_dist_reducer *r, const cg_tensor *p) { return p->grad - cg_params_grads(r->ps); }
+static int64_t grad_off(cg_dist_reducer *r, int i) { return cg_grad(cg_params_at(r->ps, i)) - cg_params_grads(r->ps); }
+
+/* Index of the parameter whose gradient starts at element off (parameters lie in index order). */
+static int param_at(cg_dist_reducer *r, int64_t off) {
+    int lo = 0, hi = r->np - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (grad_off(r, mid) <= off) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
 
 cg_dist_reducer *cg_dist_reducer_new(cg_dist *d, cg_params *ps, int64_t micro, size_t bucket_bytes, bool overlap) {
     if (!ps || micro < 1) {
@@ -332,31 +351,33 @@ cg_dist_reducer *cg_dist_reducer_new(cg_dist *d, cg_params *ps, int64_t micro, s
     r->d = d, r->ps = ps, r->micro = micro, r->overlap = overlap;
     r->span = cg_params_span(ps);
     if (!bucket_bytes) bucket_bytes = 1 << 20;
-    const int n = cg_params_count(ps);
+    const int n = r->np = cg_params_count(ps);
+    const size_t nn = (size_t)(n > 0 ? n : 1);
+    r->b = calloc(nn, sizeof *r->b), r->done_at = calloc(nn, sizeof *r->done_at);
+    r->bucket_of = malloc(nn * sizeof *r->bucket_of), r->ready = malloc(nn * sizeof *r->ready);
+    if (!r->b || !r->done_at || !r->bucket_of || !r->ready) goto nomem;
     /* Buckets of consecutive parameters from the last one back: backward finishes the last layers
-     * first, so bucket 0 is ready earliest. Each is a contiguous range, reduced in place. */
-    r->b = calloc((size_t)(n > 0 ? n : 1), sizeof *r->b);
-    if (!r->b) goto nomem;
+     * first, so bucket 0 is ready earliest. The first backward then shows the real order, and the
+     * buckets start in that order from the second step on (reorder). */
     int64_t hi = r->span;
     for (int i = n - 1; i >= 0;) {
-        bucket *bk = &r->b[r->nb++];
-        bk->hi = hi;
+        bucket *bk = &r->b[r->nb];
+        *bk = (bucket){.hi = hi, .final_at = r->nb};
         size_t bytes = 0;
         for (; i >= 0 && (bytes == 0 || bytes < bucket_bytes); i--) {
-            const cg_tensor *p = cg_params_at(ps, i);
-            bk->lo = grad_off(r, p);
+            bk->lo = grad_off(r, i);
+            bk->first = i, bk->n++;
             bytes = (size_t)(bk->hi - bk->lo) * sizeof(cg_real);
-            bk->params += cg_param_trainable(p);
+            r->bucket_of[i] = r->nb;
         }
         hi = bk->lo;
+        r->nb++;
     }
-    r->done_at = calloc((size_t)(r->nb ? r->nb : 1), sizeof *r->done_at);
-    if (!r->done_at) goto nomem;
     if (micro > 1 && !(r->acc = aligned_alloc(CGI_ALIGN, (size_t)((r->span * (int64_t)sizeof(cg_real) + CGI_ALIGN - 1) /
                                                                   CGI_ALIGN * CGI_ALIGN))))
         goto nomem;
 #ifdef CGRAD_MPI
-    if (!(r->req = malloc((size_t)(r->nb ? r->nb : 1) * sizeof *r->req))) goto nomem;
+    if (!(r->req = malloc(nn * sizeof *r->req))) goto nomem;
     for (int k = 0; k < r->nb; k++) r->req[k] = MPI_REQUEST_NULL;
 #endif
     r->st.buckets = cg_dist_size(d) > 1 ? r->nb : 0;
@@ -373,6 +394,8 @@ void cg_dist_reducer_free(cg_dist_reducer *r) {
     if (r->g) cg_graph_on_grad_ready(r->g, NULL, NULL);
     free(r->b);
     free(r->done_at);
+    free(r->bucket_of);
+    free(r->ready);
     free(r->acc);
 #ifdef CGRAD_MPI
     free(r->req);
@@ -399,14 +422,9 @@ static cg_status start(cg_dist_reducer *r, int k) {
 static void on_ready(cg_tensor *p, void *ctx) {
     cg_dist_reducer *r = ctx;
     if (r->m != r->micro - 1) return; /* earlier micro-batches only accumulate */
-    const int64_t off = grad_off(r, p);
-    int lo = 0, hi = r->nb - 1; /* buckets run backwards through the block */
-    while (lo < hi) {
-        int mid = (lo + hi) / 2;
-        if (r->b[mid].lo > off) lo = mid + 1;
-        else hi = mid;
-    }
-    if (r->b[lo].pending > 0) r->b[lo].pending--;
+    const int i = param_at(r, cg_grad(p) - cg_params_grads(r->ps)), k = r->bucket_of[i];
+    if (!r->reordered && r->nready < r->np) r->ready[r->nready++] = i;
+    if (r->b[k].pending > 0 && --r->b[k].pending == 0 && k > r->next) r->st.held++;
     while (r->next < r->nb && r->b[r->next].pending == 0) {
         if (start(r, r->next)) return; /* finish reports it: the request stays null */
         r->next++, r->st.early++;
@@ -419,6 +437,32 @@ static void on_ready(cg_tensor *p, void *ctx) {
         for (int i = 0; k != MPI_UNDEFINED && i < k; i++) r->done_at[idx[i]] = t;
     }
 #endif
+}
+
+static int by_final_at(const void *a, const void *b) {
+    const bucket *x = a, *y = b;
+    return (x->final_at > y->final_at) - (x->final_at < y->final_at);
+}
+
+/* After the first overlapped backward: the buckets start in the order their last gradient became
+ * final there (rank 0's order, so every rank starts the same bucket as k-th), which is not always
+ * the memory order (BERT's and the encoder-decoder's heads and embeddings). They stay ranges of
+ * the block, reduced in place, so nothing is copied. */
+static cg_status reorder(cg_dist_reducer *r) {
+    r->reordered = true;
+    r->st.held_first = r->st.held, r->st.held = 0;
+    int32_t n = r->nready;
+    cg_status st = cg_dist_bcast(r->d, &n, sizeof n);
+    if (!st && n > 0) st = cg_dist_bcast(r->d, r->ready, (size_t)n * sizeof *r->ready);
+    if (st || n <= 0) return st;
+    for (int k = 0; k < r->nb; k++) r->b[k].final_at = -1;
+    for (int j = 0; j < n && j < r->np; j++) r->b[r->bucket_of[r->ready[j]]].final_at = j;
+    for (int k = 0; k < r->nb; k++) /* frozen only: never final, start at the end in memory order */
+        if (r->b[k].final_at < 0) r->b[k].final_at = r->np + k;
+    qsort(r->b, (size_t)r->nb, sizeof *r->b, by_final_at); /* final_at are distinct: deterministic */
+    for (int k = 0; k < r->nb; k++)
+        for (int i = r->b[k].first; i < r->b[k].first + r->b[k].n; i++) r->bucket_of[i] = k;
+    return CG_OK;
 }
 
 void cg_dist_reducer_attach(cg_dist_reducer *r, cg_graph *g) {
@@ -437,7 +481,11 @@ cg_status cg_dist_reducer_begin(cg_dist_reducer *r, int64_t m) {
     cg_params_zero_grad(r->ps);
     r->m = m;
     if (m == r->micro - 1) {
-        for (int k = 0; k < r->nb; k++) r->b[k].pending = r->b[k].params, r->done_at[k] = 0;
+        for (int k = 0; k < r->nb; k++) {
+            r->b[k].pending = 0, r->done_at[k] = 0;
+            for (int i = r->b[k].first; i < r->b[k].first + r->b[k].n; i++)
+                r->b[k].pending += cg_param_trainable(cg_params_at(r->ps, i));
+        }
         r->next = 0;
     }
     return CG_OK;
@@ -460,6 +508,7 @@ cg_status cg_dist_reducer_finish(cg_dist_reducer *r) {
         for (int k = 0; k < r->nb; k++) last = r->done_at[k] > last ? r->done_at[k] : last;
         r->st.wait_s += t_done - t_end;
         r->st.comm_s += (last > t_done ? t_done : last) - r->first_start;
+        if (!st && r->overlap && !r->reordered) st = reorder(r);
     }
     if (st) return st;
     const int64_t n = r->micro * cg_dist_size(r->d);

@@ -74,6 +74,8 @@ typedef struct {
     int64_t buckets;    /* buckets per step */
     int64_t bytes;      /* gradient bytes all-reduced per step */
     int64_t early;      /* buckets started inside backward, over all steps */
+    int64_t held;       /* buckets final before an earlier one (held back to keep the order), since reordering */
+    int64_t held_first; /* the same in the first step, whose buckets start in memory order */
     double comm_s;      /* from the first bucket's start to the last one's observed end, summed over steps */
     double wait_s;      /* of that, the time after backward (finish waiting): not hidden by backward */
 } cg_dist_stats;

@@ -5,6 +5,8 @@
 #  - a resume with another number of ranks is refused, and a 2-rank resume continues exactly;
 #  - --zero 1 (AdamW moments sharded) changes no bit, and resumes an unsharded checkpoint exactly;
 #  - ranks started with different settings fail, naming the flag and the rank;
+#  - buckets start in the order backward made them final (from step 2; the encoder-decoder's is not
+#    its memory order), which changes no bit against one process;
 #  - 4 ranks agree with 1 process x --grad-accum 4 within float32 rounding of the gradient sum (MPI
 #    sums four ranks in an order of its choosing): 1e-6 of each tensor's largest magnitude, except
 #    the attention's fused q/k/v bias, 1e-3: its key third has a true gradient of zero (softmax
@@ -59,6 +61,17 @@ check '[ "$(digest five.ckpt)" = "$(digest eight.ckpt)" ]' "a --zero 1 resume of
 check '[ $rc -ne 0 ] && grep -q "\-\-lr differs: rank 1 has .0.002., rank 0 has .0.001." bad.out' \
       "mismatched --lr named: $(grep -o '\[dist\].*' bad.out | head -1)"
 check '[ ! -e x.ckpt ]' "nothing was saved by the refused run"
+# bucket order: the encoder-decoder's gradients do not become final in memory order
+paste -d '\t' text.txt text.txt > pairs.tsv
+eargs=(--arch encdec --data pairs.tsv --layers 2 --dim 32 --heads 2 --context 16 --batch 4 --eval-every 0 --samples 0
+       --save-every 0 --threads 1 --log-every 1 --steps 3 --bucket-kb 4)
+"$bin" train "${eargs[@]}" --grad-accum 2 --checkpoint ed1.ckpt > ed1.out 2>&1 || cat ed1.out
+"${run2[@]}" "$bin" train "${eargs[@]}" --checkpoint ed2.ckpt > ed2.out 2>&1 || cat ed2.out
+order=$(grep -o 'final before an earlier one: .*' ed2.out | tail -1)
+check '[ -n "$(digest ed1.ckpt)" ] && [ "$(digest ed1.ckpt)" = "$(digest ed2.ckpt)" ]' \
+      "encoder-decoder, buckets in backward's order: 2 ranks = grad-accum 2 bit for bit"
+check 'echo "$order" | grep -Eq ": [1-9][0-9]* in step 1 \(memory order\), 0 since"' "buckets follow backward's order: $order"
+
 # 4 ranks: within a stated tolerance of one process with --grad-accum 4 (the same batches)
 "$bin" train "${args[@]}" --steps 6 --grad-accum 4 --checkpoint one4.ckpt > one4.out 2>&1 || cat one4.out
 "${run4[@]}" "$bin" train "${args[@]}" --steps 6 --checkpoint four.ckpt > four.out 2>&1 || cat four.out
