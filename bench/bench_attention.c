@@ -1,0 +1,122 @@
+/* bench_attention: the fused attention's options against plain cg_sdpa, forward + backward, side by
+ * side: ALiBi, T5's relative bias table, a given [1, H, T, T] bias tensor, dropout, and the composite
+ * (matmul -> masked softmax -> dropout -> matmul) that attention dropout used before. Each variant is
+ * a graph built once; one repetition runs every variant once in turn (interleaved, so machine load
+ * hits all alike); the median over the repetitions is reported with the min and max, as a ratio to
+ * plain sdpa, and the graph's planned bytes beside plain's (the options add O(T) per head, the
+ * composite O(T^2)). Usage: bench_attention [reps] [B] [H] [T] [D] [causal 0/1] [threads]. */
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "cgrad.h"
+
+typedef enum { PLAIN, ALIBI, T5, BIAS, DROPOUT, ALIBI_DROPOUT, COMPOSITE_DROPOUT } kind;
+
+typedef struct {
+    const char *name;
+    kind k;
+    cg_graph *g;
+    cg_tensor *loss;
+    double *ms, *cpu;
+} variant;
+
+/* CPU time of the whole process (every thread): unlike wall time, it barely moves when other jobs
+ * share the machine, so A/B comparisons on a loaded machine read it. */
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static cg_tensor *build(cg_graph *g, kind k, cg_tensor *q, cg_tensor *kk, cg_tensor *v, bool causal, cg_rng *r) {
+    const int64_t *s = cg_shape(q);
+    cg_sdpa_opts o = {.scale = 1.0 / sqrt((double)s[3]), .causal = causal};
+    if (k == ALIBI || k == ALIBI_DROPOUT) o.alibi = true;
+    if (k == DROPOUT || k == ALIBI_DROPOUT) o.dropout = 0.1;
+    if (k == T5) {
+        o.rel_bias = cg_requires_grad(cg_input(g, "t5", CG_REAL, 2, (int64_t[]){32, s[1]}));
+        cg_fill_uniform(o.rel_bias, r, -1, 1);
+    }
+    if (k == BIAS) {
+        o.bias = cg_requires_grad(cg_input(g, "bias", CG_REAL, 4, (int64_t[]){1, s[1], s[2], s[2]}));
+        cg_fill_uniform(o.bias, r, -1, 1);
+    }
+    if (k != COMPOSITE_DROPOUT) return cg_sdpa_ex(g, q, kk, v, &o);
+    cg_tensor *w = cg_masked_softmax(g, cg_matmul(g, q, cg_transpose(g, kk, -1, -2)), o.scale, NULL, causal, NULL);
+    return cg_matmul(g, cg_dropout(g, w, 0.1), v);
+}
+
+int main(int argc, char **argv) {
+    const int reps = argc > 1 ? atoi(argv[1]) : 11;
+    const int64_t B = argc > 2 ? atoll(argv[2]) : 2, H = argc > 3 ? atoll(argv[3]) : 4, T = argc > 4 ? atoll(argv[4]) : 1024,
+                  D = argc > 5 ? atoll(argv[5]) : 64;
+    const bool causal = argc > 6 ? atoi(argv[6]) != 0 : true;
+    cg_set_threads(argc > 7 ? atoi(argv[7]) : 0);
+    variant vs[] = {
+        {"sdpa", PLAIN, NULL, NULL, NULL, NULL},
+        {"+ ALiBi", ALIBI, NULL, NULL, NULL, NULL},
+        {"+ T5 table [32,H]", T5, NULL, NULL, NULL, NULL},
+        {"+ bias [1,H,T,T]", BIAS, NULL, NULL, NULL, NULL},
+        {"+ dropout 0.1", DROPOUT, NULL, NULL, NULL, NULL},
+        {"+ ALiBi + dropout", ALIBI_DROPOUT, NULL, NULL, NULL, NULL},
+        {"composite + dropout", COMPOSITE_DROPOUT, NULL, NULL, NULL, NULL},
+    };
+    const int nv = sizeof vs / sizeof vs[0];
+    cg_rng rng;
+    cg_rng_seed(&rng, 1);
+    for (int i = 0; i < nv; i++) {
+        variant *v = &vs[i];
+        v->g = cg_graph_new(CG_TRAIN);
+        const int64_t s[4] = {B, H, T, D};
+        cg_tensor *x[3];
+        for (int j = 0; j < 3; j++) {
+            x[j] = cg_requires_grad(cg_input(v->g, "x", CG_REAL, 4, s));
+            cg_fill_uniform(x[j], &rng, -2, 2);
+        }
+        cg_tensor *r = cg_input(v->g, "R", CG_REAL, 4, s); /* loss = sum(y * R): a dense upstream gradient */
+        cg_fill_uniform(r, &rng, -1, 1);
+        v->loss = cg_sum_all(v->g, cg_mul(v->g, build(v->g, v->k, x[0], x[1], x[2], causal, &rng), r));
+        if (!v->loss || cg_graph_forward(v->g) || cg_graph_backward(v->g, v->loss)) {
+            fprintf(stderr, "bench_attention: %s: %s\n", v->name, cg_last_error());
+            return 1;
+        }
+        v->ms = malloc((size_t)reps * sizeof *v->ms);
+        v->cpu = malloc((size_t)reps * sizeof *v->cpu);
+    }
+    for (int k = 0; k < reps; k++)
+        for (int i = 0; i < nv; i++) {
+            const double t0 = omp_get_wtime(), c0 = cpu_now();
+            cg_graph_forward(vs[i].g);
+            cg_graph_backward(vs[i].g, vs[i].loss);
+            vs[i].ms[k] = (omp_get_wtime() - t0) * 1e3;
+            vs[i].cpu[k] = (cpu_now() - c0) * 1e3;
+        }
+    printf("# bench_attention: q, k, v [%lld, %lld, %lld, %lld], %s, %d thread(s), %d interleaved repetitions;\n"
+           "# forward + backward of sum(attention * R): wall ms median [min, max]; CPU ms (all threads) median\n"
+           "# [min] and the ratio of CPU medians to sdpa's; graph bytes (planned) and their excess over sdpa's\n",
+           (long long)B, (long long)H, (long long)T, (long long)D, causal ? "causal" : "full", cg_threads(), reps);
+    for (int i = 0; i < nv; i++) {
+        qsort(vs[i].ms, (size_t)reps, sizeof(double), cmp);
+        qsort(vs[i].cpu, (size_t)reps, sizeof(double), cmp);
+    }
+    const double base = vs[0].cpu[reps / 2];
+    const double base_mb = (double)cg_graph_bytes(vs[0].g) / 1048576;
+    for (int i = 0; i < nv; i++) {
+        const double mb = (double)cg_graph_bytes(vs[i].g) / 1048576;
+        printf("%-20s %8.2f [%7.2f, %7.2f] ms  cpu %8.2f [%7.2f] ms  x%.3f  %8.2f MB  %+8.3f MB\n", vs[i].name,
+               vs[i].ms[reps / 2], vs[i].ms[0], vs[i].ms[reps - 1], vs[i].cpu[reps / 2], vs[i].cpu[0],
+               vs[i].cpu[reps / 2] / base, mb, mb - base_mb);
+        cg_graph_free(vs[i].g);
+        free(vs[i].ms);
+        free(vs[i].cpu);
+    }
+    return 0;
+}
