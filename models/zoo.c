@@ -175,6 +175,19 @@ static bool list_add(char **list, const char *name) {
     return true;
 }
 
+/* The parameter a stored name refers to. BERT files converted from Google's TensorFlow release (as
+ * bert-base-uncased's on the hub) name LayerNorm's weight and bias "gamma" and "beta", which
+ * transformers renames when it loads them; so does this. */
+static cg_tensor *find_param(cg_params *ps, const char *name) {
+    cg_tensor *p = cg_params_find(ps, name);
+    const size_t n = strlen(name);
+    const bool gamma = ends_with(name, "LayerNorm.gamma"), beta = ends_with(name, "LayerNorm.beta");
+    if (p || (!gamma && !beta) || n > 500) return p;
+    char renamed[512];
+    snprintf(renamed, sizeof renamed, "%.*s%s", (int)(n - (gamma ? 5 : 4)), name, gamma ? "weight" : "bias");
+    return cg_params_find(ps, renamed);
+}
+
 /* strict: every parameter must be in f and every tensor of f a parameter (or a known buffer or
  * tied twin). Otherwise missing parameters keep their values and unknown tensors are listed in
  * *skipped, missing parameters in *kept (both malloc'd, NULL when none). */
@@ -214,7 +227,7 @@ static cg_status load_named(cg_model *m, const cg_st *f, bool strict, char **kep
                               twin, twin);
             continue;
         }
-        cg_tensor *p = cg_params_find(ps, name);
+        cg_tensor *p = find_param(ps, name);
         if (!p && !strict) {
             if (!list_add(skipped, stored)) st = cgi_fail(CG_ERR_NOMEM, "[model load] out of memory");
             continue;

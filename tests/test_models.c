@@ -339,9 +339,41 @@ static void hf_partial_and_save(void) {
     cg_params_free(ps);
     cg_params_free(fresh);
 
+    /* LayerNorm.gamma / .beta, as BERT files converted from TensorFlow name them, load as weight / bias */
     cg_status st;
-    m = load_model("gpt2", "weights.safetensors", &ps, &st);
     char path[128];
+    snprintf(path, sizeof path, "/tmp/cgrad_gamma_%d.safetensors", (int)getpid());
+    m = load_model("bert", "weights.safetensors", &ps, &st);
+    cg_st_writer *w = cg_st_writer_new();
+    int renamed = 0;
+    for (int i = 0; st == CG_OK && i < cg_params_count(ps); i++) {
+        const char *n = cg_name(cg_params_at(ps, i));
+        char name[300];
+        const size_t len = strlen(n);
+        bool ln = strstr(n, "LayerNorm.") != NULL;
+        snprintf(name, sizeof name, "%.*s%s", (int)(ln ? len - (n[len - 1] == 't' ? 6 : 4) : len), n,
+                 !ln ? "" : n[len - 1] == 't' ? "gamma" : "beta");
+        renamed += ln;
+        cg_st_add_tensor(w, name, cg_params_at(ps, i));
+    }
+    CHECK(cg_st_write(w, path) == CG_OK && renamed > 0, "%d LayerNorm tensors renamed: %s", renamed, cg_last_error());
+    cg_st_writer_free(w);
+    cfg = cg_model_config_json(m);
+    cg_params *psg = cg_params_new();
+    cg_model *mg = cg_model_new(CG_ARCH_BERT, cfg, 0, psg, 5);
+    free(cfg);
+    f = cg_st_open(path);
+    CHECK(f && cg_st_find(f, "bert.embeddings.LayerNorm.gamma") >= 0 && cg_model_load(mg, f) == CG_OK &&
+              !memcmp(cg_params_values(ps), cg_params_values(psg), (size_t)cg_params_numel(ps) * sizeof(cg_real)),
+          "gamma/beta names load as weight/bias: %s", cg_last_error());
+    cg_st_close(f);
+    unlink(path);
+    cg_model_free(mg);
+    cg_params_free(psg);
+    cg_model_free(m);
+    cg_params_free(ps);
+
+    m = load_model("gpt2", "weights.safetensors", &ps, &st);
     snprintf(path, sizeof path, "/tmp/cgrad_hf_%d.safetensors", (int)getpid());
     CHECK(st == CG_OK && cg_model_save_hf(m, path) == CG_OK, "%s", cg_last_error());
     f = cg_st_open(path);
