@@ -13,7 +13,7 @@
 #include "graph/internal.h"
 
 #define THREADS {"--threads", CLI_INT, 1, 1024, "threads (CGRAD_THREADS or all cores)"}
-#define CKPT {"--checkpoint", CLI_IN, 0, 0, "checkpoint written by cgrad train"}
+#define CKPT {"--checkpoint", CLI_IN, 0, 0, "checkpoint written by cgrad train, or a Hugging Face directory (cgrad export)"}
 #define END {NULL, CLI_BARE, 0, 0, NULL}
 
 /* Opens --checkpoint, wanting arch (or any when want < 0); 0, or the exit code (message printed). */

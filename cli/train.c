@@ -88,7 +88,7 @@ typedef struct {
     X("--overlap", CLI_INT, overlap, false, 0, 1, "mpirun: 1 starts buckets while backward runs, 0 after it (1)")          \
     X("--dist-timeout", CLI_NUM, dist_timeout, false, POS_MIN, 1e9, "mpirun: seconds a rank waits for the others, then fails (300)") \
     X("--zero", CLI_INT, zero, false, 0, 1, "mpirun: 1 shards the AdamW moments over the ranks (ZeRO stage 1), 0 not (0)") \
-    X("--init-from", CLI_IN, init_from, true, 0, 0, "start a new run from a checkpoint's weights, model and tokenizer")   \
+    X("--init-from", CLI_IN, init_from, true, 0, 0, "start a new run from a checkpoint's (or a Hugging Face directory's) weights, model and tokenizer")   \
     X("--head", CLI_STR, head, true, 0, 0, "bert: pretrain (masked LM + next sentence) or classify (--data label<TAB>text; a new head on --init-from's encoder)") \
     X("--lora-rank", CLI_INT, lora_rank, true, 0, 1 << 16, "LoRA: train rank-N adapters on --lora-targets, all else frozen (0: off)") \
     X("--lora-alpha", CLI_NUM, lora_alpha, true, POS_MIN, 1e9, "LoRA: adapters add (alpha / rank) B A (alpha = rank)")   \
