@@ -1,5 +1,5 @@
-/* Composite layers: attention is matmul -> fused masked softmax -> dropout -> matmul, with the
- * heads split and merged by views, so it needs no backward of its own. */
+/* Composite layers: attention is the fused cg_sdpa (its dropout included), with the heads split
+ * and merged by views, so it needs no backward of its own. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -36,13 +36,10 @@ cg_tensor *cg_param_const(cg_params *ps, double value, int ndim, const int64_t *
 cg_tensor *cg_attention(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, bool causal,
                         cg_tensor *key_padding, double dropout) {
     if (!q || !k || !v) return NULL;
-    double scale = 1.0 / sqrt((double)cg_dim(q, -1));
-    /* The fused kernel stores no [Tq, Tk] matrix; dropout on the weights needs them, so it takes
-     * the composite path (the fused kernel's tested twin). */
-    if (dropout == 0 || cg_graph_mode(g) == CG_EVAL) return cg_sdpa(g, q, k, v, scale, causal, key_padding);
-    cg_tensor *scores = cg_matmul(g, q, cg_transpose(g, k, -1, -2));
-    cg_tensor *w = cg_masked_softmax(g, scores, scale, NULL, causal, key_padding);
-    return cg_matmul(g, cg_dropout(g, w, dropout), v);
+    /* dropout on the weights happens inside the fused kernel, its mask drawn again in backward */
+    const cg_sdpa_opts o = {.scale = 1.0 / sqrt((double)cg_dim(q, -1)), .causal = causal, .key_padding = key_padding,
+                            .dropout = dropout};
+    return cg_sdpa_ex(g, q, k, v, &o);
 }
 
 cg_tensor *cg_multi_head(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, int heads, bool causal,

@@ -18,7 +18,7 @@ cg_tensor *cg_param_const(cg_params *ps, double value, int ndim, const int64_t *
 
 /* Scaled dot-product attention on head-split q[B,H,Tq,D], k,v[B,H,Tk,D] -> [B,H,Tq,D]; scores
  * scaled by 1/sqrt(D), causal and key-padding (int32 [B,Tk], 1 keep) masks, dropout on weights.
- * Without dropout this is the fused cg_sdpa (memory linear in T); with it, the composite. */
+ * The fused cg_sdpa, dropout included (memory linear in T). */
 cg_tensor *cg_attention(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, bool causal,
                         cg_tensor *key_padding, double dropout);
 
