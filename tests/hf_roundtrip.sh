@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Hugging Face round trip through the cgrad command:
-#  - train a GPT-2 (byte-level BPE) and a BERT (WordPiece) a few steps, `cgrad export` them; the
+#  - train a GPT-2 (byte-level BPE), a BERT (WordPiece) and a LLaMA a few steps, `cgrad export` them; the
 #    directories hold model.safetensors, config.json and the tokenizer under the hub's names;
 #  - `info` reads the directory (and its .safetensors file) with the very parameters of the
 #    checkpoint (crc32 digest), and `sample` and `eval` give the checkpoint's output;
@@ -66,6 +66,15 @@ check '[ -n "$(digest b.ckpt)" ] && [ "$(digest b.ckpt)" = "$(digest bdir)" ]' "
 run "$bin" train "${tune[@]}" --init-from b.ckpt --checkpoint b_ckpt.ckpt
 run "$bin" train "${tune[@]}" --init-from bdir --checkpoint b_dir.ckpt
 check '[ -n "$(moments b_dir.ckpt)" ] && [ "$(moments b_ckpt.ckpt)" = "$(moments b_dir.ckpt)" ]' "bert: --init-from DIR = --init-from CKPT"
+
+# LLaMA: transformers' names already (LlamaForCausalLM)
+run "$bin" train "${small[@]}" --arch llama --data text.txt --context 16 --steps 3 --checkpoint l.ckpt
+run "$bin" export l.ckpt ldir
+run "$bin" train "${tune[@]}" --init-from l.ckpt --checkpoint l_ckpt.ckpt
+run "$bin" train "${tune[@]}" --init-from ldir --checkpoint l_dir.ckpt
+check 'grep -q "\"LlamaForCausalLM\"" ldir/config.json && [ "$(digest l.ckpt)" = "$(digest ldir)" ] &&
+       [ -n "$(moments l_dir.ckpt)" ] && [ "$(moments l_ckpt.ckpt)" = "$(moments l_dir.ckpt)" ]' \
+      "llama: LlamaForCausalLM, info DIR has the checkpoint's parameters, --init-from DIR = --init-from CKPT"
 
 # BERT classification from the BertForPreTraining directory: the encoder loads, a new head starts
 for i in $(seq 1 60); do echo -e "pos\tline $i: the whale swims at dawn."; echo -e "neg\tthe ship $i: past line."; done > cls.tsv
