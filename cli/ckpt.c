@@ -90,13 +90,14 @@ cg_status cli_ckpt_load(const char *path, double dropout, cli_ckpt *ck) {
         }
     }
     cJSON_Delete(lj);
-    if (st) {
-        char msg[1024];
-        snprintf(msg, sizeof msg, "%s", cg_last_error());
-        cli_ckpt_free(ck);
-        cgi_fail(st, "%s", msg);
-    }
-    return st;
+    return st ? cli_ckpt_fail(ck, st) : st;
+}
+
+cg_status cli_ckpt_fail(cli_ckpt *ck, cg_status st) {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", cg_last_error()); /* freeing may overwrite it */
+    cli_ckpt_free(ck);
+    return cgi_fail(st, "%s", msg);
 }
 
 void cli_ckpt_free(cli_ckpt *ck) {

@@ -150,12 +150,7 @@ cg_status cli_hf_load(const char *path, double dropout, bool partial, cli_ckpt *
     /* config.json beside the weights; a file cg_model_save wrote carries its config in the metadata */
     char *text = NULL;
     size_t text_len = 0;
-    if (is_file(config) && cg_read_text_file(config, &text, &text_len)) {
-        char msg[900];
-        snprintf(msg, sizeof msg, "%s", cg_last_error());
-        cli_ckpt_free(ck);
-        return cgi_fail(CG_ERR_FORMAT, "[hf] %s", msg);
-    }
+    if (is_file(config) && cg_read_text_file(config, &text, &text_len)) return cli_ckpt_fail(ck, CG_ERR_FORMAT);
     const char *meta_cfg = cg_st_metadata(ck->st, "config");
     cJSON *cfg = text ? cJSON_Parse(text) : meta_cfg ? cJSON_Parse(meta_cfg) : NULL;
     const char *cfg_name = text || !meta_cfg ? config : weights;
@@ -198,13 +193,7 @@ cg_status cli_hf_load(const char *path, double dropout, bool partial, cli_ckpt *
     free(kept);
     free(skipped);
     cJSON_Delete(cfg);
-    if (st) {
-        char msg[1024];
-        snprintf(msg, sizeof msg, "%s", cg_last_error());
-        cli_ckpt_free(ck);
-        cgi_fail(st, "%s", msg);
-    }
-    return st;
+    return st ? cli_ckpt_fail(ck, st) : st;
 }
 
 cg_status cli_hf_read_weights(const char *path, cg_model *m) {

@@ -94,6 +94,8 @@ typedef struct {
 cg_status cli_ckpt_load(const char *path, double dropout, cli_ckpt *ck);
 /* Frees everything the load made. */
 void cli_ckpt_free(cli_ckpt *ck);
+/* Frees what a failed load made and returns st, keeping the message that explains it. */
+cg_status cli_ckpt_fail(cli_ckpt *ck, cg_status st);
 /* True if path is a directory or a file that is not gzip: a Hugging Face layout, not a checkpoint. */
 bool cli_hf_layout(const char *path);
 /* Opens a Hugging Face-layout model as a checkpoint (cli_ckpt_load does this for such a path): a
