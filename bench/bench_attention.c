@@ -6,11 +6,10 @@
  * plain sdpa, and the graph's planned bytes beside plain's (the options add O(T) per head, the
  * composite O(T^2)). Usage: bench_attention [reps] [B] [H] [T] [D] [causal 0/1] [threads]. */
 #include <math.h>
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
+#include "bench_timing.h"
 #include "cgrad.h"
 
 typedef enum { PLAIN, ALIBI, T5, BIAS, DROPOUT, ALIBI_DROPOUT, COMPOSITE_DROPOUT } kind;
@@ -18,23 +17,8 @@ typedef enum { PLAIN, ALIBI, T5, BIAS, DROPOUT, ALIBI_DROPOUT, COMPOSITE_DROPOUT
 typedef struct {
     const char *name;
     kind k;
-    cg_graph *g;
-    cg_tensor *loss;
-    double *ms, *cpu;
+    bench_timed t;
 } variant;
-
-/* CPU time of the whole process (every thread): unlike wall time, it barely moves when other jobs
- * share the machine, so A/B comparisons on a loaded machine read it. */
-static double cpu_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 static cg_tensor *build(cg_graph *g, kind k, cg_tensor *q, cg_tensor *kk, cg_tensor *v, bool causal, cg_rng *r) {
     const int64_t *s = cg_shape(q);
@@ -61,62 +45,46 @@ int main(int argc, char **argv) {
     const bool causal = argc > 6 ? atoi(argv[6]) != 0 : true;
     cg_set_threads(argc > 7 ? atoi(argv[7]) : 0);
     variant vs[] = {
-        {"sdpa", PLAIN, NULL, NULL, NULL, NULL},
-        {"+ ALiBi", ALIBI, NULL, NULL, NULL, NULL},
-        {"+ T5 table [32,H]", T5, NULL, NULL, NULL, NULL},
-        {"+ bias [1,H,T,T]", BIAS, NULL, NULL, NULL, NULL},
-        {"+ dropout 0.1", DROPOUT, NULL, NULL, NULL, NULL},
-        {"+ ALiBi + dropout", ALIBI_DROPOUT, NULL, NULL, NULL, NULL},
-        {"composite + dropout", COMPOSITE_DROPOUT, NULL, NULL, NULL, NULL},
+        {"sdpa", PLAIN, {0}},
+        {"+ ALiBi", ALIBI, {0}},
+        {"+ T5 table [32,H]", T5, {0}},
+        {"+ bias [1,H,T,T]", BIAS, {0}},
+        {"+ dropout 0.1", DROPOUT, {0}},
+        {"+ ALiBi + dropout", ALIBI_DROPOUT, {0}},
+        {"composite + dropout", COMPOSITE_DROPOUT, {0}},
     };
     const int nv = sizeof vs / sizeof vs[0];
     cg_rng rng;
     cg_rng_seed(&rng, 1);
     for (int i = 0; i < nv; i++) {
         variant *v = &vs[i];
-        v->g = cg_graph_new(CG_TRAIN);
+        v->t.g = cg_graph_new(CG_TRAIN);
         const int64_t s[4] = {B, H, T, D};
         cg_tensor *x[3];
         for (int j = 0; j < 3; j++) {
-            x[j] = cg_requires_grad(cg_input(v->g, "x", CG_REAL, 4, s));
+            x[j] = cg_requires_grad(cg_input(v->t.g, "x", CG_REAL, 4, s));
             cg_fill_uniform(x[j], &rng, -2, 2);
         }
-        cg_tensor *r = cg_input(v->g, "R", CG_REAL, 4, s); /* loss = sum(y * R): a dense upstream gradient */
+        cg_tensor *r = cg_input(v->t.g, "R", CG_REAL, 4, s); /* loss = sum(y * R): a dense upstream gradient */
         cg_fill_uniform(r, &rng, -1, 1);
-        v->loss = cg_sum_all(v->g, cg_mul(v->g, build(v->g, v->k, x[0], x[1], x[2], causal, &rng), r));
-        if (!v->loss || cg_graph_forward(v->g) || cg_graph_backward(v->g, v->loss)) {
-            fprintf(stderr, "bench_attention: %s: %s\n", v->name, cg_last_error());
-            return 1;
-        }
-        v->ms = malloc((size_t)reps * sizeof *v->ms);
-        v->cpu = malloc((size_t)reps * sizeof *v->cpu);
+        v->t.loss = cg_sum_all(v->t.g, cg_mul(v->t.g, build(v->t.g, v->k, x[0], x[1], x[2], causal, &rng), r));
+        if (!bench_ready(&v->t, "bench_attention", v->name, reps)) return 1;
     }
-    for (int k = 0; k < reps; k++)
-        for (int i = 0; i < nv; i++) {
-            const double t0 = omp_get_wtime(), c0 = cpu_now();
-            cg_graph_forward(vs[i].g);
-            cg_graph_backward(vs[i].g, vs[i].loss);
-            vs[i].ms[k] = (omp_get_wtime() - t0) * 1e3;
-            vs[i].cpu[k] = (cpu_now() - c0) * 1e3;
-        }
+    bench_timed ts[sizeof vs / sizeof vs[0]];
+    for (int i = 0; i < nv; i++) ts[i] = vs[i].t;
+    bench_interleaved(nv, ts, reps);
     printf("# bench_attention: q, k, v [%lld, %lld, %lld, %lld], %s, %d thread(s), %d interleaved repetitions;\n"
            "# forward + backward of sum(attention * R): wall ms median [min, max]; CPU ms (all threads) median\n"
            "# [min] and the ratio of CPU medians to sdpa's; graph bytes (planned) and their excess over sdpa's\n",
            (long long)B, (long long)H, (long long)T, (long long)D, causal ? "causal" : "full", cg_threads(), reps);
+    const double base = ts[0].cpu[reps / 2];
+    const double base_mb = (double)cg_graph_bytes(ts[0].g) / 1048576;
     for (int i = 0; i < nv; i++) {
-        qsort(vs[i].ms, (size_t)reps, sizeof(double), cmp);
-        qsort(vs[i].cpu, (size_t)reps, sizeof(double), cmp);
-    }
-    const double base = vs[0].cpu[reps / 2];
-    const double base_mb = (double)cg_graph_bytes(vs[0].g) / 1048576;
-    for (int i = 0; i < nv; i++) {
-        const double mb = (double)cg_graph_bytes(vs[i].g) / 1048576;
+        const double mb = (double)cg_graph_bytes(ts[i].g) / 1048576;
         printf("%-20s %8.2f [%7.2f, %7.2f] ms  cpu %8.2f [%7.2f] ms  x%.3f  %8.2f MB  %+8.3f MB\n", vs[i].name,
-               vs[i].ms[reps / 2], vs[i].ms[0], vs[i].ms[reps - 1], vs[i].cpu[reps / 2], vs[i].cpu[0],
-               vs[i].cpu[reps / 2] / base, mb, mb - base_mb);
-        cg_graph_free(vs[i].g);
-        free(vs[i].ms);
-        free(vs[i].cpu);
+               ts[i].ms[reps / 2], ts[i].ms[0], ts[i].ms[reps - 1], ts[i].cpu[reps / 2], ts[i].cpu[0],
+               ts[i].cpu[reps / 2] / base, mb, mb - base_mb);
+        bench_free(&ts[i]);
     }
     return 0;
 }

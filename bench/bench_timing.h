@@ -1,0 +1,69 @@
+/* Timing shared by the op benchmarks: every variant's graph runs forward + backward once per
+ * repetition, in turn (interleaved, so machine load hits all alike), and the per-repetition wall
+ * and CPU times are sorted for medians. */
+#ifndef CGRAD_BENCH_TIMING_H
+#define CGRAD_BENCH_TIMING_H
+
+#include <omp.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "cgrad.h"
+
+/* CPU time of the whole process (every thread): unlike wall time, it barely moves when other jobs
+ * share the machine, so A/B comparisons on a loaded machine read it. */
+static inline double bench_cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static inline int bench_cmp(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* A variant's graph, its loss, and its wall and CPU ms per repetition (reps each). */
+typedef struct {
+    cg_graph *g;
+    cg_tensor *loss;
+    double *ms, *cpu;
+} bench_timed;
+
+/* Runs n variants reps times, interleaved; their ms and cpu come back sorted ([reps / 2] is the median). */
+static inline void bench_interleaved(int n, bench_timed *t, int reps) {
+    for (int k = 0; k < reps; k++)
+        for (int i = 0; i < n; i++) {
+            const double t0 = omp_get_wtime(), c0 = bench_cpu_now();
+            cg_graph_forward(t[i].g);
+            cg_graph_backward(t[i].g, t[i].loss);
+            t[i].ms[k] = (omp_get_wtime() - t0) * 1e3;
+            t[i].cpu[k] = (bench_cpu_now() - c0) * 1e3;
+        }
+    for (int i = 0; i < n; i++) {
+        qsort(t[i].ms, (size_t)reps, sizeof(double), bench_cmp);
+        qsort(t[i].cpu, (size_t)reps, sizeof(double), bench_cmp);
+    }
+}
+
+/* Runs the graph once to check it, then allocates its timings; false (with a message) on failure. */
+static inline bool bench_ready(bench_timed *t, const char *bench, const char *name, int reps) {
+    if (!t->loss || cg_graph_forward(t->g) || cg_graph_backward(t->g, t->loss)) {
+        fprintf(stderr, "%s: %s: %s\n", bench, name, cg_last_error());
+        return false;
+    }
+    t->ms = malloc((size_t)reps * sizeof *t->ms);
+    t->cpu = malloc((size_t)reps * sizeof *t->cpu);
+    return true;
+}
+
+/* Frees the graph and timings. */
+static inline void bench_free(bench_timed *t) {
+    cg_graph_free(t->g);
+    free(t->ms);
+    free(t->cpu);
+}
+
+#endif
