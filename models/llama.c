@@ -118,9 +118,9 @@ char *cg_llama_config_json(const cg_llama_config *c) {
                  num(n[2], c->rope.llama3_high_freq_factor), (long long)c->rope.llama3_original_context);
     else if (c->rope.linear_factor > 0)
         snprintf(scaling, sizeof scaling, "{\"rope_type\": \"linear\", \"factor\": %s}", num(n[0], c->rope.linear_factor));
-    char *s = malloc(1024);
+    char *s = malloc(2048); /* the longest config, every number at its widest, is about 1100 bytes */
     if (!s) return NULL;
-    snprintf(s, 1024,
+    snprintf(s, 2048,
              "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"vocab_size\": %lld, "
              "\"hidden_size\": %lld, \"intermediate_size\": %lld, \"num_hidden_layers\": %lld, "
              "\"num_attention_heads\": %lld, \"num_key_value_heads\": %lld, \"head_dim\": %lld, "

@@ -26,7 +26,8 @@ typedef struct {
     int64_t head_dim;                /* features per head (0: hidden_size / num_attention_heads) */
     int64_t max_position_embeddings; /* longest context */
     double rms_norm_eps;             /* 1e-6 in LLaMA 2 */
-    cg_rope_config rope;             /* rope_theta and rope_scaling ("linear" or "llama3"); NeoX pairing */
+    cg_rope_config rope;             /* rope_theta and rope_scaling ("linear" or "llama3"); the model rotates
+                                        all of head_dim in HF's half-split pairing (dims, interleaved ignored) */
     bool tie_word_embeddings;        /* the LM head is the token embedding (no lm_head.weight) */
     double dropout;                  /* residual and embedding dropout (HF LLaMA has none: 0) */
 } cg_llama_config;

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """Checks a directory written by `cgrad export` against the torch reference models of
-tests/make_model_fixtures.py, the way transformers' from_pretrained would read it:
+tests/make_model_fixtures.py and tests/make_llama_fixtures.py, the way transformers'
+from_pretrained would read it:
 
   - model.safetensors has "format": "pt" metadata (from_pretrained refuses a file without it);
   - config.json names the class (architectures) and model_type, and the reference model built from
@@ -22,6 +23,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import make_model_fixtures as ref  # noqa: E402  (torch, numpy and the reference models)
+import make_llama_fixtures as llama_ref  # noqa: E402  (the LlamaForCausalLM reference)
 
 torch, np = ref.torch, ref.np
 
@@ -79,6 +81,15 @@ def check_dir(cgrad, d):
         t = min(cfg["n_positions"], 12)
         ids = rng.integers(0, cfg["vocab_size"], size=(2, t))
         batch = {"input_ids": ids, "targets": np.roll(ids, -1, axis=1)}
+    elif mt == "llama":
+        ok &= check(arch == "LlamaForCausalLM", "%s: architectures %s" % (d, arch))
+        ok &= check(("lm_head.weight" in w) == (not cfg.get("tie_word_embeddings")),
+                    "%s: lm_head.weight stored exactly when the head is untied" % d)
+        model = llama_ref.LlamaForCausalLM(cfg).double()
+        sd = dict(w)
+        t = min(cfg["max_position_embeddings"], 12)
+        ids = rng.integers(0, cfg["vocab_size"], size=(2, t))
+        batch = {"input_ids": ids, "targets": np.roll(ids, -1, axis=1)}
     elif mt == "bert" and arch == "BertForSequenceClassification":
         model = BertSeqCls(cfg).double()
         sd = dict(w)
@@ -121,7 +132,7 @@ def check_dir(cgrad, d):
         _, out = read_st(op)
     tb = {k: torch.from_numpy(np.asarray(v)) for k, v in batch.items()}
     with torch.no_grad():
-        if mt == "gpt2":
+        if mt in ("gpt2", "llama"):
             logits = model(tb["input_ids"]).numpy()
         elif arch == "BertForSequenceClassification":
             logits = model(tb["input_ids"], tb["attention_mask"]).numpy()

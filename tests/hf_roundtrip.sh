@@ -98,6 +98,12 @@ run "$bin" export lora.ckpt loradir
 check 'grep -q "LoRA merged" run.out && [ "$(digest loradir)" != "$(digest gdir)" ] && [ -n "$(digest loradir)" ]' \
       "a LoRA fine-tune of a directory samples, and exports with its adapters merged"
 
+# the LLaMA directory keeps its grouped-query heads and samples as its checkpoint does
+check 'grep -q "\"num_key_value_heads\":[[:space:]]*1" ldir/config.json' "llama export: its key/value heads in config.json"
+"$bin" sample --checkpoint l.ckpt --length 24 --temperature 0 --threads 1 > s1.txt 2>&1
+"$bin" sample --checkpoint ldir --length 24 --temperature 0 --threads 1 > s2.txt 2>&1
+check '[ -s s1.txt ] && cmp -s s1.txt s2.txt' "llama: sample from the directory = sample from the checkpoint"
+
 # errors name the file and the tensor
 mv gdir gdir.away
 "$bin" sample --checkpoint lora.ckpt --length 8 > err.txt 2>&1
@@ -115,7 +121,7 @@ check 'grep -q "wrong/model.safetensors" err.txt && grep -q "tensor transformer.
 check 'grep -q "no model.safetensors" err.txt' "a directory without model.safetensors says so ($(tail -1 err.txt))"
 
 if "$py" -c "import torch, numpy" 2>/dev/null; then
-  "$py" "$here/check_hf_export.py" "$bin" gdir bdir bcdir || fail=1
+  "$py" "$here/check_hf_export.py" "$bin" gdir bdir bcdir ldir || fail=1
 else
   echo "skip: no torch in $py, the names were not checked against the torch reference models"
 fi
