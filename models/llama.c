@@ -227,7 +227,8 @@ static cg_tensor *llama_forward(cg_graph *g, const void *model, cg_tensor *ids, 
         return NULL;
     }
     const double eps = c->rms_norm_eps, p = c->dropout;
-    const cg_sdpa_opts attn = {.scale = 1.0 / sqrt((double)c->head_dim), .causal = true};
+    /* attention dropout inside the fused kernel, as Hugging Face's attention_dropout */
+    const cg_sdpa_opts attn = {.scale = 1.0 / sqrt((double)c->head_dim), .causal = true, .dropout = p};
     cg_tensor *x = cg_dropout(g, cg_embedding(g, m->embed, ids), p);
     for (int64_t i = 0; i < c->num_hidden_layers; i++) {
         const llama_block *b = &m->layers[i];

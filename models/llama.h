@@ -29,7 +29,7 @@ typedef struct {
     cg_rope_config rope;             /* rope_theta and rope_scaling ("linear" or "llama3"); the model rotates
                                         all of head_dim in HF's half-split pairing (dims, interleaved ignored) */
     bool tie_word_embeddings;        /* the LM head is the token embedding (no lm_head.weight) */
-    double dropout;                  /* residual and embedding dropout (HF LLaMA has none: 0) */
+    double dropout;                  /* embedding, residual and attention dropout (HF LLaMA: attention_dropout, 0) */
 } cg_llama_config;
 
 typedef struct cg_llama cg_llama; /* a LLaMA: config and parameters (opaque) */
