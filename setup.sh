@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what cgrad needs on Debian 12 and is missing, nothing else; safe to run again.
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config libblis-dev zlib1g-dev libcjson-dev nodejs doxygen graphviz clang-14 libclang-rt-14-dev libomp-14-dev libopenmpi-dev openmpi-bin)
+pkgs=(build-essential cmake pkg-config libblis-dev zlib1g-dev libcjson-dev libdnnl-dev nodejs doxygen graphviz clang-14 libclang-rt-14-dev libomp-14-dev libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

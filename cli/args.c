@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cgrad.h"
 #include "cli/commands.h"
 #include "graph/internal.h"
 
@@ -219,6 +220,20 @@ bool cli_too_big(const char *cmd, const char *flags, double bytes) {
     fprintf(stderr, "cgrad %s: %s: needs at least %.3g GB of memory, this machine has %.3g GB\n", cmd, flags, bytes / 1e9,
             have / 1e9);
     return true;
+}
+
+int cli_set_precision(const cli_args *a, const char *dflt) {
+    const char *v = cli_str(a, "--precision", dflt);
+    cg_precision p;
+    if (cg_precision_parse(v, &p) != CG_OK) {
+        fprintf(stderr, "cgrad %s: --precision takes fp32 or bf16, got '%s'\n", a->cmd, v);
+        return 2;
+    }
+    if (cg_set_precision(p) != CG_OK) {
+        fprintf(stderr, "cgrad %s: --precision %s: %s\n", a->cmd, v, cg_last_error());
+        return 1;
+    }
+    return 0;
 }
 
 void cli_print_opts(FILE *f, const char *cmd, const cli_opt *o) {

@@ -61,6 +61,7 @@ const cli_opt cli_bench_opts[] = {{"--config", CLI_STR, 0, 0, "a config name, or
                                   {"--steps", CLI_INT, 1, 1e6, "timed steps per config (5)"},
                                   {"--warmup", CLI_INT, 0, 1e6, "untimed steps first (1)"},
                                   {"--gen", CLI_BARE, 0, 0, "also time generation with and without the KV cache"},
+                                  CLI_PRECISION,
                                   {NULL, CLI_BARE, 0, 0, NULL}};
 
 static double now_s(void) {
@@ -164,20 +165,21 @@ static bool in_child(int (*fn)(const void *, int, double), const void *arg, int 
 
 typedef struct {
     int64_t n;
-    int fd; /* the pipe's write end */
+    int fd;    /* the pipe's write end */
+    bool bf16; /* oneDNN's bf16 matmul instead of bli_sgemm */
 } sgemm_job;
 
 static int sgemm_child(const void *arg, int threads, double unused) {
     const sgemm_job *job = arg;
-    double g = sgemm_gflops(job->n, 3);
+    double g = job->bf16 ? cg_bf16_gemm_gflops(job->n, 3) : sgemm_gflops(job->n, 3);
     return write(job->fd, &g, sizeof g) == (ssize_t)sizeof g ? 0 : 1;
 }
 
-static double measure_sgemm(int64_t n, int threads) {
+static double measure_sgemm(int64_t n, int threads, bool bf16) {
     int fds[2];
     if (pipe(fds)) return NAN;
     double g = NAN;
-    bool ok = in_child(sgemm_child, &(sgemm_job){n, fds[1]}, threads, 0, "sgemm");
+    bool ok = in_child(sgemm_child, &(sgemm_job){n, fds[1], bf16}, threads, 0, bf16 ? "bf16-gemm" : "sgemm");
     close(fds[1]);
     if (!ok || read(fds[0], &g, sizeof g) != (ssize_t)sizeof g) g = NAN;
     close(fds[0]);
@@ -255,6 +257,8 @@ static double step_flops(const bench_config *c, cg_params *ps, int64_t d, int64_
     return (6.0 * (double)n + 12.0 * (double)d * (double)attn_len_sum) * tokens;
 }
 
+static double bf16_ref = NAN; /* the bf16 GEMM reference of this config's run (bf16 only) */
+
 static int train_child(const void *arg, int threads, double sgemm) {
     const bench_config *c = arg;
     cg_params *ps = cg_params_new();
@@ -316,9 +320,13 @@ static int train_child(const void *arg, int threads, double sgemm) {
            "%.1f GFLOP/s = %.2f of sgemm, peak RSS %.0f MB\n",
            c->name, first_loss, last_loss, total, med * 1e3, times[0] * 1e3, times[opts.steps - 1] * 1e3,
            tokens / med, gflops, gflops / sgemm, rss);
-    printf("{\"config\":\"%s\", \"threads\":%d, \"ms_per_step\":%.3f, \"tokens_per_s\":%.1f, \"gflops\":%.3f, "
-           "\"sgemm_fraction\":%.4f, \"peak_rss_mb\":%.1f}\n",
-           c->name, threads, med * 1e3, tokens / med, gflops, gflops / sgemm, rss);
+    const bool bf16 = cg_default_precision() == CG_BF16;
+    if (bf16) printf("%-12s %.2f of the bf16 GEMM reference (%.1f GFLOP/s)\n", c->name, gflops / bf16_ref, bf16_ref);
+    printf("{\"config\":\"%s\", \"threads\":%d, \"precision\":\"%s\", \"ms_per_step\":%.3f, \"tokens_per_s\":%.1f, "
+           "\"gflops\":%.3f, \"sgemm_fraction\":%.4f, ",
+           c->name, threads, cg_precision_name(cg_default_precision()), med * 1e3, tokens / med, gflops, gflops / sgemm);
+    if (bf16) printf("\"bf16_gemm_fraction\":%.4f, ", gflops / bf16_ref);
+    printf("\"peak_rss_mb\":%.1f}\n", rss);
     free(times);
     cg_optim_free(opt);
     cg_graph_free(g);
@@ -367,8 +375,8 @@ static int gen_child(const void *arg, int threads, double unused) {
     while (same < n_prompt + n_new && out[0][same] == out[1][same]) same++;
     if (same < n_prompt + n_new)
         printf("%s WARNING: cached and uncached generation differ from token %d on\n", name, same - (int)n_prompt);
-    printf("{\"config\":\"%s\", \"threads\":%d, \"tokens_per_s\":%.1f, \"tokens_per_s_nocache\":%.1f}\n", name,
-           threads, tps[1], tps[0]);
+    printf("{\"config\":\"%s\", \"threads\":%d, \"precision\":\"%s\", \"tokens_per_s\":%.1f, \"tokens_per_s_nocache\":%.1f}\n",
+           name, threads, cg_precision_name(cg_default_precision()), tps[1], tps[0]);
     cg_model_free(m);
     cg_params_free(ps);
     return 0;
@@ -388,6 +396,8 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "\n");
         return 2;
     }
+    const int prc = cli_set_precision(&a, "fp32"); /* decides from cpuid only: still fork-safe */
+    if (prc) return prc;
     /* Setting the count starts no thread, so the parent stays fork-safe. */
     cg_set_threads((int)th);
     const int threads = cg_threads();
@@ -401,8 +411,9 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, ")\n");
         return 2;
     }
-    printf("# cgrad bench: %d thread(s), %d warm-up + %d timed steps per config (median reported)%s\n", threads,
-           opts.warmup, opts.steps, sizeof(cg_real) == 8 ? ", float64 build" : ", float32");
+    printf("# cgrad bench: %d thread(s), %d warm-up + %d timed steps per config (median reported)%s, precision %s\n",
+           threads, opts.warmup, opts.steps, sizeof(cg_real) == 8 ? ", float64 build" : ", float32",
+           cg_precision_name(cg_default_precision()));
     printf("# %s\n", cg_runtime_info());
     printf("# step = zero grads + forward + loss + backward + AdamW update; dropout 0; random token data\n");
     printf("# model FLOPs/step = (6*N + 12*d*sum_attn(keys)) * tokens  (nanoGPT estimate_mfu: 6N + 12*L*H*Q*T per token)\n"
@@ -412,7 +423,12 @@ int cmd_bench(int argc, char **argv) {
            "#   just before each config, so both see the same machine load\n");
     for (int i = 0; i < N_CONFIGS; i++) {
         if (strcmp(name, "all") && strcmp(name, configs[i].name)) continue;
-        const double sgemm = measure_sgemm(2048, threads);
+        const double sgemm = measure_sgemm(2048, threads, false);
+        if (cg_default_precision() == CG_BF16) {
+            bf16_ref = measure_sgemm(2048, threads, true);
+            printf("%-12s bf16 GEMM reference (oneDNN matmul, bf16 in, float out, 2048^3) %.1f GFLOP/s\n",
+                   configs[i].name, bf16_ref);
+        }
         printf("%-12s sgemm reference %.1f GFLOP/s (%d threads); load average %s", configs[i].name, sgemm, threads,
                loadavg());
         ok &= in_child(train_child, &configs[i], threads, sgemm, configs[i].name);

@@ -100,6 +100,12 @@ uint64_t cli_u64(const cli_args *a, const char *flag, uint64_t dflt);
 double cli_num(const cli_args *a, const char *flag, double dflt);
 /* True (message naming flags printed) if bytes exceed this machine's physical memory. */
 bool cli_too_big(const char *cmd, const char *flags, double bytes);
+/* The --precision option of every command that runs a model. */
+#define CLI_PRECISION                                                                                                  \
+    {"--precision", CLI_STR, 0, 0, "fp32|bf16: bf16 multiplies bfloat16 operands, accumulates in float (fp32)"}
+/* Applies --precision (if given, else `dflt`) to every graph the command makes: 0, or the exit code
+ * after a message naming the flag (2: not fp32 or bf16; 1: bf16 cannot run here, and why). */
+int cli_set_precision(const cli_args *a, const char *dflt);
 /* One line per option, "CMD<TAB>FLAG<TAB>KIND[<TAB>LO<TAB>HI]": what `cgrad flags` prints. */
 void cli_print_opts(FILE *f, const char *cmd, const cli_opt *opts);
 

@@ -12,7 +12,7 @@
 #include "cli/session.h"
 #include "graph/internal.h"
 
-#define THREADS {"--threads", CLI_INT, 1, 1024, "threads (CGRAD_THREADS or all cores)"}
+#define THREADS {"--threads", CLI_INT, 1, 1024, "threads (CGRAD_THREADS or all cores)"}, CLI_PRECISION
 #define CKPT {"--checkpoint", CLI_IN, 0, 0, "checkpoint written by cgrad train, or a Hugging Face directory (cgrad export)"}
 #define END {NULL, CLI_BARE, 0, 0, NULL}
 
@@ -24,6 +24,8 @@ static int open_ckpt(const cli_args *a, int want, cli_ckpt *ck) {
         return 2;
     }
     if (cli_has(a, "--threads")) cg_set_threads((int)cli_int(a, "--threads", 0));
+    const int prc = cli_set_precision(a, "fp32");
+    if (prc) return prc;
     if (cli_ckpt_load(path, 0.0, ck)) return cli_fail(cmd, "cannot load the checkpoint");
     /* a BERT with a classification head classifies as the classifier does */
     const cg_arch got = cg_model_num_classes(ck->model) > 0 ? CG_ARCH_CLASSIFIER : ck->arch;

@@ -18,6 +18,10 @@ const cli_opt cli_gradcheck_opts[] = {{"--op", CLI_STR, 0, 0, "only ops whose na
 
 static int cmd_gradcheck(int argc, char **argv) {
     cli_args a;
+    if (cli_arg(argc, argv, "--precision")) { /* not in the table: say why rather than "unknown option" */
+        fprintf(stderr, "cgrad gradcheck: --precision does not apply: gradient checks stay in fp32/fp64\n");
+        return 2;
+    }
     if (!cli_parse("gradcheck", cli_gradcheck_opts, argc, argv, &a) || !cli_words(&a, 0, 0, NULL)) return 2;
     if (cli_has(&a, "--threads")) cg_set_threads((int)cli_int(&a, "--threads", 0));
     const char *only = cli_str(&a, "--op", NULL);
@@ -86,7 +90,7 @@ static const command commands[] = {
     {"step", cmd_step, cli_step_opts,
      "--arch A --config config.json --weights w.safetensors --batch b.safetensors (--out o.safetensors | --dot g.dot) [options]",
      "one forward/backward (and AdamW steps) of a zoo model on a batch file, outputs dumped", NULL},
-    {"bench", cmd_bench, cli_bench_opts, "[--config NAME|all] [--steps N] [--warmup N] [--gen] [--threads N]",
+    {"bench", cmd_bench, cli_bench_opts, "[--config NAME|all] [--steps N] [--warmup N] [--gen] [--threads N] [--precision fp32|bf16]",
      "time training steps (and --gen generation) of the benchmark configs, JSON lines", NULL},
     {"flags", cmd_flags, no_opts, "", "every command's options: command, flag, kind and range, one a line", NULL},
     {"help", cmd_help, no_opts, "[COMMAND | --markdown]",
@@ -137,6 +141,8 @@ static void overview(FILE *f) {
     fprintf(f, "usage: cgrad COMMAND [ARGS]   (cgrad COMMAND --help, or cgrad help COMMAND: its options)\n");
     for (int i = 0; i < N_COMMANDS; i++) fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
     fprintf(f, "  --version  cgrad's and BLIS's versions, BLIS's kernel set and why, threads, OpenMP wait policy\n");
+    fprintf(f, "Commands that run a model take --precision fp32|bf16 (default fp32): bf16 runs the matrix products\n"
+               "on bfloat16 operands with float accumulation (needs avx512_bf16 and a build with oneDNN).\n");
 }
 
 /* The README's command table: command, first line of its --help, summary. */

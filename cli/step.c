@@ -27,6 +27,7 @@ const cli_opt cli_step_opts[] = {
     {"--eps", CLI_NUM, DBL_TRUE_MIN, DBL_MAX, "AdamW epsilon (1e-8)"},
     {"--weight-decay", CLI_NUM, 0, DBL_MAX, "AdamW weight decay (0.01)"},
     {"--threads", CLI_INT, 1, 1024, "threads (CGRAD_THREADS or all cores)"},
+    CLI_PRECISION,
     {NULL, CLI_BARE, 0, 0, NULL}};
 
 static int fail(const char *what) {
@@ -58,6 +59,8 @@ int cmd_step(int argc, char **argv) {
         return 2;
     }
     if (cli_has(&a, "--threads")) cg_set_threads((int)cli_int(&a, "--threads", 0));
+    const int prc = cli_set_precision(&a, "fp32");
+    if (prc) return prc;
     const int steps = (int)cli_int(&a, "--steps", 0);
     const char *optim_s = cli_str(&a, "--optim", NULL);
     cg_arch arch;

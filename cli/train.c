@@ -31,7 +31,7 @@ typedef struct {
     uint64_t seed;
     /* run options: free to change on --resume */
     int64_t steps, eval_every, eval_batches, eval_exact, save_every, log_every, samples, threads, skip_nonfinite;
-    const char *checkpoint, *metrics, *plot;
+    const char *checkpoint, *metrics, *plot, *precision;
     int64_t bucket_kb, overlap, zero; /* data-parallel runs (mpirun) */
     const char *init_from, *lora_targets, *head; /* fine-tuning */
     int64_t lora_rank;
@@ -93,6 +93,7 @@ typedef struct {
     X("--lora-rank", CLI_INT, lora_rank, true, 0, 1 << 16, "LoRA: train rank-N adapters on --lora-targets, all else frozen (0: off)") \
     X("--lora-alpha", CLI_NUM, lora_alpha, true, POS_MIN, 1e9, "LoRA: adapters add (alpha / rank) B A (alpha = rank)")   \
     X("--lora-targets", CLI_STR, lora_targets, true, 0, 0, "LoRA: comma-separated parts of weight names (gpt2: attn,mlp; llama: self_attn,mlp)") \
+    X("--precision", CLI_STR, precision, false, 0, 0, "fp32|bf16: bf16 multiplies bfloat16 operands, accumulates in float (--resume: the checkpoint's)") \
     X("--skip-nonfinite", CLI_INT, skip_nonfinite, false, 0, COUNT_MAX, "skip up to N steps whose loss or gradient is not finite (0: stop at the first)")
 
 #define OPT(f, k, field, fixed, lo, hi, help) {f, k, lo, hi, help},
@@ -181,6 +182,7 @@ static void defaults(topts *o, const bool *set) {
     D(overlap, 1);
     D(dist_timeout, 300);
     D(skip_nonfinite, 0);
+    D(precision, "fp32");
     D(init_from, "");
     D(head, bert ? "pretrain" : "");
     D(lora_rank, 0);
@@ -1094,6 +1096,16 @@ int cmd_train(int argc, char **argv) {
     }
     defaults(&o, set);
     if (!check_opts(&o)) goto done;
+    cg_precision prec;
+    if (cg_precision_parse(o.precision, &prec) != CG_OK) {
+        fprintf(stderr, "cgrad train: --precision takes fp32 or bf16, got '%s'\n", o.precision);
+        goto done;
+    }
+    if (cg_set_precision(prec) != CG_OK) { /* bf16 where it cannot run: say why before any work */
+        fprintf(stderr, "cgrad train: --precision %s: %s\n", o.precision, cg_last_error());
+        rc = 1;
+        goto done;
+    }
     if (*o.val_data && (r.arch == CG_ARCH_GPT2 || r.arch == CG_ARCH_LLAMA || (r.arch == CG_ARCH_BERT && !bert_classify(&o)))) {
         fprintf(stderr, "cgrad train: --val-data is for encdec and classifier; %s holds out --val-fraction of --data\n", o.arch);
         goto done;

@@ -7,6 +7,7 @@
 /* fills the op table: refers to the kernels, whose clones live in their own files */
 #define CGI_OP_TABLE_FILE
 #include "graph/internal.h"
+#include "ops/bf16_internal.h"
 
 #include <omp.h>
 
@@ -130,6 +131,7 @@ cg_graph *cg_graph_new(cg_mode mode) {
     }
     g->mode = mode;
     g->seed = 0x5eed;
+    g->precision = cgi_default_precision();
     return g;
 }
 
@@ -138,6 +140,7 @@ void cg_graph_free(cg_graph *g) {
     if (profiling()) profile_report();
     cgi_arena_free(&g->meta);
     cgi_arena_free(&g->bufs);
+    cgi_lp_free(g->lp);
     free(g->nodes);
     free(g);
 }
@@ -555,7 +558,16 @@ static bool grad_readable(const cg_tensor *t) {
     return r->op == CGI_OP_INPUT || r->op == CGI_OP_PARAM || (r->retain && t->graph && t->graph->planned);
 }
 
-cg_real *cg_data(cg_tensor *t) { return t && t->dtype == CG_REAL && value_readable(t) ? t->data : NULL; }
+/* A parameter's storage handed out may be written: its bf16 copy is remade before the next use. */
+static void touch(cg_tensor *t) {
+    if (t && t->root && t->root->pversion) ++*t->root->pversion;
+}
+
+cg_real *cg_data(cg_tensor *t) {
+    if (!(t && t->dtype == CG_REAL && value_readable(t))) return NULL;
+    touch(t);
+    return t->data;
+}
 int32_t *cg_idata(cg_tensor *t) { return t && t->dtype == CG_INT32 && value_readable(t) ? t->data : NULL; }
 cg_real *cg_grad(cg_tensor *t) { return t && grad_readable(t) ? t->grad : NULL; }
 
@@ -599,6 +611,7 @@ cg_status cg_write(cg_tensor *t, const cg_real *src) {
     int64_t cs[CG_MAX_DIMS];
     cgi_contig_strides(t->ndim, t->shape, cs);
     cgi_copy(t->data, t->stride, src, cs, t->ndim, t->shape, 1.0, false);
+    touch(t);
     return CG_OK;
 }
 
@@ -658,6 +671,7 @@ void cg_fill(cg_tensor *t, double value) {
     cg_real v = (cg_real)value;
     int64_t zero[CG_MAX_DIMS] = {0};
     cgi_copy(t->data, t->stride, &v, zero, t->ndim, t->shape, 1.0, false);
+    touch(t);
 }
 
 static void fill_random(cg_tensor *t, cg_rng *r, double a, double b, bool normal) {
@@ -667,6 +681,7 @@ static void fill_random(cg_tensor *t, cg_rng *r, double a, double b, bool normal
     if (!buf) return;
     for (int64_t i = 0; i < n; i++)
         buf[i] = (cg_real)(normal ? a + b * cg_rng_normal(r) : a + (b - a) * cg_rng_uniform(r));
+    touch(t);
     if (buf != t->data) {
         cg_write(t, buf);
         free(buf);

@@ -54,6 +54,13 @@ typedef enum {
     CG_INT32 = 1 /* int32_t elements: token ids, targets, masks */
 } cg_dtype;
 
+/* Arithmetic of a graph's matrix products (linear, matmul, the LM heads). Everything else, and
+ * parameters, gradients and optimizer moments, stays cg_real whatever the setting. */
+typedef enum {
+    CG_FP32 = 0, /* products in cg_real on BLIS: the default, bit for bit as without the setting */
+    CG_BF16 = 1  /* products take bfloat16 operands and accumulate in float (oneDNN, avx512_bf16) */
+} cg_precision;
+
 /* What a graph is built for. */
 typedef enum {
     CG_TRAIN = 0, /* records what backward needs; dropout active */
@@ -131,6 +138,25 @@ void cg_graph_on_grad_ready(cg_graph *g, cg_grad_ready_fn fn, void *ctx);
 void cg_graph_set_rng(cg_graph *g, uint64_t seed, uint64_t step);
 /* Current dropout step counter (to checkpoint it). */
 uint64_t cg_graph_rng_step(const cg_graph *g);
+/* Sets the precision of g's matrix products; CG_ERR_STATE (message says why) when this build or
+ * CPU cannot run bf16. Primitives and bf16 scratch are made on first use and kept across resets. */
+cg_status cg_graph_set_precision(cg_graph *g, cg_precision p);
+/* The precision of g's matrix products. */
+cg_precision cg_graph_precision(const cg_graph *g);
+/* Sets the precision every graph made after this call starts with (library-made graphs too,
+ * such as cg_gpt_generate's); same errors as cg_graph_set_precision. */
+cg_status cg_set_precision(cg_precision p);
+/* The precision new graphs start with (CG_FP32 unless cg_set_precision changed it). */
+cg_precision cg_default_precision(void);
+/* Why bf16 cannot run here ("this build has no oneDNN ..."), or NULL when it can. */
+const char *cg_bf16_unavailable(void);
+/* GFLOP/s of oneDNN's bf16 matmul on n x n operands (best of reps): the reference the bf16
+ * products are measured against. NAN when bf16 is unavailable. */
+double cg_bf16_gemm_gflops(int64_t n, int reps);
+/* Parses "fp32" or "bf16"; CG_ERR_ARG otherwise. */
+cg_status cg_precision_parse(const char *name, cg_precision *p);
+/* "fp32" or "bf16". */
+const char *cg_precision_name(cg_precision p);
 /* Number of nodes built so far. */
 int cg_graph_size(const cg_graph *g);
 /* Bytes the graph holds for nodes, values and gradients. */
@@ -215,6 +241,9 @@ cg_real *cg_params_values(cg_params *ps);
 cg_real *cg_params_grads(cg_params *ps);
 /* Elements in the values/grads blocks, padding between parameters included (padding stays 0). */
 int64_t cg_params_span(const cg_params *ps);
+/* Marks the set's values as changed, so bf16 copies of them are remade before their next use.
+ * Optimizers, cg_write, cg_fill and cg_data (which hands out writable storage) call it. */
+void cg_params_touch(cg_params *ps);
 /* Zeroes every gradient of the set. */
 void cg_params_zero_grad(cg_params *ps);
 /* Freezes (false) or unfreezes (true) a parameter; call before building graphs that use it: backward

@@ -100,6 +100,8 @@ struct cg_tensor {
     double farg[2];
     void *params;      /* an op's settings beyond iarg and farg: a struct of its own (cgi_node_params) */
     cg_graph *graph;   /* NULL for parameters */
+    uint64_t *pversion;/* parameters: their set's value version, bumped on every change */
+    void *lp;          /* parameters: bf16 copy of the value (ops/bf16.c), made on first use */
     const char *name;
     /* parameters with a low-rank adapter (optim/lora.c): value + lora_scale * lora_b @ lora_a */
     cg_tensor *lora_a, *lora_b;
@@ -139,6 +141,8 @@ struct cg_graph {
     cg_tensor *nudge;
     int64_t nudge_at;
     double nudge_by, nudge_took;
+    cg_precision precision;
+    struct cgi_lp *lp; /* bf16 primitives and scratch (ops/bf16.c), kept across resets */
 };
 
 /* Assigns storage to every value, gradient and scratch buffer of g by liveness (graph/plan.c). */

@@ -5,12 +5,14 @@
 #include <stdlib.h>
 
 #include "graph/internal.h"
+#include "ops/bf16_internal.h"
 
 struct cg_params {
     cg_tensor **list;
     int n, cap;
     cg_real *values, *grads;
     int64_t used, capacity; /* elements */
+    uint64_t version;       /* bumped whenever values may have changed (bf16 copies follow it) */
 };
 
 #define PAD (CGI_ALIGN / (int64_t)sizeof(cg_real))
@@ -25,6 +27,7 @@ void cg_params_free(cg_params *ps) {
     if (!ps) return;
     for (int i = 0; i < ps->n; i++) {
         free((char *)ps->list[i]->name);
+        cgi_lp_param_free(ps->list[i]);
         free(ps->list[i]);
     }
     free(ps->list);
@@ -128,6 +131,8 @@ cg_tensor *cg_params_add(cg_params *ps, const char *name, int ndim, const int64_
     memset(t->grad, 0, (size_t)padded * sizeof(cg_real));
     t->requires_grad = t->trainable = true;
     t->name = nm;
+    t->pversion = &ps->version;
+    ps->version++;
     ps->used += padded;
     ps->list[ps->n++] = t;
     return t;
@@ -152,6 +157,10 @@ int64_t cg_params_numel(const cg_params *ps) {
 cg_real *cg_params_values(cg_params *ps) { return ps ? ps->values : NULL; }
 cg_real *cg_params_grads(cg_params *ps) { return ps ? ps->grads : NULL; }
 int64_t cg_params_span(const cg_params *ps) { return ps ? ps->used : 0; } /* optimizers size their moment blocks by it */
+
+void cg_params_touch(cg_params *ps) {
+    if (ps) ps->version++;
+}
 
 void cg_params_zero_grad(cg_params *ps) {
     if (ps && ps->used) cgi_zero(ps->grads, (size_t)ps->used * sizeof(cg_real));

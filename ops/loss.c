@@ -5,6 +5,7 @@
 #include <math.h>
 
 #include "graph/internal.h"
+#include "ops/bf16_internal.h"
 #include "ops/ops.h"
 
 /* iarg[0]: ignore_index; iarg[1]: counted targets of the last forward; farg[0]: label smoothing.
@@ -160,6 +161,7 @@ cg_tensor *cg_linear_cross_entropy(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_t
 }
 
 typedef struct {
+    cg_tensor *t;
     const cg_real *X, *W, *B;
     int64_t d, v, n, wr, wc, bs; /* n: counted rows */
     cg_real *lse, *xs, *logits, *dxs, *colsum;
@@ -170,6 +172,7 @@ typedef struct {
 static void lce_setup(cg_tensor *t, lce *c) {
     cg_tensor *x = t->src[0], *w = t->src[1], *tg = t->src[2], *b = t->nsrc > 3 ? t->src[3] : NULL;
     const int64_t rows = cgi_numel(tg->ndim, tg->shape);
+    c->t = t;
     c->X = x->data, c->W = w->data, c->B = b ? b->data : NULL;
     c->d = w->shape[1], c->v = w->shape[0], c->wr = w->stride[0], c->wc = w->stride[1], c->bs = b ? b->stride[0] : 0;
     c->lse = t->aux;
@@ -191,6 +194,9 @@ static void lce_logits(const lce *c, int64_t r0, int64_t m) {
         for (int64_t i = 0; i < m; i++)
             for (int64_t j = 0; j < c->v; j++) c->logits[i * c->v + j] = c->B[j * c->bs];
     }
+    if (cgi_lp_on(c->t) && cgi_lp_gemm(c->t->graph, m, c->v, c->d, c->xs, c->d, 1, NULL, c->W, c->wc, c->wr,
+                                       c->t->src[1], 1, c->B ? 1 : 0, c->logits, c->v, 1))
+        return;
     cgi_gemm(m, c->v, c->d, c->xs, c->d, 1, c->W, c->wc, c->wr, 1, c->B ? 1 : 0, c->logits, c->v, 1, cgi_nthreads());
 }
 
@@ -243,14 +249,22 @@ void cgi_bwd_linear_cross_entropy(cg_tensor *t) {
         }
         /* as in a linear's backward, dX and dW side by side as one list of pieces: BLIS split these
          * shapes (307 x 256 over 30522, and its transpose) poorly over two threads; side by side,
-         * bert-small's head backward went from 96-101 to 80-82 ms (medians, interleaved) */
+         * bert-small's head backward went from 96-101 to 80-82 ms (medians, interleaved). In bf16
+         * each product runs on every thread in turn (oneDNN threads it). */
+        const bool lp = cgi_lp_on(t);
+        bool dx_done = false, dw_done = false;
+        if (lp && x->requires_grad)
+            dx_done = cgi_lp_gemm(t->graph, m, c.d, c.v, c.logits, c.v, 1, NULL, c.W, c.wr, c.wc, w, 1, 0, c.dxs, c.d, 1);
+        if (lp && w->requires_grad)
+            dw_done = cgi_lp_gemm(t->graph, c.v, c.d, m, c.logits, 1, c.v, NULL, c.xs, c.d, 1, NULL, 1, 1, w->grad,
+                                  w->stride[0], w->stride[1]);
         cgi_gemm_job jobs[2];
         int nj = 0;
         /* dX lands in scratch and is scattered after both, so the two never share output, even
          * when x's and w's gradients alias */
-        if (x->requires_grad) /* dx rows = dlogits @ W, gathered; scattered back below */
+        if (x->requires_grad && !dx_done) /* dx rows = dlogits @ W, gathered; scattered back below */
             jobs[nj++] = (cgi_gemm_job){m, c.d, c.v, c.logits, c.v, 1, c.W, c.wr, c.wc, 1, 0, c.dxs, c.d, 1};
-        if (w->requires_grad) /* dW += dlogits^T @ xs */
+        if (w->requires_grad && !dw_done) /* dW += dlogits^T @ xs */
             jobs[nj++] = (cgi_gemm_job){c.v, c.d, m, c.logits, 1, c.v, c.xs, c.d, 1, 1, 1, w->grad, w->stride[0],
                                         w->stride[1]};
         cgi_gemm_many(jobs, nj, nt);

@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include "graph/internal.h"
+#include "ops/bf16_internal.h"
 #include "ops/ops.h"
 
 /* C[m,n] = alpha * A[m,k] @ B[k,n] + beta * C on the calling thread, all general-strided.
@@ -341,15 +342,20 @@ typedef struct {
     cg_real *c;
     int64_t m, n, k, rsa, csa, rsb, csb, rsc, csc;
     int which_a, which_b, which_c; /* 0: operand a's batch strides, 1: b's, 2: c's */
+    cg_graph *lp;                  /* set when the products run in bf16 (ops/bf16.c), one at a time */
 } mm_call;
 
 static void run_batches(const mm_plan *p, const mm_call *q, cg_real beta, bool writes_shared) {
-    bool par = batches_in_parallel(p, writes_shared);
+    bool par = batches_in_parallel(p, writes_shared) && !q->lp;
     int nt = cgi_nthreads();
 #pragma omp parallel for schedule(static) if (par) num_threads(nt)
     for (int64_t i = 0; i < p->nbatch; i++) {
         int64_t off[3];
         batch_offsets(p, i, &off[0], &off[1], &off[2]);
+        if (q->lp && cgi_lp_gemm(q->lp, q->m, q->n, q->k, q->a + off[q->which_a], q->rsa, q->csa, NULL,
+                                 q->b + off[q->which_b], q->rsb, q->csb, NULL, 1, beta, q->c + off[q->which_c], q->rsc,
+                                 q->csc))
+            continue;
         gemm(q->m, q->n, q->k, q->a + off[q->which_a], q->rsa, q->csa, q->b + off[q->which_b], q->rsb, q->csb,
              beta, q->c + off[q->which_c], q->rsc, q->csc, par ? 1 : nt);
     }
@@ -359,7 +365,7 @@ cg_status cgi_fwd_matmul(cg_tensor *t) {
     mm_plan p;
     plan(t, &p);
     mm_call q = {t->src[0]->data, t->src[1]->data, t->data, p.m, p.n, p.k, p.rsa, p.csa, p.rsb, p.csb,
-                 p.rsc, p.csc, 0, 1, 2};
+                 p.rsc, p.csc, 0, 1, 2, cgi_lp_on(t) ? t->graph : NULL};
     run_batches(&p, &q, 0, false);
     return CG_OK;
 }
@@ -369,11 +375,11 @@ void cgi_bwd_matmul(cg_tensor *t) {
     mm_plan p;
     plan(t, &p);
     if (a->requires_grad) { /* dA[m,k] += dC[m,n] @ B^T[n,k] */
-        mm_call q = {t->grad, b->data, a->grad, p.m, p.k, p.n, p.rsc, p.csc, p.csb, p.rsb, p.rsa, p.csa, 2, 1, 0};
+        mm_call q = {t->grad, b->data, a->grad, p.m, p.k, p.n, p.rsc, p.csc, p.csb, p.rsb, p.rsa, p.csa, 2, 1, 0, cgi_lp_on(t) ? t->graph : NULL};
         run_batches(&p, &q, 1, p.a_bcast);
     }
     if (b->requires_grad) { /* dB[k,n] += A^T[k,m] @ dC[m,n] */
-        mm_call q = {a->data, t->grad, b->grad, p.k, p.n, p.m, p.csa, p.rsa, p.rsc, p.csc, p.rsb, p.csb, 0, 2, 1};
+        mm_call q = {a->data, t->grad, b->grad, p.k, p.n, p.m, p.csa, p.rsa, p.rsc, p.csc, p.rsb, p.csb, 0, 2, 1, cgi_lp_on(t) ? t->graph : NULL};
         run_batches(&p, &q, 1, p.b_bcast || p.fold);
     }
 }
@@ -446,6 +452,7 @@ cg_status cgi_fwd_linear(cg_tensor *t) {
         for (int64_t i = 0; i < m; i++)
             for (int64_t j = 0; j < n; j++) c[i * n + j] = bv[j * bs];
     }
+    if (cgi_lp_on(t) && cgi_lp_linear_fwd(t, bias != NULL)) return CG_OK;
     gemm(m, n, k, x->data, row_stride(x), x->stride[x->ndim - 1], w->data, w->stride[1], w->stride[0],
          bias ? 1 : 0, c, n, 1, cgi_nthreads());
     return CG_OK;
@@ -477,12 +484,13 @@ void cgi_bwd_linear(cg_tensor *t) {
      * share storage, the two products write the same memory and run one after the other
      * (linear(z, z), a Gram matrix), where side by side they would race. */
     const bool assign = x->requires_grad && cgi_grad_begin(x); /* dX's first writer: beta 0, no zeroing */
+    const bool lp = cgi_lp_on(t) && cgi_lp_linear_bwd(t, assign); /* bf16: both products done */
     cgi_gemm_job jobs[2];
     int nj = 0;
-    if (x->requires_grad) /* dX[m,k] += dY[m,n] @ W[n,k] */
+    if (x->requires_grad && !lp) /* dX[m,k] += dY[m,n] @ W[n,k] */
         jobs[nj++] = (cgi_gemm_job){m, k, n, t->grad, n, 1, w->data, w->stride[0], w->stride[1], 1, assign ? 0 : 1,
                                     x->grad, row_stride(x), x->stride[x->ndim - 1]};
-    if (w->requires_grad) {
+    if (w->requires_grad && !lp) {
         const int64_t xr = row_stride(x), xc = x->stride[x->ndim - 1];
         cg_real *s = dw_scratch(t);
         if (dw_as_transpose(x, w)) /* dW^T[k,n] = X^T[k,m] @ dY[m,n] */
@@ -496,7 +504,7 @@ void cgi_bwd_linear(cg_tensor *t) {
         cgi_gemm_many(&jobs[0], 1, nt);
         cgi_gemm_many(&jobs[1], 1, nt);
     } else cgi_gemm_many(jobs, nj, nt);
-    const cg_real *s = w->requires_grad ? dw_scratch(t) : NULL;
+    const cg_real *s = w->requires_grad && !lp ? dw_scratch(t) : NULL;
     if (s) { /* after both products, on every thread */
         const bool tr = dw_as_transpose(x, w);
         add_transposed(w->grad, tr ? w->stride[0] : w->stride[1], tr ? w->stride[1] : w->stride[0], s, tr ? n : k,

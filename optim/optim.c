@@ -297,6 +297,7 @@ cg_status cg_optim_step(cg_optim *o, double lr) {
         })
     }
     o->steps++;
+    cg_params_touch(ps); /* the bf16 copies of the weights are remade once, at their next use */
     return CG_OK;
 }
 

@@ -837,6 +837,32 @@ static void test_sigint(void) {
     result_free(&r);
 }
 
+/* --precision: refused with a reason where bf16 cannot run; a bf16 run resumes exactly, in bf16
+ * without being told again. */
+static void test_precision(void) {
+    result r = cgrad("train --precision fp16 --steps 1", NULL);
+    CHECK(r.rc == 2 && strstr(r.err, "--precision takes fp32 or bf16"), "--precision fp16: rc %d, '%s'", r.rc, r.err);
+    result_free(&r);
+    r = cgrad("gradcheck --precision bf16", NULL);
+    CHECK(r.rc == 2 && strstr(r.err, "fp32/fp64"), "gradcheck --precision bf16: rc %d, '%s'", r.rc, r.err);
+    result_free(&r);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "train %s --data text.txt --context 64 --steps 1 --precision bf16", tiny);
+    setenv("CGRAD_BF16_DISABLE", "1", 1);
+    r = cgrad(cmd, NULL);
+    unsetenv("CGRAD_BF16_DISABLE");
+    CHECK(r.rc == 1 && strstr(r.err, "--precision bf16") && strstr(r.err, "disabled by CGRAD_BF16_DISABLE"),
+          "bf16 where it cannot run: rc %d, '%s'", r.rc, r.err);
+    result_free(&r);
+    const char *why = cg_bf16_unavailable();
+    if (why) {
+        printf("test_cli: skipping the bf16 resume: %s\n", why);
+        return;
+    }
+    /* the resumed run is not told: it takes bf16 from the checkpoint, or it would not match */
+    test_resume("gpt_bf16", "--data text.txt --context 64 --grad-accum 2 --dropout 0.1 --precision bf16");
+}
+
 int main(void) {
     const char *env = getenv("CGRAD_BIN");
     char self[PATH_MAX];
@@ -861,6 +887,7 @@ int main(void) {
     test_resume("llama", "--arch llama --data text.txt --context 32 --kv-heads 1 --dropout 0.1");
     test_resume("lora", "--init-from gpt_A.ckpt --data text.txt --lora-rank 2 --lora-alpha 4");
     test_lora();
+    test_precision();
     test_outputs();
     test_run_files();
     test_llama();

@@ -1,0 +1,301 @@
+/* bf16 mixed precision: each product against references computed in double, within bounds derived
+ * from bf16's 8-bit significand; a whole GPT step against fp32; fp32 untouched by the setting; a
+ * parameter converted once per optimizer step. Without avx512_bf16 (or oneDNN) the bf16 checks
+ * are skipped with a message and only the refusal is tested.
+ *
+ * The bound: rounding a float to bf16 (8 significant bits, round to nearest even) has relative
+ * error at most u = 2^-8, so a product of two rounded operands is off by at most (2u + u^2)|ab|.
+ * Accumulating k such products (plus the bias) in float adds at most (k+1) 2^-24 sum|ab| in any
+ * order. Per element, |c - c_exact| <= (2u + u^2 + (k+1) 2^-24 (1 + u)^2) sum_p |a_p||b_p| + |bias|
+ * terms; against the exact product of the already-rounded operands only the float part remains. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../cgrad.h"
+#include "../models/zoo.h"
+#include "../ops/bf16_internal.h"
+#include "../optim/optim.h"
+#include "check.h"
+
+static const double U = 1.0 / 256, U32 = 1.0 / 16777216;
+
+static float bf(float f) { /* round to nearest even, as the hardware does */
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    x = (x + 0x7fffu + ((x >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+static void fill(float *v, int64_t n, cg_rng *r, double scale) {
+    for (int64_t i = 0; i < n; i++) v[i] = (float)(scale * cg_rng_normal(r));
+}
+
+/* c[m,n] = a[m,k] b[k,n] (strides given) in double, with sum |a||b| into mag; rounded operands if round. */
+static void ref_gemm(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b, int64_t rsb,
+                     int64_t csb, bool round, double *c, double *mag) {
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double s = 0, g = 0;
+            for (int64_t p = 0; p < k; p++) {
+                double x = round ? bf(a[i * rsa + p * csa]) : a[i * rsa + p * csa];
+                double y = round ? bf(b[p * rsb + j * csb]) : b[p * rsb + j * csb];
+                s += x * y, g += fabs(x * y);
+            }
+            c[i * n + j] = s, mag[i * n + j] = g;
+        }
+}
+
+/* got (plus `add`, a float term added exactly in double, may be NULL) against both references:
+ * within the float bound of the rounded operands' product, within the full bound of the exact one.
+ * Returns how many elements differ from fp32 (the products must really have been rounded). */
+static int check_product(const char *what, int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa,
+                         const float *b, int64_t rsb, int64_t csb, const float *add, const float *got, const float *fp32) {
+    double *c = malloc((size_t)(m * n) * sizeof *c), *mag = malloc((size_t)(m * n) * sizeof *mag);
+    double *c0 = malloc((size_t)(m * n) * sizeof *c0), *mag0 = malloc((size_t)(m * n) * sizeof *mag0);
+    ref_gemm(m, n, k, a, rsa, csa, b, rsb, csb, true, c, mag);
+    ref_gemm(m, n, k, a, rsa, csa, b, rsb, csb, false, c0, mag0);
+    double worst_r = 0, worst_x = 0;
+    int differ = 0;
+    for (int64_t i = 0; i < m * n; i++) {
+        const double extra = add ? fabs(add[i]) : 0, z = add ? add[i] : 0;
+        const double tol_r = (double)(k + 1) * U32 * (mag[i] + extra) + 1e-30;
+        const double tol_x = (2 * U + U * U + (double)(k + 1) * U32 * (1 + U) * (1 + U)) * mag0[i] +
+                             (double)(k + 1) * U32 * extra + 1e-30;
+        const double er = fabs(got[i] - (c[i] + z)) / tol_r, ex = fabs(got[i] - (c0[i] + z)) / tol_x;
+        worst_r = er > worst_r ? er : worst_r;
+        worst_x = ex > worst_x ? ex : worst_x;
+        differ += got[i] != fp32[i];
+    }
+    CHECK(worst_r <= 1, "%s: against the rounded operands' exact product, error %.3g of the float bound", what, worst_r);
+    CHECK(worst_x <= 1, "%s: against the exact product, error %.3g of the bf16 bound", what, worst_x);
+    free(c), free(mag), free(c0), free(mag0);
+    return differ;
+}
+
+/* ---- linear: y = x w^T + b with loss sum(y * r), so dY = r exactly ---- */
+
+enum { LB = 3, LT = 37, LK = 70, LN = 50, LM = LB * LT };
+
+typedef struct {
+    float y[LM * LN], dx[LM * LK], dw[LN * LK], db[LN];
+} lin_out;
+
+/* w_t: the weight is stored [in, out] and used through a transpose (GPT-2's Conv1D). */
+static void run_linear(cg_precision prec, bool w_t, const float *X, const float *W, const float *B, const float *R,
+                       lin_out *o) {
+    cg_params *ps = cg_params_new();
+    int64_t sw[2] = {w_t ? LK : LN, w_t ? LN : LK}, sb[1] = {LN};
+    cg_tensor *w = cg_params_add(ps, "w", 2, sw), *b = cg_params_add(ps, "b", 1, sb);
+    float wt[LN * LK];
+    for (int i = 0; i < LN; i++)
+        for (int j = 0; j < LK; j++) wt[j * LN + i] = W[i * LK + j];
+    cg_write(w, w_t ? wt : W);
+    cg_write(b, B);
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    CHECK(cg_graph_set_precision(g, prec) == CG_OK, "%s", cg_last_error());
+    int64_t sx[3] = {LB, LT, LK}, sy[3] = {LB, LT, LN};
+    cg_tensor *x = cg_requires_grad(cg_input(g, "x", CG_REAL, 3, sx)), *r = cg_input(g, "r", CG_REAL, 3, sy);
+    cg_write(x, X);
+    cg_write(r, R);
+    cg_tensor *y = cg_retain(cg_linear(g, x, w_t ? cg_transpose(g, w, 0, 1) : w, b));
+    cg_tensor *loss = cg_sum_all(g, cg_mul(g, y, r));
+    CHECK(loss && cg_graph_forward(g) == CG_OK && cg_graph_backward(g, loss) == CG_OK, "%s", cg_last_error());
+    cg_read(y, o->y), cg_read_grad(x, o->dx), cg_read_grad(b, o->db);
+    if (w_t) {
+        cg_read_grad(w, wt);
+        for (int i = 0; i < LN; i++)
+            for (int j = 0; j < LK; j++) o->dw[i * LK + j] = wt[j * LN + i];
+    } else cg_read_grad(w, o->dw);
+    cg_graph_free(g);
+    cg_params_free(ps);
+}
+
+static void test_linear(void) {
+    static float X[LM * LK], W[LN * LK], B[LN], R[LM * LN], Bb[LM * LN];
+    static lin_out f, h;
+    cg_rng rng;
+    cg_rng_seed(&rng, 1);
+    fill(X, LM * LK, &rng, 1), fill(W, LN * LK, &rng, 0.2), fill(B, LN, &rng, 0.5), fill(R, LM * LN, &rng, 1);
+    for (int i = 0; i < LM * LN; i++) Bb[i] = B[i % LN]; /* the bias as added to each row */
+    for (int w_t = 0; w_t < 2; w_t++) {
+        run_linear(CG_FP32, w_t, X, W, B, R, &f);
+        run_linear(CG_BF16, w_t, X, W, B, R, &h);
+        const char *tag = w_t ? " (w transposed)" : "";
+        char what[64];
+        int differ = 0;
+        snprintf(what, sizeof what, "linear y%s", tag);
+        differ += check_product(what, LM, LN, LK, X, LK, 1, W, 1, LK, Bb, h.y, f.y); /* y = x w^T: w^T is [k, n] */
+        snprintf(what, sizeof what, "linear dx%s", tag);
+        differ += check_product(what, LM, LK, LN, R, LN, 1, W, LK, 1, NULL, h.dx, f.dx);
+        snprintf(what, sizeof what, "linear dw%s", tag);
+        differ += check_product(what, LN, LK, LM, R, 1, LN, X, LK, 1, NULL, h.dw, f.dw);
+        double worst = 0;
+        for (int j = 0; j < LN; j++) worst = fmax(worst, fabs(h.db[j] - f.db[j]));
+        CHECK(worst == 0, "linear db%s: the bias gradient is a float sum in both precisions, off by %g", tag, worst);
+        CHECK(differ > LM, "linear%s: only %d elements differ from fp32: the products did not run in bf16", tag, differ);
+    }
+}
+
+/* ---- matmul, batched and broadcast: c[2,3,20,25] = a[2,3,20,30] @ b[3,30,25] ---- */
+
+static void run_matmul(cg_precision prec, const float *A, const float *Bm, const float *R, float *c, float *da, float *db) {
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    CHECK(cg_graph_set_precision(g, prec) == CG_OK, "%s", cg_last_error());
+    int64_t sa[4] = {2, 3, 20, 30}, sb[3] = {3, 30, 25}, sc[4] = {2, 3, 20, 25};
+    cg_tensor *a = cg_requires_grad(cg_input(g, "a", CG_REAL, 4, sa)), *b = cg_requires_grad(cg_input(g, "b", CG_REAL, 3, sb));
+    cg_tensor *r = cg_input(g, "r", CG_REAL, 4, sc);
+    cg_write(a, A), cg_write(b, Bm), cg_write(r, R);
+    cg_tensor *y = cg_retain(cg_matmul(g, a, b));
+    cg_tensor *loss = cg_sum_all(g, cg_mul(g, y, r));
+    CHECK(loss && cg_graph_forward(g) == CG_OK && cg_graph_backward(g, loss) == CG_OK, "%s", cg_last_error());
+    cg_read(y, c), cg_read_grad(a, da), cg_read_grad(b, db);
+    cg_graph_free(g);
+}
+
+static void test_matmul(void) {
+    enum { NA = 2 * 3 * 20 * 30, NB = 3 * 30 * 25, NC = 2 * 3 * 20 * 25 };
+    static float A[NA], Bm[NB], R[NC], c[2][NC], da[2][NA], db[2][NB];
+    cg_rng rng;
+    cg_rng_seed(&rng, 2);
+    fill(A, NA, &rng, 1), fill(Bm, NB, &rng, 1), fill(R, NC, &rng, 1);
+    run_matmul(CG_FP32, A, Bm, R, c[0], da[0], db[0]);
+    run_matmul(CG_BF16, A, Bm, R, c[1], da[1], db[1]);
+    int differ = 0;
+    for (int i = 0; i < 2; i++)
+        for (int h = 0; h < 3; h++) {
+            const int64_t ia = (i * 3 + h) * 600, ib = h * 750, ic = (i * 3 + h) * 500;
+            differ += check_product("matmul c", 20, 25, 30, A + ia, 30, 1, Bm + ib, 25, 1, NULL, c[1] + ic, c[0] + ic);
+            differ += check_product("matmul da", 20, 30, 25, R + ic, 25, 1, Bm + ib, 1, 25, NULL, da[1] + ia, da[0] + ia);
+        }
+    /* db sums over the broadcast batch: a sum of two products, each within its bound */
+    for (int h = 0; h < 3; h++) {
+        double worst = 0;
+        for (int e = 0; e < 750; e++) {
+            double c0[1], mag0[1], t = 0, m = 0;
+            for (int i = 0; i < 2; i++) {
+                const int64_t ia = (i * 3 + h) * 600 + e / 25, ic = (i * 3 + h) * 500 + e % 25;
+                ref_gemm(1, 1, 20, A + ia, 0, 30, R + ic, 25, 0, false, c0, mag0);
+                t += c0[0], m += mag0[0];
+            }
+            const double tol = (2 * U + U * U + 42 * U32 * (1 + U) * (1 + U)) * m + 1e-30;
+            worst = fmax(worst, fabs(db[1][h * 750 + e] - t) / tol);
+        }
+        CHECK(worst <= 1, "matmul db[%d] (summed over the broadcast batch): error %.3g of the bf16 bound", h, worst);
+    }
+    CHECK(differ > 100, "matmul: only %d elements differ from fp32: the products did not run in bf16", differ);
+}
+
+/* ---- a whole GPT step (linear, attention, the fused LM head, AdamW) against fp32 ---- */
+
+static const char *gpt_json = "{\"vocab_size\": 96, \"n_positions\": 32, \"n_embd\": 64, \"n_layer\": 2, \"n_head\": 4}";
+enum { GB = 4, GT = 32 };
+
+typedef struct {
+    double loss[3];
+    float *grads, *values;
+    int64_t span;
+    int64_t conversions[3];
+} gpt_run;
+
+/* Three training steps; prec < 0 leaves the graph's precision unset. */
+static void run_gpt(int prec, gpt_run *o) {
+    cg_params *ps = cg_params_new();
+    cg_model *m = cg_model_new(CG_ARCH_GPT2, gpt_json, 0.0, ps, 99);
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    if (prec >= 0) CHECK(cg_graph_set_precision(g, (cg_precision)prec) == CG_OK, "%s", cg_last_error());
+    cg_model_graph mg;
+    CHECK(m && g && cg_model_build(g, m, GB, GT, 0, &mg) == CG_OK, "%s", cg_last_error());
+    int32_t *ids = cg_idata(cg_model_graph_input(&mg, "input_ids")), *tg = cg_idata(cg_model_graph_input(&mg, "targets"));
+    for (int i = 0; i < GB * GT; i++) ids[i] = (i * 37 + 5) % 96, tg[i] = (i * 11 + 3) % 96;
+    cg_optim_config oc = cg_optim_defaults(CG_OPT_ADAMW);
+    cg_optim *opt = cg_optim_new(ps, &oc);
+    o->span = cg_params_span(ps);
+    for (int s = 0; s < 3; s++) {
+        const int64_t before = cgi_lp_param_conversions;
+        cg_params_zero_grad(ps);
+        CHECK(cg_graph_forward(g) == CG_OK && cg_graph_backward(g, mg.loss) == CG_OK, "%s", cg_last_error());
+        o->loss[s] = cg_item(mg.loss);
+        if (s == 0) {
+            o->grads = malloc((size_t)o->span * sizeof(float));
+            memcpy(o->grads, cg_params_grads(ps), (size_t)o->span * sizeof(float));
+        }
+        /* a second pass without a step reads the same bf16 copies: no conversion */
+        const int64_t mid = cgi_lp_param_conversions;
+        CHECK(cg_graph_forward(g) == CG_OK && cg_item(mg.loss) == o->loss[s], "a repeated forward changed the loss");
+        CHECK(cgi_lp_param_conversions == mid, "a forward without an optimizer step converted %lld parameters again",
+              (long long)(cgi_lp_param_conversions - mid));
+        o->conversions[s] = mid - before;
+        cg_optim_step(opt, 1e-3);
+    }
+    o->values = malloc((size_t)o->span * sizeof(float));
+    memcpy(o->values, cg_params_values(ps), (size_t)o->span * sizeof(float));
+    cg_optim_free(opt);
+    cg_graph_free(g);
+    cg_model_free(m);
+    cg_params_free(ps);
+}
+
+static void test_gpt_step(bool bf16_ok) {
+    gpt_run unset, fp, back, lp;
+    run_gpt(-1, &unset);
+    run_gpt(CG_FP32, &fp);
+    /* dropping the setting gives fp32 bit for bit, whatever new graphs default to */
+    if (bf16_ok) cg_set_precision(CG_BF16);
+    run_gpt(CG_FP32, &back);
+    cg_set_precision(CG_FP32);
+    CHECK(!memcmp(unset.loss, fp.loss, sizeof fp.loss) && !memcmp(unset.values, fp.values, (size_t)fp.span * 4) &&
+              !memcmp(back.values, fp.values, (size_t)fp.span * 4) && !memcmp(back.grads, fp.grads, (size_t)fp.span * 4),
+          "fp32 set explicitly (or after a bf16 default) is not bit-identical to the unset default");
+    CHECK(fp.conversions[0] == 0, "an fp32 graph converted %lld parameters to bf16", (long long)fp.conversions[0]);
+    if (bf16_ok) {
+        run_gpt(CG_BF16, &lp);
+        /* The loss is a mean of log-softmax terms; each logit is off by at most ~2u sum|x||w| per
+         * product, and a perturbation e of the logits moves log-softmax by at most 2 max|e|. Through
+         * two blocks of products the logit error stays a few u of the logits' scale (~1 at init), so
+         * the loss is held within 8u = 2^-5 nats absolute, the gradient within 8u relative (norm). */
+        for (int s = 0; s < 3; s++)
+            CHECK(fabs(lp.loss[s] - fp.loss[s]) <= 8 * U, "gpt step %d: bf16 loss %.6f vs fp32 %.6f", s, lp.loss[s],
+                  fp.loss[s]);
+        double dn = 0, nn = 0;
+        for (int64_t i = 0; i < fp.span; i++) dn += pow(lp.grads[i] - fp.grads[i], 2), nn += pow(fp.grads[i], 2);
+        CHECK(sqrt(dn) <= 8 * U * sqrt(nn), "gpt gradients: |bf16 - fp32| / |fp32| = %.3g > %.3g", sqrt(dn / nn), 8 * U);
+        CHECK(lp.loss[0] != fp.loss[0] || dn > 0, "the bf16 step equals fp32 exactly: the products did not run in bf16");
+        /* weights: the copies are made once per optimizer step, not once per use */
+        for (int s = 0; s < 3; s++)
+            CHECK(lp.conversions[s] > 0 && lp.conversions[s] == lp.conversions[0],
+                  "step %d converted %lld parameters (step 0: %lld)", s, (long long)lp.conversions[s],
+                  (long long)lp.conversions[0]);
+        free(lp.grads), free(lp.values);
+    }
+    free(unset.grads), free(unset.values), free(fp.grads), free(fp.values), free(back.grads), free(back.values);
+}
+
+static void test_api(const char *why) {
+    cg_precision p;
+    CHECK(cg_precision_parse("bf16", &p) == CG_OK && p == CG_BF16 && cg_precision_parse("fp32", &p) == CG_OK &&
+              p == CG_FP32 && cg_precision_parse("fp16", &p) == CG_ERR_ARG && strstr(cg_last_error(), "fp16"),
+          "parse: %s", cg_last_error());
+    CHECK(cg_graph_set_precision(NULL, CG_BF16) == CG_ERR_ARG, "NULL graph accepted");
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    CHECK(cg_graph_precision(g) == CG_FP32 && cg_default_precision() == CG_FP32, "the default is not fp32");
+    CHECK(cg_graph_set_precision(g, (cg_precision)7) == CG_ERR_ARG, "precision 7 accepted");
+    cg_status s = cg_graph_set_precision(g, CG_BF16);
+    if (why) CHECK(s == CG_ERR_STATE && strstr(cg_last_error(), why) && cg_graph_precision(g) == CG_FP32,
+                   "bf16 without support: status %d, '%s'", s, cg_last_error());
+    else CHECK(s == CG_OK && cg_graph_precision(g) == CG_BF16, "%s", cg_last_error());
+    cg_graph_free(g);
+}
+
+int main(void) {
+    cg_set_threads(2);
+    const char *why = cg_bf16_unavailable();
+    test_api(why);
+    if (why) printf("test_bf16: skipping the bf16 products: %s\n", why);
+    else {
+        test_linear();
+        test_matmul();
+    }
+    test_gpt_step(!why);
+    TEST_END();
+}
