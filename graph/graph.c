@@ -152,7 +152,8 @@ void cg_graph_reset(cg_graph *g) {
     g->n = 0;
     g->planned = g->ran_forward = false;
     g->block = NULL;
-    g->block_bytes = 0;
+    g->block_bytes = g->plan_bytes = 0;
+    g->nseg = g->seg_open = 0;
 }
 
 cg_mode cg_graph_mode(const cg_graph *g) { return g ? g->mode : CG_EVAL; }
@@ -168,6 +169,7 @@ void cg_graph_on_grad_ready(cg_graph *g, cg_grad_ready_fn fn, void *ctx) {
     g->ready_ctx = ctx;
 }
 int cg_graph_size(const cg_graph *g) { return g ? g->n : 0; }
+size_t cg_graph_plan_bytes(const cg_graph *g) { return g && g->planned ? g->plan_bytes : 0; }
 size_t cg_graph_bytes(const cg_graph *g) { return g ? g->meta.total + g->bufs.total : 0; }
 
 static bool push_node(cg_graph *g, cg_tensor *t) {
@@ -223,6 +225,7 @@ static cg_tensor *alloc_node(cg_graph *g, int op, cg_dtype dt, int ndim, const i
     t->root = t;
     t->graph = g;
     t->name = "";
+    t->seg = g->seg_open;
     t->nsrc = nsrc;
     t->src = (cg_tensor **)(t + 1);
     bool rg = false;
@@ -325,8 +328,9 @@ cg_tensor *cg_requires_grad(cg_tensor *t) {
     return t;
 }
 
-static void resolve_views(cg_graph *g) {
-    /* Parameter storage may have moved since the build, so views are re-pointed every run. */
+void cgi_resolve_views(cg_graph *g) {
+    /* Parameter storage may have moved since the build, and recomputed segments swap their
+     * buffers, so views are re-pointed every run. */
     for (int i = 0; i < g->n; i++) {
         cg_tensor *t = g->nodes[i];
         if (cgi_ops[t->op].kind != CGI_KIND_VIEW) continue;
@@ -336,25 +340,34 @@ static void resolve_views(cg_graph *g) {
     }
 }
 
+cg_status cgi_run_forward(cg_graph *g, cg_tensor *t) {
+    double t0 = profiling() ? omp_get_wtime() : 0;
+    cg_status s = cgi_ops[t->op].forward(t);
+    if (t0 > 0) profile_node(t, 0, t0);
+    if (s) return s;
+    if (t == g->nudge) {
+        int64_t off = 0, k = g->nudge_at;
+        for (int d = t->ndim - 1; d >= 0; d--) off += (k % t->shape[d]) * t->stride[d], k /= t->shape[d];
+        cg_real *e = (cg_real *)t->data + off, was = *e;
+        *e = (cg_real)(was + g->nudge_by);
+        g->nudge_took = (double)*e - (double)was;
+    }
+    return CG_OK;
+}
+
 cg_status cg_graph_forward(cg_graph *g) {
     if (!g) return cgi_fail(CG_ERR_ARG, "[forward] graph is NULL");
+    if (g->seg_open)
+        return cgi_fail(CG_ERR_STATE, "[forward] checkpoint segment %d, begun at node %d, is not ended: call "
+                        "cg_checkpoint_end", g->seg_open, g->seg_open_at);
     cg_status s = g->planned ? CG_OK : cgi_plan(g);
     if (s) return s;
-    resolve_views(g);
+    cgi_resolve_views(g);
+    g->fwd_step = g->step;
     for (int i = 0; i < g->n; i++) {
         cg_tensor *t = g->nodes[i];
         if (cgi_ops[t->op].kind != CGI_KIND_COMPUTE) continue;
-        double t0 = profiling() ? omp_get_wtime() : 0;
-        s = cgi_ops[t->op].forward(t);
-        if (t0 > 0) profile_node(t, 0, t0);
-        if (s) return s;
-        if (t == g->nudge) {
-            int64_t off = 0, k = g->nudge_at;
-            for (int d = t->ndim - 1; d >= 0; d--) off += (k % t->shape[d]) * t->stride[d], k /= t->shape[d];
-            cg_real *e = (cg_real *)t->data + off, was = *e;
-            *e = (cg_real)(was + g->nudge_by);
-            g->nudge_took = (double)*e - (double)was;
-        }
+        if ((s = cgi_run_forward(g, t))) return s;
     }
     if (g->mode == CG_TRAIN) g->step++;
     g->ran_forward = true;
@@ -466,6 +479,24 @@ static void ready_plan(cg_graph *g, cg_tensor *loss) {
         }
 }
 
+/* Runs node i's backward rule and reports parameters whose gradient it made final. */
+static void backward_node(cg_graph *g, cg_tensor *t, int i) {
+    for (int k = 0; k < t->nsrc; k++) /* a rule that claims src[0] zeroes it itself if it must */
+        if (t->src[k]->requires_grad && !(k == 0 && (cgi_ops[t->op].bwd_grad & CGI_GRAD_CLAIMS_SRC0)))
+            zero_once(g, t->src[k]);
+    double t0 = profiling() ? omp_get_wtime() : 0;
+    cgi_ops[t->op].backward(t);
+    if (t0 > 0) profile_node(t, 1, t0);
+    if (g->ready_fn)
+        for (int k = 0; k < t->nsrc; k++) {
+            cg_tensor *p = t->src[k]->root;
+            if (p->op == CGI_OP_PARAM && t->src[k]->requires_grad && p->ready_at == i) {
+                p->ready_at = -1; /* once, even if this node reads it twice */
+                g->ready_fn(p, g->ready_ctx);
+            }
+        }
+}
+
 cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
     if (!g) return cgi_fail(CG_ERR_ARG, "[backward] graph is NULL");
     if (!loss) /* keep the message of the op that failed to build it, if there is one */
@@ -484,7 +515,7 @@ cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
     if (!loss->requires_grad)
         return cgi_fail(CG_ERR_STATE, "[backward] loss depends on no trainable parameter or input");
     if (!g->planned || !g->ran_forward) return cgi_fail(CG_ERR_STATE, "[backward] run cg_graph_forward first");
-    resolve_views(g);
+    cgi_resolve_views(g);
     g->epoch++;
 
     for (int i = 0; i <= loss->id; i++) g->nodes[i]->mark = false;
@@ -498,23 +529,29 @@ cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
     if (g->ready_fn) ready_plan(g, loss);
     zero_once(g, loss);
     loss->grad[0] += 1;
+    int seg_lo = -1, seg_hi = -1; /* the checkpoint segment whose recomputed values are swapped in */
     for (int i = loss->id; i >= 0; i--) {
         cg_tensor *t = g->nodes[i];
-        if (!runs_backward(t)) continue;
-        for (int k = 0; k < t->nsrc; k++) /* a rule that claims src[0] zeroes it itself if it must */
-            if (t->src[k]->requires_grad && !(k == 0 && (cgi_ops[t->op].bwd_grad & CGI_GRAD_CLAIMS_SRC0)))
-                zero_once(g, t->src[k]);
-        double t0 = profiling() ? omp_get_wtime() : 0;
-        cgi_ops[t->op].backward(t);
-        if (t0 > 0) profile_node(t, 1, t0);
-        if (g->ready_fn)
-            for (int k = 0; k < t->nsrc; k++) {
-                cg_tensor *p = t->src[k]->root;
-                if (p->op == CGI_OP_PARAM && t->src[k]->requires_grad && p->ready_at == i) {
-                    p->ready_at = -1; /* once, even if this node reads it twice */
-                    g->ready_fn(p, g->ready_ctx);
+        if (t->seg && (i == loss->id || g->nodes[i + 1]->seg != t->seg)) { /* entering a segment */
+            int lo = i;
+            while (lo > 0 && g->nodes[lo - 1]->seg == t->seg) lo--;
+            bool needed = false, runs = false;
+            for (int j = lo; j <= i; j++) needed |= g->nodes[j]->recompute, runs |= runs_backward(g->nodes[j]);
+            if (needed && runs) {
+                cg_status s = cgi_ckpt_recompute(g, lo, i);
+                if (s) {
+                    cgi_ckpt_restore(g, lo, i);
+                    g->ran_forward = false;
+                    return s;
                 }
+                seg_lo = lo, seg_hi = i;
             }
+        }
+        if (runs_backward(t)) backward_node(g, t, i);
+        if (i == seg_lo) {
+            cgi_ckpt_restore(g, seg_lo, seg_hi);
+            seg_lo = -1;
+        }
     }
     /* Gradients the caller can read but that this loss does not reach (inputs it ignores, retained
      * nodes off its path, nodes built after it) hold the last pass's values or recycled memory

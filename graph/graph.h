@@ -159,6 +159,24 @@ cg_status cg_precision_parse(const char *name, cg_precision *p);
 const char *cg_precision_name(cg_precision p);
 /* Number of nodes built so far. */
 int cg_graph_size(const cg_graph *g);
+/* Bytes of the block the memory plan places every value, gradient and scratch buffer in (0 before
+ * the first forward plans the graph). */
+size_t cg_graph_plan_bytes(const cg_graph *g);
+
+/* ---- gradient checkpointing ---- */
+
+/* Starts a checkpoint segment: the nodes built until cg_checkpoint_end form it (mark each
+ * transformer block). Segments do not nest: CG_ERR_STATE if one is open. */
+cg_status cg_checkpoint_begin(cg_graph *g);
+/* Ends the open segment; CG_ERR_STATE if none is open. Forward refuses a graph with one still open. */
+cg_status cg_checkpoint_end(cg_graph *g);
+/* On: the plan keeps only what each segment reads from outside it through forward, and backward
+ * recomputes the segment's values just before its rules run (same gradients, bit for bit, for
+ * one more forward of the segments, in less memory). Off (the default): segments are ignored.
+ * Either way the graph is planned anew at its next forward. */
+void cg_graph_set_checkpointing(cg_graph *g, bool on);
+/* Whether checkpointing is on for g. */
+bool cg_graph_checkpointing(const cg_graph *g);
 /* Bytes the graph holds for nodes, values and gradients. */
 size_t cg_graph_bytes(const cg_graph *g);
 /* Writes the graph as Graphviz DOT to path (render: dot -Tpng path -o graph.png): ops, shapes,

@@ -103,6 +103,9 @@ struct cg_tensor {
     uint64_t *pversion;/* parameters: their set's value version, bumped on every change */
     void *lp;          /* parameters: bf16 copy of the value (ops/bf16.c), made on first use */
     const char *name;
+    int seg;           /* checkpoint segment built in (1, 2, ...; 0: none) */
+    bool recompute;    /* planned: backward recomputes the value (into alt_data, aux into alt_aux) */
+    void *alt_data, *alt_aux; /* the other of the forward and recompute buffers, swapped in and out */
     /* parameters with a low-rank adapter (optim/lora.c): value + lora_scale * lora_b @ lora_a */
     cg_tensor *lora_a, *lora_b;
     double lora_scale;
@@ -134,6 +137,11 @@ struct cg_graph {
     size_t plan_bytes;   /* the last plan's size (block_bytes may be larger, from an earlier plan) */
     uint64_t plan_steps; /* elementary steps the last plan took, for the test of its growth */
     uint64_t seed, step;
+    uint64_t fwd_step;  /* the step the last forward drew dropout masks with (recompute redraws them) */
+    bool checkpointing; /* segments drop their activations in forward and recompute them in backward */
+    int nseg;           /* segments begun so far */
+    int seg_open;       /* the segment being built (0: none) and the node count when it began */
+    int seg_open_at;
     cg_grad_ready_fn ready_fn; /* told as each parameter's gradient becomes final in backward */
     void *ready_ctx;
     /* gradient checks of a computed node: forward adds nudge_by to its element nudge_at (row-major)
@@ -147,6 +155,24 @@ struct cg_graph {
 
 /* Assigns storage to every value, gradient and scratch buffer of g by liveness (graph/plan.c). */
 cg_status cgi_plan(cg_graph *g);
+
+/* ---- gradient checkpointing (graph/checkpoint.c) ---- */
+/* Decides which nodes backward recomputes (t->recompute), from each node's kept flag and its
+ * readers: consumers[i] counts them, sole[i] is the last. Clears every flag when checkpointing is off. */
+void cgi_ckpt_decide(cg_graph *g, const int *consumers, const int *sole);
+/* The plan's time axis: forward of node i at time i, then the backward sweep, where node i's
+ * backward is at bt[i] and, when it is recomputed, its recompute at rt[i] (else -1), just before
+ * its segment's backward. Returns the number of times. */
+int64_t cgi_ckpt_timeline(const cg_graph *g, int64_t *bt, int64_t *rt);
+/* Backward entering the segment whose last node (in the sweep: the first met) is hi: swaps in the
+ * recompute buffers of nodes [lo, hi] and recomputes them from the segment's inputs. */
+cg_status cgi_ckpt_recompute(cg_graph *g, int lo, int hi);
+/* Backward leaving the segment [lo, hi]: swaps the forward buffers back in. */
+void cgi_ckpt_restore(cg_graph *g, int lo, int hi);
+/* Points every view's value and gradient at its root's current storage. */
+void cgi_resolve_views(cg_graph *g);
+/* Runs node t's forward kernel (profiled, and nudged under a gradient check). */
+cg_status cgi_run_forward(cg_graph *g, cg_tensor *t);
 
 /* ---- errors ---- */
 cg_status cgi_fail(cg_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

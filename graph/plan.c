@@ -278,67 +278,91 @@ static void print_plan(buffer *bufs, buffer **order, int nb, size_t total, int64
 static size_t round_up(size_t n) { return (n + CGI_ALIGN - 1) / CGI_ALIGN * CGI_ALIGN; }
 
 cg_status cgi_plan(cg_graph *g) {
-    const int64_t n = g->n, end = 2 * n;
-    int64_t *vdeath = malloc((size_t)(n ? n : 1) * sizeof *vdeath);
-    int64_t *gbirth = malloc((size_t)(n ? n : 1) * sizeof *gbirth);
-    buffer *bufs = malloc((size_t)(4 * n + 1) * sizeof *bufs);
-    buffer **order = malloc((size_t)(4 * n + 1) * sizeof *order);
-    bool *consumed = malloc((size_t)(n ? n : 1) * sizeof *consumed);
-    span *used = malloc((size_t)(4 * n + 1) * sizeof *used);
+    const int64_t n = g->n, n1 = n ? n : 1;
+    int64_t *vdeath = malloc((size_t)n1 * sizeof *vdeath);
+    int64_t *rdeath = malloc((size_t)n1 * sizeof *rdeath);
+    int64_t *gbirth = malloc((size_t)n1 * sizeof *gbirth);
+    int64_t *bt = malloc((size_t)n1 * sizeof *bt), *rt = malloc((size_t)n1 * sizeof *rt);
+    buffer *bufs = malloc((size_t)(6 * n + 1) * sizeof *bufs);
+    buffer **order = malloc((size_t)(6 * n + 1) * sizeof *order);
+    bool *consumed = malloc((size_t)n1 * sizeof *consumed);
+    span *used = malloc((size_t)(6 * n + 1) * sizeof *used);
     cg_status st = CG_OK;
     int *consumers = NULL, *sole = NULL;
-    if (!vdeath || !gbirth || !bufs || !order || !consumed || !used) {
+    if (!vdeath || !rdeath || !gbirth || !bt || !rt || !bufs || !order || !consumed || !used) {
         st = cgi_fail(CG_ERR_NOMEM, "[plan] out of memory for %lld nodes", (long long)n);
         goto done;
     }
-    consumers = malloc((size_t)(n ? n : 1) * sizeof *consumers);
-    sole = malloc((size_t)(n ? n : 1) * sizeof *sole);
+    consumers = calloc((size_t)n1, sizeof *consumers);
+    sole = calloc((size_t)n1, sizeof *sole);
     if (!consumers || !sole) {
         st = cgi_fail(CG_ERR_NOMEM, "[plan] out of memory for %lld nodes", (long long)n);
         goto done;
     }
     for (int64_t i = 0; i < n; i++) {
-        vdeath[i] = i;
-        gbirth[i] = INT64_MAX;
         consumed[i] = false;
         consumers[i] = 0;
         sole[i] = -1;
     }
     for (int64_t c = 0; c < n; c++) {
         cg_tensor *t = g->nodes[c];
-        const cgi_op_desc *d = &cgi_ops[t->op];
-        const int64_t back = end - 1 - c;
         for (int k = 0; k < t->nsrc; k++) {
             cg_tensor *r = t->src[k]->root;
             if (r->id < 0) continue; /* parameters own their storage */
             consumers[r->id]++;
             sole[r->id] = (int)c;
             consumed[t->src[k]->id] = true; /* the direct source, so a view nobody reads counts as an output */
-            if (vdeath[r->id] < c) vdeath[r->id] = c;
-            if (t->requires_grad && k < 32 && (d->bwd_reads & (1u << k)) && vdeath[r->id] < back) vdeath[r->id] = back;
-            if (t->requires_grad && t->src[k]->requires_grad && d->kind == CGI_KIND_COMPUTE && gbirth[r->id] > back)
-                gbirth[r->id] = back;
         }
-        if (t->requires_grad && d->bwd_reads_out && vdeath[c] < back) vdeath[c] = back;
     }
     for (int64_t i = 0; i < n; i++) { /* a root whose view is an output is an output too */
         cg_tensor *t = g->nodes[i];
         if (t->root != t && t->root->id >= 0 && !consumed[i]) consumed[t->root->id] = false;
     }
+    for (int64_t i = 0; i < n; i++) {
+        cg_tensor *t = g->nodes[i];
+        t->kept = cgi_ops[t->op].kind != CGI_KIND_COMPUTE || t->retain || !consumed[i] ||
+                  (cgi_ops[t->op].bwd_grad & CGI_OUT_IN_SRC0);
+    }
+    /* Checkpoint segments add a recompute to the time axis; without them node i's backward is at 2n-1-i. */
+    cgi_ckpt_decide(g, consumers, sole);
+    const int64_t end = cgi_ckpt_timeline(g, bt, rt);
+    for (int64_t i = 0; i < n; i++) {
+        vdeath[i] = i;
+        rdeath[i] = rt[i];
+        gbirth[i] = INT64_MAX;
+    }
+#define LIVE_TO(arr, i, tm) do { if ((arr)[i] < (tm)) (arr)[i] = (tm); } while (0)
+    for (int64_t c = 0; c < n; c++) {
+        cg_tensor *t = g->nodes[c];
+        const cgi_op_desc *d = &cgi_ops[t->op];
+        const int64_t back = bt[c];
+        for (int k = 0; k < t->nsrc; k++) {
+            cg_tensor *r = t->src[k]->root;
+            if (r->id < 0) continue;
+            /* a reader in r's own segment reads r's recomputed value, if r has one, after forward */
+            int64_t *late = r->recompute && r->seg == t->seg ? rdeath : vdeath;
+            LIVE_TO(vdeath, r->id, c);
+            if (t->recompute) LIVE_TO(late, r->id, rt[c]);
+            if (t->requires_grad && k < 32 && (d->bwd_reads & (1u << k))) LIVE_TO(late, r->id, back);
+            if (t->requires_grad && t->src[k]->requires_grad && d->kind == CGI_KIND_COMPUTE && gbirth[r->id] > back)
+                gbirth[r->id] = back;
+        }
+        if (t->requires_grad && d->bwd_reads_out) LIVE_TO(t->recompute ? rdeath : vdeath, c, back);
+    }
+#undef LIVE_TO
     int nb = 0;
     for (int64_t i = 0; i < n; i++) {
         cg_tensor *t = g->nodes[i];
         if (t->root != t) continue;
-        const int64_t back = end - 1 - i;
+        const int64_t back = bt[i];
         bool outlives = t->retain || !consumed[i];
-        t->kept = cgi_ops[t->op].kind != CGI_KIND_COMPUTE || outlives || (cgi_ops[t->op].bwd_grad & CGI_OUT_IN_SRC0);
         /* Logits read only by a fused loss that writes their gradient in place share one buffer:
          * the value's life ends where the gradient's begins. */
         const cg_tensor *reader = consumers[i] == 1 && sole[i] >= 0 ? g->nodes[sole[i]] : NULL;
         t->grad_in_value = reader && (cgi_ops[reader->op].bwd_grad & CGI_GRAD_OVER_VALUE) && reader->src[0] == t &&
                            reader->requires_grad &&
                            t->requires_grad && !outlives && cgi_ops[t->op].kind == CGI_KIND_COMPUTE &&
-                           t->dtype == CG_REAL && vdeath[i] == end - 1 - reader->id;
+                           t->dtype == CG_REAL && vdeath[i] == bt[reader->id];
         if (t->bwd_aux_bytes && t->requires_grad && cgi_ops[t->op].kind == CGI_KIND_COMPUTE)
             bufs[nb++] = (buffer){back, back, round_up(t->bwd_aux_bytes), 0, &t->bwd_aux, t, 'a'};
         if (t->grad_in_value) {
@@ -348,10 +372,16 @@ cg_status cgi_plan(cg_graph *g) {
         }
         if (cgi_ops[t->op].kind == CGI_KIND_COMPUTE && !(cgi_ops[t->op].bwd_grad & CGI_OUT_IN_SRC0)) {
             size_t es = t->dtype == CG_INT32 ? sizeof(int32_t) : sizeof(cg_real);
-            bufs[nb++] = (buffer){i, outlives ? end : vdeath[i], round_up((size_t)cgi_numel(t->ndim, t->shape) * es),
-                                  0, &t->data, t, 'v'};
+            size_t vbytes = round_up((size_t)cgi_numel(t->ndim, t->shape) * es);
+            bufs[nb++] = (buffer){i, outlives ? end : vdeath[i], vbytes, 0, &t->data, t, 'v'};
+            /* a recomputed node's forward scratch is forward's alone; its recompute's serves backward */
             if (t->aux_bytes)
-                bufs[nb++] = (buffer){i, t->requires_grad ? back : i, round_up(t->aux_bytes), 0, &t->aux, t, 'a'};
+                bufs[nb++] = (buffer){i, t->requires_grad && !t->recompute ? back : i, round_up(t->aux_bytes), 0, &t->aux, t, 'a'};
+            if (t->recompute) {
+                bufs[nb++] = (buffer){rt[i], rdeath[i], vbytes, 0, &t->alt_data, t, 'r'};
+                if (t->aux_bytes)
+                    bufs[nb++] = (buffer){rt[i], t->requires_grad ? back : rt[i], round_up(t->aux_bytes), 0, &t->alt_aux, t, 'a'};
+            }
         }
 
         if (t->requires_grad && t->op != CGI_OP_INPUT) {
@@ -398,7 +428,10 @@ done:
     free(consumers);
     free(sole);
     free(vdeath);
+    free(rdeath);
     free(gbirth);
+    free(bt);
+    free(rt);
     free(bufs);
     free(order);
     free(consumed);

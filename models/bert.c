@@ -161,6 +161,7 @@ cg_status cg_bert_forward_ex(cg_graph *g, const cg_bert *m, cg_tensor *ids, cg_t
     x = cg_dropout(g, cg_layernorm(g, x, m->eln_w, m->eln_b, eps), p);
     for (int64_t i = 0; i < c->num_hidden_layers; i++) {
         const bert_layer *l = &m->layer[i];
+        if (cg_checkpoint_begin(g)) return CG_ERR_STATE; /* each layer is a checkpoint segment */
         /* query, key and value as one product over their stacked weights (concatenating 3 d x d
          * matrices costs next to nothing; one [3d, d] product runs about 1.3x faster than three) */
         cg_tensor *qkv[3] = {NULL, NULL, NULL};
@@ -171,6 +172,7 @@ cg_status cg_bert_forward_ex(cg_graph *g, const cg_bert *m, cg_tensor *ids, cg_t
         x = cg_post_ln_residual(g, x, cg_linear(g, a, l->ao_w, l->ao_b), p, l->ln1_w, l->ln1_b, eps);
         cg_tensor *f = cg_linear(g, cg_gelu(g, cg_linear(g, x, l->in_w, l->in_b)), l->out_w, l->out_b);
         x = cg_post_ln_residual(g, x, f, p, l->ln2_w, l->ln2_b, eps);
+        if (cg_checkpoint_end(g)) return CG_ERR_STATE;
     }
     out->hidden = x;
     cg_tensor *cls = cg_reshape(g, cg_slice(g, x, 1, 0, 1), 2, (int64_t[]){b, d});

@@ -204,8 +204,10 @@ cg_tensor *cg_encdec_encode(cg_graph *g, const cg_encdec *m, cg_tensor *src, cg_
     cg_tensor *x = embed(g, m, m->src_emb, src);
     for (int64_t i = 0; i < m->cfg.num_encoder_layers; i++) {
         const tf_layer *l = &m->enc[i];
+        if (cg_checkpoint_begin(g)) return NULL; /* each layer is a checkpoint segment */
         x = cg_post_ln_residual(g, x, mha(g, m, &l->self, x, x, false, src_mask), p, l->n1_w, l->n1_b, eps);
         x = cg_post_ln_residual(g, x, feed_forward(g, l, x, p), p, l->n2_w, l->n2_b, eps);
+        if (cg_checkpoint_end(g)) return NULL;
     }
     return cg_layernorm(g, x, m->enc_norm_w, m->enc_norm_b, eps);
 }
@@ -219,9 +221,11 @@ cg_tensor *cg_encdec_decode(cg_graph *g, const cg_encdec *m, cg_tensor *memory, 
     cg_tensor *x = embed(g, m, m->tgt_emb, tgt_in);
     for (int64_t i = 0; i < m->cfg.num_decoder_layers; i++) {
         const tf_layer *l = &m->dec[i];
+        if (cg_checkpoint_begin(g)) return NULL; /* each layer is a checkpoint segment */
         x = cg_post_ln_residual(g, x, mha(g, m, &l->self, x, x, true, NULL), p, l->n1_w, l->n1_b, eps);
         x = cg_post_ln_residual(g, x, mha(g, m, &l->cross, x, memory, false, src_mask), p, l->n2_w, l->n2_b, eps);
         x = cg_post_ln_residual(g, x, feed_forward(g, l, x, p), p, l->n3_w, l->n3_b, eps);
+        if (cg_checkpoint_end(g)) return NULL;
     }
     x = cg_layernorm(g, x, m->dec_norm_w, m->dec_norm_b, eps);
     return cg_linear(g, x, m->gen_w, m->gen_b);

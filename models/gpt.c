@@ -140,6 +140,7 @@ static cg_tensor *gpt_forward(cg_graph *g, const void *model, cg_tensor *ids, cg
     x = cg_dropout(g, x, p);
     for (int64_t i = 0; i < c->n_layer; i++) {
         const gpt_block *b = &m->h[i];
+        if (cg_checkpoint_begin(g)) return NULL; /* each block is a checkpoint segment */
         cg_tensor *qkv[3];
         cg_split(g, conv1d(g, cg_layernorm(g, x, b->ln1_w, b->ln1_b, eps), b->attn_w, b->attn_b), -1, 3, NULL, qkv);
         cg_tensor *q = cg_split_heads(g, qkv[0], heads), *k = cg_split_heads(g, qkv[1], heads),
@@ -149,6 +150,7 @@ static cg_tensor *gpt_forward(cg_graph *g, const void *model, cg_tensor *ids, cg
         x = cg_add(g, x, cg_dropout(g, conv1d(g, a, b->proj_w, b->proj_b), p));
         cg_tensor *f = cg_gelu_tanh(g, conv1d(g, cg_layernorm(g, x, b->ln2_w, b->ln2_b, eps), b->fc_w, b->fc_b));
         x = cg_add(g, x, cg_dropout(g, conv1d(g, f, b->fc2_w, b->fc2_b), p));
+        if (cg_checkpoint_end(g)) return NULL;
     }
     x = cg_layernorm(g, x, m->lnf_w, m->lnf_b, eps);
     return cg_linear(g, x, m->wte, NULL); /* the LM head is the token embedding, tied */
