@@ -62,6 +62,9 @@ const cli_opt cli_bench_opts[] = {{"--config", CLI_STR, 0, 0, "a config name, or
                                   {"--warmup", CLI_INT, 0, 1e6, "untimed steps first (1)"},
                                   {"--gen", CLI_BARE, 0, 0, "also time generation with and without the KV cache"},
                                   CLI_PRECISION,
+                                  {"--checkpoint-activations", CLI_BARE, 0, 0, "recompute each block's activations in backward"},
+                                  {"--context", CLI_INT, 2, 1 << 20, "tokens per row instead of the config's"},
+                                  {"--batch", CLI_INT, 1, 1 << 20, "rows instead of the config's"},
                                   {NULL, CLI_BARE, 0, 0, NULL}};
 
 static double now_s(void) {
@@ -241,6 +244,8 @@ static void fill_batch(const bench_config *c, const cg_model_graph *mg, int64_t 
 
 typedef struct {
     int steps, warmup;
+    bool checkpoint;      /* gradient checkpointing on */
+    int64_t batch, t;     /* overrides of the config's shape (0: the config's) */
 } run_opts;
 static run_opts opts;
 
@@ -260,7 +265,10 @@ static double step_flops(const bench_config *c, cg_params *ps, int64_t d, int64_
 static double bf16_ref = NAN; /* the bf16 GEMM reference of this config's run (bf16 only) */
 
 static int train_child(const void *arg, int threads, double sgemm) {
-    const bench_config *c = arg;
+    bench_config shaped = *(const bench_config *)arg;
+    if (opts.batch) shaped.batch = opts.batch;
+    if (opts.t) shaped.t = opts.t;
+    const bench_config *c = &shaped;
     cg_params *ps = cg_params_new();
     cg_model *m = cg_model_new(c->arch, c->json, 0.0, ps, 1234);
     if (!m) return fail(c->name, threads, "cannot make the model");
@@ -283,6 +291,7 @@ static int train_child(const void *arg, int threads, double sgemm) {
     cg_graph *g = cg_graph_new(CG_TRAIN);
     cg_model_graph mg;
     if (!g || cg_model_build(g, m, c->batch, c->t, c->s, &mg)) return fail(c->name, threads, "cannot build the graph");
+    cg_graph_set_checkpointing(g, opts.checkpoint);
     cg_rng r;
     cg_rng_seed(&r, 42);
     fill_batch(c, &mg, vocab, &r);
@@ -312,21 +321,24 @@ static int train_child(const void *arg, int threads, double sgemm) {
     int64_t n_matmul;
     double flops = step_flops(c, ps, d, attn, &n_matmul);
     double tokens = (double)(c->batch * c->t), gflops = flops / med / 1e9, rss = peak_rss_mb();
-    printf("%-12s batch %lld x %lld%s, %.2fM params (%.2fM in matmuls), graph %d nodes / %.0f MB, build %.2f s\n",
+    printf("%-12s batch %lld x %lld%s, %.2fM params (%.2fM in matmuls), graph %d nodes / %.0f MB (plan %.0f MB%s), "
+           "build %.2f s\n",
            c->name, (long long)c->batch, (long long)c->t, c->arch == CG_ARCH_ENCDEC ? " (+ source 64)" : "",
            (double)cg_params_numel(ps) / 1e6, (double)n_matmul / 1e6, cg_graph_size(g),
-           (double)cg_graph_bytes(g) / 1048576.0, t_build);
+           (double)cg_graph_bytes(g) / 1048576.0, (double)cg_graph_plan_bytes(g) / 1048576.0,
+           opts.checkpoint ? ", checkpointing activations" : "", t_build);
     printf("%-12s loss %.4f -> %.4f over %d steps; median %.1f ms/step (min %.1f, max %.1f), %.0f tokens/s, "
            "%.1f GFLOP/s = %.2f of sgemm, peak RSS %.0f MB\n",
            c->name, first_loss, last_loss, total, med * 1e3, times[0] * 1e3, times[opts.steps - 1] * 1e3,
            tokens / med, gflops, gflops / sgemm, rss);
     const bool bf16 = cg_default_precision() == CG_BF16;
     if (bf16) printf("%-12s %.2f of the bf16 GEMM reference (%.1f GFLOP/s)\n", c->name, gflops / bf16_ref, bf16_ref);
-    printf("{\"config\":\"%s\", \"threads\":%d, \"precision\":\"%s\", \"ms_per_step\":%.3f, \"tokens_per_s\":%.1f, "
-           "\"gflops\":%.3f, \"sgemm_fraction\":%.4f, ",
-           c->name, threads, cg_precision_name(cg_default_precision()), med * 1e3, tokens / med, gflops, gflops / sgemm);
+    printf("{\"config\":\"%s\", \"threads\":%d, \"precision\":\"%s\", \"batch\":%lld, \"context\":%lld, "
+           "\"checkpoint_activations\":%d, \"ms_per_step\":%.3f, \"tokens_per_s\":%.1f, \"gflops\":%.3f, \"sgemm_fraction\":%.4f, ",
+           c->name, threads, cg_precision_name(cg_default_precision()), (long long)c->batch, (long long)c->t,
+           opts.checkpoint, med * 1e3, tokens / med, gflops, gflops / sgemm);
     if (bf16) printf("\"bf16_gemm_fraction\":%.4f, ", gflops / bf16_ref);
-    printf("\"peak_rss_mb\":%.1f}\n", rss);
+    printf("\"peak_rss_mb\":%.1f, \"plan_mb\":%.1f}\n", rss, (double)cg_graph_plan_bytes(g) / 1048576.0);
     free(times);
     cg_optim_free(opt);
     cg_graph_free(g);
@@ -390,6 +402,9 @@ int cmd_bench(int argc, char **argv) {
     opts.steps = ok_args ? (int)cli_int(&a, "--steps", 5) : 0;
     opts.warmup = ok_args ? (int)cli_int(&a, "--warmup", 1) : 0;
     const bool gen = ok_args && cli_has(&a, "--gen");
+    opts.checkpoint = ok_args && cli_has(&a, "--checkpoint-activations");
+    opts.batch = ok_args ? cli_int(&a, "--batch", 0) : 0;
+    opts.t = ok_args ? cli_int(&a, "--context", 0) : 0;
     if (!ok_args) {
         fprintf(stderr, "configs:");
         for (int i = 0; i < N_CONFIGS; i++) fprintf(stderr, " %s", configs[i].name);
@@ -415,7 +430,8 @@ int cmd_bench(int argc, char **argv) {
            threads, opts.warmup, opts.steps, sizeof(cg_real) == 8 ? ", float64 build" : ", float32",
            cg_precision_name(cg_default_precision()));
     printf("# %s\n", cg_runtime_info());
-    printf("# step = zero grads + forward + loss + backward + AdamW update; dropout 0; random token data\n");
+    printf("# step = zero grads + forward + loss + backward + AdamW update; dropout 0; random token data%s\n",
+           opts.checkpoint ? "; activations checkpointed per block (backward recomputes them)" : "");
     printf("# model FLOPs/step = (6*N + 12*d*sum_attn(keys)) * tokens  (nanoGPT estimate_mfu: 6N + 12*L*H*Q*T per token)\n"
            "#   N = parameters used in matmuls (position/segment tables and untied input embeddings excluded),\n"
            "#   sum_attn(keys) = key length summed over attention blocks (L*T; encdec: Le*S + Ld*(T+S)), tokens = B*T\n");

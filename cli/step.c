@@ -28,6 +28,7 @@ const cli_opt cli_step_opts[] = {
     {"--weight-decay", CLI_NUM, 0, DBL_MAX, "AdamW weight decay (0.01)"},
     {"--threads", CLI_INT, 1, 1024, "threads (CGRAD_THREADS or all cores)"},
     CLI_PRECISION,
+    {"--checkpoint-activations", CLI_BARE, 0, 0, "recompute each block's activations in backward"},
     {NULL, CLI_BARE, 0, 0, NULL}};
 
 static int fail(const char *what) {
@@ -99,6 +100,7 @@ int cmd_step(int argc, char **argv) {
         rc = fail("cannot build the step");
         goto done;
     }
+    cg_graph_set_checkpointing(g, cli_has(&a, "--checkpoint-activations"));
     cg_retain(mg.logits); /* dumped after backward */
     out = cg_st_writer_new();
     cg_params_zero_grad(ps);
@@ -149,9 +151,10 @@ int cmd_step(int argc, char **argv) {
     }
     if (!st && out_path) st = cg_st_write(out, out_path);
     if (st) rc = fail("cannot write the outputs");
-    else fprintf(stderr, "cgrad step: %s loss %.6f, %d parameters, wrote %s%s%s\n", arch_s, (double)loss,
-                 cg_params_count(ps), out_path ? out_path : "", out_path && dot_path ? " and " : "",
-                 dot_path ? dot_path : "");
+    else fprintf(stderr, "cgrad step: %s loss %.6f, %d parameters, memory plan %zu bytes%s, wrote %s%s%s\n", arch_s,
+                 (double)loss, cg_params_count(ps), cg_graph_plan_bytes(g),
+                 cg_graph_checkpointing(g) ? " (activations checkpointed)" : "", out_path ? out_path : "",
+                 out_path && dot_path ? " and " : "", dot_path ? dot_path : "");
 done:
     free(losses);
     cg_optim_free(opt);

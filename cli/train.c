@@ -36,6 +36,7 @@ typedef struct {
     const char *init_from, *lora_targets, *head; /* fine-tuning */
     int64_t lora_rank;
     double lora_alpha;
+    int64_t checkpoint_activations; /* a bare flag: 1 when given */
     double dist_timeout;
 } topts;
 
@@ -94,7 +95,8 @@ typedef struct {
     X("--lora-alpha", CLI_NUM, lora_alpha, true, POS_MIN, 1e9, "LoRA: adapters add (alpha / rank) B A (alpha = rank)")   \
     X("--lora-targets", CLI_STR, lora_targets, true, 0, 0, "LoRA: comma-separated parts of weight names (gpt2: attn,mlp; llama: self_attn,mlp)") \
     X("--precision", CLI_STR, precision, false, 0, 0, "fp32|bf16: bf16 multiplies bfloat16 operands, accumulates in float (--resume: the checkpoint's)") \
-    X("--skip-nonfinite", CLI_INT, skip_nonfinite, false, 0, COUNT_MAX, "skip up to N steps whose loss or gradient is not finite (0: stop at the first)")
+    X("--skip-nonfinite", CLI_INT, skip_nonfinite, false, 0, COUNT_MAX, "skip up to N steps whose loss or gradient is not finite (0: stop at the first)") \
+    X("--checkpoint-activations", CLI_BARE, checkpoint_activations, false, 0, 1, "recompute each block's activations in backward: less memory, one more forward per step, the same gradients")
 
 #define OPT(f, k, field, fixed, lo, hi, help) {f, k, lo, hi, help},
 const cli_opt cli_train_opts[] = {TRAIN_OPTS(OPT){"--resume", CLI_IN, 0, 0, "continue from CKPT (the value is optional)"},
@@ -117,7 +119,7 @@ typedef enum { T_STR, T_INT, T_NUM, T_U64 } otype;
 
 /* How option i is stored in topts. */
 static otype type_of(int i) {
-    return defs[i].kind == CLI_INT ? T_INT : defs[i].kind == CLI_NUM ? T_NUM : defs[i].kind == CLI_U64 ? T_U64 : T_STR;
+    return defs[i].kind == CLI_INT || defs[i].kind == CLI_BARE ? T_INT : defs[i].kind == CLI_NUM ? T_NUM : defs[i].kind == CLI_U64 ? T_U64 : T_STR;
 }
 
 static void *field(topts *o, int i) { return (char *)o + layout[i].off; }
@@ -189,6 +191,7 @@ static void defaults(topts *o, const bool *set) {
     D(lora_alpha, o->lora_rank > 0 ? (double)o->lora_rank : 1);
     D(lora_targets, llama ? "self_attn,mlp" : gpt ? "attn,mlp" : bert ? "attention,intermediate,output.dense" : "");
     D(zero, 0);
+    D(checkpoint_activations, 0);
 #undef D
 }
 
@@ -251,7 +254,7 @@ static bool check_opts(const topts *o) {
      * times (value, gradient, two moments) and a few activations of every layer's width per token. */
     const double real = sizeof(cg_real), d = (double)o->dim, l = (double)o->layers, f = (double)o->ffn,
                  t = (double)o->context, params = t * d + l * (4 * d * d + 2 * d * f),
-                 acts = (double)o->batch * t * l * (4 * d + f);
+                 acts = (double)o->batch * t * (o->checkpoint_activations ? l * d + 4 * d + f : l * (4 * d + f));
     char flags[256];
     snprintf(flags, sizeof flags, "--context %lld --dim %lld --ffn %lld --layers %lld --batch %lld", (long long)o->context,
              (long long)o->dim, (long long)o->ffn, (long long)o->layers, (long long)o->batch);
@@ -297,7 +300,7 @@ static void value_str(const topts *o, int i, char *buf, size_t n) {
 static bool merge_saved(topts *o, bool *set, const cJSON *saved, const char *path) {
     for (int i = 0; i < N_DEFS; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(saved, key_of(i));
-        if (!v) continue;
+        if (!v || i == idx_checkpoint_activations) continue; /* a memory choice of this run: the command line's */
         topts s = *o;
         void *f = field(&s, i);
         double num = 0; /* a saved number must be in the flag's range too: the file may not be ours */
@@ -1004,6 +1007,11 @@ int cmd_train(int argc, char **argv) {
             else fprintf(stderr, "cgrad train: unknown option %s (cgrad train --help lists the options)\n", argv[i]);
             return 2;
         }
+        if (defs[k].kind == CLI_BARE) {
+            *(int64_t *)field(&o, k) = 1;
+            set[k] = true;
+            continue;
+        }
         if (i + 1 >= argc) {
             fprintf(stderr, "cgrad train: %s needs a value\n", argv[i]);
             return 2;
@@ -1249,6 +1257,7 @@ int cmd_train(int argc, char **argv) {
         goto done;
     }
     cg_graph_set_rng(r.g, r.dropout_seed, 0);
+    cg_graph_set_checkpointing(r.g, o.checkpoint_activations);
     if (resume && restore(&r, &ck, resume)) {
         fprintf(stderr, "cgrad train: cannot resume: %s\n", cg_last_error());
         goto done;
@@ -1304,9 +1313,10 @@ int cmd_train(int argc, char **argv) {
                (long long)nva, unit, kinds[cg_tokenizer_kind(r.tok)], (int)cg_tokenizer_vocab_size(r.tok));
         if (resume) printf("  resuming at step %lld of %lld\n", (long long)r.step, (long long)o.steps);
         printf("  %lld steps of %lld x %lld rows, AdamW lr %g (%s, warmup %lld, min %g), wd %g, clip %g, dropout %g, "
-               "%d threads\n",
+               "%d threads%s\n",
                (long long)o.steps, (long long)o.batch, (long long)o.grad_accum, o.lr, o.schedule, (long long)o.warmup,
-               o.min_lr, o.weight_decay, o.clip, o.dropout, cg_threads());
+               o.min_lr, o.weight_decay, o.clip, o.dropout, cg_threads(),
+               o.checkpoint_activations ? ", activations checkpointed (each block recomputed in backward)" : "");
         if (r.world > 1) {
             int64_t lo, hi;
             cg_optim_shard_range(r.opt, &lo, &hi);

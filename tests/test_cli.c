@@ -199,6 +199,26 @@ static void test_resume(const char *name, const char *arch_args) {
     result_free(&ra), result_free(&rb), result_free(&rc);
 }
 
+/* --checkpoint-activations trains the same bits as the straight run of test_resume (dropout on,
+ * two micro-batches a step): every tensor and the logged losses; a resumed run may turn it off. */
+static void test_checkpoint_activations(void) {
+    char a[2048];
+    snprintf(a, sizeof a, "train %s --data text.txt --context 64 --grad-accum 2 --dropout 0.1 --steps 4 --decay-steps 8 "
+             "--checkpoint gpt_R.ckpt --checkpoint-activations", tiny);
+    result r = cgrad(a, NULL);
+    CHECK(r.rc == 0 && strstr(r.out, "activations checkpointed"), "train --checkpoint-activations rc %d: %s%s", r.rc,
+          r.out, r.err);
+    result rr = cgrad("train --resume gpt_R.ckpt --steps 8", NULL);
+    CHECK(rr.rc == 0 && !strstr(rr.out, "activations checkpointed"), "resumed without the flag: rc %d: %s%s", rr.rc,
+          rr.out, rr.err);
+    CHECK(same_checkpoints(path_of("gpt_A.ckpt"), path_of("gpt_R.ckpt")),
+          "checkpointed activations changed the trained weights or state");
+    char *la = csv_losses("gpt_A_metrics.csv"), *lb = csv_losses("gpt_R_metrics.csv");
+    CHECK(!strcmp(la, lb) && strlen(la) > 50, "logged losses differ with --checkpoint-activations:\n%s---\n%s", la, lb);
+    free(la), free(lb);
+    result_free(&r), result_free(&rr);
+}
+
 /* A LoRA fine-tune saves its adapters alone, reads its base weights back through --init-from, and
  * samples like any checkpoint; LoRA without a base is refused. */
 static void test_lora(void) {
@@ -888,6 +908,7 @@ int main(void) {
     test_resume("lora", "--init-from gpt_A.ckpt --data text.txt --lora-rank 2 --lora-alpha 4");
     test_lora();
     test_precision();
+    test_checkpoint_activations();
     test_outputs();
     test_run_files();
     test_llama();

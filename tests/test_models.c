@@ -2,6 +2,7 @@
  * `cgrad step` on the committed batch must give PyTorch's logits and loss to 1e-4, every
  * gradient to 1e-4 relative to its tensor's norm, and the parameters after 3 AdamW steps to 1e-3.
  * Also: Hugging Face layouts (prefix, tied duplicates, buffers), round trips, bad files. */
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -397,9 +398,55 @@ static void hf_partial_and_save(void) {
     cg_params_free(ps);
 }
 
+/* `cgrad step --checkpoint-activations` writes the same file, byte for byte: logits, loss, every
+ * gradient, and the parameters after AdamW steps (the gradients are the same bits). */
+static void step_checkpointing(const char *arch) {
+    char cfg[512], w[512], b[512], out[2][256];
+    snprintf(cfg, sizeof cfg, FIX "%s/config.json", arch);
+    snprintf(w, sizeof w, FIX "%s/weights.safetensors", arch);
+    snprintf(b, sizeof b, FIX "%s/batch.safetensors", arch);
+    char *files[2] = {NULL, NULL};
+    size_t len[2] = {0, 0};
+    unsigned long long plan[2] = {0, 0};
+    for (int on = 0; on < 2; on++) {
+        snprintf(out[on], sizeof out[on], "/tmp/cgrad_test_ckpt%d_%s_%d.safetensors", on, arch, (int)getpid());
+        char *argv[] = {"--arch", (char *)arch, "--config", cfg, "--weights", w, "--batch", b, "--out", out[on],
+                        "--steps", "2", "--checkpoint-activations"};
+        /* its report line, on stderr, gives the plan's size */
+        char log[256];
+        snprintf(log, sizeof log, "/tmp/cgrad_test_ckpt%d_%s_%d.log", on, arch, (int)getpid());
+        fflush(stderr);
+        const int saved = dup(2), fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fd >= 0) dup2(fd, 2);
+        int rc = cmd_step((int)(sizeof argv / sizeof argv[0]) - !on, argv);
+        fflush(stderr);
+        if (fd >= 0) dup2(saved, 2), close(fd);
+        close(saved);
+        CHECK(rc == 0, "%s: cgrad step%s failed: %s", arch, on ? " --checkpoint-activations" : "", cg_last_error());
+        files[on] = test_slurp(out[on], &len[on]);
+        char *text = test_slurp(log, NULL);
+        const char *at = text ? strstr(text, "memory plan ") : NULL;
+        plan[on] = at ? strtoull(at + 12, NULL, 10) : 0;
+        CHECK(at && !on == !strstr(text, "activations checkpointed"), "%s: step's report: %s", arch, text ? text : "");
+        free(text);
+        unlink(log);
+        unlink(out[on]);
+    }
+    CHECK(plan[1] > 0 && plan[1] < plan[0], "%s: step's plan %llu bytes with --checkpoint-activations, %llu without",
+          arch, plan[1], plan[0]);
+    CHECK(files[0] && files[1] && len[0] == len[1] && len[0] > 1000 && !memcmp(files[0], files[1], len[0]),
+          "%s: cgrad step with and without --checkpoint-activations wrote different files (%zu and %zu bytes)", arch,
+          len[0], len[1]);
+    free(files[0]);
+    free(files[1]);
+}
+
 int main(void) {
     hf_partial_and_save();
     bert_fused_head();
+    step_checkpointing("gpt2");
+    step_checkpointing("encdec");
+    step_checkpointing("llama");
     const char *archs[5] = {"gpt2", "bert", "encdec", "classifier", "llama"};
     for (int i = 0; i < 5; i++) parity(archs[i]);
     hf_layouts();
