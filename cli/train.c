@@ -206,7 +206,7 @@ void cli_train_default(const char *arch, const char *flag, char *buf, size_t n) 
     defaults(&o, set);
     *buf = 0;
     for (int i = 0; i < N_DEFS; i++)
-        if (!strcmp(defs[i].flag, flag)) {
+        if (!strcmp(defs[i].flag, flag) && defs[i].kind != CLI_BARE) { /* a bare flag is off unless given */
             value_str(&o, i, buf, n);
             if (type_of(i) == T_STR) { /* without value_str's quotes; "" has no default */
                 size_t len = strlen(buf);
