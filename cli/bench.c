@@ -73,6 +73,14 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* CPU seconds of every thread of the process: on a loaded machine a step waits for the cores, and
+ * the CPU time it used moves much less than its wall time (threads wait passively). */
+static double cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -303,21 +311,22 @@ static int train_child(const void *arg, int threads, double sgemm) {
 
     const int total = opts.warmup + opts.steps;
     double *times = malloc((size_t)(opts.steps > 0 ? opts.steps : 1) * sizeof *times);
+    double *cpu = malloc((size_t)(opts.steps > 0 ? opts.steps : 1) * sizeof *cpu);
     double first_loss = NAN, last_loss = NAN;
     for (int k = 0; k < total; k++) {
-        double t0 = now_s();
+        double t0 = now_s(), c0 = cpu_s();
         cg_params_zero_grad(ps);
         cg_status st = cg_graph_forward(g);
         if (!st) st = cg_graph_backward(g, mg.loss);
         if (!st) st = cg_optim_step(opt, oc.lr);
-        double dt = now_s() - t0;
+        double dt = now_s() - t0, dc = cpu_s() - c0;
         if (st) return fail(c->name, threads, "training step failed");
         last_loss = cg_item(mg.loss);
         if (k == 0) first_loss = last_loss;
         if (!isfinite(last_loss)) return fail(c->name, threads, "loss is not finite");
-        if (k >= opts.warmup) times[k - opts.warmup] = dt;
+        if (k >= opts.warmup) times[k - opts.warmup] = dt, cpu[k - opts.warmup] = dc;
     }
-    double med = median(times, opts.steps);
+    double med = median(times, opts.steps), med_cpu = median(cpu, opts.steps);
     int64_t n_matmul;
     double flops = step_flops(c, ps, d, attn, &n_matmul);
     double tokens = (double)(c->batch * c->t), gflops = flops / med / 1e9, rss = peak_rss_mb();
@@ -338,8 +347,10 @@ static int train_child(const void *arg, int threads, double sgemm) {
            c->name, threads, cg_precision_name(cg_default_precision()), (long long)c->batch, (long long)c->t,
            opts.checkpoint, med * 1e3, tokens / med, gflops, gflops / sgemm);
     if (bf16) printf("\"bf16_gemm_fraction\":%.4f, ", gflops / bf16_ref);
-    printf("\"peak_rss_mb\":%.1f, \"plan_mb\":%.1f}\n", rss, (double)cg_graph_plan_bytes(g) / 1048576.0);
+    printf("\"peak_rss_mb\":%.1f, \"plan_mb\":%.1f, \"cpu_ms_per_step\":%.3f}\n", rss,
+           (double)cg_graph_plan_bytes(g) / 1048576.0, med_cpu * 1e3);
     free(times);
+    free(cpu);
     cg_optim_free(opt);
     cg_graph_free(g);
     cg_model_free(m);

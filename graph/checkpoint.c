@@ -81,16 +81,21 @@ int64_t cgi_ckpt_timeline(const cg_graph *g, int64_t *bt, int64_t *rt) {
     return now;
 }
 
+/* Swaps the forward and recompute buffers of the segment [lo, hi]. Only the segment's own views
+ * of them need re-pointing: a view built later is read by rules that ran before the swap. */
 static void swap_buffers(cg_graph *g, int lo, int hi) {
     for (int j = lo; j <= hi; j++) {
         cg_tensor *t = g->nodes[j];
-        if (!t->recompute) continue;
-        void *p = t->data;
-        t->data = t->alt_data, t->alt_data = p;
-        p = t->aux;
-        t->aux = t->alt_aux, t->alt_aux = p;
+        if (t->recompute) {
+            void *p = t->data;
+            t->data = t->alt_data, t->alt_data = p;
+            p = t->aux;
+            t->aux = t->alt_aux, t->alt_aux = p;
+        } else if (t->root != t && t->root->recompute && t->root->id >= lo) {
+            const size_t es = t->dtype == CG_INT32 ? sizeof(int32_t) : sizeof(cg_real);
+            t->data = (char *)t->root->data + t->offset * es;
+        }
     }
-    cgi_resolve_views(g);
 }
 
 cg_status cgi_ckpt_recompute(cg_graph *g, int lo, int hi) {

@@ -328,9 +328,8 @@ cg_tensor *cg_requires_grad(cg_tensor *t) {
     return t;
 }
 
-void cgi_resolve_views(cg_graph *g) {
-    /* Parameter storage may have moved since the build, and recomputed segments swap their
-     * buffers, so views are re-pointed every run. */
+static void resolve_views(cg_graph *g) {
+    /* Parameter storage may have moved since the build, so views are re-pointed every run. */
     for (int i = 0; i < g->n; i++) {
         cg_tensor *t = g->nodes[i];
         if (cgi_ops[t->op].kind != CGI_KIND_VIEW) continue;
@@ -362,7 +361,7 @@ cg_status cg_graph_forward(cg_graph *g) {
                         "cg_checkpoint_end", g->seg_open, g->seg_open_at);
     cg_status s = g->planned ? CG_OK : cgi_plan(g);
     if (s) return s;
-    cgi_resolve_views(g);
+    resolve_views(g);
     g->fwd_step = g->step;
     for (int i = 0; i < g->n; i++) {
         cg_tensor *t = g->nodes[i];
@@ -515,7 +514,7 @@ cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
     if (!loss->requires_grad)
         return cgi_fail(CG_ERR_STATE, "[backward] loss depends on no trainable parameter or input");
     if (!g->planned || !g->ran_forward) return cgi_fail(CG_ERR_STATE, "[backward] run cg_graph_forward first");
-    cgi_resolve_views(g);
+    resolve_views(g);
     g->epoch++;
 
     for (int i = 0; i <= loss->id; i++) g->nodes[i]->mark = false;

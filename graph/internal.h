@@ -169,8 +169,6 @@ int64_t cgi_ckpt_timeline(const cg_graph *g, int64_t *bt, int64_t *rt);
 cg_status cgi_ckpt_recompute(cg_graph *g, int lo, int hi);
 /* Backward leaving the segment [lo, hi]: swaps the forward buffers back in. */
 void cgi_ckpt_restore(cg_graph *g, int lo, int hi);
-/* Points every view's value and gradient at its root's current storage. */
-void cgi_resolve_views(cg_graph *g);
 /* Runs node t's forward kernel (profiled, and nudged under a gradient check). */
 cg_status cgi_run_forward(cg_graph *g, cg_tensor *t);
 
