@@ -232,6 +232,7 @@ static cg_tensor *llama_forward(cg_graph *g, const void *model, cg_tensor *ids, 
     cg_tensor *x = cg_dropout(g, cg_embedding(g, m->embed, ids), p);
     for (int64_t i = 0; i < c->num_hidden_layers; i++) {
         const llama_block *b = &m->layers[i];
+        if (cg_checkpoint_begin(g)) return NULL; /* each block is a checkpoint segment */
         cg_tensor *h = cg_rmsnorm(g, x, b->in_norm, eps);
         cg_tensor *q = heads_of(g, h, b->q, c->num_attention_heads, past, &c->rope),
                   *k = heads_of(g, h, b->k, c->num_key_value_heads, past, &c->rope),
@@ -242,6 +243,7 @@ static cg_tensor *llama_forward(cg_graph *g, const void *model, cg_tensor *ids, 
         h = cg_rmsnorm(g, x, b->post_norm, eps);
         cg_tensor *f = cg_swiglu(g, cg_linear(g, h, b->gate, NULL), cg_linear(g, h, b->up, NULL));
         x = cg_add(g, x, cg_dropout(g, cg_linear(g, f, b->down, NULL), p));
+        if (cg_checkpoint_end(g)) return NULL;
     }
     return cg_linear(g, cg_rmsnorm(g, x, m->norm, eps), m->head, NULL);
 }

@@ -16,6 +16,9 @@ static const char *const bert_cfg = "{\"vocab_size\": 40, \"hidden_size\": 32, \
 static const char *const encdec_cfg = "{\"src_vocab_size\": 30, \"tgt_vocab_size\": 31, \"d_model\": 32, \"n_head\": 4, "
                                       "\"num_encoder_layers\": 2, \"num_decoder_layers\": 3, \"dim_feedforward\": 64, "
                                       "\"max_len\": 32, \"pad_id\": 0, \"bos_id\": 1, \"eos_id\": 2}";
+static const char *const llama_cfg = "{\"vocab_size\": 50, \"hidden_size\": 32, \"intermediate_size\": 48, "
+                                     "\"num_hidden_layers\": 3, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+                                     "\"max_position_embeddings\": 32, \"rms_norm_eps\": 1e-6}";
 static const char *const cls_cfg = "{\"vocab_size\": 40, \"d_model\": 32, \"n_head\": 4, \"n_layer\": 3, "
                                    "\"dim_feedforward\": 64, \"max_len\": 32, \"num_classes\": 3}";
 
@@ -204,7 +207,8 @@ int main(void) {
     const struct {
         cg_arch arch;
         const char *cfg;
-    } models[] = {{CG_ARCH_GPT2, gpt_cfg}, {CG_ARCH_BERT, bert_cfg}, {CG_ARCH_ENCDEC, encdec_cfg}, {CG_ARCH_CLASSIFIER, cls_cfg}};
+    } models[] = {{CG_ARCH_GPT2, gpt_cfg}, {CG_ARCH_BERT, bert_cfg}, {CG_ARCH_ENCDEC, encdec_cfg}, {CG_ARCH_CLASSIFIER, cls_cfg},
+                  {CG_ARCH_LLAMA, llama_cfg}};
     for (int threads = 1; threads <= 2; threads++)
         for (size_t i = 0; i < sizeof models / sizeof *models; i++) {
             same_gradients(models[i].arch, models[i].cfg, 0.1, threads);
