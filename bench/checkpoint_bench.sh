@@ -20,7 +20,7 @@ warmup=${WARMUP:-1}
 threads=${THREADS:-2}
 dir=$(mktemp -d) && trap 'rm -rf "$dir"' EXIT
 field() { sed -n "s/.*\"$2\":\([0-9.]*\).*/\1/p" "$1" | tail -1; }
-rss() { sed -n 's/.*Maximum resident set size (kbytes): \([0-9]*\).*/\1/p' "$1" | awk '{printf "%.0f", $1 / 1024}'; }
+rss() { sed -n 's/.*Maximum resident set size (kbytes): \([0-9]*\).*/\1/p' "$1" | awk '{printf "%.0f\n", $1 / 1024}'; }
 med() { sort -g | awk '{a[NR]=$1} END {if (NR % 2) print a[(NR+1)/2]; else printf "%.1f\n", (a[NR/2]+a[NR/2+1])/2}'; }
 spread() { sort -g | awk 'NR==1{lo=$1} {hi=$1} END {printf "%s-%s", lo, hi}'; }
 echo "# $("$bin" --version 2>/dev/null | head -1); $threads threads, $warmup warm-up + $steps timed steps per run, $reps rounds"
