@@ -1,4 +1,5 @@
-/* The memory plan. On one time axis (forward of node i at time i, its backward at 2n-1-i) every
+/* The memory plan. On one time axis (forward of node i at time i, its backward at 2n-1-i; with
+ * checkpoint segments, recomputes slot in before each segment's backward, graph/checkpoint.c) every
  * value, gradient and op scratch buffer lives from its first write to its last read; buffers whose
  * lives do not overlap share memory. The op table says which values backward reads, so a value
  * that only forward needs dies as soon as its last consumer has run, and a gradient dies once its
@@ -13,7 +14,7 @@ typedef struct {
     size_t bytes, offset;
     void **target;        /* where the address goes */
     const cg_tensor *node;
-    char kind;            /* 'v' value, 'g' gradient, 'a' op scratch */
+    char kind;            /* 'v' value, 'r' recomputed value, 'g' gradient, 'a' op scratch */
 } buffer;
 
 /* Free address ranges of the block, as a treap keyed by offset whose nodes also carry the
