@@ -172,6 +172,48 @@ static void small_graph(void) {
     cg_params_free(ps);
 }
 
+/* Dropout inside the fused attention kernel draws its mask from the step forward ran at: the
+ * recompute, after forward has advanced the step, must draw the same one. */
+static void sdpa_dropout(void) {
+    cg_params *ps = cg_params_new();
+    cg_tensor *qkv[3];
+    cg_rng r;
+    cg_rng_seed(&r, 11);
+    for (int i = 0; i < 3; i++) {
+        qkv[i] = cg_params_add(ps, (const char *[]){"q", "k", "v"}[i], 4, (int64_t[]){1, 2, 40, 8});
+        cg_fill_normal(qkv[i], &r, 0, 1);
+    }
+    const cg_sdpa_opts opts = {.scale = 0.35, .causal = true, .dropout = 0.3};
+    cg_real *grads[2] = {malloc((size_t)cg_params_span(ps) * sizeof(cg_real)),
+                         malloc((size_t)cg_params_span(ps) * sizeof(cg_real))};
+    bool ok = true;
+    for (int on = 0; on < 2; on++) {
+        cg_graph *g = cg_graph_new(CG_TRAIN);
+        cg_graph_set_checkpointing(g, on);
+        cg_graph_set_rng(g, 3, 0);
+        cg_checkpoint_begin(g);
+        cg_tensor *h = cg_tanh(g, cg_sdpa_ex(g, qkv[0], qkv[1], qkv[2], &opts));
+        cg_checkpoint_end(g);
+        cg_checkpoint_begin(g);
+        cg_tensor *o = cg_sdpa_ex(g, h, qkv[1], qkv[2], &opts);
+        cg_checkpoint_end(g);
+        cg_tensor *loss = cg_sum_all(g, cg_square(g, o));
+        for (int step = 0; step < 2; step++) { /* the second step draws other masks */
+            cg_params_zero_grad(ps);
+            ok &= loss && cg_graph_forward(g) == CG_OK && cg_graph_backward(g, loss) == CG_OK;
+        }
+        CHECK(ok, "%s", cg_last_error());
+        if (grads[on]) memcpy(grads[on], cg_params_grads(ps), (size_t)cg_params_span(ps) * sizeof(cg_real));
+        cg_graph_free(g);
+    }
+    CHECK(ok && grads[0] && grads[1] && !memcmp(grads[0], grads[1], (size_t)cg_params_span(ps) * sizeof(cg_real)),
+          "fused attention with dropout: gradients differ with checkpointing (q[0] %.9g vs %.9g)",
+          grads[0] ? (double)grads[0][0] : 0.0, grads[1] ? (double)grads[1][0] : 0.0);
+    free(grads[0]);
+    free(grads[1]);
+    cg_params_free(ps);
+}
+
 static void misuse(void) {
     cg_graph *g = cg_graph_new(CG_TRAIN);
     CHECK(cg_checkpoint_begin(NULL) == CG_ERR_ARG && strstr(cg_last_error(), "[checkpoint_begin]"), "%s", cg_last_error());
@@ -204,6 +246,7 @@ static void misuse(void) {
 int main(void) {
     misuse();
     small_graph();
+    sdpa_dropout();
     const struct {
         cg_arch arch;
         const char *cfg;
