@@ -12,6 +12,7 @@
 #include "../models/config_json.h"
 #include "../models/llama.h"
 #include "check.h"
+#include "decoder_check.h"
 
 #define FIX CGRAD_TEST_DIR "/fixtures/models/llama/"
 
@@ -129,27 +130,18 @@ static void test_cache_logits(void) {
     cg_params_free(ps);
 }
 
+/* cg_llama_generate through the shared decoder check's signature. */
+static cg_status generate(const void *m, const int32_t *prompt, int64_t n_prompt, int64_t n_new, const cg_sampling *s,
+                         uint64_t seed, bool use_cache, int32_t *out) {
+    return cg_llama_generate(m, prompt, n_prompt, n_new, s, seed, use_cache, out);
+}
+
 static void test_generate(void) {
     cg_llama_config c = tiny();
     cg_params *ps = cg_params_new();
     cg_llama *m = cg_llama_new(&c, ps, 11);
     spread(ps, 5, 0.3);
-    int32_t prompt[5] = {1, 4, 2, 9, 3}, a[40], b[40];
-    cg_sampling modes[4] = {{0, 0, 0}, {1.0, 0, 0}, {0.8, 5, 0}, {1.2, 0, 0.9}};
-    for (int k = 0; k < 4; k++) {
-        CHECK(cg_llama_generate(m, prompt, 5, 35, &modes[k], 42 + k, false, a) == CG_OK, "%s", cg_last_error());
-        CHECK(cg_llama_generate(m, prompt, 5, 35, &modes[k], 42 + k, true, b) == CG_OK, "%s", cg_last_error());
-        int same = 0, distinct = 0;
-        for (int i = 0; i < 40; i++) same += a[i] == b[i];
-        for (int i = 6; i < 40; i++) distinct += a[i] != a[i - 1];
-        CHECK(same == 40, "mode %d: %d of 40 tokens equal with and without cache", k, same);
-        CHECK(k == 0 || distinct > 5, "mode %d: sampling produced a near-constant sequence", k);
-    }
-    CHECK(cg_llama_generate(m, prompt, 5, 100, &modes[0], 1, true, a) == CG_ERR_ARG &&
-              strstr(cg_last_error(), "llama generate"),
-          "too long must fail: %s", cg_last_error());
-    prompt[2] = 13;
-    CHECK(cg_llama_generate(m, prompt, 5, 3, &modes[0], 1, true, a) == CG_ERR_RANGE, "bad prompt id must fail");
+    check_cached_generation(generate, m, "llama generate");
     cg_llama_free(m);
     cg_params_free(ps);
 }
