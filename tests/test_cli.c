@@ -17,156 +17,8 @@
 
 #include "cgrad.h"
 #include "check.h"
-
-static char bin[PATH_MAX + 16], dir[PATH_MAX];
-
-/* ---- helpers ---- */
-
-static void spit(const char *name, const char *text) {
-    char p[PATH_MAX + 64];
-    snprintf(p, sizeof p, "%s/%s", dir, name);
-    FILE *f = fopen(p, "wb");
-    if (f) fputs(text, f), fclose(f);
-}
-
-static char *path_of(const char *name) {
-    static char p[4][PATH_MAX + 64];
-    static int k;
-    k = (k + 1) % 4;
-    if (snprintf(p[k], sizeof p[k], "%s/%s", dir, name) >= (int)sizeof p[k]) p[k][0] = 0; /* too long: no file */
-    return p[k];
-}
-
-typedef struct {
-    int rc;
-    char *out, *err;
-} result;
-
-static void result_free(result *r) { free(r->out), free(r->err), r->out = r->err = NULL; }
-
-/* Runs `cgrad ARGS` in the scratch directory with stdin from /dev/null (or input). */
-static result cgrad(const char *args, const char *input) {
-    char cmd[3 * PATH_MAX];
-    if (input) spit("stdin.txt", input);
-    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' %s < %s > out.txt 2> err.txt", dir, bin, args, input ? "stdin.txt" : "/dev/null");
-    int st = system(cmd);
-    result r = {WIFEXITED(st) ? WEXITSTATUS(st) : -1, test_slurp(path_of("out.txt"), NULL), test_slurp(path_of("err.txt"), NULL)};
-    if (!r.out) r.out = calloc(1, 1);
-    if (!r.err) r.err = calloc(1, 1);
-    return r;
-}
-
-/* The last non-empty line of s (static copy). */
-static const char *last_line(const char *s) {
-    static char line[1024];
-    size_t n = strlen(s);
-    while (n && s[n - 1] == '\n') n--;
-    size_t b = n;
-    while (b && s[b - 1] != '\n') b--;
-    snprintf(line, sizeof line, "%.*s", (int)(n - b), s + b);
-    return line;
-}
-
-/* Parses the documented last line; false unless it has exactly that form. */
-static bool parse_final(const char *line, long long *step, double *train, double *val, double *tps) {
-    int used = -1;
-    if (sscanf(line, "final step=%lld train_loss=%lf val_loss=%lf tokens_per_s=%lf%n", step, train, val, tps, &used) != 4)
-        return false;
-    return used == (int)strlen(line);
-}
-
-/* Every tensor of two checkpoints is equal bit for bit, and so is the training state (but the clock). */
-static bool same_checkpoints(const char *a, const char *b) {
-    cg_st *x = cg_checkpoint_open(a), *y = cg_checkpoint_open(b);
-    bool same = x && y && cg_st_count(x) == cg_st_count(y) && cg_st_count(x) > 2;
-    for (int i = 0; same && i < cg_st_count(x); i++) {
-        const char *name = cg_st_name(x, i);
-        int nd1, nd2;
-        int64_t s1[CG_MAX_DIMS], s2[CG_MAX_DIMS];
-        same = cg_st_find(y, name) >= 0 && !cg_st_info(x, name, NULL, &nd1, s1) && !cg_st_info(y, name, NULL, &nd2, s2) &&
-               nd1 == nd2 && !memcmp(s1, s2, (size_t)nd1 * sizeof *s1);
-        int64_t n = 1;
-        for (int k = 0; k < nd1; k++) n *= s1[k];
-        cg_real *u = malloc((size_t)n * sizeof *u), *v = malloc((size_t)n * sizeof *v);
-        same = same && u && v && !cg_st_read(x, name, u, -1, NULL) && !cg_st_read(y, name, v, -1, NULL) &&
-               !memcmp(u, v, (size_t)n * sizeof *u);
-        if (!same) fprintf(stderr, "  tensor %s differs between %s and %s\n", name, a, b);
-        free(u), free(v);
-    }
-    if (same) {
-        cJSON *s = cJSON_Parse(cg_st_metadata(x, "state")), *t = cJSON_Parse(cg_st_metadata(y, "state"));
-        cJSON_DeleteItemFromObject(s, "elapsed_s"), cJSON_DeleteItemFromObject(t, "elapsed_s");
-        char *p = cJSON_PrintUnformatted(s), *q = cJSON_PrintUnformatted(t);
-        same = p && q && !strcmp(p, q);
-        if (!same) fprintf(stderr, "  state differs:\n  %s\n  %s\n", p, q);
-        free(p), free(q), cJSON_Delete(s), cJSON_Delete(t);
-    }
-    cg_st_close(x), cg_st_close(y);
-    return same;
-}
-
-/* The metrics CSV without its timing columns. */
-static char *csv_losses(const char *name) {
-    char *s = test_slurp(path_of(name), NULL);
-    if (!s) return calloc(1, 1);
-    char *out = malloc(strlen(s) + 1), *w = out;
-    for (char *line = strtok(s, "\n"); line; line = strtok(NULL, "\n")) {
-        int commas = 0;
-        for (char *p = line; *p && commas < 4; p++) commas += *p == ',', *w++ = *p;
-        *w++ = '\n';
-    }
-    *w = 0;
-    free(s);
-    return out;
-}
-
-/* ---- data the tests train on ---- */
-
-static uint64_t lcg = 12345;
-static unsigned next_u(unsigned n) {
-    lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
-    return (unsigned)((lcg >> 33) % n);
-}
-
-static const char *words[] = {"the", "whale", "sea", "ship", "captain", "sailed", "white", "deep", "harpoon", "boat",
-                              "crew", "waves", "storm", "night", "called", "ahab", "moby", "dick", "oil", "rope"};
-
-static void make_data(void) {
-    char *text = calloc(1, 1 << 16), *p = text;
-    for (int doc = 0; doc < 8; doc++) {
-        for (int s = 0; s < 8; s++) {
-            int n = 4 + (int)next_u(5);
-            for (int w = 0; w < n; w++) p += sprintf(p, "%s%s", w ? " " : "", words[next_u(20)]);
-            p += sprintf(p, ". ");
-        }
-        p += sprintf(p, "\n\n");
-    }
-    spit("text.txt", text);
-    p = text;
-    p += sprintf(p, "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n.\n");
-    for (int i = 0; i < 20; i++) p += sprintf(p, "%s\n", words[i]);
-    spit("vocab.txt", text);
-    p = text;
-    for (int i = 0; i < 120; i++) {
-        char d[16];
-        int n = 2 + (int)next_u(5);
-        for (int k = 0; k < n; k++) d[k] = (char)('0' + next_u(10));
-        d[n] = 0;
-        p += sprintf(p, "%s\t", d);
-        for (int k = n - 1; k >= 0; k--) *p++ = d[k];
-        *p++ = '\n';
-    }
-    *p = 0;
-    spit("rev.tsv", text);
-    static const char *pos[] = {"good", "great", "fine", "lovely"}, *neg[] = {"bad", "awful", "poor", "dull"};
-    p = text;
-    for (int i = 0; i < 120; i++) {
-        bool y = next_u(2);
-        p += sprintf(p, "%s\tthe %s %s film\n", y ? "pos" : "neg", (y ? pos : neg)[next_u(4)], words[next_u(20)]);
-    }
-    spit("cls.tsv", text);
-    free(text);
-}
+#include "cgrad_bin.h"
+#include "cli_harness.h"
 
 /* ---- tests ---- */
 
@@ -518,24 +370,11 @@ static void test_errors(void) {
     }
     /* A checkpoint whose stored config does not describe its tensors (two layers claimed, one saved). */
     cg_st *src = cg_checkpoint_open(path_of("gpt_A.ckpt"));
-    cg_st_writer *w = cg_st_writer_new();
-    for (int i = 0; src && i < cg_st_count(src); i++) {
-        const char *name = cg_st_name(src, i);
-        int nd;
-        int64_t shape[CG_MAX_DIMS], n = 1;
-        cg_st_info(src, name, NULL, &nd, shape);
-        for (int k = 0; k < nd; k++) n *= shape[k];
-        cg_real *buf = malloc((size_t)n * sizeof *buf);
-        if (buf && !cg_st_read(src, name, buf, nd, shape)) cg_st_add(w, name, nd, shape, buf);
-        free(buf);
-    }
-    const char *keys[] = {"arch", "tokenizer", "train", "state"};
-    for (int i = 0; src && i < 4; i++) cg_st_set_metadata(w, keys[i], cg_st_metadata(src, keys[i]));
     char *cfg = src ? strdup(cg_st_metadata(src, "config")) : NULL, *at = cfg ? strstr(cfg, "\"n_layer\": 1") : NULL;
+    cg_st_close(src);
     if (at) at[11] = '2';
-    if (cfg) cg_st_set_metadata(w, "config", cfg);
-    CHECK(at && !cg_checkpoint_save(w, path_of("wrongcfg.ckpt")), "could not write wrongcfg.ckpt: %s", cg_last_error());
-    free(cfg), cg_st_writer_free(w), cg_st_close(src);
+    rewrite_ckpt("gpt_A.ckpt", "wrongcfg.ckpt", NULL, "config", at ? cfg : NULL); /* not found: the check below fails */
+    free(cfg);
     for (int i = 0; i < 2; i++) {
         result r = cgrad(i ? "train --resume wrongcfg.ckpt" : "info --checkpoint wrongcfg.ckpt", NULL);
         CHECK(r.rc == 1 && strstr(r.err, "wrongcfg.ckpt") && strstr(r.err, "h.1."), "config/tensor mismatch: rc %d '%s'",
@@ -545,25 +384,12 @@ static void test_errors(void) {
     /* Caught by the checkpoint fuzz harness (tests/fuzz/corpus/checkpoint/state_huge_step.safetensors): a saved number
      * outside int64 was converted anyway (undefined; -9223372036854775808 on x86). It reads as absent. */
     src = cg_checkpoint_open(path_of("gpt_A.ckpt"));
-    w = cg_st_writer_new();
-    for (int i = 0; src && i < cg_st_count(src); i++) {
-        const char *name = cg_st_name(src, i);
-        int nd;
-        int64_t shape[CG_MAX_DIMS], n = 1;
-        cg_st_info(src, name, NULL, &nd, shape);
-        for (int k = 0; k < nd; k++) n *= shape[k];
-        cg_real *buf = malloc((size_t)n * sizeof *buf);
-        if (buf && !cg_st_read(src, name, buf, nd, shape)) cg_st_add(w, name, nd, shape, buf);
-        free(buf);
-    }
-    const char *keys2[] = {"arch", "tokenizer", "train", "config"};
-    for (int i = 0; src && i < 4; i++) cg_st_set_metadata(w, keys2[i], cg_st_metadata(src, keys2[i]));
     cJSON *state = src ? cJSON_Parse(cg_st_metadata(src, "state")) : NULL;
+    cg_st_close(src);
     cJSON_ReplaceItemInObject(state, "step", cJSON_CreateNumber(1e300));
     char *huge = state ? cJSON_PrintUnformatted(state) : NULL;
-    CHECK(huge && !cg_st_set_metadata(w, "state", huge) && !cg_checkpoint_save(w, path_of("hugestep.ckpt")),
-          "could not write hugestep.ckpt: %s", cg_last_error());
-    free(huge), cJSON_Delete(state), cg_st_writer_free(w), cg_st_close(src);
+    rewrite_ckpt("gpt_A.ckpt", "hugestep.ckpt", NULL, "state", huge);
+    free(huge), cJSON_Delete(state);
     result hr = cgrad("info --checkpoint hugestep.ckpt", NULL);
     CHECK(hr.rc == 0 && strstr(hr.out, "step        0 of"), "step 1e300: rc %d '%s' '%s'", hr.rc, hr.out, hr.err);
     result_free(&hr);
@@ -648,43 +474,6 @@ static void test_inference(void) {
     result_free(&r);
 }
 
-/* cgrad ARGS with a time limit: a hang is a failure (rc 137), not a stuck test. */
-static result cgrad_t(const char *args, int seconds) {
-    char a[4096];
-    snprintf(a, sizeof a, "%s", args);
-    char cmd[3 * PATH_MAX + 4096];
-    snprintf(cmd, sizeof cmd, "cd '%s' && timeout -s KILL %d '%s' %s < /dev/null > out.txt 2> err.txt", dir, seconds, bin, a);
-    int st = system(cmd);
-    result r = {WIFEXITED(st) ? WEXITSTATUS(st) : -1, test_slurp(path_of("out.txt"), NULL), test_slurp(path_of("err.txt"), NULL)};
-    if (!r.out) r.out = calloc(1, 1);
-    if (!r.err) r.err = calloc(1, 1);
-    return r;
-}
-
-/* Rewrites checkpoint src as dst with edit applied to each tensor's values (name, values, count). */
-static void rewrite_ckpt(const char *src_name, const char *dst_name, void (*edit)(const char *, cg_real *, int64_t),
-                         const char *config) {
-    cg_st *src = cg_checkpoint_open(path_of(src_name));
-    cg_st_writer *w = cg_st_writer_new();
-    for (int i = 0; src && i < cg_st_count(src); i++) {
-        const char *name = cg_st_name(src, i);
-        int nd;
-        int64_t shape[CG_MAX_DIMS], n = 1;
-        cg_st_info(src, name, NULL, &nd, shape);
-        for (int k = 0; k < nd; k++) n *= shape[k];
-        cg_real *buf = malloc((size_t)n * sizeof *buf + 1);
-        if (buf && !cg_st_read(src, name, buf, nd, shape)) {
-            if (edit) edit(name, buf, n);
-            cg_st_add(w, name, nd, shape, buf);
-        }
-        free(buf);
-    }
-    const char *keys[] = {"arch", "tokenizer", "train", "state", "config"};
-    for (int i = 0; src && i < 5; i++) cg_st_set_metadata(w, keys[i], i == 4 && config ? config : cg_st_metadata(src, keys[i]));
-    CHECK(src && !cg_checkpoint_save(w, path_of(dst_name)), "could not write %s: %s", dst_name, cg_last_error());
-    cg_st_writer_free(w), cg_st_close(src);
-}
-
 static void nan_in_mlp(const char *name, cg_real *v, int64_t n) {
     if (!strcmp(name, "h.0.mlp.c_fc.weight") && n > 3) v[3] = NAN;
 }
@@ -763,14 +552,14 @@ static void test_hostile(void) {
         snprintf(big, sizeof big, "%s", t ? t : "");
         free(t), cJSON_Delete(cj);
     }
-    rewrite_ckpt("gpt_A.ckpt", "huge.ckpt", NULL, big);
+    rewrite_ckpt("gpt_A.ckpt", "huge.ckpt", NULL, "config", big);
     r = cgrad_t("info --checkpoint huge.ckpt", 30);
     CHECK(*big && r.rc == 1 && strstr(r.err, "huge.ckpt") && strstr(r.err, "elements"), "parameter count overflow: rc %d '%s'",
           r.rc, r.err);
     result_free(&r);
 
     /* A NaN weight: refused at load, naming the tensor and the file. */
-    rewrite_ckpt("gpt_A.ckpt", "nan.ckpt", nan_in_mlp, NULL);
+    rewrite_ckpt("gpt_A.ckpt", "nan.ckpt", nan_in_mlp, NULL, NULL);
     r = cgrad_t("sample --checkpoint nan.ckpt --length 20", 30);
     CHECK(r.rc == 1 && strstr(r.err, "nan.ckpt") && strstr(r.err, "h.0.mlp.c_fc.weight") && strstr(r.err, "finite") && !*r.out,
           "NaN weight: rc %d '%s' '%s'", r.rc, r.err, r.out);
@@ -884,19 +673,7 @@ static void test_precision(void) {
 }
 
 int main(void) {
-    const char *env = getenv("CGRAD_BIN");
-    char self[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (env) snprintf(bin, sizeof bin, "%s", env);
-    else if (n > 0) {
-        self[n] = 0;
-        *strrchr(self, '/') = 0;
-        snprintf(bin, sizeof bin, "%s/../cgrad", self);
-    }
-    if (access(bin, X_OK)) {
-        fprintf(stderr, "test_cli: no cgrad binary at %s (build the cgrad_cli target or set CGRAD_BIN)\n", bin);
-        return 1;
-    }
+    if (!test_find_cgrad(bin, sizeof bin, "test_cli")) return 1;
     snprintf(dir, sizeof dir, "/tmp/cgrad_test_cli.XXXXXX");
     if (!mkdtemp(dir)) return 1;
     make_data();

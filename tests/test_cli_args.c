@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "cgrad_bin.h"
 
 extern char **environ;
 
@@ -246,19 +247,7 @@ static void test_help(const opt *opts, int n_opts) {
 }
 
 int main(void) {
-    const char *env = getenv("CGRAD_BIN");
-    char self[4096];
-    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (env) snprintf(bin, sizeof bin, "%s", env);
-    else if (len > 0) {
-        self[len] = 0;
-        *strrchr(self, '/') = 0;
-        snprintf(bin, sizeof bin, "%s/../cgrad", self);
-    }
-    if (access(bin, X_OK)) {
-        fprintf(stderr, "test_cli_args: no cgrad binary at %s (build the cgrad_cli target or set CGRAD_BIN)\n", bin);
-        return 1;
-    }
+    if (!test_find_cgrad(bin, sizeof bin, "test_cli_args")) return 1;
     if (getenv("CGRAD_SWEEP_LIMIT")) limit = atof(getenv("CGRAD_SWEEP_LIMIT"));
     char *abs = realpath(bin, NULL);
     if (abs) snprintf(bin, sizeof bin, "%s", abs), free(abs);
