@@ -1,9 +1,33 @@
-/* What io/safetensors.c lends the rest of io/ (the gzip checkpoint reads and writes the same
- * image); not part of the public API. */
+/* What the safetensors reader (io/safetensors_read.c) and writer (io/safetensors_write.c) share,
+ * and lend the rest of io/ (the gzip checkpoint reads and writes the same image); not part of the
+ * public API. */
 #ifndef CGRAD_IO_SAFETENSORS_INTERNAL_H
 #define CGRAD_IO_SAFETENSORS_INTERNAL_H
 
 #include "io/safetensors.h"
+
+/* The format's dtypes: kind of element, and the table of names and sizes (indexed by DT_*). */
+typedef enum { K_REAL, K_INT, K_UINT, K_BOOL } st_kind;
+
+typedef struct {
+    const char *name;
+    int size;
+    st_kind kind;
+} st_dtype;
+
+enum { DT_BOOL, DT_U8, DT_I8, DT_F8_E5M2, DT_F8_E4M3, DT_I16, DT_U16, DT_F16, DT_BF16,
+       DT_I32, DT_U32, DT_F32, DT_F64, DT_I64, DT_U64, DT_COUNT };
+
+extern const st_dtype cgi_st_dtypes[DT_COUNT];
+
+#ifdef CGRAD_DOUBLE
+#define DT_REAL DT_F64 /* cg_real's dtype */
+#else
+#define DT_REAL DT_F32
+#endif
+
+/* Fails with "[safetensors] <label>: <message>"; returns s. */
+cg_status cgi_st_fail(const char *label, cg_status s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* Where an image is streamed to: returns CG_OK or the sink's error. */
 typedef cg_status (*cgi_st_sink)(void *ctx, const void *p, size_t n);
