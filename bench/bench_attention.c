@@ -61,13 +61,9 @@ int main(int argc, char **argv) {
         v->t.g = cg_graph_new(CG_TRAIN);
         const int64_t s[4] = {B, H, T, D};
         cg_tensor *x[3];
-        for (int j = 0; j < 3; j++) {
-            x[j] = cg_requires_grad(cg_input(v->t.g, "x", CG_REAL, 4, s));
-            cg_fill_uniform(x[j], &rng, -2, 2);
-        }
-        cg_tensor *r = cg_input(v->t.g, "R", CG_REAL, 4, s); /* loss = sum(y * R): a dense upstream gradient */
-        cg_fill_uniform(r, &rng, -1, 1);
-        v->t.loss = cg_sum_all(v->t.g, cg_mul(v->t.g, build(v->t.g, v->k, x[0], x[1], x[2], causal, &rng), r));
+        for (int j = 0; j < 3; j++) x[j] = bench_input(v->t.g, "x", 4, s, &rng, -2, 2);
+        cg_tensor *r = bench_upstream(v->t.g, 4, s, &rng);
+        v->t.loss = bench_loss(v->t.g, build(v->t.g, v->k, x[0], x[1], x[2], causal, &rng), r);
         if (!bench_ready(&v->t, "bench_attention", v->name, reps)) return 1;
     }
     bench_timed ts[sizeof vs / sizeof vs[0]];

@@ -54,14 +54,11 @@ int main(int argc, char **argv) {
     for (int i = 0; i < nv; i++) {
         variant *v = &vs[i];
         v->t.g = cg_graph_new(CG_TRAIN);
-        cg_tensor *x = cg_requires_grad(cg_input(v->t.g, "x", CG_REAL, 2, (int64_t[]){rows, d}));
-        cg_tensor *x2 = cg_requires_grad(cg_input(v->t.g, "x2", CG_REAL, 2, (int64_t[]){rows, d}));
-        cg_tensor *w = cg_requires_grad(cg_input(v->t.g, "w", CG_REAL, 1, (int64_t[]){d}));
-        cg_fill_uniform(x, &rng, -2, 2), cg_fill_uniform(x2, &rng, -2, 2), cg_fill_uniform(w, &rng, 0.5, 1.5);
-        /* loss = sum(y * R): backward then starts from a dense upstream gradient */
-        cg_tensor *r = cg_input(v->t.g, "R", CG_REAL, 2, (int64_t[]){rows, d});
-        cg_fill_uniform(r, &rng, -1, 1);
-        v->t.loss = cg_sum_all(v->t.g, cg_mul(v->t.g, v->build(v->t.g, x, x2, w), r));
+        const int64_t s[2] = {rows, d};
+        cg_tensor *x = bench_input(v->t.g, "x", 2, s, &rng, -2, 2), *x2 = bench_input(v->t.g, "x2", 2, s, &rng, -2, 2);
+        cg_tensor *w = bench_input(v->t.g, "w", 1, &d, &rng, 0.5, 1.5);
+        cg_tensor *r = bench_upstream(v->t.g, 2, s, &rng);
+        v->t.loss = bench_loss(v->t.g, v->build(v->t.g, x, x2, w), r);
         if (!bench_ready(&v->t, "bench_ops", v->name, reps)) return 1;
     }
     bench_timed ts[sizeof vs / sizeof vs[0]];

@@ -1,6 +1,7 @@
 /* Timing shared by the op benchmarks: every variant's graph runs forward + backward once per
  * repetition, in turn (interleaved, so machine load hits all alike), and the per-repetition wall
- * and CPU times are sorted for medians. */
+ * and CPU times are sorted for medians. Also how a variant's graph is set up: inputs that need a
+ * gradient, and the loss sum(y * R) against a dense random upstream gradient R. */
 #ifndef CGRAD_BENCH_TIMING_H
 #define CGRAD_BENCH_TIMING_H
 
@@ -31,6 +32,25 @@ typedef struct {
     cg_tensor *loss;
     double *ms, *cpu;
 } bench_timed;
+
+/* An input of the graph that needs a gradient, filled uniformly in [lo, hi] from rng. */
+static inline cg_tensor *bench_input(cg_graph *g, const char *name, int ndim, const int64_t *shape, cg_rng *rng,
+                                     double lo, double hi) {
+    cg_tensor *x = cg_requires_grad(cg_input(g, name, CG_REAL, ndim, shape));
+    cg_fill_uniform(x, rng, lo, hi);
+    return x;
+}
+
+/* R, uniform in [-1, 1] and of the output's shape: the loss sum(y * R) (bench_loss) starts backward
+ * from a dense upstream gradient, not from ones. */
+static inline cg_tensor *bench_upstream(cg_graph *g, int ndim, const int64_t *shape, cg_rng *rng) {
+    cg_tensor *r = cg_input(g, "R", CG_REAL, ndim, shape);
+    cg_fill_uniform(r, rng, -1, 1);
+    return r;
+}
+
+/* The variant's loss: sum(y * r), r from bench_upstream. */
+static inline cg_tensor *bench_loss(cg_graph *g, cg_tensor *y, cg_tensor *r) { return cg_sum_all(g, cg_mul(g, y, r)); }
 
 /* Runs n variants reps times, interleaved; their ms and cpu come back sorted ([reps / 2] is the median). */
 static inline void bench_interleaved(int n, bench_timed *t, int reps) {
