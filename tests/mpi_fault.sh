@@ -41,17 +41,26 @@ ended() {
     if wait_for '! kill -0 $mp 2>/dev/null' "$1"; then wait "$mp"; rc=$?; took=$((SECONDS - t0)); mp=; return 0; fi
     return 1
 }
+# signal_rank SIG RANK SECONDS WHAT: sends SIG to that rank; the job must then end within SECONDS
+# with a nonzero status (WHAT names the fault in the report). False if it still runs.
+signal_rank() {
+    kill -"$1" "$(rank_pid "$2")"
+    if ended "$3"; then
+        [ $rc -ne 0 ] && ok "$4: the job ended in ${took}s with status $rc" || bad "$4, but the job ended with status 0"
+        return 0
+    fi
+    bad "the job still runs $3 s after: $4"
+    return 1
+}
+# says FILE PATTERN SHOWN [LABEL]: FILE holds PATTERN; what matches SHOWN goes into the report
+says() { grep -q "$2" "$1" && ok "${4:+$4: }$(grep -o "$3" "$1" | head -1)" || bad "no '$2' in $1: $(tail -c 600 "$1")"; }
 saved_step() { "$bin" info f.ckpt 2>/dev/null | sed -n 's/^step *\([0-9]*\) of.*/\1/p'; }
 
 # 1. rank 1 dies between saves
 "${run2[@]}" "$bin" train "${args[@]}" --save-every 4 > one.out 2>&1 & mp=$!
 if wait_for '[ -e f.ckpt ] && ! ls f.ckpt.tmp.* >/dev/null 2>&1 && grep -Eq " ([6-9]|[1-9][0-9]+)/100000" one.out' 120; then
-    kill -KILL "$(rank_pid 1)"
-    if ended 30; then
-        [ $rc -ne 0 ] && ok "rank 1 killed: the job ended in ${took}s with status $rc" || bad "rank 1 killed but status 0"
-        grep -q "exited on signal 9" one.out && ok "mpirun names the dead rank: $(grep -o 'process rank 1.*signal 9' one.out | head -1)" \
-            || bad "no message naming the dead rank: $(tail -5 one.out)"
-    else bad "the job still runs 30 s after rank 1 was killed"; fi
+    signal_rank KILL 1 30 "rank 1 killed" && says one.out "exited on signal 9" 'process rank 1.*signal 9' \
+        "mpirun names the dead rank"
 else bad "no checkpoint within 120 s: $(tail -c 400 one.out)"; fi
 s1=$(saved_step)
 [ -n "$s1" ] && [ $((s1 % 4)) -eq 0 ] && ok "checkpoint intact at step $s1" || bad "checkpoint unreadable after the kill"
@@ -59,9 +68,7 @@ s1=$(saved_step)
 # 2. rank 0 dies while it writes a checkpoint; the job resumes from the surviving one first
 "${run2[@]}" "$bin" train --resume f.ckpt --save-every 2 > two.out 2>&1 & mp=$!
 if wait_for 'grep -q "resuming at step" two.out && ls f.ckpt.tmp.* >/dev/null 2>&1' 120; then
-    kill -KILL "$(rank_pid 0)"
-    ended 30 && [ $rc -ne 0 ] && ok "rank 0 killed during a save: the job ended in ${took}s with status $rc" \
-        || bad "the job did not end within 30 s after rank 0 died in a save"
+    signal_rank KILL 0 30 "rank 0 killed during a save"
     s2=$(saved_step)
     [ -n "$s2" ] && [ "$s2" -ge "$s1" ] && ok "the previous checkpoint survived the killed save (step $s2, resumed from $s1)" \
         || bad "checkpoint unreadable after a killed save"
@@ -72,12 +79,8 @@ rm -f f.ckpt.tmp.*
 "${run2[@]}" "$bin" train --resume f.ckpt --dist-timeout 4 > three.out 2>&1 & mp=$!
 if wait_for 'grep -q "resuming at step" three.out && [ -n "$(rank_pid 1)" ]' 60; then
     sleep 1
-    kill -STOP "$(rank_pid 1)"
-    if ended 40; then
-        [ $rc -ne 0 ] && ok "rank 1 stopped: the job ended in ${took}s (timeout 4 s) with status $rc" || bad "status 0 after a hang"
-        grep -q "no answer from the other ranks for 4 s" three.out && ok "$(grep -o 'rank 0: no answer.*hangs' three.out | head -1)" \
-            || bad "no timeout message: $(tail -c 600 three.out)"
-    else bad "the job still runs 40 s after rank 1 was stopped"; fi
+    signal_rank STOP 1 40 "rank 1 stopped (--dist-timeout 4)" &&
+        says three.out "no answer from the other ranks for 4 s" 'rank 0: no answer.*hangs'
 else bad "the resumed job did not start: $(tail -c 400 three.out)"; fi
 [ -n "$(saved_step)" ] && ok "checkpoint still loads" || bad "checkpoint unreadable at the end"
 exit $fail
