@@ -13,7 +13,6 @@
 
 #include "cgrad.h"
 #include "cli/commands.h"
-#include "graph/internal.h"
 
 const char *cli_arg(int argc, char **argv, const char *name) {
     for (int i = 0; i + 1 < argc; i++)
@@ -258,7 +257,7 @@ const char *cli_default_data(const char *rel, const char *flag) {
     }
     snprintf(out, sizeof found[0], "data/%s", rel);
     if (!access(out, R_OK)) return out;
-    cgi_fail(CG_ERR_IO,
+    cg_set_error(CG_ERR_IO,
              "[data] the default %s is not there: looked for %sdata/%s (in %s)%s; give %s, or set CGRAD_DATA to a folder "
              "that holds %s (./setup.sh puts the default data in the source tree's data/)",
              rel, first, rel, getcwd(cwd, sizeof cwd) ? cwd : ".",

@@ -9,14 +9,13 @@
 #include <sys/stat.h>
 
 #include "cli/session.h"
-#include "graph/internal.h"
 
 /* Re-raises the current message with the checkpoint's path in front, unless it names it already. */
 static cg_status with_path(const char *path, cg_status st, const char *what) {
     char msg[900];
     snprintf(msg, sizeof msg, "%s", cg_last_error());
-    if (strstr(msg, path)) return cgi_fail(st, "%s%s%s", what, *what ? ": " : "", msg);
-    return cgi_fail(st, "[checkpoint] %s: %s%s%s", path, what, *msg ? ": " : "", msg);
+    if (strstr(msg, path)) return cg_set_error(st, "%s%s%s", what, *what ? ": " : "", msg);
+    return cg_set_error(st, "[checkpoint] %s: %s%s%s", path, what, *msg ? ": " : "", msg);
 }
 
 static cJSON *meta_json(const cg_st *st, const char *key) {
@@ -30,14 +29,14 @@ static cJSON *meta_json(const cg_st *st, const char *key) {
  * read from this file. */
 static cg_status load_lora(cli_ckpt *ck, const char *path) {
     const char *base = cli_json_str(ck->train, "init_from", "");
-    if (!*base) return cgi_fail(CG_ERR_FORMAT, "[checkpoint] %s: a LoRA checkpoint without its base (init_from)", path);
+    if (!*base) return cg_set_error(CG_ERR_FORMAT, "[checkpoint] %s: a LoRA checkpoint without its base (init_from)", path);
     cg_status st = CG_OK;
     if (cli_hf_layout(base)) { /* a Hugging Face-layout base: weights by transformers' names */
         if (cli_hf_read_weights(base, ck->model))
-            return cgi_fail(CG_ERR_IO, "[checkpoint] %s: cannot read its base %s: %s", path, base, cg_last_error());
+            return cg_set_error(CG_ERR_IO, "[checkpoint] %s: cannot read its base %s: %s", path, base, cg_last_error());
     } else {
         cg_st *bf = cg_checkpoint_open(base);
-        if (!bf) return cgi_fail(CG_ERR_IO, "[checkpoint] %s: cannot open its base %s: %s", path, base, cg_last_error());
+        if (!bf) return cg_set_error(CG_ERR_IO, "[checkpoint] %s: cannot open its base %s: %s", path, base, cg_last_error());
         st = cg_st_read_params(bf, ck->ps);
         cg_st_close(bf);
         if (st) return with_path(path, st, "base parameters");
@@ -57,7 +56,7 @@ static cg_status load_lora(cli_ckpt *ck, const char *path) {
 cg_status cli_ckpt_load(const char *path, double dropout, cli_ckpt *ck) {
     memset(ck, 0, sizeof *ck);
     struct stat sb;
-    if (stat(path, &sb)) return cgi_fail(CG_ERR_IO, "[checkpoint] %s: cannot open: %s", path, strerror(errno));
+    if (stat(path, &sb)) return cg_set_error(CG_ERR_IO, "[checkpoint] %s: cannot open: %s", path, strerror(errno));
     ck->file_bytes = (long long)sb.st_size;
     if (cli_hf_layout(path)) return cli_hf_load(path, dropout, false, ck); /* model.safetensors + config.json */
     if (!(ck->st = cg_checkpoint_open(path))) return with_path(path, CG_ERR_FORMAT, "");
@@ -65,7 +64,7 @@ cg_status cli_ckpt_load(const char *path, double dropout, cli_ckpt *ck) {
                *tok = cg_st_metadata(ck->st, "tokenizer");
     cg_status st = CG_OK;
     if (!arch || !cfg || !tok)
-        st = cgi_fail(CG_ERR_FORMAT, "[checkpoint] %s: no %s in the metadata (not written by cgrad train?)", path,
+        st = cg_set_error(CG_ERR_FORMAT, "[checkpoint] %s: no %s in the metadata (not written by cgrad train?)", path,
                       !arch ? "arch" : !cfg ? "config" : "tokenizer");
     else if (cg_arch_parse(arch, &ck->arch)) st = with_path(path, CG_ERR_FORMAT, "metadata arch");
     else if (!(ck->tok = cg_tokenizer_deserialize(tok))) st = with_path(path, CG_ERR_FORMAT, "metadata tokenizer");
@@ -97,7 +96,7 @@ cg_status cli_ckpt_fail(cli_ckpt *ck, cg_status st) {
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", cg_last_error()); /* freeing may overwrite it */
     cli_ckpt_free(ck);
-    return cgi_fail(st, "%s", msg);
+    return cg_set_error(st, "%s", msg);
 }
 
 void cli_ckpt_free(cli_ckpt *ck) {

@@ -10,7 +10,6 @@
 
 #include "cli/commands.h"
 #include "cli/session.h"
-#include "graph/internal.h"
 #include "optim/lora.h"
 
 static bool is_dir(const char *p) {
@@ -31,7 +30,7 @@ static void path_join(char *out, size_t n, const char *dir, const char *name) {
 static cg_status with_file(cg_status st, const char *file) {
     char msg[900];
     snprintf(msg, sizeof msg, "%s", cg_last_error());
-    return cgi_fail(st, "[hf] %s: %s", file, msg);
+    return cg_set_error(st, "[hf] %s: %s", file, msg);
 }
 
 /* The directory part of path ("." without one). */
@@ -54,9 +53,9 @@ bool cli_hf_layout(const char *path) {
 /* Architecture a config.json describes: model_type gpt2, bert or llama, or a cgrad arch name. */
 static cg_status arch_of(const cJSON *cfg, const char *path, cg_arch *arch) {
     const char *mt = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(cfg, "model_type"));
-    if (!mt) return cgi_fail(CG_ERR_FORMAT, "[hf] %s: no \"model_type\" (gpt2, bert, encdec, classifier or llama)", path);
+    if (!mt) return cg_set_error(CG_ERR_FORMAT, "[hf] %s: no \"model_type\" (gpt2, bert, encdec, classifier or llama)", path);
     if (cg_arch_parse(mt, arch))
-        return cgi_fail(CG_ERR_FORMAT, "[hf] %s: model_type \"%s\" is not one cgrad has (gpt2, bert, encdec, classifier, llama)",
+        return cg_set_error(CG_ERR_FORMAT, "[hf] %s: model_type \"%s\" is not one cgrad has (gpt2, bert, encdec, classifier, llama)",
                         path, mt);
     return CG_OK;
 }
@@ -122,7 +121,7 @@ static cg_status locate(const char *path, char *weights, char *config, char *dir
         if (!is_file(weights)) {
             char sharded[4200];
             path_join(sharded, sizeof sharded, path, "model.safetensors.index.json");
-            return cgi_fail(CG_ERR_IO, "[hf] %s: no model.safetensors in this directory%s", path,
+            return cg_set_error(CG_ERR_IO, "[hf] %s: no model.safetensors in this directory%s", path,
                             is_file(sharded) ? " (a sharded model: cgrad reads one file, not model-0000N-of-N shards)"
                                              : " (a Hugging Face model directory holds model.safetensors + config.json)");
         }
@@ -144,7 +143,7 @@ cg_status cli_hf_load(const char *path, double dropout, bool partial, cli_ckpt *
     if (!(ck->st = cg_st_open(weights))) {
         char msg[900];
         snprintf(msg, sizeof msg, "%s", cg_last_error());
-        return cgi_fail(CG_ERR_FORMAT, "[checkpoint] %s: neither a cgrad checkpoint (gzip, written by cgrad train) nor a "
+        return cg_set_error(CG_ERR_FORMAT, "[checkpoint] %s: neither a cgrad checkpoint (gzip, written by cgrad train) nor a "
                         "safetensors file: %s", weights, msg);
     }
     /* config.json beside the weights; a file cg_model_save wrote carries its config in the metadata */
@@ -158,7 +157,7 @@ cg_status cli_hf_load(const char *path, double dropout, bool partial, cli_ckpt *
     if (!cfg || !cJSON_IsObject(cfg)) {
         cJSON_Delete(cfg);
         cli_ckpt_free(ck);
-        return cgi_fail(CG_ERR_FORMAT,
+        return cg_set_error(CG_ERR_FORMAT,
                         is_file(config) ? "[hf] %s: not a JSON object" : "[hf] %s is a safetensors file, not a cgrad "
                         "checkpoint (gzip): put the model's config.json beside it (the Hugging Face layout: "
                         "model.safetensors + config.json + tokenizer files, as cgrad export writes), then pass the "
@@ -181,7 +180,7 @@ cg_status cli_hf_load(const char *path, double dropout, bool partial, cli_ckpt *
         if (st) st = with_file(st, weights);
     }
     if (!st && !(ck->tok = cg_tokenizer_load(dir)))
-        st = cgi_fail(CG_ERR_FORMAT, "[hf] %s: no tokenizer beside the weights: %s (cgrad export writes one)", dir,
+        st = cg_set_error(CG_ERR_FORMAT, "[hf] %s: no tokenizer beside the weights: %s (cgrad export writes one)", dir,
                       cg_last_error());
     if (!st) {
         ck->train = shape_json(ck->model, ck->tok, dir);
@@ -282,7 +281,7 @@ static cg_status write_json(const char *dir, const char *name, cJSON *j) {
     bool ok = f && fputs(s, f) >= 0 && fputc('\n', f) != EOF;
     if (f && fclose(f)) ok = false;
     free(s);
-    return ok ? CG_OK : cgi_fail(CG_ERR_IO, "[export] %s: cannot write: %s", path, strerror(errno));
+    return ok ? CG_OK : cg_set_error(CG_ERR_IO, "[export] %s: cannot write: %s", path, strerror(errno));
 }
 
 /* tokenizer_config.json: which transformers class reads the tokenizer files. */

@@ -10,7 +10,6 @@
 
 #include "cli/commands.h"
 #include "cli/session.h"
-#include "graph/internal.h"
 
 #define THREADS {"--threads", CLI_INT, 1, 1024, "threads (CGRAD_THREADS or all cores)"}, CLI_PRECISION
 #define CKPT {"--checkpoint", CLI_IN, 0, 0, "checkpoint written by cgrad train, or a Hugging Face directory (cgrad export)"}
@@ -159,7 +158,7 @@ static int translate_one(void *ctx, const char *text) {
     if (cli_encode(c->ck->tok, text, &ids, &n, &dropped)) return cli_fail("translate", "cannot encode the text");
     if (n > cfg->max_len) n = cfg->max_len;
     cg_status st = n ? cg_encdec_translate(m, ids, n, c->beam, cfg->max_len - 1, out, &no)
-                     : cgi_fail(CG_ERR_ARG, "[translate] nothing to translate in '%s'", text);
+                     : cg_set_error(CG_ERR_ARG, "[translate] nothing to translate in '%s'", text);
     free(ids);
     if (st) return cli_fail("translate", "translation failed");
     int64_t k = 0;

@@ -9,7 +9,6 @@
 
 #include "cgrad.h"
 #include "cli/commands.h"
-#include "graph/internal.h"
 
 const cli_opt cli_gradcheck_opts[] = {{"--op", CLI_STR, 0, 0, "only ops whose name contains this (no match: an error)"},
                                       {"--tol", CLI_NUM, 0, DBL_MAX, "relative tolerance (0: each op's own)"},
@@ -26,7 +25,7 @@ static int cmd_gradcheck(int argc, char **argv) {
     if (cli_has(&a, "--threads")) cg_set_threads((int)cli_int(&a, "--threads", 0));
     const char *only = cli_str(&a, "--op", NULL);
     bool known = !only;
-    for (int op = 0; op < CGI_OP_COUNT && !known; op++) known = strstr(cgi_ops[op].name, only) != NULL;
+    for (int op = 0; cg_op_name(op) && !known; op++) known = strstr(cg_op_name(op), only) != NULL;
     if (!known) { /* a filter that matches nothing would print an empty table and pass */
         fprintf(stderr, "cgrad gradcheck: --op '%s' is part of no op's name (cgrad gradcheck lists them all)\n", only);
         return 2;

@@ -9,7 +9,6 @@
 
 #include "cli/commands.h"
 #include "cli/session.h"
-#include "graph/internal.h"
 
 enum { STEP, TRAIN, VAL, LR, TOK, NCOL }; /* the columns a run's rows have (NAN: none) */
 
@@ -80,7 +79,7 @@ static double json_num(const cJSON *o, const char *key, bool prefix) {
  * there), or JSON lines (one object a line with the same keys). */
 static cg_status read_metrics(const char *path, series *s) {
     FILE *f = fopen(path, "r");
-    if (!f) return cgi_fail(CG_ERR_IO, "[plot] cannot open %s", path);
+    if (!f) return cg_set_error(CG_ERR_IO, "[plot] cannot open %s", path);
     char line[4096];
     int col[NCOL] = {-1, -1, -1, -1, -1};
     cg_status st = CG_OK;
@@ -93,7 +92,7 @@ static cg_status read_metrics(const char *path, series *s) {
             col[VAL] = column(line, "val_loss", false), col[LR] = column(line, "lr", false);
             col[TOK] = column(line, "tok", true); /* tok_per_s_last20, or an older file's tokens_per_s */
             if (col[STEP] < 0 || col[TRAIN] < 0 || col[VAL] < 0)
-                st = cgi_fail(CG_ERR_FORMAT, "[plot] %s: the header needs step, train_loss and val_loss", path);
+                st = cg_set_error(CG_ERR_FORMAT, "[plot] %s: the header needs step, train_loss and val_loss", path);
             if (!st && !fgets(line, sizeof line, f)) line[0] = 0;
             no = 2;
         }
@@ -106,15 +105,15 @@ static cg_status read_metrics(const char *path, series *s) {
                 static const char *const keys[] = {"step", "train_loss", "val_loss", "lr", "tok"};
                 for (int c = 0; c < NCOL; c++) row[c] = json_num(o, keys[c], c == TOK);
             } else if (line[strspn(line, " \t\r\n")])
-                st = cgi_fail(CG_ERR_FORMAT, "[plot] %s line %ld: not a JSON object", path, no);
+                st = cg_set_error(CG_ERR_FORMAT, "[plot] %s line %ld: not a JSON object", path, no);
             else row[STEP] = NAN;
             cJSON_Delete(o);
         } else
             for (int c = 0; c < NCOL; c++) row[c] = field_num(line, col[c]);
         if (!st && !isnan(row[STEP])) {
             if (!isfinite(row[STEP])) /* an axis to infinity has no ticks to draw */
-                st = cgi_fail(CG_ERR_FORMAT, "[plot] %s line %ld: step %g is not a finite number", path, no, row[STEP]);
-            else if (!push(s, row)) st = cgi_fail(CG_ERR_NOMEM, "[plot] out of memory");
+                st = cg_set_error(CG_ERR_FORMAT, "[plot] %s line %ld: step %g is not a finite number", path, no, row[STEP]);
+            else if (!push(s, row)) st = cg_set_error(CG_ERR_NOMEM, "[plot] out of memory");
         }
         if (!fgets(line, sizeof line, f)) line[0] = 0;
     }
@@ -228,20 +227,20 @@ static const char *const palette[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd"
 cg_status cli_plot_runs(const char *const *paths, const char *const *labels, int n_runs, const char *svg_path,
                         const char *title, const char *ylabel) {
     series *runs = calloc((size_t)(n_runs > 0 ? n_runs : 1), sizeof *runs);
-    cg_status st = runs ? CG_OK : cgi_fail(CG_ERR_NOMEM, "[plot] out of memory");
+    cg_status st = runs ? CG_OK : cg_set_error(CG_ERR_NOMEM, "[plot] out of memory");
     for (int r = 0; !st && r < n_runs; r++) {
         runs[r].label = labels && labels[r] ? labels[r] : paths[r];
         st = read_metrics(paths[r], &runs[r]);
     }
     FILE *f = st ? NULL : fopen(svg_path, "w");
-    if (!st && !f) st = cgi_fail(CG_ERR_IO, "[plot] cannot write %s", svg_path);
+    if (!st && !f) st = cg_set_error(CG_ERR_IO, "[plot] cannot write %s", svg_path);
     /* Ranges over every run; an exponential moving average over about 1/50 of each run. */
     double x0 = INFINITY, x1 = -INFINITY, lo[NCOL], hi[NCOL];
     for (int c = 0; c < NCOL; c++) lo[c] = INFINITY, hi[c] = -INFINITY;
     for (int r = 0; !st && r < n_runs; r++) {
         series *s = &runs[r];
         if (!(s->smooth = malloc((size_t)(s->n ? s->n : 1) * sizeof *s->smooth))) {
-            st = cgi_fail(CG_ERR_NOMEM, "[plot] out of memory");
+            st = cg_set_error(CG_ERR_NOMEM, "[plot] out of memory");
             break;
         }
         const double a = 2.0 / (fmax(1.0, fmin(100.0, s->n / 50.0)) + 1.0);
@@ -333,7 +332,7 @@ cg_status cli_plot_runs(const char *const *paths, const char *const *labels, int
                    "solid: train (moving average); dashed: held-out");
     fprintf(f, "</g>\n</svg>\n");
     bool bad = ferror(f);
-    if (fclose(f) || bad) st = cgi_fail(CG_ERR_IO, "[plot] error writing %s", svg_path);
+    if (fclose(f) || bad) st = cg_set_error(CG_ERR_IO, "[plot] error writing %s", svg_path);
     for (int r = 0; r < n_runs; r++) series_free(&runs[r]);
     free(runs);
     return st;

@@ -9,7 +9,6 @@
 
 #include "cli/commands.h"
 #include "cli/session.h"
-#include "graph/internal.h"
 
 int cli_fail(const char *cmd, const char *what) {
     const char *e = cg_last_error();
@@ -27,7 +26,7 @@ cg_tokenizer *cli_tokenizer_make(const char *kind, const char *path, int64_t voc
         const char *names[] = {"char", "bpe", "wordpiece"};
         const char *got = names[cg_tokenizer_kind(tok)];
         if (kind && strcmp(kind, got)) {
-            cgi_fail(CG_ERR_ARG, "[tokenizer] %s holds a %s tokenizer, --tokenizer says %s", path, got, kind);
+            cg_set_error(CG_ERR_ARG, "[tokenizer] %s holds a %s tokenizer, --tokenizer says %s", path, got, kind);
             cg_tokenizer_free(tok);
             return NULL;
         }
@@ -39,7 +38,7 @@ cg_tokenizer *cli_tokenizer_make(const char *kind, const char *path, int64_t voc
               : (path = cli_default_data("gpt2", "--tokenizer-path DIR")) ? cg_tokenizer_load(path) : NULL;
     else if (!strcmp(kind, "wordpiece"))
         tok = (path = cli_default_data("bert/vocab.txt", "--tokenizer-path FILE")) ? cg_tokenizer_load(path) : NULL;
-    else cgi_fail(CG_ERR_ARG, "[tokenizer] unknown kind '%s' (char, bpe, wordpiece)", kind);
+    else cg_set_error(CG_ERR_ARG, "[tokenizer] unknown kind '%s' (char, bpe, wordpiece)", kind);
     return tok;
 }
 
@@ -57,7 +56,7 @@ cg_status cli_encode(const cg_tokenizer *tok, const char *text, int32_t **ids, i
     if (cg_tokenizer_kind(tok) != CG_TOK_CHAR) return st;
     /* A character model cannot spell what it never saw: keep the characters it knows. */
     int32_t *out = malloc((len + 1) * sizeof *out);
-    if (!out) return cgi_fail(CG_ERR_NOMEM, "[encode] out of memory");
+    if (!out) return cg_set_error(CG_ERR_NOMEM, "[encode] out of memory");
     int64_t k = 0;
     for (size_t i = 0; i < len;) {
         size_t w = 1;
@@ -94,15 +93,15 @@ static void write_ids(FILE *f, const cg_tokenizer *tok, const int32_t *ids, int6
 cg_status cli_lm_write(FILE *f, const cg_model *m, const cg_tokenizer *tok, const int32_t *prompt, int64_t n_prompt,
                        int64_t n, const cg_sampling *s, uint64_t seed, bool cache) {
     const int64_t ctx = cg_model_context(m), keep = ctx / 2 > 0 ? ctx / 2 : 1;
-    if (ctx < 2) return cgi_fail(CG_ERR_ARG, "[sample] a context of %lld tokens leaves no room to generate", (long long)ctx);
+    if (ctx < 2) return cg_set_error(CG_ERR_ARG, "[sample] a context of %lld tokens leaves no room to generate", (long long)ctx);
     if (n < 0 || n_prompt < 1 || n > (int64_t)(SIZE_MAX / sizeof(int32_t) / 2) - n_prompt) /* the buffer's size must not wrap */
-        return cgi_fail(CG_ERR_ARG, "[sample] %lld tokens after a %lld-token prompt: out of range", (long long)n,
+        return cg_set_error(CG_ERR_ARG, "[sample] %lld tokens after a %lld-token prompt: out of range", (long long)n,
                         (long long)n_prompt);
     int32_t *buf = malloc((size_t)(n_prompt + n + 1) * sizeof *buf), *out = malloc((size_t)ctx * sizeof *out);
     if (!buf || !out) {
         free(buf);
         free(out);
-        return cgi_fail(CG_ERR_NOMEM, "[sample] out of memory");
+        return cg_set_error(CG_ERR_NOMEM, "[sample] out of memory");
     }
     memcpy(buf, prompt, (size_t)n_prompt * sizeof *buf);
     write_ids(f, tok, prompt, n_prompt);
@@ -152,7 +151,7 @@ static cg_status open_lm(cli_task *t, const char *path, double val_fraction) {
     free(ids);
     if (!t->lm) return CG_ERR_ARG;
     if (cg_lm_data_count(t->lm, false) < t->t + 1)
-        return cgi_fail(CG_ERR_ARG, "[data] %s: the training split holds %lld tokens, a context of %lld needs %lld", path,
+        return cg_set_error(CG_ERR_ARG, "[data] %s: the training split holds %lld tokens, a context of %lld needs %lld", path,
                         (long long)cg_lm_data_count(t->lm, false), (long long)t->t, (long long)t->t + 1);
     return CG_OK;
 }
@@ -168,7 +167,7 @@ static cg_status open_mlm(cli_task *t, const char *path, double val_fraction) {
     t->mlm = cg_mlm_data_new(text, len, t->tok, &o);
     free(text);
     if (!t->mlm) return CG_ERR_ARG;
-    if (t->t < 5) return cgi_fail(CG_ERR_ARG, "[data] bert rows need a context of at least 5, got %lld", (long long)t->t);
+    if (t->t < 5) return cg_set_error(CG_ERR_ARG, "[data] bert rows need a context of at least 5, got %lld", (long long)t->t);
     return CG_OK;
 }
 
@@ -244,7 +243,7 @@ static cg_status fill(cli_task *t, bool val, cg_rng *r, cg_data_cursor *c, const
         cg_status st = cg_seq2seq_batch(t->s2s, val, c, t->batch, in(mg, "src"), in(mg, "src_mask"), in(mg, "tgt_in"),
                                         in(mg, "tgt_out"), &s, &tt);
         if (!st && (s != t->s || tt != t->t))
-            st = cgi_fail(CG_ERR_STATE, "[data] seq2seq batch [%lld, %lld] does not match the graph's [%lld, %lld]",
+            st = cg_set_error(CG_ERR_STATE, "[data] seq2seq batch [%lld, %lld] does not match the graph's [%lld, %lld]",
                           (long long)s, (long long)tt, (long long)t->s, (long long)t->t);
         return st;
     }
@@ -253,7 +252,7 @@ static cg_status fill(cli_task *t, bool val, cg_rng *r, cg_data_cursor *c, const
         cg_status st = cg_textcls_batch(t->cls, val, c, t->batch, in(mg, "input_ids"), in(mg, "attention_mask"),
                                         in(mg, "labels"), &tt);
         if (!st && tt != t->t)
-            st = cgi_fail(CG_ERR_STATE, "[data] text batch of %lld tokens does not match the graph's %lld", (long long)tt,
+            st = cg_set_error(CG_ERR_STATE, "[data] text batch of %lld tokens does not match the graph's %lld", (long long)tt,
                           (long long)t->t);
         return st;
     }
@@ -527,7 +526,7 @@ cg_status cli_classify(cg_model *m, const int32_t *ids, int64_t n, int32_t cls_i
     cg_graph *g = cg_graph_new(CG_EVAL);
     cg_tensor *x = g ? cg_input(g, "input_ids", CG_INT32, 2, (int64_t[]){1, k}) : NULL;
     cg_tensor *p = x ? cg_softmax(g, cg_model_class_logits(g, m, x, NULL)) : NULL;
-    cg_status st = p ? CG_OK : cgi_fail(CG_ERR_NOMEM, "[classify] cannot build the graph");
+    cg_status st = p ? CG_OK : cg_set_error(CG_ERR_NOMEM, "[classify] cannot build the graph");
     if (!st) {
         int32_t *xi = cg_idata(x);
         int64_t j = 0;

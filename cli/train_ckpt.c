@@ -8,7 +8,6 @@
 #include <string.h>
 
 #include "cli/train.h"
-#include "graph/internal.h"
 
 char *train_model_config(run *r) {
     const topts *o = &r->o;
@@ -130,7 +129,7 @@ cg_status train_save(run *r) {
     cg_status st = CG_OK;
     for (int k = 0; gather && k < 2 && !st; k++) {
         if (r->rank == 0 && !(full[k] = malloc((size_t)span * sizeof(cg_real))))
-            st = cgi_fail(CG_ERR_NOMEM, "[train] out of memory for the optimizer state"); /* the others then time out */
+            st = cg_set_error(CG_ERR_NOMEM, "[train] out of memory for the optimizer state"); /* the others then time out */
         if (!st) st = cg_dist_gather(r->d, m[k], full[k], span);
         m[k] = full[k];
     }
@@ -146,15 +145,15 @@ static cg_status save_file(run *r, cg_real *m1, cg_real *m2) {
     double v;
     const char *bad = train_nonfinite_param(r->ps, false, &at, &v);
     if (bad)
-        return cgi_fail(CG_ERR_RANGE, "[train] %s not written: parameter '%s' holds %g at flat index %lld (step %lld); the "
+        return cg_set_error(CG_ERR_RANGE, "[train] %s not written: parameter '%s' holds %g at flat index %lld (step %lld); the "
                                       "file keeps its last good state", r->o.checkpoint, bad, v, (long long)at, (long long)r->step);
     const int64_t span_all = cg_params_span(r->ps);
     for (int m = 0; m < 2; m++)
         if ((at = first_nonfinite(m ? m2 : m1, span_all)) >= 0)
-            return cgi_fail(CG_ERR_RANGE, "[train] %s not written: optimizer moment %d is not finite at %lld (step %lld); the "
+            return cg_set_error(CG_ERR_RANGE, "[train] %s not written: optimizer moment %d is not finite at %lld (step %lld); the "
                                           "file keeps its last good state", r->o.checkpoint, m + 1, (long long)at, (long long)r->step);
     cg_st_writer *w = cg_st_writer_new();
-    if (!w) return cgi_fail(CG_ERR_NOMEM, "[train] out of memory");
+    if (!w) return cg_set_error(CG_ERR_NOMEM, "[train] out of memory");
     const int64_t span = cg_params_span(r->ps);
     cg_status st = CG_OK;
     if (r->o.lora_rank > 0) /* a fine-tune saves what it trains: the adapters and their moments */
@@ -240,7 +239,7 @@ cg_status train_restore(run *r, const cli_ckpt *ck, const char *path) {
         }
         if (st) return st;
     } else if (cg_st_find(ck->st, "optim.m1") < 0 || cg_st_find(ck->st, "optim.m2") < 0)
-        return cgi_fail(CG_ERR_FORMAT, "[checkpoint] %s: no optimizer state (optim.m1, optim.m2)", path);
+        return cg_set_error(CG_ERR_FORMAT, "[checkpoint] %s: no optimizer state (optim.m1, optim.m2)", path);
     else if ((st = cg_st_read(ck->st, "optim.m1", cg_optim_moment1(r->opt), 1, &span)) ||
              (st = cg_st_read(ck->st, "optim.m2", cg_optim_moment2(r->opt), 1, &span)))
         return st;

@@ -26,7 +26,7 @@ const char *cg_status_name(cg_status s) {
 
 /* Formats into a scratch buffer first: callers wrap the previous message ("...: %s",
  * cg_last_error()), and vsnprintf onto its own argument is undefined (it garbled them). */
-cg_status cgi_fail(cg_status s, const char *fmt, ...) {
+cg_status cg_set_error(cg_status s, const char *fmt, ...) {
     char msg[sizeof last_error];
     va_list ap;
     va_start(ap, fmt);
@@ -36,7 +36,7 @@ cg_status cgi_fail(cg_status s, const char *fmt, ...) {
     return s;
 }
 
-const char *cgi_dims(int ndim, const int64_t *shape) {
+const char *cg_dims_str(int ndim, const int64_t *shape) {
     static _Thread_local char ring[8][96];
     static _Thread_local int next;
     char *b = ring[next++ & 7];
@@ -47,4 +47,4 @@ const char *cgi_dims(int ndim, const int64_t *shape) {
     return b;
 }
 
-const char *cgi_shp(const cg_tensor *t) { return t ? cgi_dims(t->ndim, t->shape) : "(null)"; }
+const char *cg_shape_str(const cg_tensor *t) { return t ? cg_dims_str(t->ndim, t->shape) : "(null)"; }

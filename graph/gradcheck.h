@@ -54,6 +54,8 @@ cg_status cg_gradcheck_tol(cg_graph *g, cg_tensor *out, int n, cg_tensor *const 
  * relative tolerance (<= 0: CG_GRADCHECK_RTOL; atol is CG_GRADCHECK_ATOL). Returns the number of
  * failed rows, counting an op of the table with no case as failed. */
 int cg_gradcheck_ops(FILE *out, double tol, const char *filter);
+/* Name of op i of the op table (what filter matches), for i from 0; NULL past the last. */
+const char *cg_op_name(int i);
 
 /* The same cases with every real input cut from one requires-grad storage (all starting at its
  * first element, then each shifted by 3), the worst sharing a rule can meet: checks the shared

@@ -58,6 +58,8 @@ const cgi_op_desc cgi_ops[CGI_OP_COUNT] = {
 #undef CG_OP
 };
 
+const char *cg_op_name(int i) { return i >= 0 && i < CGI_OP_COUNT ? cgi_ops[i].name : NULL; }
+
 static size_t elsize(cg_dtype dt) { return dt == CG_INT32 ? sizeof(int32_t) : sizeof(cg_real); }
 
 /* ---- shapes ---- */
@@ -188,7 +190,7 @@ static bool push_node(cg_graph *g, cg_tensor *t) {
     return true;
 }
 
-bool cgi_inputs_ok(cg_graph *g, const char *op, int n, cg_tensor *const *xs) {
+bool cg_graph_check_inputs(cg_graph *g, const char *op, int n, cg_tensor *const *xs) {
     if (!g) {
         cgi_fail(CG_ERR_ARG, "[%s] graph is NULL", op);
         return false;

@@ -79,6 +79,12 @@ const char *cg_last_error(void);
 void cg_clear_error(void);
 /* Short name of a status code ("shape error"). */
 const char *cg_status_name(cg_status s);
+/* Sets this thread's message (printf-style; "[op] shapes: reason" by convention) and returns s. */
+cg_status cg_set_error(cg_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* t's shape as "[2,3]" ("(null)" for NULL), in a thread-local ring of 8 buffers: for messages. */
+const char *cg_shape_str(const cg_tensor *t);
+/* The sizes shape[0..ndim) as "[2,3]", in the same ring of buffers as cg_shape_str. */
+const char *cg_dims_str(int ndim, const int64_t *shape);
 
 /* ---- threads ---- */
 
@@ -183,6 +189,9 @@ size_t cg_graph_bytes(const cg_graph *g);
  * the nodes a gradient flows through, after a forward the memory plan's buffer offsets and
  * reuse, after a run under CGRAD_PROFILE each node's last times. CG_ERR_IO if path fails. */
 cg_status cg_graph_dot(const cg_graph *g, const char *path);
+/* True if g is not NULL and none of xs[0..n) is NULL or a node of another graph; else false, with
+ * the message naming what (a NULL input keeps the message of the call that made it). */
+bool cg_graph_check_inputs(cg_graph *g, const char *what, int n, cg_tensor *const *xs);
 
 /* ---- tensors ---- */
 

@@ -172,14 +172,13 @@ void cgi_ckpt_restore(cg_graph *g, int lo, int hi);
 /* Runs node t's forward kernel (profiled, and nudged under a gradient check). */
 cg_status cgi_run_forward(cg_graph *g, cg_tensor *t);
 
-/* ---- errors ---- */
-cg_status cgi_fail(cg_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-const char *cgi_shp(const cg_tensor *t);            /* "[2,3]" in a rotating thread-local buffer */
-const char *cgi_dims(int ndim, const int64_t *shape);
+/* ---- errors: the library's short names for public calls (graph.h) ---- */
+#define cgi_fail cg_set_error    /* sets the message, returns the status */
+#define cgi_shp cg_shape_str     /* "[2,3]" in a rotating thread-local buffer */
+#define cgi_dims cg_dims_str
 
 /* ---- node construction ---- */
-/* False if g or an input is NULL (message set only for g) or comes from another graph. */
-bool cgi_inputs_ok(cg_graph *g, const char *op, int n, cg_tensor *const *xs);
+#define cgi_inputs_ok cg_graph_check_inputs /* false if g or an input is NULL or from another graph */
 /* New contiguous compute node; requires_grad follows the sources and the graph's mode. */
 cg_tensor *cgi_node(cg_graph *g, int op, cg_dtype dt, int ndim, const int64_t *shape, int nsrc,
                     cg_tensor *const *src);

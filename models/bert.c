@@ -2,8 +2,8 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
-#include "graph/internal.h"
 #include "models/bert.h"
 #include "models/config_json.h"
 #include "models/layers.h"
@@ -23,7 +23,7 @@ struct cg_bert {
 
 cg_status cg_bert_config_parse(const char *json, cg_bert_config *c) {
     const char *what = "bert config";
-    if (!c) return cgi_fail(CG_ERR_ARG, "[%s] NULL config", what);
+    if (!c) return cg_set_error(CG_ERR_ARG, "[%s] NULL config", what);
     cJSON *o = cgi_json_object(json, what);
     if (!o) return CG_ERR_FORMAT;
     memset(c, 0, sizeof *c);
@@ -57,14 +57,14 @@ char *cg_bert_config_json(const cg_bert_config *c) {
 
 cg_bert *cg_bert_new(const cg_bert_config *cfg, cg_params *ps, uint64_t seed) {
     if (!cfg || !ps) {
-        cgi_fail(CG_ERR_ARG, "[bert] NULL config or parameter set");
+        cg_set_error(CG_ERR_ARG, "[bert] NULL config or parameter set");
         return NULL;
     }
     const cg_bert_config *c = cfg;
     if (c->vocab_size <= 0 || c->hidden_size <= 0 || c->num_hidden_layers <= 0 || c->num_attention_heads <= 0 ||
         c->hidden_size % c->num_attention_heads || c->intermediate_size <= 0 || c->max_position_embeddings <= 0 ||
         c->type_vocab_size <= 0 || c->num_labels < 0 || !(c->dropout >= 0 && c->dropout < 1)) {
-        cgi_fail(CG_ERR_ARG, "[bert] bad config: vocab %lld, hidden %lld, layers %lld, heads %lld (must divide hidden), "
+        cg_set_error(CG_ERR_ARG, "[bert] bad config: vocab %lld, hidden %lld, layers %lld, heads %lld (must divide hidden), "
                  "intermediate %lld, positions %lld, types %lld", (long long)c->vocab_size, (long long)c->hidden_size,
                  (long long)c->num_hidden_layers, (long long)c->num_attention_heads, (long long)c->intermediate_size,
                  (long long)c->max_position_embeddings, (long long)c->type_vocab_size);
@@ -75,7 +75,7 @@ cg_bert *cg_bert_new(const cg_bert_config *cfg, cg_params *ps, uint64_t seed) {
     if (!m || !L) {
         free(m);
         free(L);
-        cgi_fail(CG_ERR_NOMEM, "[bert] out of memory");
+        cg_set_error(CG_ERR_NOMEM, "[bert] out of memory");
         return NULL;
     }
     m->cfg = *c;
@@ -146,14 +146,14 @@ cg_status cg_bert_forward(cg_graph *g, const cg_bert *m, cg_tensor *ids, cg_tens
 
 cg_status cg_bert_forward_ex(cg_graph *g, const cg_bert *m, cg_tensor *ids, cg_tensor *token_types,
                              cg_tensor *attention_mask, cg_tensor *mlm_labels, cg_bert_outputs *out) {
-    if (!m || !out) return cgi_fail(CG_ERR_ARG, "[bert] NULL model or outputs");
+    if (!m || !out) return cg_set_error(CG_ERR_ARG, "[bert] NULL model or outputs");
     memset(out, 0, sizeof *out);
-    if (!cgi_inputs_ok(g, "bert", 1, &ids)) return CG_ERR_ARG;
+    if (!cg_graph_check_inputs(g, "bert", 1, &ids)) return CG_ERR_ARG;
     const cg_bert_config *c = &m->cfg;
-    if (ids->dtype != CG_INT32 || ids->ndim != 2 || ids->shape[1] > c->max_position_embeddings)
-        return cgi_fail(CG_ERR_SHAPE, "[bert] ids%s must be int32 [B, T] with T <= %lld", cgi_shp(ids),
+    if (cg_tensor_dtype(ids) != CG_INT32 || cg_ndim(ids) != 2 || cg_shape(ids)[1] > c->max_position_embeddings)
+        return cg_set_error(CG_ERR_SHAPE, "[bert] ids%s must be int32 [B, T] with T <= %lld", cg_shape_str(ids),
                         (long long)c->max_position_embeddings);
-    const int64_t b = ids->shape[0], t = ids->shape[1], d = c->hidden_size;
+    const int64_t b = cg_shape(ids)[0], t = cg_shape(ids)[1], d = c->hidden_size;
     const double eps = c->layer_norm_eps, p = c->dropout;
     cg_tensor *x = cg_add(g, cg_embedding(g, m->word, ids), cg_embedding(g, m->pos, cg_position_ids(g, t, 0)));
     if (token_types) x = cg_add(g, x, cg_embedding(g, m->type, token_types));
@@ -192,7 +192,7 @@ cg_status cg_bert_forward_ex(cg_graph *g, const cg_bert *m, cg_tensor *ids, cg_t
 cg_tensor *cg_bert_pretraining_loss(cg_graph *g, const cg_bert_outputs *o, cg_tensor *labels,
                                     cg_tensor *next_sentence_label, cg_tensor **mlm_loss, cg_tensor **nsp_loss) {
     if (!o) {
-        cgi_fail(CG_ERR_ARG, "[bert loss] NULL outputs");
+        cg_set_error(CG_ERR_ARG, "[bert loss] NULL outputs");
         return NULL;
     }
     cg_tensor *mlm = o->mlm_loss ? o->mlm_loss : cg_cross_entropy(g, o->mlm_logits, labels, -100);
@@ -205,17 +205,17 @@ cg_tensor *cg_bert_pretraining_loss(cg_graph *g, const cg_bert_outputs *o, cg_te
 cg_status cg_bert_fill_mask(const cg_bert *m, const int32_t *ids, int64_t n, int32_t mask_id, int top_k,
                             int32_t *top_ids, double *top_probs) {
     if (!m || !ids || !top_ids || !top_probs || n <= 0 || top_k <= 0)
-        return cgi_fail(CG_ERR_ARG, "[bert fill_mask] need a model, ids and output buffers");
+        return cg_set_error(CG_ERR_ARG, "[bert fill_mask] need a model, ids and output buffers");
     int64_t at = -1;
     for (int64_t i = 0; i < n && at < 0; i++)
         if (ids[i] == mask_id) at = i;
     if (m->cls_w)
-        return cgi_fail(CG_ERR_ARG, "[bert fill_mask] a classifier (num_labels %lld) has no masked-LM head",
+        return cg_set_error(CG_ERR_ARG, "[bert fill_mask] a classifier (num_labels %lld) has no masked-LM head",
                         (long long)m->cfg.num_labels);
-    if (at < 0) return cgi_fail(CG_ERR_ARG, "[bert fill_mask] no mask token (id %d) in the %lld ids", mask_id, (long long)n);
+    if (at < 0) return cg_set_error(CG_ERR_ARG, "[bert fill_mask] no mask token (id %d) in the %lld ids", mask_id, (long long)n);
     const int64_t v = m->cfg.vocab_size;
     if (top_k > v) /* the caller's buffers hold top_k rows: filling fewer would leave garbage */
-        return cgi_fail(CG_ERR_ARG, "[bert fill_mask] top_k %d exceeds the vocabulary of %lld", top_k, (long long)v);
+        return cg_set_error(CG_ERR_ARG, "[bert fill_mask] top_k %d exceeds the vocabulary of %lld", top_k, (long long)v);
     cg_graph *g = cg_graph_new(CG_EVAL);
     cg_tensor *in = g ? cg_input(g, "input_ids", CG_INT32, 2, (int64_t[]){1, n}) : NULL;
     if (!in) {

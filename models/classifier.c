@@ -2,8 +2,8 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
-#include "graph/internal.h"
 #include "models/classifier.h"
 #include "models/config_json.h"
 #include "models/layers.h"
@@ -22,7 +22,7 @@ struct cg_classifier {
 
 cg_status cg_classifier_config_parse(const char *json, cg_classifier_config *c) {
     const char *what = "classifier config";
-    if (!c) return cgi_fail(CG_ERR_ARG, "[%s] NULL config", what);
+    if (!c) return cg_set_error(CG_ERR_ARG, "[%s] NULL config", what);
     cJSON *o = cgi_json_object(json, what);
     if (!o) return CG_ERR_FORMAT;
     memset(c, 0, sizeof *c);
@@ -53,7 +53,7 @@ char *cg_classifier_config_json(const cg_classifier_config *c) {
 
 cg_classifier *cg_classifier_new(const cg_classifier_config *cfg, cg_params *ps, uint64_t seed) {
     if (!cfg || !ps) {
-        cgi_fail(CG_ERR_ARG, "[classifier] NULL config or parameter set");
+        cg_set_error(CG_ERR_ARG, "[classifier] NULL config or parameter set");
         return NULL;
     }
     cg_classifier_config c = *cfg;
@@ -61,7 +61,7 @@ cg_classifier *cg_classifier_new(const cg_classifier_config *cfg, cg_params *ps,
     if (c.layer_norm_eps <= 0) c.layer_norm_eps = 1e-5;
     if (c.vocab_size <= 0 || c.d_model <= 0 || c.n_head <= 0 || c.d_model % c.n_head || c.n_layer <= 0 ||
         c.dim_feedforward < 0 || c.max_len <= 0 || c.num_classes <= 1 || !(c.dropout >= 0 && c.dropout < 1)) {
-        cgi_fail(CG_ERR_ARG, "[classifier] bad config: vocab %lld, d_model %lld, n_head %lld (must divide d_model), "
+        cg_set_error(CG_ERR_ARG, "[classifier] bad config: vocab %lld, d_model %lld, n_head %lld (must divide d_model), "
                  "n_layer %lld, max_len %lld, num_classes %lld (>= 2)", (long long)c.vocab_size, (long long)c.d_model,
                  (long long)c.n_head, (long long)c.n_layer, (long long)c.max_len, (long long)c.num_classes);
         return NULL;
@@ -71,7 +71,7 @@ cg_classifier *cg_classifier_new(const cg_classifier_config *cfg, cg_params *ps,
     if (!m || !B) {
         free(m);
         free(B);
-        cgi_fail(CG_ERR_NOMEM, "[classifier] out of memory");
+        cg_set_error(CG_ERR_NOMEM, "[classifier] out of memory");
         return NULL;
     }
     m->cfg = c;
@@ -117,17 +117,17 @@ const cg_classifier_config *cg_classifier_cfg(const cg_classifier *m) { return m
 
 cg_tensor *cg_classifier_logits(cg_graph *g, const cg_classifier *m, cg_tensor *ids, cg_tensor *attention_mask) {
     if (!m) {
-        cgi_fail(CG_ERR_ARG, "[classifier] model is NULL");
+        cg_set_error(CG_ERR_ARG, "[classifier] model is NULL");
         return NULL;
     }
-    if (!cgi_inputs_ok(g, "classifier", 1, &ids)) return NULL;
+    if (!cg_graph_check_inputs(g, "classifier", 1, &ids)) return NULL;
     const cg_classifier_config *c = &m->cfg;
-    if (ids->dtype != CG_INT32 || ids->ndim != 2 || ids->shape[1] > c->max_len) {
-        cgi_fail(CG_ERR_SHAPE, "[classifier] ids%s must be int32 [B, T] with T <= max_len %lld", cgi_shp(ids),
+    if (cg_tensor_dtype(ids) != CG_INT32 || cg_ndim(ids) != 2 || cg_shape(ids)[1] > c->max_len) {
+        cg_set_error(CG_ERR_SHAPE, "[classifier] ids%s must be int32 [B, T] with T <= max_len %lld", cg_shape_str(ids),
                  (long long)c->max_len);
         return NULL;
     }
-    const int64_t b = ids->shape[0], t = ids->shape[1];
+    const int64_t b = cg_shape(ids)[0], t = cg_shape(ids)[1];
     const double eps = c->layer_norm_eps, p = c->dropout;
     cg_tensor *x = cg_add(g, cg_embedding(g, m->tok, ids), cg_embedding(g, m->pos, cg_position_ids(g, t, 0)));
     x = cg_dropout(g, x, p);

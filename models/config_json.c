@@ -2,18 +2,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "graph/internal.h"
 #include "models/config_json.h"
 
 cJSON *cgi_json_object(const char *text, const char *what) {
     if (!text) {
-        cgi_fail(CG_ERR_ARG, "[%s] no JSON text", what);
+        cg_set_error(CG_ERR_ARG, "[%s] no JSON text", what);
         return NULL;
     }
     cJSON *o = cJSON_Parse(text);
     if (!o || !cJSON_IsObject(o)) {
         const char *at = cJSON_GetErrorPtr();
-        cgi_fail(CG_ERR_FORMAT, "[%s] not a JSON object%s%.20s", what, at ? " near: " : "", at ? at : "");
+        cg_set_error(CG_ERR_FORMAT, "[%s] not a JSON object%s%.20s", what, at ? " near: " : "", at ? at : "");
         cJSON_Delete(o);
         return NULL;
     }
@@ -25,13 +24,13 @@ static const cJSON *field(const cJSON *o, const char *key, bool required, const 
     *ok = true;
     if (!f || cJSON_IsNull(f)) {
         if (required) {
-            cgi_fail(CG_ERR_FORMAT, "[%s] missing required field \"%s\"", what, key);
+            cg_set_error(CG_ERR_FORMAT, "[%s] missing required field \"%s\"", what, key);
             *ok = false;
         }
         return NULL;
     }
     if (!cJSON_IsNumber(f)) {
-        cgi_fail(CG_ERR_FORMAT, "[%s] field \"%s\" must be a number", what, key);
+        cg_set_error(CG_ERR_FORMAT, "[%s] field \"%s\" must be a number", what, key);
         *ok = false;
         return NULL;
     }
@@ -48,7 +47,7 @@ bool cgi_json_int(const cJSON *o, const char *key, bool required, int64_t dflt, 
     }
     double v = f->valuedouble;
     if (v != floor(v) || fabs(v) > 9.0e15) {
-        cgi_fail(CG_ERR_FORMAT, "[%s] field \"%s\" = %g must be an integer", what, key, v);
+        cg_set_error(CG_ERR_FORMAT, "[%s] field \"%s\" = %g must be an integer", what, key, v);
         return false;
     }
     *out = (int64_t)v;
@@ -62,7 +61,7 @@ bool cgi_json_num(const cJSON *o, const char *key, bool required, double dflt, d
     /* JSON has no inf, but cJSON reads 1e999 as one; a config must survive its own save (%.17g
      * writes "inf", which no JSON parser reads back) */
     if (f && !isfinite(f->valuedouble)) {
-        cgi_fail(CG_ERR_FORMAT, "[%s] field \"%s\" = %g must be a finite number", what, key, f->valuedouble);
+        cg_set_error(CG_ERR_FORMAT, "[%s] field \"%s\" = %g must be a finite number", what, key, f->valuedouble);
         return false;
     }
     *out = f ? f->valuedouble : dflt;
@@ -72,7 +71,7 @@ bool cgi_json_num(const cJSON *o, const char *key, bool required, double dflt, d
 char *cgi_read_text(const char *path, size_t *len) {
     FILE *f = path ? fopen(path, "rb") : NULL;
     if (!f) {
-        cgi_fail(CG_ERR_IO, "[%s] cannot open for reading", path ? path : "(null)");
+        cg_set_error(CG_ERR_IO, "[%s] cannot open for reading", path ? path : "(null)");
         return NULL;
     }
     size_t cap = 1 << 16, n = 0;
@@ -94,7 +93,7 @@ char *cgi_read_text(const char *path, size_t *len) {
     fclose(f);
     if (!buf || err) {
         free(buf);
-        cgi_fail(CG_ERR_IO, "[%s] read failed", path);
+        cg_set_error(CG_ERR_IO, "[%s] read failed", path);
         return NULL;
     }
     buf[n] = 0;

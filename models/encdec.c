@@ -2,8 +2,8 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
-#include "graph/internal.h"
 #include "models/config_json.h"
 #include "models/encdec.h"
 #include "models/layers.h"
@@ -26,7 +26,7 @@ struct cg_encdec {
 
 cg_status cg_encdec_config_parse(const char *json, cg_encdec_config *c) {
     const char *what = "encdec config";
-    if (!c) return cgi_fail(CG_ERR_ARG, "[%s] NULL config", what);
+    if (!c) return cg_set_error(CG_ERR_ARG, "[%s] NULL config", what);
     cJSON *o = cgi_json_object(json, what);
     if (!o) return CG_ERR_FORMAT;
     memset(c, 0, sizeof *c);
@@ -102,7 +102,7 @@ static bool declare_layer(cg_params *ps, cg_rng *r, const cg_encdec_config *c, c
 
 cg_encdec *cg_encdec_new(const cg_encdec_config *cfg, cg_params *ps, uint64_t seed) {
     if (!cfg || !ps) {
-        cgi_fail(CG_ERR_ARG, "[encdec] NULL config or parameter set");
+        cg_set_error(CG_ERR_ARG, "[encdec] NULL config or parameter set");
         return NULL;
     }
     const cg_encdec_config *c = cfg;
@@ -110,7 +110,7 @@ cg_encdec *cg_encdec_new(const cg_encdec_config *cfg, cg_params *ps, uint64_t se
         c->d_model % c->n_head || c->num_encoder_layers <= 0 || c->num_decoder_layers <= 0 || c->dim_feedforward <= 0 ||
         c->max_len <= 0 || c->bos_id < 0 || c->bos_id >= c->tgt_vocab_size || c->eos_id < 0 ||
         c->eos_id >= c->tgt_vocab_size || !(c->dropout >= 0 && c->dropout < 1)) {
-        cgi_fail(CG_ERR_ARG, "[encdec] bad config: vocab %lld/%lld, d_model %lld, n_head %lld (must divide d_model), "
+        cg_set_error(CG_ERR_ARG, "[encdec] bad config: vocab %lld/%lld, d_model %lld, n_head %lld (must divide d_model), "
                  "layers %lld/%lld, ff %lld, max_len %lld, bos %lld, eos %lld", (long long)c->src_vocab_size,
                  (long long)c->tgt_vocab_size, (long long)c->d_model, (long long)c->n_head,
                  (long long)c->num_encoder_layers, (long long)c->num_decoder_layers, (long long)c->dim_feedforward,
@@ -124,7 +124,7 @@ cg_encdec *cg_encdec_new(const cg_encdec_config *cfg, cg_params *ps, uint64_t se
     }
     if (!m || !m->enc || !m->dec) {
         cg_encdec_free(m);
-        cgi_fail(CG_ERR_NOMEM, "[encdec] out of memory");
+        cg_set_error(CG_ERR_NOMEM, "[encdec] out of memory");
         return NULL;
     }
     m->cfg = *c;
@@ -184,20 +184,20 @@ static cg_tensor *feed_forward(cg_graph *g, const tf_layer *l, cg_tensor *x, dou
 
 /* tokens * sqrt(d) + sinusoidal positions */
 static cg_tensor *embed(cg_graph *g, const cg_encdec *m, cg_tensor *emb, cg_tensor *ids) {
-    if (!cgi_inputs_ok(g, "encdec", 1, &ids)) return NULL;
-    if (ids->dtype != CG_INT32 || ids->ndim != 2 || ids->shape[1] > m->cfg.max_len) {
-        cgi_fail(CG_ERR_SHAPE, "[encdec] ids%s must be int32 [B, T] with T <= max_len %lld", cgi_shp(ids),
+    if (!cg_graph_check_inputs(g, "encdec", 1, &ids)) return NULL;
+    if (cg_tensor_dtype(ids) != CG_INT32 || cg_ndim(ids) != 2 || cg_shape(ids)[1] > m->cfg.max_len) {
+        cg_set_error(CG_ERR_SHAPE, "[encdec] ids%s must be int32 [B, T] with T <= max_len %lld", cg_shape_str(ids),
                  (long long)m->cfg.max_len);
         return NULL;
     }
     const int64_t d = m->cfg.d_model;
     cg_tensor *x = cg_scale(g, cg_embedding(g, emb, ids), sqrt((double)d));
-    return cg_dropout(g, cg_add(g, x, cg_sinusoidal(g, ids->shape[1], d, 0)), m->cfg.dropout);
+    return cg_dropout(g, cg_add(g, x, cg_sinusoidal(g, cg_shape(ids)[1], d, 0)), m->cfg.dropout);
 }
 
 cg_tensor *cg_encdec_encode(cg_graph *g, const cg_encdec *m, cg_tensor *src, cg_tensor *src_mask) {
     if (!m) {
-        cgi_fail(CG_ERR_ARG, "[encdec] model is NULL");
+        cg_set_error(CG_ERR_ARG, "[encdec] model is NULL");
         return NULL;
     }
     const double eps = m->cfg.layer_norm_eps, p = m->cfg.dropout;
@@ -214,7 +214,7 @@ cg_tensor *cg_encdec_encode(cg_graph *g, const cg_encdec *m, cg_tensor *src, cg_
 
 cg_tensor *cg_encdec_decode(cg_graph *g, const cg_encdec *m, cg_tensor *memory, cg_tensor *src_mask, cg_tensor *tgt_in) {
     if (!m) {
-        cgi_fail(CG_ERR_ARG, "[encdec] model is NULL");
+        cg_set_error(CG_ERR_ARG, "[encdec] model is NULL");
         return NULL;
     }
     const double eps = m->cfg.layer_norm_eps, p = m->cfg.dropout;
@@ -249,9 +249,9 @@ static double norm_score(const hyp *h) { return h->logp / (double)(h->len ? h->l
 cg_status cg_encdec_translate(const cg_encdec *m, const int32_t *src, int64_t n_src, int beam, int64_t max_len,
                               int32_t *out, int64_t *n_out) {
     if (!m || !src || !out || !n_out || n_src <= 0 || max_len <= 0)
-        return cgi_fail(CG_ERR_ARG, "[encdec translate] need a model, a non-empty source and an output buffer");
+        return cg_set_error(CG_ERR_ARG, "[encdec translate] need a model, a non-empty source and an output buffer");
     const cg_encdec_config *c = &m->cfg;
-    if (n_src > c->max_len) return cgi_fail(CG_ERR_ARG, "[encdec translate] source of %lld tokens exceeds max_len %lld",
+    if (n_src > c->max_len) return cg_set_error(CG_ERR_ARG, "[encdec translate] source of %lld tokens exceeds max_len %lld",
                                             (long long)n_src, (long long)c->max_len);
     if (max_len > c->max_len - 1) max_len = c->max_len - 1;
     if (max_len > 511) max_len = 511;
@@ -261,7 +261,7 @@ cg_status cg_encdec_translate(const cg_encdec *m, const int32_t *src, int64_t n_
     cg_graph *g = cg_graph_new(CG_EVAL);
     hyp *hs = calloc((size_t)beam, sizeof *hs), *next = calloc((size_t)beam * (size_t)beam + 1, sizeof *next);
     cg_real *mem = malloc((size_t)(n_src * d) * sizeof *mem);
-    cg_status st = g && hs && next && mem ? CG_OK : cgi_fail(CG_ERR_NOMEM, "[encdec translate] out of memory");
+    cg_status st = g && hs && next && mem ? CG_OK : cg_set_error(CG_ERR_NOMEM, "[encdec translate] out of memory");
     if (!st) { /* encode once; each decoding step reads the memory in place */
         cg_tensor *s = cg_input(g, "src", CG_INT32, 2, (int64_t[]){1, n_src});
         if (s) memcpy(cg_idata(s), src, (size_t)n_src * sizeof(int32_t));

@@ -3,8 +3,8 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
-#include "graph/internal.h"
 #include "models/config_json.h"
 #include "models/gpt.h"
 #include "ops/ops.h"
@@ -21,7 +21,7 @@ struct cg_gpt {
 
 cg_status cg_gpt_config_parse(const char *json, cg_gpt_config *c) {
     const char *what = "gpt2 config";
-    if (!c) return cgi_fail(CG_ERR_ARG, "[%s] NULL config", what);
+    if (!c) return cg_set_error(CG_ERR_ARG, "[%s] NULL config", what);
     cJSON *o = cgi_json_object(json, what);
     if (!o) return CG_ERR_FORMAT;
     memset(c, 0, sizeof *c);
@@ -51,13 +51,13 @@ static int64_t ff_width(const cg_gpt_config *c) { return c->n_inner > 0 ? c->n_i
 
 cg_gpt *cg_gpt_new(const cg_gpt_config *cfg, cg_params *ps, uint64_t seed) {
     if (!cfg || !ps) {
-        cgi_fail(CG_ERR_ARG, "[gpt] NULL config or parameter set");
+        cg_set_error(CG_ERR_ARG, "[gpt] NULL config or parameter set");
         return NULL;
     }
     const cg_gpt_config *c = cfg;
     if (c->vocab_size <= 0 || c->n_positions <= 0 || c->n_embd <= 0 || c->n_layer <= 0 || c->n_head <= 0 ||
         c->n_embd % c->n_head || c->n_inner < 0 || !(c->dropout >= 0 && c->dropout < 1)) {
-        cgi_fail(CG_ERR_ARG, "[gpt] bad config: vocab %lld, positions %lld, n_embd %lld, n_layer %lld, n_head %lld "
+        cg_set_error(CG_ERR_ARG, "[gpt] bad config: vocab %lld, positions %lld, n_embd %lld, n_layer %lld, n_head %lld "
                  "(must divide n_embd), n_inner %lld, dropout %g", (long long)c->vocab_size, (long long)c->n_positions,
                  (long long)c->n_embd, (long long)c->n_layer, (long long)c->n_head, (long long)c->n_inner, c->dropout);
         return NULL;
@@ -67,7 +67,7 @@ cg_gpt *cg_gpt_new(const cg_gpt_config *cfg, cg_params *ps, uint64_t seed) {
     if (!m || !h) {
         free(m);
         free(h);
-        cgi_fail(CG_ERR_NOMEM, "[gpt] out of memory");
+        cg_set_error(CG_ERR_NOMEM, "[gpt] out of memory");
         return NULL;
     }
     m->cfg = *c;
@@ -119,18 +119,18 @@ static cg_tensor *conv1d(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *b) 
 static cg_tensor *gpt_forward(cg_graph *g, const void *model, cg_tensor *ids, cg_kv_cache *cache) {
     const cg_gpt *m = model;
     if (!m) {
-        cgi_fail(CG_ERR_ARG, "[gpt] model is NULL");
+        cg_set_error(CG_ERR_ARG, "[gpt] model is NULL");
         return NULL;
     }
-    if (!cgi_inputs_ok(g, "gpt", 1, &ids)) return NULL;
+    if (!cg_graph_check_inputs(g, "gpt", 1, &ids)) return NULL;
     const cg_gpt_config *c = &m->cfg;
-    if (ids->dtype != CG_INT32 || ids->ndim != 2) {
-        cgi_fail(CG_ERR_SHAPE, "[gpt] ids%s must be int32 [B, T]", cgi_shp(ids));
+    if (cg_tensor_dtype(ids) != CG_INT32 || cg_ndim(ids) != 2) {
+        cg_set_error(CG_ERR_SHAPE, "[gpt] ids%s must be int32 [B, T]", cg_shape_str(ids));
         return NULL;
     }
-    const int64_t t = ids->shape[1], past = cache ? cache->len : 0;
+    const int64_t t = cg_shape(ids)[1], past = cache ? cache->len : 0;
     if (past + t > c->n_positions) {
-        cgi_fail(CG_ERR_SHAPE, "[gpt] %lld positions exceed n_positions %lld", (long long)(past + t),
+        cg_set_error(CG_ERR_SHAPE, "[gpt] %lld positions exceed n_positions %lld", (long long)(past + t),
                  (long long)c->n_positions);
         return NULL;
     }
@@ -160,7 +160,7 @@ cg_tensor *cg_gpt_logits(cg_graph *g, const cg_gpt *m, cg_tensor *ids) { return 
 
 cg_status cg_gpt_generate(const cg_gpt *m, const int32_t *prompt, int64_t n_prompt, int64_t n_new,
                           const cg_sampling *s, uint64_t seed, bool use_cache, int32_t *out) {
-    if (!m) return cgi_fail(CG_ERR_ARG, "[gpt generate] model is NULL");
+    if (!m) return cg_set_error(CG_ERR_ARG, "[gpt generate] model is NULL");
     const cg_gpt_config *c = &m->cfg;
     const cg_decoder_info info = {"gpt generate", c->vocab_size, c->n_positions, c->n_layer, c->n_head,
                                   c->n_embd / c->n_head};

@@ -4,8 +4,8 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
-#include "graph/internal.h"
 #include "models/layers.h"
 #include "ops/ops.h"
 
@@ -163,7 +163,7 @@ cg_tensor *cg_kv_cache_extend(cg_graph *g, cg_kv_cache *c, int64_t layer, bool v
     if (!fresh || !c) return NULL;
     const int64_t h = c->heads, d = c->head_dim, cap = c->cap;
     if (cg_ndim(fresh) != 4 || cg_dim(fresh, 1) != h || cg_dim(fresh, 3) != d) {
-        cgi_fail(CG_ERR_SHAPE, "[kv cache] keys%s do not fit a cache of %lld heads of %lld", cgi_shp(fresh),
+        cg_set_error(CG_ERR_SHAPE, "[kv cache] keys%s do not fit a cache of %lld heads of %lld", cg_shape_str(fresh),
                  (long long)h, (long long)d);
         return NULL;
     }
@@ -177,14 +177,14 @@ cg_status cg_decoder_generate(cg_decoder_forward fwd, const void *model, const c
                               uint64_t seed, bool use_cache, int32_t *out) {
     const char *what = info && info->name ? info->name : "generate";
     if (!fwd || !model || !info || !prompt || !out || n_prompt <= 0 || n_new < 0)
-        return cgi_fail(CG_ERR_ARG, "[%s] need a model, a non-empty prompt and an output buffer", what);
+        return cg_set_error(CG_ERR_ARG, "[%s] need a model, a non-empty prompt and an output buffer", what);
     const int64_t total = n_prompt + n_new, v = info->vocab;
     if (total > info->context)
-        return cgi_fail(CG_ERR_ARG, "[%s] %lld prompt + %lld new tokens exceed the context of %lld", what,
+        return cg_set_error(CG_ERR_ARG, "[%s] %lld prompt + %lld new tokens exceed the context of %lld", what,
                         (long long)n_prompt, (long long)n_new, (long long)info->context);
     for (int64_t i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= v)
-            return cgi_fail(CG_ERR_RANGE, "[%s] prompt token %d at %lld outside vocabulary [0, %lld)", what, prompt[i],
+            return cg_set_error(CG_ERR_RANGE, "[%s] prompt token %d at %lld outside vocabulary [0, %lld)", what, prompt[i],
                             (long long)i, (long long)v);
     memcpy(out, prompt, (size_t)n_prompt * sizeof *out);
     cg_graph *g = cg_graph_new(CG_EVAL);
@@ -194,7 +194,7 @@ cg_status cg_decoder_generate(cg_decoder_forward fwd, const void *model, const c
         size_t per = (size_t)(info->layers * info->kv_heads * info->head_dim * total);
         kc.k = malloc(per * sizeof(cg_real));
         kc.v = malloc(per * sizeof(cg_real));
-        if (!kc.k || !kc.v) st = cgi_fail(CG_ERR_NOMEM, "[%s] out of memory", what);
+        if (!kc.k || !kc.v) st = cg_set_error(CG_ERR_NOMEM, "[%s] out of memory", what);
     }
     cg_rng r;
     cg_rng_seed(&r, seed);

@@ -4,8 +4,8 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
-#include "graph/internal.h"
 #include "models/config_json.h"
 #include "models/llama.h"
 
@@ -31,17 +31,17 @@ static int64_t kv_heads(const cg_llama_config *c) {
 static bool parse_rope_scaling(const cJSON *o, cg_rope_config *r, const char *what) {
     const cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "rope_scaling");
     if (!s || cJSON_IsNull(s)) return true;
-    if (!cJSON_IsObject(s)) return cgi_fail(CG_ERR_FORMAT, "[%s] rope_scaling must be an object or null", what), false;
+    if (!cJSON_IsObject(s)) return cg_set_error(CG_ERR_FORMAT, "[%s] rope_scaling must be an object or null", what), false;
     const cJSON *ty = cJSON_GetObjectItemCaseSensitive(s, "rope_type");
     if (!ty) ty = cJSON_GetObjectItemCaseSensitive(s, "type");
     const char *t = cJSON_IsString(ty) ? ty->valuestring : NULL;
     double factor = 0, lo = 0, hi = 0;
     int64_t orig = 0;
-    if (!t) return cgi_fail(CG_ERR_FORMAT, "[%s] rope_scaling needs a \"rope_type\" string", what), false;
+    if (!t) return cg_set_error(CG_ERR_FORMAT, "[%s] rope_scaling needs a \"rope_type\" string", what), false;
     if (!strcmp(t, "default")) return true;
     if (!cgi_json_num(s, "factor", true, 0, &factor, what)) return false;
     if (!strcmp(t, "linear")) {
-        if (!(factor >= 1)) return cgi_fail(CG_ERR_FORMAT, "[%s] rope_scaling factor %g must be >= 1", what, factor), false;
+        if (!(factor >= 1)) return cg_set_error(CG_ERR_FORMAT, "[%s] rope_scaling factor %g must be >= 1", what, factor), false;
         r->linear_factor = factor;
         return true;
     }
@@ -51,14 +51,14 @@ static bool parse_rope_scaling(const cJSON *o, cg_rope_config *r, const char *wh
             !cgi_json_int(s, "original_max_position_embeddings", true, 0, &orig, what))
             return false;
         if (!(factor >= 1 && lo > 0 && hi > lo && orig > 0))
-            return cgi_fail(CG_ERR_FORMAT, "[%s] rope_scaling llama3 needs factor %g >= 1, 0 < low_freq_factor %g < "
+            return cg_set_error(CG_ERR_FORMAT, "[%s] rope_scaling llama3 needs factor %g >= 1, 0 < low_freq_factor %g < "
                             "high_freq_factor %g and original_max_position_embeddings %lld > 0",
                             what, factor, lo, hi, (long long)orig), false;
         r->llama3_factor = factor, r->llama3_low_freq_factor = lo, r->llama3_high_freq_factor = hi;
         r->llama3_original_context = orig;
         return true;
     }
-    return cgi_fail(CG_ERR_FORMAT, "[%s] rope_scaling type \"%s\" is not supported (linear, llama3)", what, t), false;
+    return cg_set_error(CG_ERR_FORMAT, "[%s] rope_scaling type \"%s\" is not supported (linear, llama3)", what, t), false;
 }
 
 /* A boolean field that must be absent, null or equal to want; *out gets it. */
@@ -66,14 +66,14 @@ static bool json_bool(const cJSON *o, const char *key, bool dflt, bool *out, con
     const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, key);
     *out = dflt;
     if (!f || cJSON_IsNull(f)) return true;
-    if (!cJSON_IsBool(f)) return cgi_fail(CG_ERR_FORMAT, "[%s] field \"%s\" must be true or false", what, key), false;
+    if (!cJSON_IsBool(f)) return cg_set_error(CG_ERR_FORMAT, "[%s] field \"%s\" must be true or false", what, key), false;
     *out = cJSON_IsTrue(f);
     return true;
 }
 
 cg_status cg_llama_config_parse(const char *json, cg_llama_config *c) {
     const char *what = "llama config";
-    if (!c) return cgi_fail(CG_ERR_ARG, "[%s] NULL config", what);
+    if (!c) return cg_set_error(CG_ERR_ARG, "[%s] NULL config", what);
     cJSON *o = cgi_json_object(json, what);
     if (!o) return CG_ERR_FORMAT;
     memset(c, 0, sizeof *c);
@@ -93,9 +93,9 @@ cg_status cg_llama_config_parse(const char *json, cg_llama_config *c) {
               json_bool(o, "attention_bias", false, &attn_bias, what) && json_bool(o, "mlp_bias", false, &mlp_bias, what);
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(o, "hidden_act");
     if (ok && act && !cJSON_IsNull(act) && !(cJSON_IsString(act) && !strcmp(act->valuestring, "silu")))
-        ok = !cgi_fail(CG_ERR_FORMAT, "[%s] hidden_act must be \"silu\" (SwiGLU)", what);
+        ok = !cg_set_error(CG_ERR_FORMAT, "[%s] hidden_act must be \"silu\" (SwiGLU)", what);
     if (ok && (attn_bias || mlp_bias))
-        ok = !cgi_fail(CG_ERR_FORMAT, "[%s] %s true is not supported: LLaMA's projections have no biases", what,
+        ok = !cg_set_error(CG_ERR_FORMAT, "[%s] %s true is not supported: LLaMA's projections have no biases", what,
                        attn_bias ? "attention_bias" : "mlp_bias");
     cJSON_Delete(o);
     return ok ? CG_OK : CG_ERR_FORMAT;
@@ -135,7 +135,7 @@ char *cg_llama_config_json(const cg_llama_config *c) {
 
 cg_llama *cg_llama_new(const cg_llama_config *cfg, cg_params *ps, uint64_t seed) {
     if (!cfg || !ps) {
-        cgi_fail(CG_ERR_ARG, "[llama] NULL config or parameter set");
+        cg_set_error(CG_ERR_ARG, "[llama] NULL config or parameter set");
         return NULL;
     }
     const cg_llama_config *c = cfg;
@@ -144,7 +144,7 @@ cg_llama *cg_llama_new(const cg_llama_config *cfg, cg_params *ps, uint64_t seed)
         hk <= 0 || hq % hk || hd <= 0 || hd % 2 || (c->head_dim <= 0 && c->hidden_size % hq) ||
         c->max_position_embeddings <= 0 || !(c->rms_norm_eps >= 0) || !(c->rope.theta > 1) ||
         !(c->dropout >= 0 && c->dropout < 1)) {
-        cgi_fail(CG_ERR_ARG,
+        cg_set_error(CG_ERR_ARG,
                  "[llama] bad config: vocab %lld, hidden %lld, intermediate %lld, layers %lld, heads %lld (dividing "
                  "hidden), kv heads %lld (dividing heads), head_dim %lld (even), positions %lld, rms_norm_eps %g, "
                  "rope_theta %g (> 1), dropout %g",
@@ -158,7 +158,7 @@ cg_llama *cg_llama_new(const cg_llama_config *cfg, cg_params *ps, uint64_t seed)
     if (!m || !l) {
         free(m);
         free(l);
-        cgi_fail(CG_ERR_NOMEM, "[llama] out of memory");
+        cg_set_error(CG_ERR_NOMEM, "[llama] out of memory");
         return NULL;
     }
     m->cfg = *c;
@@ -211,18 +211,18 @@ static cg_tensor *heads_of(cg_graph *g, cg_tensor *x, cg_tensor *w, int64_t head
 static cg_tensor *llama_forward(cg_graph *g, const void *model, cg_tensor *ids, cg_kv_cache *cache) {
     const cg_llama *m = model;
     if (!m) {
-        cgi_fail(CG_ERR_ARG, "[llama] model is NULL");
+        cg_set_error(CG_ERR_ARG, "[llama] model is NULL");
         return NULL;
     }
-    if (!cgi_inputs_ok(g, "llama", 1, &ids)) return NULL;
+    if (!cg_graph_check_inputs(g, "llama", 1, &ids)) return NULL;
     const cg_llama_config *c = &m->cfg;
-    if (ids->dtype != CG_INT32 || ids->ndim != 2) {
-        cgi_fail(CG_ERR_SHAPE, "[llama] ids%s must be int32 [B, T]", cgi_shp(ids));
+    if (cg_tensor_dtype(ids) != CG_INT32 || cg_ndim(ids) != 2) {
+        cg_set_error(CG_ERR_SHAPE, "[llama] ids%s must be int32 [B, T]", cg_shape_str(ids));
         return NULL;
     }
-    const int64_t t = ids->shape[1], past = cache ? cache->len : 0;
+    const int64_t t = cg_shape(ids)[1], past = cache ? cache->len : 0;
     if (past + t > c->max_position_embeddings) {
-        cgi_fail(CG_ERR_SHAPE, "[llama] %lld positions exceed max_position_embeddings %lld", (long long)(past + t),
+        cg_set_error(CG_ERR_SHAPE, "[llama] %lld positions exceed max_position_embeddings %lld", (long long)(past + t),
                  (long long)c->max_position_embeddings);
         return NULL;
     }
@@ -252,7 +252,7 @@ cg_tensor *cg_llama_logits(cg_graph *g, const cg_llama *m, cg_tensor *ids) { ret
 
 cg_tensor *cg_llama_logits_cached(cg_graph *g, const cg_llama *m, cg_tensor *ids, cg_kv_cache *cache) {
     if (!cache) {
-        cgi_fail(CG_ERR_ARG, "[llama] NULL cache (cg_llama_logits runs without one)");
+        cg_set_error(CG_ERR_ARG, "[llama] NULL cache (cg_llama_logits runs without one)");
         return NULL;
     }
     return llama_forward(g, m, ids, cache);
@@ -260,7 +260,7 @@ cg_tensor *cg_llama_logits_cached(cg_graph *g, const cg_llama *m, cg_tensor *ids
 
 cg_status cg_llama_generate(const cg_llama *m, const int32_t *prompt, int64_t n_prompt, int64_t n_new,
                             const cg_sampling *s, uint64_t seed, bool use_cache, int32_t *out) {
-    if (!m) return cgi_fail(CG_ERR_ARG, "[llama generate] model is NULL");
+    if (!m) return cg_set_error(CG_ERR_ARG, "[llama generate] model is NULL");
     const cg_llama_config *c = &m->cfg;
     const cg_decoder_info info = {"llama generate", c->vocab_size, c->max_position_embeddings, c->num_hidden_layers,
                                   c->num_key_value_heads, c->head_dim};

@@ -1,8 +1,8 @@
 /* The zoo's common interface: dispatch by arch, and the weight-name rules of each family. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
-#include "graph/internal.h"
 #include "models/zoo.h"
 #include "optim/lora.h"
 #include "ops/ops.h"
@@ -23,7 +23,7 @@ cg_status cg_arch_parse(const char *name, cg_arch *arch) {
             *arch = (cg_arch)i;
             return CG_OK;
         }
-    return cgi_fail(CG_ERR_ARG, "[arch] unknown architecture '%s' (gpt2, bert, encdec, classifier, llama)", name ? name : "(null)");
+    return cg_set_error(CG_ERR_ARG, "[arch] unknown architecture '%s' (gpt2, bert, encdec, classifier, llama)", name ? name : "(null)");
 }
 
 const char *cg_arch_name(cg_arch arch) { return (unsigned)arch < N_ARCH ? arch_names[arch] : "?"; }
@@ -31,7 +31,7 @@ const char *cg_arch_name(cg_arch arch) { return (unsigned)arch < N_ARCH ? arch_n
 cg_model *cg_model_new(cg_arch arch, const char *config_json, double dropout, cg_params *ps, uint64_t seed) {
     cg_model *m = calloc(1, sizeof *m);
     if (!m) {
-        cgi_fail(CG_ERR_NOMEM, "[model] out of memory");
+        cg_set_error(CG_ERR_NOMEM, "[model] out of memory");
         return NULL;
     }
     m->arch = arch;
@@ -64,7 +64,7 @@ cg_model *cg_model_new(cg_arch arch, const char *config_json, double dropout, cg
         if (!(s = cg_llama_config_parse(config_json, &c))) c.dropout = dropout, m->impl = cg_llama_new(&c, ps, seed);
         break;
     }
-    default: cgi_fail(CG_ERR_ARG, "[model] unknown arch %d", (int)arch);
+    default: cg_set_error(CG_ERR_ARG, "[model] unknown arch %d", (int)arch);
     }
     if (!m->impl) {
         free(m);
@@ -108,7 +108,7 @@ cg_status cg_model_generate(const cg_model *m, const int32_t *prompt, int64_t n_
                             const cg_sampling *s, uint64_t seed, bool use_cache, int32_t *out) {
     if (m && m->arch == CG_ARCH_GPT2) return cg_gpt_generate(m->impl, prompt, n_prompt, n_new, s, seed, use_cache, out);
     if (m && m->arch == CG_ARCH_LLAMA) return cg_llama_generate(m->impl, prompt, n_prompt, n_new, s, seed, use_cache, out);
-    return cgi_fail(CG_ERR_ARG, "[generate] a %s model does not generate text (gpt2, llama do)",
+    return cg_set_error(CG_ERR_ARG, "[generate] a %s model does not generate text (gpt2, llama do)",
                     m ? cg_arch_name(m->arch) : "NULL");
 }
 
@@ -192,12 +192,12 @@ static cg_tensor *find_param(cg_params *ps, const char *name) {
  * tied twin). Otherwise missing parameters keep their values and unknown tensors are listed in
  * *skipped, missing parameters in *kept (both malloc'd, NULL when none). */
 static cg_status load_named(cg_model *m, const cg_st *f, bool strict, char **kept, char **skipped) {
-    if (!m || !f) return cgi_fail(CG_ERR_ARG, "[model load] NULL model or file");
+    if (!m || !f) return cg_set_error(CG_ERR_ARG, "[model load] NULL model or file");
     const name_rules *r = &rules[m->arch];
     cg_params *ps = m->ps;
     const int np = cg_params_count(ps);
     int *source = malloc((size_t)(np ? np : 1) * sizeof *source);
-    if (!source) return cgi_fail(CG_ERR_NOMEM, "[model load] out of memory");
+    if (!source) return cg_set_error(CG_ERR_NOMEM, "[model load] out of memory");
     for (int i = 0; i < np; i++) source[i] = -1;
     cg_status st = CG_OK;
     /* Pass 1: map every stored tensor and check it, so a bad file changes nothing. */
@@ -218,22 +218,22 @@ static cg_status load_named(cg_model *m, const cg_st *f, bool strict, char **kep
             }
             cg_tensor *p = cg_params_find(ps, twin);
             if (!strict && !p) { /* the model has no such head (a classifier from a pretrained file) */
-                if (!list_add(skipped, stored)) st = cgi_fail(CG_ERR_NOMEM, "[model load] out of memory");
+                if (!list_add(skipped, stored)) st = cg_set_error(CG_ERR_NOMEM, "[model load] out of memory");
                 continue;
             }
             if (j < 0 && !strict) continue; /* the twin is missing too: it keeps its value */
             if (j < 0 || !p || !tensors_equal(f, stored, cg_st_name(f, j), cg_numel(p)))
-                st = cgi_fail(CG_ERR_FORMAT, "[model load] tied tensor %s differs from %s (or %s is missing)", stored,
+                st = cg_set_error(CG_ERR_FORMAT, "[model load] tied tensor %s differs from %s (or %s is missing)", stored,
                               twin, twin);
             continue;
         }
         cg_tensor *p = find_param(ps, name);
         if (!p && !strict) {
-            if (!list_add(skipped, stored)) st = cgi_fail(CG_ERR_NOMEM, "[model load] out of memory");
+            if (!list_add(skipped, stored)) st = cg_set_error(CG_ERR_NOMEM, "[model load] out of memory");
             continue;
         }
         if (!p) {
-            st = cgi_fail(CG_ERR_FORMAT, "[model load] tensor %s matches no %s parameter (is the config right?)",
+            st = cg_set_error(CG_ERR_FORMAT, "[model load] tensor %s matches no %s parameter (is the config right?)",
                           stored, cg_arch_name(m->arch));
             break;
         }
@@ -241,30 +241,30 @@ static cg_status load_named(cg_model *m, const cg_st *f, bool strict, char **kep
         int64_t shape[CG_MAX_DIMS];
         if ((st = cg_st_info(f, stored, NULL, &ndim, shape))) break;
         if (ndim != cg_ndim(p) || memcmp(shape, cg_shape(p), (size_t)ndim * sizeof *shape)) {
-            st = cgi_fail(CG_ERR_SHAPE, "[model load] tensor %s has shape %s, the config wants %s", stored,
-                          cgi_dims(ndim, shape), cgi_shp(p));
+            st = cg_set_error(CG_ERR_SHAPE, "[model load] tensor %s has shape %s, the config wants %s", stored,
+                          cg_dims_str(ndim, shape), cg_shape_str(p));
             break;
         }
         for (int k = 0; k < np; k++)
             if (cg_params_at(ps, k) == p) {
-                if (source[k] >= 0) st = cgi_fail(CG_ERR_FORMAT, "[model load] parameter %s stored twice", name);
+                if (source[k] >= 0) st = cg_set_error(CG_ERR_FORMAT, "[model load] parameter %s stored twice", name);
                 source[k] = i;
             }
     }
     for (int k = 0; !st && k < np; k++)
         if (source[k] < 0 && (strict || !cg_lora_is_adapter(cg_params_at(ps, k)))) {
             if (strict)
-                st = cgi_fail(CG_ERR_FORMAT, "[model load] parameter %s is missing from the file",
+                st = cg_set_error(CG_ERR_FORMAT, "[model load] parameter %s is missing from the file",
                               cg_name(cg_params_at(ps, k)));
             else if (!list_add(kept, cg_name(cg_params_at(ps, k))))
-                st = cgi_fail(CG_ERR_NOMEM, "[model load] out of memory");
+                st = cg_set_error(CG_ERR_NOMEM, "[model load] out of memory");
         }
     /* Pass 2: read. Shapes were checked, so only a dtype the reader refuses can fail here. */
     for (int k = 0; !st && k < np; k++) {
         cg_tensor *p = cg_params_at(ps, k);
         if (source[k] < 0) continue;
         cg_real *buf = malloc((size_t)cg_numel(p) * sizeof *buf);
-        if (!buf) st = cgi_fail(CG_ERR_NOMEM, "[model load] out of memory");
+        if (!buf) st = cg_set_error(CG_ERR_NOMEM, "[model load] out of memory");
         else if (!(st = cg_st_read(f, cg_st_name(f, source[k]), buf, cg_ndim(p), cg_shape(p)))) st = cg_write(p, buf);
         free(buf);
     }
@@ -290,7 +290,7 @@ cg_status cg_model_load_partial(cg_model *m, const cg_st *f, char **kept, char *
 }
 
 cg_status cg_model_save(cg_model *m, const char *path) {
-    if (!m || !path) return cgi_fail(CG_ERR_ARG, "[model save] NULL argument");
+    if (!m || !path) return cg_set_error(CG_ERR_ARG, "[model save] NULL argument");
     cg_st_writer *w = cg_st_writer_new();
     if (!w) return CG_ERR_NOMEM;
     char *cfg = cg_model_config_json(m);
@@ -310,7 +310,7 @@ cg_status cg_model_save(cg_model *m, const char *path) {
  * tied word embedding and not stored; BertForPreTraining stores its names as they are, without the
  * tied decoder. The "format" metadata is what from_pretrained checks before it reads a file. */
 cg_status cg_model_save_hf(cg_model *m, const char *path) {
-    if (!m || !path) return cgi_fail(CG_ERR_ARG, "[model save] NULL argument");
+    if (!m || !path) return cg_set_error(CG_ERR_ARG, "[model save] NULL argument");
     cg_st_writer *w = cg_st_writer_new();
     if (!w) return CG_ERR_NOMEM;
     const char *prefix = m->arch == CG_ARCH_GPT2 ? rules[m->arch].prefix : "";
@@ -337,7 +337,7 @@ static cg_tensor *add_input(cg_graph *g, cg_model_graph *o, const char *name, in
 }
 
 cg_status cg_model_build(cg_graph *g, cg_model *m, int64_t batch, int64_t t, int64_t s, cg_model_graph *o) {
-    if (!g || !m || !o) return cgi_fail(CG_ERR_ARG, "[model build] NULL argument");
+    if (!g || !m || !o) return cg_set_error(CG_ERR_ARG, "[model build] NULL argument");
     memset(o, 0, sizeof *o);
     switch (m->arch) {
     case CG_ARCH_GPT2:
@@ -415,7 +415,7 @@ int64_t cg_model_max_len(const cg_model *m) {
 cg_tensor *cg_model_class_logits(cg_graph *g, cg_model *m, cg_tensor *ids, cg_tensor *attention_mask) {
     if (m && m->arch == CG_ARCH_CLASSIFIER) return cg_classifier_logits(g, m->impl, ids, attention_mask);
     if (cg_model_num_classes(m) <= 0) {
-        cgi_fail(CG_ERR_ARG, "[model] a %s model without a classification head has no class logits",
+        cg_set_error(CG_ERR_ARG, "[model] a %s model without a classification head has no class logits",
                  m ? cg_arch_name(m->arch) : "NULL");
         return NULL;
     }
