@@ -356,20 +356,45 @@ cg_status cgi_run_forward(cg_graph *g, cg_tensor *t) {
     return CG_OK;
 }
 
+double cgi_graph_work(const cg_graph *g) {
+    double work = 0;
+    for (int i = 0; i < g->n; i++) {
+        const cg_tensor *t = g->nodes[i];
+        if (cgi_ops[t->op].kind != CGI_KIND_COMPUTE) continue;
+        double w = (double)cgi_numel(t->ndim, t->shape);
+        for (int k = 0; k < t->nsrc; k++) {
+            const double in = (double)cgi_numel(t->src[k]->ndim, t->src[k]->shape);
+            w = in > w ? in : w;
+        }
+        const cg_tensor *a = t->nsrc ? t->src[0] : NULL, *b = t->nsrc > 1 ? t->src[1] : NULL;
+        if (t->op == CGI_OP_MATMUL) w = (double)cgi_numel(t->ndim, t->shape) * (double)a->shape[a->ndim - 1];
+        else if (t->op == CGI_OP_LINEAR) w = (double)cgi_numel(t->ndim, t->shape) * (double)b->shape[1];
+        else if (t->op == CGI_OP_LINEAR_CROSS_ENTROPY) w = (double)cgi_numel(a->ndim, a->shape) * (double)b->shape[0];
+        else if (t->op == CGI_OP_ATTENTION) w = 2 * (double)cgi_numel(t->ndim, t->shape) * (double)b->shape[2];
+        work += w;
+    }
+    return work;
+}
+
 cg_status cg_graph_forward(cg_graph *g) {
     if (!g) return cgi_fail(CG_ERR_ARG, "[forward] graph is NULL");
     if (g->seg_open)
         return cgi_fail(CG_ERR_STATE, "[forward] checkpoint segment %d, begun at node %d, is not ended: call "
                         "cg_checkpoint_end", g->seg_open, g->seg_open_at);
-    cg_status s = g->planned ? CG_OK : cgi_plan(g);
-    if (s) return s;
+    cg_status s = CG_OK;
+    if (!g->planned) {
+        if ((s = cgi_plan(g))) return s;
+        g->work = cgi_graph_work(g);
+    }
     resolve_views(g);
     g->fwd_step = g->step;
-    for (int i = 0; i < g->n; i++) {
+    const int was = cgi_run_begin(cgi_run_threads(g->work));
+    for (int i = 0; i < g->n && !s; i++) {
         cg_tensor *t = g->nodes[i];
-        if (cgi_ops[t->op].kind != CGI_KIND_COMPUTE) continue;
-        if ((s = cgi_run_forward(g, t))) return s;
+        if (cgi_ops[t->op].kind == CGI_KIND_COMPUTE) s = cgi_run_forward(g, t);
     }
+    cgi_run_end(was);
+    if (s) return s;
     if (g->mode == CG_TRAIN) g->step++;
     g->ran_forward = true;
     return CG_OK;
@@ -530,6 +555,7 @@ cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
     if (g->ready_fn) ready_plan(g, loss);
     zero_once(g, loss);
     loss->grad[0] += 1;
+    const int was = cgi_run_begin(cgi_run_threads(g->work));
     int seg_lo = -1, seg_hi = -1; /* the checkpoint segment whose recomputed values are swapped in */
     for (int i = loss->id; i >= 0; i--) {
         cg_tensor *t = g->nodes[i];
@@ -543,6 +569,7 @@ cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
                 if (s) {
                     cgi_ckpt_restore(g, lo, i);
                     g->ran_forward = false;
+                    cgi_run_end(was);
                     return s;
                 }
                 seg_lo = lo, seg_hi = i;
@@ -565,6 +592,7 @@ cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
             t->grad_epoch = g->epoch;
         }
     }
+    cgi_run_end(was);
     /* Gradients took the memory of values that backward had finished reading, so another
      * backward needs a fresh forward. */
     g->ran_forward = false;

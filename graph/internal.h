@@ -151,6 +151,7 @@ struct cg_graph {
     double nudge_by, nudge_took;
     cg_precision precision;
     struct cgi_lp *lp; /* bf16 primitives and scratch (ops/bf16.c), kept across resets */
+    double work;       /* cgi_graph_work, found with the plan: decides each run's threads */
 };
 
 /* Assigns storage to every value, gradient and scratch buffer of g by liveness (graph/plan.c). */
@@ -205,7 +206,16 @@ void cgi_broadcast_strides(const cg_tensor *t, int ndim, const int64_t *shape, i
 cg_tensor *cgi_lora_linear(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *y);
 
 /* ---- threads ---- */
+/* Threads a kernel may use: the run's count (cgi_run_begin) inside a graph run, else cg_threads(). */
 int cgi_nthreads(void);
+#define CGI_RUN_PAR_MIN 16777216.0 /* estimated multiply-adds below which a graph run stays on one thread */
+/* Threads a graph run of this much work (cgi_graph_work) uses: 1 below CGI_RUN_PAR_MIN, else all. */
+int cgi_run_threads(double work);
+/* Sets the calling thread's count for a graph run; returns the previous one for cgi_run_end. */
+int cgi_run_begin(int threads);
+void cgi_run_end(int was);
+/* Estimated multiply-adds (or element operations) of one forward of g's compute nodes. */
+double cgi_graph_work(const cg_graph *g);
 /* Chooses BLIS's kernel set (graph/kernels.c) once; call before BLIS's first use. */
 void cgi_blis_init(void);
 enum { CGI_CPU_AVX2_FMA = 1, CGI_CPU_AVX512 = 2, CGI_CPU_AMD = 4 };

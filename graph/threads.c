@@ -29,7 +29,26 @@ int cg_threads(void) {
     return n_threads;
 }
 
-int cgi_nthreads(void) { return cg_threads(); }
+/* The thread count of the graph run in progress on this thread (0: none), see cgi_run_threads. */
+static _Thread_local int run_threads;
+
+int cgi_nthreads(void) { return run_threads > 0 ? run_threads : cg_threads(); }
+
+/* Under OMP_WAIT_POLICY=passive (the CLI's choice, cli/main.c) a waiting thread sleeps at once and
+ * each parallel region pays for waking it: an empty 2-thread region took 3.6 us here, and one
+ * with 2 x 6.5 us of work 17 us against 13 us on one thread, so a region gains only above some
+ * 20 us of work. A whole run below CGI_RUN_PAR_MIN does not have regions that large: a token step
+ * of cached generation (gpt-tiny: 3.3M multiply-adds in 21 regions) ran 10-40% slower on two
+ * threads than on one. Such a run keeps every op on one thread. */
+int cgi_run_threads(double work) { return work < CGI_RUN_PAR_MIN ? 1 : cg_threads(); }
+
+int cgi_run_begin(int threads) {
+    const int was = run_threads;
+    run_threads = threads;
+    return was;
+}
+
+void cgi_run_end(int was) { run_threads = was; }
 
 #ifndef CGRAD_VERSION
 #define CGRAD_VERSION "unknown"

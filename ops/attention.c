@@ -449,7 +449,7 @@ cg_status cgi_fwd_attention(cg_tensor *t) {
     sdpa_params *p = t->params;
     p->step = t->graph->step; /* backward draws this pass's dropout mask again */
     cg_real *lse = t->aux, *out = t->data, *probs = p->keeps_probs ? lse + probs_offset(t) : NULL;
-    const int slots = p->slots;
+    const int slots = p->slots < cgi_nthreads() ? p->slots : cgi_nthreads(); /* a run may use fewer */
     cgi_ukr u;
     cgi_ukr_init(&u);
     const bool packed = packs_heads(t);
@@ -589,7 +589,7 @@ void cgi_bwd_attention(cg_tensor *t) {
     const cg_real *lse = t->aux, *out = t->data, *dout = t->grad, *probs = p->keeps_probs ? lse + probs_offset(t) : NULL;
     cg_real *drel = gt ? t->bwd_aux : NULL;
     if (drel) memset(drel, 0, t->bwd_aux_bytes);
-    const int slots = p->slots;
+    const int slots = p->slots < cgi_nthreads() ? p->slots : cgi_nthreads(); /* a run may use fewer */
     cgi_ukr u;
     cgi_ukr_init(&u);
     const bool packed = packs_heads(t);
