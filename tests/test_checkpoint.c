@@ -45,6 +45,15 @@ static void gzip_to(const char *path, const void *p, size_t n) {
     gzclose(gz);
 }
 
+/* The writer's image, gzip-compressed to path (a checkpoint with the writer's metadata as it is). */
+static void gzip_writer_to(const char *path, cg_st_writer *w) {
+    void *img;
+    size_t n;
+    cg_st_serialize(w, &img, &n);
+    gzip_to(path, img, n);
+    free(img);
+}
+
 /* Number of temp files ("<base>.tmp.*") in the test directory. */
 static int count_temps(const char *base, char *found, size_t found_len) {
     DIR *d = opendir(dir);
@@ -190,29 +199,19 @@ static void test_damaged(void) {
     /* valid gzip, wrong contents */
     gzip_to(bad, "hello", 5);
     expect_open_fails(bad, "corrupt safetensors image inside the gzip: file is 5 bytes", NULL);
-    void *img;
-    size_t img_len;
     cg_st_writer *v = small_writer(0, "1");
-    cg_st_serialize(v, &img, &img_len);
-    gzip_to(bad, img, img_len);
-    free(img);
+    gzip_writer_to(bad, v);
     expect_open_fails(bad, "__metadata__ format is missing, expected 'cgrad-checkpoint'", NULL);
     cg_st_set_metadata(v, "format", "pytorch");
     cg_st_set_metadata(v, "version", "1");
-    cg_st_serialize(v, &img, &img_len);
-    gzip_to(bad, img, img_len);
-    free(img);
+    gzip_writer_to(bad, v);
     expect_open_fails(bad, "format is 'pytorch'", NULL);
     cg_st_set_metadata(v, "format", "cgrad-checkpoint");
     cg_st_set_metadata(v, "version", "2");
-    cg_st_serialize(v, &img, &img_len);
-    gzip_to(bad, img, img_len);
-    free(img);
+    gzip_writer_to(bad, v);
     expect_open_fails(bad, "version is '2'", NULL);
     cg_st_set_metadata(v, "version", "1");
-    cg_st_serialize(v, &img, &img_len);
-    gzip_to(bad, img, img_len);
-    free(img);
+    gzip_writer_to(bad, v);
     check_small(bad, 0, "1"); /* the same image with the right metadata is accepted */
     expect_open_fails(in_dir("missing.ckpt"), "cannot open", NULL);
     cg_st_writer_free(v);
