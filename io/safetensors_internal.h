@@ -4,6 +4,8 @@
 #ifndef CGRAD_IO_SAFETENSORS_INTERNAL_H
 #define CGRAD_IO_SAFETENSORS_INTERNAL_H
 
+#include <stdlib.h>
+
 #include "io/safetensors.h"
 
 /* The format's dtypes: kind of element, and the table of names and sizes (indexed by DT_*). */
@@ -28,6 +30,16 @@ extern const st_dtype cgi_st_dtypes[DT_COUNT];
 
 /* Fails with "[safetensors] <label>: <message>"; returns s. */
 cg_status cgi_st_fail(const char *label, cg_status s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* Frees n metadata keys and values and the two arrays (a reader's or a writer's). */
+static inline void cgi_st_free_metadata(char **keys, char **values, int n) {
+    for (int i = 0; i < n; i++) {
+        free(keys[i]);
+        free(values[i]);
+    }
+    free(keys);
+    free(values);
+}
 
 /* Where an image is streamed to: returns CG_OK or the sink's error. */
 typedef cg_status (*cgi_st_sink)(void *ctx, const void *p, size_t n);

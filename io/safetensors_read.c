@@ -81,12 +81,7 @@ void cg_st_close(cg_st *f) {
         free(f->e[i].shape);
     }
     free(f->e);
-    for (int i = 0; i < f->nmeta; i++) {
-        free(f->mkey[i]);
-        free(f->mval[i]);
-    }
-    free(f->mkey);
-    free(f->mval);
+    cgi_st_free_metadata(f->mkey, f->mval, f->nmeta);
     if (f->mapped) munmap(f->image, f->len);
     else free(f->image);
     free(f->label);

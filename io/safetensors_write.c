@@ -43,12 +43,7 @@ void cg_st_writer_free(cg_st_writer *w) {
         free(w->e[i].data);
     }
     free(w->e);
-    for (int i = 0; i < w->nmeta; i++) {
-        free(w->mkey[i]);
-        free(w->mval[i]);
-    }
-    free(w->mkey);
-    free(w->mval);
+    cgi_st_free_metadata(w->mkey, w->mval, w->nmeta);
     free(w);
 }
 
@@ -114,30 +109,27 @@ static w_entry *add_entry(cg_st_writer *w, const char *name, int dtype, int ndim
     return e;
 }
 
-cg_status cg_st_add(cg_st_writer *w, const char *name, int ndim, const int64_t *shape, const cg_real *data) {
-    w_entry *e = add_entry(w, name, DT_REAL, ndim, shape, "add");
+/* Appends a tensor of dtype holding a copy of data (NULL only when it has no elements). */
+static cg_status add_copy(cg_st_writer *w, const char *name, int dtype, int ndim, const int64_t *shape, const void *data,
+                          const char *op) {
+    w_entry *e = add_entry(w, name, dtype, ndim, shape, op);
     if (!e) return CG_ERR_ARG;
     if (e->bytes && !data) {
         free(e->name);
         free(e->data);
         w->n--;
-        return cgi_fail(CG_ERR_ARG, "[safetensors] add: NULL data for '%s'", name);
+        return cgi_fail(CG_ERR_ARG, "[safetensors] %s: NULL data for '%s'", op, name);
     }
     if (e->bytes) memcpy(e->data, data, e->bytes);
     return CG_OK;
 }
 
+cg_status cg_st_add(cg_st_writer *w, const char *name, int ndim, const int64_t *shape, const cg_real *data) {
+    return add_copy(w, name, DT_REAL, ndim, shape, data, "add");
+}
+
 cg_status cg_st_add_ids(cg_st_writer *w, const char *name, int ndim, const int64_t *shape, const int32_t *data) {
-    w_entry *e = add_entry(w, name, DT_I32, ndim, shape, "add_ids");
-    if (!e) return CG_ERR_ARG;
-    if (e->bytes && !data) {
-        free(e->name);
-        free(e->data);
-        w->n--;
-        return cgi_fail(CG_ERR_ARG, "[safetensors] add_ids: NULL data for '%s'", name);
-    }
-    if (e->bytes) memcpy(e->data, data, e->bytes);
-    return CG_OK;
+    return add_copy(w, name, DT_I32, ndim, shape, data, "add_ids");
 }
 
 cg_status cg_st_add_tensor(cg_st_writer *w, const char *name, cg_tensor *t) {
