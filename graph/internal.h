@@ -102,6 +102,9 @@ struct cg_tensor {
     cg_graph *graph;   /* NULL for parameters */
     uint64_t *pversion;/* parameters: their set's value version, bumped on every change */
     void *lp;          /* parameters: bf16 copy of the value (ops/bf16.c), made on first use */
+    bool lp_value;     /* planned, bf16 graphs: the value is stored as bf16, only linears read it (ops/bf16.c) */
+    void *lp_tmp[2];   /* planned, bf16 graphs: conversion scratch of the forward and backward products */
+    void *lp_alt;      /* the recompute's forward conversion scratch, swapped in with alt_data */
     const char *name;
     int seg;           /* checkpoint segment built in (1, 2, ...; 0: none) */
     bool recompute;    /* planned: backward recomputes the value (into alt_data, aux into alt_aux) */

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "graph/internal.h"
+#include "ops/bf16_internal.h"
 
 typedef struct {
     int64_t birth, death; /* inclusive times */
@@ -284,10 +285,10 @@ cg_status cgi_plan(cg_graph *g) {
     int64_t *rdeath = malloc((size_t)n1 * sizeof *rdeath);
     int64_t *gbirth = malloc((size_t)n1 * sizeof *gbirth);
     int64_t *bt = malloc((size_t)n1 * sizeof *bt), *rt = malloc((size_t)n1 * sizeof *rt);
-    buffer *bufs = malloc((size_t)(6 * n + 1) * sizeof *bufs);
-    buffer **order = malloc((size_t)(6 * n + 1) * sizeof *order);
+    buffer *bufs = malloc((size_t)(9 * n + 1) * sizeof *bufs);
+    buffer **order = malloc((size_t)(9 * n + 1) * sizeof *order);
     bool *consumed = malloc((size_t)n1 * sizeof *consumed);
-    span *used = malloc((size_t)(6 * n + 1) * sizeof *used);
+    span *used = malloc((size_t)(9 * n + 1) * sizeof *used);
     cg_status st = CG_OK;
     int *consumers = NULL, *sole = NULL;
     if (!vdeath || !rdeath || !gbirth || !bt || !rt || !bufs || !order || !consumed || !used) {
@@ -324,6 +325,7 @@ cg_status cgi_plan(cg_graph *g) {
         t->kept = cgi_ops[t->op].kind != CGI_KIND_COMPUTE || t->retain || !consumed[i] ||
                   (cgi_ops[t->op].bwd_grad & CGI_OUT_IN_SRC0);
     }
+    cgi_lp_plan_values(g, consumers); /* bf16 graphs: values stored at half size */
     /* Checkpoint segments add a recompute to the time axis; without them node i's backward is at 2n-1-i. */
     cgi_ckpt_decide(g, consumers, sole);
     const int64_t end = cgi_ckpt_timeline(g, bt, rt);
@@ -364,6 +366,14 @@ cg_status cgi_plan(cg_graph *g) {
                            reader->requires_grad &&
                            t->requires_grad && !outlives && cgi_ops[t->op].kind == CGI_KIND_COMPUTE &&
                            t->dtype == CG_REAL && vdeath[i] == bt[reader->id];
+        /* bf16 products convert their operands into scratch that lives only while they run */
+        t->lp_tmp[0] = t->lp_tmp[1] = t->lp_alt = NULL;
+        if (g->precision == CG_BF16 && cgi_ops[t->op].kind == CGI_KIND_COMPUTE) {
+            const size_t f = cgi_lp_scratch_bytes(t, false), b = t->requires_grad ? cgi_lp_scratch_bytes(t, true) : 0;
+            if (f) bufs[nb++] = (buffer){i, i, round_up(f), 0, &t->lp_tmp[0], t, 'a'};
+            if (f && t->recompute) bufs[nb++] = (buffer){rt[i], rt[i], round_up(f), 0, &t->lp_alt, t, 'a'};
+            if (b) bufs[nb++] = (buffer){back, back, round_up(b), 0, &t->lp_tmp[1], t, 'a'};
+        }
         if (t->bwd_aux_bytes && t->requires_grad && cgi_ops[t->op].kind == CGI_KIND_COMPUTE)
             bufs[nb++] = (buffer){back, back, round_up(t->bwd_aux_bytes), 0, &t->bwd_aux, t, 'a'};
         if (t->grad_in_value) {
@@ -372,7 +382,7 @@ cg_status cgi_plan(cg_graph *g) {
             continue;
         }
         if (cgi_ops[t->op].kind == CGI_KIND_COMPUTE && !(cgi_ops[t->op].bwd_grad & CGI_OUT_IN_SRC0)) {
-            size_t es = t->dtype == CG_INT32 ? sizeof(int32_t) : sizeof(cg_real);
+            size_t es = t->dtype == CG_INT32 ? sizeof(int32_t) : t->lp_value ? sizeof(cgi_bf16) : sizeof(cg_real);
             size_t vbytes = round_up((size_t)cgi_numel(t->ndim, t->shape) * es);
             bufs[nb++] = (buffer){i, outlives ? end : vdeath[i], vbytes, 0, &t->data, t, 'v'};
             /* a recomputed node's forward scratch is forward's alone; its recompute's serves backward */

@@ -53,6 +53,31 @@ cg_status cg_set_precision(cg_precision p) {
     return CG_OK;
 }
 
+bool cgi_lp_force_ref;
+
+/* In row blocks, each block read whole before it is written: the bf16 row lands in the first half
+ * of the float row's bytes, so a write never reaches a float not yet read. memcpy through one char
+ * pointer keeps the compiler from reordering the reads and writes of the shared bytes. */
+void cgi_lp_to_bf16_inplace(cg_real *x, int64_t m, int64_t n) {
+#ifndef CGRAD_DOUBLE
+    enum { BLK = 64 };
+#pragma omp parallel for schedule(static) if (m * n > CGI_PAR_MIN) num_threads(cgi_nthreads())
+    for (int64_t i = 0; i < m; i++) {
+        char *row = (char *)(x + i * n);
+        for (int64_t j = 0; j < n; j += BLK) {
+            const int64_t len = n - j < BLK ? n - j : BLK;
+            float f[BLK];
+            cgi_bf16 h[BLK];
+            memcpy(f, row + j * sizeof(float), (size_t)len * sizeof(float));
+            for (int64_t e = 0; e < len; e++) h[e] = cgi_to_bf16(f[e]);
+            memcpy(row + j * sizeof(cgi_bf16), h, (size_t)len * sizeof(cgi_bf16));
+        }
+    }
+#else
+    (void)x, (void)m, (void)n;
+#endif
+}
+
 #ifndef LP_BUILD
 
 const char *cg_bf16_unavailable(void) {
@@ -64,19 +89,29 @@ const char *cg_bf16_unavailable(void) {
 }
 void cgi_lp_free(cgi_lp *lp) { (void)lp; }
 void cgi_lp_param_free(cg_tensor *p) { (void)p; }
-bool cgi_lp_gemm(cg_graph *g, int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, int64_t csa,
-                 const cg_tensor *a_src, const cg_real *b, int64_t rsb, int64_t csb, const cg_tensor *b_src,
+void cgi_lp_plan_values(cg_graph *g, const int *consumers) {
+    (void)consumers;
+    for (int i = 0; i < g->n; i++) g->nodes[i]->lp_value = false;
+}
+size_t cgi_lp_scratch_bytes(const cg_tensor *t, bool bwd) { return 0; }
+size_t cgi_lp_unplanned_bytes(const cg_graph *g) { return 0; }
+bool cgi_lp_gemm(const cg_tensor *t, bool bwd, int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa,
+                 int64_t csa, const cg_tensor *a_src, const cg_real *b, int64_t rsb, int64_t csb, const cg_tensor *b_src,
                  cg_real alpha, cg_real beta, cg_real *c, int64_t rsc, int64_t csc) {
     return false;
 }
 bool cgi_lp_linear_fwd(cg_tensor *t, bool has_bias) { return false; }
 double cg_bf16_gemm_gflops(int64_t n, int reps) { return NAN; }
 bool cgi_lp_linear_bwd(cg_tensor *t, bool assign) { return false; }
+bool cgi_lp_lce_bwd(cg_tensor *t, int64_t m, int64_t v, int64_t d, cg_real *dlogits, const cg_real *xs, cg_real *dxs,
+                    bool dx, bool dw) {
+    return false;
+}
 int64_t cgi_lp_param_conversions;
 
 #else
 
-typedef uint16_t bf16;
+typedef cgi_bf16 bf16;
 
 /* ---- the engine: one per process, like the thread pool ---- */
 
@@ -121,14 +156,9 @@ static bool engine_ready(void) {
     return ok;
 }
 
-/* ---- conversion, round to nearest even as vcvtneps2bf16 does; NaN stays NaN ---- */
+/* ---- conversion (cgi_to_bf16: round to nearest even, NaN stays NaN) ---- */
 
-static inline bf16 to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    return (bf16)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : r);
-}
+static inline bf16 to_bf16(float f) { return cgi_to_bf16(f); }
 
 static void convert_run(const float *restrict src, bf16 *restrict dst, int64_t n) {
     for (int64_t i = 0; i < n; i++) dst[i] = to_bf16(src[i]);
@@ -315,29 +345,120 @@ static bool gemm_bf16(cgi_lp *lp, int64_t m, int64_t n, int64_t k, const bf16 *a
     return dnnl_primitive_execute(e->prim, stream, 3, args) == dnnl_success && dnnl_stream_wait(stream) == dnnl_success;
 }
 
+/* C = alpha A B + beta C by plain loops over bf16 operands, float accumulation: where oneDNN
+ * cannot take an operand that only exists in bf16 (and under cgi_lp_force_ref, for the tests). */
+static void ref_gemm(int64_t m, int64_t n, int64_t k, const bf16 *a, int64_t rsa, int64_t csa, const bf16 *b,
+                     int64_t rsb, int64_t csb, float alpha, float beta, float *c, int64_t rsc, int64_t csc) {
+#pragma omp parallel for schedule(static) if (m * n * k > CGI_PAR_MIN) num_threads(cgi_nthreads())
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            float acc = 0;
+            for (int64_t p = 0; p < k; p++) acc += cgi_from_bf16(a[i * rsa + p * csa]) * cgi_from_bf16(b[p * rsb + j * csb]);
+            float *d = c + i * rsc + j * csc;
+            *d = alpha * acc + (beta != 0 ? beta * *d : 0);
+        }
+}
+
+/* The product on bf16 operands: oneDNN, else the reference loops, so it always happens. */
+static void mm(cgi_lp *lp, int64_t m, int64_t n, int64_t k, const bf16 *a, int64_t rsa, int64_t csa, const bf16 *b,
+               int64_t rsb, int64_t csb, float alpha, float beta, float *c, int64_t rsc, int64_t csc) {
+    if (cgi_lp_force_ref || !gemm_bf16(lp, m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, c, rsc, csc))
+        ref_gemm(m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, c, rsc, csc);
+}
+
+static int64_t rows_of(const cg_tensor *x) { return cgi_numel(x->ndim - 1, x->shape); }
+static int64_t row_stride(const cg_tensor *x) { return x->ndim >= 2 ? x->stride[x->ndim - 2] : 1; }
+static int64_t max2(int64_t a, int64_t b) { return a > b ? a : b; }
+static size_t round_up(size_t n) { return (n + CGI_ALIGN - 1) / CGI_ALIGN * CGI_ALIGN; }
+
+/* Storage that needs no conversion: a parameter's (its bf16 copy) or a value stored in bf16. */
+static bool param_backed(const cg_tensor *x) {
+    return x && x->root && x->root->op == CGI_OP_PARAM && x->root->pversion;
+}
+static bool no_conversion(const cg_tensor *x) { return param_backed(x) || (x && x->root && x->root->lp_value); }
+
+/* A linear's dY can become bf16 in place when nothing reads it after its backward (the caller
+ * takes the bias gradient first) and every other operand has planned scratch, so nothing can
+ * fail once the floats are gone. */
+static bool dy_in_place(const cg_tensor *t, const int64_t need[2]) {
+    return t->root == t && !t->retain && t->grad && (need[1] == 0 || t->lp_tmp[1]);
+}
+
+/* Elements of the two conversion areas (A, B) that t's forward or backward products use. */
+static void need(const cg_tensor *t, bool bwd, int64_t s[2]) {
+    s[0] = s[1] = 0;
+    if (!t->graph || t->graph->precision != CG_BF16) return;
+    if (t->op == CGI_OP_LINEAR) {
+        const cg_tensor *x = t->src[0], *w = t->src[1];
+        const int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1];
+        const bool xb = no_conversion(x), wb = param_backed(w);
+        if (!bwd) {
+            s[0] = xb ? 0 : m * k;
+            s[1] = wb ? 0 : n * k;
+        } else {
+            s[1] = max2(x->requires_grad && !wb ? n * k : 0, w->requires_grad && !xb ? m * k : 0);
+            s[0] = dy_in_place(t, s) ? 0 : m * n;
+        }
+    } else if (t->op == CGI_OP_MATMUL) { /* per batch, one at a time; the whole tensors bound it */
+        const int64_t na = cgi_numel(t->src[0]->ndim, t->src[0]->shape), nb = cgi_numel(t->src[1]->ndim, t->src[1]->shape);
+        const int64_t nc = cgi_numel(t->ndim, t->shape);
+        s[0] = bwd ? max2(na, nc) : na;
+        s[1] = bwd ? max2(nb, nc) : nb;
+    } else if (t->op == CGI_OP_LINEAR_CROSS_ENTROPY) { /* chunks of iarg[2] rows: xs [cap, d], W [v, d] */
+        const cg_tensor *w = t->src[1];
+        const int64_t cap = t->iarg[2], v = w->shape[0], d = w->shape[1], wn = param_backed(w) ? 0 : v * d;
+        s[0] = cap * d; /* xs, for the logits (recomputed in backward when there are several chunks) */
+        s[1] = bwd ? max2(wn, cap * d) : wn;
+    }
+}
+
+size_t cgi_lp_scratch_bytes(const cg_tensor *t, bool bwd) {
+    int64_t s[2];
+    need(t, bwd, s);
+    if (!s[0] && !s[1]) return 0;
+    return round_up((size_t)s[0] * sizeof(bf16)) + (size_t)s[1] * sizeof(bf16);
+}
+
+size_t cgi_lp_unplanned_bytes(const cg_graph *g) {
+    return g && g->lp ? (g->lp->slot_n[0] + g->lp->slot_n[1]) * sizeof(bf16) : 0;
+}
+
+/* Conversion area i for n elements: t's planned scratch, else the graph's held slot. */
+static bf16 *scratch(cgi_lp *lp, const cg_tensor *t, bool bwd, int i, int64_t n) {
+    int64_t s[2];
+    need(t, bwd, s);
+    char *base = t->lp_tmp[bwd];
+    if (base && n <= s[i]) return (bf16 *)(base + (i ? round_up((size_t)s[0] * sizeof(bf16)) : 0));
+    return slot(lp, i, n);
+}
+
 /* bf16 form of operand x[rows, cols] (strides rs, cs) whose storage belongs to src: a parameter's
- * copy (same strides), else a conversion into scratch slot i (strides set to its layout). */
-static const bf16 *operand(cgi_lp *lp, int i, const float *x, int64_t rows, int64_t cols, int64_t *rs, int64_t *cs,
-                           const cg_tensor *src) {
+ * copy or a bf16-stored value (same strides), else a conversion into area i of t's scratch
+ * (strides set to its layout). */
+static const bf16 *operand(cgi_lp *lp, const cg_tensor *t, bool bwd, int i, const float *x, int64_t rows, int64_t cols,
+                           int64_t *rs, int64_t *cs, const cg_tensor *src) {
     cg_tensor *root = src ? src->root : NULL;
-    if (root && root->op == CGI_OP_PARAM && root->pversion) {
+    if (param_backed(src)) {
         const bf16 *p = param_bf16(root);
         return p ? p + (x - (const float *)root->data) : NULL;
     }
-    bf16 *d = slot(lp, i, rows * cols);
+    if (root && root->lp_value) return (const bf16 *)x;
+    bf16 *d = scratch(lp, t, bwd, i, rows * cols);
     if (d) convert(x, rows, cols, *rs, *cs, d, rs, cs);
     return d;
 }
 
-bool cgi_lp_gemm(cg_graph *g, int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, int64_t csa,
-                 const cg_tensor *a_src, const cg_real *b, int64_t rsb, int64_t csb, const cg_tensor *b_src,
+bool cgi_lp_gemm(const cg_tensor *t, bool bwd, int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa,
+                 int64_t csa, const cg_tensor *a_src, const cg_real *b, int64_t rsb, int64_t csb, const cg_tensor *b_src,
                  cg_real alpha, cg_real beta, cg_real *c, int64_t rsc, int64_t csc) {
-    cgi_lp *lp = g && g->precision == CG_BF16 ? ctx(g) : NULL;
+    cgi_lp *lp = t->graph && t->graph->precision == CG_BF16 ? ctx(t->graph) : NULL;
     if (!lp) return false;
     if (m == 0 || n == 0 || k == 0) return gemm_bf16(lp, m, n, k, NULL, 0, 0, NULL, 0, 0, alpha, beta, c, rsc, csc);
-    const bf16 *ab = operand(lp, 0, a, m, k, &rsa, &csa, a_src);
-    const bf16 *bb = ab ? operand(lp, 1, b, k, n, &rsb, &csb, b_src) : NULL;
-    return bb && gemm_bf16(lp, m, n, k, ab, rsa, csa, bb, rsb, csb, alpha, beta, c, rsc, csc);
+    const bf16 *ab = operand(lp, t, bwd, 0, a, m, k, &rsa, &csa, a_src);
+    const bf16 *bb = ab ? operand(lp, t, bwd, 1, b, k, n, &rsb, &csb, b_src) : NULL;
+    if (!bb) return false;
+    mm(lp, m, n, k, ab, rsa, csa, bb, rsb, csb, alpha, beta, c, rsc, csc);
+    return true;
 }
 
 /* ---- the reference: oneDNN's own bf16 matmul on square operands already in bf16 ---- */
@@ -365,13 +486,10 @@ double cg_bf16_gemm_gflops(int64_t n, int reps) {
 
 /* ---- linear: x[..., in] @ w[out, in]^T ---- */
 
-static int64_t rows_of(const cg_tensor *x) { return cgi_numel(x->ndim - 1, x->shape); }
-static int64_t row_stride(const cg_tensor *x) { return x->ndim >= 2 ? x->stride[x->ndim - 2] : 1; }
-
 bool cgi_lp_linear_fwd(cg_tensor *t, bool has_bias) {
     cg_tensor *x = t->src[0], *w = t->src[1];
-    return cgi_lp_gemm(t->graph, rows_of(x), w->shape[0], w->shape[1], x->data, row_stride(x), x->stride[x->ndim - 1], x,
-                       w->data, w->stride[1], w->stride[0], w, 1, has_bias ? 1 : 0, t->data, w->shape[0], 1);
+    return cgi_lp_gemm(t, false, rows_of(x), w->shape[0], w->shape[1], x->data, row_stride(x), x->stride[x->ndim - 1],
+                       x, w->data, w->stride[1], w->stride[0], w, 1, has_bias ? 1 : 0, t->data, w->shape[0], 1);
 }
 
 bool cgi_lp_linear_bwd(cg_tensor *t, bool assign) {
@@ -379,27 +497,81 @@ bool cgi_lp_linear_bwd(cg_tensor *t, bool assign) {
     cgi_lp *lp = ctx(t->graph);
     if (!lp) return false;
     const int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1];
-    int64_t rd = n, cd = 1; /* dY, converted once for both products */
-    const bf16 *dy = operand(lp, 0, t->grad, m, n, &rd, &cd, NULL);
-    if (!dy) return false;
+    int64_t s[2], rd = n, cd = 1; /* dY, converted once for both products */
+    need(t, true, s);
+    const bf16 *dy;
+    if (dy_in_place(t, s)) {
+        cgi_lp_to_bf16_inplace(t->grad, m, n);
+        dy = (const bf16 *)t->grad;
+        rd = 2 * n;
+    } else if (!(dy = operand(lp, t, true, 0, t->grad, m, n, &rd, &cd, NULL)))
+        return false;
+    /* from here on nothing fails: planned areas fit, and a held slot that cannot grow leaves dY float */
     if (x->requires_grad) { /* dX[m,k] (+)= dY[m,n] @ W[n,k] */
         int64_t rw = w->stride[0], cw = w->stride[1];
-        const bf16 *wb = operand(lp, 1, w->data, n, k, &rw, &cw, w);
-        if (!wb || !gemm_bf16(lp, m, k, n, dy, rd, cd, wb, rw, cw, 1, assign ? 0 : 1, x->grad, row_stride(x),
-                              x->stride[x->ndim - 1]))
-            return false; /* only before anything was written: the same shapes always succeed */
+        const bf16 *wb = operand(lp, t, true, 1, w->data, n, k, &rw, &cw, w);
+        if (!wb) return false; /* only with dY still float and nothing written */
+        mm(lp, m, k, n, dy, rd, cd, wb, rw, cw, 1, assign ? 0 : 1, x->grad, row_stride(x), x->stride[x->ndim - 1]);
     }
     if (w->requires_grad) { /* dW[n,k] += dY^T[n,m] @ X[m,k] */
         int64_t rx = row_stride(x), cx = x->stride[x->ndim - 1];
-        const bf16 *xb = operand(lp, 1, x->data, m, k, &rx, &cx, x);
-        if (!xb || !gemm_bf16(lp, n, k, m, dy, cd, rd, xb, rx, cx, 1, 1, w->grad, w->stride[0], w->stride[1])) {
-            if (!x->requires_grad) return false;
-            /* dX is already written: finish in float rather than let the caller redo it */
+        const bf16 *xb = operand(lp, t, true, 1, x->data, m, k, &rx, &cx, x);
+        if (xb) mm(lp, n, k, m, dy, cd, rd, xb, rx, cx, 1, 1, w->grad, w->stride[0], w->stride[1]);
+        else /* dX is already written (and dY is float: a held slot failed): finish in float */
             cgi_gemm(n, k, m, t->grad, 1, n, x->data, row_stride(x), x->stride[x->ndim - 1], 1, 1, w->grad,
                      w->stride[0], w->stride[1], cgi_nthreads());
-        }
     }
     return true;
+}
+
+/* ---- the fused LM head's backward, one chunk ---- */
+
+bool cgi_lp_lce_bwd(cg_tensor *t, int64_t m, int64_t v, int64_t d, cg_real *dlogits, const cg_real *xs, cg_real *dxs,
+                    bool dx, bool dw) {
+    cg_tensor *w = t->src[1];
+    cgi_lp *lp = t->graph->precision == CG_BF16 ? ctx(t->graph) : NULL;
+    int64_t s[2];
+    need(t, true, s);
+    if (!lp || (s[1] && !t->lp_tmp[1])) return false; /* unplanned: the caller's float products */
+    cgi_lp_to_bf16_inplace(dlogits, m, v);
+    const bf16 *dl = (const bf16 *)dlogits;
+    if (dx) { /* dxs[m,d] = dlogits[m,v] @ W[v,d] */
+        int64_t rw = w->stride[0], cw = w->stride[1];
+        const bf16 *wb = operand(lp, t, true, 1, w->data, v, d, &rw, &cw, w);
+        mm(lp, m, d, v, dl, 2 * v, 1, wb, rw, cw, 1, 0, dxs, d, 1);
+    }
+    if (dw) { /* dW[v,d] += dlogits^T[v,m] @ xs[m,d] */
+        int64_t rx = d, cx = 1;
+        const bf16 *xb = operand(lp, t, true, 1, xs, m, d, &rx, &cx, NULL);
+        mm(lp, v, d, m, dl, 1, 2 * v, xb, rx, cx, 1, 1, w->grad, w->stride[0], w->stride[1]);
+    }
+    return true;
+}
+
+/* ---- which values are stored in bf16 ---- */
+
+/* The producers that can write their value as bf16: their backward never reads it. */
+static bool writes_bf16(const cg_tensor *t) {
+    return t->op == CGI_OP_LAYERNORM || t->op == CGI_OP_RMSNORM;
+}
+
+void cgi_lp_plan_values(cg_graph *g, const int *consumers) {
+    for (int i = 0; i < g->n; i++) g->nodes[i]->lp_value = false;
+    if (g->precision != CG_BF16 || !ctx(g) || getenv("CGRAD_BF16_VALUES_OFF")) return;
+    int *linear_readers = calloc((size_t)g->n + 1, sizeof *linear_readers);
+    if (!linear_readers) return; /* everything stays float: slower, not wrong */
+    for (int c = 0; c < g->n; c++) {
+        const cg_tensor *t = g->nodes[c];
+        if (t->op == CGI_OP_LINEAR && t->src[0]->root == t->src[0] && t->src[0]->id >= 0 && t->src[1]->root != t->src[0] &&
+            (t->nsrc < 3 || t->src[2]->root != t->src[0]))
+            linear_readers[t->src[0]->id]++;
+    }
+    for (int i = 0; i < g->n; i++) {
+        cg_tensor *t = g->nodes[i];
+        t->lp_value = writes_bf16(t) && t->root == t && !t->kept && !t->retain && t->dtype == CG_REAL &&
+                      cgi_ops[t->op].kind == CGI_KIND_COMPUTE && consumers[i] > 0 && linear_readers[i] == consumers[i];
+    }
+    free(linear_readers);
 }
 
 #endif

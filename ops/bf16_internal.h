@@ -4,6 +4,8 @@
 #ifndef CGRAD_BF16_INTERNAL_H
 #define CGRAD_BF16_INTERNAL_H
 
+#include <string.h>
+
 #include "graph/internal.h"
 
 typedef struct cgi_lp cgi_lp;
@@ -21,15 +23,58 @@ void cgi_lp_param_free(cg_tensor *p);
 /* Parameters converted to bf16 so far, process-wide (tests count them). */
 extern int64_t cgi_lp_param_conversions;
 
-/* C[m,n] = alpha A[m,k] B[k,n] + beta C in bf16 with float accumulation, for graph g. a and b are
- * cg_real with any strides; a_src / b_src (may be NULL) is the tensor whose storage a / b points
- * into: when that is a parameter, its bf16 copy is read instead of converting a again. */
-bool cgi_lp_gemm(cg_graph *g, int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, int64_t csa,
-                 const cg_tensor *a_src, const cg_real *b, int64_t rsb, int64_t csb, const cg_tensor *b_src,
+/* bf16 numbers: the upper half of a float's bits. */
+typedef uint16_t cgi_bf16;
+
+/* float to bf16, round to nearest even as vcvtneps2bf16 does; NaN stays NaN. */
+static inline cgi_bf16 cgi_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (cgi_bf16)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : r);
+}
+
+/* bf16 to float (exact). */
+static inline float cgi_from_bf16(cgi_bf16 h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Plans a bf16 graph's storage formats (graph/plan.c, before sizing its buffers): sets
+ * t->lp_value on the values that only linears read as their input and whose producer can write
+ * bf16 (LayerNorm, RMSNorm, GELU, ReLU), so they are stored at half size and never converted.
+ * consumers[i] counts the readers of node i. Clears every flag on an fp32 graph. */
+void cgi_lp_plan_values(cg_graph *g, const int *consumers);
+/* Bytes of bf16 conversion scratch t's forward (bwd false) or backward products need, planned
+ * at the time they run (0 for an fp32 graph or an op without bf16 products). */
+size_t cgi_lp_scratch_bytes(const cg_tensor *t, bool bwd);
+/* Bytes of conversion scratch held for the graph's life because a product found no planned
+ * scratch (an unplanned graph); tests check the zoo's graphs need none. */
+size_t cgi_lp_unplanned_bytes(const cg_graph *g);
+
+/* C[m,n] = alpha A[m,k] B[k,n] + beta C in bf16 with float accumulation, for product node t
+ * (bwd: in its backward rule, whose scratch it converts into). a and b are cg_real with any
+ * strides; a_src / b_src (may be NULL) is the tensor whose storage a / b points into: when that
+ * is a parameter, its bf16 copy is read instead of converting a again. */
+bool cgi_lp_gemm(const cg_tensor *t, bool bwd, int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa,
+                 int64_t csa, const cg_tensor *a_src, const cg_real *b, int64_t rsb, int64_t csb, const cg_tensor *b_src,
                  cg_real alpha, cg_real beta, cg_real *c, int64_t rsc, int64_t csc);
 /* linear's forward product into t (bias already in t when has_bias: added to). */
 bool cgi_lp_linear_fwd(cg_tensor *t, bool has_bias);
-/* linear's dX and dW products (the bias is left to the caller); assign: dX is written, not added. */
+/* linear's dX and dW products; assign: dX is written, not added. The bias gradient must be taken
+ * before: when nothing else reads t's gradient it is converted to bf16 in place. */
 bool cgi_lp_linear_bwd(cg_tensor *t, bool assign);
+/* The fused LM head's backward products for one chunk of m counted rows: dlogits [m, v] (float,
+ * op scratch, converted to bf16 in place), xs [m, d]; dxs [m, d] is written, dW added to. False
+ * when nothing was done (the caller runs its float products). */
+bool cgi_lp_lce_bwd(cg_tensor *t, int64_t m, int64_t v, int64_t d, cg_real *dlogits, const cg_real *xs, cg_real *dxs,
+                    bool dx, bool dw);
+/* Converts rows [m, n] of float in place into bf16 rows that keep each row's start (row stride
+ * 2n bf16), so no scratch is needed; the floats are gone after. */
+void cgi_lp_to_bf16_inplace(cg_real *x, int64_t m, int64_t n);
+/* Forces the reference loop in place of oneDNN for products with a bf16-stored operand (tests). */
+extern bool cgi_lp_force_ref;
 
 #endif

@@ -186,7 +186,7 @@ static void lce_setup(cg_tensor *t, lce *c) {
 }
 
 /* Gathers rows [r0, r0+m) of the counted list and computes their logits into c->logits. */
-static void lce_logits(const lce *c, int64_t r0, int64_t m) {
+static void lce_logits(const lce *c, int64_t r0, int64_t m, bool bwd) {
     for (int64_t i = 0; i < m; i++)
         memcpy(c->xs + i * c->d, c->X + (int64_t)c->index[r0 + i] * c->d, (size_t)c->d * sizeof(cg_real));
     if (c->B) {
@@ -194,7 +194,7 @@ static void lce_logits(const lce *c, int64_t r0, int64_t m) {
         for (int64_t i = 0; i < m; i++)
             for (int64_t j = 0; j < c->v; j++) c->logits[i * c->v + j] = c->B[j * c->bs];
     }
-    if (cgi_lp_on(c->t) && cgi_lp_gemm(c->t->graph, m, c->v, c->d, c->xs, c->d, 1, NULL, c->W, c->wc, c->wr,
+    if (cgi_lp_on(c->t) && cgi_lp_gemm(c->t, bwd, m, c->v, c->d, c->xs, c->d, 1, NULL, c->W, c->wc, c->wr,
                                        c->t->src[1], 1, c->B ? 1 : 0, c->logits, c->v, 1))
         return;
     cgi_gemm(m, c->v, c->d, c->xs, c->d, 1, c->W, c->wc, c->wr, 1, c->B ? 1 : 0, c->logits, c->v, 1, cgi_nthreads());
@@ -214,7 +214,7 @@ cg_status cgi_fwd_linear_cross_entropy(cg_tensor *t) {
     const int64_t step = lce_step(n);
     for (int64_t r0 = 0; r0 < n; r0 += step) {
         const int64_t m = n - r0 < step ? n - r0 : step;
-        lce_logits(&c, r0, m);
+        lce_logits(&c, r0, m, false);
         double part[LCE_ROWS];
 #pragma omp parallel for schedule(static) if (m * c.v > CGI_PAR_MIN) num_threads(cgi_nthreads())
         for (int64_t i = 0; i < m; i++) {
@@ -229,6 +229,15 @@ cg_status cgi_fwd_linear_cross_entropy(cg_tensor *t) {
     return CG_OK;
 }
 
+/* dBias += the column sums of the chunk's dlogits [m, v] */
+static void lce_bias_grad(const lce *c, cg_tensor *b, int64_t m) {
+    if (b->stride[0] == 1) cgi_colsum_add(b->grad, c->logits, m, c->v, c->v, c->colsum);
+    else {
+        int64_t cs[2] = {c->v, 1}, ds[2] = {0, b->stride[0]}, sh[2] = {m, c->v};
+        cgi_reduce(b->grad, ds, c->logits, cs, 2, sh, 1u, 1.0, true);
+    }
+}
+
 void cgi_bwd_linear_cross_entropy(cg_tensor *t) {
     cg_tensor *x = t->src[0], *w = t->src[1], *tgt = t->src[2], *b = t->nsrc > 3 ? t->src[3] : NULL;
     lce c;
@@ -239,7 +248,7 @@ void cgi_bwd_linear_cross_entropy(cg_tensor *t) {
     const int64_t step = lce_step(c.n);
     for (int64_t r0 = 0; r0 < c.n; r0 += step) {
         const int64_t m = c.n - r0 < step ? c.n - r0 : step;
-        if (step < c.n) lce_logits(&c, r0, m); /* one chunk: forward left its logits in place */
+        if (step < c.n) lce_logits(&c, r0, m, true); /* one chunk: forward left its logits in place */
 #pragma omp parallel for schedule(static) if (m * c.v > CGI_PAR_MIN) num_threads(nt)
         for (int64_t i = 0; i < m; i++) { /* logits -> d(loss)/d(logits) in place */
             cg_real *z = c.logits + i * c.v;
@@ -251,20 +260,17 @@ void cgi_bwd_linear_cross_entropy(cg_tensor *t) {
          * shapes (307 x 256 over 30522, and its transpose) poorly over two threads; side by side,
          * bert-small's head backward went from 96-101 to 80-82 ms (medians, interleaved). In bf16
          * each product runs on every thread in turn (oneDNN threads it). */
-        const bool lp = cgi_lp_on(t);
-        bool dx_done = false, dw_done = false;
-        if (lp && x->requires_grad)
-            dx_done = cgi_lp_gemm(t->graph, m, c.d, c.v, c.logits, c.v, 1, NULL, c.W, c.wr, c.wc, w, 1, 0, c.dxs, c.d, 1);
-        if (lp && w->requires_grad)
-            dw_done = cgi_lp_gemm(t->graph, c.v, c.d, m, c.logits, 1, c.v, NULL, c.xs, c.d, 1, NULL, 1, 1, w->grad,
-                                  w->stride[0], w->stride[1]);
+        /* bf16: the bias first, as the products turn dlogits into bf16 in place; then both products */
+        const bool lp = cgi_lp_on(t) && t->lp_tmp[1], bias_first = lp && b && b->requires_grad;
+        if (bias_first) lce_bias_grad(&c, b, m);
+        const bool done = lp && cgi_lp_lce_bwd(t, m, c.v, c.d, c.logits, c.xs, c.dxs, x->requires_grad, w->requires_grad);
         cgi_gemm_job jobs[2];
         int nj = 0;
         /* dX lands in scratch and is scattered after both, so the two never share output, even
          * when x's and w's gradients alias */
-        if (x->requires_grad && !dx_done) /* dx rows = dlogits @ W, gathered; scattered back below */
+        if (x->requires_grad && !done) /* dx rows = dlogits @ W, gathered; scattered back below */
             jobs[nj++] = (cgi_gemm_job){m, c.d, c.v, c.logits, c.v, 1, c.W, c.wr, c.wc, 1, 0, c.dxs, c.d, 1};
-        if (w->requires_grad && !dw_done) /* dW += dlogits^T @ xs */
+        if (w->requires_grad && !done) /* dW += dlogits^T @ xs */
             jobs[nj++] = (cgi_gemm_job){c.v, c.d, m, c.logits, 1, c.v, c.xs, c.d, 1, 1, 1, w->grad, w->stride[0],
                                         w->stride[1]};
         cgi_gemm_many(jobs, nj, nt);
@@ -273,13 +279,7 @@ void cgi_bwd_linear_cross_entropy(cg_tensor *t) {
                 cg_real *dst = x->grad + (int64_t)c.index[r0 + i] * c.d;
                 for (int64_t e = 0; e < c.d; e++) dst[e] += c.dxs[i * c.d + e];
             }
-        if (b && b->requires_grad) {
-            if (b->stride[0] == 1) cgi_colsum_add(b->grad, c.logits, m, c.v, c.v, c.colsum);
-            else {
-                int64_t cs[2] = {c.v, 1}, ds[2] = {0, b->stride[0]}, sh[2] = {m, c.v};
-                cgi_reduce(b->grad, ds, c.logits, cs, 2, sh, 1u, 1.0, true);
-            }
-        }
+        if (b && b->requires_grad && !bias_first) lce_bias_grad(&c, b, m);
     }
 }
 

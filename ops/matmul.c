@@ -342,7 +342,8 @@ typedef struct {
     cg_real *c;
     int64_t m, n, k, rsa, csa, rsb, csb, rsc, csc;
     int which_a, which_b, which_c; /* 0: operand a's batch strides, 1: b's, 2: c's */
-    cg_graph *lp;                  /* set when the products run in bf16 (ops/bf16.c), one at a time */
+    const cg_tensor *lp;           /* the node, when the products run in bf16 (ops/bf16.c), one at a time */
+    bool lp_bwd;                   /* in its backward rule (whose conversion scratch they use) */
 } mm_call;
 
 static void run_batches(const mm_plan *p, const mm_call *q, cg_real beta, bool writes_shared) {
@@ -352,7 +353,7 @@ static void run_batches(const mm_plan *p, const mm_call *q, cg_real beta, bool w
     for (int64_t i = 0; i < p->nbatch; i++) {
         int64_t off[3];
         batch_offsets(p, i, &off[0], &off[1], &off[2]);
-        if (q->lp && cgi_lp_gemm(q->lp, q->m, q->n, q->k, q->a + off[q->which_a], q->rsa, q->csa, NULL,
+        if (q->lp && cgi_lp_gemm(q->lp, q->lp_bwd, q->m, q->n, q->k, q->a + off[q->which_a], q->rsa, q->csa, NULL,
                                  q->b + off[q->which_b], q->rsb, q->csb, NULL, 1, beta, q->c + off[q->which_c], q->rsc,
                                  q->csc))
             continue;
@@ -365,7 +366,7 @@ cg_status cgi_fwd_matmul(cg_tensor *t) {
     mm_plan p;
     plan(t, &p);
     mm_call q = {t->src[0]->data, t->src[1]->data, t->data, p.m, p.n, p.k, p.rsa, p.csa, p.rsb, p.csb,
-                 p.rsc, p.csc, 0, 1, 2, cgi_lp_on(t) ? t->graph : NULL};
+                 p.rsc, p.csc, 0, 1, 2, cgi_lp_on(t) ? t : NULL, false};
     run_batches(&p, &q, 0, false);
     return CG_OK;
 }
@@ -375,11 +376,11 @@ void cgi_bwd_matmul(cg_tensor *t) {
     mm_plan p;
     plan(t, &p);
     if (a->requires_grad) { /* dA[m,k] += dC[m,n] @ B^T[n,k] */
-        mm_call q = {t->grad, b->data, a->grad, p.m, p.k, p.n, p.rsc, p.csc, p.csb, p.rsb, p.rsa, p.csa, 2, 1, 0, cgi_lp_on(t) ? t->graph : NULL};
+        mm_call q = {t->grad, b->data, a->grad, p.m, p.k, p.n, p.rsc, p.csc, p.csb, p.rsb, p.rsa, p.csa, 2, 1, 0, cgi_lp_on(t) ? t : NULL, true};
         run_batches(&p, &q, 1, p.a_bcast);
     }
     if (b->requires_grad) { /* dB[k,n] += A^T[k,m] @ dC[m,n] */
-        mm_call q = {a->data, t->grad, b->grad, p.k, p.n, p.m, p.csa, p.rsa, p.rsc, p.csc, p.rsb, p.csb, 0, 2, 1, cgi_lp_on(t) ? t->graph : NULL};
+        mm_call q = {a->data, t->grad, b->grad, p.k, p.n, p.m, p.csa, p.rsa, p.rsc, p.csc, p.rsb, p.csb, 0, 2, 1, cgi_lp_on(t) ? t : NULL, true};
         run_batches(&p, &q, 1, p.b_bcast || p.fold);
     }
 }
@@ -475,6 +476,15 @@ CGI_CLONES static void add_transposed(cg_real *dst, int64_t rs, int64_t cs, cons
                 for (int64_t j = j0; j < k && j < j0 + TILE; j++) dst[i * rs + j * cs] += src[j * n + i];
 }
 
+/* dBias += the column sums of dY[m, n] */
+static void bias_grad(cg_tensor *t, cg_tensor *bias, int64_t m, int64_t n) {
+    if (bias->stride[0] == 1) cgi_colsum_add(bias->grad, t->grad, m, n, n, t->bwd_aux);
+    else { /* a strided bias view: sum into scratch row 0 is not enough, go element by element */
+        int64_t cs[2] = {n, 1}, ds[2] = {0, bias->stride[0]}, sh[2] = {m, n};
+        cgi_reduce(bias->grad, ds, t->grad, cs, 2, sh, 1u, 1.0, true);
+    }
+}
+
 void cgi_bwd_linear(cg_tensor *t) {
     cg_tensor *x = t->src[0], *w = t->src[1], *bias = t->nsrc > 2 ? t->src[2] : NULL;
     int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1];
@@ -484,7 +494,9 @@ void cgi_bwd_linear(cg_tensor *t) {
      * share storage, the two products write the same memory and run one after the other
      * (linear(z, z), a Gram matrix), where side by side they would race. */
     const bool assign = x->requires_grad && cgi_grad_begin(x); /* dX's first writer: beta 0, no zeroing */
-    const bool lp = cgi_lp_on(t) && cgi_lp_linear_bwd(t, assign); /* bf16: both products done */
+    /* bf16: the bias first, as the products may turn dY into bf16 in place; then both products */
+    if (cgi_lp_on(t) && bias && bias->requires_grad) bias_grad(t, bias, m, n);
+    const bool lp = cgi_lp_on(t) && cgi_lp_linear_bwd(t, assign);
     cgi_gemm_job jobs[2];
     int nj = 0;
     if (x->requires_grad && !lp) /* dX[m,k] += dY[m,n] @ W[n,k] */
@@ -510,11 +522,5 @@ void cgi_bwd_linear(cg_tensor *t) {
         add_transposed(w->grad, tr ? w->stride[0] : w->stride[1], tr ? w->stride[1] : w->stride[0], s, tr ? n : k,
                        tr ? k : n);
     }
-    if (bias && bias->requires_grad) {
-        if (bias->stride[0] == 1) cgi_colsum_add(bias->grad, t->grad, m, n, n, t->bwd_aux);
-        else { /* a strided bias view: sum into scratch row 0 is not enough, go element by element */
-            int64_t cs[2] = {n, 1}, ds[2] = {0, bias->stride[0]}, sh[2] = {m, n};
-            cgi_reduce(bias->grad, ds, t->grad, cs, 2, sh, 1u, 1.0, true);
-        }
-    }
+    if (bias && bias->requires_grad && !cgi_lp_on(t)) bias_grad(t, bias, m, n);
 }

@@ -5,6 +5,7 @@
 #include <math.h>
 
 #include "graph/internal.h"
+#include "ops/bf16_internal.h"
 #include "ops/ops.h"
 
 #define LN_BLOCKS 32
@@ -74,7 +75,17 @@ CGI_CLONES static cg_status norm_fwd(cg_tensor *t) {
         const cg_real q = (cg_real)(1.0 / sqrt(cgi_row_sqdev(x, d, m) / (double)d + eps));
         mean[r] = m;
         rstd[r] = q;
-        if (gain && bias && gs == 1 && bs == 1) /* the usual case, as one vector loop */
+        if (t->lp_value) { /* bf16 graphs, read only by linears: stored in bf16 (ops/bf16.c) */
+            enum { BLK = 64 };
+            cgi_bf16 *yb = (cgi_bf16 *)t->data + r * d;
+            for (int64_t j0 = 0; j0 < d; j0 += BLK) {
+                const int64_t len = d - j0 < BLK ? d - j0 : BLK;
+                cg_real h[BLK];
+                for (int64_t j = 0; j < len; j++)
+                    h[j] = (x[j0 + j] - m) * q * (gain ? gain[(j0 + j) * gs] : 1) + (bias ? bias[(j0 + j) * bs] : 0);
+                for (int64_t j = 0; j < len; j++) yb[j0 + j] = cgi_to_bf16((float)h[j]);
+            }
+        } else if (gain && bias && gs == 1 && bs == 1) /* the usual case, as one vector loop */
             for (int64_t j = 0; j < d; j++) y[j] = (x[j] - m) * q * gain[j] + bias[j];
         else if (rms && gain && gs == 1)
             for (int64_t j = 0; j < d; j++) y[j] = x[j] * q * gain[j];

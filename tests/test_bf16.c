@@ -82,8 +82,8 @@ typedef struct {
 } lin_out;
 
 /* w_t: the weight is stored [in, out] and used through a transpose (GPT-2's Conv1D). */
-static void run_linear(cg_precision prec, bool w_t, const float *X, const float *W, const float *B, const float *R,
-                       lin_out *o) {
+static void run_linear(cg_precision prec, bool w_t, bool retain, const float *X, const float *W, const float *B,
+                       const float *R, lin_out *o) {
     cg_params *ps = cg_params_new();
     int64_t sw[2] = {w_t ? LK : LN, w_t ? LN : LK}, sb[1] = {LN};
     cg_tensor *w = cg_params_add(ps, "w", 2, sw), *b = cg_params_add(ps, "b", 1, sb);
@@ -98,10 +98,12 @@ static void run_linear(cg_precision prec, bool w_t, const float *X, const float 
     cg_tensor *x = cg_requires_grad(cg_input(g, "x", CG_REAL, 3, sx)), *r = cg_input(g, "r", CG_REAL, 3, sy);
     cg_write(x, X);
     cg_write(r, R);
-    cg_tensor *y = cg_retain(cg_linear(g, x, w_t ? cg_transpose(g, w, 0, 1) : w, b));
+    cg_tensor *y = cg_linear(g, x, w_t ? cg_transpose(g, w, 0, 1) : w, b);
+    if (retain) cg_retain(y);
     cg_tensor *loss = cg_sum_all(g, cg_mul(g, y, r));
     CHECK(loss && cg_graph_forward(g) == CG_OK && cg_graph_backward(g, loss) == CG_OK, "%s", cg_last_error());
-    cg_read(y, o->y), cg_read_grad(x, o->dx), cg_read_grad(b, o->db);
+    if (retain) cg_read(y, o->y);
+    cg_read_grad(x, o->dx), cg_read_grad(b, o->db);
     if (w_t) {
         cg_read_grad(w, wt);
         for (int i = 0; i < LN; i++)
@@ -113,14 +115,18 @@ static void run_linear(cg_precision prec, bool w_t, const float *X, const float 
 
 static void test_linear(void) {
     static float X[LM * LK], W[LN * LK], B[LN], R[LM * LN], Bb[LM * LN];
-    static lin_out f, h;
+    static lin_out f, h, hi;
     cg_rng rng;
     cg_rng_seed(&rng, 1);
     fill(X, LM * LK, &rng, 1), fill(W, LN * LK, &rng, 0.2), fill(B, LN, &rng, 0.5), fill(R, LM * LN, &rng, 1);
     for (int i = 0; i < LM * LN; i++) Bb[i] = B[i % LN]; /* the bias as added to each row */
     for (int w_t = 0; w_t < 2; w_t++) {
-        run_linear(CG_FP32, w_t, X, W, B, R, &f);
-        run_linear(CG_BF16, w_t, X, W, B, R, &h);
+        run_linear(CG_FP32, w_t, true, X, W, B, R, &f);
+        run_linear(CG_BF16, w_t, true, X, W, B, R, &h);
+        /* y not retained: dY is turned into bf16 in place instead of into scratch, same numbers */
+        run_linear(CG_BF16, w_t, false, X, W, B, R, &hi);
+        CHECK(!memcmp(hi.dx, h.dx, sizeof h.dx) && !memcmp(hi.dw, h.dw, sizeof h.dw) && !memcmp(hi.db, h.db, sizeof h.db),
+              "linear%s: dY converted in place changed the gradients", w_t ? " (w transposed)" : "");
         const char *tag = w_t ? " (w transposed)" : "";
         char what[64];
         int differ = 0;
@@ -135,6 +141,99 @@ static void test_linear(void) {
         CHECK(worst == 0, "linear db%s: the bias gradient is a float sum in both precisions, off by %g", tag, worst);
         CHECK(differ > LM, "linear%s: only %d elements differ from fp32: the products did not run in bf16", tag, differ);
     }
+}
+
+/* ---- the fused LM head (linear_cross_entropy) with a bias, over several row chunks ---- */
+
+enum { HR = 700, HD = 24, HV = 40 }; /* more rows than one 512-row chunk */
+
+typedef struct {
+    float loss, dx[HR * HD], dw[HV * HD], db[HV];
+} lce_out;
+
+static void run_lce(cg_precision prec, const float *X, const float *W, const float *B, const int32_t *T, lce_out *o) {
+    cg_params *ps = cg_params_new();
+    int64_t sw[2] = {HV, HD}, sb[1] = {HV}, sx[2] = {HR, HD}, st[1] = {HR};
+    cg_tensor *w = cg_params_add(ps, "w", 2, sw), *b = cg_params_add(ps, "b", 1, sb);
+    cg_write(w, W), cg_write(b, B);
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    CHECK(cg_graph_set_precision(g, prec) == CG_OK, "%s", cg_last_error());
+    cg_tensor *x = cg_requires_grad(cg_input(g, "x", CG_REAL, 2, sx)), *t = cg_input(g, "t", CG_INT32, 1, st);
+    cg_write(x, X);
+    memcpy(cg_idata(t), T, sizeof(int32_t) * HR);
+    cg_tensor *loss = cg_linear_cross_entropy(g, x, w, b, t, -100);
+    CHECK(loss && cg_graph_forward(g) == CG_OK && cg_graph_backward(g, loss) == CG_OK, "%s", cg_last_error());
+    o->loss = (float)cg_item(loss);
+    cg_read_grad(x, o->dx), cg_read_grad(w, o->dw), cg_read_grad(b, o->db);
+    CHECK(cgi_lp_unplanned_bytes(g) == 0, "linear_cross_entropy held conversion scratch outside the plan");
+    cg_graph_free(g);
+    cg_params_free(ps);
+}
+
+/* The head's bound, from the products' one: a logit is off by at most
+ * E_i = (2u + u^2 + (d+1) 2^-24 (1+u)^2) sum_p |x_ip||w_jp|, so each softmax probability moves by at
+ * most p (e^{2E} - 1) and the mean loss by at most 2 max E. dlogits g (p - y) then differ from the
+ * exact ones by g p (e^{2E} - 1), and are rounded to bf16 (u) before dX = dl W and dW = dl^T X, whose
+ * own operand rounding and float sums add as in the products. db sums the float dlogits. */
+static void test_lce(void) {
+    static float X[HR * HD], W[HV * HD], B[HV];
+    static int32_t T[HR];
+    static lce_out f, h;
+    cg_rng rng;
+    cg_rng_seed(&rng, 4);
+    fill(X, HR * HD, &rng, 1), fill(W, HV * HD, &rng, 0.5), fill(B, HV, &rng, 0.5);
+    int n = 0;
+    for (int i = 0; i < HR; i++) T[i] = i % 7 == 3 ? -100 : (i * 13 + 1) % HV, n += T[i] >= 0;
+    run_lce(CG_FP32, X, W, B, T, &f);
+    run_lce(CG_BF16, X, W, B, T, &h);
+    double *p = malloc(sizeof(double) * HR * HV), *E = malloc(sizeof(double) * HR), Emax = 0, loss = 0;
+    for (int i = 0; i < HR; i++) { /* exact softmax in double, and each row's logit error bound */
+        double mx = -1e300, z[HV], sum = 0;
+        E[i] = 0;
+        for (int j = 0; j < HV; j++) {
+            double acc = B[j], mag = 0;
+            for (int q = 0; q < HD; q++) acc += (double)X[i * HD + q] * W[j * HD + q], mag += fabs((double)X[i * HD + q] * W[j * HD + q]);
+            z[j] = acc, mx = fmax(mx, acc);
+            E[i] = fmax(E[i], (2 * U + U * U + (HD + 2) * U32 * (1 + U) * (1 + U)) * mag + U32 * fabs(B[j]));
+        }
+        for (int j = 0; j < HV; j++) sum += exp(z[j] - mx);
+        for (int j = 0; j < HV; j++) p[i * HV + j] = exp(z[j] - mx) / sum;
+        if (T[i] >= 0) loss += log(sum) + mx - z[T[i]], Emax = fmax(Emax, E[i]);
+    }
+    loss /= n;
+    CHECK(fabs(h.loss - loss) <= 2 * Emax + 1e-5 * fabs(loss), "lce loss: bf16 %.7f, exact %.7f, bound %.3g", h.loss, loss,
+          2 * Emax);
+    int bad = 0, differ = 0;
+    const double g = 1.0 / n, fl = (HV + 2) * U32;
+    for (int i = 0; i < HR; i++) /* dX = dl W */
+        for (int q = 0; q < HD; q++) {
+            double ex = 0, bound = 0;
+            for (int j = 0; T[i] >= 0 && j < HV; j++) {
+                const double dl = g * (p[i * HV + j] - (j == T[i])), dp = g * p[i * HV + j] * expm1(2 * E[i]);
+                ex += dl * W[j * HD + q];
+                bound += ((2 * U + U * U + fl) * (fabs(dl) + dp) + dp) * fabs(W[j * HD + q]);
+            }
+            bad += fabs(h.dx[i * HD + q] - ex) > bound * (1 + U) + 1e-12;
+            differ += h.dx[i * HD + q] != f.dx[i * HD + q];
+        }
+    for (int j = 0; j < HV; j++) { /* dW = dl^T X and db = sum dl */
+        double eb = 0, bb = 0;
+        for (int q = 0; q < HD; q++) {
+            double ex = 0, bound = 0;
+            for (int i = 0; i < HR; i++) {
+                if (T[i] < 0) continue;
+                const double dl = g * (p[i * HV + j] - (j == T[i])), dp = g * p[i * HV + j] * expm1(2 * E[i]);
+                ex += dl * X[i * HD + q];
+                bound += ((2 * U + U * U + (HR + 2) * U32) * (fabs(dl) + dp) + dp) * fabs(X[i * HD + q]);
+                if (q == 0) eb += dl, bb += dp + (HR + 2) * U32 * (fabs(dl) + dp);
+            }
+            bad += fabs(h.dw[j * HD + q] - ex) > bound * (1 + U) + 1e-12;
+        }
+        bad += fabs(h.db[j] - eb) > bb * (1 + U) + 1e-12;
+    }
+    CHECK(bad == 0, "lce: %d gradient elements outside their bf16 bounds", bad);
+    CHECK(differ > HR, "lce: only %d dX elements differ from fp32: the products did not run in bf16", differ);
+    free(p), free(E);
 }
 
 /* ---- matmul, batched and broadcast: c[2,3,20,25] = a[2,3,20,30] @ b[3,30,25] ---- */
@@ -196,6 +295,8 @@ typedef struct {
     float *grads, *values;
     int64_t span;
     int64_t conversions[3];
+    int lp_values;     /* values the plan stored in bf16 */
+    size_t unplanned;  /* conversion scratch held outside the plan */
 } gpt_run;
 
 /* Three training steps; prec < 0 leaves the graph's precision unset. */
@@ -217,6 +318,9 @@ static void run_gpt(int prec, gpt_run *o) {
         CHECK(cg_graph_forward(g) == CG_OK && cg_graph_backward(g, mg.loss) == CG_OK, "%s", cg_last_error());
         o->loss[s] = cg_item(mg.loss);
         if (s == 0) {
+            o->lp_values = 0;
+            for (int i = 0; i < g->n; i++) o->lp_values += g->nodes[i]->lp_value;
+            o->unplanned = cgi_lp_unplanned_bytes(g);
             o->grads = malloc((size_t)o->span * sizeof(float));
             memcpy(o->grads, cg_params_grads(ps), (size_t)o->span * sizeof(float));
         }
@@ -266,9 +370,60 @@ static void test_gpt_step(bool bf16_ok) {
             CHECK(lp.conversions[s] > 0 && lp.conversions[s] == lp.conversions[0],
                   "step %d converted %lld parameters (step 0: %lld)", s, (long long)lp.conversions[s],
                   (long long)lp.conversions[0]);
+        /* conversion scratch is planned: nothing is held for the graph's life */
+        CHECK(lp.unplanned == 0, "a planned bf16 graph holds %zu bytes of conversion scratch", lp.unplanned);
+        CHECK(fp.lp_values == 0 && back.lp_values == 0, "an fp32 graph stored values in bf16");
+        /* The LayerNorm outputs read only by linears (two per block, and ln_f before the head) are
+         * written in bf16 by LayerNorm: the same numbers the linear would have converted, so the
+         * whole run is bit-identical to converting them at the product. */
+        gpt_run conv;
+        setenv("CGRAD_BF16_VALUES_OFF", "1", 1);
+        run_gpt(CG_BF16, &conv);
+        unsetenv("CGRAD_BF16_VALUES_OFF");
+        CHECK(lp.lp_values == 5 && conv.lp_values == 0, "bf16-stored values: %d (expected 5), %d with them off",
+              lp.lp_values, conv.lp_values);
+        CHECK(!memcmp(lp.loss, conv.loss, sizeof lp.loss) && !memcmp(lp.grads, conv.grads, (size_t)lp.span * 4) &&
+                  !memcmp(lp.values, conv.values, (size_t)lp.span * 4),
+              "values stored in bf16 changed the run (loss %.9g vs %.9g)", lp.loss[2], conv.loss[2]);
+        /* the reference loops that stand in when oneDNN refuses a bf16-stored operand: same products,
+         * float accumulation in another order, so within the same bounds of fp32 */
+        gpt_run ref;
+        cgi_lp_force_ref = true;
+        run_gpt(CG_BF16, &ref);
+        cgi_lp_force_ref = false;
+        double dr = 0;
+        for (int64_t i = 0; i < fp.span; i++) dr += pow(ref.grads[i] - fp.grads[i], 2);
+        CHECK(fabs(ref.loss[0] - fp.loss[0]) <= 8 * U && sqrt(dr) <= 8 * U * sqrt(nn),
+              "reference bf16 loops: loss %.6f vs fp32 %.6f, gradient error %.3g", ref.loss[0], fp.loss[0], sqrt(dr / nn));
+        CHECK(fabs(ref.loss[0] - lp.loss[0]) <= 1e-4, "reference bf16 loops: loss %.6f vs oneDNN %.6f", ref.loss[0],
+              lp.loss[0]);
+        free(conv.grads), free(conv.values), free(ref.grads), free(ref.values);
         free(lp.grads), free(lp.values);
     }
     free(unset.grads), free(unset.values), free(fp.grads), free(fp.values), free(back.grads), free(back.values);
+}
+
+/* In-place conversion of float rows to bf16 rows at the same starts: every element as cgi_to_bf16
+ * makes it, for row lengths around the block size. */
+static void test_inplace(void) {
+    cg_rng rng;
+    cg_rng_seed(&rng, 3);
+    for (int64_t n = 1; n <= 200; n += 13) {
+        enum { M = 5 };
+        float *x = malloc((size_t)(M * n) * sizeof *x), *ref = malloc((size_t)(M * n) * sizeof *ref);
+        fill(x, M * n, &rng, 3);
+        memcpy(ref, x, (size_t)(M * n) * sizeof *x);
+        cgi_lp_to_bf16_inplace(x, M, n);
+        int bad = 0;
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < n; j++) {
+                cgi_bf16 h;
+                memcpy(&h, (char *)(x + i * n) + j * 2, 2);
+                bad += h != cgi_to_bf16(ref[i * n + j]);
+            }
+        CHECK(bad == 0, "in-place bf16 rows of %lld: %d elements wrong", (long long)n, bad);
+        free(x), free(ref);
+    }
 }
 
 static void test_api(const char *why) {
@@ -291,10 +446,12 @@ int main(void) {
     cg_set_threads(2);
     const char *why = cg_bf16_unavailable();
     test_api(why);
+    test_inplace();
     if (why) printf("test_bf16: skipping the bf16 products: %s\n", why);
     else {
         test_linear();
         test_matmul();
+        test_lce();
     }
     test_gpt_step(!why);
     TEST_END();
