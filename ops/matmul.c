@@ -3,10 +3,14 @@
  * there are enough of them; otherwise each product is cut into pieces for the threads. */
 #include <blis.h>
 #include <omp.h>
+#include <pthread.h>
+#include <stdlib.h>
 
 #include "graph/internal.h"
 #include "ops/bf16_internal.h"
 #include "ops/ops.h"
+
+static void blis_ready(void);
 
 /* C[m,n] = alpha * A[m,k] @ B[k,n] + beta * C on the calling thread, all general-strided.
  * A single row or column goes to gemv: gemm would pack the whole other operand for one vector
@@ -104,7 +108,7 @@ static void run_piece(const cgi_gemm_job *jobs, const piece *pc) {
 }
 
 void cgi_gemm_many(const cgi_gemm_job *jobs, int njobs, int threads) {
-    cgi_blis_init();
+    blis_ready();
     if (threads > 1 && omp_in_parallel()) threads = 1; /* never nest a team inside a team */
     double total = 0;
     for (int i = 0; i < njobs; i++) total += (double)jobs[i].m * (double)jobs[i].n * (double)jobs[i].k;
@@ -141,6 +145,91 @@ void cgi_gemm(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, in
     cgi_gemm_many(&j, 1, threads);
 }
 
+/* ---- a transposing pack for BLIS's 12-wide panels ---- */
+
+/* With skx's column-preferring 32 x 12 micro-kernel and C stored by rows, BLIS packs A (rows of A,
+ * each contiguous along k) into 12-wide panels k deep: a transpose, which BLIS's reference kernel
+ * does one element at a time. It took 13% of a gpt-tiny training step, 1 thread. This kernel
+ * transposes 4 x 8 blocks in registers; any other case (other strides, a partial panel) goes to
+ * BLIS's own. It copies (times kappa, as BLIS), so products stay bit-identical. */
+#if !defined(CGRAD_DOUBLE) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define CGI_PACK12 1
+enum { PW = 12 };
+static spackm_cxk_ker_ft blis_pack12;
+
+__attribute__((target("avx2"))) static void pack12_rows(conj_t conja, pack_t schema, dim_t cdim, dim_t n, dim_t n_max,
+                                                         float *restrict kappa, float *restrict a, inc_t inca,
+                                                         inc_t lda, float *restrict p, inc_t ldp, cntx_t *restrict cntx) {
+    if (cdim != PW || (lda != 1 && inca != 1) || ldp < PW) {
+        blis_pack12(conja, schema, cdim, n, n_max, kappa, a, inca, lda, p, ldp, cntx);
+        return;
+    }
+    const float k = *kappa;
+    const bool scaled = k != 1;
+    const __m256 kv = _mm256_set1_ps(k);
+    const __m128 kq = _mm_set1_ps(k);
+    dim_t c = 0;
+    if (inca == 1) /* panel rows contiguous: 12 floats per depth, copied as they are */
+        for (; c < n; c++) {
+            const float *r = a + c * lda;
+            __m256 lo = _mm256_loadu_ps(r);
+            __m128 hi = _mm_loadu_ps(r + 8);
+            if (scaled) lo = _mm256_mul_ps(lo, kv), hi = _mm_mul_ps(hi, kq);
+            _mm256_storeu_ps(p + c * ldp, lo);
+            _mm_storeu_ps(p + c * ldp + 8, hi);
+        }
+    for (; c + 8 <= n; c += 8)
+        for (int g = 0; g < PW / 4; g++) { /* rows 4g..4g+3, depths c..c+7 */
+            const float *r = a + 4 * g * inca + c;
+            __m256 r0 = _mm256_loadu_ps(r), r1 = _mm256_loadu_ps(r + inca), r2 = _mm256_loadu_ps(r + 2 * inca),
+                   r3 = _mm256_loadu_ps(r + 3 * inca);
+            if (scaled) {
+                r0 = _mm256_mul_ps(r0, kv), r1 = _mm256_mul_ps(r1, kv);
+                r2 = _mm256_mul_ps(r2, kv), r3 = _mm256_mul_ps(r3, kv);
+            }
+            const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1),
+                         t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+            const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE),
+                         u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+            float *d = p + c * ldp + 4 * g;
+            _mm_storeu_ps(d, _mm256_castps256_ps128(u0));
+            _mm_storeu_ps(d + ldp, _mm256_castps256_ps128(u1));
+            _mm_storeu_ps(d + 2 * ldp, _mm256_castps256_ps128(u2));
+            _mm_storeu_ps(d + 3 * ldp, _mm256_castps256_ps128(u3));
+            _mm_storeu_ps(d + 4 * ldp, _mm256_extractf128_ps(u0, 1));
+            _mm_storeu_ps(d + 5 * ldp, _mm256_extractf128_ps(u1, 1));
+            _mm_storeu_ps(d + 6 * ldp, _mm256_extractf128_ps(u2, 1));
+            _mm_storeu_ps(d + 7 * ldp, _mm256_extractf128_ps(u3, 1));
+        }
+    for (; c < n; c++)
+        for (int i = 0; i < PW; i++) p[c * ldp + i] = scaled ? k * a[i * inca + c] : a[i * inca + c];
+    for (c = n; c < n_max; c++) /* depth padding, as BLIS's kernel */
+        for (int i = 0; i < PW; i++) p[c * ldp + i] = 0;
+}
+
+/* Puts pack12_rows in BLIS's context in place of its 12-wide float kernel, where the CPU has AVX2. */
+static void install_pack12(void) {
+    cntx_t *cx = bli_gks_query_cntx();
+    blis_pack12 = (spackm_cxk_ker_ft)bli_cntx_get_packm_ker_dt(BLIS_FLOAT, (l1mkr_t)PW, cx);
+    const char *off = getenv("CGRAD_BLIS_PACK"); /* set: BLIS's own kernel, for comparisons */
+    if (blis_pack12 && (cgi_cpu_features() & CGI_CPU_AVX2_FMA) && !(off && *off))
+        bli_cntx_set_packm_ker_dt((void_fp)pack12_rows, BLIS_FLOAT, (l1mkr_t)PW, cx);
+}
+#endif
+
+static pthread_once_t packs_once = PTHREAD_ONCE_INIT;
+
+/* BLIS with cgrad's kernel set and packing kernels in place, before any product. */
+static void blis_ready(void) {
+    cgi_blis_init();
+#ifdef CGI_PACK12
+    pthread_once(&packs_once, install_pack12);
+#else
+    (void)packs_once;
+#endif
+}
+
 /* ---- BLIS's micro-kernel on caller-packed operands ---- */
 
 #ifdef CGRAD_DOUBLE
@@ -162,7 +251,7 @@ static void *pack_kernel(int64_t w, cntx_t *cx) {
 /* The kernel takes any C strides, so a column-preferring one needs no special case, only runs
  * slower on row-major tiles. */
 void cgi_ukr_init(cgi_ukr *u) {
-    cgi_blis_init();
+    blis_ready();
     cntx_t *cx = bli_gks_query_cntx();
     u->cntx = cx;
     u->kernel = (void *)bli_cntx_get_l3_nat_ukr_dt(UKR_DT, BLIS_GEMM_UKR, cx);

@@ -6,6 +6,10 @@
 #include "check.h"
 #include "graph/internal.h"
 
+#ifndef CGRAD_DOUBLE
+#include <blis.h>
+#endif
+
 /* The choice rule on BLIS's answers for CPUs this machine is not. */
 static void test_pick_rule(void) {
     const char *why = NULL, *k;
@@ -113,9 +117,42 @@ static void test_pieces(void) {
     free(x), free(w), free(dy), free(dx), free(dw), free(rx), free(rw);
 }
 
+/* BLIS's 12-wide float packing kernel as cgrad installs it (ops/matmul.c, a register transpose
+ * where BLIS's reference copies element by element) against plain loops: every stride order,
+ * full and partial panels, depth padding, kappa. */
+static void test_pack12(void) {
+#ifndef CGRAD_DOUBLE
+    cgi_ukr u;
+    cgi_ukr_init(&u); /* BLIS ready, cgrad's kernels in place */
+    spackm_cxk_ker_ft f = (spackm_cxk_ker_ft)bli_cntx_get_packm_ker_dt(BLIS_FLOAT, BLIS_PACKM_12XK_KER, u.cntx);
+    if (!f) return; /* this kernel set has none */
+    enum { W = 12, K = 45, KMAX = 48, LD = 61 };
+    float src[W * LD + K * LD], got[KMAX * 16], want[KMAX * 16];
+    for (int i = 0; i < (int)(sizeof src / sizeof src[0]); i++) src[i] = (float)((i * 37) % 101) - 50.25f;
+    static const struct { int cdim, n; long inca, lda; float kappa; } cases[] = {
+        {12, 45, LD, 1, 1}, {12, 45, 1, LD, 1}, {12, 40, LD, 1, 0.5f}, {12, 7, 1, LD, -2}, {12, 45, 3, 5, 1},
+        {5, 45, LD, 1, 1},  {12, 0, LD, 1, 1},  {12, 8, 1, 12, 1}};
+    for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {
+        const int cdim = cases[t].cdim, n = cases[t].n;
+        const long inca = cases[t].inca, lda = cases[t].lda;
+        float kappa = cases[t].kappa;
+        for (int i = 0; i < KMAX * 16; i++) got[i] = want[i] = 99;
+        for (int c = 0; c < KMAX; c++)
+            for (int i = 0; i < W; i++) want[c * W + i] = c < n && i < cdim ? kappa * src[i * inca + c * lda] : 0;
+        f(BLIS_NO_CONJUGATE, BLIS_PACKED_COL_PANELS, cdim, n, KMAX, &kappa, src, inca, lda, got, W, u.cntx);
+        int bad = -1;
+        for (int i = 0; i < KMAX * 16 && bad < 0; i++)
+            if (got[i] != want[i]) bad = i;
+        CHECK(bad < 0, "pack12 case %zu (cdim %d, n %d, inca %ld, lda %ld, kappa %g): element %d is %g, want %g", t,
+              cdim, n, inca, lda, (double)kappa, bad, bad < 0 ? 0.0 : (double)got[bad], bad < 0 ? 0.0 : (double)want[bad]);
+    }
+#endif
+}
+
 int main(void) {
     test_pick_rule();
     test_kernels_in_use();
     test_pieces();
+    test_pack12();
     TEST_END();
 }
