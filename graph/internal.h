@@ -291,8 +291,9 @@ void cgi_gemm_many(const cgi_gemm_job *jobs, int njobs, int threads);
  * repack in every BLIS call (ops/matmul.c). A packed operand is a run of panels: A's of `mr`
  * rows, B's of `nr` columns, each panel k deep with the other index fastest. */
 typedef struct {
-    int64_t mr, nr;     /* the micro-tile */
+    int64_t mr, nr;     /* the micro-tile along C's rows and columns */
     int64_t pmr, pnr;   /* panel widths, the tile padded as BLIS packs it */
+    bool swap;          /* the kernel prefers C by columns: it computes C^T, A's panels as its B */
     void *kernel, *cntx;
     void *pack_a, *pack_b; /* BLIS's packing kernels for those widths, NULL where it has none */
 } cgi_ukr;
