@@ -6,23 +6,36 @@ AdamW lr 1e-3 (betas 0.9/0.99, weight decay 0.1 on matrices), 100 warmup steps t
 batches. The model follows nanoGPT's model.py (pre-LN, tanh-free exact GELU, tied head).
 
     /usr/bin/python3 bench/nanogpt_shakespeare.py PATH/tinyshakespeare.txt [--threads T]
+    /usr/bin/python3 bench/nanogpt_shakespeare.py data/moby-dick.txt --preset cgrad-default [--threads T]
+
+--preset cgrad-default is the run of `cgrad train` without arguments instead: context 128, batch 16,
+1500 iterations, and its 7 held-out evaluations of 20 batches (steps 0, 250, ..., 1500), so both sides
+do the same work; the wall time then includes those evaluations.
 """
-import math, sys, time
+import argparse, math, time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-path = sys.argv[1]
-threads = int(sys.argv[sys.argv.index("--threads") + 1]) if "--threads" in sys.argv else 2
+ap = argparse.ArgumentParser()
+ap.add_argument("path")
+ap.add_argument("--threads", type=int, default=2)
+ap.add_argument("--preset", choices=["nanogpt", "cgrad-default"], default="nanogpt")
+args = ap.parse_args()
+threads = args.threads
 torch.set_num_threads(threads)
 torch.manual_seed(1337)
-text = open(path, encoding="utf-8").read()
+text = open(args.path, encoding="utf-8").read()
 chars = sorted(set(text))
 stoi = {c: i for i, c in enumerate(chars)}
 data = torch.tensor([stoi[c] for c in text], dtype=torch.long)
 n = int(0.9 * len(data))
 train, val = data[:n], data[n:]
-V, T, B, L, H, D, ITERS = len(chars), 64, 12, 4, 4, 128, 2000
+V, L, H, D = len(chars), 4, 4, 128
+if args.preset == "nanogpt":
+    T, B, ITERS, EVAL_EVERY, EVAL_BATCHES = 64, 12, 2000, 0, 200  # one evaluation, after training
+else:
+    T, B, ITERS, EVAL_EVERY, EVAL_BATCHES = 128, 16, 1500, 250, 20
 
 
 def batch(split):
@@ -86,8 +99,21 @@ def lr_at(it):
     return 1e-4 + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (1e-3 - 1e-4)
 
 
+def held_out():
+    model.eval()
+    with torch.no_grad():
+        v = sum(model(*batch("val")).item() for _ in range(EVAL_BATCHES)) / EVAL_BATCHES
+    model.train()
+    return v
+
+
 start = time.time()
+eval_s = 0.0
 for it in range(ITERS):
+    if EVAL_EVERY and it % EVAL_EVERY == 0:
+        t0 = time.time()
+        print(f"step {it}: held-out {held_out():.4f}", flush=True)
+        eval_s += time.time() - t0
     for g in opt.param_groups:
         g["lr"] = lr_at(it)
     x, y = batch("train")
@@ -96,9 +122,10 @@ for it in range(ITERS):
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
-train_s = time.time() - start
-model.eval()
-with torch.no_grad():
-    val_loss = sum(model(*batch("val")).item() for _ in range(200)) / 200
-print(f"pytorch {torch.__version__} threads={threads}: train {train_s:.1f} s for {ITERS} iterations, "
-      f"held-out loss {val_loss:.4f} over 200 batches")
+train_s = time.time() - start - eval_s
+t0 = time.time()
+val_loss = held_out()
+eval_s += time.time() - t0
+print(f"pytorch {torch.__version__} threads={threads} preset={args.preset}: train {train_s:.1f} s for {ITERS} "
+      f"iterations, evaluations {eval_s:.1f} s, wall {time.time() - start:.1f} s, "
+      f"held-out loss {val_loss:.4f} over {EVAL_BATCHES} batches")
