@@ -552,7 +552,9 @@ bool cgi_lp_lce_bwd(cg_tensor *t, int64_t m, int64_t v, int64_t d, cg_real *dlog
 
 /* The producers that can write their value as bf16: their backward never reads it. */
 static bool writes_bf16(const cg_tensor *t) {
-    return t->op == CGI_OP_LAYERNORM || t->op == CGI_OP_RMSNORM;
+    if (t->op == CGI_OP_LAYERNORM || t->op == CGI_OP_RMSNORM) return true;
+    /* GELU recomputes its output from x in backward; ReLU's reads only its sign (ops/elementwise.c) */
+    return (t->op == CGI_OP_GELU || t->op == CGI_OP_GELU_TANH || t->op == CGI_OP_RELU) && cgi_contiguous(t->src[0]);
 }
 
 void cgi_lp_plan_values(cg_graph *g, const int *consumers) {

@@ -4,6 +4,7 @@
 #include <tgmath.h>
 
 #include "graph/internal.h"
+#include "ops/bf16_internal.h"
 #include "ops/ops.h"
 
 static bool broadcast_in(const cg_tensor *x, const cg_tensor *out) {
@@ -192,6 +193,10 @@ static cg_tensor *unary(cg_graph *g, int op, cg_tensor *x, double p) { return un
 #define INV_SQRT2 ((cg_real)0.7071067811865476)
 #define INV_SQRT2PI ((cg_real)0.3989422804014327)
 
+/* bf16 graphs: a GELU or ReLU whose value only linears read stores it in bf16 (below). */
+static cg_status lp_unary_fwd(cg_tensor *t);
+static void lp_unary_bwd(cg_tensor *t);
+
 /* p and q are the op's scalar arguments farg[0] and farg[1]. */
 #define UNARY(name, ID, FWD, BWD)                                                              \
     static inline cg_real name##_f(cg_real x, cg_real p, cg_real q) {                         \
@@ -203,6 +208,7 @@ static cg_tensor *unary(cg_graph *g, int op, cg_tensor *x, double p) { return un
         return BWD;                                                                           \
     }                                                                                         \
     cg_status cgi_fwd_##name(cg_tensor *t) {                                                  \
+        if (t->lp_value) return lp_unary_fwd(t);                                              \
         cg_tensor *x = t->src[0];                                                             \
         const cg_real p = (cg_real)t->farg[0], q = (cg_real)t->farg[1], *X = x->data;         \
         (void)p, (void)q;                                                                     \
@@ -212,6 +218,7 @@ static cg_tensor *unary(cg_graph *g, int op, cg_tensor *x, double p) { return un
         return CG_OK;                                                                         \
     }                                                                                         \
     void cgi_bwd_##name(cg_tensor *t) {                                                       \
+        if (t->lp_value) { lp_unary_bwd(t); return; }                                        \
         cg_tensor *x = t->src[0];                                                             \
         const cg_real p = (cg_real)t->farg[0], q = (cg_real)t->farg[1];                       \
         (void)p, (void)q;                                                                     \
@@ -282,6 +289,52 @@ static inline cg_real gelu_tanh_grad(cg_real x, cg_real y) {
 
 UNARY(gelu, GELU, (cg_real)0.5 * x * (1 + fast_erf(x * INV_SQRT2)), dy * gelu_grad(x, y))
 UNARY(gelu_tanh, GELU_TANH, (cg_real)0.5 * x * (1 + gelu_tanh_t(x)), dy * gelu_tanh_grad(x, y))
+
+/* A GELU or ReLU value read only by linears in a bf16 graph (t->lp_value, ops/bf16.c; x and t
+ * contiguous) is written in bf16: half the memory, and the linear reads it without converting.
+ * GELU's backward recomputes y = f(x) in float, so its gradient is fp32's bit for bit. ReLU's reads
+ * the sign of its bf16 output; a positive y too small for bf16 is stored as the smallest bf16
+ * denormal rather than 0, so bf16(y) > 0 exactly when y > 0. */
+static cg_status lp_unary_fwd(cg_tensor *t) {
+    enum { BLK = 256 };
+    const int64_t n = cgi_numel(t->ndim, t->shape), op = t->op;
+    const cg_real *X = t->src[0]->data;
+    cgi_bf16 *Y = t->data;
+#pragma omp parallel for schedule(static) if (n > CGI_PAR_MIN) num_threads(cgi_nthreads())
+    for (int64_t i0 = 0; i0 < n; i0 += BLK) {
+        const int64_t len = n - i0 < BLK ? n - i0 : BLK;
+        const cg_real *x = X + i0;
+        cg_real y[BLK];
+        if (op == CGI_OP_GELU)
+            for (int64_t j = 0; j < len; j++) y[j] = gelu_f(x[j], 0, 0);
+        else if (op == CGI_OP_GELU_TANH)
+            for (int64_t j = 0; j < len; j++) y[j] = gelu_tanh_f(x[j], 0, 0);
+        else
+            for (int64_t j = 0; j < len; j++) y[j] = relu_f(x[j], 0, 0);
+        for (int64_t j = 0; j < len; j++) {
+            const cgi_bf16 h = cgi_to_bf16((float)y[j]);
+            Y[i0 + j] = h == 0 && y[j] > 0 ? 1 : h;
+        }
+    }
+    return CG_OK;
+}
+
+static void lp_unary_bwd(cg_tensor *t) {
+    cg_tensor *x = t->src[0];
+    const int64_t n = cgi_numel(t->ndim, t->shape), op = t->op;
+    const cg_real *X = x->data, *DY = t->grad;
+    const cgi_bf16 *Y = t->data;
+    const bool assign = cgi_grad_begin(x);
+    cg_real *DX = x->grad;
+#pragma omp parallel for schedule(static) if (n > CGI_PAR_MIN) num_threads(cgi_nthreads())
+    for (int64_t i = 0; i < n; i++) {
+        cg_real d;
+        if (op == CGI_OP_GELU) d = gelu_df(DY[i], X[i], gelu_f(X[i], 0, 0), 0, 0);
+        else if (op == CGI_OP_GELU_TANH) d = gelu_tanh_df(DY[i], X[i], gelu_tanh_f(X[i], 0, 0), 0, 0);
+        else d = Y[i] != 0 && !(Y[i] & 0x8000) ? DY[i] : 0;
+        DX[i] = assign ? d : DX[i] + d;
+    }
+}
 
 /* sigmoid through cgi_exp, so the activations below vectorise */
 static inline cg_real fast_sigmoid(cg_real x) { return 1 / (1 + cgi_exp(-x)); }

@@ -8,6 +8,7 @@
  * Accumulating k such products (plus the bias) in float adds at most (k+1) 2^-24 sum|ab| in any
  * order. Per element, |c - c_exact| <= (2u + u^2 + (k+1) 2^-24 (1 + u)^2) sum_p |a_p||b_p| + |bias|
  * terms; against the exact product of the already-rounded operands only the float part remains. */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -140,6 +141,56 @@ static void test_linear(void) {
         for (int j = 0; j < LN; j++) worst = fmax(worst, fabs(h.db[j] - f.db[j]));
         CHECK(worst == 0, "linear db%s: the bias gradient is a float sum in both precisions, off by %g", tag, worst);
         CHECK(differ > LM, "linear%s: only %d elements differ from fp32: the products did not run in bf16", tag, differ);
+    }
+}
+
+/* ---- activations stored in bf16: x -> linear -> act -> linear, with and without ---- */
+
+enum { AM = 64, AK = 32, AH = 48, AN = 16 };
+
+typedef struct {
+    float dx[AM * AK], dw1[AH * AK], db1[AH], dw2[AN * AH];
+    int lp_values;
+} act_out;
+
+static void run_act(int act, const float *X, const float *W1, const float *W2, const float *R, act_out *o) {
+    cg_params *ps = cg_params_new();
+    int64_t s1[2] = {AH, AK}, sb[1] = {AH}, s2[2] = {AN, AH}, sx[2] = {AM, AK}, sy[2] = {AM, AN};
+    cg_tensor *w1 = cg_params_add(ps, "w1", 2, s1), *b1 = cg_params_add(ps, "b1", 1, sb), *w2 = cg_params_add(ps, "w2", 2, s2);
+    cg_write(w1, W1), cg_write(b1, W1), cg_write(w2, W2);
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    CHECK(cg_graph_set_precision(g, CG_BF16) == CG_OK, "%s", cg_last_error());
+    cg_tensor *x = cg_requires_grad(cg_input(g, "x", CG_REAL, 2, sx)), *r = cg_input(g, "r", CG_REAL, 2, sy);
+    cg_write(x, X), cg_write(r, R);
+    cg_tensor *h = cg_linear(g, x, w1, b1);
+    h = act == 0 ? cg_relu(g, h) : act == 1 ? cg_gelu(g, h) : cg_gelu_tanh(g, h);
+    cg_tensor *loss = cg_sum_all(g, cg_mul(g, cg_linear(g, h, w2, NULL), r));
+    CHECK(loss && cg_graph_forward(g) == CG_OK && cg_graph_backward(g, loss) == CG_OK, "%s", cg_last_error());
+    cg_read_grad(x, o->dx), cg_read_grad(w1, o->dw1), cg_read_grad(b1, o->db1), cg_read_grad(w2, o->dw2);
+    o->lp_values = 0;
+    for (int i = 0; i < g->n; i++) o->lp_values += g->nodes[i]->lp_value;
+    cg_graph_free(g);
+    cg_params_free(ps);
+}
+
+/* ReLU, GELU and tanh-GELU write their value in bf16 when only a linear reads it: bit-identical
+ * gradients to converting it at the product (GELU recomputes its output in backward, ReLU reads
+ * the sign, which bf16 keeps). */
+static void test_activations(void) {
+    static float X[AM * AK], W1[AH * AK], W2[AN * AH], R[AM * AN];
+    static act_out on, off;
+    cg_rng rng;
+    cg_rng_seed(&rng, 5);
+    fill(X, AM * AK, &rng, 1), fill(W1, AH * AK, &rng, 0.3), fill(W2, AN * AH, &rng, 0.3), fill(R, AM * AN, &rng, 1);
+    for (int act = 0; act < 3; act++) {
+        run_act(act, X, W1, W2, R, &on);
+        setenv("CGRAD_BF16_VALUES_OFF", "1", 1);
+        run_act(act, X, W1, W2, R, &off);
+        unsetenv("CGRAD_BF16_VALUES_OFF");
+        CHECK(on.lp_values == 1 && off.lp_values == 0, "act %d: %d values in bf16 (expected 1), %d with them off", act,
+              on.lp_values, off.lp_values);
+        CHECK(!memcmp(&on, &off, offsetof(act_out, lp_values)), "act %d: storing its value in bf16 changed the gradients",
+              act);
     }
 }
 
@@ -373,14 +424,15 @@ static void test_gpt_step(bool bf16_ok) {
         /* conversion scratch is planned: nothing is held for the graph's life */
         CHECK(lp.unplanned == 0, "a planned bf16 graph holds %zu bytes of conversion scratch", lp.unplanned);
         CHECK(fp.lp_values == 0 && back.lp_values == 0, "an fp32 graph stored values in bf16");
-        /* The LayerNorm outputs read only by linears (two per block, and ln_f before the head) are
-         * written in bf16 by LayerNorm: the same numbers the linear would have converted, so the
-         * whole run is bit-identical to converting them at the product. */
+        /* The values read only by linears (per block the two LayerNorm outputs and the GELU's, and
+         * ln_f's before the head) are written in bf16 by the ops that make them: the same numbers
+         * the linear would have converted, and GELU's backward recomputes its output in float, so
+         * the whole run is bit-identical to converting them at the product. */
         gpt_run conv;
         setenv("CGRAD_BF16_VALUES_OFF", "1", 1);
         run_gpt(CG_BF16, &conv);
         unsetenv("CGRAD_BF16_VALUES_OFF");
-        CHECK(lp.lp_values == 5 && conv.lp_values == 0, "bf16-stored values: %d (expected 5), %d with them off",
+        CHECK(lp.lp_values == 7 && conv.lp_values == 0, "bf16-stored values: %d (expected 7), %d with them off",
               lp.lp_values, conv.lp_values);
         CHECK(!memcmp(lp.loss, conv.loss, sizeof lp.loss) && !memcmp(lp.grads, conv.grads, (size_t)lp.span * 4) &&
                   !memcmp(lp.values, conv.values, (size_t)lp.span * 4),
@@ -452,6 +504,7 @@ int main(void) {
         test_linear();
         test_matmul();
         test_lce();
+        test_activations();
     }
     test_gpt_step(!why);
     TEST_END();
