@@ -378,11 +378,8 @@ static bool param_backed(const cg_tensor *x) {
 static bool no_conversion(const cg_tensor *x) { return param_backed(x) || (x && x->root && x->root->lp_value); }
 
 /* A linear's dY can become bf16 in place when nothing reads it after its backward (the caller
- * takes the bias gradient first) and every other operand has planned scratch, so nothing can
- * fail once the floats are gone. */
-static bool dy_in_place(const cg_tensor *t, const int64_t need[2]) {
-    return t->root == t && !t->retain && t->grad && (need[1] == 0 || t->lp_tmp[1]);
-}
+ * takes the bias gradient first). */
+static bool dy_in_place(const cg_tensor *t) { return t->root == t && !t->retain && t->requires_grad; }
 
 /* Elements of the two conversion areas (A, B) that t's forward or backward products use. */
 static void need(const cg_tensor *t, bool bwd, int64_t s[2]) {
@@ -397,7 +394,7 @@ static void need(const cg_tensor *t, bool bwd, int64_t s[2]) {
             s[1] = wb ? 0 : n * k;
         } else {
             s[1] = max2(x->requires_grad && !wb ? n * k : 0, w->requires_grad && !xb ? m * k : 0);
-            s[0] = dy_in_place(t, s) ? 0 : m * n;
+            s[0] = dy_in_place(t) ? 0 : m * n;
         }
     } else if (t->op == CGI_OP_MATMUL) { /* per batch, one at a time; the whole tensors bound it */
         const int64_t na = cgi_numel(t->src[0]->ndim, t->src[0]->shape), nb = cgi_numel(t->src[1]->ndim, t->src[1]->shape);
@@ -500,7 +497,7 @@ bool cgi_lp_linear_bwd(cg_tensor *t, bool assign) {
     int64_t s[2], rd = n, cd = 1; /* dY, converted once for both products */
     need(t, true, s);
     const bf16 *dy;
-    if (dy_in_place(t, s)) {
+    if (dy_in_place(t) && (s[1] == 0 || t->lp_tmp[1])) { /* nothing can fail once the floats are gone */
         cgi_lp_to_bf16_inplace(t->grad, m, n);
         dy = (const bf16 *)t->grad;
         rd = 2 * n;

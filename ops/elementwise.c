@@ -324,16 +324,23 @@ static void lp_unary_bwd(cg_tensor *t) {
     const int64_t n = cgi_numel(t->ndim, t->shape), op = t->op;
     const cg_real *X = x->data, *DY = t->grad;
     const cgi_bf16 *Y = t->data;
-    const bool assign = cgi_grad_begin(x);
+    const bool assign = cgi_grad_begin(x); /* the first writer of dx assigns: nothing zeroed it */
     cg_real *DX = x->grad;
-#pragma omp parallel for schedule(static) if (n > CGI_PAR_MIN) num_threads(cgi_nthreads())
-    for (int64_t i = 0; i < n; i++) {
-        cg_real d;
-        if (op == CGI_OP_GELU) d = gelu_df(DY[i], X[i], gelu_f(X[i], 0, 0), 0, 0);
-        else if (op == CGI_OP_GELU_TANH) d = gelu_tanh_df(DY[i], X[i], gelu_tanh_f(X[i], 0, 0), 0, 0);
-        else d = Y[i] != 0 && !(Y[i] & 0x8000) ? DY[i] : 0;
-        DX[i] = assign ? d : DX[i] + d;
-    }
+    /* one loop per op and mode, so each vectorises */
+#define LP_BWD(EXPR)                                                                               \
+    do {                                                                                           \
+        if (assign) {                                                                              \
+            _Pragma("omp parallel for schedule(static) if (n > CGI_PAR_MIN) num_threads(cgi_nthreads())") \
+            for (int64_t i = 0; i < n; i++) DX[i] = (EXPR);                                        \
+        } else {                                                                                   \
+            _Pragma("omp parallel for schedule(static) if (n > CGI_PAR_MIN) num_threads(cgi_nthreads())") \
+            for (int64_t i = 0; i < n; i++) DX[i] += (EXPR);                                       \
+        }                                                                                          \
+    } while (0)
+    if (op == CGI_OP_GELU) LP_BWD(gelu_df(DY[i], X[i], gelu_f(X[i], 0, 0), 0, 0));
+    else if (op == CGI_OP_GELU_TANH) LP_BWD(gelu_tanh_df(DY[i], X[i], gelu_tanh_f(X[i], 0, 0), 0, 0));
+    else LP_BWD(Y[i] != 0 && !(Y[i] & 0x8000) ? DY[i] : 0);
+#undef LP_BWD
 }
 
 /* sigmoid through cgi_exp, so the activations below vectorise */

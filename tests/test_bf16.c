@@ -80,6 +80,7 @@ enum { LB = 3, LT = 37, LK = 70, LN = 50, LM = LB * LT };
 
 typedef struct {
     float y[LM * LN], dx[LM * LK], dw[LN * LK], db[LN];
+    size_t bwd_scratch; /* planned conversion scratch of the backward */
 } lin_out;
 
 /* w_t: the weight is stored [in, out] and used through a transpose (GPT-2's Conv1D). */
@@ -102,6 +103,7 @@ static void run_linear(cg_precision prec, bool w_t, bool retain, const float *X,
     cg_tensor *y = cg_linear(g, x, w_t ? cg_transpose(g, w, 0, 1) : w, b);
     if (retain) cg_retain(y);
     cg_tensor *loss = cg_sum_all(g, cg_mul(g, y, r));
+    o->bwd_scratch = y ? cgi_lp_scratch_bytes(y, true) : 0; /* as the plan sees it, before any storage */
     CHECK(loss && cg_graph_forward(g) == CG_OK && cg_graph_backward(g, loss) == CG_OK, "%s", cg_last_error());
     if (retain) cg_read(y, o->y);
     cg_read_grad(x, o->dx), cg_read_grad(b, o->db);
@@ -128,6 +130,10 @@ static void test_linear(void) {
         run_linear(CG_BF16, w_t, false, X, W, B, R, &hi);
         CHECK(!memcmp(hi.dx, h.dx, sizeof h.dx) && !memcmp(hi.dw, h.dw, sizeof h.dw) && !memcmp(hi.db, h.db, sizeof h.db),
               "linear%s: dY converted in place changed the gradients", w_t ? " (w transposed)" : "");
+        /* the backward then plans scratch for x's conversion alone (W has its copy, dY is in place) */
+        const size_t xb = LM * LK * 2;
+        CHECK(hi.bwd_scratch == xb && h.bwd_scratch > xb, "linear: backward scratch %zu bytes (expected %zu), %zu retained",
+              hi.bwd_scratch, xb, h.bwd_scratch);
         const char *tag = w_t ? " (w transposed)" : "";
         char what[64];
         int differ = 0;
