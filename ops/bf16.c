@@ -212,8 +212,10 @@ static const bf16 *param_bf16(cg_tensor *p) {
         p->lp = s;
     }
     if (s->version != *p->pversion || !s->version) {
-        int64_t rs, cs;
-        convert(p->data, 1, n, n, 1, s->v, &rs, &cs);
+        enum { RUN = 1 << 14 }; /* in runs over the threads (one row of n would run on one) */
+        const float *src = p->data;
+#pragma omp parallel for schedule(static) if (n > CGI_PAR_MIN) num_threads(cgi_nthreads())
+        for (int64_t i = 0; i < n; i += RUN) convert_run(src + i, s->v + i, n - i < RUN ? n - i : RUN);
         s->version = *p->pversion;
 #pragma omp atomic
         cgi_lp_param_conversions++;

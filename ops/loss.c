@@ -127,8 +127,11 @@ void cgi_bwd_cross_entropy(cg_tensor *t) {
 
 #define LCE_ROWS 512
 
-static int64_t lce_step(int64_t n) {
-    const int64_t chunks = (n + LCE_ROWS - 1) / LCE_ROWS;
+/* Rows per chunk for n counted rows, at most iarg[3]: LCE_ROWS, or half of it in a bf16 graph
+ * made bf16 before this op was built, where the float logits chunk is the largest buffer alive at
+ * the peak (bert-small: 31 MB of 62) and the products are not faster for thicker chunks. */
+static int64_t lce_step(const cg_tensor *t, int64_t n) {
+    const int64_t lim = t->iarg[3], chunks = (n + lim - 1) / lim;
     return chunks <= 1 ? n : (n + chunks - 1) / chunks;
 }
 
@@ -153,8 +156,9 @@ cg_tensor *cg_linear_cross_entropy(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_t
     if (!t) return NULL;
     t->iarg[0] = ignore_index;
     const int64_t rows = cgi_numel(targets->ndim, targets->shape), v = w->shape[0];
-    const int64_t cap = rows < LCE_ROWS ? rows : LCE_ROWS;
+    const int64_t lim = g->precision == CG_BF16 ? LCE_ROWS / 2 : LCE_ROWS, cap = rows < lim ? rows : lim;
     t->iarg[2] = cap;
+    t->iarg[3] = lim;
     t->aux_bytes = (size_t)(2 * rows + 2 * cap * d + cap * v) * sizeof(cg_real) +
                    cgi_colsum_scratch(cap, v) * sizeof(cg_real);
     return t;
@@ -211,7 +215,7 @@ cg_status cgi_fwd_linear_cross_entropy(cg_tensor *t) {
     lce c;
     lce_setup(t, &c);
     double total = 0;
-    const int64_t step = lce_step(n);
+    const int64_t step = lce_step(t, n);
     for (int64_t r0 = 0; r0 < n; r0 += step) {
         const int64_t m = n - r0 < step ? n - r0 : step;
         lce_logits(&c, r0, m, false);
@@ -245,10 +249,14 @@ void cgi_bwd_linear_cross_entropy(cg_tensor *t) {
     if (c.n == 0) return;
     const cg_real gscale = t->grad[0] / (cg_real)c.n;
     const int nt = cgi_nthreads();
-    const int64_t step = lce_step(c.n);
-    for (int64_t r0 = 0; r0 < c.n; r0 += step) {
-        const int64_t m = c.n - r0 < step ? c.n - r0 : step;
-        if (step < c.n) lce_logits(&c, r0, m, true); /* one chunk: forward left its logits in place */
+    const int64_t step = lce_step(t, c.n);
+    /* bf16 graphs take the last chunk first: forward left its logits in place (with one chunk, every
+     * precision skips the recompute) */
+    const bool last_first = cgi_lp_on(t);
+    const int64_t nch = (c.n + step - 1) / step;
+    for (int64_t q = 0; q < nch; q++) {
+        const int64_t r0 = (last_first ? nch - 1 - q : q) * step, m = c.n - r0 < step ? c.n - r0 : step;
+        if (step < c.n && !(last_first && q == 0)) lce_logits(&c, r0, m, true);
 #pragma omp parallel for schedule(static) if (m * c.v > CGI_PAR_MIN) num_threads(nt)
         for (int64_t i = 0; i < m; i++) { /* logits -> d(loss)/d(logits) in place */
             cg_real *z = c.logits + i * c.v;
