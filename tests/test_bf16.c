@@ -353,8 +353,11 @@ typedef struct {
     int64_t span;
     int64_t conversions[3];
     int lp_values;     /* values the plan stored in bf16 */
+    int recomputed;    /* nodes backward recomputes */
     size_t unplanned;  /* conversion scratch held outside the plan */
 } gpt_run;
+
+static bool gpt_ckpt; /* run_gpt with gradient checkpointing */
 
 /* Three training steps; prec < 0 leaves the graph's precision unset. */
 static void run_gpt(int prec, gpt_run *o) {
@@ -362,6 +365,7 @@ static void run_gpt(int prec, gpt_run *o) {
     cg_model *m = cg_model_new(CG_ARCH_GPT2, gpt_json, 0.0, ps, 99);
     cg_graph *g = cg_graph_new(CG_TRAIN);
     if (prec >= 0) CHECK(cg_graph_set_precision(g, (cg_precision)prec) == CG_OK, "%s", cg_last_error());
+    cg_graph_set_checkpointing(g, gpt_ckpt);
     cg_model_graph mg;
     CHECK(m && g && cg_model_build(g, m, GB, GT, 0, &mg) == CG_OK, "%s", cg_last_error());
     int32_t *ids = cg_idata(cg_model_graph_input(&mg, "input_ids")), *tg = cg_idata(cg_model_graph_input(&mg, "targets"));
@@ -375,8 +379,8 @@ static void run_gpt(int prec, gpt_run *o) {
         CHECK(cg_graph_forward(g) == CG_OK && cg_graph_backward(g, mg.loss) == CG_OK, "%s", cg_last_error());
         o->loss[s] = cg_item(mg.loss);
         if (s == 0) {
-            o->lp_values = 0;
-            for (int i = 0; i < g->n; i++) o->lp_values += g->nodes[i]->lp_value;
+            o->lp_values = o->recomputed = 0;
+            for (int i = 0; i < g->n; i++) o->lp_values += g->nodes[i]->lp_value, o->recomputed += g->nodes[i]->recompute;
             o->unplanned = cgi_lp_unplanned_bytes(g);
             o->grads = malloc((size_t)o->span * sizeof(float));
             memcpy(o->grads, cg_params_grads(ps), (size_t)o->span * sizeof(float));
@@ -455,6 +459,19 @@ static void test_gpt_step(bool bf16_ok) {
               "reference bf16 loops: loss %.6f vs fp32 %.6f, gradient error %.3g", ref.loss[0], fp.loss[0], sqrt(dr / nn));
         CHECK(fabs(ref.loss[0] - lp.loss[0]) <= 1e-4, "reference bf16 loops: loss %.6f vs oneDNN %.6f", ref.loss[0],
               lp.loss[0]);
+        /* with gradient checkpointing the recomputed products convert into their own planned scratch
+         * (swapped in with the recompute buffers) and store the same bf16 values: the same run */
+        gpt_run ck;
+        gpt_ckpt = true;
+        run_gpt(CG_BF16, &ck);
+        gpt_ckpt = false;
+        CHECK(ck.recomputed > 0 && ck.unplanned == 0 && ck.lp_values == lp.lp_values,
+              "checkpointed bf16: %d nodes recomputed, %zu unplanned bytes, %d bf16 values", ck.recomputed, ck.unplanned,
+              ck.lp_values);
+        CHECK(!memcmp(ck.loss, lp.loss, sizeof lp.loss) && !memcmp(ck.grads, lp.grads, (size_t)lp.span * 4) &&
+                  !memcmp(ck.values, lp.values, (size_t)lp.span * 4),
+              "checkpointed bf16 run differs (loss %.9g vs %.9g)", ck.loss[2], lp.loss[2]);
+        free(ck.grads), free(ck.values);
         free(conv.grads), free(conv.values), free(ref.grads), free(ref.values);
         free(lp.grads), free(lp.values);
     }
