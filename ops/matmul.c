@@ -157,6 +157,40 @@ void cgi_gemm(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, in
 #define CGI_PACK12 1
 enum { PW = 12 };
 static spackm_cxk_ker_ft blis_pack12;
+static bool fast_transpose; /* transpose_rows may run (AVX2) */
+
+/* p[c * ldp + i] = kappa * a[i * inca + c] for rows i < rows (a multiple of 4) and depths c below
+ * n rounded down to 8, in 4 x 8 register transposes; returns the depth where it stopped. */
+__attribute__((target("avx2"))) static dim_t transpose_rows(const float *a, inc_t inca, dim_t n, dim_t rows,
+                                                            float kappa, float *p, inc_t ldp) {
+    const bool scaled = kappa != 1;
+    const __m256 kv = _mm256_set1_ps(kappa);
+    dim_t c = 0;
+    for (; c + 8 <= n; c += 8)
+        for (dim_t g = 0; g < rows / 4; g++) { /* rows 4g..4g+3, depths c..c+7 */
+            const float *r = a + 4 * g * inca + c;
+            __m256 r0 = _mm256_loadu_ps(r), r1 = _mm256_loadu_ps(r + inca), r2 = _mm256_loadu_ps(r + 2 * inca),
+                   r3 = _mm256_loadu_ps(r + 3 * inca);
+            if (scaled) {
+                r0 = _mm256_mul_ps(r0, kv), r1 = _mm256_mul_ps(r1, kv);
+                r2 = _mm256_mul_ps(r2, kv), r3 = _mm256_mul_ps(r3, kv);
+            }
+            const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1),
+                         t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+            const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE),
+                         u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+            float *d = p + c * ldp + 4 * g;
+            _mm_storeu_ps(d, _mm256_castps256_ps128(u0));
+            _mm_storeu_ps(d + ldp, _mm256_castps256_ps128(u1));
+            _mm_storeu_ps(d + 2 * ldp, _mm256_castps256_ps128(u2));
+            _mm_storeu_ps(d + 3 * ldp, _mm256_castps256_ps128(u3));
+            _mm_storeu_ps(d + 4 * ldp, _mm256_extractf128_ps(u0, 1));
+            _mm_storeu_ps(d + 5 * ldp, _mm256_extractf128_ps(u1, 1));
+            _mm_storeu_ps(d + 6 * ldp, _mm256_extractf128_ps(u2, 1));
+            _mm_storeu_ps(d + 7 * ldp, _mm256_extractf128_ps(u3, 1));
+        }
+    return c;
+}
 
 __attribute__((target("avx2"))) static void pack12_rows(conj_t conja, pack_t schema, dim_t cdim, dim_t n, dim_t n_max,
                                                          float *restrict kappa, float *restrict a, inc_t inca,
@@ -179,29 +213,7 @@ __attribute__((target("avx2"))) static void pack12_rows(conj_t conja, pack_t sch
             _mm256_storeu_ps(p + c * ldp, lo);
             _mm_storeu_ps(p + c * ldp + 8, hi);
         }
-    for (; c + 8 <= n; c += 8)
-        for (int g = 0; g < PW / 4; g++) { /* rows 4g..4g+3, depths c..c+7 */
-            const float *r = a + 4 * g * inca + c;
-            __m256 r0 = _mm256_loadu_ps(r), r1 = _mm256_loadu_ps(r + inca), r2 = _mm256_loadu_ps(r + 2 * inca),
-                   r3 = _mm256_loadu_ps(r + 3 * inca);
-            if (scaled) {
-                r0 = _mm256_mul_ps(r0, kv), r1 = _mm256_mul_ps(r1, kv);
-                r2 = _mm256_mul_ps(r2, kv), r3 = _mm256_mul_ps(r3, kv);
-            }
-            const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1),
-                         t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
-            const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE),
-                         u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-            float *d = p + c * ldp + 4 * g;
-            _mm_storeu_ps(d, _mm256_castps256_ps128(u0));
-            _mm_storeu_ps(d + ldp, _mm256_castps256_ps128(u1));
-            _mm_storeu_ps(d + 2 * ldp, _mm256_castps256_ps128(u2));
-            _mm_storeu_ps(d + 3 * ldp, _mm256_castps256_ps128(u3));
-            _mm_storeu_ps(d + 4 * ldp, _mm256_extractf128_ps(u0, 1));
-            _mm_storeu_ps(d + 5 * ldp, _mm256_extractf128_ps(u1, 1));
-            _mm_storeu_ps(d + 6 * ldp, _mm256_extractf128_ps(u2, 1));
-            _mm_storeu_ps(d + 7 * ldp, _mm256_extractf128_ps(u3, 1));
-        }
+    if (c < n) c = transpose_rows(a, inca, n, PW, k, p, ldp);
     for (; c < n; c++)
         for (int i = 0; i < PW; i++) p[c * ldp + i] = scaled ? k * a[i * inca + c] : a[i * inca + c];
     for (c = n; c < n_max; c++) /* depth padding, as BLIS's kernel */
@@ -212,9 +224,9 @@ __attribute__((target("avx2"))) static void pack12_rows(conj_t conja, pack_t sch
 static void install_pack12(void) {
     cntx_t *cx = bli_gks_query_cntx();
     blis_pack12 = (spackm_cxk_ker_ft)bli_cntx_get_packm_ker_dt(BLIS_FLOAT, (l1mkr_t)PW, cx);
-    const char *off = getenv("CGRAD_BLIS_PACK"); /* set: BLIS's own kernel, for comparisons */
-    if (blis_pack12 && (cgi_cpu_features() & CGI_CPU_AVX2_FMA) && !(off && *off))
-        bli_cntx_set_packm_ker_dt((void_fp)pack12_rows, BLIS_FLOAT, (l1mkr_t)PW, cx);
+    const char *off = getenv("CGRAD_BLIS_PACK"); /* set: BLIS's kernel and plain loops, for comparisons */
+    fast_transpose = (cgi_cpu_features() & CGI_CPU_AVX2_FMA) && !(off && *off);
+    if (blis_pack12 && fast_transpose) bli_cntx_set_packm_ker_dt((void_fp)pack12_rows, BLIS_FLOAT, (l1mkr_t)PW, cx);
 }
 #endif
 
@@ -274,17 +286,21 @@ size_t cgi_ukr_packed_b(const cgi_ukr *u, int64_t k, int64_t n) { return (size_t
  * runs along whichever source stride is 1, so the reads are contiguous. */
 static void pack_panel(int64_t rows, int64_t w, int64_t k, const cg_real *src, int64_t si, int64_t sp, cg_real *dst) {
     if (sp == 1) {
+        int64_t p0 = 0; /* depths done by register transposes */
+#ifdef CGI_PACK12
+        if (fast_transpose && rows % 4 == 0) p0 = transpose_rows(src, si, k, rows, 1, dst, w);
+#endif
         for (int64_t i = 0; i < rows; i++)
-            for (int64_t p = 0; p < k; p++) dst[p * w + i] = src[i * si + p];
+            for (int64_t p = p0; p < k; p++) dst[p * w + i] = src[i * si + p];
         for (int64_t p = 0; p < k; p++)
             for (int64_t i = rows; i < w; i++) dst[p * w + i] = 0;
-    } else {
-        for (int64_t p = 0; p < k; p++) {
-            cg_real *d = dst + p * w;
-            const cg_real *s = src + p * sp;
-            for (int64_t i = 0; i < rows; i++) d[i] = s[i * si];
-            for (int64_t i = rows; i < w; i++) d[i] = 0;
-        }
+        return;
+    }
+    for (int64_t p = 0; p < k; p++) {
+        cg_real *d = dst + p * w;
+        const cg_real *s = src + p * sp;
+        for (int64_t i = 0; i < rows; i++) d[i] = s[i * si];
+        for (int64_t i = rows; i < w; i++) d[i] = 0;
     }
 }
 

@@ -149,10 +149,43 @@ static void test_pack12(void) {
 #endif
 }
 
+/* cgi_ukr's packing, A and B, from every stride order (the transposing one runs 4 x 8 register
+ * transposes on full groups of 4 rows), against plain loops: panels of the tile widths, padding 0. */
+static void test_ukr_pack(void) {
+    cgi_ukr u;
+    cgi_ukr_init(&u);
+    enum { K = 37, N = 45, LD = 53 };
+    cg_real src[N * LD];
+    for (int i = 0; i < N * LD; i++) src[i] = (cg_real)((i * 31) % 97) - 48;
+    const size_t nb = cgi_ukr_packed_b(&u, K, N), na = cgi_ukr_packed_a(&u, N, K);
+    cg_real *got = malloc((nb > na ? nb : na) * sizeof(cg_real));
+    for (int order = 0; order < 2; order++) { /* element (p, j) of B [K, N]: src[j * LD + p], then src[p * LD + j] */
+        const int64_t rs = order ? LD : 1, cs = order ? 1 : LD;
+        cgi_ukr_pack_b(&u, K, N, src, rs, cs, got);
+        int bad = 0;
+        for (int64_t j = 0; j < (N + u.nr - 1) / u.nr * u.nr; j++)
+            for (int64_t p = 0; p < K; p++) {
+                const cg_real want = j < N ? src[p * rs + j * cs] : 0;
+                bad += got[j / u.nr * u.pnr * K + p * u.pnr + j % u.nr] != want;
+            }
+        CHECK(bad == 0, "B panels (order %d, width %lld): %d elements differ", order, (long long)u.pnr, bad);
+        cgi_ukr_pack_a(&u, N, K, src, cs, rs, got); /* A [N, K] = B^T */
+        bad = 0;
+        for (int64_t i = 0; i < (N + u.mr - 1) / u.mr * u.mr; i++)
+            for (int64_t p = 0; p < K; p++) {
+                const cg_real want = i < N ? src[p * rs + i * cs] : 0;
+                bad += got[i / u.mr * u.pmr * K + p * u.pmr + i % u.mr] != want;
+            }
+        CHECK(bad == 0, "A panels (order %d, width %lld): %d elements differ", order, (long long)u.pmr, bad);
+    }
+    free(got);
+}
+
 int main(void) {
     test_pick_rule();
     test_kernels_in_use();
     test_pieces();
     test_pack12();
+    test_ukr_pack();
     TEST_END();
 }
