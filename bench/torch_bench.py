@@ -260,18 +260,19 @@ def child_train(name, steps, warmup, threads, blas_threads, with_sgemm, bf16):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
     g = torch.Generator().manual_seed(42)
     batch = make_batch(c, g)
-    times, losses = [], []
+    times, cpu, losses = [], [], []
     for k in range(warmup + steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         opt.zero_grad()
         with cast():
             loss = model.loss(batch)
         loss.backward()
         opt.step()
-        dt = time.perf_counter() - t0
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
         losses.append(loss.item())
         if k >= warmup:
             times.append(dt)
+            cpu.append(dc)
     med = statistics.median(times)
     flops, n = step_flops(c, model)
     rss = peak_rss_mb()
@@ -282,7 +283,7 @@ def child_train(name, steps, warmup, threads, blas_threads, with_sgemm, bf16):
           f"loss {losses[0]:.4f} -> {losses[-1]:.4f}, median {med * 1e3:.1f} ms (min {min(times) * 1e3:.1f}, "
           f"max {max(times) * 1e3:.1f}), rss after import {base_rss:.0f} MB, blas {blas_library()}", file=sys.stderr)
     print(json.dumps({"config": name, "framework": "pytorch", "threads": threads, "blas_threads": blas_threads,
-                      "precision": "bf16" if bf16 else "fp32", "blas": blas_library(), "ms_per_step": round(med * 1e3, 3), "tokens_per_s": round(tokens / med, 1),
+                      "precision": "bf16" if bf16 else "fp32", "blas": blas_library(), "ms_per_step": round(med * 1e3, 3), "cpu_ms_per_step": round(statistics.median(cpu) * 1e3, 3), "tokens_per_s": round(tokens / med, 1),
                       "gflops": round(gf, 3), "sgemm_fraction": round(gf / sg, 4) if sg == sg else None,
                       "peak_rss_mb": round(rss, 1), "sgemm_gflops": round(sg, 2) if sg == sg else None}))
 

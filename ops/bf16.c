@@ -456,7 +456,12 @@ bool cgi_lp_gemm(const cg_tensor *t, bool bwd, int64_t m, int64_t n, int64_t k, 
     const bf16 *ab = operand(lp, t, bwd, 0, a, m, k, &rsa, &csa, a_src);
     const bf16 *bb = ab ? operand(lp, t, bwd, 1, b, k, n, &rsb, &csb, b_src) : NULL;
     if (!bb) return false;
-    mm(lp, m, n, k, ab, rsa, csa, bb, rsb, csb, alpha, beta, c, rsc, csc);
+    if (cgi_lp_force_ref || !gemm_bf16(lp, m, n, k, ab, rsa, csa, bb, rsb, csb, alpha, beta, c, rsc, csc)) {
+        /* a C layout oneDNN refuses: float operands go back to the caller's BLIS product */
+        const bool bf16_only = (a_src && a_src->root->lp_value) || (b_src && b_src->root->lp_value);
+        if (!bf16_only && !cgi_lp_force_ref) return false;
+        ref_gemm(m, n, k, ab, rsa, csa, bb, rsb, csb, alpha, beta, c, rsc, csc);
+    }
     return true;
 }
 
