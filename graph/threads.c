@@ -40,7 +40,15 @@ int cgi_nthreads(void) { return run_threads > 0 ? run_threads : cg_threads(); }
  * 20 us of work. A whole run below CGI_RUN_PAR_MIN does not have regions that large: a token step
  * of cached generation (gpt-tiny: 3.3M multiply-adds in 21 regions) ran 10-40% slower on two
  * threads than on one. Such a run keeps every op on one thread. */
-int cgi_run_threads(double work) { return work < CGI_RUN_PAR_MIN ? 1 : cg_threads(); }
+static double run_par_min = -1; /* CGRAD_RUN_PAR_MIN, read once; the tests set 0 to keep every run parallel */
+
+int cgi_run_threads(double work) {
+    if (run_par_min < 0) {
+        const char *env = getenv("CGRAD_RUN_PAR_MIN");
+        run_par_min = env && atof(env) >= 0 ? atof(env) : CGI_RUN_PAR_MIN;
+    }
+    return work < run_par_min ? 1 : cg_threads();
+}
 
 int cgi_run_begin(int threads) {
     const int was = run_threads;

@@ -62,6 +62,7 @@ static void test_small_runs_stay_on_one_thread(void) {
 }
 
 int main(void) {
+    unsetenv("CGRAD_RUN_PAR_MIN"); /* ctest sets 0 for the other tests: here the default is tested */
     test_work_estimate();
     test_small_runs_stay_on_one_thread();
     TEST_END();
