@@ -211,7 +211,7 @@ cg_tensor *cgi_lora_linear(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *y
 /* ---- threads ---- */
 /* Threads a kernel may use: the run's count (cgi_run_begin) inside a graph run, else cg_threads(). */
 int cgi_nthreads(void);
-#define CGI_RUN_PAR_MIN 16777216.0 /* estimated multiply-adds below which a graph run stays on one thread */
+#define CGI_RUN_PAR_MIN 1073741824.0 /* estimated multiply-adds below which a graph run stays on one thread */
 /* Threads a graph run of this much work (cgi_graph_work) uses: 1 below CGI_RUN_PAR_MIN, else all. */
 int cgi_run_threads(double work);
 /* Sets the calling thread's count for a graph run; returns the previous one for cgi_run_end. */
@@ -226,7 +226,7 @@ enum { CGI_CPU_AVX2_FMA = 1, CGI_CPU_AVX512 = 2, CGI_CPU_AMD = 4 };
 unsigned cgi_cpu_features(void);
 /* The kernel set to run given BLIS's own pick (NULL: unknown) and its log, and why (static text). */
 const char *cgi_pick_kernels(const char *blis_pick, const char *blis_log, unsigned features, const char **why);
-#define CGI_PAR_MIN 16384 /* elements below which a kernel stays on one thread */
+#define CGI_PAR_MIN 131072 /* elements below which a kernel stays on one thread */
 /* For a backward rule about to write x's gradient for the first time in its op: true when it may
  * assign rather than add (x owns its storage and nothing has written it in this pass), which saves
  * zeroing it; otherwise the gradient is zeroed if this pass has not done so yet, and the rule adds. */

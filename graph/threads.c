@@ -35,11 +35,15 @@ static _Thread_local int run_threads;
 int cgi_nthreads(void) { return run_threads > 0 ? run_threads : cg_threads(); }
 
 /* Under OMP_WAIT_POLICY=passive (the CLI's choice, cli/main.c) a waiting thread sleeps at once and
- * each parallel region pays for waking it: an empty 2-thread region took 3.6 us here, and one
- * with 2 x 6.5 us of work 17 us against 13 us on one thread, so a region gains only above some
- * 20 us of work. A whole run below CGI_RUN_PAR_MIN does not have regions that large: a token step
- * of cached generation (gpt-tiny: 3.3M multiply-adds in 21 regions) ran 10-40% slower on two
- * threads than on one. Such a run keeps every op on one thread. */
+ * each parallel region pays for waking it. In this KVM guest that costs far more than the 3.6 us of
+ * an empty region on a warm core: two adds of 32k elements took 9 us on one thread and 140-180 us
+ * on two (6 us with spinning threads), since the idle vCPU has to be woken by the host; a 128k
+ * add still lost 3x. So kernels stay on one thread below CGI_PAR_MIN elements, products below 2^23
+ * multiply-adds a piece (ops/matmul.c), and a whole run below CGI_RUN_PAR_MIN keeps every op on one
+ * thread: a cached gpt-tiny token step (3.3M multiply-adds in 21 regions) ran 10-40% slower on two
+ * threads than on one, and an uncached step (16-216 tokens, 53M-700M) 20% slower. Spinning would
+ * pay on an idle machine (uncached 127 -> 184 tokens/s on two threads) but collapsed with one other
+ * busy process (67 tokens/s), which the passive policy exists to avoid. */
 static double run_par_min = -1; /* CGRAD_RUN_PAR_MIN, read once; the tests set 0 to keep every run parallel */
 
 int cgi_run_threads(double work) {

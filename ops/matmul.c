@@ -81,12 +81,14 @@ typedef struct {
 
 static bool cut_rows(const cgi_gemm_job *j) { return j->m >= j->n; }
 
-/* How many pieces job j can be cut into: at most want, each with at least 2^19 multiply-adds (a
- * matrix-vector product: 2^16) and 32 rows or columns (vector: 256 elements). */
+/* How many pieces job j can be cut into: at most want, each with at least 2^23 multiply-adds (a
+ * matrix-vector product: 2^16) and 32 rows or columns (vector: 256 elements). A [64, 256] x
+ * [256, 768] product (12.6M) took as long on two threads as on one here, a [128, 256] one 1.28x
+ * less: below some 8M a piece, packing and waking the other thread eat the gain. */
 static int pieces_of(const cgi_gemm_job *j, int want) {
     const int64_t len = cut_rows(j) ? j->m : j->n;
     const bool vec = j->m == 1 || j->n == 1;
-    const double work = (double)j->m * (double)j->n * (double)j->k, min_work = vec ? 1 << 16 : 1 << 19;
+    const double work = (double)j->m * (double)j->n * (double)j->k, min_work = vec ? 1 << 16 : 1 << 23;
     const int64_t min_len = vec ? 256 : 32;
     int p = want;
     while (p > 1 && (work / p < min_work || len / p < min_len)) p--;

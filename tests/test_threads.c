@@ -50,13 +50,16 @@ static void test_small_runs_stay_on_one_thread(void) {
     run_linear(1, 256, 768);
     CHECK(seen == 1, "a kernel of a %.0f-multiply-add run saw %d threads", 1.0 * 256 * 768, seen);
     CHECK(cgi_nthreads() == 2, "after the run: %d threads", cgi_nthreads());
+    /* an uncached generation step of gpt-tiny (216 tokens): still one thread */
+    const double mid = run_linear(216, 256, 3072);
+    CHECK(mid < CGI_RUN_PAR_MIN && seen == 1, "a %.0f-multiply-add run saw %d threads", mid, seen);
     /* a training-sized product: every thread */
-    const double work = run_linear(256, 256, 1024);
+    const double work = run_linear(4096, 512, 1024);
     CHECK(work > CGI_RUN_PAR_MIN, "work %.0f", work);
     CHECK(seen == 2, "a kernel of a %.0f-multiply-add run saw %d threads", work, seen);
     CHECK(cgi_run_threads(CGI_RUN_PAR_MIN / 2) == 1 && cgi_run_threads(CGI_RUN_PAR_MIN) == 2, "threshold");
     cg_set_threads(1);
-    run_linear(256, 256, 1024);
+    run_linear(4096, 512, 1024);
     CHECK(seen == 1, "one thread set: %d", seen);
     cg_set_threads(0);
 }
