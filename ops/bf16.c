@@ -276,9 +276,12 @@ static bool make_md(dnnl_memory_desc_t *md, int64_t r, int64_t c, int64_t rs, in
 }
 
 /* The primitive for these shapes, strides and scales: from the cache, else made and cached. */
+int cgi_lp_exec_threads;
+
 static entry *prim(cgi_lp *lp, int64_t m, int64_t n, int64_t k, int64_t rsa, int64_t csa, int64_t rsb, int64_t csb,
                    int64_t rsc, float alpha, float beta) {
-    const int64_t key[10] = {m, n, k, rsa, csa, rsb, csb, rsc};
+    /* oneDNN fixes a primitive's thread count when it is made: one per count a run may use */
+    const int64_t key[10] = {m, n, k, rsa, csa, rsb, csb, rsc, omp_get_max_threads()};
     for (int i = 0; i < lp->n; i++)
         if (!memcmp(lp->e[i].key, key, sizeof key) && lp->e[i].alpha == alpha && lp->e[i].beta == beta) return &lp->e[i];
     if (lp->n == lp->cap) {
@@ -338,13 +341,23 @@ static bool gemm_bf16(cgi_lp *lp, int64_t m, int64_t n, int64_t k, const bf16 *a
         if (rsc != 1) return false;
         return gemm_bf16(lp, n, m, k, b, csb, rsb, a, csa, rsa, alpha, beta, c, csc, rsc);
     }
+    /* oneDNN's OpenMP team follows omp_get_max_threads(), not the graph run's thread decision: a
+     * generation step kept on one thread (graph/threads.c) woke the second thread in every product
+     * here, and bf16 cached generation fell from 1795 to 594 tokens/s on two threads */
+    const int want = cgi_nthreads(), was = omp_get_max_threads();
+    if (want != was) omp_set_num_threads(want);
+    cgi_lp_exec_threads = omp_get_max_threads();
     entry *e = prim(lp, m, n, k, rsa, csa, rsb, csb, rsc, alpha, beta);
-    if (!e) return false;
-    dnnl_memory_set_data_handle(e->ma, (void *)a);
-    dnnl_memory_set_data_handle(e->mb, (void *)b);
-    dnnl_memory_set_data_handle(e->mc, c);
-    dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, e->ma}, {DNNL_ARG_WEIGHTS, e->mb}, {DNNL_ARG_DST, e->mc}};
-    return dnnl_primitive_execute(e->prim, stream, 3, args) == dnnl_success && dnnl_stream_wait(stream) == dnnl_success;
+    bool ok = e != NULL;
+    if (ok) {
+        dnnl_memory_set_data_handle(e->ma, (void *)a);
+        dnnl_memory_set_data_handle(e->mb, (void *)b);
+        dnnl_memory_set_data_handle(e->mc, c);
+        dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, e->ma}, {DNNL_ARG_WEIGHTS, e->mb}, {DNNL_ARG_DST, e->mc}};
+        ok = dnnl_primitive_execute(e->prim, stream, 3, args) == dnnl_success && dnnl_stream_wait(stream) == dnnl_success;
+    }
+    if (want != was) omp_set_num_threads(was);
+    return ok;
 }
 
 /* C = alpha A B + beta C by plain loops over bf16 operands, float accumulation: where oneDNN

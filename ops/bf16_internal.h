@@ -23,6 +23,9 @@ void cgi_lp_param_free(cg_tensor *p);
 /* Parameters converted to bf16 so far, process-wide (tests count them). */
 extern int64_t cgi_lp_param_conversions;
 
+/* The OpenMP thread count oneDNN was given for the last bf16 product (tests check the run's). */
+extern int cgi_lp_exec_threads;
+
 /* bf16 numbers: the upper half of a float's bits. */
 typedef uint16_t cgi_bf16;
 
