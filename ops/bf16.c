@@ -158,10 +158,8 @@ static bool engine_ready(void) {
 
 /* ---- conversion (cgi_to_bf16: round to nearest even, NaN stays NaN) ---- */
 
-static inline bf16 to_bf16(float f) { return cgi_to_bf16(f); }
-
 static void convert_run(const float *restrict src, bf16 *restrict dst, int64_t n) {
-    for (int64_t i = 0; i < n; i++) dst[i] = to_bf16(src[i]);
+    for (int64_t i = 0; i < n; i++) dst[i] = cgi_to_bf16(src[i]);
 }
 
 /* dst = bf16(src[rows, cols]) (strides rs, cs), laid out in the source's own orientation: by rows
@@ -179,7 +177,7 @@ static void convert(const float *src, int64_t rows, int64_t cols, int64_t rs, in
         bf16 *d = dst + o * inner;
         if (si == 1) convert_run(s, d, inner);
         else
-            for (int64_t i = 0; i < inner; i++) d[i] = to_bf16(s[i * si]);
+            for (int64_t i = 0; i < inner; i++) d[i] = cgi_to_bf16(s[i * si]);
     }
 }
 
@@ -486,7 +484,7 @@ double cg_bf16_gemm_gflops(int64_t n, int reps) {
     bf16 *a = calloc((size_t)(n * n), sizeof *a), *b = calloc((size_t)(n * n), sizeof *b);
     float *c = calloc((size_t)(n * n), sizeof *c);
     double best = INFINITY;
-    for (int64_t i = 0; a && b && i < n * n; i++) a[i] = to_bf16((float)(i % 7) * 0.25f), b[i] = to_bf16((float)(i % 5) * 0.5f);
+    for (int64_t i = 0; a && b && i < n * n; i++) a[i] = cgi_to_bf16((float)(i % 7) * 0.25f), b[i] = cgi_to_bf16((float)(i % 5) * 0.5f);
     for (int r = 0; a && b && c && r <= reps; r++) { /* r = 0 warms up (and makes the primitive) */
         double t0 = omp_get_wtime();
         if (!gemm_bf16(&lp, n, n, n, a, n, 1, b, n, 1, 1, 0, c, n, 1)) break;
