@@ -211,6 +211,10 @@ cg_tensor *cg_sdpa_ex(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, con
     if (table) p->table = nsrc, src[nsrc++] = table;
     cg_tensor *t = cgi_node(g, CGI_OP_ATTENTION, CG_REAL, 4, q->shape, nsrc, src);
     if (!t) return NULL;
+    /* The output [B, H, Tq, D] is stored as [B, Tq, H, D], heads side by side in each row, so
+     * cg_merge_heads is a view (no copy forward, none backward) and the next linear reads it as is. */
+    const int64_t st[4] = {tq * hq * q->shape[3], q->shape[3], hq * q->shape[3], 1};
+    memcpy(t->stride, st, sizeof st);
     t->params = p;
     p->scale = opts->scale;
     p->window = opts->window;
@@ -266,6 +270,7 @@ typedef struct {
     const cg_real *bias; int64_t bias_si, bias_sj; /* this head's slice of the bias tensor */
     const cg_real *rel; /* ALiBi and T5 bias by relative offset j - i + Tq - 1, or NULL */
     int64_t tq, tk, d, shift;
+    int64_t os; /* the output's (and its gradient's) row stride */
     int64_t window; /* a query sees keys less than this far from its own position (0: all) */
     bool causal;
     cg_real scale;
@@ -290,6 +295,7 @@ static void head_at(const cg_tensor *t, int64_t bh, cg_real *rel, head *h) {
     h->bias = p->bias ? (const cg_real *)t->src[p->bias]->data + b * p->bias_st[0] + hh * p->bias_st[1] : NULL;
     h->bias_si = p->bias_st[2], h->bias_sj = p->bias_st[3];
     h->tq = q->shape[2], h->tk = k->shape[2], h->d = q->shape[3];
+    h->os = t->stride[2];
     h->shift = h->tk - h->tq;
     h->causal = p->causal;
     h->window = p->window;
@@ -417,7 +423,7 @@ CGI_CLONES static void fwd_kept(const head *h, int64_t i0, int64_t nq, int64_t k
     if (!any) { /* every key hidden: zeros, and no gradient */
         for (int64_t r = 0; r < nq; r++) {
             memset(pb + r * ps, 0, (size_t)kend * sizeof *pb);
-            memset(o + r * h->d, 0, (size_t)h->d * sizeof *o);
+            memset(o + r * h->os, 0, (size_t)h->d * sizeof *o);
             lse[r] = INFINITY;
         }
         return;
@@ -440,8 +446,8 @@ CGI_CLONES static void fwd_kept(const head *h, int64_t i0, int64_t nq, int64_t k
     }
     if (w) {
         cgi_ukr_pack_a(u, nq, kend, pb, ps, 1, w->a);
-        cgi_ukr_gemm(u, nq, h->d, kend, 1, w->a, kend, w->kv2, h->tk, 0, o, h->d, 1, CGI_UKR_FULL, diag(h, i0));
-    } else gemm1(nq, h->d, kend, pb, ps, 1, h->v, h->vs, 1, 1, 0, o, h->d, 1);
+        cgi_ukr_gemm(u, nq, h->d, kend, 1, w->a, kend, w->kv2, h->tk, 0, o, h->os, 1, CGI_UKR_FULL, diag(h, i0));
+    } else gemm1(nq, h->d, kend, pb, ps, 1, h->v, h->vs, 1, 1, 0, o, h->os, 1);
 }
 
 cg_status cgi_fwd_attention(cg_tensor *t) {
@@ -461,7 +467,7 @@ cg_status cgi_fwd_attention(cg_tensor *t) {
         cg_real *s = lse + slots_offset(t) + (size_t)me * stride, *acc = s + 2 * BQ * BK, *m = acc + BQ * d, *l = m + BQ;
         head h;
         head_at(t, bh, rel_at(t, s), &h);
-        cg_real *o = out + bh * tq * d;
+        cg_real *o = out + bh / t->shape[1] * t->stride[0] + bh % t->shape[1] * t->stride[1];
         packs w = {0};
         if (packed) { /* K^T and V for every query block of the head */
             w = packs_at(t, s, &u);
@@ -472,7 +478,7 @@ cg_status cgi_fwd_attention(cg_tensor *t) {
         for (int64_t i0 = 0; i0 < tq; i0 += bq) {
             const int64_t nq = tq - i0 < bq ? tq - i0 : bq, kend = key_end(&h, i0, nq);
             if (probs) {
-                fwd_kept(&h, i0, nq, kend, probs + (bh * tq + i0) * tk, tk, o + i0 * d, lse + bh * tq + i0, &u,
+                fwd_kept(&h, i0, nq, kend, probs + (bh * tq + i0) * tk, tk, o + i0 * h.os, lse + bh * tq + i0, &u,
                          packed ? &w : NULL, s);
                 continue;
             }
@@ -497,7 +503,7 @@ cg_status cgi_fwd_attention(cg_tensor *t) {
                 gemm1(nq, d, nk, s, BK, 1, h.v + j0 * h.vs, h.vs, 1, 1, 1, acc, d, 1);
             }
             for (int64_t r = 0; r < nq; r++) {
-                cg_real *orow = o + (i0 + r) * d;
+                cg_real *orow = o + (i0 + r) * h.os;
                 if (l[r] == 0) { /* every key hidden: zeros, and no gradient */
                     memset(orow, 0, (size_t)d * sizeof *orow);
                     lse[bh * tq + i0 + r] = INFINITY;
@@ -546,7 +552,7 @@ CGI_CLONES static void bwd_packed(const head *h, const cgi_ukr *u, const packs *
     if (kend == 0) return;
     const bool ds = g->q || g->k || g->bias || g->rel;
     if (ds) { /* dP = dO V^T, skipping the tiles the causal mask hides */
-        cgi_ukr_pack_a(u, nq, d, dO, d, 1, w->a);
+        cgi_ukr_pack_a(u, nq, d, dO, h->os, 1, w->a);
         cgi_ukr_gemm(u, nq, kend, d, 1, w->a, d, w->kv1, d, 0, dp, BK, 1, diag(h, i0), CGI_UKR_FULL);
     }
     for (int64_t r = 0; (ds || h->drop) && r < nq; r++) { /* dS = P * (dP - D), zero where hidden */
@@ -563,7 +569,7 @@ CGI_CLONES static void bwd_packed(const head *h, const cgi_ukr *u, const packs *
     if (g->v) { /* dV += P^T dO, of the dropped weights */
         if (h->drop) cgi_ukr_pack_a(u, kend, nq, pt, 1, BK, w->a);
         else cgi_ukr_pack_a(u, kend, nq, p, 1, tk, w->a);
-        cgi_ukr_pack_b(u, nq, d, dO, d, 1, w->b);
+        cgi_ukr_pack_b(u, nq, d, dO, h->os, 1, w->b);
         cgi_ukr_gemm(u, kend, d, nq, 1, w->a, nq, w->b, nq, 1, g->v, g->vr, g->vc, CGI_UKR_FULL, CGI_UKR_FULL);
     }
     if (g->bias || g->rel) bias_grads(h, g, i0, nq, 0, kend, dp);
@@ -635,17 +641,24 @@ void cgi_bwd_attention(cg_tensor *t) {
             drel ? drel + bh * p->nrel : NULL,
             q->stride[2], q->stride[3], k->stride[2], k->stride[3], v->stride[2], v->stride[3], p->bias_st[2], p->bias_st[3]};
         const bool ds = gq || gk || gb || drel;
-        const cg_real *o = out + bh * tq * d, *dO = dout + bh * tq * d, *L = lse + bh * tq;
+        const int64_t os = h.os, at = b * t->stride[0] + hh * t->stride[1];
+        const cg_real *o = out + at, *dO = dout + at, *L = lse + bh * tq;
         const int64_t bq = h.causal ? BQ / 2 : BQ;
         for (int64_t i0 = 0; i0 < tq; i0 += bq) {
             const int64_t nq = tq - i0 < bq ? tq - i0 : bq, kend = key_end(&h, i0, nq);
             for (int64_t r = 0; r < nq; r++) { /* D_i = rowsum(dO * O) */
+                /* rows lie os apart (heads side by side): fetch a few rows ahead, which the
+                 * hardware's stream prefetch does not across the gaps */
+                for (int64_t e = 0; r + 4 < nq && e < d; e += 64 / (int64_t)sizeof(cg_real)) {
+                    __builtin_prefetch(dO + (i0 + r + 4) * os + e);
+                    __builtin_prefetch(o + (i0 + r + 4) * os + e);
+                }
                 cg_real s = 0;
-                for (int64_t e = 0; e < d; e++) s += dO[(i0 + r) * d + e] * o[(i0 + r) * d + e];
+                for (int64_t e = 0; e < d; e++) s += dO[(i0 + r) * os + e] * o[(i0 + r) * os + e];
                 di[r] = s;
             }
             if (packed) {
-                bwd_packed(&h, &u, &w, i0, nq, kend, probs + (bh * tq + i0) * tk, dO + i0 * d, di, dp, slot, &gr);
+                bwd_packed(&h, &u, &w, i0, nq, kend, probs + (bh * tq + i0) * tk, dO + i0 * os, di, dp, slot, &gr);
                 continue;
             }
             for (int64_t j0 = probs ? 0 : key_start(&h, i0); j0 < kend; j0 += BK) {
@@ -661,7 +674,7 @@ void cgi_bwd_attention(cg_tensor *t) {
                     }
                 }
                 if (ds) /* dP = dO[i] V[j]^T */
-                    gemm1(nq, nk, d, dO + i0 * d, d, 1, h.v + j0 * h.vs, 1, h.vs, 1, 0, dp, BK, 1);
+                    gemm1(nq, nk, d, dO + i0 * os, os, 1, h.v + j0 * h.vs, 1, h.vs, 1, 0, dp, BK, 1);
                 const cg_real *pv = pb; /* the weights O was made of */
                 int64_t pvs = ps;
                 if (h.drop) { /* dS = P * (M dP - D), and M P into the slot (over P when it is there) */
@@ -675,7 +688,7 @@ void cgi_bwd_attention(cg_tensor *t) {
                         for (int64_t c = 0; c < nk; c++) dr[c] = pr[c] * (dr[c] - dr_i);
                     }
                 if (gv) /* dV[j] += P^T dO[i] */
-                    gemm1(nk, d, nq, pv, 1, pvs, dO + i0 * d, d, 1, 1, 1, gr.v + j0 * gr.vr, gr.vr, gr.vc);
+                    gemm1(nk, d, nq, pv, 1, pvs, dO + i0 * os, os, 1, 1, 1, gr.v + j0 * gr.vr, gr.vr, gr.vc);
                 if (!ds) continue;
                 if (gr.bias || gr.rel) bias_grads(&h, &gr, i0, nq, j0, nk, dp);
                 if (gq) /* dQ[i] += scale * dS K[j] */

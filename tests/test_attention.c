@@ -220,8 +220,10 @@ static void keep_rate(int64_t tq, int64_t tk, double p) {
     const uint64_t key = cgi_dropout_key(9, o->id, 3), thr = cgi_dropout_threshold(p);
     const cg_real want = (cg_real)(1.0 / ((double)tk * (1 - p)));
     int64_t kept = 0, wrong = 0, off = 0;
-    for (int64_t e = 0; e < cg_numel(o); e++) {
-        const cg_real x = cg_data(o)[e];
+    cg_real *od = malloc((size_t)cg_numel(o) * sizeof *od); /* in [B, H, Tq, Tk] order, as the hash counts */
+    CHECK(od && cg_read(o, od) == CG_OK, "%s", cg_last_error());
+    for (int64_t e = 0; od && e < cg_numel(o); e++) {
+        const cg_real x = od[e];
         kept += x != 0;
         wrong += (x != 0) != cgi_dropout_keeps(key, (uint64_t)e, thr);
         off += x != 0 && fabs((double)(x - want)) > 1e-5 * want;
@@ -230,6 +232,7 @@ static void keep_rate(int64_t tq, int64_t tk, double p) {
     CHECK(fabs(rate - (1 - p)) <= 5 * sd, "keep rate %.5f, expected %.5f +- %.5f (Tk %lld)", rate, 1 - p, 5 * sd, (long long)tk);
     CHECK(wrong == 0 && off == 0, "Tk %lld: %lld elements against the hash, %lld kept values off", (long long)tk,
           (long long)wrong, (long long)off);
+    free(od);
     cg_graph_free(g);
 }
 
