@@ -275,6 +275,23 @@ static void print_plan(buffer *bufs, buffer **order, int nb, size_t total, int64
                 cgi_ops[b->node->op].name, cgi_shp(b->node), (long long)b->birth, (long long)b->death);
         shown++;
     }
+    if (atoi(getenv("CGRAD_PLAN")) < 2) return;
+    /* CGRAD_PLAN=2: everything live at the peak, summed per kind, op and storage format */
+    enum { GROUPS = 256 };
+    struct peak_group { char kind; int op; bool bf16; size_t bytes; int count; } grp[GROUPS];
+    int ng = 0;
+    for (int i = 0; i < nb; i++) {
+        const buffer *b = &bufs[i];
+        if (b->birth > peak_t || peak_t > b->death) continue;
+        const bool h = b->kind == 'v' && b->node->lp_value;
+        int k = 0;
+        while (k < ng && !(grp[k].kind == b->kind && grp[k].op == b->node->op && grp[k].bf16 == h)) k++;
+        if (k == ng && ng < GROUPS) grp[ng++] = (struct peak_group){b->kind, b->node->op, h, 0, 0};
+        if (k < ng) grp[k].bytes += b->bytes, grp[k].count++;
+    }
+    for (int k = 0; k < ng; k++)
+        fprintf(stderr, "  [peak] %8.1f MB %c %-22s %-4s x%d\n", (double)grp[k].bytes / 1e6, grp[k].kind,
+                cgi_ops[grp[k].op].name, grp[k].bf16 ? "bf16" : "", grp[k].count);
 }
 
 static size_t round_up(size_t n) { return (n + CGI_ALIGN - 1) / CGI_ALIGN * CGI_ALIGN; }

@@ -212,7 +212,8 @@ cg_tensor *cg_encdec_encode(cg_graph *g, const cg_encdec *m, cg_tensor *src, cg_
     return cg_layernorm(g, x, m->enc_norm_w, m->enc_norm_b, eps);
 }
 
-cg_tensor *cg_encdec_decode(cg_graph *g, const cg_encdec *m, cg_tensor *memory, cg_tensor *src_mask, cg_tensor *tgt_in) {
+/* The decoder's final hidden states [B, T, d], before the generator. */
+static cg_tensor *decode_hidden(cg_graph *g, const cg_encdec *m, cg_tensor *memory, cg_tensor *src_mask, cg_tensor *tgt_in) {
     if (!m) {
         cg_set_error(CG_ERR_ARG, "[encdec] model is NULL");
         return NULL;
@@ -227,8 +228,20 @@ cg_tensor *cg_encdec_decode(cg_graph *g, const cg_encdec *m, cg_tensor *memory, 
         x = cg_post_ln_residual(g, x, feed_forward(g, l, x, p), p, l->n3_w, l->n3_b, eps);
         if (cg_checkpoint_end(g)) return NULL;
     }
-    x = cg_layernorm(g, x, m->dec_norm_w, m->dec_norm_b, eps);
-    return cg_linear(g, x, m->gen_w, m->gen_b);
+    return cg_layernorm(g, x, m->dec_norm_w, m->dec_norm_b, eps);
+}
+
+cg_tensor *cg_encdec_decode(cg_graph *g, const cg_encdec *m, cg_tensor *memory, cg_tensor *src_mask, cg_tensor *tgt_in) {
+    cg_tensor *h = decode_hidden(g, m, memory, src_mask, tgt_in);
+    return h ? cg_linear(g, h, m->gen_w, m->gen_b) : NULL;
+}
+
+/* The generator and the loss as one fused op (cg_linear_cross_entropy): logits exist one chunk of
+ * rows at a time, never as [B*T, tgt_vocab] beside their gradient. */
+cg_tensor *cg_encdec_loss(cg_graph *g, const cg_encdec *m, cg_tensor *src, cg_tensor *src_mask, cg_tensor *tgt_in,
+                          cg_tensor *tgt_out, int ignore_index) {
+    cg_tensor *h = decode_hidden(g, m, cg_encdec_encode(g, m, src, src_mask), src_mask, tgt_in);
+    return h ? cg_linear_cross_entropy(g, h, m->gen_w, m->gen_b, tgt_out, ignore_index) : NULL;
 }
 
 cg_tensor *cg_encdec_logits(cg_graph *g, const cg_encdec *m, cg_tensor *src, cg_tensor *src_mask, cg_tensor *tgt_in) {

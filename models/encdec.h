@@ -47,6 +47,10 @@ cg_tensor *cg_encdec_encode(cg_graph *g, const cg_encdec *m, cg_tensor *src, cg_
 cg_tensor *cg_encdec_decode(cg_graph *g, const cg_encdec *m, cg_tensor *memory, cg_tensor *src_mask, cg_tensor *tgt_in);
 /* Both: logits [B, T, tgt_vocab] for every target position. */
 cg_tensor *cg_encdec_logits(cg_graph *g, const cg_encdec *m, cg_tensor *src, cg_tensor *src_mask, cg_tensor *tgt_in);
+/* Both and the generator fused with the mean cross-entropy against tgt_out [B, T] (ignore_index
+ * skipped): the scalar loss, without materialising the logits (training graphs). */
+cg_tensor *cg_encdec_loss(cg_graph *g, const cg_encdec *m, cg_tensor *src, cg_tensor *src_mask, cg_tensor *tgt_in,
+                          cg_tensor *tgt_out, int ignore_index);
 /* Translates one source sequence: greedy when beam <= 1, else beam search with beam hypotheses
  * (length-normalised scores). Writes the tokens after bos, up to eos (excluded), into out[max_len]. */
 cg_status cg_encdec_translate(const cg_encdec *m, const int32_t *src, int64_t n_src, int beam, int64_t max_len,

@@ -45,6 +45,14 @@ static inline float cgi_from_bf16(cgi_bf16 h) {
     return f;
 }
 
+/* dst[i] = bf16(src[i * stride]) for i < n: the one rounding loop of every op that writes bf16. */
+static inline void cgi_lp_round(cgi_bf16 *restrict dst, const cg_real *restrict src, int64_t n, int64_t stride) {
+    if (stride == 1)
+        for (int64_t i = 0; i < n; i++) dst[i] = cgi_to_bf16((float)src[i]);
+    else
+        for (int64_t i = 0; i < n; i++) dst[i] = cgi_to_bf16((float)src[i * stride]);
+}
+
 /* Plans a bf16 graph's storage formats (graph/plan.c, before sizing its buffers): sets
  * t->lp_value on the values that only linears read as their input and whose producer can write
  * bf16 (LayerNorm, RMSNorm, GELU, ReLU), so they are stored at half size and never converted.

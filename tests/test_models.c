@@ -247,48 +247,95 @@ static void hf_layouts(void) {
           "-inf epsilon: %s", cg_last_error());
 }
 
-/* BERT's training graph fuses the masked-LM head with its loss over labelled positions only: the
- * loss and every gradient must still match PyTorch's full-logits computation. */
-static void bert_fused_head(void) {
-    cg_params *ps;
-    cg_status st;
-    cg_model *m = load_model("bert", "weights.safetensors", &ps, &st);
-    cg_st *batch = cg_st_open(FIX "bert/batch.safetensors"), *ref = cg_st_open(FIX "bert/expected.safetensors");
+/* One training step of arch on its fixture batch; full: every position's logits and the plain
+ * loss, else the training graph's fused head. Returns the loss; grads gets every gradient. */
+static double train_step(const char *arch, cg_model *m, cg_params *ps, bool full, float *grads, bool *fused) {
+    char bp[512];
+    snprintf(bp, sizeof bp, FIX "%s/batch.safetensors", arch);
+    cg_st *batch = cg_st_open(bp);
+    const bool s2s = !strcmp(arch, "encdec");
     int ndim;
-    int64_t s[CG_MAX_DIMS];
-    CHECK(st == CG_OK && batch && ref && !cg_st_info(batch, "input_ids", NULL, &ndim, s), "%s", cg_last_error());
+    int64_t s[CG_MAX_DIMS], src[CG_MAX_DIMS] = {0, 0};
+    CHECK(batch && !cg_st_info(batch, s2s ? "tgt_in" : "input_ids", NULL, &ndim, s) &&
+              (!s2s || !cg_st_info(batch, "src", NULL, &ndim, src)), "%s", cg_last_error());
+    cg_model_set_full_logits(m, full);
     cg_graph *g = cg_graph_new(CG_TRAIN);
     cg_model_graph mg;
-    CHECK(cg_model_build(g, m, s[0], s[1], 0, &mg) == CG_OK && mg.logits == NULL, "fused head expected: %s", cg_last_error());
+    if (s2s && !full) { /* fp32 training graphs keep the logits (models/zoo.c): the fused head by hand */
+        memset(&mg, 0, sizeof mg);
+        const char *names[4] = {"src", "src_mask", "tgt_in", "tgt_out"};
+        for (int i = 0; i < 4; i++) mg.inputs[i] = cg_input(g, names[i], CG_INT32, 2, i < 2 ? src : s);
+        mg.n_inputs = 4;
+        cg_retain(mg.loss = cg_encdec_loss(g, cg_model_encdec(m), mg.inputs[0], mg.inputs[1], mg.inputs[2],
+                                           mg.inputs[3], -100));
+        CHECK(mg.loss != NULL, "%s", cg_last_error());
+    } else
+        CHECK(cg_model_build(g, m, s[0], s[1], src[1], &mg) == CG_OK, "%s: %s", arch, cg_last_error());
+    *fused = mg.logits == NULL;
     for (int i = 0; i < mg.n_inputs; i++)
         cg_st_read_ids(batch, cg_name(mg.inputs[i]), cg_idata(mg.inputs[i]), cg_ndim(mg.inputs[i]), cg_shape(mg.inputs[i]));
     cg_params_zero_grad(ps);
     CHECK(cg_graph_forward(g) == CG_OK && cg_graph_backward(g, mg.loss) == CG_OK, "%s", cg_last_error());
+    memcpy(grads, cg_params_grads(ps), (size_t)cg_params_span(ps) * sizeof(float));
+    const double loss = cg_item(mg.loss);
+    cg_graph_free(g);
+    cg_st_close(batch);
+    cg_model_set_full_logits(m, false);
+    return loss;
+}
+
+/* BERT's and the encoder-decoder's training graphs fuse the LM head with its loss (BERT over the
+ * labelled positions only): the loss and every gradient must still match PyTorch's full-logits
+ * computation, and the unfused head's to float rounding (the same sums, in another order). */
+static void fused_head(const char *arch) {
+    cg_params *ps;
+    cg_status st;
+    cg_model *m = load_model(arch, "weights.safetensors", &ps, &st);
+    char rp[512];
+    snprintf(rp, sizeof rp, FIX "%s/expected.safetensors", arch);
+    cg_st *ref = cg_st_open(rp);
+    CHECK(st == CG_OK && ref, "%s: %s", arch, cg_last_error());
+    const int64_t span = cg_params_span(ps);
+    float *fg = malloc((size_t)span * sizeof *fg), *ug = malloc((size_t)span * sizeof *ug);
+    bool fused, unfused;
+    const double loss = train_step(arch, m, ps, false, fg, &fused), uloss = train_step(arch, m, ps, true, ug, &unfused);
+    CHECK(fused && !unfused, "%s: fused head expected in training graphs, full logits when asked", arch);
+    if (!strcmp(arch, "encdec") && !cg_bf16_unavailable()) { /* the zoo fuses it in bf16 graphs only */
+        cg_graph *g = cg_graph_new(CG_TRAIN);
+        cg_model_graph mg;
+        CHECK(g && !cg_graph_set_precision(g, CG_BF16) && !cg_model_build(g, m, 2, 8, 9, &mg) && !mg.logits,
+              "encdec: a bf16 training graph should fuse its head: %s", cg_last_error());
+        cg_graph_free(g);
+    }
     cg_real loss_ref;
     cg_st_read(ref, "loss", &loss_ref, -1, NULL);
-    CHECK_NEAR(cg_item(mg.loss), loss_ref, 1e-4);
-    double worst = 0;
+    CHECK_NEAR(loss, loss_ref, 1e-4);
+    /* both heads sum the same float terms in another order: a few float ulps of the loss */
+    CHECK(fabs(loss - uloss) <= 1e-6 * fabs(uloss), "%s: fused loss %.9g, unfused %.9g", arch, loss, uloss);
+    double worst = 0, worst_u = 0;
     for (int i = 0; i < cg_params_count(ps); i++) {
         cg_tensor *p = cg_params_at(ps, i);
         char name[300];
         snprintf(name, sizeof name, "grad.%s", cg_name(p));
-        int64_t n = cg_numel(p);
+        const int64_t n = cg_numel(p), at = cg_data(p) - cg_params_values(ps);
         cg_real *want = malloc((size_t)n * sizeof *want);
         cg_st_read(ref, name, want, -1, NULL);
-        double d2 = 0, r2 = 0, o2 = 0;
+        double d2 = 0, r2 = 0, o2 = 0, u2 = 0, n2 = 0;
         for (int64_t k = 0; k < n; k++) {
-            double d = (double)cg_grad(p)[k] - want[k];
-            d2 += d * d, r2 += (double)want[k] * want[k], o2 += (double)cg_grad(p)[k] * cg_grad(p)[k];
+            const double o = fg[at + k], d = o - want[k], u = o - ug[at + k];
+            d2 += d * d, r2 += (double)want[k] * want[k], o2 += o * o, u2 += u * u, n2 += (double)ug[at + k] * ug[at + k];
         }
         double e = sqrt(r2) > 1e-6 ? sqrt(d2 / r2) : sqrt(o2) < 1e-5 ? 0 : 1;
         worst = fmax(worst, e);
+        worst_u = fmax(worst_u, sqrt(n2) > 1e-6 ? sqrt(u2 / n2) : sqrt(u2));
         free(want);
     }
-    CHECK(worst <= 1e-4, "fused-head BERT gradients: worst relative error %g", worst);
-    printf("bert fused masked-LM head: loss %.6f (PyTorch %.6f), worst gradient rel err %.2e\n", cg_item(mg.loss),
-           (double)loss_ref, worst);
-    cg_graph_free(g);
-    cg_st_close(batch);
+    CHECK(worst <= 1e-4, "fused-head %s gradients: worst relative error %g", arch, worst);
+    /* float rounding carried through the backward: 1e-5 relative per tensor is ~100 float ulps */
+    CHECK(worst_u <= 1e-5, "fused-head %s gradients against the unfused head: worst relative error %g", arch, worst_u);
+    printf("%s fused LM head: loss %.6f (PyTorch %.6f, unfused %.6f), worst gradient rel err %.2e (unfused %.2e)\n",
+           arch, loss, (double)loss_ref, uloss, worst, worst_u);
+    free(fg), free(ug);
     cg_st_close(ref);
     cg_model_free(m);
     cg_params_free(ps);
@@ -443,7 +490,8 @@ static void step_checkpointing(const char *arch) {
 
 int main(void) {
     hf_partial_and_save();
-    bert_fused_head();
+    fused_head("bert");
+    fused_head("encdec");
     step_checkpointing("gpt2");
     step_checkpointing("encdec");
     step_checkpointing("llama");
