@@ -330,6 +330,16 @@ void cgi_unbroadcast_add(cg_tensor *t, const cg_real *g_out, int ndim, const int
 void cgi_colsum_add(cg_real *dst, const cg_real *m, int64_t rows, int64_t cols, int64_t ld,
                     cg_real *scratch);
 size_t cgi_colsum_scratch(int64_t rows, int64_t cols);
+/* As cgi_colsum_add over the rows make(ctx, r) returns, which may compute row r first (a fused
+ * producer); same blocks and order, so it sums exactly as cgi_colsum_add over the finished rows. */
+void cgi_colsum_add_made(cg_real *dst, int64_t rows, int64_t cols, cg_real *scratch,
+                         const cg_real *(*make)(void *ctx, int64_t r), void *ctx);
+/* The fused linear + GELU's passes (ops/elementwise.c): y = gelu(c + b) over the product c[m, n]
+ * (b NULL: none), and backward dpre = dy * gelu'(c + b) written over c, with db += its column sums
+ * (db NULL: none; scratch as cgi_colsum_add's). tanh_form: GELU's tanh approximation. */
+void cgi_bias_gelu_fwd(const cg_real *c, const cg_real *b, cg_real *y, int64_t m, int64_t n, bool tanh_form);
+void cgi_bias_gelu_bwd(cg_real *c, const cg_real *b, const cg_real *y, const cg_real *dy, int64_t m, int64_t n,
+                       bool tanh_form, cg_real *db, cg_real *scratch);
 
 /* e^x for the softmax family: a branch-free Cephes-style polynomial (about 2 ulp in float) that
  * the compiler vectorises, where libm's expf is a scalar call per element. e^-inf is exactly 0;

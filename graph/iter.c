@@ -130,14 +130,15 @@ size_t cgi_colsum_scratch(int64_t rows, int64_t cols) {
     return (size_t)COLSUM_BLOCKS * (size_t)cols;
 }
 
-CGI_CLONES void cgi_colsum_add(cg_real *dst, const cg_real *m, int64_t rows, int64_t cols, int64_t ld, cg_real *scratch) {
+CGI_CLONES void cgi_colsum_add_made(cg_real *dst, int64_t rows, int64_t cols, cg_real *scratch,
+                                    const cg_real *(*make)(void *ctx, int64_t r), void *ctx) {
     const int64_t per = (rows + COLSUM_BLOCKS - 1) / COLSUM_BLOCKS;
 #pragma omp parallel for schedule(static) if (rows * cols > CGI_PAR_MIN) num_threads(cgi_nthreads())
     for (int b = 0; b < COLSUM_BLOCKS; b++) {
         cg_real *acc = scratch + (int64_t)b * cols;
         memset(acc, 0, (size_t)cols * sizeof *acc);
         for (int64_t r = b * per; r < rows && r < (b + 1) * per; r++) {
-            const cg_real *row = m + r * ld;
+            const cg_real *row = make(ctx, r);
             for (int64_t c = 0; c < cols; c++) acc[c] += row[c];
         }
     }
@@ -147,4 +148,19 @@ CGI_CLONES void cgi_colsum_add(cg_real *dst, const cg_real *m, int64_t rows, int
         for (int b = 0; b < COLSUM_BLOCKS; b++) s += scratch[(int64_t)b * cols + c];
         dst[c] += s;
     }
+}
+
+typedef struct {
+    const cg_real *m;
+    int64_t ld;
+} rows_of;
+
+static const cg_real *row_at(void *ctx, int64_t r) {
+    const rows_of *o = ctx;
+    return o->m + r * o->ld;
+}
+
+void cgi_colsum_add(cg_real *dst, const cg_real *m, int64_t rows, int64_t cols, int64_t ld, cg_real *scratch) {
+    rows_of o = {m, ld};
+    cgi_colsum_add_made(dst, rows, cols, scratch, row_at, &o);
 }

@@ -290,6 +290,61 @@ static inline cg_real gelu_tanh_grad(cg_real x, cg_real y) {
 UNARY(gelu, GELU, (cg_real)0.5 * x * (1 + fast_erf(x * INV_SQRT2)), dy * gelu_grad(x, y))
 UNARY(gelu_tanh, GELU_TANH, (cg_real)0.5 * x * (1 + gelu_tanh_t(x)), dy * gelu_tanh_grad(x, y))
 
+/* ---- the fused linear + GELU's passes (cg_linear_gelu, ops/matmul.c) ---- */
+
+/* y[i, j] = gelu(c[i, j] + b[j]) over the product c[m, n] (b NULL: no bias), one pass while the
+ * product's rows are fresh, instead of a bias fill before the product and a GELU pass after. */
+void cgi_bias_gelu_fwd(const cg_real *c, const cg_real *b, cg_real *y, int64_t m, int64_t n, bool tanh_form) {
+#pragma omp parallel for schedule(static) if (m * n > CGI_PAR_MIN) num_threads(cgi_nthreads())
+    for (int64_t i = 0; i < m; i++) {
+        const cg_real *ci = c + i * n;
+        cg_real *yi = y + i * n;
+        if (tanh_form && b)
+            for (int64_t j = 0; j < n; j++) yi[j] = gelu_tanh_f(ci[j] + b[j], 0, 0);
+        else if (tanh_form)
+            for (int64_t j = 0; j < n; j++) yi[j] = gelu_tanh_f(ci[j], 0, 0);
+        else if (b)
+            for (int64_t j = 0; j < n; j++) yi[j] = gelu_f(ci[j] + b[j], 0, 0);
+        else
+            for (int64_t j = 0; j < n; j++) yi[j] = gelu_f(ci[j], 0, 0);
+    }
+}
+
+typedef struct {
+    cg_real *c;
+    const cg_real *b, *y, *dy;
+    int64_t n;
+    bool tanh_form;
+} gelu_rows;
+
+/* Row r of dpre = dy * gelu'(c + b), written over c's row; the GELU's backward as cgi_bwd_gelu*. */
+static const cg_real *gelu_row_grad(void *ctx, int64_t r) {
+    const gelu_rows *o = ctx;
+    const int64_t n = o->n;
+    cg_real *c = o->c + r * n;
+    const cg_real *y = o->y + r * n, *dy = o->dy + r * n, *b = o->b;
+    if (o->tanh_form && b)
+        for (int64_t j = 0; j < n; j++) c[j] = gelu_tanh_df(dy[j], c[j] + b[j], y[j], 0, 0);
+    else if (o->tanh_form)
+        for (int64_t j = 0; j < n; j++) c[j] = gelu_tanh_df(dy[j], c[j], y[j], 0, 0);
+    else if (b)
+        for (int64_t j = 0; j < n; j++) c[j] = gelu_df(dy[j], c[j] + b[j], y[j], 0, 0);
+    else
+        for (int64_t j = 0; j < n; j++) c[j] = gelu_df(dy[j], c[j], y[j], 0, 0);
+    return c;
+}
+
+void cgi_bias_gelu_bwd(cg_real *c, const cg_real *b, const cg_real *y, const cg_real *dy, int64_t m, int64_t n,
+                       bool tanh_form, cg_real *db, cg_real *scratch) {
+    gelu_rows o = {c, b, y, dy, n, tanh_form};
+    if (db) { /* the bias gradient's column sums in the same pass, as cgi_colsum_add would sum dpre */
+        cgi_colsum_add_made(db, m, n, scratch, gelu_row_grad, &o);
+        return;
+    }
+#pragma omp parallel for schedule(static) if (m * n > CGI_PAR_MIN) num_threads(cgi_nthreads())
+    for (int64_t i = 0; i < m; i++) gelu_row_grad(&o, i);
+}
+
 /* A GELU or ReLU value read only by linears in a bf16 graph (t->lp_value, ops/bf16.c; x and t
  * contiguous) is written in bf16: half the memory, and the linear reads it without converting.
  * GELU's backward recomputes y = f(x) in float, so its gradient is fp32's bit for bit. ReLU's reads

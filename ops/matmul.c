@@ -539,18 +539,19 @@ static bool dw_in_scratch(const cg_tensor *x, const cg_tensor *w) {
     return dw_as_transpose(x, w) != (w->stride[0] == 1 && w->stride[1] != 1);
 }
 
-cg_tensor *cg_linear(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias) {
+/* The shape rule shared by linear and linear_gelu: a node y[..., out] of op, or NULL. */
+static cg_tensor *linear_node(cg_graph *g, int op, const char *nm, cg_tensor *x, cg_tensor *w, cg_tensor *bias) {
     cg_tensor *in[3] = {x, w, bias};
-    if (!cgi_inputs_ok(g, "linear", bias ? 3 : 2, in)) return NULL;
-    if (!cgi_expect_real("linear", x, "x") || !cgi_expect_real("linear", w, "w")) return NULL;
+    if (!cgi_inputs_ok(g, nm, bias ? 3 : 2, in)) return NULL;
+    if (!cgi_expect_real(nm, x, "x") || !cgi_expect_real(nm, w, "w")) return NULL;
     if (x->ndim < 1 || w->ndim != 2 || x->shape[x->ndim - 1] != w->shape[1]) {
-        cgi_fail(CG_ERR_SHAPE, "[linear] x%s with w%s: w must be [out, in] with in = x's last dim",
-                 cgi_shp(x), cgi_shp(w));
+        cgi_fail(CG_ERR_SHAPE, "[%s] x%s with w%s: w must be [out, in] with in = x's last dim", nm, cgi_shp(x),
+                 cgi_shp(w));
         return NULL;
     }
     if (bias && (bias->ndim != 1 || bias->shape[0] != w->shape[0] || bias->dtype != CG_REAL)) {
-        cgi_fail(CG_ERR_SHAPE, "[linear] bias%s must be real [%lld] for w%s", cgi_shp(bias),
-                 (long long)w->shape[0], cgi_shp(w));
+        cgi_fail(CG_ERR_SHAPE, "[%s] bias%s must be real [%lld] for w%s", nm, cgi_shp(bias), (long long)w->shape[0],
+                 cgi_shp(w));
         return NULL;
     }
     if (!leading_dense(x)) x = cg_contiguous(g, x);
@@ -559,14 +560,19 @@ cg_tensor *cg_linear(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias) {
     int64_t s[CG_MAX_DIMS];
     memcpy(s, x->shape, sizeof s);
     s[x->ndim - 1] = w->shape[0];
-    cg_tensor *t = cgi_node(g, CGI_OP_LINEAR, CG_REAL, x->ndim, s, bias ? 3 : 2, in);
+    cg_tensor *t = cgi_node(g, op, CG_REAL, x->ndim, s, bias ? 3 : 2, in);
     if (!t) return NULL;
     /* backward scratch: the bias column sums, then dW^T when dW is computed transposed */
     if (bias && bias->requires_grad)
         t->bwd_aux_bytes = cgi_colsum_scratch(cgi_numel(x->ndim - 1, x->shape), w->shape[0]) * sizeof(cg_real);
     if (w->requires_grad && dw_in_scratch(x, w))
         t->bwd_aux_bytes += (size_t)(w->shape[0] * w->shape[1]) * sizeof(cg_real);
-    return w->root->lora_a ? cgi_lora_linear(g, x, w, t) : t;
+    return t;
+}
+
+cg_tensor *cg_linear(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias) {
+    cg_tensor *t = linear_node(g, CGI_OP_LINEAR, "linear", x, w, bias);
+    return t && w->root->lora_a ? cgi_lora_linear(g, t->src[0], w, t) : t;
 }
 
 cg_status cgi_fwd_linear(cg_tensor *t) {
@@ -612,8 +618,14 @@ static void bias_grad(cg_tensor *t, cg_tensor *bias, int64_t m, int64_t n) {
     }
 }
 
-void cgi_bwd_linear(cg_tensor *t) {
-    cg_tensor *x = t->src[0], *w = t->src[1], *bias = t->nsrc > 2 ? t->src[2] : NULL;
+static void linear_bwd(cg_tensor *t, const cg_real *dy, bool with_bias);
+
+void cgi_bwd_linear(cg_tensor *t) { linear_bwd(t, t->grad, true); }
+
+/* dX and dW from dy[m, n] (t->grad, or linear_gelu's pre-activation gradient), and the bias's
+ * gradient when with_bias. */
+static void linear_bwd(cg_tensor *t, const cg_real *dy, bool with_bias) {
+    cg_tensor *x = t->src[0], *w = t->src[1], *bias = t->nsrc > 2 && with_bias ? t->src[2] : NULL;
     int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1];
     const int nt = cgi_nthreads();
     /* dX and dW go to the threads as one list of pieces: side by side they beat cutting each
@@ -622,21 +634,22 @@ void cgi_bwd_linear(cg_tensor *t) {
      * (linear(z, z), a Gram matrix), where side by side they would race. */
     const bool assign = x->requires_grad && cgi_grad_begin(x); /* dX's first writer: beta 0, no zeroing */
     /* bf16: the bias first, as the products may turn dY into bf16 in place; then both products */
-    if (cgi_lp_on(t) && bias && bias->requires_grad) bias_grad(t, bias, m, n);
-    const bool lp = cgi_lp_on(t) && cgi_lp_linear_bwd(t, assign);
+    const bool lp_on = cgi_lp_on(t) && t->op == CGI_OP_LINEAR;
+    if (lp_on && bias && bias->requires_grad) bias_grad(t, bias, m, n);
+    const bool lp = lp_on && cgi_lp_linear_bwd(t, assign);
     cgi_gemm_job jobs[2];
     int nj = 0;
     if (x->requires_grad && !lp) /* dX[m,k] += dY[m,n] @ W[n,k] */
-        jobs[nj++] = (cgi_gemm_job){m, k, n, t->grad, n, 1, w->data, w->stride[0], w->stride[1], 1, assign ? 0 : 1,
+        jobs[nj++] = (cgi_gemm_job){m, k, n, dy, n, 1, w->data, w->stride[0], w->stride[1], 1, assign ? 0 : 1,
                                     x->grad, row_stride(x), x->stride[x->ndim - 1]};
     if (w->requires_grad && !lp) {
         const int64_t xr = row_stride(x), xc = x->stride[x->ndim - 1];
         cg_real *s = dw_scratch(t);
         if (dw_as_transpose(x, w)) /* dW^T[k,n] = X^T[k,m] @ dY[m,n] */
-            jobs[nj++] = (cgi_gemm_job){k, n, m, x->data, xc, xr, t->grad, n, 1, 1, s ? 0 : 1, s ? s : w->grad,
+            jobs[nj++] = (cgi_gemm_job){k, n, m, x->data, xc, xr, dy, n, 1, 1, s ? 0 : 1, s ? s : w->grad,
                                         s ? n : w->stride[1], s ? 1 : w->stride[0]};
         else /* dW[n,k] = dY^T[n,m] @ X[m,k] */
-            jobs[nj++] = (cgi_gemm_job){n, k, m, t->grad, 1, n, x->data, xr, xc, 1, s ? 0 : 1, s ? s : w->grad,
+            jobs[nj++] = (cgi_gemm_job){n, k, m, dy, 1, n, x->data, xr, xc, 1, s ? 0 : 1, s ? s : w->grad,
                                         s ? k : w->stride[0], s ? 1 : w->stride[1]};
     }
     if (nj == 2 && cgi_grads_alias(x, w)) {
@@ -649,5 +662,44 @@ void cgi_bwd_linear(cg_tensor *t) {
         add_transposed(w->grad, tr ? w->stride[0] : w->stride[1], tr ? w->stride[1] : w->stride[0], s, tr ? n : k,
                        tr ? k : n);
     }
-    if (bias && bias->requires_grad && !cgi_lp_on(t)) bias_grad(t, bias, m, n);
+    if (bias && bias->requires_grad && !lp_on) bias_grad(t, bias, m, n);
+}
+
+/* ---- linear_gelu: gelu(x @ w^T + bias), iarg[0] = 1 for GELU's tanh form ---- */
+
+/* The product goes to aux (beta 0: no bias fill before it, C never read) and one pass adds the bias
+ * and applies GELU; aux keeps the pre-bias product for backward, which writes the pre-activation
+ * gradient over it and sums the bias gradient in the same pass. Its products run in float in a
+ * bf16 graph too (the model zoo builds linear -> gelu there). */
+cg_tensor *cg_linear_gelu(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias, bool tanh_form) {
+    if (bias && bias->ndim == 1 && bias->stride[0] != 1) bias = cg_contiguous(g, bias);
+    if (w && w->root->lora_a) { /* LoRA adds its own path beside the product: the composite */
+        cg_tensor *y = cg_linear(g, x, w, bias);
+        return tanh_form ? cg_gelu_tanh(g, y) : cg_gelu(g, y);
+    }
+    cg_tensor *t = linear_node(g, CGI_OP_LINEAR_GELU, "linear_gelu", x, w, bias);
+    if (!t) return NULL;
+    t->iarg[0] = tanh_form;
+    t->aux_bytes = (size_t)cgi_numel(t->ndim, t->shape) * sizeof(cg_real);
+    return t;
+}
+
+cg_status cgi_fwd_linear_gelu(cg_tensor *t) {
+    cg_tensor *x = t->src[0], *w = t->src[1], *bias = t->nsrc > 2 ? t->src[2] : NULL;
+    const int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1];
+    cg_real *c = t->aux;
+    gemm(m, n, k, x->data, row_stride(x), x->stride[x->ndim - 1], w->data, w->stride[1], w->stride[0], 0, c, n, 1,
+         cgi_nthreads());
+    cgi_bias_gelu_fwd(c, bias ? bias->data : NULL, t->data, m, n, t->iarg[0] != 0);
+    return CG_OK;
+}
+
+void cgi_bwd_linear_gelu(cg_tensor *t) {
+    cg_tensor *x = t->src[0], *w = t->src[1], *bias = t->nsrc > 2 ? t->src[2] : NULL;
+    const int64_t m = rows_of(x), n = w->shape[0];
+    const bool db = bias && bias->requires_grad;
+    cg_real *dpre = t->aux; /* over the product, which backward no longer needs */
+    cgi_bias_gelu_bwd(dpre, bias ? bias->data : NULL, t->data, t->grad, m, n, t->iarg[0] != 0, db ? bias->grad : NULL,
+                      db ? t->bwd_aux : NULL);
+    linear_bwd(t, dpre, false);
 }

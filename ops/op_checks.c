@@ -202,6 +202,9 @@ static cg_tensor *mm_vec(ctx *c) { return cg_matmul(G, X2(1, 4), X2(4, 1)); }
 static cg_tensor *linear_bias(ctx *c) { return cg_linear(G, X3(2, 3, 4), X2(5, 4), X1(5)); }
 static cg_tensor *linear_nobias(ctx *c) { return cg_linear(G, X2(3, 4), X2(5, 4), NULL); }
 static cg_tensor *linear_view(ctx *c) { return cg_linear(G, T(X2(4, 3)), T(X2(4, 5)), X1(5)); }
+static cg_tensor *linear_gelu_bias(ctx *c) { return cg_linear_gelu(G, X3(2, 3, 4), X2(5, 4), X1(5), true); }
+static cg_tensor *linear_gelu_erf(ctx *c) { return cg_linear_gelu(G, X2(3, 4), X2(5, 4), NULL, false); }
+static cg_tensor *linear_gelu_view(ctx *c) { return cg_linear_gelu(G, T(X2(4, 3)), T(X2(4, 5)), X1(5), true); }
 /* softmax family */
 static cg_tensor *softmax_(ctx *c) { return cg_softmax(G, leaf(c, -2, 2, false, 2, 3, 6, 0, 0)); }
 static cg_tensor *softmax_view(ctx *c) { return cg_softmax(G, cg_transpose(G, X3(2, 5, 3), 1, 2)); }
@@ -462,6 +465,10 @@ static const check_case cases[] = {
     {"bce_with_logits", "[5,3]^T in [-30,30]", bce_view},
     {"linear_cross_entropy", "x[2,3,4] w[6,4] b[6] ignore", lce_basic},
     {"linear_cross_entropy", "x[4,5]^T w[4,7]^T", lce_view},
+    /* last, so the cases above keep their random inputs */
+    {"linear_gelu", "tanh [2,3,4] w[5,4] b[5]", linear_gelu_bias},
+    {"linear_gelu", "erf [3,4] w[5,4] no bias", linear_gelu_erf},
+    {"linear_gelu", "tanh [4,3]^T w[4,5]^T b[5]", linear_gelu_view},
 };
 
 int cg_gradcheck_ops(FILE *out, double tol, const char *filter) {

@@ -1,6 +1,6 @@
 /* Every fused op against its composite twin built from simpler ops, forward and backward with
  * respect to every real input: cross_entropy, layernorm, rmsnorm, swiglu, silu, masked_softmax,
- * linear. Both versions
+ * linear, linear_gelu. Both versions
  * get the same inputs (same seed) and the same upstream gradient R (loss = sum(out * R)). */
 #include <math.h>
 #include <stdlib.h>
@@ -430,6 +430,42 @@ static void test_linear(void) {
     compare("linear, x rows of 1024, column-major weight (dW^T in place)", lin_build, &i);
 }
 
+/* ---- linear_gelu: against gelu(linear(...)), the model zoo's composite ---- */
+
+typedef struct {
+    lin_arg lin;
+    bool tanh_form;
+} lg_arg;
+
+static cg_tensor *lg_build(bctx *c, bool fused) {
+    const lg_arg *a = c->arg;
+    const int64_t in = a->lin.shape[a->lin.nd - 1];
+    cg_tensor *w = a->lin.conv1d ? leaf(c, "w", 2, S(in, a->lin.out), -1, 1, a->lin.params)
+                                 : leaf(c, "w", 2, S(a->lin.out, in), -1, 1, a->lin.params);
+    cg_tensor *b = a->lin.bias ? leaf(c, "b", 1, &a->lin.out, -1, 1, a->lin.params) : NULL;
+    if (a->lin.conv1d) w = cg_transpose(c->g, w, 0, 1);
+    cg_tensor *x = leaf(c, "x", a->lin.nd, a->lin.shape, -1, 1, false);
+    if (fused) return cg_linear_gelu(c->g, x, w, b, a->tanh_form);
+    cg_tensor *y = cg_linear(c->g, x, w, b);
+    return a->tanh_form ? cg_gelu_tanh(c->g, y) : cg_gelu(c->g, y);
+}
+
+static void test_linear_gelu(void) {
+    lg_arg a = {{4, {2, 3, 5, 7}, 4, true, false, false, false}, true};
+    compare("linear_gelu tanh [2,3,5,7] -> 4 with bias", lg_build, &a);
+    lg_arg b = {{3, {2, 5, 8}, 6, true, false, true, false}, false};
+    compare("linear_gelu erf [2,5,8] -> 6, parameters", lg_build, &b);
+    lg_arg d = {{2, {9, 5}, 3, false, false, false, false}, true};
+    compare("linear_gelu [9,5] -> 3 no bias", lg_build, &d);
+    lg_arg f = {{2, {6, 9}, 5, true, false, true, true}, true};
+    compare("linear_gelu, column-major weight (GPT-2's Conv1D)", lg_build, &f);
+    /* enough rows and columns for several bias-sum blocks and both threads */
+    lg_arg h = {{3, {4, 64, 32}, 96, true, false, true, true}, true};
+    compare("linear_gelu [4,64,32] -> 96, Conv1D weight", lg_build, &h);
+    lg_arg i = {{2, {6, 1024}, 5, true, false, true, false}, false};
+    compare("linear_gelu, x rows of 1024 (dW^T through scratch)", lg_build, &i);
+}
+
 int main(void) {
     test_cross_entropy();
     test_layernorm();
@@ -438,5 +474,6 @@ int main(void) {
     test_losses();
     test_masked_softmax();
     test_linear();
+    test_linear_gelu();
     TEST_END();
 }
