@@ -272,7 +272,8 @@ static inline void cgi_iter_row(const cgi_iter *it, int64_t r, int64_t *off) {
  * (ops/matmul.c). */
 void cgi_gemm(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, int64_t csa, const cg_real *b,
               int64_t rsb, int64_t csb, cg_real alpha, cg_real beta, cg_real *c, int64_t rsc, int64_t csc, int threads);
-/* One product for cgi_gemm_many: C[m,n] = alpha A[m,k] B[k,n] + beta C. */
+/* One product for cgi_gemm_many: C[m,n] = alpha A[m,k] B[k,n] + beta C, or, with a bias (a row
+ * of n, stride bias_stride), alpha A B + the bias on every row (beta unused). */
 typedef struct {
     int64_t m, n, k;
     const cg_real *a;
@@ -282,6 +283,8 @@ typedef struct {
     cg_real alpha, beta;
     cg_real *c;
     int64_t rsc, csc;
+    const cg_real *bias;
+    int64_t bias_stride;
 } cgi_gemm_job;
 /* Independent products (no C shared) side by side on up to `threads` threads, each cut into
  * pieces the threads share: one team, no barrier but the last. */

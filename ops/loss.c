@@ -277,10 +277,10 @@ void cgi_bwd_linear_cross_entropy(cg_tensor *t) {
         /* dX lands in scratch and is scattered after both, so the two never share output, even
          * when x's and w's gradients alias */
         if (x->requires_grad && !done) /* dx rows = dlogits @ W, gathered; scattered back below */
-            jobs[nj++] = (cgi_gemm_job){m, c.d, c.v, c.logits, c.v, 1, c.W, c.wr, c.wc, 1, 0, c.dxs, c.d, 1};
+            jobs[nj++] = (cgi_gemm_job){m, c.d, c.v, c.logits, c.v, 1, c.W, c.wr, c.wc, 1, 0, c.dxs, c.d, 1, NULL, 0};
         if (w->requires_grad && !done) /* dW += dlogits^T @ xs */
             jobs[nj++] = (cgi_gemm_job){c.v, c.d, m, c.logits, 1, c.v, c.xs, c.d, 1, 1, 1, w->grad, w->stride[0],
-                                        w->stride[1]};
+                                        w->stride[1], NULL, 0};
         cgi_gemm_many(jobs, nj, nt);
         if (x->requires_grad)
             for (int64_t i = 0; i < m; i++) {

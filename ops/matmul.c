@@ -11,15 +11,22 @@
 #include "ops/ops.h"
 
 static void blis_ready(void);
+static bool gemm_blocked(const cgi_gemm_job *j);
 
-/* C[m,n] = alpha * A[m,k] @ B[k,n] + beta * C on the calling thread, all general-strided.
- * A single row or column goes to gemv: gemm would pack the whole other operand for one vector
- * (token-by-token generation is all such products). */
+/* C[m,n] = alpha * A[m,k] @ B[k,n] + beta * C (or + bias) on the calling thread, all
+ * general-strided. A single row or column goes to gemv: gemm would pack the whole other operand
+ * for one vector (token-by-token generation is all such products). */
 static void gemm1(const cgi_gemm_job *j) {
     int64_t m = j->m, n = j->n, k = j->k, rsa = j->rsa, csa = j->csa, rsb = j->rsb, csb = j->csb;
     cg_real alpha = j->alpha, beta = j->beta, *c = j->c;
     const int64_t rsc = j->rsc, csc = j->csc;
     if (m == 0 || n == 0) return;
+    if (gemm_blocked(j)) return;
+    if (j->bias) { /* C = bias, then C += A B */
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t jj = 0; jj < n; jj++) c[i * rsc + jj * csc] = j->bias[jj * j->bias_stride];
+        beta = 1;
+    }
     if (k == 0) { /* an empty sum: C = beta * C */
         for (int64_t i = 0; i < m; i++)
             for (int64_t jj = 0; jj < n; jj++) c[i * rsc + jj * csc] = beta == 0 ? 0 : beta * c[i * rsc + jj * csc];
@@ -104,6 +111,7 @@ static void run_piece(const cgi_gemm_job *jobs, const piece *pc) {
     } else {
         j.b += pc->lo * j.csb;
         j.c += pc->lo * j.csc;
+        if (j.bias) j.bias += pc->lo * j.bias_stride;
         j.n = pc->hi - pc->lo;
     }
     gemm1(&j);
@@ -143,7 +151,7 @@ void cgi_gemm_many(const cgi_gemm_job *jobs, int njobs, int threads) {
 
 void cgi_gemm(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, int64_t csa, const cg_real *b,
               int64_t rsb, int64_t csb, cg_real alpha, cg_real beta, cg_real *c, int64_t rsc, int64_t csc, int threads) {
-    const cgi_gemm_job j = {m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, c, rsc, csc};
+    const cgi_gemm_job j = {m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, c, rsc, csc, NULL, 0};
     cgi_gemm_many(&j, 1, threads);
 }
 
@@ -365,6 +373,106 @@ void cgi_ukr_gemm(const cgi_ukr *u, int64_t m, int64_t n, int64_t k, cg_real alp
     }
 }
 
+/* ---- BLIS's blocking, cgrad's packs ---- */
+
+/* A product BLIS would run with a column-preferring micro-kernel on row-major C (skx's 32 x 12,
+ * every linear here) packs the operand along C's rows into 32-wide panels. BLIS 0.9 has no
+ * packing-kernel id for width 32, so it packs them with its generic scal2m, one strided element
+ * at a time: for a linear's forward that is the weight, a transpose, at some 2 ns an element
+ * (4% of an encdec-base step). This driver keeps BLIS's loops and its micro-kernel, packs with
+ * cgi_ukr's register transposes, and starts a bias-initialised C strip by strip while the strip
+ * is in cache instead of filling the whole of C first. */
+enum { BLK_KC = 512, BLK_NC = 480, BLK_MC = 3072 }; /* at most: depth per pass, C columns per packed B block, C rows per packed A */
+
+typedef struct {
+    cg_real *p;
+    size_t n;
+} pack_buf;
+static _Thread_local pack_buf pack_a_buf, pack_b_buf; /* grown once per thread, then reused */
+
+static cg_real *pack_buf_get(pack_buf *b, size_t n) {
+    if (b->n >= n) return b->p;
+    free(b->p);
+    b->p = aligned_alloc(64, (n * sizeof(cg_real) + 63) / 64 * 64);
+    b->n = b->p ? n : 0;
+    return b->p;
+}
+
+static cgi_ukr blk_ukr;
+static bool blk_on;
+static void blk_init(void) {
+    cgi_ukr_init(&blk_ukr);
+    const char *off = getenv("CGRAD_GEMM_BLIS"); /* set: BLIS's own driver for every product, for comparisons */
+#ifdef CGI_PACK12
+    blk_on = blk_ukr.swap && fast_transpose && !(off && *off);
+#else
+    (void)off;
+    blk_on = false;
+#endif
+}
+static pthread_once_t blk_once = PTHREAD_ONCE_INIT;
+
+/* C[m, nb] (rows rsc, columns contiguous) = alpha A B + beta C, or the bias then + A B, from
+ * packed A (12-row panels) and B (32-column panels) of depth kc. */
+static void blk_macro(const cgi_ukr *u, int64_t m, int64_t nb, int64_t kc, cg_real alpha, const cg_real *ap,
+                      const cg_real *bp, cg_real beta, const cg_real *bias, int64_t bs, cg_real *c, int64_t rsc) {
+    const ukr_fn kernel = (ukr_fn)u->kernel;
+    auxinfo_t aux;
+    memset(&aux, 0, sizeof aux);
+    const cg_real zero = 0;
+    for (int64_t i = 0; i < m; i += u->mr) { /* one A panel stays in L1 while the B panels stream past */
+        const int64_t mi = m - i < u->mr ? m - i : u->mr;
+        const cg_real *a_p = ap + i / u->mr * u->pmr * kc;
+        cg_real *cr = c + i * rsc;
+        for (int64_t jj = 0; jj < nb; jj += u->nr) {
+            const cg_real *b_p = bp + jj / u->nr * u->pnr * kc;
+            bli_auxinfo_set_next_a((void *)(b_p + u->pnr * kc), &aux);
+            bli_auxinfo_set_next_b((void *)a_p, &aux);
+            kernel(nb - jj < u->nr ? nb - jj : u->nr, mi, kc, &alpha, (cg_real *)b_p, (cg_real *)a_p,
+                   bias ? (cg_real *)&zero : &beta, cr + jj, 1, rsc, &aux, (cntx_t *)u->cntx);
+        }
+        if (bias) { /* the strip is still in cache */
+            if (bs == 1)
+                for (int64_t r = 0; r < mi; r++)
+                    for (int64_t jj = 0; jj < nb; jj++) cr[r * rsc + jj] += bias[jj];
+            else
+                for (int64_t r = 0; r < mi; r++)
+                    for (int64_t jj = 0; jj < nb; jj++) cr[r * rsc + jj] += bias[jj * bs];
+        }
+    }
+}
+
+/* Runs j through the driver above where it applies (see blk_init; C row-major, no dimension
+ * below 32); false: the caller runs BLIS. */
+static bool gemm_blocked(const cgi_gemm_job *j) {
+    pthread_once(&blk_once, blk_init);
+    if (!blk_on || j->csc != 1 || j->m < 32 || j->n < 32 || j->k < 32) return false;
+    const cgi_ukr *u = &blk_ukr;
+    const int64_t m = j->m, n = j->n, k = j->k;
+    /* pass and block sizes balanced, so no thin remainder pass or block */
+    const int64_t passes = (k + BLK_KC - 1) / BLK_KC, kc0 = (k + passes - 1) / passes;
+    const int64_t nblk = (n + BLK_NC - 1) / BLK_NC, nc0 = ((n + nblk - 1) / nblk + u->nr - 1) / u->nr * u->nr;
+    const int64_t mblk = (m + BLK_MC - 1) / BLK_MC, mc0 = ((m + mblk - 1) / mblk + u->mr - 1) / u->mr * u->mr;
+    cg_real *ap = pack_buf_get(&pack_a_buf, cgi_ukr_packed_a(u, m < mc0 ? m : mc0, kc0));
+    cg_real *bp = pack_buf_get(&pack_b_buf, cgi_ukr_packed_b(u, kc0, n < nc0 ? n : nc0));
+    if (!ap || !bp) return false;
+    for (int64_t jc = 0; jc < m; jc += mc0) {
+        const int64_t mc = m - jc < mc0 ? m - jc : mc0;
+        for (int64_t pc = 0; pc < k; pc += kc0) {
+            const int64_t kc = k - pc < kc0 ? k - pc : kc0;
+            cgi_ukr_pack_a(u, mc, kc, j->a + jc * j->rsa + pc * j->csa, j->rsa, j->csa, ap);
+            for (int64_t ic = 0; ic < n; ic += nc0) {
+                const int64_t nb = n - ic < nc0 ? n - ic : nc0;
+                cgi_ukr_pack_b(u, kc, nb, j->b + pc * j->rsb + ic * j->csb, j->rsb, j->csb, bp);
+                blk_macro(u, mc, nb, kc, j->alpha, ap, bp, pc == 0 ? j->beta : 1,
+                          pc == 0 && j->bias ? j->bias + ic * j->bias_stride : NULL, j->bias_stride,
+                          j->c + jc * j->rsc + ic, j->rsc);
+            }
+        }
+    }
+    return true;
+}
+
 static void gemm(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, int64_t csa, const cg_real *b,
                  int64_t rsb, int64_t csb, cg_real beta, cg_real *c, int64_t rsc, int64_t csc, int threads) {
     cgi_gemm(m, n, k, a, rsa, csa, b, rsb, csb, 1, beta, c, rsc, csc, threads);
@@ -579,16 +687,20 @@ cg_status cgi_fwd_linear(cg_tensor *t) {
     cg_tensor *x = t->src[0], *w = t->src[1], *bias = t->nsrc > 2 ? t->src[2] : NULL;
     int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1];
     cg_real *c = t->data;
-    if (bias) {
-        const cg_real *bv = bias->data;
-        int64_t bs = bias->stride[0];
+    if (cgi_lp_on(t)) {
+        if (bias) {
+            const cg_real *bv = bias->data;
+            int64_t bs = bias->stride[0];
 #pragma omp parallel for schedule(static) if (m * n > CGI_PAR_MIN) num_threads(cgi_nthreads())
-        for (int64_t i = 0; i < m; i++)
-            for (int64_t j = 0; j < n; j++) c[i * n + j] = bv[j * bs];
+            for (int64_t i = 0; i < m; i++)
+                for (int64_t j = 0; j < n; j++) c[i * n + j] = bv[j * bs];
+        }
+        if (cgi_lp_linear_fwd(t, bias != NULL)) return CG_OK;
     }
-    if (cgi_lp_on(t) && cgi_lp_linear_fwd(t, bias != NULL)) return CG_OK;
-    gemm(m, n, k, x->data, row_stride(x), x->stride[x->ndim - 1], w->data, w->stride[1], w->stride[0],
-         bias ? 1 : 0, c, n, 1, cgi_nthreads());
+    /* the bias goes in with the product, piece by piece (see gemm_blocked) */
+    const cgi_gemm_job j = {m, n, k, x->data, row_stride(x), x->stride[x->ndim - 1], w->data, w->stride[1], w->stride[0],
+                            1, 0, c, n, 1, bias ? bias->data : NULL, bias ? bias->stride[0] : 0};
+    cgi_gemm_many(&j, 1, cgi_nthreads());
     return CG_OK;
 }
 
@@ -641,16 +753,16 @@ static void linear_bwd(cg_tensor *t, const cg_real *dy, bool with_bias) {
     int nj = 0;
     if (x->requires_grad && !lp) /* dX[m,k] += dY[m,n] @ W[n,k] */
         jobs[nj++] = (cgi_gemm_job){m, k, n, dy, n, 1, w->data, w->stride[0], w->stride[1], 1, assign ? 0 : 1,
-                                    x->grad, row_stride(x), x->stride[x->ndim - 1]};
+                                    x->grad, row_stride(x), x->stride[x->ndim - 1], NULL, 0};
     if (w->requires_grad && !lp) {
         const int64_t xr = row_stride(x), xc = x->stride[x->ndim - 1];
         cg_real *s = dw_scratch(t);
         if (dw_as_transpose(x, w)) /* dW^T[k,n] = X^T[k,m] @ dY[m,n] */
             jobs[nj++] = (cgi_gemm_job){k, n, m, x->data, xc, xr, dy, n, 1, 1, s ? 0 : 1, s ? s : w->grad,
-                                        s ? n : w->stride[1], s ? 1 : w->stride[0]};
+                                        s ? n : w->stride[1], s ? 1 : w->stride[0], NULL, 0};
         else /* dW[n,k] = dY^T[n,m] @ X[m,k] */
             jobs[nj++] = (cgi_gemm_job){n, k, m, dy, 1, n, x->data, xr, xc, 1, s ? 0 : 1, s ? s : w->grad,
-                                        s ? k : w->stride[0], s ? 1 : w->stride[1]};
+                                        s ? k : w->stride[0], s ? 1 : w->stride[1], NULL, 0};
     }
     if (nj == 2 && cgi_grads_alias(x, w)) {
         cgi_gemm_many(&jobs[0], 1, nt);

@@ -79,7 +79,7 @@ static void test_pieces(void) {
         for (int64_t i = 0; i < m * n; i++) c0[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
         for (int tr = 0; tr < 2; tr++) {
             /* tr: B read through a transpose (column strides), C written by columns */
-            cgi_gemm_job j = {m, n, k, a, k, 1, b, tr ? 1 : n, tr ? k : 1, 0.5, 1, c, tr ? 1 : n, tr ? m : 1};
+            cgi_gemm_job j = {m, n, k, a, k, 1, b, tr ? 1 : n, tr ? k : 1, 0.5, 1, c, tr ? 1 : n, tr ? m : 1, NULL, 0};
             cgi_gemm_job ref = j;
             ref.c = c1;
             memcpy(c1, c0, sizeof(cg_real) * (size_t)(m * n));
@@ -104,7 +104,7 @@ static void test_pieces(void) {
     for (int64_t i = 0; i < m * k; i++) x[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
     for (int64_t i = 0; i < n * k; i++) w[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
     for (int64_t i = 0; i < m * n; i++) dy[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
-    cgi_gemm_job jobs[2] = {{m, k, n, dy, n, 1, w, k, 1, 1, 0, dx, k, 1}, {n, k, m, dy, 1, n, x, k, 1, 1, 0, dw, k, 1}};
+    cgi_gemm_job jobs[2] = {{m, k, n, dy, n, 1, w, k, 1, 1, 0, dx, k, 1, NULL, 0}, {n, k, m, dy, 1, n, x, k, 1, 1, 0, dw, k, 1, NULL, 0}};
     cgi_gemm_job refs[2] = {jobs[0], jobs[1]};
     refs[0].c = rx, refs[1].c = rw;
     naive(&refs[0], rx);
@@ -115,6 +115,43 @@ static void test_pieces(void) {
     for (int64_t i = 0; i < n * k; i++) worst = fmax(worst, fabs((double)dw[i] - (double)rw[i]));
     CHECK(worst < 1e-4, "two jobs on 3 threads: max error %g", worst);
     free(x), free(w), free(dy), free(dx), free(dw), free(rx), free(rw);
+}
+
+/* Products through cgrad's blocked driver (ops/matmul.c): several depth passes (k > 512), several
+ * packed B blocks (n > 480, ragged), several A blocks (m > 3072), and a bias row (strides 1 and
+ * 3) in place of beta, on 1 and 2 threads, against the triple loop. */
+static void test_blocked(void) {
+    static const int64_t shapes[][3] = {{3100, 70, 1030}, {100, 1000, 600}, {45, 515, 97}};
+    cg_rng r;
+    cg_rng_seed(&r, 5);
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+        cg_real *a = malloc(sizeof(cg_real) * (size_t)(m * k)), *b = malloc(sizeof(cg_real) * (size_t)(k * n)),
+                *bias = malloc(sizeof(cg_real) * (size_t)(3 * n)), *c = malloc(sizeof(cg_real) * (size_t)(m * n)),
+                *want = malloc(sizeof(cg_real) * (size_t)(m * n));
+        for (int64_t i = 0; i < m * k; i++) a[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
+        for (int64_t i = 0; i < k * n; i++) b[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
+        for (int64_t i = 0; i < 3 * n; i++) bias[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
+        for (int bs = 0; bs <= 3; bs += 3) { /* no bias, then a bias read with stride 3 */
+            /* B as a linear's weight [n, k] seen transposed */
+            cgi_gemm_job j = {m, n, k, a, k, 1, b, 1, k, 0.75, 0, c, n, 1, bs ? bias : NULL, bs};
+            cgi_gemm_job ref = j;
+            ref.c = want;
+            naive(&ref, want);
+            if (bs)
+                for (int64_t i = 0; i < m; i++)
+                    for (int64_t q = 0; q < n; q++) want[i * n + q] += bias[q * bs];
+            for (int th = 1; th <= 2; th++) {
+                for (int64_t i = 0; i < m * n; i++) c[i] = NAN; /* beta 0 and the bias never read C */
+                cgi_gemm_many(&j, 1, th);
+                double worst = 0;
+                for (int64_t i = 0; i < m * n; i++) worst = fmax(worst, fabs((double)c[i] - (double)want[i]));
+                CHECK(worst < 1e-4, "[%lld,%lld,%lld] bias stride %d on %d threads: max error %g", (long long)m,
+                      (long long)n, (long long)k, bs, th, worst);
+            }
+        }
+        free(a), free(b), free(bias), free(c), free(want);
+    }
 }
 
 /* BLIS's 12-wide float packing kernel as cgrad installs it (ops/matmul.c, a register transpose
@@ -185,6 +222,7 @@ int main(void) {
     test_pick_rule();
     test_kernels_in_use();
     test_pieces();
+    test_blocked();
     test_pack12();
     test_ukr_pack();
     TEST_END();
