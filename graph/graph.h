@@ -92,6 +92,10 @@ const char *cg_dims_str(int ndim, const int64_t *shape);
 void cg_set_threads(int n);
 /* Threads kernels use now. */
 int cg_threads(void);
+/* Runs body(ctx) with every thread held in one team across the graph runs it makes (a loop of small
+ * runs, such as token-by-token generation): thread 0 runs the graphs, the others share their
+ * products and wait in between, resting when that measures slower. Returns body's status. */
+cg_status cg_run_with_team(cg_status (*body)(void *ctx), void *ctx);
 /* BLIS's kernel set in use ("skx", "haswell", "zen3", ...); cgrad picks it from the CPU's features
  * before BLIS's first use unless BLIS_ARCH_TYPE is set. Static storage. */
 const char *cg_blas_kernels(void);

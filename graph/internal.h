@@ -219,6 +219,22 @@ int cgi_run_begin(int threads);
 void cgi_run_end(int was);
 /* Estimated multiply-adds (or element operations) of one forward of g's compute nodes. */
 double cgi_graph_work(const cg_graph *g);
+/* True on the thread running cg_run_with_team's body: its products are cut into team pieces. */
+bool cgi_team_on(void);
+/* fn(ctx, 0 .. pieces-1), shared with the team's helpers when they are awake; returns when all are done. */
+void cgi_team_pieces(void (*fn)(void *ctx, int piece), void *ctx, int pieces);
+/* Around each graph run inside a team: the guard times it per unit of work (graph/team.c). */
+void cgi_team_run_begin(void);
+void cgi_team_run_end(double work);
+/* The guard's modes (CGRAD_TEAM_GUARD=auto|on|off|fallback): measure; helpers always; never; and
+ * measure but always judge the helpers slower (to test the fallback). */
+enum { CGI_TEAM_GUARD_AUTO, CGI_TEAM_GUARD_ON, CGI_TEAM_GUARD_OFF, CGI_TEAM_GUARD_FALLBACK };
+void cgi_team_set_guard(int mode);
+typedef struct {
+    long long runs_with_helpers, runs_without, helper_pieces, stalls;
+} cgi_team_counts;
+/* Counts since the process began, for tests and the bench. */
+void cgi_team_stats(cgi_team_counts *c);
 /* Chooses BLIS's kernel set (graph/kernels.c) once; call before BLIS's first use. */
 void cgi_blis_init(void);
 enum { CGI_CPU_AVX2_FMA = 1, CGI_CPU_AVX512 = 2, CGI_CPU_AMD = 4 };

@@ -451,6 +451,7 @@ cg_status cgi_plan(cg_graph *g) {
     for (int64_t i = 0; i < n; i++)
         if (g->nodes[i]->grad_in_value) g->nodes[i]->grad = g->nodes[i]->data;
 
+    g->work = cgi_graph_work(g); /* with the plan, once: each run's thread decision reads it */
     g->planned = true;
 done:
     free(consumers);

@@ -178,6 +178,39 @@ cg_tensor *cg_kv_cache_extend(cg_graph *g, cg_kv_cache *c, int64_t layer, bool v
     return cg_append_into(g, cg_wrap(g, "kv_cache", CG_REAL, 4, s, st, store), c->len, fresh, 2);
 }
 
+typedef struct {
+    cg_decoder_forward fwd;
+    const void *model;
+    cg_graph *g;
+    cg_kv_cache *kc;
+    const cg_sampling *s;
+    int32_t *out;
+    int64_t n_prompt, total, v;
+    bool use_cache;
+    cg_rng r;
+} gen_loop;
+
+static cg_status gen_steps(void *ctx) {
+    gen_loop *L = ctx;
+    cg_graph *g = L->g;
+    cg_kv_cache *kc = L->use_cache ? L->kc : NULL;
+    cg_status st = CG_OK;
+    for (int64_t n = L->n_prompt; !st && n < L->total; n++) {
+        cg_graph_reset(g);
+        /* With the cache, the first step feeds the whole prompt and later steps one token. */
+        const int64_t from = kc ? kc->len : 0, t = n - from;
+        cg_tensor *ids = cg_input(g, "ids", CG_INT32, 2, (int64_t[]){1, t});
+        if (ids) memcpy(cg_idata(ids), L->out + from, (size_t)t * sizeof(int32_t));
+        cg_tensor *logits = L->fwd(g, L->model, ids, kc);
+        if (!logits) return CG_ERR_SHAPE;
+        st = cg_graph_forward(g);
+        if (st) break;
+        if (kc) kc->len += t; /* forward wrote this step's keys and values into the cache */
+        L->out[n] = cg_sample(cg_data(logits) + (t - 1) * L->v, L->v, L->s, &L->r);
+    }
+    return st;
+}
+
 cg_status cg_decoder_generate(cg_decoder_forward fwd, const void *model, const cg_decoder_info *info,
                               const int32_t *prompt, int64_t n_prompt, int64_t n_new, const cg_sampling *s,
                               uint64_t seed, bool use_cache, int32_t *out) {
@@ -202,24 +235,11 @@ cg_status cg_decoder_generate(cg_decoder_forward fwd, const void *model, const c
         kc.v = malloc(per * sizeof(cg_real));
         if (!kc.k || !kc.v) st = cg_set_error(CG_ERR_NOMEM, "[%s] out of memory", what);
     }
-    cg_rng r;
-    cg_rng_seed(&r, seed);
-    for (int64_t n = n_prompt; !st && n < total; n++) {
-        cg_graph_reset(g);
-        /* With the cache, the first step feeds the whole prompt and later steps one token. */
-        const int64_t from = use_cache ? kc.len : 0, t = n - from;
-        cg_tensor *ids = cg_input(g, "ids", CG_INT32, 2, (int64_t[]){1, t});
-        if (ids) memcpy(cg_idata(ids), out + from, (size_t)t * sizeof(int32_t));
-        cg_tensor *logits = fwd(g, model, ids, use_cache ? &kc : NULL);
-        if (!logits) {
-            st = CG_ERR_SHAPE;
-            break;
-        }
-        st = cg_graph_forward(g);
-        if (st) break;
-        if (use_cache) kc.len += t; /* forward wrote this step's keys and values into the cache */
-        out[n] = cg_sample(cg_data(logits) + (t - 1) * v, v, s, &r);
-    }
+    gen_loop L = {.fwd = fwd, .model = model, .g = g, .kc = &kc, .s = s, .out = out, .n_prompt = n_prompt,
+                  .total = total, .v = v, .use_cache = use_cache};
+    cg_rng_seed(&L.r, seed);
+    /* one thread team for the whole loop: a token is too small a run to wake threads for */
+    if (!st) st = cg_run_with_team(gen_steps, &L);
     free(kc.k);
     free(kc.v);
     cg_graph_free(g);

@@ -91,12 +91,17 @@ static bool cut_rows(const cgi_gemm_job *j) { return j->m >= j->n; }
 /* How many pieces job j can be cut into: at most want, each with at least 2^23 multiply-adds (a
  * matrix-vector product: 2^16) and 32 rows or columns (vector: 256 elements). A [64, 256] x
  * [256, 768] product (12.6M) took as long on two threads as on one here, a [128, 256] one 1.28x
- * less: below some 8M a piece, packing and waking the other thread eat the gain. */
-static int pieces_of(const cgi_gemm_job *j, int want) {
+ * less: below some 8M a piece, packing and waking the other thread eat the gain. A team's helpers
+ * (graph/team.c) are awake already: there a vector piece of 64 outputs (2^15 multiply-adds, 128 kB
+ * of gpt-tiny's weights, ~5 us) pays. A team cuts no other product: uncached generation steps
+ * (16-216 rows) lost 8% on one thread to pieces of 2^23 and gained nothing on two. */
+static int pieces_of(const cgi_gemm_job *j, int want, bool team) {
     const int64_t len = cut_rows(j) ? j->m : j->n;
     const bool vec = j->m == 1 || j->n == 1;
-    const double work = (double)j->m * (double)j->n * (double)j->k, min_work = vec ? 1 << 16 : 1 << 23;
-    const int64_t min_len = vec ? 256 : 32;
+    if (team && !vec) return 1;
+    const double work = (double)j->m * (double)j->n * (double)j->k;
+    const double min_work = vec ? (team ? 1 << 15 : 1 << 16) : 1 << 23;
+    const int64_t min_len = vec ? (team ? 64 : 256) : 32;
     int p = want;
     while (p > 1 && (work / p < min_work || len / p < min_len)) p--;
     return p;
@@ -117,9 +122,25 @@ static void run_piece(const cgi_gemm_job *jobs, const piece *pc) {
     gemm1(&j);
 }
 
+typedef struct {
+    const cgi_gemm_job *jobs;
+    const piece *pcs;
+} team_task;
+
+static void run_team_piece(void *ctx, int q) {
+    const team_task *t = ctx;
+    run_piece(t->jobs, &t->pcs[q]);
+}
+
+enum { TEAM_PIECES = 16 }; /* a job's pieces inside a team, at most */
+
 void cgi_gemm_many(const cgi_gemm_job *jobs, int njobs, int threads) {
     blis_ready();
-    if (threads > 1 && omp_in_parallel()) threads = 1; /* never nest a team inside a team */
+    /* Inside a team the cut depends on the job alone, never on who is awake to share it: pieces
+     * of a product can round differently from the whole (BLIS picks its path by size), so this
+     * keeps tokens bit-identical at any thread count and whether the guard rests the helpers. */
+    const bool team = cgi_team_on();
+    if (team || (threads > 1 && omp_in_parallel())) threads = 1; /* never nest a team inside a team */
     double total = 0;
     for (int i = 0; i < njobs; i++) total += (double)jobs[i].m * (double)jobs[i].n * (double)jobs[i].k;
     piece pcs[MAX_PIECES];
@@ -129,10 +150,10 @@ void cgi_gemm_many(const cgi_gemm_job *jobs, int njobs, int threads) {
         if (j->m == 0 || j->n == 0) continue;
         /* two pieces per thread over all jobs, shared by work */
         const double share = total > 0 ? (double)j->m * (double)j->n * (double)j->k / total : 1;
-        int want = threads > 1 ? (int)(2 * threads * share + 0.5) : 1;
+        int want = team ? TEAM_PIECES : threads > 1 ? (int)(2 * threads * share + 0.5) : 1;
         if (want < 1) want = 1;
         if (want > MAX_PIECES - np - (njobs - 1 - i)) want = MAX_PIECES - np - (njobs - 1 - i);
-        const int p = pieces_of(j, want);
+        const int p = pieces_of(j, want, team);
         const int64_t len = cut_rows(j) ? j->m : j->n;
         for (int q = 0; q < p; q++) {
             /* cut on multiples of 32 so each piece keeps whole micro-tiles */
@@ -140,6 +161,11 @@ void cgi_gemm_many(const cgi_gemm_job *jobs, int njobs, int threads) {
             if (p > 1 && len < 32 * p) lo = len * q / p, hi = len * (q + 1) / p;
             if (hi > lo) pcs[np++] = (piece){i, lo, hi};
         }
+    }
+    if (team) {
+        const team_task task = {jobs, pcs};
+        cgi_team_pieces(run_team_piece, (void *)&task, np);
+        return;
     }
     if (np == 1 || threads <= 1) {
         for (int q = 0; q < np; q++) run_piece(jobs, &pcs[q]);

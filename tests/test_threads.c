@@ -4,7 +4,10 @@
  * a larger run uses every thread; outside a run the count is the user's again. The work estimate
  * is checked against hand-counted multiply-adds. */
 #include <omp.h>
+#include <stdatomic.h>
+#include <math.h>
 #include <stdio.h>
+#include <string.h>
 #include <stdlib.h>
 
 #include "../cgrad.h"
@@ -88,10 +91,171 @@ static void test_small_runs_stay_on_one_thread(void) {
     cg_set_threads(0);
 }
 
+/* ---- the team (graph/team.c): products shared across small runs ---- */
+
+typedef struct {
+    cg_tensor *w[3];
+    cg_real *y; /* the last run's output, copied out */
+    int runs;
+} chain;
+
+/* `runs` graph runs of one token through three gpt-tiny-sized linears (768, 1024 and 256 outputs),
+ * the way a generation step streams its weights; the last output is kept. */
+static cg_status chain_runs(void *ctx) {
+    chain *c = ctx;
+    cg_graph *g = cg_graph_new(CG_EVAL);
+    cg_status st = CG_OK;
+    for (int r = 0; r < c->runs && !st; r++) {
+        cg_graph_reset(g);
+        cg_tensor *x = cg_input(g, "x", CG_REAL, 2, S(1, 256));
+        for (int i = 0; i < 256; i++) cg_data(x)[i] = (cg_real)sin(0.37 * i + r);
+        cg_tensor *h = cg_gelu_tanh(g, cg_linear(g, x, c->w[0], NULL)); /* [1, 768] */
+        h = cg_linear(g, cg_slice(g, h, 1, 0, 256), c->w[1], NULL);    /* [1, 1024] */
+        h = cg_linear(g, h, c->w[2], NULL);                              /* [1, 256] */
+        if (!h || (st = cg_graph_forward(g))) break;
+        memcpy(c->y, cg_data(h), 256 * sizeof(cg_real));
+    }
+    cg_graph_free(g);
+    return st ? st : g ? CG_OK : CG_ERR_NOMEM;
+}
+
+/* cgi_team_pieces on its own: every piece runs exactly once and is done when the call returns,
+ * even when the helper that took it is slow (200 us a piece, against 20 on thread 0). */
+typedef struct {
+    _Atomic int count[8];
+    _Atomic int by_helpers;
+    int bad;
+} piece_log;
+
+static void busy(double seconds) {
+    for (const double t0 = omp_get_wtime(); omp_get_wtime() - t0 < seconds;) {
+    }
+}
+
+static void log_piece(void *ctx, int q) {
+    piece_log *l = ctx;
+    const bool helper = omp_get_thread_num() != 0;
+    busy(helper ? 200e-6 : 20e-6);
+    if (helper) atomic_fetch_add(&l->by_helpers, 1);
+    atomic_fetch_add(&l->count[q], 1);
+}
+
+static cg_status pieces_tasks(void *ctx) {
+    piece_log *l = ctx;
+    for (int task = 0; task < 40; task++) {
+        for (int q = 0; q < 8; q++) atomic_store(&l->count[q], 0);
+        cgi_team_pieces(log_piece, l, 8);
+        for (int q = 0; q < 8; q++)
+            if (atomic_load(&l->count[q]) != 1) l->bad++;
+        busy(20e-6); /* the graph's other ops */
+    }
+    return CG_OK;
+}
+
+static void test_team_pieces(void) {
+    cgi_team_set_guard(CGI_TEAM_GUARD_ON);
+    cg_set_threads(2);
+    piece_log l = {.bad = 0};
+    for (int attempt = 0; attempt < 100 && !atomic_load(&l.by_helpers); attempt++)
+        CHECK(cg_run_with_team(pieces_tasks, &l) == CG_OK, "%s", cg_last_error());
+    CHECK(l.bad == 0, "%d pieces were not done exactly once when cgi_team_pieces returned", l.bad);
+    CHECK(atomic_load(&l.by_helpers) > 0, "the helper took no piece in 100 spans");
+    cgi_team_set_guard(CGI_TEAM_GUARD_AUTO);
+    cg_set_threads(0);
+}
+
+static cgi_team_counts team_delta(const cgi_team_counts *a) {
+    cgi_team_counts b;
+    cgi_team_stats(&b);
+    return (cgi_team_counts){b.runs_with_helpers - a->runs_with_helpers, b.runs_without - a->runs_without,
+                             b.helper_pieces - a->helper_pieces, b.stalls - a->stalls};
+}
+
+static void test_team_products_match_one_thread(void) {
+    cg_params *ps = cg_params_new();
+    chain c = {{cg_params_add(ps, "w0", 2, S(768, 256)), cg_params_add(ps, "w1", 2, S(1024, 256)),
+                cg_params_add(ps, "w2", 2, S(256, 1024))},
+               NULL, 60};
+    cg_rng r;
+    cg_rng_seed(&r, 3);
+    for (int i = 0; i < 3; i++) cg_fill_normal(c.w[i], &r, 0, 0.05);
+    cg_real one[256], team[256];
+    cg_set_threads(1);
+    c.y = one;
+    CHECK(cg_run_with_team(chain_runs, &c) == CG_OK, "%s", cg_last_error());
+    /* helpers always on: they must take pieces, and the result must not depend on who did which */
+    cgi_team_set_guard(CGI_TEAM_GUARD_ON);
+    cg_set_threads(2);
+    c.y = team;
+    long long pieces = 0;
+    for (int attempt = 0; attempt < 100 && pieces == 0; attempt++) { /* a loaded machine may keep a helper asleep */
+        cgi_team_counts before;
+        cgi_team_stats(&before);
+        CHECK(cg_run_with_team(chain_runs, &c) == CG_OK, "%s", cg_last_error());
+        pieces = team_delta(&before).helper_pieces;
+        int diff = -1;
+        for (int i = 0; i < 256 && diff < 0; i++)
+            if (memcmp(&one[i], &team[i], sizeof one[i])) diff = i;
+        CHECK(diff < 0, "team output %d: %.9g, one thread %.9g", diff, diff < 0 ? 0 : team[diff], diff < 0 ? 0 : one[diff]);
+    }
+    CHECK(pieces > 0, "the helpers took no piece in 100 spans of 60 runs");
+    cgi_team_set_guard(CGI_TEAM_GUARD_AUTO);
+    cg_set_threads(0);
+    cg_params_free(ps);
+}
+
+/* Sampled generation of a two-layer gpt-tiny: the same tokens on 1 thread, on 2 with the team's
+ * helpers, and on 2 with the guard forced to rest them (which must happen after its first probe). */
+static void test_team_generation(void) {
+    cg_params *ps = cg_params_new();
+    cg_model *m = cg_model_new(CG_ARCH_GPT2,
+                               "{\"vocab_size\": 256, \"n_positions\": 64, \"n_embd\": 256, \"n_layer\": 2, \"n_head\": 4}", 0.0,
+                               ps, 99);
+    CHECK(m != NULL, "%s", cg_last_error());
+    if (!m) return;
+    enum { P = 8, N = 56 };
+    const int32_t prompt[P] = {5, 17, 200, 3, 99, 42, 7, 128};
+    const cg_sampling s = {1.0, 0, 0.0};
+    int32_t ref[2][P + N], got[P + N];
+    for (int cache = 0; cache < 2; cache++) {
+        const int64_t n = cache ? N : 12;
+        cg_set_threads(1);
+        CHECK(cg_model_generate(m, prompt, P, n, &s, 11, cache, ref[cache]) == CG_OK, "%s", cg_last_error());
+        const int modes[2] = {CGI_TEAM_GUARD_ON, CGI_TEAM_GUARD_FALLBACK};
+        for (int k = 0; k < 2; k++) {
+            cg_set_threads(2);
+            cgi_team_set_guard(modes[k]);
+            cgi_team_counts before;
+            cgi_team_stats(&before);
+            CHECK(cg_model_generate(m, prompt, P, n, &s, 11, cache, got) == CG_OK, "%s", cg_last_error());
+            const cgi_team_counts d = team_delta(&before);
+            int diff = -1;
+            for (int i = 0; i < P + n && diff < 0; i++)
+                if (got[i] != ref[cache][i]) diff = i;
+            CHECK(diff < 0, "cache %d, guard %d: token %d is %d on 2 threads, %d on 1", cache, modes[k], diff,
+                  diff < 0 ? 0 : got[diff], diff < 0 ? 0 : ref[cache][diff]);
+            CHECK(d.runs_with_helpers + d.runs_without == n, "cache %d: %lld + %lld team runs for %lld tokens", cache,
+                  d.runs_with_helpers, d.runs_without, (long long)n);
+            if (modes[k] == CGI_TEAM_GUARD_ON)
+                CHECK(d.runs_without == 0, "guard on: %lld runs rested the helpers", d.runs_without);
+            else if (cache) /* one probe window with helpers, then rested for the rest */
+                CHECK(d.runs_with_helpers <= 12 && d.runs_without >= 2 * d.runs_with_helpers,
+                      "forced fallback: %lld runs with helpers, %lld without", d.runs_with_helpers, d.runs_without);
+        }
+    }
+    cgi_team_set_guard(CGI_TEAM_GUARD_AUTO);
+    cg_set_threads(0);
+    cg_model_free(m);
+    cg_params_free(ps);
+}
+
 int main(void) {
     unsetenv("CGRAD_RUN_PAR_MIN"); /* ctest sets 0 for the other tests: here the default is tested */
     test_work_estimate();
     test_small_runs_stay_on_one_thread();
     test_bf16_products_follow_the_run();
+    test_team_pieces();
+    test_team_products_match_one_thread();
+    test_team_generation();
     TEST_END();
 }

@@ -1,0 +1,258 @@
+/* A thread team held open across many small graph runs (token-by-token generation).
+ *
+ * Why: a cached gpt-tiny token streams 12.9 MB of weights through matrix-vector products, and one
+ * core here reads at most ~28 GB/s from L3, so one thread tops out near 2200 tokens/s. Two cores
+ * stream more, but waking the idle vCPU for each parallel region costs 140-180 us in this KVM
+ * guest (a token is ~580 us; graph/threads.c), so every small run stays on one thread. Here one
+ * OpenMP region spans the whole loop instead: thread 0 runs the graphs op by op, and the other
+ * threads, already awake, take pieces of the products (cgi_team_pieces) from an atomic counter.
+ * Thread 0 takes pieces from the same counter, so it only ever waits for a piece a helper has
+ * started. Pieces are cut the same way whoever computes them and at any thread count
+ * (ops/matmul.c), so tokens are bit-identical at 1 and N threads.
+ *
+ * Helpers spin between pieces only briefly, then yield, then sleep, so that another busy process
+ * is not starved. And a guard on thread 0 times each run per unit of work with helpers and
+ * without: when another process holds the other core, a helper is switched out mid-piece and
+ * thread 0 waits for it a whole time slice (spinning helpers collapsed generation from 1700 to
+ * ~680 tokens/s with one `yes` beside it). The guard then rests the helpers and retries later. */
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <omp.h>
+
+#include "graph/internal.h"
+
+enum {
+    WINDOW = 6,       /* runs timed per probe, with helpers and without */
+    HOLD_MIN = 24,    /* runs the winner of a probe keeps before the next probe */
+    HOLD_MAX = 768,   /* ... doubling while the same side keeps winning */
+};
+#define SPIN_S 200e-6   /* a helper spins this long after its last piece, then yields */
+#define YIELD_S 2e-3    /* ... yields this long, then sleeps in short naps */
+#define STALL_S 300e-6  /* thread 0 waiting this long for a started piece: the helper was switched out */
+
+typedef struct {
+    _Atomic uint64_t claim; /* task number << 32 | pieces << 16 | next piece to take */
+    _Atomic int finished;   /* pieces of the current task done */
+    _Atomic int stop;       /* the span is over */
+    _Atomic int rest;       /* the guard has the helpers rest */
+    void (*fn)(void *ctx, int piece);
+    void *ctx;
+    int helpers;
+    /* the guard, on thread 0 only */
+    int phase;          /* 0: probing with helpers, 1: probing without, 2: holding */
+    int runs;           /* runs done in this phase */
+    int hold, hold_len; /* the held side (1: helpers), and how many runs it holds */
+    double rate[2][WINDOW];
+    double run_t0;
+    bool stalled;
+} team;
+
+static _Thread_local team *my_team;   /* on thread 0 of an open team */
+static _Thread_local bool in_span;    /* on thread 0 inside cg_run_with_team, with or without helpers */
+static int guard_mode = -1;           /* CGI_TEAM_GUARD_*, from CGRAD_TEAM_GUARD once */
+static _Atomic long long stat_on, stat_off, stat_helper_pieces, stat_stalls;
+
+static int guard(void) {
+    if (guard_mode < 0) {
+        const char *e = getenv("CGRAD_TEAM_GUARD");
+        guard_mode = !e || !strcmp(e, "auto") ? CGI_TEAM_GUARD_AUTO
+                     : !strcmp(e, "on")       ? CGI_TEAM_GUARD_ON
+                     : !strcmp(e, "off")      ? CGI_TEAM_GUARD_OFF
+                     : !strcmp(e, "fallback") ? CGI_TEAM_GUARD_FALLBACK
+                                              : CGI_TEAM_GUARD_AUTO;
+    }
+    return guard_mode;
+}
+
+void cgi_team_set_guard(int mode) { guard_mode = mode; }
+
+void cgi_team_stats(cgi_team_counts *c) {
+    c->runs_with_helpers = atomic_load(&stat_on);
+    c->runs_without = atomic_load(&stat_off);
+    c->helper_pieces = atomic_load(&stat_helper_pieces);
+    c->stalls = atomic_load(&stat_stalls);
+}
+
+bool cgi_team_on(void) { return in_span; }
+
+static void spin_pause(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static void nap(long ns) {
+    struct timespec ts = {0, ns};
+    nanosleep(&ts, NULL);
+}
+
+/* Runs the pieces of task `task` still unclaimed; returns how many this thread ran. fn and ctx
+ * are read only after a claim succeeded, while thread 0 waits for that piece, so they are live. */
+static int take_pieces(team *tm, uint64_t task) {
+    int ran = 0;
+    uint64_t c = atomic_load_explicit(&tm->claim, memory_order_acquire);
+    while (c >> 32 == task && (c & 0xffff) < (c >> 16 & 0xffff)) {
+        if (!atomic_compare_exchange_weak_explicit(&tm->claim, &c, c + 1, memory_order_acq_rel, memory_order_acquire))
+            continue;
+        tm->fn(tm->ctx, (int)(c & 0xffff));
+        atomic_fetch_add_explicit(&tm->finished, 1, memory_order_release);
+        ran++;
+        c = atomic_load_explicit(&tm->claim, memory_order_acquire);
+    }
+    return ran;
+}
+
+void cgi_team_pieces(void (*fn)(void *ctx, int piece), void *ctx, int pieces) {
+    team *tm = my_team;
+    if (!tm || atomic_load_explicit(&tm->rest, memory_order_relaxed) || pieces < 2 || pieces > 0xffff) {
+        for (int i = 0; i < pieces; i++) fn(ctx, i);
+        return;
+    }
+    tm->fn = fn, tm->ctx = ctx;
+    atomic_store_explicit(&tm->finished, 0, memory_order_relaxed);
+    const uint64_t task = (atomic_load_explicit(&tm->claim, memory_order_relaxed) >> 32) + 1;
+    atomic_store_explicit(&tm->claim, task << 32 | (uint64_t)pieces << 16, memory_order_release); /* publishes fn, ctx */
+    const int mine = take_pieces(tm, task);
+    if (mine < pieces) atomic_fetch_add_explicit(&stat_helper_pieces, pieces - mine, memory_order_relaxed);
+    if (atomic_load_explicit(&tm->finished, memory_order_acquire) >= pieces) return;
+    const double t0 = omp_get_wtime();
+    while (atomic_load_explicit(&tm->finished, memory_order_acquire) < pieces) spin_pause();
+    if (omp_get_wtime() - t0 > STALL_S) tm->stalled = true;
+}
+
+/* ---- the guard: helpers or not, by time per unit of work over windows of runs ---- */
+
+static double median(double *v, int n) {
+    for (int i = 1; i < n; i++) /* insertion sort: n is WINDOW */
+        for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+            const double t = v[j];
+            v[j] = v[j - 1], v[j - 1] = t;
+        }
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void set_rest(team *tm, bool rest) { atomic_store_explicit(&tm->rest, rest, memory_order_relaxed); }
+
+void cgi_team_run_begin(void) {
+    team *tm = my_team;
+    if (!tm) return;
+    tm->stalled = false;
+    tm->run_t0 = omp_get_wtime();
+}
+
+void cgi_team_run_end(double work) {
+    team *tm = my_team;
+    if (!tm) return;
+    const bool on = !atomic_load_explicit(&tm->rest, memory_order_relaxed);
+    atomic_fetch_add_explicit(on ? &stat_on : &stat_off, 1, memory_order_relaxed);
+    const int mode = guard();
+    if (mode != CGI_TEAM_GUARD_AUTO && mode != CGI_TEAM_GUARD_FALLBACK) {
+        set_rest(tm, mode == CGI_TEAM_GUARD_OFF);
+        return;
+    }
+    const double rate = (omp_get_wtime() - tm->run_t0) / (work > 1 ? work : 1);
+    if (on && tm->stalled) { /* a helper was switched out mid-piece: rest now, probe again later */
+        atomic_fetch_add_explicit(&stat_stalls, 1, memory_order_relaxed);
+        tm->phase = 2, tm->runs = 0, tm->hold = 0;
+        tm->hold_len = tm->hold_len < HOLD_MIN ? HOLD_MIN : tm->hold_len;
+        set_rest(tm, true);
+        return;
+    }
+    if (tm->phase < 2) {
+        tm->rate[tm->phase][tm->runs++] = rate;
+        if (tm->runs < WINDOW) return;
+        tm->runs = 0;
+        if (tm->phase == 0) { /* now the same window without helpers */
+            tm->phase = 1;
+            set_rest(tm, true);
+            return;
+        }
+        const double with = median(tm->rate[0], WINDOW), without = median(tm->rate[1], WINDOW);
+        const int winner = mode == CGI_TEAM_GUARD_FALLBACK ? 0 : with < without;
+        tm->hold_len = winner == tm->hold && tm->hold_len ? 2 * tm->hold_len : HOLD_MIN;
+        if (tm->hold_len > HOLD_MAX) tm->hold_len = HOLD_MAX;
+        tm->hold = winner;
+        tm->phase = 2;
+        set_rest(tm, !winner);
+        return;
+    }
+    if (++tm->runs < tm->hold_len) return;
+    tm->phase = 0, tm->runs = 0; /* probe again */
+    set_rest(tm, false);
+}
+
+/* ---- the span ---- */
+
+static void helper_loop(team *tm) {
+    uint64_t seen = 0;
+    double idle_since = omp_get_wtime();
+    unsigned spins = 0;
+    long tasks = 0, yields = 0, naps = 0, rests = 0;
+    const double start = omp_get_wtime();
+    while (!atomic_load_explicit(&tm->stop, memory_order_acquire)) {
+        if (atomic_load_explicit(&tm->rest, memory_order_relaxed)) { /* the guard rests us: barely wake */
+            nap(500000);
+            rests++;
+            idle_since = omp_get_wtime();
+            continue;
+        }
+        const uint64_t task = atomic_load_explicit(&tm->claim, memory_order_acquire) >> 32;
+        if (task != seen) {
+            seen = task;
+            take_pieces(tm, task);
+            tasks++;
+            idle_since = omp_get_wtime(), spins = 0;
+            continue;
+        }
+        if (++spins % 64) {
+            spin_pause();
+            continue;
+        }
+        const double idle = omp_get_wtime() - idle_since;
+        if (idle < SPIN_S) spin_pause();
+        else if (idle < YIELD_S) sched_yield(), yields++;
+        else nap(50000), naps++;
+    }
+    if (getenv("CGRAD_TEAM_STATS"))
+        fprintf(stderr, "helper: %.0f us, %ld tasks seen, %ld yields, %ld naps, %ld rests\n", 1e6 * (omp_get_wtime() - start),
+                tasks, yields, naps, rests);
+}
+
+cg_status cg_run_with_team(cg_status (*body)(void *ctx), void *ctx) {
+    if (!body) return cgi_fail(CG_ERR_ARG, "[team] body is NULL");
+    if (in_span) return body(ctx); /* already inside one */
+    const int n = cg_threads();
+    const char *e = getenv("CGRAD_TEAM");
+    if (e && !atoi(e)) return body(ctx); /* CGRAD_TEAM=0: the old way, each run decides alone */
+    cg_status st = CG_OK;
+    if (n < 2 || omp_in_parallel()) { /* no helpers, but products cut as with them: the same tokens */
+        in_span = true;
+        st = body(ctx);
+        in_span = false;
+        return st;
+    }
+    team tm = {.helpers = n - 1};
+    atomic_init(&tm.rest, guard() == CGI_TEAM_GUARD_OFF);
+#pragma omp parallel num_threads(n)
+    {
+        if (omp_get_thread_num() == 0) {
+            my_team = &tm, in_span = true;
+            st = body(ctx);
+            my_team = NULL, in_span = false;
+            atomic_store_explicit(&tm.stop, 1, memory_order_release);
+        } else helper_loop(&tm);
+    }
+    if (getenv("CGRAD_TEAM_STATS")) {
+        cgi_team_counts c;
+        cgi_team_stats(&c);
+        fprintf(stderr, "team: %lld runs with helpers, %lld without, %lld pieces by helpers, %lld stalls\n",
+                c.runs_with_helpers, c.runs_without, c.helper_pieces, c.stalls);
+    }
+    return st;
+}
