@@ -205,6 +205,9 @@ static cg_tensor *linear_view(ctx *c) { return cg_linear(G, T(X2(4, 3)), T(X2(4,
 static cg_tensor *linear_gelu_bias(ctx *c) { return cg_linear_gelu(G, X3(2, 3, 4), X2(5, 4), X1(5), true); }
 static cg_tensor *linear_gelu_erf(ctx *c) { return cg_linear_gelu(G, X2(3, 4), X2(5, 4), NULL, false); }
 static cg_tensor *linear_gelu_view(ctx *c) { return cg_linear_gelu(G, T(X2(4, 3)), T(X2(4, 5)), X1(5), true); }
+/* 20 outputs: 16 through the vector pass, 4 through the scalar tail */
+static cg_tensor *linear_gelu_wide(ctx *c) { return cg_linear_gelu(G, X2(3, 4), X2(20, 4), X1(20), true); }
+static cg_tensor *linear_gelu_wide_erf(ctx *c) { return cg_linear_gelu(G, X2(3, 4), X2(20, 4), X1(20), false); }
 /* softmax family */
 static cg_tensor *softmax_(ctx *c) { return cg_softmax(G, leaf(c, -2, 2, false, 2, 3, 6, 0, 0)); }
 static cg_tensor *softmax_view(ctx *c) { return cg_softmax(G, cg_transpose(G, X3(2, 5, 3), 1, 2)); }
@@ -469,6 +472,8 @@ static const check_case cases[] = {
     {"linear_gelu", "tanh [2,3,4] w[5,4] b[5]", linear_gelu_bias},
     {"linear_gelu", "erf [3,4] w[5,4] no bias", linear_gelu_erf},
     {"linear_gelu", "tanh [4,3]^T w[4,5]^T b[5]", linear_gelu_view},
+    {"linear_gelu", "tanh [3,4] w[20,4] b[20]", linear_gelu_wide},
+    {"linear_gelu", "erf [3,4] w[20,4] b[20]", linear_gelu_wide_erf},
 };
 
 int cg_gradcheck_ops(FILE *out, double tol, const char *filter) {

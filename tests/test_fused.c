@@ -462,6 +462,8 @@ static void test_linear_gelu(void) {
     /* enough rows and columns for several bias-sum blocks and both threads */
     lg_arg h = {{3, {4, 64, 32}, 96, true, false, true, true}, true};
     compare("linear_gelu [4,64,32] -> 96, Conv1D weight", lg_build, &h);
+    lg_arg e = {{3, {4, 64, 32}, 96, true, false, true, false}, false};
+    compare("linear_gelu erf [4,64,32] -> 96", lg_build, &e);
     lg_arg i = {{2, {6, 1024}, 5, true, false, true, false}, false};
     compare("linear_gelu, x rows of 1024 (dW^T through scratch)", lg_build, &i);
 }
