@@ -353,6 +353,7 @@ cg_status cgi_run_forward(cg_graph *g, cg_tensor *t) {
         *e = (cg_real)(was + g->nudge_by);
         g->nudge_took = (double)*e - (double)was;
     }
+    if (t->lp_shadow) cgi_lp_shadow_fill(t);
     return CG_OK;
 }
 

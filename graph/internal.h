@@ -104,6 +104,9 @@ struct cg_tensor {
     void *lp;          /* parameters: bf16 copy of the value (ops/bf16.c), made on first use */
     bool lp_value;     /* planned, bf16 graphs: the value is stored as bf16, only linears read it (ops/bf16.c) */
     void *lp_tmp[2];   /* planned, bf16 graphs: conversion scratch of the forward and backward products */
+    bool lp_shadowed;  /* planned, bf16 graphs: gets lp_shadow (ops/bf16.c) */
+    void *lp_shadow;   /* planned, bf16 graphs: a bf16 copy of the value that linears' backward reads (dW), made
+                        * after forward writes the value, so the float dies with its last forward reader */
     void *lp_alt;      /* the recompute's forward conversion scratch, swapped in with alt_data */
     const char *name;
     int seg;           /* checkpoint segment built in (1, 2, ...; 0: none) */

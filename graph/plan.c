@@ -302,13 +302,14 @@ cg_status cgi_plan(cg_graph *g) {
     int64_t *rdeath = malloc((size_t)n1 * sizeof *rdeath);
     int64_t *gbirth = malloc((size_t)n1 * sizeof *gbirth);
     int64_t *bt = malloc((size_t)n1 * sizeof *bt), *rt = malloc((size_t)n1 * sizeof *rt);
-    buffer *bufs = malloc((size_t)(9 * n + 1) * sizeof *bufs);
-    buffer **order = malloc((size_t)(9 * n + 1) * sizeof *order);
+    int64_t *sdeath = malloc((size_t)n1 * sizeof *sdeath);
+    buffer *bufs = malloc((size_t)(10 * n + 1) * sizeof *bufs);
+    buffer **order = malloc((size_t)(10 * n + 1) * sizeof *order);
     bool *consumed = malloc((size_t)n1 * sizeof *consumed);
-    span *used = malloc((size_t)(9 * n + 1) * sizeof *used);
+    span *used = malloc((size_t)(10 * n + 1) * sizeof *used);
     cg_status st = CG_OK;
     int *consumers = NULL, *sole = NULL;
-    if (!vdeath || !rdeath || !gbirth || !bt || !rt || !bufs || !order || !consumed || !used) {
+    if (!vdeath || !rdeath || !sdeath || !gbirth || !bt || !rt || !bufs || !order || !consumed || !used) {
         st = cgi_fail(CG_ERR_NOMEM, "[plan] out of memory for %lld nodes", (long long)n);
         goto done;
     }
@@ -347,7 +348,7 @@ cg_status cgi_plan(cg_graph *g) {
     cgi_ckpt_decide(g, consumers, sole);
     const int64_t end = cgi_ckpt_timeline(g, bt, rt);
     for (int64_t i = 0; i < n; i++) {
-        vdeath[i] = i;
+        vdeath[i] = sdeath[i] = i;
         rdeath[i] = rt[i];
         gbirth[i] = INT64_MAX;
     }
@@ -363,7 +364,9 @@ cg_status cgi_plan(cg_graph *g) {
             int64_t *late = r->recompute && r->seg == t->seg ? rdeath : vdeath;
             LIVE_TO(vdeath, r->id, c);
             if (t->recompute) LIVE_TO(late, r->id, rt[c]);
-            if (t->requires_grad && k < 32 && (d->bwd_reads & (1u << k))) LIVE_TO(late, r->id, back);
+            /* a linear's backward reads a shadowed input's bf16 copy, not its float value */
+            if (t->requires_grad && k < 32 && (d->bwd_reads & (1u << k)))
+                LIVE_TO(r->lp_shadowed && t->op == CGI_OP_LINEAR && k == 0 ? sdeath : late, r->id, back);
             if (t->requires_grad && t->src[k]->requires_grad && d->kind == CGI_KIND_COMPUTE && gbirth[r->id] > back)
                 gbirth[r->id] = back;
         }
@@ -402,6 +405,9 @@ cg_status cgi_plan(cg_graph *g) {
             size_t es = t->dtype == CG_INT32 ? sizeof(int32_t) : t->lp_value ? sizeof(cgi_bf16) : sizeof(cg_real);
             size_t vbytes = round_up((size_t)cgi_numel(t->ndim, t->shape) * es);
             bufs[nb++] = (buffer){i, outlives ? end : vdeath[i], vbytes, 0, &t->data, t, 'v'};
+            if (t->lp_shadowed) /* written right after the value, read until the last linear's backward */
+                bufs[nb++] = (buffer){i, sdeath[i], round_up((size_t)cgi_numel(t->ndim, t->shape) * sizeof(cgi_bf16)), 0,
+                                      &t->lp_shadow, t, 'a'};
             /* a recomputed node's forward scratch is forward's alone; its recompute's serves backward */
             if (t->aux_bytes)
                 bufs[nb++] = (buffer){i, t->requires_grad && !t->recompute ? back : i, round_up(t->aux_bytes), 0, &t->aux, t, 'a'};
@@ -458,6 +464,7 @@ done:
     free(sole);
     free(vdeath);
     free(rdeath);
+    free(sdeath);
     free(gbirth);
     free(bt);
     free(rt);

@@ -91,8 +91,9 @@ void cgi_lp_free(cgi_lp *lp) { (void)lp; }
 void cgi_lp_param_free(cg_tensor *p) { (void)p; }
 void cgi_lp_plan_values(cg_graph *g, const int *consumers) {
     (void)consumers;
-    for (int i = 0; i < g->n; i++) g->nodes[i]->lp_value = false;
+    for (int i = 0; i < g->n; i++) g->nodes[i]->lp_value = g->nodes[i]->lp_shadowed = false;
 }
+void cgi_lp_shadow_fill(cg_tensor *t) { (void)t; }
 size_t cgi_lp_scratch_bytes(const cg_tensor *t, bool bwd) { return 0; }
 size_t cgi_lp_unplanned_bytes(const cg_graph *g) { return 0; }
 bool cgi_lp_gemm(const cg_tensor *t, bool bwd, int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa,
@@ -388,7 +389,9 @@ static size_t round_up(size_t n) { return (n + CGI_ALIGN - 1) / CGI_ALIGN * CGI_
 static bool param_backed(const cg_tensor *x) {
     return x && x->root && x->root->op == CGI_OP_PARAM && x->root->pversion;
 }
-static bool no_conversion(const cg_tensor *x) { return param_backed(x) || (x && x->root && x->root->lp_value); }
+static bool no_conversion(const cg_tensor *x) {
+    return param_backed(x) || (x && x->root && (x->root->lp_value || x->root->lp_shadowed));
+}
 
 /* A linear's dY can become bf16 in place when nothing reads it after its backward (the caller
  * takes the bias gradient first). */
@@ -453,6 +456,7 @@ static const bf16 *operand(cgi_lp *lp, const cg_tensor *t, bool bwd, int i, cons
         return p ? p + (x - (const float *)root->data) : NULL;
     }
     if (root && root->lp_value) return (const bf16 *)x;
+    if (root && root->lp_shadowed && root->lp_shadow) return (const bf16 *)root->lp_shadow + (x - (const float *)root->data);
     bf16 *d = scratch(lp, t, bwd, i, rows * cols);
     if (d) convert(x, rows, cols, *rs, *cs, d, rs, cs);
     return d;
@@ -572,8 +576,51 @@ static bool writes_bf16(const cg_tensor *t) {
     return (t->op == CGI_OP_GELU || t->op == CGI_OP_GELU_TANH || t->op == CGI_OP_RELU) && cgi_contiguous(t->src[0]);
 }
 
+void cgi_lp_shadow_fill(cg_tensor *t) {
+    const int64_t n = cgi_numel(t->ndim, t->shape);
+    enum { RUN = 1 << 14 };
+    const float *src = t->data;
+    bf16 *dst = t->lp_shadow;
+#pragma omp parallel for schedule(static) if (n > CGI_PAR_MIN) num_threads(cgi_nthreads())
+    for (int64_t i = 0; i < n; i += RUN) convert_run(src + i, dst + i, n - i < RUN ? n - i : RUN);
+}
+
+/* Shadows (t->lp_shadowed): a float value whose only readers in backward are linears taking it
+ * as their input (a post-LN block's LayerNorm output, read by the next block's products and by
+ * the residual add) keeps a bf16 copy for them, made once right after forward writes it; the float
+ * dies with its last forward reader. The same bits as converting it at each product, one
+ * conversion instead of one per reader, half the memory from forward's end to backward. Not with
+ * checkpoint segments, whose recompute would need the copy remade. */
+static void plan_shadows(cg_graph *g) {
+    int *lin = calloc((size_t)g->n + 1, sizeof *lin), *other = calloc((size_t)g->n + 1, sizeof *other);
+    const bool segs = g->checkpointing;
+    for (int c = 0; lin && other && !segs && c < g->n; c++) {
+        const cg_tensor *t = g->nodes[c];
+        const cgi_op_desc *d = &cgi_ops[t->op];
+        for (int k = 0; k < t->nsrc; k++) {
+            const cg_tensor *r = t->src[k]->root;
+            if (r->id < 0) continue;
+            if (d->kind == CGI_KIND_VIEW) other[r->id]++; /* a view may pass it to anything */
+            else if (t->requires_grad && k < 32 && (d->bwd_reads & (1u << k)))
+                (t->op == CGI_OP_LINEAR && k == 0 && t->src[0] == r ? lin : other)[r->id]++;
+        }
+    }
+    for (int i = 0; lin && other && !segs && i < g->n; i++) {
+        cg_tensor *t = g->nodes[i];
+        const cgi_op_desc *d = &cgi_ops[t->op];
+        t->lp_shadowed = !t->lp_value && t->root == t && !t->kept && !t->retain && t->dtype == CG_REAL &&
+                         d->kind == CGI_KIND_COMPUTE && !(d->bwd_grad & CGI_OUT_IN_SRC0) &&
+                         !(d->bwd_reads_out && t->requires_grad) && lin[i] > 0 && other[i] == 0;
+    }
+    free(lin);
+    free(other);
+}
+
 void cgi_lp_plan_values(cg_graph *g, const int *consumers) {
-    for (int i = 0; i < g->n; i++) g->nodes[i]->lp_value = false;
+    for (int i = 0; i < g->n; i++) {
+        g->nodes[i]->lp_value = g->nodes[i]->lp_shadowed = false;
+        g->nodes[i]->lp_shadow = NULL;
+    }
     if (g->precision != CG_BF16 || !ctx(g) || getenv("CGRAD_BF16_VALUES_OFF")) return;
     int *linear_readers = calloc((size_t)g->n + 1, sizeof *linear_readers);
     if (!linear_readers) return; /* everything stays float: slower, not wrong */
@@ -589,6 +636,7 @@ void cgi_lp_plan_values(cg_graph *g, const int *consumers) {
                       cgi_ops[t->op].kind == CGI_KIND_COMPUTE && consumers[i] > 0 && linear_readers[i] == consumers[i];
     }
     free(linear_readers);
+    plan_shadows(g);
 }
 
 #endif

@@ -58,6 +58,9 @@ static inline void cgi_lp_round(cgi_bf16 *restrict dst, const cg_real *restrict 
  * bf16 (LayerNorm, RMSNorm, GELU, ReLU), so they are stored at half size and never converted.
  * consumers[i] counts the readers of node i. Clears every flag on an fp32 graph. */
 void cgi_lp_plan_values(cg_graph *g, const int *consumers);
+/* Writes t's bf16 shadow (t->lp_shadow, planned by cgi_lp_plan_values) from its float value, right
+ * after t's forward. */
+void cgi_lp_shadow_fill(cg_tensor *t);
 /* Bytes of bf16 conversion scratch t's forward (bwd false) or backward products need, planned
  * at the time they run (0 for an fp32 graph or an op without bf16 products). */
 size_t cgi_lp_scratch_bytes(const cg_tensor *t, bool bwd);

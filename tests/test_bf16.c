@@ -200,6 +200,63 @@ static void test_activations(void) {
     }
 }
 
+/* ---- shadows: a post-LN block's LayerNorm output, read by linears and the residual add ---- */
+
+typedef struct {
+    float dx[AM * AK], dw1[AH * AK], dw2[AK * AH], dg[AK];
+    float loss;
+    int shadows;
+    size_t plan;
+} shadow_out;
+
+/* x -> linear -> add x -> LayerNorm = y; y -> linear -> add y -> LayerNorm -> linear -> loss: y's
+ * float is read in backward only by the second linear (the add reads nothing back, and the second
+ * LayerNorm reads its own input), so y keeps a bf16 shadow for that linear's dW. */
+static void run_shadow(const float *X, const float *W1, const float *W2, const float *R, shadow_out *o) {
+    cg_params *ps = cg_params_new();
+    int64_t s1[2] = {AK, AK}, s2[2] = {AH, AK}, sg[1] = {AK}, sx[2] = {AM, AK}, sy[2] = {AM, AH};
+    cg_tensor *w1 = cg_params_add(ps, "w1", 2, s1), *w2 = cg_params_add(ps, "w2", 2, s2), *w3 = cg_params_add(ps, "w3", 2, s1);
+    cg_tensor *g1 = cg_params_add(ps, "g1", 1, sg), *g2 = cg_params_add(ps, "g2", 1, sg);
+    float ones[AK];
+    for (int i = 0; i < AK; i++) ones[i] = 1 + 0.01f * (float)i;
+    cg_write(w1, W1), cg_write(w3, W1), cg_write(w2, W2), cg_write(g1, ones), cg_write(g2, ones);
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    CHECK(cg_graph_set_precision(g, CG_BF16) == CG_OK, "%s", cg_last_error());
+    cg_tensor *x = cg_requires_grad(cg_input(g, "x", CG_REAL, 2, sx)), *r = cg_input(g, "r", CG_REAL, 2, sy);
+    cg_write(x, X), cg_write(r, R);
+    cg_tensor *y = cg_layernorm(g, cg_add(g, x, cg_linear(g, x, w1, NULL)), g1, NULL, 1e-5);
+    cg_tensor *z = cg_layernorm(g, cg_add(g, y, cg_linear(g, y, w3, NULL)), g2, NULL, 1e-5);
+    cg_tensor *loss = cg_sum_all(g, cg_mul(g, cg_linear(g, z, w2, NULL), r));
+    CHECK(loss && cg_graph_forward(g) == CG_OK && cg_graph_backward(g, loss) == CG_OK, "%s", cg_last_error());
+    o->loss = (float)cg_item(loss);
+    cg_read_grad(x, o->dx), cg_read_grad(w1, o->dw1), cg_read_grad(w2, o->dw2), cg_read_grad(g1, o->dg);
+    o->shadows = 0;
+    for (int i = 0; i < g->n; i++) o->shadows += g->nodes[i]->lp_shadowed && g->nodes[i]->lp_shadow;
+    o->plan = cg_graph_plan_bytes(g);
+    cg_graph_free(g);
+    cg_params_free(ps);
+}
+
+/* The shadowed run is bit-identical to converting at each product (the same rounding, made once),
+ * and its plan is smaller: y's float no longer lives from forward to backward. */
+static void test_shadows(void) {
+    static float X[AM * AK], W1[AK * AK], W2[AH * AK], R[AM * AH];
+    static shadow_out on, off;
+    cg_rng rng;
+    cg_rng_seed(&rng, 8);
+    fill(X, AM * AK, &rng, 1), fill(W1, AK * AK, &rng, 0.3), fill(W2, AH * AK, &rng, 0.3), fill(R, AM * AH, &rng, 1);
+    run_shadow(X, W1, W2, R, &on);
+    setenv("CGRAD_BF16_VALUES_OFF", "1", 1);
+    run_shadow(X, W1, W2, R, &off);
+    unsetenv("CGRAD_BF16_VALUES_OFF");
+    /* only y: the sums are LayerNorm inputs, and z, read by one linear alone, is stored in bf16 */
+    CHECK(on.shadows == 1 && off.shadows == 0, "shadows: %d (expected 1), %d with bf16 values off", on.shadows,
+          off.shadows);
+    CHECK(!memcmp(&on, &off, offsetof(shadow_out, shadows)), "the bf16 shadow changed the run (loss %.9g vs %.9g)",
+          on.loss, off.loss);
+    CHECK(on.plan < off.plan, "the shadowed plan (%zu bytes) is not smaller than the float one (%zu)", on.plan, off.plan);
+}
+
 /* ---- the fused LM head (linear_cross_entropy) with a bias, over several row chunks ---- */
 
 enum { HR = 700, HD = 24, HV = 40 }; /* more rows than one 512-row chunk */
@@ -528,6 +585,7 @@ int main(void) {
         test_matmul();
         test_lce();
         test_activations();
+        test_shadows();
     }
     test_gpt_step(!why);
     TEST_END();
