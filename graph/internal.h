@@ -224,6 +224,8 @@ void cgi_run_end(int was);
 double cgi_graph_work(const cg_graph *g);
 /* True on the thread running cg_run_with_team's body: its products are cut into team pieces. */
 bool cgi_team_on(void);
+/* True when a team's helpers are awake to share pieces (the guard is not resting them). */
+bool cgi_team_sharing(void);
 /* fn(ctx, 0 .. pieces-1), shared with the team's helpers when they are awake; returns when all are done. */
 void cgi_team_pieces(void (*fn)(void *ctx, int piece), void *ctx, int pieces);
 /* Around each graph run inside a team: the guard times it per unit of work (graph/team.c). */

@@ -40,19 +40,29 @@ typedef struct {
     _Atomic uint64_t claim; /* task number << 32 | pieces << 16 | next piece to take */
     _Atomic int finished;   /* pieces of the current task done */
     _Atomic int stop;       /* the span is over */
-    _Atomic int rest;       /* the guard has the helpers rest */
+    _Atomic int rest;       /* SHARE, or the guard rests the helpers: NAP (stay near), LEAVE (quit the loop) */
     void (*fn)(void *ctx, int piece);
     void *ctx;
     int helpers;
-    /* the guard, on thread 0 only */
-    int phase;          /* 0: probing with helpers, 1: probing without, 2: holding */
-    int runs;           /* runs done in this phase */
-    int hold, hold_len; /* the held side (1: helpers), and how many runs it holds */
-    double rate[2][WINDOW];
-    double run_t0;
+    double run_t0; /* thread 0 only: the run in progress */
     bool stalled;
 } team;
 
+/* The guard's state lives on the calling thread across spans: a generation call is only ~200
+ * runs, and starting every call with a fresh probe cost ~10% of them at one thread's speed. */
+enum { SHARE, NAP, LEAVE };
+
+typedef struct {
+    int phase;          /* 1: probing without helpers, then 0: probing with them, 2: holding */
+    int runs;           /* runs done in this phase */
+    int hold, hold_len; /* the held side (1: helpers), and how many runs it holds */
+    int warm;           /* runs of the window done that only warm the helpers up (or let them settle) */
+    long long run, last_stall;
+    long long pieces_at; /* the helpers' piece count when the window with them began */
+    double rate[2][WINDOW];
+} guard_state;
+
+static _Thread_local guard_state gs = {.phase = 1, .last_stall = -1000};
 static _Thread_local team *my_team;   /* on thread 0 of an open team */
 static _Thread_local bool in_span;    /* on thread 0 inside cg_run_with_team, with or without helpers */
 static int guard_mode = -1;           /* CGI_TEAM_GUARD_*, from CGRAD_TEAM_GUARD once */
@@ -70,7 +80,10 @@ static int guard(void) {
     return guard_mode;
 }
 
-void cgi_team_set_guard(int mode) { guard_mode = mode; }
+void cgi_team_set_guard(int mode) {
+    guard_mode = mode;
+    gs = (guard_state){.phase = 1, .last_stall = -1000};
+}
 
 void cgi_team_stats(cgi_team_counts *c) {
     c->runs_with_helpers = atomic_load(&stat_on);
@@ -80,6 +93,8 @@ void cgi_team_stats(cgi_team_counts *c) {
 }
 
 bool cgi_team_on(void) { return in_span; }
+
+bool cgi_team_sharing(void) { return my_team && atomic_load_explicit(&my_team->rest, memory_order_relaxed) == SHARE; }
 
 static void spin_pause(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -137,7 +152,10 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-static void set_rest(team *tm, bool rest) { atomic_store_explicit(&tm->rest, rest, memory_order_relaxed); }
+static void set_rest(team *tm, int rest) {
+    if (atomic_load_explicit(&tm->rest, memory_order_relaxed) != LEAVE) /* a helper that left is gone */
+        atomic_store_explicit(&tm->rest, rest, memory_order_relaxed);
+}
 
 void cgi_team_run_begin(void) {
     team *tm = my_team;
@@ -146,45 +164,61 @@ void cgi_team_run_begin(void) {
     tm->run_t0 = omp_get_wtime();
 }
 
+/* The guard: a window of runs without helpers (they nap close by), then one with them; the faster
+ * by 3% per unit of work is held for HOLD_MIN runs, doubling while it keeps winning. Resting
+ * helpers leave the loop and sleep in the region's closing barrier: even napping 1 ms at a time
+ * they cost a busy machine 8% (1740-1763 -> 1613-1619 tokens/s against one thread), since each
+ * wake takes a core another process wants. So a probe after a rest starts with the next span. */
 void cgi_team_run_end(double work) {
     team *tm = my_team;
     if (!tm) return;
-    const bool on = !atomic_load_explicit(&tm->rest, memory_order_relaxed);
+    const bool on = atomic_load_explicit(&tm->rest, memory_order_relaxed) == SHARE;
     atomic_fetch_add_explicit(on ? &stat_on : &stat_off, 1, memory_order_relaxed);
     const int mode = guard();
-    if (mode != CGI_TEAM_GUARD_AUTO && mode != CGI_TEAM_GUARD_FALLBACK) {
-        set_rest(tm, mode == CGI_TEAM_GUARD_OFF);
-        return;
-    }
+    if (mode != CGI_TEAM_GUARD_AUTO && mode != CGI_TEAM_GUARD_FALLBACK) return;
     const double rate = (omp_get_wtime() - tm->run_t0) / (work > 1 ? work : 1);
-    if (on && tm->stalled) { /* a helper was switched out mid-piece: rest now, probe again later */
+    gs.run++;
+    if (on && tm->stalled) {
         atomic_fetch_add_explicit(&stat_stalls, 1, memory_order_relaxed);
-        tm->phase = 2, tm->runs = 0, tm->hold = 0;
-        tm->hold_len = tm->hold_len < HOLD_MIN ? HOLD_MIN : tm->hold_len;
-        set_rest(tm, true);
-        return;
-    }
-    if (tm->phase < 2) {
-        tm->rate[tm->phase][tm->runs++] = rate;
-        if (tm->runs < WINDOW) return;
-        tm->runs = 0;
-        if (tm->phase == 0) { /* now the same window without helpers */
-            tm->phase = 1;
-            set_rest(tm, true);
+        /* a helper was switched out mid-piece. Once happens on a quiet machine too (a kernel thread
+         * took its core); twice within 8 runs means another process wants it: rest, probe later */
+        const bool again = gs.run - gs.last_stall <= 8;
+        gs.last_stall = gs.run;
+        if (again) {
+            gs.phase = 2, gs.runs = 0, gs.hold = 0;
+            gs.hold_len = gs.hold_len < HOLD_MIN ? HOLD_MIN : gs.hold_len;
+            set_rest(tm, LEAVE);
             return;
         }
-        const double with = median(tm->rate[0], WINDOW), without = median(tm->rate[1], WINDOW);
-        const int winner = mode == CGI_TEAM_GUARD_FALLBACK ? 0 : with < without;
-        tm->hold_len = winner == tm->hold && tm->hold_len ? 2 * tm->hold_len : HOLD_MIN;
-        if (tm->hold_len > HOLD_MAX) tm->hold_len = HOLD_MAX;
-        tm->hold = winner;
-        tm->phase = 2;
-        set_rest(tm, !winner);
+    }
+    if (gs.phase < 2) {
+        if (gs.warm < 2) { /* a helper just woken or just told to rest: not yet what the window measures */
+            gs.warm++;
+            return;
+        }
+        gs.rate[gs.phase][gs.runs++] = rate;
+        if (gs.runs < WINDOW) return;
+        gs.runs = 0, gs.warm = 0;
+        if (gs.phase == 1) { /* now the same window with helpers */
+            gs.phase = 0;
+            gs.pieces_at = atomic_load_explicit(&stat_helper_pieces, memory_order_relaxed);
+            set_rest(tm, SHARE);
+            return;
+        }
+        const double with = median(gs.rate[0], WINDOW), without = median(gs.rate[1], WINDOW);
+        /* helpers cost a core: they must win by a margin, not by noise */
+        const bool helped = atomic_load_explicit(&stat_helper_pieces, memory_order_relaxed) > gs.pieces_at;
+        const int winner = mode != CGI_TEAM_GUARD_FALLBACK && helped && with < 0.97 * without;
+        gs.hold_len = winner == gs.hold && gs.hold_len ? 2 * gs.hold_len : HOLD_MIN;
+        if (gs.hold_len > HOLD_MAX) gs.hold_len = HOLD_MAX;
+        gs.hold = winner;
+        gs.phase = 2;
+        set_rest(tm, winner ? SHARE : LEAVE);
         return;
     }
-    if (++tm->runs < tm->hold_len) return;
-    tm->phase = 0, tm->runs = 0; /* probe again */
-    set_rest(tm, false);
+    if (++gs.runs < gs.hold_len || !gs.hold) return; /* after a rest, the next span probes */
+    gs.phase = 1, gs.runs = 0, gs.warm = 0;
+    set_rest(tm, NAP);
 }
 
 /* ---- the span ---- */
@@ -196,8 +230,10 @@ static void helper_loop(team *tm) {
     long tasks = 0, yields = 0, naps = 0, rests = 0;
     const double start = omp_get_wtime();
     while (!atomic_load_explicit(&tm->stop, memory_order_acquire)) {
-        if (atomic_load_explicit(&tm->rest, memory_order_relaxed)) { /* the guard rests us: barely wake */
-            nap(500000);
+        const int rest = atomic_load_explicit(&tm->rest, memory_order_relaxed);
+        if (rest == LEAVE) break; /* sleep in the region's barrier until the span ends */
+        if (rest == NAP) { /* a probe without helpers: wake as rarely as resting would cost (nothing) */
+            nap(1000000);
             rests++;
             idle_since = omp_get_wtime();
             continue;
@@ -217,7 +253,7 @@ static void helper_loop(team *tm) {
         const double idle = omp_get_wtime() - idle_since;
         if (idle < SPIN_S) spin_pause();
         else if (idle < YIELD_S) sched_yield(), yields++;
-        else nap(50000), naps++;
+        else nap(200000), naps++;
     }
     if (getenv("CGRAD_TEAM_STATS"))
         fprintf(stderr, "helper: %.0f us, %ld tasks seen, %ld yields, %ld naps, %ld rests\n", 1e6 * (omp_get_wtime() - start),
@@ -231,14 +267,24 @@ cg_status cg_run_with_team(cg_status (*body)(void *ctx), void *ctx) {
     const char *e = getenv("CGRAD_TEAM");
     if (e && !atoi(e)) return body(ctx); /* CGRAD_TEAM=0: the old way, each run decides alone */
     cg_status st = CG_OK;
-    if (n < 2 || omp_in_parallel()) { /* no helpers, but products cut as with them: the same tokens */
-        in_span = true;
+    if (n < 2 || omp_in_parallel()) return body(ctx); /* no helpers: each run as without a team */
+    team tm = {.helpers = n - 1};
+    /* resume the guard where the last span left it */
+    int rest = SHARE;
+    const int mode = guard();
+    if (mode == CGI_TEAM_GUARD_OFF) rest = LEAVE;
+    else if (mode != CGI_TEAM_GUARD_ON) {
+        if (gs.phase == 2 && !gs.hold && gs.runs >= gs.hold_len) gs.phase = 1, gs.runs = 0, gs.warm = 0; /* probe */
+        rest = gs.phase == 1 ? NAP : gs.phase == 0 || gs.hold ? SHARE : LEAVE;
+    }
+    atomic_init(&tm.rest, rest);
+    if (rest == LEAVE) { /* no helpers for this span: no region, no wake */
+        tm.helpers = 0;
+        my_team = &tm, in_span = true;
         st = body(ctx);
-        in_span = false;
+        my_team = NULL, in_span = false;
         return st;
     }
-    team tm = {.helpers = n - 1};
-    atomic_init(&tm.rest, guard() == CGI_TEAM_GUARD_OFF);
 #pragma omp parallel num_threads(n)
     {
         if (omp_get_thread_num() == 0) {

@@ -136,10 +136,12 @@ enum { TEAM_PIECES = 16 }; /* a job's pieces inside a team, at most */
 
 void cgi_gemm_many(const cgi_gemm_job *jobs, int njobs, int threads) {
     blis_ready();
-    /* Inside a team the cut depends on the job alone, never on who is awake to share it: pieces
-     * of a product can round differently from the whole (BLIS picks its path by size), so this
-     * keeps tokens bit-identical at any thread count and whether the guard rests the helpers. */
-    const bool team = cgi_team_on();
+    /* Inside a team, matrix-vector products are cut into pieces of whole 32-row blocks while the
+     * helpers are awake, and not at all while they rest or at one thread: a cut cost ~4% of a
+     * cached token on one thread (1730-1747 -> 1616-1686 tokens/s). BLIS's sgemv runs its fused
+     * 8-row dot kernel on row groups from the first row, so a cut on multiples of 32 gives the
+     * same bits as the whole (test_threads checks the tokens at 1 and 2 threads). */
+    const bool team = cgi_team_on(), share = team && cgi_team_sharing();
     if (team || (threads > 1 && omp_in_parallel())) threads = 1; /* never nest a team inside a team */
     double total = 0;
     for (int i = 0; i < njobs; i++) total += (double)jobs[i].m * (double)jobs[i].n * (double)jobs[i].k;
@@ -149,8 +151,8 @@ void cgi_gemm_many(const cgi_gemm_job *jobs, int njobs, int threads) {
         const cgi_gemm_job *j = &jobs[i];
         if (j->m == 0 || j->n == 0) continue;
         /* two pieces per thread over all jobs, shared by work */
-        const double share = total > 0 ? (double)j->m * (double)j->n * (double)j->k / total : 1;
-        int want = team ? TEAM_PIECES : threads > 1 ? (int)(2 * threads * share + 0.5) : 1;
+        const double part = total > 0 ? (double)j->m * (double)j->n * (double)j->k / total : 1;
+        int want = share ? TEAM_PIECES : threads > 1 ? (int)(2 * threads * part + 0.5) : 1;
         if (want < 1) want = 1;
         if (want > MAX_PIECES - np - (njobs - 1 - i)) want = MAX_PIECES - np - (njobs - 1 - i);
         const int p = pieces_of(j, want, team);
@@ -162,7 +164,7 @@ void cgi_gemm_many(const cgi_gemm_job *jobs, int njobs, int threads) {
             if (hi > lo) pcs[np++] = (piece){i, lo, hi};
         }
     }
-    if (team) {
+    if (share) {
         const team_task task = {jobs, pcs};
         cgi_team_pieces(run_team_piece, (void *)&task, np);
         return;
