@@ -1,6 +1,6 @@
 /* bf16 mixed precision: the products of a CG_BF16 graph take bfloat16 operands and accumulate in
- * float through oneDNN's matmul primitive; everything else stays cg_real (see the README's "bf16
- * mixed precision"). Conversions happen here and only here:
+ * float through oneDNN's matmul primitive; everything else stays cg_real (see the README's "Mixed
+ * precision (bf16)"). Conversions happen here and only here:
  *  - a parameter is converted once per change of its set's version (an optimizer step bumps it)
  *    into a bf16 copy that lives beside it, and every product that reads it reads the copy;
  *  - an activation or gradient operand is converted into the graph's scratch right before its
@@ -69,7 +69,7 @@ void cgi_lp_to_bf16_inplace(cg_real *x, int64_t m, int64_t n) {
             float f[BLK];
             cgi_bf16 h[BLK];
             memcpy(f, row + j * sizeof(float), (size_t)len * sizeof(float));
-            for (int64_t e = 0; e < len; e++) h[e] = cgi_to_bf16(f[e]);
+            cgi_lp_round(h, f, len, 1);
             memcpy(row + j * sizeof(cgi_bf16), h, (size_t)len * sizeof(cgi_bf16));
         }
     }
@@ -111,8 +111,6 @@ bool cgi_lp_lce_bwd(cg_tensor *t, int64_t m, int64_t v, int64_t d, cg_real *dlog
 int64_t cgi_lp_param_conversions;
 
 #else
-
-typedef cgi_bf16 bf16;
 
 /* ---- the engine: one per process, like the thread pool ---- */
 
@@ -159,13 +157,11 @@ static bool engine_ready(void) {
 
 /* ---- conversion (cgi_to_bf16: round to nearest even, NaN stays NaN) ---- */
 
-static void convert_run(const float *restrict src, bf16 *restrict dst, int64_t n) {
-    for (int64_t i = 0; i < n; i++) dst[i] = cgi_to_bf16(src[i]);
-}
+static void convert_run(const float *restrict src, cgi_bf16 *restrict dst, int64_t n) { cgi_lp_round(dst, src, n, 1); }
 
 /* dst = bf16(src[rows, cols]) (strides rs, cs), laid out in the source's own orientation: by rows
  * unless the source is stored by columns. Its strides go to *drs, *dcs. */
-static void convert(const float *src, int64_t rows, int64_t cols, int64_t rs, int64_t cs, bf16 *dst, int64_t *drs,
+static void convert(const float *src, int64_t rows, int64_t cols, int64_t rs, int64_t cs, cgi_bf16 *dst, int64_t *drs,
                     int64_t *dcs) {
     const bool by_cols = rs == 1 && cs != 1 && rows > 1;
     const int64_t outer = by_cols ? cols : rows, inner = by_cols ? rows : cols;
@@ -175,17 +171,15 @@ static void convert(const float *src, int64_t rows, int64_t cols, int64_t rs, in
 #pragma omp parallel for schedule(static) if (rows * cols > CGI_PAR_MIN) num_threads(cgi_nthreads())
     for (int64_t o = 0; o < outer; o++) {
         const float *s = src + o * so;
-        bf16 *d = dst + o * inner;
-        if (si == 1) convert_run(s, d, inner);
-        else
-            for (int64_t i = 0; i < inner; i++) d[i] = cgi_to_bf16(s[i * si]);
+        cgi_bf16 *d = dst + o * inner;
+        cgi_lp_round(d, s, inner, si);
     }
 }
 
 /* ---- parameters: one bf16 copy each, remade when the set's version moves ---- */
 
 typedef struct {
-    bf16 *v;
+    cgi_bf16 *v;
     uint64_t version;
 } shadow;
 
@@ -199,12 +193,12 @@ void cgi_lp_param_free(cg_tensor *p) {
 }
 
 /* bf16 copy of parameter p (same layout as its storage); NULL without memory. */
-static const bf16 *param_bf16(cg_tensor *p) {
+static const cgi_bf16 *param_bf16(cg_tensor *p) {
     shadow *s = p->lp;
     const int64_t n = cgi_numel(p->ndim, p->shape);
     if (!s) {
         s = calloc(1, sizeof *s);
-        if (!s || !(s->v = aligned_alloc(CGI_ALIGN, ((size_t)n * sizeof(bf16) + CGI_ALIGN - 1) / CGI_ALIGN * CGI_ALIGN))) {
+        if (!s || !(s->v = aligned_alloc(CGI_ALIGN, ((size_t)n * sizeof(cgi_bf16) + CGI_ALIGN - 1) / CGI_ALIGN * CGI_ALIGN))) {
             free(s);
             return NULL;
         }
@@ -234,7 +228,7 @@ typedef struct {
 struct cgi_lp {
     entry *e;
     int n, cap;
-    bf16 *slot[2];    /* converted operands: A, B */
+    cgi_bf16 *slot[2];    /* converted operands: A, B */
     size_t slot_n[2]; /* elements */
 };
 
@@ -258,11 +252,11 @@ static cgi_lp *ctx(cg_graph *g) {
 }
 
 /* Scratch slot i of at least n elements; grows only while the first steps find larger products. */
-static bf16 *slot(cgi_lp *lp, int i, int64_t n) {
+static cgi_bf16 *slot(cgi_lp *lp, int i, int64_t n) {
     if ((size_t)n > lp->slot_n[i]) {
         free(lp->slot[i]);
         lp->slot_n[i] = 0;
-        lp->slot[i] = aligned_alloc(CGI_ALIGN, ((size_t)n * sizeof(bf16) + CGI_ALIGN - 1) / CGI_ALIGN * CGI_ALIGN);
+        lp->slot[i] = aligned_alloc(CGI_ALIGN, ((size_t)n * sizeof(cgi_bf16) + CGI_ALIGN - 1) / CGI_ALIGN * CGI_ALIGN);
         if (!lp->slot[i]) return NULL;
         lp->slot_n[i] = (size_t)n;
     }
@@ -326,7 +320,7 @@ static entry *prim(cgi_lp *lp, int64_t m, int64_t n, int64_t k, int64_t rsa, int
 
 /* C[m,n] = alpha A B + beta C from bf16 operands. oneDNN's fast kernels want C stored by rows; C
  * stored by columns is computed as C^T = B^T A^T. Other C layouts are refused (false). */
-static bool gemm_bf16(cgi_lp *lp, int64_t m, int64_t n, int64_t k, const bf16 *a, int64_t rsa, int64_t csa, const bf16 *b,
+static bool gemm_bf16(cgi_lp *lp, int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, int64_t rsa, int64_t csa, const cgi_bf16 *b,
                       int64_t rsb, int64_t csb, float alpha, float beta, float *c, int64_t rsc, int64_t csc) {
     if (m == 0 || n == 0) return true;
     if (k == 0) {
@@ -361,7 +355,7 @@ static bool gemm_bf16(cgi_lp *lp, int64_t m, int64_t n, int64_t k, const bf16 *a
 
 /* C = alpha A B + beta C by plain loops over bf16 operands, float accumulation: where oneDNN
  * cannot take an operand that only exists in bf16 (and under cgi_lp_force_ref, for the tests). */
-static void ref_gemm(int64_t m, int64_t n, int64_t k, const bf16 *a, int64_t rsa, int64_t csa, const bf16 *b,
+static void ref_gemm(int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, int64_t rsa, int64_t csa, const cgi_bf16 *b,
                      int64_t rsb, int64_t csb, float alpha, float beta, float *c, int64_t rsc, int64_t csc) {
 #pragma omp parallel for schedule(static) if (m * n * k > CGI_PAR_MIN) num_threads(cgi_nthreads())
     for (int64_t i = 0; i < m; i++)
@@ -374,7 +368,7 @@ static void ref_gemm(int64_t m, int64_t n, int64_t k, const bf16 *a, int64_t rsa
 }
 
 /* The product on bf16 operands: oneDNN, else the reference loops, so it always happens. */
-static void mm(cgi_lp *lp, int64_t m, int64_t n, int64_t k, const bf16 *a, int64_t rsa, int64_t csa, const bf16 *b,
+static void mm(cgi_lp *lp, int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, int64_t rsa, int64_t csa, const cgi_bf16 *b,
                int64_t rsb, int64_t csb, float alpha, float beta, float *c, int64_t rsc, int64_t csc) {
     if (cgi_lp_force_ref || !gemm_bf16(lp, m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, c, rsc, csc))
         ref_gemm(m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, c, rsc, csc);
@@ -429,35 +423,35 @@ size_t cgi_lp_scratch_bytes(const cg_tensor *t, bool bwd) {
     int64_t s[2];
     need(t, bwd, s);
     if (!s[0] && !s[1]) return 0;
-    return round_up((size_t)s[0] * sizeof(bf16)) + (size_t)s[1] * sizeof(bf16);
+    return round_up((size_t)s[0] * sizeof(cgi_bf16)) + (size_t)s[1] * sizeof(cgi_bf16);
 }
 
 size_t cgi_lp_unplanned_bytes(const cg_graph *g) {
-    return g && g->lp ? (g->lp->slot_n[0] + g->lp->slot_n[1]) * sizeof(bf16) : 0;
+    return g && g->lp ? (g->lp->slot_n[0] + g->lp->slot_n[1]) * sizeof(cgi_bf16) : 0;
 }
 
 /* Conversion area i for n elements: t's planned scratch, else the graph's held slot. */
-static bf16 *scratch(cgi_lp *lp, const cg_tensor *t, bool bwd, int i, int64_t n) {
+static cgi_bf16 *scratch(cgi_lp *lp, const cg_tensor *t, bool bwd, int i, int64_t n) {
     int64_t s[2];
     need(t, bwd, s);
     char *base = t->lp_tmp[bwd];
-    if (base && n <= s[i]) return (bf16 *)(base + (i ? round_up((size_t)s[0] * sizeof(bf16)) : 0));
+    if (base && n <= s[i]) return (cgi_bf16 *)(base + (i ? round_up((size_t)s[0] * sizeof(cgi_bf16)) : 0));
     return slot(lp, i, n);
 }
 
 /* bf16 form of operand x[rows, cols] (strides rs, cs) whose storage belongs to src: a parameter's
  * copy or a bf16-stored value (same strides), else a conversion into area i of t's scratch
  * (strides set to its layout). */
-static const bf16 *operand(cgi_lp *lp, const cg_tensor *t, bool bwd, int i, const float *x, int64_t rows, int64_t cols,
+static const cgi_bf16 *operand(cgi_lp *lp, const cg_tensor *t, bool bwd, int i, const float *x, int64_t rows, int64_t cols,
                            int64_t *rs, int64_t *cs, const cg_tensor *src) {
     cg_tensor *root = src ? src->root : NULL;
     if (param_backed(src)) {
-        const bf16 *p = param_bf16(root);
+        const cgi_bf16 *p = param_bf16(root);
         return p ? p + (x - (const float *)root->data) : NULL;
     }
-    if (root && root->lp_value) return (const bf16 *)x;
-    if (root && root->lp_shadowed && root->lp_shadow) return (const bf16 *)root->lp_shadow + (x - (const float *)root->data);
-    bf16 *d = scratch(lp, t, bwd, i, rows * cols);
+    if (root && root->lp_value) return (const cgi_bf16 *)x;
+    if (root && root->lp_shadowed && root->lp_shadow) return (const cgi_bf16 *)root->lp_shadow + (x - (const float *)root->data);
+    cgi_bf16 *d = scratch(lp, t, bwd, i, rows * cols);
     if (d) convert(x, rows, cols, *rs, *cs, d, rs, cs);
     return d;
 }
@@ -468,8 +462,8 @@ bool cgi_lp_gemm(const cg_tensor *t, bool bwd, int64_t m, int64_t n, int64_t k, 
     cgi_lp *lp = t->graph && t->graph->precision == CG_BF16 ? ctx(t->graph) : NULL;
     if (!lp) return false;
     if (m == 0 || n == 0 || k == 0) return gemm_bf16(lp, m, n, k, NULL, 0, 0, NULL, 0, 0, alpha, beta, c, rsc, csc);
-    const bf16 *ab = operand(lp, t, bwd, 0, a, m, k, &rsa, &csa, a_src);
-    const bf16 *bb = ab ? operand(lp, t, bwd, 1, b, k, n, &rsb, &csb, b_src) : NULL;
+    const cgi_bf16 *ab = operand(lp, t, bwd, 0, a, m, k, &rsa, &csa, a_src);
+    const cgi_bf16 *bb = ab ? operand(lp, t, bwd, 1, b, k, n, &rsb, &csb, b_src) : NULL;
     if (!bb) return false;
     if (cgi_lp_force_ref || !gemm_bf16(lp, m, n, k, ab, rsa, csa, bb, rsb, csb, alpha, beta, c, rsc, csc)) {
         /* a C layout oneDNN refuses: float operands go back to the caller's BLIS product */
@@ -485,7 +479,7 @@ bool cgi_lp_gemm(const cg_tensor *t, bool bwd, int64_t m, int64_t n, int64_t k, 
 double cg_bf16_gemm_gflops(int64_t n, int reps) {
     if (cg_bf16_unavailable() || n < 1 || !engine_ready()) return NAN;
     cgi_lp lp = {0};
-    bf16 *a = calloc((size_t)(n * n), sizeof *a), *b = calloc((size_t)(n * n), sizeof *b);
+    cgi_bf16 *a = calloc((size_t)(n * n), sizeof *a), *b = calloc((size_t)(n * n), sizeof *b);
     float *c = calloc((size_t)(n * n), sizeof *c);
     double best = INFINITY;
     for (int64_t i = 0; a && b && i < n * n; i++) a[i] = cgi_to_bf16((float)(i % 7) * 0.25f), b[i] = cgi_to_bf16((float)(i % 5) * 0.5f);
@@ -518,23 +512,23 @@ bool cgi_lp_linear_bwd(cg_tensor *t, bool assign) {
     const int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1];
     int64_t s[2], rd = n, cd = 1; /* dY, converted once for both products */
     need(t, true, s);
-    const bf16 *dy;
+    const cgi_bf16 *dy;
     if (dy_in_place(t) && (s[1] == 0 || t->lp_tmp[1])) { /* nothing can fail once the floats are gone */
         cgi_lp_to_bf16_inplace(t->grad, m, n);
-        dy = (const bf16 *)t->grad;
+        dy = (const cgi_bf16 *)t->grad;
         rd = 2 * n;
     } else if (!(dy = operand(lp, t, true, 0, t->grad, m, n, &rd, &cd, NULL)))
         return false;
     /* from here on nothing fails: planned areas fit, and a held slot that cannot grow leaves dY float */
     if (x->requires_grad) { /* dX[m,k] (+)= dY[m,n] @ W[n,k] */
         int64_t rw = w->stride[0], cw = w->stride[1];
-        const bf16 *wb = operand(lp, t, true, 1, w->data, n, k, &rw, &cw, w);
+        const cgi_bf16 *wb = operand(lp, t, true, 1, w->data, n, k, &rw, &cw, w);
         if (!wb) return false; /* only with dY still float and nothing written */
         mm(lp, m, k, n, dy, rd, cd, wb, rw, cw, 1, assign ? 0 : 1, x->grad, row_stride(x), x->stride[x->ndim - 1]);
     }
     if (w->requires_grad) { /* dW[n,k] += dY^T[n,m] @ X[m,k] */
         int64_t rx = row_stride(x), cx = x->stride[x->ndim - 1];
-        const bf16 *xb = operand(lp, t, true, 1, x->data, m, k, &rx, &cx, x);
+        const cgi_bf16 *xb = operand(lp, t, true, 1, x->data, m, k, &rx, &cx, x);
         if (xb) mm(lp, n, k, m, dy, cd, rd, xb, rx, cx, 1, 1, w->grad, w->stride[0], w->stride[1]);
         else /* dX is already written (and dY is float: a held slot failed): finish in float */
             cgi_gemm(n, k, m, t->grad, 1, n, x->data, row_stride(x), x->stride[x->ndim - 1], 1, 1, w->grad,
@@ -553,15 +547,15 @@ bool cgi_lp_lce_bwd(cg_tensor *t, int64_t m, int64_t v, int64_t d, cg_real *dlog
     need(t, true, s);
     if (!lp || (s[1] && !t->lp_tmp[1])) return false; /* unplanned: the caller's float products */
     cgi_lp_to_bf16_inplace(dlogits, m, v);
-    const bf16 *dl = (const bf16 *)dlogits;
+    const cgi_bf16 *dl = (const cgi_bf16 *)dlogits;
     if (dx) { /* dxs[m,d] = dlogits[m,v] @ W[v,d] */
         int64_t rw = w->stride[0], cw = w->stride[1];
-        const bf16 *wb = operand(lp, t, true, 1, w->data, v, d, &rw, &cw, w);
+        const cgi_bf16 *wb = operand(lp, t, true, 1, w->data, v, d, &rw, &cw, w);
         mm(lp, m, d, v, dl, 2 * v, 1, wb, rw, cw, 1, 0, dxs, d, 1);
     }
     if (dw) { /* dW[v,d] += dlogits^T[v,m] @ xs[m,d] */
         int64_t rx = d, cx = 1;
-        const bf16 *xb = operand(lp, t, true, 1, xs, m, d, &rx, &cx, NULL);
+        const cgi_bf16 *xb = operand(lp, t, true, 1, xs, m, d, &rx, &cx, NULL);
         mm(lp, v, d, m, dl, 1, 2 * v, xb, rx, cx, 1, 1, w->grad, w->stride[0], w->stride[1]);
     }
     return true;
@@ -580,7 +574,7 @@ void cgi_lp_shadow_fill(cg_tensor *t) {
     const int64_t n = cgi_numel(t->ndim, t->shape);
     enum { RUN = 1 << 14 };
     const float *src = t->data;
-    bf16 *dst = t->lp_shadow;
+    cgi_bf16 *dst = t->lp_shadow;
 #pragma omp parallel for schedule(static) if (n > CGI_PAR_MIN) num_threads(cgi_nthreads())
     for (int64_t i = 0; i < n; i += RUN) convert_run(src + i, dst + i, n - i < RUN ? n - i : RUN);
 }

@@ -83,7 +83,7 @@ CGI_CLONES static cg_status norm_fwd(cg_tensor *t) {
                 cg_real h[BLK];
                 for (int64_t j = 0; j < len; j++)
                     h[j] = (x[j0 + j] - m) * q * (gain ? gain[(j0 + j) * gs] : 1) + (bias ? bias[(j0 + j) * bs] : 0);
-                for (int64_t j = 0; j < len; j++) yb[j0 + j] = cgi_to_bf16((float)h[j]);
+                cgi_lp_round(yb + j0, h, len, 1);
             }
         } else if (gain && bias && gs == 1 && bs == 1) /* the usual case, as one vector loop */
             for (int64_t j = 0; j < d; j++) y[j] = (x[j] - m) * q * gain[j] + bias[j];
