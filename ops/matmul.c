@@ -420,7 +420,27 @@ typedef struct {
     cg_real *p;
     size_t n;
 } pack_buf;
-static _Thread_local pack_buf pack_a_buf, pack_b_buf; /* grown once per thread, then reused */
+typedef struct {
+    pack_buf a, b;
+} pack_bufs;
+/* Each thread's packing buffers: grown once, then reused; freed when the thread ends. */
+static pthread_key_t pack_key;
+static bool pack_key_ok;
+
+static void pack_bufs_free(void *v) {
+    pack_bufs *b = v;
+    free(b->a.p), free(b->b.p), free(b);
+}
+
+static pack_bufs *pack_bufs_get(void) {
+    if (!pack_key_ok) return NULL;
+    pack_bufs *b = pthread_getspecific(pack_key);
+    if (!b && (b = calloc(1, sizeof *b)) && pthread_setspecific(pack_key, b)) {
+        free(b);
+        b = NULL;
+    }
+    return b;
+}
 
 static cg_real *pack_buf_get(pack_buf *b, size_t n) {
     if (b->n >= n) return b->p;
@@ -434,6 +454,7 @@ static cgi_ukr blk_ukr;
 static bool blk_on;
 static void blk_init(void) {
     cgi_ukr_init(&blk_ukr);
+    pack_key_ok = pthread_key_create(&pack_key, pack_bufs_free) == 0;
     const char *off = getenv("CGRAD_GEMM_BLIS"); /* set: BLIS's own driver for every product, for comparisons */
 #ifdef CGI_PACK12
     blk_on = blk_ukr.swap && fast_transpose && !(off && *off);
@@ -490,8 +511,10 @@ static bool gemm_blocked(const cgi_gemm_job *j) {
     const int64_t passes = (k + BLK_KC - 1) / BLK_KC, kc0 = (k + passes - 1) / passes;
     const int64_t nblk = (n + BLK_NC - 1) / BLK_NC, nc0 = ((n + nblk - 1) / nblk + u->nr - 1) / u->nr * u->nr;
     const int64_t mblk = (m + BLK_MC - 1) / BLK_MC, mc0 = ((m + mblk - 1) / mblk + u->mr - 1) / u->mr * u->mr;
-    cg_real *ap = pack_buf_get(&pack_a_buf, cgi_ukr_packed_a(u, m < mc0 ? m : mc0, kc0));
-    cg_real *bp = pack_buf_get(&pack_b_buf, cgi_ukr_packed_b(u, kc0, n < nc0 ? n : nc0));
+    pack_bufs *bufs = pack_bufs_get();
+    if (!bufs) return false;
+    cg_real *ap = pack_buf_get(&bufs->a, cgi_ukr_packed_a(u, m < mc0 ? m : mc0, kc0));
+    cg_real *bp = pack_buf_get(&bufs->b, cgi_ukr_packed_b(u, kc0, n < nc0 ? n : nc0));
     if (!ap || !bp) return false;
     for (int64_t jc = 0; jc < m; jc += mc0) {
         const int64_t mc = m - jc < mc0 ? m - jc : mc0;
