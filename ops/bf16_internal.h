@@ -90,5 +90,7 @@ bool cgi_lp_lce_bwd(cg_tensor *t, int64_t m, int64_t v, int64_t d, cg_real *dlog
 void cgi_lp_to_bf16_inplace(cg_real *x, int64_t m, int64_t n);
 /* Forces the reference loop in place of oneDNN for products with a bf16-stored operand (tests). */
 extern bool cgi_lp_force_ref;
+/* Makes a parameter's bf16 copy fail to allocate, as out of memory would (tests). */
+extern bool cgi_lp_fail_param_copy;
 
 #endif

@@ -762,6 +762,11 @@ cg_status cgi_fwd_linear(cg_tensor *t) {
                 for (int64_t j = 0; j < n; j++) c[i * n + j] = bv[j * bs];
         }
         if (cgi_lp_linear_fwd(t, bias != NULL)) return CG_OK;
+        /* the float products below would read an input that exists only in bf16 */
+        if (x->root->lp_value)
+            return cgi_fail(CG_ERR_NOMEM, "[linear] bf16: no memory for the bf16 form of weight %s (%s) or its scratch, "
+                                          "and input %s is stored only in bf16",
+                            cgi_shp(w), cg_name(w->root), cgi_shp(x));
     }
     /* the bias goes in with the product, piece by piece (see gemm_blocked) */
     const cgi_gemm_job j = {m, n, k, x->data, row_stride(x), x->stride[x->ndim - 1], w->data, w->stride[1], w->stride[0],

@@ -200,6 +200,27 @@ static void test_activations(void) {
     }
 }
 
+/* Out of memory for a weight's bf16 copy: a linear whose input exists only in bf16 (a ReLU's value
+ * read by it alone) cannot fall back to its float product, which would read those bf16 bytes as
+ * floats; forward reports it instead. The first linear, on a float input, still falls back. */
+static void test_no_copy(void) {
+    cg_params *ps = cg_params_new();
+    int64_t s1[2] = {AH, AK}, s2[2] = {AN, AH}, sx[2] = {AM, AK};
+    cg_tensor *w1 = cg_params_add(ps, "w1", 2, s1), *w2 = cg_params_add(ps, "w2", 2, s2);
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    CHECK(cg_graph_set_precision(g, CG_BF16) == CG_OK, "%s", cg_last_error());
+    cg_tensor *x = cg_requires_grad(cg_input(g, "x", CG_REAL, 2, sx));
+    cg_tensor *loss = cg_sum_all(g, cg_linear(g, cg_relu(g, cg_linear(g, x, w1, NULL)), w2, NULL));
+    cgi_lp_fail_param_copy = true;
+    const cg_status st = loss ? cg_graph_forward(g) : CG_ERR_ARG;
+    cgi_lp_fail_param_copy = false;
+    CHECK(st == CG_ERR_NOMEM && strstr(cg_last_error(), "[linear] bf16") && strstr(cg_last_error(), "w2") &&
+              strstr(cg_last_error(), "[64,48]"),
+          "forward without memory for w2's bf16 copy: status %d, '%s'", (int)st, cg_last_error());
+    cg_graph_free(g);
+    cg_params_free(ps);
+}
+
 /* ---- shadows: a post-LN block's LayerNorm output, read by linears and the residual add ---- */
 
 typedef struct {
@@ -585,6 +606,7 @@ int main(void) {
         test_matmul();
         test_lce();
         test_activations();
+        test_no_copy();
         test_shadows();
     }
     test_gpt_step(!why);
