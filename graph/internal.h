@@ -290,9 +290,12 @@ static inline void cgi_iter_row(const cgi_iter *it, int64_t r, int64_t *off) {
 
 /* ---- shared kernels ---- */
 /* C[m,n] = alpha A[m,k] B[k,n] + beta C through BLIS, any strides, on up to `threads` threads
- * (ops/matmul.c). */
+ * (ops/gemm.c). */
 void cgi_gemm(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, int64_t csa, const cg_real *b,
               int64_t rsb, int64_t csb, cg_real alpha, cg_real beta, cg_real *c, int64_t rsc, int64_t csc, int threads);
+/* Whether float products with row-major C run through cgrad's blocked driver (ops/gemm.c) rather
+ * than BLIS's (the kernel set and CGRAD_GEMM_BLIS decide). */
+bool cgi_gemm_blocked_on(void);
 /* One product for cgi_gemm_many: C[m,n] = alpha A[m,k] B[k,n] + beta C, or, with a bias (a row
  * of n, stride bias_stride), alpha A B + the bias on every row (beta unused). */
 typedef struct {
@@ -312,7 +315,7 @@ typedef struct {
 void cgi_gemm_many(const cgi_gemm_job *jobs, int njobs, int threads);
 /* Products on BLIS's own micro-kernel over operands packed by the caller, for small products
  * that reuse an operand many times (attention's keys and values): packing it once replaces a
- * repack in every BLIS call (ops/matmul.c). A packed operand is a run of panels: A's of `mr`
+ * repack in every BLIS call (ops/gemm.c). A packed operand is a run of panels: A's of `mr`
  * rows, B's of `nr` columns, each panel k deep with the other index fastest. */
 typedef struct {
     int64_t mr, nr;     /* the micro-tile along C's rows and columns */

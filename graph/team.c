@@ -8,7 +8,7 @@
  * threads, already awake, take pieces of the products (cgi_team_pieces) from an atomic counter.
  * Thread 0 takes pieces from the same counter, so it only ever waits for a piece a helper has
  * started. Pieces are cut the same way whoever computes them and at any thread count
- * (ops/matmul.c), so tokens are bit-identical at 1 and N threads.
+ * (ops/gemm.c), so tokens are bit-identical at 1 and N threads.
  *
  * Helpers spin between pieces only briefly, then yield, then sleep, so that another busy process
  * is not starved. And a guard on thread 0 times each run per unit of work with helpers and

@@ -1,6 +1,6 @@
 /* One thread setting for the OpenMP kernels and BLIS. BLIS here is the OpenMP build, so both
  * draw on libgomp's pool; cgrad runs every BLIS call single-threaded inside its own parallel
- * loops (ops/matmul.c), so teams never nest. The global BLIS count serves callers of BLIS itself. */
+ * loops (ops/gemm.c), so teams never nest. The global BLIS count serves callers of BLIS itself. */
 #include <blis.h>
 #include <math.h>
 #include <omp.h>
@@ -39,7 +39,7 @@ int cgi_nthreads(void) { return run_threads > 0 ? run_threads : cg_threads(); }
  * an empty region on a warm core: two adds of 32k elements took 9 us on one thread and 140-180 us
  * on two (6 us with spinning threads), since the idle vCPU has to be woken by the host; a 128k
  * add still lost 3x. So kernels stay on one thread below CGI_PAR_MIN elements, products below 2^23
- * multiply-adds a piece (ops/matmul.c), and a whole run below CGI_RUN_PAR_MIN keeps every op on one
+ * multiply-adds a piece (ops/gemm.c), and a whole run below CGI_RUN_PAR_MIN keeps every op on one
  * thread: a cached gpt-tiny token step (3.3M multiply-adds in 21 regions) ran 10-40% slower on two
  * threads than on one, and an uncached step (16-216 tokens, 53M-700M) 20% slower. Spinning would
  * pay on an idle machine (uncached 127 -> 184 tokens/s on two threads) but collapsed with one other

@@ -118,7 +118,7 @@ static void test_pieces(void) {
     free(x), free(w), free(dy), free(dx), free(dw), free(rx), free(rw);
 }
 
-/* Products through cgrad's blocked driver (ops/matmul.c): several depth passes (k > 512), several
+/* Products through cgrad's blocked driver (ops/gemm.c): several depth passes (k > 512), several
  * packed B blocks (n > 480, ragged), several A blocks (m > 3072), and a bias row (strides 1 and
  * 3) in place of beta, on 1 and 2 threads, against the triple loop. */
 static void test_blocked(void) {
@@ -178,7 +178,7 @@ static void test_thread_buffers(void) {
     free(buf);
 }
 
-/* BLIS's 12-wide float packing kernel as cgrad installs it (ops/matmul.c, a register transpose
+/* BLIS's 12-wide float packing kernel as cgrad installs it (ops/gemm.c, a register transpose
  * where BLIS's reference copies element by element) against plain loops: every stride order,
  * full and partial panels, depth padding, kappa. */
 static void test_pack12(void) {

@@ -1,0 +1,532 @@
+/* The product engine under matmul, linear and attention: strided products on BLIS's micro-kernel
+ * (a transposed or sliced operand is passed as it lies in memory, never copied), cut into pieces
+ * for the threads or a generation team; the register-transposing packs; cgrad's blocked driver.
+ * BLIS itself always runs single-threaded. The ops that use it are in ops/matmul.c. */
+#include <blis.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "graph/internal.h"
+
+static void blis_ready(void);
+static bool gemm_blocked(const cgi_gemm_job *j);
+
+/* C[m,n] = alpha * A[m,k] @ B[k,n] + beta * C (or + bias) on the calling thread, all
+ * general-strided. A single row or column goes to gemv: gemm would pack the whole other operand
+ * for one vector (token-by-token generation is all such products). */
+static void gemm1(const cgi_gemm_job *j) {
+    int64_t m = j->m, n = j->n, k = j->k, rsa = j->rsa, csa = j->csa, rsb = j->rsb, csb = j->csb;
+    cg_real alpha = j->alpha, beta = j->beta, *c = j->c;
+    const int64_t rsc = j->rsc, csc = j->csc;
+    if (m == 0 || n == 0) return;
+    if (gemm_blocked(j)) return;
+    if (j->bias) { /* C = bias, then C += A B */
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t jj = 0; jj < n; jj++) c[i * rsc + jj * csc] = j->bias[jj * j->bias_stride];
+        beta = 1;
+    }
+    if (k == 0) { /* an empty sum: C = beta * C */
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t jj = 0; jj < n; jj++) c[i * rsc + jj * csc] = beta == 0 ? 0 : beta * c[i * rsc + jj * csc];
+        return;
+    }
+    rntm_t rntm = BLIS_RNTM_INITIALIZER;
+    bli_rntm_set_num_threads(1, &rntm);
+    /* With A stored by rows and B by columns (A @ W^T, Q @ K^T) BLIS's small-matrix path takes its
+     * dot-product kernels, which ran 1.2-1.7x slower than packing here on Zen 3 (e.g. 256x256x64,
+     * the attention scores: 37 against 62 GFLOP/s); below 32 rows or columns it stays the faster. */
+    if (csa == 1 && rsa != 1 && rsb == 1 && csb != 1 && m >= 32 && n >= 32) bli_rntm_disable_l3_sup(&rntm);
+#ifdef CGRAD_DOUBLE
+#define GEMV bli_dgemv_ex
+#define GEMM bli_dgemm_ex
+    typedef double real_t;
+#else
+#define GEMV bli_sgemv_ex
+#define GEMM bli_sgemm_ex
+    typedef float real_t;
+#endif
+    if (m == 1 && n > 1) { /* c[1,n] = a[1,k] B[k,n]  <=>  c^T = B^T a^T: B^T is [n, k] */
+        GEMV(BLIS_NO_TRANSPOSE, BLIS_NO_CONJUGATE, n, k, &alpha, (real_t *)j->b, csb, rsb, (real_t *)j->a, csa, &beta,
+             c, csc, NULL, &rntm);
+        return;
+    }
+    if (n == 1) { /* c[m,1] = A[m,k] b[k,1] */
+        GEMV(BLIS_NO_TRANSPOSE, BLIS_NO_CONJUGATE, m, k, &alpha, (real_t *)j->a, rsa, csa, (real_t *)j->b, rsb, &beta,
+             c, rsc, NULL, &rntm);
+        return;
+    }
+    /* BLIS rejects strides it cannot tell apart on size-1 dimensions; give those a plain one. */
+#define FIX(rows, cols, rs, cs)                           \
+    do {                                                  \
+        if ((rows) == 1) (rs) = (cs) == 1 ? (cols) : 1;   \
+        if ((cols) == 1) (cs) = (rs) == 1 ? (rows) : 1;   \
+        if ((rows) == 1 && (cols) == 1) (rs) = (cs) = 1;  \
+    } while (0)
+    FIX(m, k, rsa, csa);
+    FIX(k, n, rsb, csb);
+#undef FIX
+    GEMM(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, m, n, k, &alpha, (real_t *)j->a, rsa, csa, (real_t *)j->b, rsb, csb,
+         &beta, c, rsc, csc, NULL, &rntm);
+#undef GEMV
+#undef GEMM
+}
+
+/* Threads over products. BLIS always runs on one thread; a product is cut into pieces along the
+ * longer side of C, which the threads take in turn. BLIS's own threads wait for each other in
+ * spinning barriers several times per product: with another busy process on the machine (or on
+ * SMT siblings) a waiting thread burns the time its partner needs, and 2-thread steps took 3-10x
+ * as long as 1-thread ones. Pieces share no barrier, only the join at the region's end, and a
+ * thread held up elsewhere simply takes fewer of them. The cost is packing the uncut operand
+ * once per piece, under 3% of a piece's work at the sizes allowed below. */
+enum { MAX_PIECES = 256 };
+typedef struct {
+    int job;
+    int64_t lo, hi; /* the rows (cut_rows) or columns of C the piece computes */
+} piece;
+
+static bool cut_rows(const cgi_gemm_job *j) { return j->m >= j->n; }
+
+/* How many pieces job j can be cut into: at most want, each with at least 2^23 multiply-adds (a
+ * matrix-vector product: 2^16) and 32 rows or columns (vector: 256 elements). A [64, 256] x
+ * [256, 768] product (12.6M) took as long on two threads as on one here, a [128, 256] one 1.28x
+ * less: below some 8M a piece, packing and waking the other thread eat the gain. A team's helpers
+ * (graph/team.c) are awake already: there a vector piece of 64 outputs (2^15 multiply-adds, 128 kB
+ * of gpt-tiny's weights, ~5 us) pays. A team cuts no other product: uncached generation steps
+ * (16-216 rows) lost 8% on one thread to pieces of 2^23 and gained nothing on two. */
+static int pieces_of(const cgi_gemm_job *j, int want, bool team) {
+    const int64_t len = cut_rows(j) ? j->m : j->n;
+    const bool vec = j->m == 1 || j->n == 1;
+    if (team && !vec) return 1;
+    const double work = (double)j->m * (double)j->n * (double)j->k;
+    const double min_work = vec ? (team ? 1 << 15 : 1 << 16) : 1 << 23;
+    const int64_t min_len = vec ? (team ? 64 : 256) : 32;
+    int p = want;
+    while (p > 1 && (work / p < min_work || len / p < min_len)) p--;
+    return p;
+}
+
+static void run_piece(const cgi_gemm_job *jobs, const piece *pc) {
+    cgi_gemm_job j = jobs[pc->job];
+    if (cut_rows(&j)) {
+        j.a += pc->lo * j.rsa;
+        j.c += pc->lo * j.rsc;
+        j.m = pc->hi - pc->lo;
+    } else {
+        j.b += pc->lo * j.csb;
+        j.c += pc->lo * j.csc;
+        if (j.bias) j.bias += pc->lo * j.bias_stride;
+        j.n = pc->hi - pc->lo;
+    }
+    gemm1(&j);
+}
+
+typedef struct {
+    const cgi_gemm_job *jobs;
+    const piece *pcs;
+} team_task;
+
+static void run_team_piece(void *ctx, int q) {
+    const team_task *t = ctx;
+    run_piece(t->jobs, &t->pcs[q]);
+}
+
+enum { TEAM_PIECES = 16 }; /* a job's pieces inside a team, at most */
+
+void cgi_gemm_many(const cgi_gemm_job *jobs, int njobs, int threads) {
+    blis_ready();
+    /* Inside a team, matrix-vector products are cut into pieces of whole 32-row blocks while the
+     * helpers are awake, and not at all while they rest or at one thread: a cut cost ~4% of a
+     * cached token on one thread (1730-1747 -> 1616-1686 tokens/s). BLIS's sgemv runs its fused
+     * 8-row dot kernel on row groups from the first row, so a cut on multiples of 32 gives the
+     * same bits as the whole (test_threads checks the tokens at 1 and 2 threads). */
+    const bool team = cgi_team_on(), share = team && cgi_team_sharing();
+    if (team || (threads > 1 && omp_in_parallel())) threads = 1; /* never nest a team inside a team */
+    double total = 0;
+    for (int i = 0; i < njobs; i++) total += (double)jobs[i].m * (double)jobs[i].n * (double)jobs[i].k;
+    piece pcs[MAX_PIECES];
+    int np = 0;
+    for (int i = 0; i < njobs; i++) {
+        const cgi_gemm_job *j = &jobs[i];
+        if (j->m == 0 || j->n == 0) continue;
+        /* two pieces per thread over all jobs, shared by work */
+        const double part = total > 0 ? (double)j->m * (double)j->n * (double)j->k / total : 1;
+        int want = share ? TEAM_PIECES : threads > 1 ? (int)(2 * threads * part + 0.5) : 1;
+        if (want < 1) want = 1;
+        if (want > MAX_PIECES - np - (njobs - 1 - i)) want = MAX_PIECES - np - (njobs - 1 - i);
+        const int p = pieces_of(j, want, team);
+        const int64_t len = cut_rows(j) ? j->m : j->n;
+        for (int q = 0; q < p; q++) {
+            /* cut on multiples of 32 so each piece keeps whole micro-tiles */
+            int64_t lo = q == 0 ? 0 : len * q / p / 32 * 32, hi = q == p - 1 ? len : len * (q + 1) / p / 32 * 32;
+            if (p > 1 && len < 32 * p) lo = len * q / p, hi = len * (q + 1) / p;
+            if (hi > lo) pcs[np++] = (piece){i, lo, hi};
+        }
+    }
+    if (share) {
+        const team_task task = {jobs, pcs};
+        cgi_team_pieces(run_team_piece, (void *)&task, np);
+        return;
+    }
+    if (np == 1 || threads <= 1) {
+        for (int q = 0; q < np; q++) run_piece(jobs, &pcs[q]);
+        return;
+    }
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads < np ? threads : np)
+    for (int q = 0; q < np; q++) run_piece(jobs, &pcs[q]);
+}
+
+void cgi_gemm(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, int64_t csa, const cg_real *b,
+              int64_t rsb, int64_t csb, cg_real alpha, cg_real beta, cg_real *c, int64_t rsc, int64_t csc, int threads) {
+    const cgi_gemm_job j = {m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, c, rsc, csc, NULL, 0};
+    cgi_gemm_many(&j, 1, threads);
+}
+
+/* ---- a transposing pack for BLIS's 12-wide panels ---- */
+
+/* With skx's column-preferring 32 x 12 micro-kernel and C stored by rows, BLIS packs A (rows of A,
+ * each contiguous along k) into 12-wide panels k deep: a transpose, which BLIS's reference kernel
+ * does one element at a time. It took 13% of a gpt-tiny training step, 1 thread. This kernel
+ * transposes 4 x 8 blocks in registers; any other case (other strides, a partial panel) goes to
+ * BLIS's own. It copies (times kappa, as BLIS), so products stay bit-identical. */
+#if !defined(CGRAD_DOUBLE) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define CGI_PACK12 1
+enum { PW = 12 };
+static spackm_cxk_ker_ft blis_pack12;
+static bool fast_transpose; /* transpose_rows may run (AVX2) */
+
+/* p[c * ldp + i] = kappa * a[i * inca + c] for rows i < rows (a multiple of 4) and depths c below
+ * n rounded down to 8, in 4 x 8 register transposes; returns the depth where it stopped. */
+__attribute__((target("avx2"))) static dim_t transpose_rows(const float *a, inc_t inca, dim_t n, dim_t rows,
+                                                            float kappa, float *p, inc_t ldp) {
+    const bool scaled = kappa != 1;
+    const __m256 kv = _mm256_set1_ps(kappa);
+    dim_t c = 0;
+    for (; c + 8 <= n; c += 8)
+        for (dim_t g = 0; g < rows / 4; g++) { /* rows 4g..4g+3, depths c..c+7 */
+            const float *r = a + 4 * g * inca + c;
+            __m256 r0 = _mm256_loadu_ps(r), r1 = _mm256_loadu_ps(r + inca), r2 = _mm256_loadu_ps(r + 2 * inca),
+                   r3 = _mm256_loadu_ps(r + 3 * inca);
+            if (scaled) {
+                r0 = _mm256_mul_ps(r0, kv), r1 = _mm256_mul_ps(r1, kv);
+                r2 = _mm256_mul_ps(r2, kv), r3 = _mm256_mul_ps(r3, kv);
+            }
+            const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1),
+                         t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+            const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE),
+                         u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+            float *d = p + c * ldp + 4 * g;
+            _mm_storeu_ps(d, _mm256_castps256_ps128(u0));
+            _mm_storeu_ps(d + ldp, _mm256_castps256_ps128(u1));
+            _mm_storeu_ps(d + 2 * ldp, _mm256_castps256_ps128(u2));
+            _mm_storeu_ps(d + 3 * ldp, _mm256_castps256_ps128(u3));
+            _mm_storeu_ps(d + 4 * ldp, _mm256_extractf128_ps(u0, 1));
+            _mm_storeu_ps(d + 5 * ldp, _mm256_extractf128_ps(u1, 1));
+            _mm_storeu_ps(d + 6 * ldp, _mm256_extractf128_ps(u2, 1));
+            _mm_storeu_ps(d + 7 * ldp, _mm256_extractf128_ps(u3, 1));
+        }
+    return c;
+}
+
+__attribute__((target("avx2"))) static void pack12_rows(conj_t conja, pack_t schema, dim_t cdim, dim_t n, dim_t n_max,
+                                                         float *restrict kappa, float *restrict a, inc_t inca,
+                                                         inc_t lda, float *restrict p, inc_t ldp, cntx_t *restrict cntx) {
+    if (cdim != PW || (lda != 1 && inca != 1) || ldp < PW) {
+        blis_pack12(conja, schema, cdim, n, n_max, kappa, a, inca, lda, p, ldp, cntx);
+        return;
+    }
+    const float k = *kappa;
+    const bool scaled = k != 1;
+    const __m256 kv = _mm256_set1_ps(k);
+    const __m128 kq = _mm_set1_ps(k);
+    dim_t c = 0;
+    if (inca == 1) /* panel rows contiguous: 12 floats per depth, copied as they are */
+        for (; c < n; c++) {
+            const float *r = a + c * lda;
+            __m256 lo = _mm256_loadu_ps(r);
+            __m128 hi = _mm_loadu_ps(r + 8);
+            if (scaled) lo = _mm256_mul_ps(lo, kv), hi = _mm_mul_ps(hi, kq);
+            _mm256_storeu_ps(p + c * ldp, lo);
+            _mm_storeu_ps(p + c * ldp + 8, hi);
+        }
+    if (c < n) c = transpose_rows(a, inca, n, PW, k, p, ldp);
+    for (; c < n; c++)
+        for (int i = 0; i < PW; i++) p[c * ldp + i] = scaled ? k * a[i * inca + c] : a[i * inca + c];
+    for (c = n; c < n_max; c++) /* depth padding, as BLIS's kernel */
+        for (int i = 0; i < PW; i++) p[c * ldp + i] = 0;
+}
+
+/* Puts pack12_rows in BLIS's context in place of its 12-wide float kernel, where the CPU has AVX2. */
+static void install_pack12(void) {
+    cntx_t *cx = bli_gks_query_cntx();
+    blis_pack12 = (spackm_cxk_ker_ft)bli_cntx_get_packm_ker_dt(BLIS_FLOAT, (l1mkr_t)PW, cx);
+    const char *off = getenv("CGRAD_BLIS_PACK"); /* set: BLIS's kernel and plain loops, for comparisons */
+    fast_transpose = (cgi_cpu_features() & CGI_CPU_AVX2_FMA) && !(off && *off);
+    if (blis_pack12 && fast_transpose) bli_cntx_set_packm_ker_dt((void_fp)pack12_rows, BLIS_FLOAT, (l1mkr_t)PW, cx);
+}
+#endif
+
+static pthread_once_t packs_once = PTHREAD_ONCE_INIT;
+
+/* BLIS with cgrad's kernel set and packing kernels in place, before any product. */
+static void blis_ready(void) {
+    cgi_blis_init();
+#ifdef CGI_PACK12
+    pthread_once(&packs_once, install_pack12);
+#else
+    (void)packs_once;
+#endif
+}
+
+/* ---- BLIS's micro-kernel on caller-packed operands ---- */
+
+#ifdef CGRAD_DOUBLE
+#define UKR_DT BLIS_DOUBLE
+typedef dgemm_ukr_ft ukr_fn;
+typedef dpackm_cxk_ker_ft pack_fn;
+#else
+#define UKR_DT BLIS_FLOAT
+typedef sgemm_ukr_ft ukr_fn;
+typedef spackm_cxk_ker_ft pack_fn;
+#endif
+
+/* BLIS's packing kernel for panels w wide: 2-3x faster than the loops below on a transposing
+ * pack (6 x 256 from rows: 312 against 681 ns on Zen 3). */
+static void *pack_kernel(int64_t w, cntx_t *cx) {
+    return w >= 1 && w <= 31 ? (void *)bli_cntx_get_packm_ker_dt(UKR_DT, (l1mkr_t)w, cx) : NULL;
+}
+
+/* The kernel takes any C strides but writes its preferred ones about twice as fast: skx's 32 x 12
+ * float kernel stores C by columns, and on row-major C (every caller's) it ran at 99 against
+ * 206 GFLOP/s (C [128, 256], depth 64, in cache). With such a kernel cgrad computes C^T = B^T A^T:
+ * A is packed in panels of the kernel's NR and B in panels of its MR, and the kernel writes
+ * C's rows as its columns. */
+void cgi_ukr_init(cgi_ukr *u) {
+    blis_ready();
+    cntx_t *cx = bli_gks_query_cntx();
+    u->cntx = cx;
+    u->kernel = (void *)bli_cntx_get_l3_nat_ukr_dt(UKR_DT, BLIS_GEMM_UKR, cx);
+    const int64_t mr = bli_cntx_get_blksz_def_dt(UKR_DT, BLIS_MR, cx), nr = bli_cntx_get_blksz_def_dt(UKR_DT, BLIS_NR, cx),
+                  pmr = bli_cntx_get_blksz_max_dt(UKR_DT, BLIS_MR, cx), pnr = bli_cntx_get_blksz_max_dt(UKR_DT, BLIS_NR, cx);
+    u->swap = bli_cntx_l3_nat_ukr_prefers_cols_dt(UKR_DT, BLIS_GEMM_UKR, cx);
+    u->mr = u->swap ? nr : mr, u->pmr = u->swap ? pnr : pmr;
+    u->nr = u->swap ? mr : nr, u->pnr = u->swap ? pmr : pnr;
+    u->pack_a = pack_kernel(u->pmr, cx);
+    u->pack_b = pack_kernel(u->pnr, cx);
+}
+
+size_t cgi_ukr_packed_a(const cgi_ukr *u, int64_t m, int64_t k) { return (size_t)((m + u->mr - 1) / u->mr * u->pmr * k); }
+size_t cgi_ukr_packed_b(const cgi_ukr *u, int64_t k, int64_t n) { return (size_t)((n + u->nr - 1) / u->nr * u->pnr * k); }
+
+/* One panel: dst[p * w + i] = src[i * si + p * sp] for i < rows, zero for rows <= i < w. The loop
+ * runs along whichever source stride is 1, so the reads are contiguous. */
+static void pack_panel(int64_t rows, int64_t w, int64_t k, const cg_real *src, int64_t si, int64_t sp, cg_real *dst) {
+    if (sp == 1) {
+        int64_t p0 = 0; /* depths done by register transposes */
+#ifdef CGI_PACK12
+        if (fast_transpose && rows % 4 == 0) p0 = transpose_rows(src, si, k, rows, 1, dst, w);
+#endif
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t p = p0; p < k; p++) dst[p * w + i] = src[i * si + p];
+        for (int64_t p = 0; p < k; p++)
+            for (int64_t i = rows; i < w; i++) dst[p * w + i] = 0;
+        return;
+    }
+    if (si == 1 && rows == w) { /* a plain copy per depth: the loop vectorises only when told so */
+        for (int64_t p = 0; p < k; p++) memcpy(dst + p * w, src + p * sp, (size_t)w * sizeof(cg_real));
+        return;
+    }
+    for (int64_t p = 0; p < k; p++) {
+        cg_real *d = dst + p * w;
+        const cg_real *s = src + p * sp;
+        for (int64_t i = 0; i < rows; i++) d[i] = s[i * si];
+        for (int64_t i = rows; i < w; i++) d[i] = 0;
+    }
+}
+
+/* Panels of width w (tile t) over `count` rows of src (strides si along them, sp along depth k). */
+static void pack_panels(const cgi_ukr *u, void *kernel, pack_t schema, int64_t t, int64_t w, int64_t count, int64_t k,
+                        const cg_real *src, int64_t si, int64_t sp, cg_real *dst) {
+    cg_real one = 1;
+    for (int64_t i = 0; i < count; i += t, dst += w * k) {
+        const int64_t rows = count - i < t ? count - i : t;
+        if (kernel)
+            ((pack_fn)kernel)(BLIS_NO_CONJUGATE, schema, rows, k, k, &one, (cg_real *)src + i * si, si, sp, dst, w,
+                              (cntx_t *)u->cntx);
+        else pack_panel(rows, w, k, src + i * si, si, sp, dst);
+    }
+}
+
+void cgi_ukr_pack_a(const cgi_ukr *u, int64_t m, int64_t k, const cg_real *a, int64_t rs, int64_t cs, cg_real *dst) {
+    pack_panels(u, u->pack_a, BLIS_PACKED_ROW_PANELS, u->mr, u->pmr, m, k, a, rs, cs, dst);
+}
+
+void cgi_ukr_pack_b(const cgi_ukr *u, int64_t k, int64_t n, const cg_real *b, int64_t rs, int64_t cs, cg_real *dst) {
+    pack_panels(u, u->pack_b, BLIS_PACKED_COL_PANELS, u->nr, u->pnr, n, k, b, cs, rs, dst);
+}
+
+void cgi_ukr_gemm(const cgi_ukr *u, int64_t m, int64_t n, int64_t k, cg_real alpha, const cg_real *a, int64_t ka,
+                  const cg_real *b, int64_t kb, cg_real beta, cg_real *c, int64_t rsc, int64_t csc, int64_t n_diag,
+                  int64_t k_diag) {
+    const ukr_fn kernel = (ukr_fn)u->kernel;
+    auxinfo_t aux;
+    memset(&aux, 0, sizeof aux);
+    if (u->swap) { /* tiles of C^T: B's panels are the kernel's A, A's its B, C's rows its columns */
+        for (int64_t i = 0; i < m; i += u->mr) {
+            int64_t kk = k_diag != CGI_UKR_FULL && i + u->mr + k_diag < k ? i + u->mr + k_diag : k;
+            if (kk < 1) kk = 1;
+            const cg_real *ap = a + i / u->mr * u->pmr * ka;
+            for (int64_t j = 0; j < n; j += u->nr) {
+                if (n_diag != CGI_UKR_FULL && j > i + u->mr - 1 + n_diag) break; /* and every tile after it */
+                const cg_real *bp = b + j / u->nr * u->pnr * kb;
+                bli_auxinfo_set_next_a((void *)(bp + u->pnr * kb), &aux);
+                bli_auxinfo_set_next_b((void *)ap, &aux);
+                kernel(n - j < u->nr ? n - j : u->nr, m - i < u->mr ? m - i : u->mr, kk, &alpha, (cg_real *)bp,
+                       (cg_real *)ap, &beta, c + i * rsc + j * csc, csc, rsc, &aux, (cntx_t *)u->cntx);
+            }
+        }
+        return;
+    }
+    /* as BLIS's macro-kernel: a B panel stays in L1 while the A panels stream past it */
+    for (int64_t j = 0; j < n; j += u->nr) {
+        const cg_real *bp = b + j / u->nr * u->pnr * kb;
+        for (int64_t i = 0; i < m; i += u->mr) {
+            if (n_diag != CGI_UKR_FULL && j > i + u->mr - 1 + n_diag) continue;
+            int64_t kk = k_diag != CGI_UKR_FULL && i + u->mr + k_diag < k ? i + u->mr + k_diag : k;
+            if (kk < 1) kk = 1; /* rows that see nothing still get their tile written */
+            const cg_real *ap = a + i / u->mr * u->pmr * ka;
+            bli_auxinfo_set_next_a((void *)(ap + u->pmr * ka), &aux);
+            bli_auxinfo_set_next_b((void *)bp, &aux);
+            kernel(m - i < u->mr ? m - i : u->mr, n - j < u->nr ? n - j : u->nr, kk, &alpha, (cg_real *)ap,
+                   (cg_real *)bp, &beta, c + i * rsc + j * csc, rsc, csc, &aux, (cntx_t *)u->cntx);
+        }
+    }
+}
+
+/* ---- BLIS's blocking, cgrad's packs ---- */
+
+/* A product BLIS would run with a column-preferring micro-kernel on row-major C (skx's 32 x 12,
+ * every linear here) packs the operand along C's rows into 32-wide panels. BLIS 0.9 has no
+ * packing-kernel id for width 32, so it packs them with its generic scal2m, one strided element
+ * at a time: for a linear's forward that is the weight, a transpose, at some 2 ns an element
+ * (4% of an encdec-base step). This driver keeps BLIS's loops and its micro-kernel, packs with
+ * cgi_ukr's register transposes, and starts a bias-initialised C strip by strip while the strip
+ * is in cache instead of filling the whole of C first. */
+enum { BLK_KC = 512, BLK_NC = 480, BLK_MC = 3072 }; /* at most: depth per pass, C columns per packed B block, C rows per packed A */
+
+typedef struct {
+    cg_real *p;
+    size_t n;
+} pack_buf;
+typedef struct {
+    pack_buf a, b;
+} pack_bufs;
+/* Each thread's packing buffers: grown once, then reused; freed when the thread ends. */
+static pthread_key_t pack_key;
+static bool pack_key_ok;
+
+static void pack_bufs_free(void *v) {
+    pack_bufs *b = v;
+    free(b->a.p), free(b->b.p), free(b);
+}
+
+static pack_bufs *pack_bufs_get(void) {
+    if (!pack_key_ok) return NULL;
+    pack_bufs *b = pthread_getspecific(pack_key);
+    if (!b && (b = calloc(1, sizeof *b)) && pthread_setspecific(pack_key, b)) {
+        free(b);
+        b = NULL;
+    }
+    return b;
+}
+
+static cg_real *pack_buf_get(pack_buf *b, size_t n) {
+    if (b->n >= n) return b->p;
+    free(b->p);
+    b->p = aligned_alloc(64, (n * sizeof(cg_real) + 63) / 64 * 64);
+    b->n = b->p ? n : 0;
+    return b->p;
+}
+
+static cgi_ukr blk_ukr;
+static bool blk_on;
+static void blk_init(void) {
+    cgi_ukr_init(&blk_ukr);
+    pack_key_ok = pthread_key_create(&pack_key, pack_bufs_free) == 0;
+    const char *off = getenv("CGRAD_GEMM_BLIS"); /* set: BLIS's own driver for every product, for comparisons */
+#ifdef CGI_PACK12
+    blk_on = blk_ukr.swap && fast_transpose && !(off && *off);
+#else
+    (void)off;
+    blk_on = false;
+#endif
+}
+static pthread_once_t blk_once = PTHREAD_ONCE_INIT;
+
+/* C[m, nb] (rows rsc, columns contiguous) = alpha A B + beta C, or the bias then + A B, from
+ * packed A (12-row panels) and B (32-column panels) of depth kc. */
+static void blk_macro(const cgi_ukr *u, int64_t m, int64_t nb, int64_t kc, cg_real alpha, const cg_real *ap,
+                      const cg_real *bp, cg_real beta, const cg_real *bias, int64_t bs, cg_real *c, int64_t rsc) {
+    const ukr_fn kernel = (ukr_fn)u->kernel;
+    auxinfo_t aux;
+    memset(&aux, 0, sizeof aux);
+    const cg_real zero = 0;
+    for (int64_t i = 0; i < m; i += u->mr) { /* one A panel stays in L1 while the B panels stream past */
+        const int64_t mi = m - i < u->mr ? m - i : u->mr;
+        const cg_real *a_p = ap + i / u->mr * u->pmr * kc;
+        cg_real *cr = c + i * rsc;
+        for (int64_t jj = 0; jj < nb; jj += u->nr) {
+            const cg_real *b_p = bp + jj / u->nr * u->pnr * kc;
+            bli_auxinfo_set_next_a((void *)(b_p + u->pnr * kc), &aux);
+            bli_auxinfo_set_next_b((void *)a_p, &aux);
+            kernel(nb - jj < u->nr ? nb - jj : u->nr, mi, kc, &alpha, (cg_real *)b_p, (cg_real *)a_p,
+                   bias ? (cg_real *)&zero : &beta, cr + jj, 1, rsc, &aux, (cntx_t *)u->cntx);
+        }
+        if (bias) { /* the strip is still in cache */
+            if (bs == 1)
+                for (int64_t r = 0; r < mi; r++)
+                    for (int64_t jj = 0; jj < nb; jj++) cr[r * rsc + jj] += bias[jj];
+            else
+                for (int64_t r = 0; r < mi; r++)
+                    for (int64_t jj = 0; jj < nb; jj++) cr[r * rsc + jj] += bias[jj * bs];
+        }
+    }
+}
+
+bool cgi_gemm_blocked_on(void) {
+    pthread_once(&blk_once, blk_init);
+    return blk_on;
+}
+
+/* Runs j through the driver above where it applies (see blk_init; C row-major, no dimension
+ * below 32); false: the caller runs BLIS. */
+static bool gemm_blocked(const cgi_gemm_job *j) {
+    if (!cgi_gemm_blocked_on() || j->csc != 1 || j->m < 32 || j->n < 32 || j->k < 32) return false;
+    const cgi_ukr *u = &blk_ukr;
+    const int64_t m = j->m, n = j->n, k = j->k;
+    /* pass and block sizes balanced, so no thin remainder pass or block */
+    const int64_t passes = (k + BLK_KC - 1) / BLK_KC, kc0 = (k + passes - 1) / passes;
+    const int64_t nblk = (n + BLK_NC - 1) / BLK_NC, nc0 = ((n + nblk - 1) / nblk + u->nr - 1) / u->nr * u->nr;
+    const int64_t mblk = (m + BLK_MC - 1) / BLK_MC, mc0 = ((m + mblk - 1) / mblk + u->mr - 1) / u->mr * u->mr;
+    pack_bufs *bufs = pack_bufs_get();
+    if (!bufs) return false;
+    cg_real *ap = pack_buf_get(&bufs->a, cgi_ukr_packed_a(u, m < mc0 ? m : mc0, kc0));
+    cg_real *bp = pack_buf_get(&bufs->b, cgi_ukr_packed_b(u, kc0, n < nc0 ? n : nc0));
+    if (!ap || !bp) return false;
+    for (int64_t jc = 0; jc < m; jc += mc0) {
+        const int64_t mc = m - jc < mc0 ? m - jc : mc0;
+        for (int64_t pc = 0; pc < k; pc += kc0) {
+            const int64_t kc = k - pc < kc0 ? k - pc : kc0;
+            cgi_ukr_pack_a(u, mc, kc, j->a + jc * j->rsa + pc * j->csa, j->rsa, j->csa, ap);
+            for (int64_t ic = 0; ic < n; ic += nc0) {
+                const int64_t nb = n - ic < nc0 ? n - ic : nc0;
+                cgi_ukr_pack_b(u, kc, nb, j->b + pc * j->rsb + ic * j->csb, j->rsb, j->csb, bp);
+                blk_macro(u, mc, nb, kc, j->alpha, ap, bp, pc == 0 ? j->beta : 1,
+                          pc == 0 && j->bias ? j->bias + ic * j->bias_stride : NULL, j->bias_stride,
+                          j->c + jc * j->rsc + ic, j->rsc);
+            }
+        }
+    }
+    return true;
+}
