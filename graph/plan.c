@@ -344,6 +344,8 @@ cg_status cgi_plan(cg_graph *g) {
                   (cgi_ops[t->op].bwd_grad & CGI_OUT_IN_SRC0);
     }
     cgi_lp_plan_values(g, consumers); /* bf16 graphs: values stored at half size */
+    for (int64_t i = 0; i < n; i++) /* and attention's kept probabilities */
+        if (g->nodes[i]->op == CGI_OP_ATTENTION) cgi_sdpa_plan(g->nodes[i]);
     /* Checkpoint segments add a recompute to the time axis; without them node i's backward is at 2n-1-i. */
     cgi_ckpt_decide(g, consumers, sole);
     const int64_t end = cgi_ckpt_timeline(g, bt, rt);

@@ -13,6 +13,7 @@
 #endif
 
 #include "graph/internal.h"
+#include "ops/bf16_internal.h"
 #include "ops/ops.h"
 
 /* Measured on Zen 3 (T = 256 causal, T = 128 full): blocks this large run the BLIS products at
@@ -28,6 +29,7 @@ typedef struct {
     double scale, dropout;
     int64_t window;
     bool causal, alibi, keeps_probs;
+    bool lp_probs;             /* kept probabilities stored in bf16 (a bf16 graph; decided by the plan) */
     int slots;                 /* scratch slots (the thread count at construction) */
     int kp, bias, table;       /* source index of the key padding, the bias tensor, T5's table (0: none) */
     int64_t bias_st[4];        /* the bias read as [B, Hq, Tq, Tk] (0 where broadcast) */
@@ -93,8 +95,28 @@ static packs packs_at(const cg_tensor *t, cg_real *slot, const cgi_ukr *u) {
 }
 
 static size_t probs_offset(const cg_tensor *t) { return (size_t)(t->shape[0] * t->shape[1] * t->shape[2]); }
-static size_t slots_offset(const cg_tensor *t) {
-    return probs_offset(t) + (prm(t)->keeps_probs ? probs_offset(t) * (size_t)t->src[1]->shape[2] : 0);
+/* Reals the kept probabilities take: half as many in bf16. */
+static size_t probs_reals(const cg_tensor *t) {
+    const size_t n = prm(t)->keeps_probs ? probs_offset(t) * (size_t)t->src[1]->shape[2] : 0;
+    return prm(t)->lp_probs ? (n + 1) / 2 : n;
+}
+static size_t slots_offset(const cg_tensor *t) { return probs_offset(t) + probs_reals(t); }
+static size_t aux_bytes(const cg_tensor *t) {
+    cgi_ukr u;
+    cgi_ukr_init(&u);
+    return (slots_offset(t) + (size_t)prm(t)->slots * slot_stride(t, &u) + 16) * sizeof(cg_real);
+}
+
+/* In a bf16 graph the kept probabilities (Tq x Tk per head: gpt-small's twelve layers hold 160 MB
+ * of them in float at its peak) are stored in bf16, as torch's autocast does (its P V takes bf16
+ * P). Forward still runs the softmax and P V in float from a float block, which is then rounded
+ * into the store; backward widens a query block's rows into the slot's scratch for dV and dS.
+ * Called by the plan before it sizes the buffers, since the precision may be set after this node
+ * was made. */
+void cgi_sdpa_plan(cg_tensor *t) {
+    sdpa_params *p = t->params;
+    p->lp_probs = p->keeps_probs && t->graph->precision == CG_BF16;
+    t->aux_bytes = aux_bytes(t);
 }
 
 cg_tensor *cg_sdpa(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, double scale, bool causal,
@@ -227,9 +249,7 @@ cg_tensor *cg_sdpa_ex(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, con
     p->nrel = nrel;
     for (int64_t r = 0; table && r < nrel; r++) /* offset r is key - query position r - (Tk - 1) */
         p->bucket[r] = t5_bucket(r - (tk - 1), !opts->causal, nb, max_distance);
-    cgi_ukr u;
-    cgi_ukr_init(&u);
-    t->aux_bytes = (slots_offset(t) + (size_t)p->slots * slot_stride(t, &u) + 16) * sizeof(cg_real);
+    t->aux_bytes = aux_bytes(t);
     /* the T5 table's gradient per (batch, head) and offset, summed into the table in a fixed order */
     if (table && table->requires_grad) t->bwd_aux_bytes = (size_t)(B * hq * nrel) * sizeof(cg_real);
     return t;
@@ -413,7 +433,7 @@ static void drop_grads(const head *h, int64_t i, int64_t j0, int64_t n, const cg
  * the products run on the micro-kernel over the head's keys and values packed in w. With dropout,
  * O is made of the dropped weights, put in pt [nq, BK]; P stays whole for backward. */
 CGI_CLONES static void fwd_kept(const head *h, int64_t i0, int64_t nq, int64_t kend, cg_real *pb, int64_t ps, cg_real *o,
-                     cg_real *lse, const cgi_ukr *u, const packs *w, cg_real *pt) {
+                     cg_real *lse, const cgi_ukr *u, const packs *w, cg_real *pt, cgi_bf16 *lp) {
     bool any = kend > 0;
     if (any && w) {
         cgi_ukr_pack_a(u, nq, h->d, h->q + i0 * h->qs, h->qs, 1, w->a);
@@ -425,6 +445,7 @@ CGI_CLONES static void fwd_kept(const head *h, int64_t i0, int64_t nq, int64_t k
             memset(pb + r * ps, 0, (size_t)kend * sizeof *pb);
             memset(o + r * h->os, 0, (size_t)h->d * sizeof *o);
             lse[r] = INFINITY;
+            if (lp) cgi_lp_round(lp + r * h->tk, pb + r * ps, kend, 1);
         }
         return;
     }
@@ -440,6 +461,7 @@ CGI_CLONES static void fwd_kept(const head *h, int64_t i0, int64_t nq, int64_t k
         for (int64_t c = 0; c < kend; c++) pr[c] *= inv;
         lse[r] = mx + (cg_real)log(l);
     }
+    for (int64_t r = 0; lp && r < nq; r++) cgi_lp_round(lp + r * h->tk, pb + r * ps, kend, 1); /* stored rows: Tk apart */
     if (h->drop) {
         for (int64_t r = 0; r < nq; r++) drop_probs(h, i0 + r, 0, kend, pb + r * ps, pt + r * BK);
         pb = pt, ps = BK;
@@ -477,9 +499,14 @@ cg_status cgi_fwd_attention(cg_tensor *t) {
         const int64_t bq = h.causal ? BQ / 2 : BQ;
         for (int64_t i0 = 0; i0 < tq; i0 += bq) {
             const int64_t nq = tq - i0 < bq ? tq - i0 : bq, kend = key_end(&h, i0, nq);
+            if (probs && p->lp_probs) { /* a float block in the slot (dP's place in backward), rounded into the store */
+                fwd_kept(&h, i0, nq, kend, s + BQ * BK, BK, o + i0 * h.os, lse + bh * tq + i0, &u, packed ? &w : NULL, s,
+                         (cgi_bf16 *)probs + (bh * tq + i0) * tk);
+                continue;
+            }
             if (probs) {
                 fwd_kept(&h, i0, nq, kend, probs + (bh * tq + i0) * tk, tk, o + i0 * h.os, lse + bh * tq + i0, &u,
-                         packed ? &w : NULL, s);
+                         packed ? &w : NULL, s, NULL);
                 continue;
             }
             for (int64_t r = 0; r < nq; r++) m[r] = -INFINITY, l[r] = 0;
@@ -547,7 +574,8 @@ static void bias_grads(const head *h, const grads *g, int64_t i0, int64_t nq, in
  * kernel: w holds the head's V^T and K. dp is scratch [nq, BK] for dP, then dS; pt [nq, BK] gets
  * the dropped weights with dropout. */
 CGI_CLONES static void bwd_packed(const head *h, const cgi_ukr *u, const packs *w, int64_t i0, int64_t nq, int64_t kend,
-                       const cg_real *p, const cg_real *dO, const cg_real *di, cg_real *dp, cg_real *pt, const grads *g) {
+                       const cg_real *p, int64_t ps, const cg_real *dO, const cg_real *di, cg_real *dp, cg_real *pt,
+                       const grads *g) {
     const int64_t d = h->d, tk = h->tk;
     if (kend == 0) return;
     const bool ds = g->q || g->k || g->bias || g->rel;
@@ -558,7 +586,7 @@ CGI_CLONES static void bwd_packed(const head *h, const cgi_ukr *u, const packs *
     for (int64_t r = 0; (ds || h->drop) && r < nq; r++) { /* dS = P * (dP - D), zero where hidden */
         const int64_t vis = visible(h, i0 + r, 0, kend);
         cg_real *dr = dp + r * BK;
-        const cg_real *pr = p + r * tk, dr_i = di[r];
+        const cg_real *pr = p + r * ps, dr_i = di[r];
         if (h->drop) {
             drop_grads(h, i0 + r, 0, vis, pr, pt + r * BK, ds ? dr : NULL, dr_i);
             for (int64_t c = vis; c < kend; c++) pt[r * BK + c] = 0;
@@ -568,7 +596,7 @@ CGI_CLONES static void bwd_packed(const head *h, const cgi_ukr *u, const packs *
     }
     if (g->v) { /* dV += P^T dO, of the dropped weights */
         if (h->drop) cgi_ukr_pack_a(u, kend, nq, pt, 1, BK, w->a);
-        else cgi_ukr_pack_a(u, kend, nq, p, 1, tk, w->a);
+        else cgi_ukr_pack_a(u, kend, nq, p, 1, ps, w->a);
         cgi_ukr_pack_b(u, nq, d, dO, h->os, 1, w->b);
         cgi_ukr_gemm(u, kend, d, nq, 1, w->a, nq, w->b, nq, 1, g->v, g->vr, g->vc, CGI_UKR_FULL, CGI_UKR_FULL);
     }
@@ -657,14 +685,22 @@ void cgi_bwd_attention(cg_tensor *t) {
                 for (int64_t e = 0; e < d; e++) s += dO[(i0 + r) * os + e] * o[(i0 + r) * os + e];
                 di[r] = s;
             }
+            const cg_real *pk = probs ? probs + (bh * tq + i0) * tk : NULL; /* this block's kept P */
+            int64_t pks = tk;
+            if (probs && p->lp_probs) { /* widen the stored bf16 rows into the slot (dropout's M P goes over them) */
+                const cgi_bf16 *src = (const cgi_bf16 *)probs + (bh * tq + i0) * tk;
+                for (int64_t r = 0; r < nq; r++)
+                    for (int64_t c = 0; c < kend; c++) slot[r * BK + c] = cgi_from_bf16(src[r * tk + c]);
+                pk = slot, pks = BK;
+            }
             if (packed) {
-                bwd_packed(&h, &u, &w, i0, nq, kend, probs + (bh * tq + i0) * tk, dO + i0 * os, di, dp, slot, &gr);
+                bwd_packed(&h, &u, &w, i0, nq, kend, pk, pks, dO + i0 * os, di, dp, slot, &gr);
                 continue;
             }
             for (int64_t j0 = probs ? 0 : key_start(&h, i0); j0 < kend; j0 += BK) {
                 const int64_t nk = kend - j0 < BK ? kend - j0 : BK;
-                cg_real *pb = probs ? (cg_real *)probs + (bh * tq + i0) * tk : slot;
-                const int64_t ps = probs ? tk : BK; /* P's row stride */
+                cg_real *pb = probs ? (cg_real *)pk : slot;
+                const int64_t ps = probs ? pks : BK; /* P's row stride */
                 if (!probs) {
                     if (!scores(&h, i0, nq, j0, nk, pb, BK)) continue;
                     for (int64_t r = 0; r < nq; r++) {

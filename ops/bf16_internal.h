@@ -58,6 +58,9 @@ static inline void cgi_lp_round(cgi_bf16 *restrict dst, const cg_real *restrict 
  * bf16 (LayerNorm, RMSNorm, GELU, ReLU), so they are stored at half size and never converted.
  * consumers[i] counts the readers of node i. Clears every flag on an fp32 graph. */
 void cgi_lp_plan_values(cg_graph *g, const int *consumers);
+/* Decides whether fused attention node t stores its kept probabilities in bf16 (its graph is bf16)
+ * and sizes its aux to match (ops/attention.c); the plan calls it before sizing the buffers. */
+void cgi_sdpa_plan(cg_tensor *t);
 /* Writes t's bf16 shadow (t->lp_shadow, planned by cgi_lp_plan_values) from its float value, right
  * after t's forward. */
 void cgi_lp_shadow_fill(cg_tensor *t);

@@ -420,6 +420,116 @@ static void test_matmul(void) {
     CHECK(differ > 100, "matmul: only %d elements differ from fp32: the products did not run in bf16", differ);
 }
 
+/* ---- fused attention: the kept probabilities stored in bf16 ---- */
+
+enum { SB = 2, SH = 3, SD = 16, ST = 40 }; /* T = 40 runs the packed path; T = 8 the BLIS one */
+
+typedef struct {
+    float o[SB * SH * ST * SD], dq[SB * SH * ST * SD], dk[SB * SH * ST * SD], dv[SB * SH * ST * SD];
+    size_t aux, plan;
+} sdpa_out;
+
+static void run_sdpa(cg_precision prec, int64_t t, bool causal, const float *Q, const float *K, const float *V,
+                     const float *R, sdpa_out *o) {
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    CHECK(cg_graph_set_precision(g, prec) == CG_OK, "%s", cg_last_error());
+    int64_t sh[4] = {SB, SH, t, SD};
+    cg_tensor *q = cg_requires_grad(cg_input(g, "q", CG_REAL, 4, sh)), *k = cg_requires_grad(cg_input(g, "k", CG_REAL, 4, sh));
+    cg_tensor *v = cg_requires_grad(cg_input(g, "v", CG_REAL, 4, sh)), *r = cg_input(g, "r", CG_REAL, 4, sh);
+    cg_write(q, Q), cg_write(k, K), cg_write(v, V), cg_write(r, R);
+    cg_tensor *a = cg_retain(cg_sdpa(g, q, k, v, 0.25, causal, NULL));
+    cg_tensor *loss = cg_sum_all(g, cg_mul(g, a, r));
+    CHECK(loss && cg_graph_forward(g) == CG_OK && cg_graph_backward(g, loss) == CG_OK, "%s", cg_last_error());
+    cg_read(a, o->o), cg_read_grad(q, o->dq), cg_read_grad(k, o->dk), cg_read_grad(v, o->dv);
+    o->aux = a->aux_bytes, o->plan = cg_graph_plan_bytes(g);
+    cg_graph_free(g);
+}
+
+/* Backward reads P~ = P (1 + d), |d| <= u, where fp32 reads P; dP = dO V^T and D = rowsum(dO O) are
+ * the same floats in both runs, so per element: dV differs by at most u sum_i P_ij |dO_ie|, and
+ * dS = P (dP - D) by at most u P_ij |dP_ij - D_i| (+ its float multiply, 2^-24 per run), carried
+ * into dQ = scale dS K and dK = scale dS^T Q as u scale sum P |dP - D| |K| (or |Q|). Each run's float
+ * accumulation of k terms adds (k+1) 2^-24 of the same magnitude, twice (both runs round). The
+ * magnitudes come from a double reference, with |dP - D| widened by the float error of dP and D
+ * ((D+2) 2^-24 of sum|dO||V| + sum|dO||O|), since the runs share that float, not the double. */
+static void check_sdpa(int64_t t, bool causal, const float *Q, const float *K, const float *V, const float *R,
+                       const sdpa_out *lp, const sdpa_out *fp) {
+    const double sc = 0.25, g = 2 * (double)(t + 2) / 16777216, tq = U + U32 * 2 * (1 + U) + g;
+    double worst[3] = {0}, *P = malloc((size_t)(t * t) * sizeof *P), *M = malloc((size_t)(t * t) * sizeof *M);
+    double *O = malloc((size_t)(t * SD) * sizeof *O);
+    int differ = 0;
+    for (int64_t bh = 0; bh < SB * SH; bh++) {
+        const float *q = Q + bh * t * SD, *k = K + bh * t * SD, *v = V + bh * t * SD, *r = R + bh * t * SD;
+        for (int64_t i = 0; i < t; i++) {
+            double mx = -INFINITY, l = 0;
+            for (int64_t j = 0; j < t; j++) {
+                double s = 0;
+                for (int64_t e = 0; e < SD; e++) s += (double)q[i * SD + e] * k[j * SD + e];
+                P[i * t + j] = causal && j > i ? -INFINITY : s * sc;
+                mx = fmax(mx, P[i * t + j]);
+            }
+            for (int64_t j = 0; j < t; j++) l += (P[i * t + j] = exp(P[i * t + j] - mx));
+            for (int64_t j = 0; j < t; j++) P[i * t + j] /= l;
+            double di = 0, dimag = 0;
+            for (int64_t e = 0; e < SD; e++) {
+                double oe = 0;
+                for (int64_t j = 0; j < t; j++) oe += P[i * t + j] * v[j * SD + e];
+                O[i * SD + e] = oe, di += r[i * SD + e] * oe, dimag += fabs(r[i * SD + e] * oe);
+            }
+            for (int64_t j = 0; j < t; j++) {
+                double dp = 0, dpmag = 0;
+                for (int64_t e = 0; e < SD; e++) dp += (double)r[i * SD + e] * v[j * SD + e], dpmag += fabs((double)r[i * SD + e] * v[j * SD + e]);
+                M[i * t + j] = P[i * t + j] * (fabs(dp - di) + (SD + 2) * U32 * (dpmag + dimag));
+            }
+        }
+        const int64_t at = bh * t * SD;
+        for (int64_t i = 0; i < t; i++)
+            for (int64_t e = 0; e < SD; e++) {
+                double mv = 0, mq = 0, mk = 0;
+                for (int64_t j = 0; j < t; j++) {
+                    mv += P[j * t + i] * fabs(r[j * SD + e]);
+                    mq += sc * M[i * t + j] * fabs(k[j * SD + e]);
+                    mk += sc * M[j * t + i] * fabs(q[j * SD + e]);
+                }
+                const int64_t x = at + i * SD + e;
+                worst[0] = fmax(worst[0], fabs(lp->dv[x] - fp->dv[x]) / ((U + g) * mv + 1e-30));
+                worst[1] = fmax(worst[1], fabs(lp->dq[x] - fp->dq[x]) / (tq * mq + 1e-30));
+                worst[2] = fmax(worst[2], fabs(lp->dk[x] - fp->dk[x]) / (tq * mk + 1e-30));
+                differ += lp->dv[x] != fp->dv[x];
+            }
+    }
+    const char *nm[3] = {"dV", "dQ", "dK"};
+    for (int i = 0; i < 3; i++)
+        CHECK(worst[i] <= 1, "sdpa T=%lld%s: %s off fp32 by %.3g of the bound from P's bf16 rounding", (long long)t,
+              causal ? " causal" : "", nm[i], worst[i]);
+    CHECK(differ > 50, "sdpa T=%lld: only %d dV elements differ from fp32: P was not stored in bf16", (long long)t, differ);
+    /* forward runs on the float block: the output is fp32's bit for bit */
+    CHECK(!memcmp(lp->o, fp->o, (size_t)(SB * SH * t * SD) * sizeof(float)), "sdpa T=%lld: the bf16 graph's output changed",
+          (long long)t);
+    /* the store is half size: B H T T floats become bf16 */
+    const size_t saved = (size_t)(SB * SH * t * t) * 2;
+    CHECK(fp->aux - lp->aux == saved, "sdpa T=%lld: aux %zu -> %zu bytes, expected %zu less", (long long)t, fp->aux, lp->aux,
+          saved);
+    CHECK(fp->plan >= lp->plan + saved, "sdpa T=%lld: plan %zu -> %zu bytes, expected at least %zu less", (long long)t,
+          fp->plan, lp->plan, saved);
+    free(P), free(M), free(O);
+}
+
+static void test_sdpa(void) {
+    enum { N = SB * SH * ST * SD };
+    static float Q[N], K[N], V[N], R[N];
+    static sdpa_out fp, lp;
+    cg_rng rng;
+    cg_rng_seed(&rng, 12);
+    fill(Q, N, &rng, 1), fill(K, N, &rng, 1), fill(V, N, &rng, 1), fill(R, N, &rng, 1);
+    const struct { int64_t t; bool causal; } cases[2] = {{ST, true}, {8, false}};
+    for (int c = 0; c < 2; c++) {
+        run_sdpa(CG_FP32, cases[c].t, cases[c].causal, Q, K, V, R, &fp);
+        run_sdpa(CG_BF16, cases[c].t, cases[c].causal, Q, K, V, R, &lp);
+        check_sdpa(cases[c].t, cases[c].causal, Q, K, V, R, &lp, &fp);
+    }
+}
+
 /* ---- a whole GPT step (linear, attention, the fused LM head, AdamW) against fp32 ---- */
 
 static const char *gpt_json = "{\"vocab_size\": 96, \"n_positions\": 32, \"n_embd\": 64, \"n_layer\": 2, \"n_head\": 4}";
@@ -608,6 +718,7 @@ int main(void) {
         test_activations();
         test_no_copy();
         test_shadows();
+        test_sdpa();
     }
     test_gpt_step(!why);
     TEST_END();
