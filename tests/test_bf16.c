@@ -429,7 +429,7 @@ typedef struct {
     size_t aux, plan;
 } sdpa_out;
 
-static void run_sdpa(cg_precision prec, int64_t t, bool causal, const float *Q, const float *K, const float *V,
+static void run_sdpa(cg_precision prec, int64_t t, bool causal, double drop, const float *Q, const float *K, const float *V,
                      const float *R, sdpa_out *o) {
     cg_graph *g = cg_graph_new(CG_TRAIN);
     CHECK(cg_graph_set_precision(g, prec) == CG_OK, "%s", cg_last_error());
@@ -437,7 +437,8 @@ static void run_sdpa(cg_precision prec, int64_t t, bool causal, const float *Q, 
     cg_tensor *q = cg_requires_grad(cg_input(g, "q", CG_REAL, 4, sh)), *k = cg_requires_grad(cg_input(g, "k", CG_REAL, 4, sh));
     cg_tensor *v = cg_requires_grad(cg_input(g, "v", CG_REAL, 4, sh)), *r = cg_input(g, "r", CG_REAL, 4, sh);
     cg_write(q, Q), cg_write(k, K), cg_write(v, V), cg_write(r, R);
-    cg_tensor *a = cg_retain(cg_sdpa(g, q, k, v, 0.25, causal, NULL));
+    const cg_sdpa_opts so = {.scale = 0.25, .causal = causal, .dropout = drop};
+    cg_tensor *a = cg_retain(cg_sdpa_ex(g, q, k, v, &so));
     cg_tensor *loss = cg_sum_all(g, cg_mul(g, a, r));
     CHECK(loss && cg_graph_forward(g) == CG_OK && cg_graph_backward(g, loss) == CG_OK, "%s", cg_last_error());
     cg_read(a, o->o), cg_read_grad(q, o->dq), cg_read_grad(k, o->dk), cg_read_grad(v, o->dv);
@@ -451,10 +452,12 @@ static void run_sdpa(cg_precision prec, int64_t t, bool causal, const float *Q, 
  * into dQ = scale dS K and dK = scale dS^T Q as u scale sum P |dP - D| |K| (or |Q|). Each run's float
  * accumulation of k terms adds (k+1) 2^-24 of the same magnitude, twice (both runs round). The
  * magnitudes come from a double reference, with |dP - D| widened by the float error of dP and D
- * ((D+2) 2^-24 of sum|dO||V| + sum|dO||O|), since the runs share that float, not the double. */
-static void check_sdpa(int64_t t, bool causal, const float *Q, const float *K, const float *V, const float *R,
+ * ((D+2) 2^-24 of sum|dO||V| + sum|dO||O|), since the runs share that float, not the double. With
+ * dropout (mask M, 0 or keep = 1 / (1 - p), the same draws in both runs) dV reads M P~ and dS =
+ * P~ (M dP - D): the same bounds with P|dO| and |dP| scaled by keep. */
+static void check_sdpa(int64_t t, bool causal, double drop, const float *Q, const float *K, const float *V, const float *R,
                        const sdpa_out *lp, const sdpa_out *fp) {
-    const double sc = 0.25, g = 2 * (double)(t + 2) / 16777216, tq = U + U32 * 2 * (1 + U) + g;
+    const double sc = 0.25, g = 2 * (double)(t + 2) / 16777216, tq = U + U32 * 2 * (1 + U) + g, keep = 1 / (1 - drop);
     double worst[3] = {0}, *P = malloc((size_t)(t * t) * sizeof *P), *M = malloc((size_t)(t * t) * sizeof *M);
     double *O = malloc((size_t)(t * SD) * sizeof *O);
     int differ = 0;
@@ -479,7 +482,8 @@ static void check_sdpa(int64_t t, bool causal, const float *Q, const float *K, c
             for (int64_t j = 0; j < t; j++) {
                 double dp = 0, dpmag = 0;
                 for (int64_t e = 0; e < SD; e++) dp += (double)r[i * SD + e] * v[j * SD + e], dpmag += fabs((double)r[i * SD + e] * v[j * SD + e]);
-                M[i * t + j] = P[i * t + j] * (fabs(dp - di) + (SD + 2) * U32 * (dpmag + dimag));
+                M[i * t + j] = drop > 0 ? P[i * t + j] * (keep * dpmag + dimag) * (1 + (SD + 2) * U32)
+                                        : P[i * t + j] * (fabs(dp - di) + (SD + 2) * U32 * (dpmag + dimag));
             }
         }
         const int64_t at = bh * t * SD;
@@ -487,7 +491,7 @@ static void check_sdpa(int64_t t, bool causal, const float *Q, const float *K, c
             for (int64_t e = 0; e < SD; e++) {
                 double mv = 0, mq = 0, mk = 0;
                 for (int64_t j = 0; j < t; j++) {
-                    mv += P[j * t + i] * fabs(r[j * SD + e]);
+                    mv += keep * P[j * t + i] * fabs(r[j * SD + e]);
                     mq += sc * M[i * t + j] * fabs(k[j * SD + e]);
                     mk += sc * M[j * t + i] * fabs(q[j * SD + e]);
                 }
@@ -500,8 +504,8 @@ static void check_sdpa(int64_t t, bool causal, const float *Q, const float *K, c
     }
     const char *nm[3] = {"dV", "dQ", "dK"};
     for (int i = 0; i < 3; i++)
-        CHECK(worst[i] <= 1, "sdpa T=%lld%s: %s off fp32 by %.3g of the bound from P's bf16 rounding", (long long)t,
-              causal ? " causal" : "", nm[i], worst[i]);
+        CHECK(worst[i] <= 1, "sdpa T=%lld%s dropout %g: %s off fp32 by %.3g of the bound from P's bf16 rounding",
+              (long long)t, causal ? " causal" : "", drop, nm[i], worst[i]);
     CHECK(differ > 50, "sdpa T=%lld: only %d dV elements differ from fp32: P was not stored in bf16", (long long)t, differ);
     /* forward runs on the float block: the output is fp32's bit for bit */
     CHECK(!memcmp(lp->o, fp->o, (size_t)(SB * SH * t * SD) * sizeof(float)), "sdpa T=%lld: the bf16 graph's output changed",
@@ -522,11 +526,11 @@ static void test_sdpa(void) {
     cg_rng rng;
     cg_rng_seed(&rng, 12);
     fill(Q, N, &rng, 1), fill(K, N, &rng, 1), fill(V, N, &rng, 1), fill(R, N, &rng, 1);
-    const struct { int64_t t; bool causal; } cases[2] = {{ST, true}, {8, false}};
-    for (int c = 0; c < 2; c++) {
-        run_sdpa(CG_FP32, cases[c].t, cases[c].causal, Q, K, V, R, &fp);
-        run_sdpa(CG_BF16, cases[c].t, cases[c].causal, Q, K, V, R, &lp);
-        check_sdpa(cases[c].t, cases[c].causal, Q, K, V, R, &lp, &fp);
+    const struct { int64_t t; bool causal; double drop; } cases[4] = {{ST, true, 0}, {8, false, 0}, {ST, true, 0.2}, {8, false, 0.2}};
+    for (int c = 0; c < 4; c++) {
+        run_sdpa(CG_FP32, cases[c].t, cases[c].causal, cases[c].drop, Q, K, V, R, &fp);
+        run_sdpa(CG_BF16, cases[c].t, cases[c].causal, cases[c].drop, Q, K, V, R, &lp);
+        check_sdpa(cases[c].t, cases[c].causal, cases[c].drop, Q, K, V, R, &lp, &fp);
     }
 }
 
