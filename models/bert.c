@@ -170,7 +170,7 @@ cg_status cg_bert_forward_ex(cg_graph *g, const cg_bert *m, cg_tensor *ids, cg_t
         cg_split(g, cg_linear(g, x, w3, b3), -1, 3, NULL, qkv);
         cg_tensor *a = cg_multi_head(g, qkv[0], qkv[1], qkv[2], (int)c->num_attention_heads, false, attention_mask, p);
         x = cg_post_ln_residual(g, x, cg_linear(g, a, l->ao_w, l->ao_b), p, l->ln1_w, l->ln1_b, eps);
-        cg_tensor *f = cg_linear(g, cg_linear_gelu_auto(g, x, l->in_w, l->in_b, false), l->out_w, l->out_b);
+        cg_tensor *f = cg_linear(g, cg_linear_gelu(g, x, l->in_w, l->in_b, false), l->out_w, l->out_b);
         x = cg_post_ln_residual(g, x, f, p, l->ln2_w, l->ln2_b, eps);
         if (cg_checkpoint_end(g)) return CG_ERR_STATE;
     }
@@ -181,7 +181,7 @@ cg_status cg_bert_forward_ex(cg_graph *g, const cg_bert *m, cg_tensor *ids, cg_t
         out->cls_logits = cg_linear(g, cg_dropout(g, pooled, p), m->cls_w, m->cls_b);
         return out->cls_logits ? CG_OK : CG_ERR_SHAPE;
     }
-    cg_tensor *h = cg_layernorm(g, cg_linear_gelu_auto(g, x, m->tr_w, m->tr_b, false), m->tln_w, m->tln_b, eps);
+    cg_tensor *h = cg_layernorm(g, cg_linear_gelu(g, x, m->tr_w, m->tr_b, false), m->tln_w, m->tln_b, eps);
     if (mlm_labels) out->mlm_loss = cg_linear_cross_entropy(g, h, m->word, m->mlm_b, mlm_labels, -100);
     else out->mlm_logits = cg_linear(g, h, m->word, m->mlm_b); /* decoder tied to the word embeddings */
     out->nsp_logits = cg_linear(g, pooled, m->nsp_w, m->nsp_b);

@@ -148,8 +148,8 @@ static cg_tensor *gpt_forward(cg_graph *g, const void *model, cg_tensor *ids, cg
         if (cache) k = cg_kv_cache_extend(g, cache, i, false, k), v = cg_kv_cache_extend(g, cache, i, true, v);
         cg_tensor *a = cg_merge_heads(g, cg_attention(g, q, k, v, true, NULL, p));
         x = cg_add(g, x, cg_dropout(g, conv1d(g, a, b->proj_w, b->proj_b), p));
-        cg_tensor *f = cg_linear_gelu_auto(g, cg_layernorm(g, x, b->ln2_w, b->ln2_b, eps),
-                                            cg_transpose(g, b->fc_w, 0, 1), b->fc_b, true);
+        cg_tensor *f = cg_linear_gelu(g, cg_layernorm(g, x, b->ln2_w, b->ln2_b, eps), cg_transpose(g, b->fc_w, 0, 1),
+                                      b->fc_b, true);
         x = cg_add(g, x, cg_dropout(g, conv1d(g, f, b->fc2_w, b->fc2_b), p));
         if (cg_checkpoint_end(g)) return NULL;
     }

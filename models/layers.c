@@ -49,12 +49,6 @@ cg_tensor *cg_multi_head(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, 
     return cg_merge_heads(g, o);
 }
 
-cg_tensor *cg_linear_gelu_auto(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias, bool tanh_form) {
-    if (g && cg_graph_precision(g) == CG_FP32) return cg_linear_gelu(g, x, w, bias, tanh_form);
-    cg_tensor *y = cg_linear(g, x, w, bias);
-    return tanh_form ? cg_gelu_tanh(g, y) : cg_gelu(g, y);
-}
-
 cg_tensor *cg_post_ln_residual(cg_graph *g, cg_tensor *x, cg_tensor *sub, double dropout, cg_tensor *w, cg_tensor *b,
                                double eps) {
     return cg_layernorm(g, cg_add(g, x, cg_dropout(g, sub, dropout)), w, b, eps);

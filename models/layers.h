@@ -26,9 +26,6 @@ cg_tensor *cg_attention(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, b
 cg_tensor *cg_multi_head(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, int heads, bool causal,
                          cg_tensor *key_padding, double dropout);
 
-/* gelu(x @ w^T + bias) (GELU's tanh form when tanh_form): the fused cg_linear_gelu in a float graph;
- * in a bf16 graph linear then gelu, so the product runs in bf16 (the fused op's stays float). */
-cg_tensor *cg_linear_gelu_auto(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias, bool tanh_form);
 /* Post-LN residual sublayer (Vaswani, BERT): layernorm(x + dropout(sub)) with gain w, bias b. */
 cg_tensor *cg_post_ln_residual(cg_graph *g, cg_tensor *x, cg_tensor *sub, double dropout, cg_tensor *w, cg_tensor *b,
                                double eps);

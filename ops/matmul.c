@@ -327,11 +327,13 @@ static void linear_bwd(cg_tensor *t, const cg_real *dy, bool with_bias) {
 
 /* The product goes to aux (beta 0: no bias fill before it, C never read) and one pass adds the bias
  * and applies GELU; aux keeps the pre-bias product for backward, which writes the pre-activation
- * gradient over it and sums the bias gradient in the same pass. Its products run in float in a
- * bf16 graph too (the model zoo builds linear -> gelu there). */
+ * gradient over it and sums the bias gradient in the same pass. Its products are float only: a
+ * graph already set to bf16 gets linear -> gelu, whose product runs in bf16. */
 cg_tensor *cg_linear_gelu(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias, bool tanh_form) {
     if (bias && bias->ndim == 1 && bias->stride[0] != 1) bias = cg_contiguous(g, bias);
-    if (w && w->root->lora_a) { /* LoRA adds its own path beside the product: the composite */
+    /* LoRA adds its own path beside the product, and a bf16 graph's products take bf16 operands,
+     * which the fused op's do not: the composite in both cases */
+    if ((w && w->root->lora_a) || (g && cg_graph_precision(g) == CG_BF16)) {
         cg_tensor *y = cg_linear(g, x, w, bias);
         return tanh_form ? cg_gelu_tanh(g, y) : cg_gelu(g, y);
     }

@@ -139,7 +139,8 @@ cg_tensor *cg_matmul(cg_graph *g, cg_tensor *a, cg_tensor *b);
 /* x[..., in] @ w[out, in]^T + bias[out] (bias may be NULL), as torch.nn.Linear. */
 cg_tensor *cg_linear(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias);
 /* gelu(x @ w^T + bias) as one op (GELU's tanh form when tanh_form): bias and GELU in one pass over the
- * product, and backward's GELU gradient and bias sum in one; equal to cg_gelu(cg_linear(...)). */
+ * product, and backward's GELU gradient and bias sum in one; equal to cg_gelu(cg_linear(...)), which
+ * it builds instead in a graph already set to bf16 (so the product runs in bf16). */
 cg_tensor *cg_linear_gelu(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias, bool tanh_form);
 
 /* ---- normalisation and softmax (last axis) ---- */
