@@ -464,33 +464,22 @@ static void blk_init(void) {
 }
 static pthread_once_t blk_once = PTHREAD_ONCE_INIT;
 
-/* C[m, nb] (rows rsc, columns contiguous) = alpha A B + beta C, or the bias then + A B, from
- * packed A (12-row panels) and B (32-column panels) of depth kc. */
+/* C[m, nb] (rows rsc, columns contiguous) = alpha A B + beta C, or alpha A B + the bias, from
+ * packed A (12-row panels) and B (32-column panels) of depth kc: cgi_ukr_gemm strip by strip, one
+ * A panel in L1 while the B panels stream past, the bias added while the strip is in cache. */
 static void blk_macro(const cgi_ukr *u, int64_t m, int64_t nb, int64_t kc, cg_real alpha, const cg_real *ap,
                       const cg_real *bp, cg_real beta, const cg_real *bias, int64_t bs, cg_real *c, int64_t rsc) {
-    const ukr_fn kernel = (ukr_fn)u->kernel;
-    auxinfo_t aux;
-    memset(&aux, 0, sizeof aux);
-    const cg_real zero = 0;
-    for (int64_t i = 0; i < m; i += u->mr) { /* one A panel stays in L1 while the B panels stream past */
+    for (int64_t i = 0; i < m; i += u->mr) {
         const int64_t mi = m - i < u->mr ? m - i : u->mr;
-        const cg_real *a_p = ap + i / u->mr * u->pmr * kc;
         cg_real *cr = c + i * rsc;
-        for (int64_t jj = 0; jj < nb; jj += u->nr) {
-            const cg_real *b_p = bp + jj / u->nr * u->pnr * kc;
-            bli_auxinfo_set_next_a((void *)(b_p + u->pnr * kc), &aux);
-            bli_auxinfo_set_next_b((void *)a_p, &aux);
-            kernel(nb - jj < u->nr ? nb - jj : u->nr, mi, kc, &alpha, (cg_real *)b_p, (cg_real *)a_p,
-                   bias ? (cg_real *)&zero : &beta, cr + jj, 1, rsc, &aux, (cntx_t *)u->cntx);
-        }
-        if (bias) { /* the strip is still in cache */
-            if (bs == 1)
-                for (int64_t r = 0; r < mi; r++)
-                    for (int64_t jj = 0; jj < nb; jj++) cr[r * rsc + jj] += bias[jj];
-            else
-                for (int64_t r = 0; r < mi; r++)
-                    for (int64_t jj = 0; jj < nb; jj++) cr[r * rsc + jj] += bias[jj * bs];
-        }
+        cgi_ukr_gemm(u, mi, nb, kc, alpha, ap + i / u->mr * u->pmr * kc, kc, bp, kc, bias ? 0 : beta, cr, rsc, 1,
+                     CGI_UKR_FULL, CGI_UKR_FULL);
+        if (bias && bs == 1) /* the contiguous case apart, so it vectorises */
+            for (int64_t r = 0; r < mi; r++)
+                for (int64_t jj = 0; jj < nb; jj++) cr[r * rsc + jj] += bias[jj];
+        else if (bias)
+            for (int64_t r = 0; r < mi; r++)
+                for (int64_t jj = 0; jj < nb; jj++) cr[r * rsc + jj] += bias[jj * bs];
     }
 }
 
