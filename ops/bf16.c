@@ -158,7 +158,12 @@ static bool engine_ready(void) {
 
 /* ---- conversion (cgi_to_bf16: round to nearest even, NaN stays NaN) ---- */
 
-static void convert_run(const float *restrict src, cgi_bf16 *restrict dst, int64_t n) { cgi_lp_round(dst, src, n, 1); }
+/* dst[0..n) = bf16(src[0..n)) over the run's threads, in runs (one row of n would run on one) */
+static void convert_all(const float *src, cgi_bf16 *dst, int64_t n) {
+    enum { RUN = 1 << 14 };
+#pragma omp parallel for schedule(static) if (n > CGI_PAR_MIN) num_threads(cgi_nthreads())
+    for (int64_t i = 0; i < n; i += RUN) cgi_lp_round(dst + i, src + i, n - i < RUN ? n - i : RUN, 1);
+}
 
 /* dst = bf16(src[rows, cols]) (strides rs, cs), laid out in the source's own orientation: by rows
  * unless the source is stored by columns. Its strides go to *drs, *dcs. */
@@ -206,10 +211,7 @@ static const cgi_bf16 *param_bf16(cg_tensor *p) {
         p->lp = s;
     }
     if (s->version != *p->pversion || !s->version) {
-        enum { RUN = 1 << 14 }; /* in runs over the threads (one row of n would run on one) */
-        const float *src = p->data;
-#pragma omp parallel for schedule(static) if (n > CGI_PAR_MIN) num_threads(cgi_nthreads())
-        for (int64_t i = 0; i < n; i += RUN) convert_run(src + i, s->v + i, n - i < RUN ? n - i : RUN);
+        convert_all(p->data, s->v, n);
         s->version = *p->pversion;
 #pragma omp atomic
         cgi_lp_param_conversions++;
@@ -571,14 +573,7 @@ static bool writes_bf16(const cg_tensor *t) {
     return (t->op == CGI_OP_GELU || t->op == CGI_OP_GELU_TANH || t->op == CGI_OP_RELU) && cgi_contiguous(t->src[0]);
 }
 
-void cgi_lp_shadow_fill(cg_tensor *t) {
-    const int64_t n = cgi_numel(t->ndim, t->shape);
-    enum { RUN = 1 << 14 };
-    const float *src = t->data;
-    cgi_bf16 *dst = t->lp_shadow;
-#pragma omp parallel for schedule(static) if (n > CGI_PAR_MIN) num_threads(cgi_nthreads())
-    for (int64_t i = 0; i < n; i += RUN) convert_run(src + i, dst + i, n - i < RUN ? n - i : RUN);
-}
+void cgi_lp_shadow_fill(cg_tensor *t) { convert_all(t->data, t->lp_shadow, cgi_numel(t->ndim, t->shape)); }
 
 /* Shadows (t->lp_shadowed): a float value whose only readers in backward are linears taking it
  * as their input (a post-LN block's LayerNorm output, read by the next block's products and by
