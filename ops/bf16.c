@@ -225,8 +225,12 @@ typedef struct {
     int64_t key[10];
     float alpha, beta;
     dnnl_primitive_t prim;
-    dnnl_memory_t ma, mb, mc;
+    dnnl_memory_t ma, mb, mc, mbias; /* mbias: only with OUT_BIAS */
 } entry;
+
+/* What a product writes besides C = alpha A B + beta C in float (entry key[9]): a float bias row
+ * added to every row, and C stored in bf16 (rounded once, from the float sum). */
+enum { OUT_BIAS = 1, OUT_BF16 = 2 };
 
 struct cgi_lp {
     entry *e;
@@ -242,6 +246,7 @@ void cgi_lp_free(cgi_lp *lp) {
         dnnl_memory_destroy(lp->e[i].ma);
         dnnl_memory_destroy(lp->e[i].mb);
         dnnl_memory_destroy(lp->e[i].mc);
+        if (lp->e[i].mbias) dnnl_memory_destroy(lp->e[i].mbias);
     }
     free(lp->e);
     free(lp->slot[0]);
@@ -275,9 +280,9 @@ static bool make_md(dnnl_memory_desc_t *md, int64_t r, int64_t c, int64_t rs, in
 int cgi_lp_exec_threads;
 
 static entry *prim(cgi_lp *lp, int64_t m, int64_t n, int64_t k, int64_t rsa, int64_t csa, int64_t rsb, int64_t csb,
-                   int64_t rsc, float alpha, float beta) {
+                   int64_t rsc, float alpha, float beta, int out) {
     /* oneDNN fixes a primitive's thread count when it is made: one per count a run may use */
-    const int64_t key[10] = {m, n, k, rsa, csa, rsb, csb, rsc, omp_get_max_threads()};
+    const int64_t key[10] = {m, n, k, rsa, csa, rsb, csb, rsc, omp_get_max_threads(), out};
     for (int i = 0; i < lp->n; i++)
         if (!memcmp(lp->e[i].key, key, sizeof key) && lp->e[i].alpha == alpha && lp->e[i].beta == beta) return &lp->e[i];
     if (lp->n == lp->cap) {
@@ -287,9 +292,10 @@ static entry *prim(cgi_lp *lp, int64_t m, int64_t n, int64_t k, int64_t rsa, int
         lp->e = e;
         lp->cap = cap;
     }
-    dnnl_memory_desc_t a, b, c;
+    dnnl_memory_desc_t a, b, c, bias;
     if (!make_md(&a, m, k, rsa, csa, dnnl_bf16) || !make_md(&b, k, n, rsb, csb, dnnl_bf16) ||
-        !make_md(&c, m, n, rsc, 1, dnnl_f32))
+        !make_md(&c, m, n, rsc, 1, out & OUT_BF16 ? dnnl_bf16 : dnnl_f32) ||
+        ((out & OUT_BIAS) && !make_md(&bias, 1, n, n, 1, dnnl_f32)))
         return NULL;
     dnnl_matmul_desc_t md;
     dnnl_primitive_attr_t attr = NULL;
@@ -297,7 +303,7 @@ static entry *prim(cgi_lp *lp, int64_t m, int64_t n, int64_t k, int64_t rsa, int
     dnnl_primitive_desc_t pd = NULL;
     entry e = {.alpha = alpha, .beta = beta};
     memcpy(e.key, key, sizeof key);
-    bool ok = dnnl_matmul_desc_init(&md, &a, &b, NULL, &c) == dnnl_success &&
+    bool ok = dnnl_matmul_desc_init(&md, &a, &b, out & OUT_BIAS ? &bias : NULL, &c) == dnnl_success &&
               dnnl_primitive_attr_create(&attr) == dnnl_success && dnnl_post_ops_create(&po) == dnnl_success;
     if (ok && alpha != 1) ok = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &alpha) == dnnl_success;
     if (ok && beta != 0) ok = dnnl_post_ops_append_sum(po, beta) == dnnl_success &&
@@ -306,7 +312,8 @@ static entry *prim(cgi_lp *lp, int64_t m, int64_t n, int64_t k, int64_t rsa, int
          dnnl_primitive_create(&e.prim, pd) == dnnl_success;
     ok = ok && dnnl_memory_create(&e.ma, &a, engine, DNNL_MEMORY_NONE) == dnnl_success &&
          dnnl_memory_create(&e.mb, &b, engine, DNNL_MEMORY_NONE) == dnnl_success &&
-         dnnl_memory_create(&e.mc, &c, engine, DNNL_MEMORY_NONE) == dnnl_success;
+         dnnl_memory_create(&e.mc, &c, engine, DNNL_MEMORY_NONE) == dnnl_success &&
+         (!(out & OUT_BIAS) || dnnl_memory_create(&e.mbias, &bias, engine, DNNL_MEMORY_NONE) == dnnl_success);
     if (pd) dnnl_primitive_desc_destroy(pd);
     if (po) dnnl_post_ops_destroy(po);
     if (attr) dnnl_primitive_attr_destroy(attr);
@@ -315,11 +322,16 @@ static entry *prim(cgi_lp *lp, int64_t m, int64_t n, int64_t k, int64_t rsa, int
         if (e.ma) dnnl_memory_destroy(e.ma);
         if (e.mb) dnnl_memory_destroy(e.mb);
         if (e.mc) dnnl_memory_destroy(e.mc);
+        if (e.mbias) dnnl_memory_destroy(e.mbias);
         return NULL;
     }
     lp->e[lp->n] = e;
     return &lp->e[lp->n++];
 }
+
+static bool run(cgi_lp *lp, int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, int64_t rsa, int64_t csa,
+                const cgi_bf16 *b, int64_t rsb, int64_t csb, float alpha, float beta, void *c, int64_t rsc,
+                const float *bias, int out);
 
 /* C[m,n] = alpha A B + beta C from bf16 operands. oneDNN's fast kernels want C stored by rows; C
  * stored by columns is computed as C^T = B^T A^T. Other C layouts are refused (false). */
@@ -337,20 +349,31 @@ static bool gemm_bf16(cgi_lp *lp, int64_t m, int64_t n, int64_t k, const cgi_bf1
         if (rsc != 1) return false;
         return gemm_bf16(lp, n, m, k, b, csb, rsb, a, csa, rsa, alpha, beta, c, csc, rsc);
     }
+    return run(lp, m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, c, rsc, NULL, 0);
+}
+
+/* One oneDNN product, C stored by rows (row stride rsc): C = alpha A B + beta C (+ bias row), C in
+ * float or, with OUT_BF16, in bf16. */
+static bool run(cgi_lp *lp, int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, int64_t rsa, int64_t csa,
+                const cgi_bf16 *b, int64_t rsb, int64_t csb, float alpha, float beta, void *c, int64_t rsc,
+                const float *bias, int out) {
     /* oneDNN's OpenMP team follows omp_get_max_threads(), not the graph run's thread decision: a
      * generation step kept on one thread (graph/threads.c) woke the second thread in every product
      * here, and bf16 cached generation fell from 1795 to 594 tokens/s on two threads */
     const int want = cgi_nthreads(), was = omp_get_max_threads();
     if (want != was) omp_set_num_threads(want);
     cgi_lp_exec_threads = omp_get_max_threads();
-    entry *e = prim(lp, m, n, k, rsa, csa, rsb, csb, rsc, alpha, beta);
+    entry *e = prim(lp, m, n, k, rsa, csa, rsb, csb, rsc, alpha, beta, out);
     bool ok = e != NULL;
     if (ok) {
         dnnl_memory_set_data_handle(e->ma, (void *)a);
         dnnl_memory_set_data_handle(e->mb, (void *)b);
         dnnl_memory_set_data_handle(e->mc, c);
-        dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, e->ma}, {DNNL_ARG_WEIGHTS, e->mb}, {DNNL_ARG_DST, e->mc}};
-        ok = dnnl_primitive_execute(e->prim, stream, 3, args) == dnnl_success && dnnl_stream_wait(stream) == dnnl_success;
+        if (out & OUT_BIAS) dnnl_memory_set_data_handle(e->mbias, (void *)bias);
+        dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, e->ma}, {DNNL_ARG_WEIGHTS, e->mb}, {DNNL_ARG_DST, e->mc},
+                                   {DNNL_ARG_BIAS, e->mbias}};
+        ok = dnnl_primitive_execute(e->prim, stream, out & OUT_BIAS ? 4 : 3, args) == dnnl_success &&
+             dnnl_stream_wait(stream) == dnnl_success;
     }
     if (want != was) omp_set_num_threads(was);
     return ok;
@@ -502,8 +525,40 @@ double cg_bf16_gemm_gflops(int64_t n, int reps) {
 
 /* ---- linear: x[..., in] @ w[out, in]^T ---- */
 
+/* y[m,n] = bf16(x W^T + bias) by plain loops (float accumulation), where oneDNN refuses. */
+static void ref_linear_bf16_out(int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, int64_t rsa, int64_t csa,
+                                const cgi_bf16 *b, int64_t rsb, int64_t csb, const float *bias, cgi_bf16 *y) {
+#pragma omp parallel for schedule(static) if (m * n * k > CGI_PAR_MIN) num_threads(cgi_nthreads())
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            float acc = 0;
+            for (int64_t p = 0; p < k; p++) acc += cgi_from_bf16(a[i * rsa + p * csa]) * cgi_from_bf16(b[p * rsb + j * csb]);
+            y[i * n + j] = cgi_to_bf16(acc + (bias ? bias[j] : 0));
+        }
+}
+
+/* A linear whose value is stored in bf16 (t->lp_value: GELU alone reads it, see writes_bf16): the
+ * product's output stage adds the float bias to the float sum and rounds once into the store, so
+ * there is no float value and no extra pass. */
+static bool linear_fwd_bf16_out(cg_tensor *t) {
+    cg_tensor *x = t->src[0], *w = t->src[1], *bias = t->nsrc > 2 ? t->src[2] : NULL;
+    cgi_lp *lp = ctx(t->graph);
+    if (!lp) return false;
+    const int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1];
+    int64_t rsa = row_stride(x), csa = x->stride[x->ndim - 1], rsb = w->stride[1], csb = w->stride[0];
+    const cgi_bf16 *ab = operand(lp, t, false, 0, x->data, m, k, &rsa, &csa, x);
+    const cgi_bf16 *bb = ab ? operand(lp, t, false, 1, w->data, k, n, &rsb, &csb, w) : NULL;
+    if (!bb) return false;
+    const float *bv = bias ? bias->data : NULL;
+    if (cgi_lp_force_ref || m == 0 || k == 0 ||
+        !run(lp, m, n, k, ab, rsa, csa, bb, rsb, csb, 1, 0, t->data, n, bv, OUT_BF16 | (bv ? OUT_BIAS : 0)))
+        ref_linear_bf16_out(m, n, k, ab, rsa, csa, bb, rsb, csb, bv, t->data);
+    return true;
+}
+
 bool cgi_lp_linear_fwd(cg_tensor *t, bool has_bias) {
     cg_tensor *x = t->src[0], *w = t->src[1];
+    if (t->lp_value) return linear_fwd_bf16_out(t);
     return cgi_lp_gemm(t, false, rows_of(x), w->shape[0], w->shape[1], x->data, row_stride(x), x->stride[x->ndim - 1],
                        x, w->data, w->stride[1], w->stride[0], w, 1, has_bias ? 1 : 0, t->data, w->shape[0], 1);
 }
@@ -606,6 +661,30 @@ static void plan_shadows(cg_graph *g) {
     free(other);
 }
 
+/* A linear's value can be stored in bf16 when every reader is a GELU that stores its own value in
+ * bf16 (so it runs lp_unary_fwd / lp_unary_bwd, which read a bf16 input): GPT-2's and BERT's FC
+ * pre-activation, which GELU's backward reads back. The bias must be contiguous (oneDNN adds it
+ * in the product's output stage). */
+static void plan_linear_outputs(cg_graph *g, const int *consumers) {
+    if (getenv("CGRAD_BF16_PREACT_OFF")) return;
+    int *gelu_readers = calloc((size_t)g->n + 1, sizeof *gelu_readers);
+    if (!gelu_readers) return;
+    for (int c = 0; c < g->n; c++) {
+        const cg_tensor *t = g->nodes[c];
+        if ((t->op == CGI_OP_GELU || t->op == CGI_OP_GELU_TANH) && t->lp_value && t->src[0]->root == t->src[0] &&
+            t->src[0]->id >= 0)
+            gelu_readers[t->src[0]->id]++;
+    }
+    for (int i = 0; i < g->n; i++) {
+        cg_tensor *t = g->nodes[i];
+        const cg_tensor *b = t->nsrc > 2 ? t->src[2] : NULL;
+        if (t->op == CGI_OP_LINEAR && t->root == t && !t->kept && !t->retain && consumers[i] > 0 &&
+            gelu_readers[i] == consumers[i] && cgi_contiguous(t) && (!b || b->stride[0] == 1))
+            t->lp_value = true;
+    }
+    free(gelu_readers);
+}
+
 void cgi_lp_plan_values(cg_graph *g, const int *consumers) {
     for (int i = 0; i < g->n; i++) {
         g->nodes[i]->lp_value = g->nodes[i]->lp_shadowed = false;
@@ -626,6 +705,7 @@ void cgi_lp_plan_values(cg_graph *g, const int *consumers) {
                       cgi_ops[t->op].kind == CGI_KIND_COMPUTE && consumers[i] > 0 && linear_readers[i] == consumers[i];
     }
     free(linear_readers);
+    plan_linear_outputs(g, consumers);
     plan_shadows(g);
 }
 

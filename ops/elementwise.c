@@ -435,12 +435,15 @@ static cg_status lp_unary_fwd(cg_tensor *t) {
     enum { BLK = 256 };
     const int64_t n = cgi_numel(t->ndim, t->shape), op = t->op;
     const cg_real *X = t->src[0]->data;
+    const cgi_bf16 *XB = t->src[0]->root->lp_value ? t->src[0]->data : NULL; /* a bf16 pre-activation */
     cgi_bf16 *Y = t->data;
 #pragma omp parallel for schedule(static) if (n > CGI_PAR_MIN) num_threads(cgi_nthreads())
     for (int64_t i0 = 0; i0 < n; i0 += BLK) {
         const int64_t len = n - i0 < BLK ? n - i0 : BLK;
-        const cg_real *x = X + i0;
-        cg_real y[BLK];
+        cg_real y[BLK], xw[BLK];
+        if (XB)
+            for (int64_t j = 0; j < len; j++) xw[j] = cgi_from_bf16(XB[i0 + j]);
+        const cg_real *x = XB ? xw : X + i0;
         if (op == CGI_OP_GELU)
             for (int64_t j = 0; j < len; j++) y[j] = gelu_f(x[j], 0, 0);
         else if (op == CGI_OP_GELU_TANH)
@@ -473,9 +476,15 @@ static void lp_unary_bwd(cg_tensor *t) {
             for (int64_t i = 0; i < n; i++) DX[i] += (EXPR);                                       \
         }                                                                                          \
     } while (0)
-    if (op == CGI_OP_GELU) LP_BWD(gelu_df(DY[i], X[i], gelu_f(X[i], 0, 0), 0, 0));
+    /* a GELU's input stored in bf16 (its linear's value, ops/bf16.c): the derivative at the rounded x */
+    const cgi_bf16 *XB = x->root->lp_value ? x->data : NULL;
+#define XBF(i) ((cg_real)cgi_from_bf16(XB[i]))
+    if (op == CGI_OP_GELU && XB) LP_BWD(gelu_df(DY[i], XBF(i), gelu_f(XBF(i), 0, 0), 0, 0));
+    else if (op == CGI_OP_GELU_TANH && XB) LP_BWD(gelu_tanh_df(DY[i], XBF(i), gelu_tanh_f(XBF(i), 0, 0), 0, 0));
+    else if (op == CGI_OP_GELU) LP_BWD(gelu_df(DY[i], X[i], gelu_f(X[i], 0, 0), 0, 0));
     else if (op == CGI_OP_GELU_TANH) LP_BWD(gelu_tanh_df(DY[i], X[i], gelu_tanh_f(X[i], 0, 0), 0, 0));
     else LP_BWD(Y[i] != 0 && !(Y[i] & 0x8000) ? DY[i] : 0);
+#undef XBF
 #undef LP_BWD
 }
 

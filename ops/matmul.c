@@ -229,7 +229,7 @@ cg_status cgi_fwd_linear(cg_tensor *t) {
     int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1];
     cg_real *c = t->data;
     if (cgi_lp_on(t)) {
-        if (bias) {
+        if (bias && !t->lp_value) { /* a bf16-stored value gets its bias in the product's output stage */
             const cg_real *bv = bias->data;
             int64_t bs = bias->stride[0];
 #pragma omp parallel for schedule(static) if (m * n > CGI_PAR_MIN) num_threads(cgi_nthreads())
@@ -238,10 +238,12 @@ cg_status cgi_fwd_linear(cg_tensor *t) {
         }
         if (cgi_lp_linear_fwd(t, bias != NULL)) return CG_OK;
         /* the float products below would read an input that exists only in bf16 */
-        if (x->root->lp_value)
+        /* ... or write floats over a value stored in bf16 */
+        if (x->root->lp_value || t->lp_value)
             return cgi_fail(CG_ERR_NOMEM, "[linear] bf16: no memory for the bf16 form of weight %s (%s) or its scratch, "
-                                          "and input %s is stored only in bf16",
-                            cgi_shp(w), cg_name(w->root), cgi_shp(x));
+                                          "and %s %s is stored only in bf16",
+                            cgi_shp(w), cg_name(w->root), x->root->lp_value ? "input" : "output",
+                            cgi_shp(x->root->lp_value ? x : t));
     }
     /* the bias goes in with the product, piece by piece (see gemm_blocked) */
     const cgi_gemm_job j = {m, n, k, x->data, row_stride(x), x->stride[x->ndim - 1], w->data, w->stride[1], w->stride[0],

@@ -179,24 +179,114 @@ static void run_act(int act, const float *X, const float *W1, const float *W2, c
     cg_params_free(ps);
 }
 
+static double gelu_ref(double x, int act) {
+    return act == 1 ? 0.5 * x * (1 + erf(x / sqrt(2))) : 0.5 * x * (1 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}
+
+/* |got - want| <= bound elementwise: counts the elements outside into *bad, those that differ at all into *differ. */
+static void within(const float *got, const float *want, const double *bound, int64_t n, int *bad, int *differ,
+                   double *worst) {
+    for (int64_t i = 0; i < n; i++) {
+        const double d = fabs((double)got[i] - want[i]);
+        *bad += !(d <= bound[i]), *differ += d != 0;
+        if (bound[i] > 0 && d / bound[i] > *worst) *worst = d / bound[i];
+    }
+}
+
+/* A GELU's pre-activation stored in bf16 (the linear writes it once, rounded from its float sum
+ * plus bias, ops/bf16.c) against the same run with it float (CGRAD_BF16_PREACT_OFF), per element.
+ * With h the float pre-activation and h~ = bf16(h): |h~ - h| <= e|h|, e = u(1 + u) + 16 2^-24 (the
+ * bias added in another order, and |h| taken from a double reference). Both runs share g = dL/dy =
+ * R~ W2~ (the second linear's dX) and everything before h. With L1 = max|gelu'| = 1.129 and L2 =
+ * max|gelu''| = 2 phi(0) = 0.798 (both forms, to 1e-4):
+ *  - dpre = g gelu'(h~) moves by at most p = 0.8 e |g||h| (+ 16 2^-24 |dpre| for its float formula);
+ *    db1 = sum_i dpre adds two float sums' (m+1) 2^-24 sum|dpre|;
+ *  - dX = bf16(dpre) W1~ and dW1 = bf16(dpre)^T X~: the rounding to bf16 may go the other way, so
+ *    each factor moves by p + 2u(1 + u)|dpre|, times |W1~| (|X~|), plus two float sums;
+ *  - dW2 = R~^T bf16(gelu(h~)): each y moves by 1.13 e |h| + 2u(1 + u)|y|, times |R~|, plus two float
+ *    sums. Magnitudes from double references on the bf16-rounded operands. */
+static void check_preact(int act, const float *X, const float *W1, const float *W2, const float *R, const act_out *on,
+                         const act_out *off) {
+    static double h[AM * AH], g[AM * AH], dp[AM * AH], y[AM * AH], bnd[AH * AK > AM * AK ? AH * AK : AM * AK];
+    const double e = U * (1 + U) + 16 * U32, r2 = 2 * U * (1 + U);
+    for (int i = 0; i < AM; i++)
+        for (int j = 0; j < AH; j++) {
+            double s = W1[j], t = 0; /* b1 holds W1's first AH values, float */
+            for (int p = 0; p < AK; p++) s += (double)bf(X[i * AK + p]) * bf(W1[j * AK + p]);
+            for (int n = 0; n < AN; n++) t += (double)bf(R[i * AN + n]) * bf(W2[n * AH + j]);
+            const double d = (gelu_ref(s + 1e-6, act) - gelu_ref(s - 1e-6, act)) / 2e-6;
+            h[i * AH + j] = s, g[i * AH + j] = t, y[i * AH + j] = gelu_ref(s, act), dp[i * AH + j] = t * d;
+        }
+#define MOVE(ij) (0.8 * e * fabs(g[ij]) * fabs(h[ij]) + 16 * U32 * fabs(dp[ij]))
+    int bad = 0, differ = 0;
+    double worst = 0;
+    for (int j = 0; j < AH; j++) { /* db1 */
+        double b = 0, m = 0;
+        for (int i = 0; i < AM; i++) b += MOVE(i * AH + j), m += fabs(dp[i * AH + j]);
+        bnd[j] = b + 2 * (AM + 1) * U32 * m;
+    }
+    within(on->db1, off->db1, bnd, AH, &bad, &differ, &worst);
+    for (int i = 0; i < AM; i++) /* dX */
+        for (int k = 0; k < AK; k++) {
+            double b = 0, m = 0;
+            for (int j = 0; j < AH; j++) {
+                const double w = fabs(bf(W1[j * AK + k]));
+                b += (MOVE(i * AH + j) + r2 * fabs(dp[i * AH + j])) * w, m += fabs(dp[i * AH + j]) * w;
+            }
+            bnd[i * AK + k] = b + 2 * (AH + 1) * U32 * m * (1 + U);
+        }
+    within(on->dx, off->dx, bnd, AM * AK, &bad, &differ, &worst);
+    for (int j = 0; j < AH; j++) /* dW1 */
+        for (int k = 0; k < AK; k++) {
+            double b = 0, m = 0;
+            for (int i = 0; i < AM; i++) {
+                const double x = fabs(bf(X[i * AK + k]));
+                b += (MOVE(i * AH + j) + r2 * fabs(dp[i * AH + j])) * x, m += fabs(dp[i * AH + j]) * x;
+            }
+            bnd[j * AK + k] = b + 2 * (AM + 1) * U32 * m * (1 + U);
+        }
+    within(on->dw1, off->dw1, bnd, AH * AK, &bad, &differ, &worst);
+    for (int n = 0; n < AN; n++) /* dW2 */
+        for (int j = 0; j < AH; j++) {
+            double b = 0, m = 0;
+            for (int i = 0; i < AM; i++) {
+                const double r = fabs(bf(R[i * AN + n])), yy = fabs(y[i * AH + j]);
+                b += (1.13 * e * fabs(h[i * AH + j]) + r2 * yy) * r, m += yy * r;
+            }
+            bnd[n * AH + j] = b + 2 * (AM + 1) * U32 * m * (1 + U);
+        }
+    within(on->dw2, off->dw2, bnd, AN * AH, &bad, &differ, &worst);
+#undef MOVE
+    CHECK(bad == 0, "act %d: %d gradient elements with the bf16 pre-activation outside the bound (worst %.2f of it)",
+          act, bad, worst);
+    CHECK(differ > 50, "act %d: only %d gradient elements changed: the pre-activation was not rounded", act, differ);
+}
+
 /* ReLU, GELU and tanh-GELU write their value in bf16 when only a linear reads it: bit-identical
  * gradients to converting it at the product (GELU recomputes its output in backward, ReLU reads
- * the sign, which bf16 keeps). */
+ * the sign, which bf16 keeps). A GELU's input, when the GELU alone reads it, is stored in bf16 too
+ * (check_preact); with that off the run is again bit-identical. */
 static void test_activations(void) {
     static float X[AM * AK], W1[AH * AK], W2[AN * AH], R[AM * AN];
-    static act_out on, off;
+    static act_out on, pre, off;
     cg_rng rng;
     cg_rng_seed(&rng, 5);
     fill(X, AM * AK, &rng, 1), fill(W1, AH * AK, &rng, 0.3), fill(W2, AN * AH, &rng, 0.3), fill(R, AM * AN, &rng, 1);
     for (int act = 0; act < 3; act++) {
         run_act(act, X, W1, W2, R, &on);
+        setenv("CGRAD_BF16_PREACT_OFF", "1", 1);
+        run_act(act, X, W1, W2, R, &pre);
+        unsetenv("CGRAD_BF16_PREACT_OFF");
         setenv("CGRAD_BF16_VALUES_OFF", "1", 1);
         run_act(act, X, W1, W2, R, &off);
         unsetenv("CGRAD_BF16_VALUES_OFF");
-        CHECK(on.lp_values == 1 && off.lp_values == 0, "act %d: %d values in bf16 (expected 1), %d with them off", act,
-              on.lp_values, off.lp_values);
-        CHECK(!memcmp(&on, &off, offsetof(act_out, lp_values)), "act %d: storing its value in bf16 changed the gradients",
+        CHECK(on.lp_values == (act ? 2 : 1) && pre.lp_values == 1 && off.lp_values == 0,
+              "act %d: %d values in bf16 (expected %d), %d without the pre-activation, %d with them off", act,
+              on.lp_values, act ? 2 : 1, pre.lp_values, off.lp_values);
+        CHECK(!memcmp(&pre, &off, offsetof(act_out, lp_values)), "act %d: storing its value in bf16 changed the gradients",
               act);
+        if (act) check_preact(act, X, W1, W2, R, &on, &pre);
+        else CHECK(!memcmp(&on, &off, offsetof(act_out, lp_values)), "relu: its input was stored in bf16");
     }
 }
 
@@ -217,6 +307,17 @@ static void test_no_copy(void) {
     CHECK(st == CG_ERR_NOMEM && strstr(cg_last_error(), "[linear] bf16") && strstr(cg_last_error(), "w2") &&
               strstr(cg_last_error(), "[64,48]"),
           "forward without memory for w2's bf16 copy: status %d, '%s'", (int)st, cg_last_error());
+    cg_graph_free(g);
+    /* a linear whose value is stored in bf16 (GELU alone reads it) cannot write its float product there */
+    g = cg_graph_new(CG_TRAIN);
+    CHECK(cg_graph_set_precision(g, CG_BF16) == CG_OK, "%s", cg_last_error());
+    x = cg_requires_grad(cg_input(g, "x", CG_REAL, 2, sx));
+    loss = cg_sum_all(g, cg_linear(g, cg_gelu(g, cg_linear(g, x, w1, NULL)), w2, NULL));
+    cgi_lp_fail_param_copy = true;
+    const cg_status st2 = loss ? cg_graph_forward(g) : CG_ERR_ARG;
+    cgi_lp_fail_param_copy = false;
+    CHECK(st2 == CG_ERR_NOMEM && strstr(cg_last_error(), "w1") && strstr(cg_last_error(), "output [64,48]"),
+          "forward without memory for w1's bf16 copy, its output in bf16: status %d, '%s'", (int)st2, cg_last_error());
     cg_graph_free(g);
     cg_params_free(ps);
 }
@@ -629,16 +730,25 @@ static void test_gpt_step(bool bf16_ok) {
         /* The values read only by linears (per block the two LayerNorm outputs and the GELU's, and
          * ln_f's before the head) are written in bf16 by the ops that make them: the same numbers
          * the linear would have converted, and GELU's backward recomputes its output in float, so
-         * the whole run is bit-identical to converting them at the product. */
-        gpt_run conv;
+         * the whole run is bit-identical to converting them at the product. The FC pre-activation
+         * GELU reads (one per block, 9 values in all) is a rounding of its own: the run above holds
+         * it to fp32 within the same 8u, and test_activations per element; without it
+         * (CGRAD_BF16_PREACT_OFF) the run is bit-identical to converting at the product. */
+        gpt_run conv, pre;
         setenv("CGRAD_BF16_VALUES_OFF", "1", 1);
         run_gpt(CG_BF16, &conv);
         unsetenv("CGRAD_BF16_VALUES_OFF");
-        CHECK(lp.lp_values == 7 && conv.lp_values == 0, "bf16-stored values: %d (expected 7), %d with them off",
-              lp.lp_values, conv.lp_values);
-        CHECK(!memcmp(lp.loss, conv.loss, sizeof lp.loss) && !memcmp(lp.grads, conv.grads, (size_t)lp.span * 4) &&
-                  !memcmp(lp.values, conv.values, (size_t)lp.span * 4),
-              "values stored in bf16 changed the run (loss %.9g vs %.9g)", lp.loss[2], conv.loss[2]);
+        setenv("CGRAD_BF16_PREACT_OFF", "1", 1);
+        run_gpt(CG_BF16, &pre);
+        unsetenv("CGRAD_BF16_PREACT_OFF");
+        CHECK(lp.lp_values == 9 && pre.lp_values == 7 && conv.lp_values == 0,
+              "bf16-stored values: %d (expected 9), %d without the pre-activations (7), %d with them off", lp.lp_values,
+              pre.lp_values, conv.lp_values);
+        CHECK(!memcmp(pre.loss, conv.loss, sizeof pre.loss) && !memcmp(pre.grads, conv.grads, (size_t)pre.span * 4) &&
+                  !memcmp(pre.values, conv.values, (size_t)pre.span * 4),
+              "values stored in bf16 changed the run (loss %.9g vs %.9g)", pre.loss[2], conv.loss[2]);
+        CHECK(memcmp(lp.grads, pre.grads, (size_t)lp.span * 4), "the bf16 pre-activations changed nothing");
+        free(pre.grads), free(pre.values);
         /* the reference loops that stand in when oneDNN refuses a bf16-stored operand: same products,
          * float accumulation in another order, so within the same bounds of fp32 */
         gpt_run ref;
