@@ -42,8 +42,7 @@ void cgi_copy(cg_real *dst, const int64_t *dst_stride, const cg_real *src, const
     cgi_iter_init(&it, ndim, shape, 2, st);
     const int64_t sd = it.st[0][it.ndim - 1], ss = it.st[1][it.ndim - 1], nch = cgi_chunks(it.inner);
     const cg_real a = (cg_real)scale;
-#pragma omp parallel for schedule(static) if (it.rows * it.inner > CGI_PAR_MIN) num_threads(cgi_nthreads())
-    for (int64_t c = 0; c < it.rows * nch; c++) {
+    CGI_PAR_FOR(it.rows * it.inner, for (int64_t c = 0; c < it.rows * nch; c++) {
         const int64_t r = c / nch, lo = (c % nch) * CGI_CHUNK;
         const int64_t n = lo + CGI_CHUNK < it.inner ? CGI_CHUNK : it.inner - lo;
         int64_t off[2];
@@ -58,7 +57,7 @@ void cgi_copy(cg_real *dst, const int64_t *dst_stride, const cg_real *src, const
             if (accumulate) for (int64_t j = 0; j < n; j++) d[j * sd] += a * s[j * ss];
             else for (int64_t j = 0; j < n; j++) d[j * sd] = a * s[j * ss];
         }
-    }
+    });
 }
 
 void cgi_reduce(cg_real *dst, const int64_t *dst_stride, const cg_real *src, const int64_t *src_stride,

@@ -6,6 +6,7 @@
  * micro-kernel over operands packed once per head (keeps_probs, packs_heads). Each (batch, head)
  * belongs to one thread, so gradient writes never collide and the result does not depend on the
  * thread count. */
+#include <limits.h>
 #include <math.h>
 #include <omp.h>
 #if defined(__SSE2__)
@@ -387,9 +388,62 @@ static bool mask(const head *h, int64_t i0, int64_t nq, int64_t j0, int64_t nk, 
     return any;
 }
 
-/* Masked scores of a block through BLIS (see mask). */
+/* One query row against nk keys (rows ks apart): s[c] = scale (q . k_c), in 16 partial sums added
+ * as a fixed tree, so the loop vectorises without reassociation. Token-by-token generation has a
+ * single query row, and there BLIS's call and gemv setup cost more than the products themselves:
+ * two calls per head, eight per gpt-tiny layer. */
+CGI_CLONES static void row_scores(const cg_real *restrict q, const cg_real *restrict k, int64_t ks, int64_t nk,
+                                  int64_t d, cg_real scale, cg_real *restrict s) {
+    for (int64_t c = 0; c < nk; c++) {
+        const cg_real *kc = k + c * ks;
+        cg_real a[16] = {0};
+        int64_t e = 0;
+        for (; e + 16 <= d; e += 16)
+            for (int l = 0; l < 16; l++) a[l] += q[e + l] * kc[e + l];
+        for (int l = 0; e < d; e++, l++) a[l] += q[e] * kc[e];
+        for (int l = 0; l < 8; l++) a[l] += a[l + 8];
+        for (int l = 0; l < 4; l++) a[l] += a[l + 4];
+        s[c] = scale * ((a[0] + a[2]) + (a[1] + a[3]));
+    }
+}
+
+/* o[e] = beta o[e] + sum_c p[c] v_c[e] for one query row (beta 0 or 1), keys in order, 64 features
+ * at a time held in registers. */
+CGI_CLONES static void row_pv(const cg_real *restrict p, int64_t nk, const cg_real *restrict v, int64_t vs, int64_t d,
+                              cg_real beta, cg_real *restrict o) {
+    enum { W = 64 };
+    for (int64_t e0 = 0; e0 < d; e0 += W) {
+        cg_real a[W];
+        const int64_t n = d - e0 < W ? d - e0 : W;
+        if (n == W) {
+            for (int l = 0; l < W; l++) a[l] = beta == 0 ? 0 : o[e0 + l];
+            for (int64_t c = 0; c < nk; c++) {
+                const cg_real pc = p[c], *vc = v + c * vs + e0;
+                for (int l = 0; l < W; l++) a[l] += pc * vc[l];
+            }
+            for (int l = 0; l < W; l++) o[e0 + l] = a[l];
+        } else {
+            for (int64_t l = 0; l < n; l++) a[l] = beta == 0 ? 0 : o[e0 + l];
+            for (int64_t c = 0; c < nk; c++) {
+                const cg_real pc = p[c], *vc = v + c * vs + e0;
+                for (int64_t l = 0; l < n; l++) a[l] += pc * vc[l];
+            }
+            for (int64_t l = 0; l < n; l++) o[e0 + l] = a[l];
+        }
+    }
+}
+
+/* O[nq, d] (row stride os) = beta O + P[nq, nk] V (P's rows ps apart, V's vs). */
+static void probs_v(int64_t nq, int64_t d, int64_t nk, const cg_real *p, int64_t ps, const cg_real *v, int64_t vs,
+                    cg_real beta, cg_real *o, int64_t os) {
+    if (nq == 1) row_pv(p, nk, v, vs, d, beta, o);
+    else gemm1(nq, d, nk, p, ps, 1, v, vs, 1, 1, beta, o, os, 1);
+}
+
+/* Masked scores of a block, through BLIS or, for one query row, row_scores (see mask). */
 static bool scores(const head *h, int64_t i0, int64_t nq, int64_t j0, int64_t nk, cg_real *s, int64_t ss) {
-    gemm1(nq, nk, h->d, h->q + i0 * h->qs, h->qs, 1, h->k + j0 * h->ks, 1, h->ks, h->scale, 0, s, ss, 1);
+    if (nq == 1) row_scores(h->q + i0 * h->qs, h->k + j0 * h->ks, h->ks, nk, h->d, h->scale, s);
+    else gemm1(nq, nk, h->d, h->q + i0 * h->qs, h->qs, 1, h->k + j0 * h->ks, 1, h->ks, h->scale, 0, s, ss, 1);
     return mask(h, i0, nq, j0, nk, s, ss);
 }
 
@@ -469,80 +523,107 @@ CGI_CLONES static void fwd_kept(const head *h, int64_t i0, int64_t nq, int64_t k
     if (w) {
         cgi_ukr_pack_a(u, nq, kend, pb, ps, 1, w->a);
         cgi_ukr_gemm(u, nq, h->d, kend, 1, w->a, kend, w->kv2, h->tk, 0, o, h->os, 1, CGI_UKR_FULL, diag(h, i0));
-    } else gemm1(nq, h->d, kend, pb, ps, 1, h->v, h->vs, 1, 1, 0, o, h->os, 1);
+    } else probs_v(nq, h->d, kend, pb, ps, h->v, h->vs, 0, o, h->os);
 }
 
-cg_status cgi_fwd_attention(cg_tensor *t) {
-    const int64_t bhn = t->shape[0] * t->shape[1], tq = t->shape[2], d = t->shape[3], tk = t->src[1]->shape[2];
-    sdpa_params *p = t->params;
-    p->step = t->graph->step; /* backward draws this pass's dropout mask again */
-    cg_real *lse = t->aux, *out = t->data, *probs = p->keeps_probs ? lse + probs_offset(t) : NULL;
-    const int slots = p->slots < cgi_nthreads() ? p->slots : cgi_nthreads(); /* a run may use fewer */
+/* What every head of one forward shares. */
+typedef struct {
+    cg_tensor *t;
+    cg_real *lse, *out, *probs;
     cgi_ukr u;
-    cgi_ukr_init(&u);
-    const bool packed = packs_heads(t);
-    const size_t stride = slot_stride(t, &u);
-#pragma omp parallel for schedule(dynamic, 1) num_threads(slots) if (bhn > 1 && slots > 1)
-    for (int64_t bh = 0; bh < bhn; bh++) {
-        const unsigned csr = flush_begin();
-        int me = omp_get_thread_num();
-        cg_real *s = lse + slots_offset(t) + (size_t)me * stride, *acc = s + 2 * BQ * BK, *m = acc + BQ * d, *l = m + BQ;
-        head h;
-        head_at(t, bh, rel_at(t, s), &h);
-        cg_real *o = out + bh / t->shape[1] * t->stride[0] + bh % t->shape[1] * t->stride[1];
-        packs w = {0};
-        if (packed) { /* K^T and V for every query block of the head */
-            w = packs_at(t, s, &u);
-            cgi_ukr_pack_b(&u, d, tk, h.k, 1, h.ks, w.kv1);
-            cgi_ukr_pack_b(&u, tk, d, h.v, h.vs, 1, w.kv2);
+    bool packed;
+    size_t stride;
+} fwd_run;
+
+/* Head bh of the forward, in scratch slot me. */
+static void fwd_head(const fwd_run *f, int64_t bh, int me) {
+    cg_tensor *t = f->t;
+    const sdpa_params *p = prm(t);
+    const int64_t tq = t->shape[2], d = t->shape[3], tk = t->src[1]->shape[2];
+    cg_real *lse = f->lse, *out = f->out, *probs = f->probs;
+    const cgi_ukr *u = &f->u;
+    const bool packed = f->packed;
+    const size_t stride = f->stride;
+    const unsigned csr = flush_begin();
+    cg_real *s = lse + slots_offset(t) + (size_t)me * stride, *acc = s + 2 * BQ * BK, *m = acc + BQ * d, *l = m + BQ;
+    head h;
+    head_at(t, bh, rel_at(t, s), &h);
+    cg_real *o = out + bh / t->shape[1] * t->stride[0] + bh % t->shape[1] * t->stride[1];
+    packs w = {0};
+    if (packed) { /* K^T and V for every query block of the head */
+        w = packs_at(t, s, u);
+        cgi_ukr_pack_b(u, d, tk, h.k, 1, h.ks, w.kv1);
+        cgi_ukr_pack_b(u, tk, d, h.v, h.vs, 1, w.kv2);
+    }
+    const int64_t bq = h.causal ? BQ / 2 : BQ;
+    for (int64_t i0 = 0; i0 < tq; i0 += bq) {
+        const int64_t nq = tq - i0 < bq ? tq - i0 : bq, kend = key_end(&h, i0, nq);
+        if (probs && p->lp_probs) { /* a float block in the slot (dP's place in backward), rounded into the store */
+            fwd_kept(&h, i0, nq, kend, s + BQ * BK, BK, o + i0 * h.os, lse + bh * tq + i0, u, packed ? &w : NULL, s,
+                     (cgi_bf16 *)probs + (bh * tq + i0) * tk);
+            continue;
         }
-        const int64_t bq = h.causal ? BQ / 2 : BQ;
-        for (int64_t i0 = 0; i0 < tq; i0 += bq) {
-            const int64_t nq = tq - i0 < bq ? tq - i0 : bq, kend = key_end(&h, i0, nq);
-            if (probs && p->lp_probs) { /* a float block in the slot (dP's place in backward), rounded into the store */
-                fwd_kept(&h, i0, nq, kend, s + BQ * BK, BK, o + i0 * h.os, lse + bh * tq + i0, &u, packed ? &w : NULL, s,
-                         (cgi_bf16 *)probs + (bh * tq + i0) * tk);
-                continue;
-            }
-            if (probs) {
-                fwd_kept(&h, i0, nq, kend, probs + (bh * tq + i0) * tk, tk, o + i0 * h.os, lse + bh * tq + i0, &u,
-                         packed ? &w : NULL, s, NULL);
-                continue;
-            }
-            for (int64_t r = 0; r < nq; r++) m[r] = -INFINITY, l[r] = 0;
-            memset(acc, 0, (size_t)(nq * d) * sizeof *acc);
-            for (int64_t j0 = key_start(&h, i0); j0 < kend; j0 += BK) {
-                const int64_t nk = kend - j0 < BK ? kend - j0 : BK;
-                if (!scores(&h, i0, nq, j0, nk, s, BK)) continue;
-                for (int64_t r = 0; r < nq; r++) { /* online softmax: rescale what came before */
-                    cg_real *sr = s + r * BK, mx = cgi_row_max(sr, nk);
-                    mx = m[r] > mx ? m[r] : mx;
-                    if (mx == -INFINITY) {
-                        for (int64_t c = 0; c < nk; c++) sr[c] = 0;
-                        continue;
-                    }
-                    const cg_real corr = m[r] == -INFINITY ? 0 : cgi_exp(m[r] - mx);
-                    l[r] = l[r] * corr + (cg_real)cgi_sum_exp(sr, nk, mx, sr);
-                    m[r] = mx;
-                    if (h.drop) drop_probs(&h, i0 + r, j0, nk, sr, sr); /* the sum keeps every weight */
-                    if (corr != 1) for (int64_t e = 0; e < d; e++) acc[r * d + e] *= corr;
-                }
-                gemm1(nq, d, nk, s, BK, 1, h.v + j0 * h.vs, h.vs, 1, 1, 1, acc, d, 1);
-            }
-            for (int64_t r = 0; r < nq; r++) {
-                cg_real *orow = o + (i0 + r) * h.os;
-                if (l[r] == 0) { /* every key hidden: zeros, and no gradient */
-                    memset(orow, 0, (size_t)d * sizeof *orow);
-                    lse[bh * tq + i0 + r] = INFINITY;
+        if (probs) {
+            fwd_kept(&h, i0, nq, kend, probs + (bh * tq + i0) * tk, tk, o + i0 * h.os, lse + bh * tq + i0, u,
+                     packed ? &w : NULL, s, NULL);
+            continue;
+        }
+        for (int64_t r = 0; r < nq; r++) m[r] = -INFINITY, l[r] = 0;
+        memset(acc, 0, (size_t)(nq * d) * sizeof *acc);
+        for (int64_t j0 = key_start(&h, i0); j0 < kend; j0 += BK) {
+            const int64_t nk = kend - j0 < BK ? kend - j0 : BK;
+            if (!scores(&h, i0, nq, j0, nk, s, BK)) continue;
+            for (int64_t r = 0; r < nq; r++) { /* online softmax: rescale what came before */
+                cg_real *sr = s + r * BK, mx = cgi_row_max(sr, nk);
+                mx = m[r] > mx ? m[r] : mx;
+                if (mx == -INFINITY) {
+                    for (int64_t c = 0; c < nk; c++) sr[c] = 0;
                     continue;
                 }
-                const cg_real inv = 1 / l[r];
-                for (int64_t e = 0; e < d; e++) orow[e] = acc[r * d + e] * inv;
-                lse[bh * tq + i0 + r] = m[r] + (cg_real)log(l[r]);
+                const cg_real corr = m[r] == -INFINITY ? 0 : cgi_exp(m[r] - mx);
+                l[r] = l[r] * corr + (cg_real)cgi_sum_exp(sr, nk, mx, sr);
+                m[r] = mx;
+                if (h.drop) drop_probs(&h, i0 + r, j0, nk, sr, sr); /* the sum keeps every weight */
+                if (corr != 1) for (int64_t e = 0; e < d; e++) acc[r * d + e] *= corr;
             }
+            probs_v(nq, d, nk, s, BK, h.v + j0 * h.vs, h.vs, 1, acc, d);
         }
-        flush_end(csr);
+        for (int64_t r = 0; r < nq; r++) {
+            cg_real *orow = o + (i0 + r) * h.os;
+            if (l[r] == 0) { /* every key hidden: zeros, and no gradient */
+                memset(orow, 0, (size_t)d * sizeof *orow);
+                lse[bh * tq + i0 + r] = INFINITY;
+                continue;
+            }
+            const cg_real inv = 1 / l[r];
+            for (int64_t e = 0; e < d; e++) orow[e] = acc[r * d + e] * inv;
+            lse[bh * tq + i0 + r] = m[r] + (cg_real)log(l[r]);
+        }
     }
+    flush_end(csr);
+}
+
+static void fwd_piece(void *ctx, int bh) { fwd_head(ctx, bh, omp_get_thread_num()); }
+
+cg_status cgi_fwd_attention(cg_tensor *t) {
+    const int64_t bhn = t->shape[0] * t->shape[1];
+    sdpa_params *p = t->params;
+    p->step = t->graph->step; /* backward draws this pass's dropout mask again */
+    fwd_run f = {.t = t, .lse = t->aux, .out = t->data};
+    f.probs = p->keeps_probs ? f.lse + probs_offset(t) : NULL;
+    cgi_ukr_init(&f.u);
+    f.packed = packs_heads(t);
+    f.stride = slot_stride(t, &f.u);
+    const int slots = p->slots < cgi_nthreads() ? p->slots : cgi_nthreads(); /* a run may use fewer */
+    if (bhn > 1 && slots > 1) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(slots)
+        for (int64_t bh = 0; bh < bhn; bh++) fwd_head(&f, bh, omp_get_thread_num());
+    } else if (bhn > 1 && bhn <= INT_MAX && cgi_team_on() && omp_get_num_threads() <= p->slots)
+        /* in a thread team (generation), heads are its pieces: each runs whole in the slot of the
+         * thread that claims it, so the result does not depend on who does */
+        cgi_team_pieces(fwd_piece, &f, (int)bhn);
+    else
+        for (int64_t bh = 0; bh < bhn; bh++) fwd_head(&f, bh, 0);
     return CG_OK;
 }
 

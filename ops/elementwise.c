@@ -343,30 +343,30 @@ static inline __m512 gelu_erf16(__m512 x) {
 }
 #endif
 
+/* One row of cgi_bias_gelu_fwd: yi[j] = gelu(ci[j] + b[j]). */
+static void bias_gelu_row(const cg_real *ci, const cg_real *b, cg_real *yi, int64_t n, bool tanh_form) {
+    int64_t j0 = 0;
+#ifdef GELU_AVX512
+    for (; j0 + 16 <= n; j0 += 16) {
+        __m512 x = _mm512_loadu_ps(ci + j0);
+        if (b) x = _mm512_add_ps(x, _mm512_loadu_ps(b + j0));
+        _mm512_storeu_ps(yi + j0, tanh_form ? gelu_tanh16(x) : gelu_erf16(x));
+    }
+#endif
+    if (tanh_form && b)
+        for (int64_t j = j0; j < n; j++) yi[j] = gelu_tanh_f(ci[j] + b[j], 0, 0);
+    else if (tanh_form)
+        for (int64_t j = j0; j < n; j++) yi[j] = gelu_tanh_f(ci[j], 0, 0);
+    else if (b)
+        for (int64_t j = j0; j < n; j++) yi[j] = gelu_f(ci[j] + b[j], 0, 0);
+    else
+        for (int64_t j = j0; j < n; j++) yi[j] = gelu_f(ci[j], 0, 0);
+}
+
 /* y[i, j] = gelu(c[i, j] + b[j]) over the product c[m, n] (b NULL: no bias), one pass while the
  * product's rows are fresh, instead of a bias fill before the product and a GELU pass after. */
 void cgi_bias_gelu_fwd(const cg_real *c, const cg_real *b, cg_real *y, int64_t m, int64_t n, bool tanh_form) {
-#pragma omp parallel for schedule(static) if (m * n > CGI_PAR_MIN) num_threads(cgi_nthreads())
-    for (int64_t i = 0; i < m; i++) {
-        const cg_real *ci = c + i * n;
-        cg_real *yi = y + i * n;
-        int64_t j0 = 0;
-#ifdef GELU_AVX512
-        for (; j0 + 16 <= n; j0 += 16) {
-            __m512 x = _mm512_loadu_ps(ci + j0);
-            if (b) x = _mm512_add_ps(x, _mm512_loadu_ps(b + j0));
-            _mm512_storeu_ps(yi + j0, tanh_form ? gelu_tanh16(x) : gelu_erf16(x));
-        }
-#endif
-        if (tanh_form && b)
-            for (int64_t j = j0; j < n; j++) yi[j] = gelu_tanh_f(ci[j] + b[j], 0, 0);
-        else if (tanh_form)
-            for (int64_t j = j0; j < n; j++) yi[j] = gelu_tanh_f(ci[j], 0, 0);
-        else if (b)
-            for (int64_t j = j0; j < n; j++) yi[j] = gelu_f(ci[j] + b[j], 0, 0);
-        else
-            for (int64_t j = j0; j < n; j++) yi[j] = gelu_f(ci[j], 0, 0);
-    }
+    CGI_PAR_FOR(m * n, for (int64_t i = 0; i < m; i++) bias_gelu_row(c + i * n, b, y + i * n, n, tanh_form););
 }
 
 typedef struct {

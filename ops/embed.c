@@ -46,13 +46,12 @@ cg_status cgi_fwd_embedding(cg_tensor *t) {
     const cg_real *W = w->data;
     cg_real *Y = t->data;
     const int64_t r0 = w->stride[0], c0 = w->stride[1];
-#pragma omp parallel for schedule(static) if (n * d > CGI_PAR_MIN) num_threads(cgi_nthreads())
-    for (int64_t i = 0; i < n; i++) {
+    CGI_PAR_FOR(n * d, for (int64_t i = 0; i < n; i++) {
         const cg_real *row = W + id[id_offset(ids, i)] * r0;
         cg_real *y = Y + i * d;
         if (c0 == 1) memcpy(y, row, (size_t)d * sizeof *y);
         else for (int64_t j = 0; j < d; j++) y[j] = row[j * c0];
-    }
+    });
     return CG_OK;
 }
 

@@ -67,8 +67,7 @@ CGI_CLONES static cg_status norm_fwd(cg_tensor *t) {
     cg_real *Y = t->data, *mean = t->aux, *rstd = mean + rows;
     const double eps = t->farg[0];
     const bool rms = t->op == CGI_OP_RMSNORM;
-#pragma omp parallel for schedule(static) if (rows * d > CGI_PAR_MIN) num_threads(cgi_nthreads())
-    for (int64_t r = 0; r < rows; r++) {
+    CGI_PAR_FOR(rows * d, for (int64_t r = 0; r < rows; r++) {
         const cg_real *x = X + r * d;
         cg_real *y = Y + r * d;
         const cg_real m = rms ? 0 : (cg_real)(cgi_row_sum(x, d) / (double)d);
@@ -94,7 +93,7 @@ CGI_CLONES static cg_status norm_fwd(cg_tensor *t) {
                 cg_real h = (x[j] - m) * q;
                 y[j] = h * (gain ? gain[j * gs] : 1) + (bias ? bias[j * bs] : 0);
             }
-    }
+    });
     return CG_OK;
 }
 
