@@ -204,6 +204,85 @@ static void test_team_products_match_one_thread(void) {
     cg_params_free(ps);
 }
 
+/* Attention of one query row (a cached generation step) as a team's pieces, one head each: the
+ * same bits as on one thread, and the values of a double-precision softmax. Key lengths 37 and 200
+ * fit one key block (probabilities kept); 300 takes the online softmax over two blocks. */
+enum { AH = 4, AD = 64, AMAX = 300 };
+typedef struct {
+    int64_t tk;
+    const cg_real *q, *k, *v;
+    cg_real *y;
+    int runs;
+} attn_case;
+
+static cg_status attention_runs(void *ctx) {
+    attn_case *a = ctx;
+    cg_graph *g = cg_graph_new(CG_EVAL);
+    cg_status st = g ? CG_OK : CG_ERR_NOMEM;
+    for (int r = 0; r < a->runs && !st; r++) {
+        cg_graph_reset(g);
+        cg_tensor *q = cg_wrap(g, "q", CG_REAL, 4, S(1, AH, 1, AD), NULL, (void *)a->q);
+        cg_tensor *k = cg_wrap(g, "k", CG_REAL, 4, S(1, AH, a->tk, AD), NULL, (void *)a->k);
+        cg_tensor *v = cg_wrap(g, "v", CG_REAL, 4, S(1, AH, a->tk, AD), NULL, (void *)a->v);
+        cg_tensor *o = cg_contiguous(g, cg_sdpa(g, q, k, v, 0.125, true, NULL));
+        if (!o || (st = cg_graph_forward(g))) break;
+        memcpy(a->y, cg_data(o), AH * AD * sizeof(cg_real));
+    }
+    cg_graph_free(g);
+    return st;
+}
+
+static void test_team_attention(void) {
+    static cg_real q[AH * AD], k[AH * AMAX * AD], v[AH * AMAX * AD];
+    for (int i = 0; i < AH * AD; i++) q[i] = (cg_real)sin(0.71 * i);
+    for (int i = 0; i < AH * AMAX * AD; i++) k[i] = (cg_real)cos(0.13 * i), v[i] = (cg_real)sin(0.29 * i + 1);
+    const int64_t lens[3] = {37, 200, AMAX};
+    for (int c = 0; c < 3; c++) {
+        const int64_t tk = lens[c];
+        cg_real one[AH * AD], team[AH * AD];
+        /* k and v hold AMAX keys per head: the first tk of each head are the case's keys */
+        static cg_real kc[AH * AMAX * AD], vc[AH * AMAX * AD];
+        for (int h = 0; h < AH; h++) {
+            memcpy(kc + h * tk * AD, k + h * AMAX * AD, (size_t)(tk * AD) * sizeof(cg_real));
+            memcpy(vc + h * tk * AD, v + h * AMAX * AD, (size_t)(tk * AD) * sizeof(cg_real));
+        }
+        attn_case a = {tk, q, kc, vc, one, 1};
+        cg_set_threads(1);
+        CHECK(cg_run_with_team(attention_runs, &a) == CG_OK, "%s", cg_last_error());
+        double worst = 0; /* against softmax(q k / 8) v in double */
+        for (int h = 0; h < AH; h++) {
+            double w[AMAX], mx = -INFINITY, sum = 0;
+            for (int64_t j = 0; j < tk; j++) {
+                double dot = 0;
+                for (int e = 0; e < AD; e++) dot += (double)q[h * AD + e] * kc[(h * tk + j) * AD + e];
+                w[j] = dot / 8, mx = w[j] > mx ? w[j] : mx;
+            }
+            for (int64_t j = 0; j < tk; j++) sum += (w[j] = exp(w[j] - mx));
+            for (int e = 0; e < AD; e++) {
+                double o = 0;
+                for (int64_t j = 0; j < tk; j++) o += w[j] / sum * vc[(h * tk + j) * AD + e];
+                const double err = fabs(o - one[h * AD + e]);
+                worst = err > worst ? err : worst;
+            }
+        }
+        CHECK(worst < 1e-5, "Tk %lld: one thread is %.3g from the double-precision reference", (long long)tk, worst);
+        cgi_team_set_guard(CGI_TEAM_GUARD_ON);
+        cg_set_threads(2);
+        a.y = team, a.runs = 20;
+        long long pieces = 0;
+        for (int attempt = 0; attempt < 100 && pieces == 0; attempt++) {
+            cgi_team_counts before;
+            cgi_team_stats(&before);
+            CHECK(cg_run_with_team(attention_runs, &a) == CG_OK, "%s", cg_last_error());
+            pieces = team_delta(&before).helper_pieces;
+            CHECK(!memcmp(one, team, sizeof one), "Tk %lld: attention in a team differs from one thread", (long long)tk);
+        }
+        CHECK(pieces > 0, "Tk %lld: the helpers took no head in 100 spans of 20 runs", (long long)tk);
+        cgi_team_set_guard(CGI_TEAM_GUARD_AUTO);
+        cg_set_threads(0);
+    }
+}
+
 /* Sampled generation of a two-layer gpt-tiny: the same tokens on 1 thread, on 2 with the team's
  * helpers, and on 2 with the guard forced to rest them (which must happen after its first probe). */
 static void test_team_generation(void) {
@@ -256,6 +335,7 @@ int main(void) {
     test_bf16_products_follow_the_run();
     test_team_pieces();
     test_team_products_match_one_thread();
+    test_team_attention();
     test_team_generation();
     TEST_END();
 }
