@@ -404,23 +404,40 @@ cg_status cg_graph_forward(cg_graph *g) {
     return CG_OK;
 }
 
-/* Gradients share memory with other buffers, so each is zeroed just before its first write. */
-static void zero_once(cg_graph *g, cg_tensor *t) {
+void cgi_param_settle(cg_tensor *p) {
+    if (!p->grad_stale) return;
+    cgi_zero(p->grad, (size_t)cgi_numel(p->ndim, p->shape) * sizeof(cg_real));
+    p->grad_stale = false;
+}
+
+/* Gradients share memory with other buffers, so each is zeroed just before its first write; a
+ * parameter's, only when cg_params_zero_grad left it stale (later passes add to it). */
+static void zero_once(cg_tensor *t) {
     cg_tensor *r = t->root;
-    if (r->op == CGI_OP_PARAM || r->grad_epoch == g->epoch || r->grad_in_value) return;
+    if (r->op == CGI_OP_PARAM) {
+        cgi_param_settle(r);
+        return;
+    }
+    if (r->grad_epoch == r->graph->epoch || r->grad_in_value) return;
     cgi_zero(r->grad, (size_t)cgi_numel(r->ndim, r->shape) * sizeof(cg_real));
-    r->grad_epoch = g->epoch;
+    r->grad_epoch = r->graph->epoch;
 }
 
 bool cgi_grad_begin(cg_tensor *x) {
-    cg_graph *g = x->graph;
-    if (!g) return false; /* a parameter: optimizers own its zeroing */
-    if (x->root == x && x->op != CGI_OP_PARAM && !x->grad_in_value && x->grad_epoch != g->epoch) {
-        x->grad_epoch = g->epoch;
+    if (x->op == CGI_OP_PARAM && x->grad_stale) { /* its first writer since cg_params_zero_grad */
+        x->grad_stale = false;
         return true;
     }
-    zero_once(g, x);
+    if (x->root == x && x->op != CGI_OP_PARAM && !x->grad_in_value && x->grad_epoch != x->graph->epoch) {
+        x->grad_epoch = x->graph->epoch;
+        return true;
+    }
+    zero_once(x);
     return false;
+}
+
+void cgi_grad_prepare(cg_tensor *x) {
+    if (cgi_grad_begin(x)) cgi_zero(x->grad, (size_t)cgi_numel(x->ndim, x->shape) * sizeof(cg_real));
 }
 
 /* ---- gradient aliasing ---- */
@@ -511,9 +528,10 @@ static void ready_plan(cg_graph *g, cg_tensor *loss) {
 
 /* Runs node i's backward rule and reports parameters whose gradient it made final. */
 static void backward_node(cg_graph *g, cg_tensor *t, int i) {
-    for (int k = 0; k < t->nsrc; k++) /* a rule that claims src[0] zeroes it itself if it must */
-        if (t->src[k]->requires_grad && !(k == 0 && (cgi_ops[t->op].bwd_grad & CGI_GRAD_CLAIMS_SRC0)))
-            zero_once(g, t->src[k]);
+    const unsigned claims = cgi_ops[t->op].bwd_grad; /* a rule that claims an input zeroes it itself if it must */
+    for (int k = 0; k < t->nsrc; k++)
+        if (t->src[k]->requires_grad && !(claims & CGI_GRAD_CLAIMS_ALL) && !(k == 0 && (claims & CGI_GRAD_CLAIMS_SRC0)))
+            zero_once(t->src[k]);
     double t0 = profiling() ? omp_get_wtime() : 0;
     cgi_ops[t->op].backward(t);
     if (t0 > 0) profile_node(t, 1, t0);
@@ -557,7 +575,7 @@ cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
             if (t->src[k]->requires_grad) t->src[k]->mark = true;
     }
     if (g->ready_fn) ready_plan(g, loss);
-    zero_once(g, loss);
+    zero_once(loss);
     loss->grad[0] += 1;
     const int was = cgi_run_begin(cgi_run_threads(g->work));
     int seg_lo = -1, seg_hi = -1; /* the checkpoint segment whose recomputed values are swapped in */
@@ -639,7 +657,14 @@ cg_real *cg_data(cg_tensor *t) {
     return t->data;
 }
 int32_t *cg_idata(cg_tensor *t) { return t && t->dtype == CG_INT32 && value_readable(t) ? t->data : NULL; }
-cg_real *cg_grad(cg_tensor *t) { return t && grad_readable(t) ? t->grad : NULL; }
+cg_real *cg_grad(cg_tensor *t) {
+    if (!(t && grad_readable(t))) return NULL;
+    if (t->root->op == CGI_OP_PARAM) { /* the caller may keep the pointer: zero_grad must clear it at once */
+        cgi_param_settle(t->root);
+        t->root->grad_exposed = true;
+    }
+    return t->grad;
+}
 
 cg_tensor *cg_retain(cg_tensor *t) {
     if (!t) return NULL;
@@ -671,6 +696,7 @@ cg_status cg_read(cg_tensor *t, cg_real *dst) {
 cg_status cg_read_grad(cg_tensor *t, cg_real *dst) {
     if (t && (!t->grad || !grad_readable(t)))
         return cgi_fail(CG_ERR_STATE, "[read_grad] tensor%s has no gradient kept (cg_retain intermediate nodes)", cgi_shp(t));
+    if (t && t->root->op == CGI_OP_PARAM) cgi_param_settle(t->root);
     return read_strided(t, t ? t->grad : NULL, dst, "read_grad");
 }
 

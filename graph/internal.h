@@ -33,10 +33,10 @@ typedef struct {
     void (*backward)(cg_tensor *out);
     unsigned bwd_reads;   /* bit k: backward reads the value of src[k] */
     bool bwd_reads_out;   /* backward reads out's own value */
-    unsigned bwd_grad;    /* the last column of ops.def: CGI_GRAD_OVER_VALUE, CGI_GRAD_CLAIMS_SRC0, CGI_OUT_IN_SRC0 or 0 */
+    unsigned bwd_grad;    /* the last column of ops.def: CGI_GRAD_OVER_VALUE, CGI_GRAD_CLAIMS_SRC0, CGI_GRAD_CLAIMS_ALL, CGI_OUT_IN_SRC0 or 0 */
 } cgi_op_desc;
 
-enum { CGI_GRAD_OVER_VALUE = 1, CGI_GRAD_CLAIMS_SRC0 = 2, CGI_OUT_IN_SRC0 = 4 };
+enum { CGI_GRAD_OVER_VALUE = 1, CGI_GRAD_CLAIMS_SRC0 = 2, CGI_OUT_IN_SRC0 = 4, CGI_GRAD_CLAIMS_ALL = 8 };
 
 extern const cgi_op_desc cgi_ops[CGI_OP_COUNT];
 
@@ -82,6 +82,8 @@ struct cg_tensor {
     bool used;         /* some node reads it: too late to make it require a gradient */
     uint32_t grad_epoch; /* backward pass in which the gradient was last zeroed */
     bool grad_in_value;  /* planned: the gradient overwrites the value in place (no zeroing) */
+    bool grad_stale;     /* parameters: reads as zero, buffer not cleared yet (cg_params_zero_grad is lazy) */
+    bool grad_exposed;   /* parameters: cg_grad handed out the buffer, so zero_grad clears it at once */
     int ready_at;        /* parameters, during a backward with a ready callback: id of the last rule adding to the gradient */
     float prof_ms[2];    /* last forward and backward time under CGRAD_PROFILE, for cg_graph_dot */
     int64_t shape[CG_MAX_DIMS];
@@ -269,6 +271,14 @@ static inline bool cgi_par(int64_t work) { return work > CGI_PAR_MIN && cgi_nthr
  * assign rather than add (x owns its storage and nothing has written it in this pass), which saves
  * zeroing it; otherwise the gradient is zeroed if this pass has not done so yet, and the rule adds. */
 bool cgi_grad_begin(cg_tensor *x);
+/* As cgi_grad_begin for a rule that only adds into x's gradient: zeroes it if nothing has written it. */
+void cgi_grad_prepare(cg_tensor *x);
+/* Zeroes a parameter's stale gradient (cg_params_zero_grad defers it to the first reader or writer). */
+void cgi_param_settle(cg_tensor *p);
+/* Settles parameters first .. first + n - 1 of the set (n < 0: all). */
+void cgi_params_settle(cg_params *ps, int first, int n);
+/* The gradient block without settling or marking it handed out (library readers settle first). */
+cg_real *cgi_params_grads(cg_params *ps);
 /* True when a and b both receive gradients and their gradient storage may share an element
  * (same root, overlapping views; exact for views with the same strides, conservative otherwise).
  * A backward rule that writes two gradients concurrently must write them one after the other

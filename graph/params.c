@@ -13,6 +13,7 @@ struct cg_params {
     cg_real *values, *grads;
     int64_t used, capacity; /* elements */
     uint64_t version;       /* bumped whenever values may have changed (bf16 copies follow it) */
+    bool exposed;           /* cg_params_grads handed out the block: zero_grad clears it at once */
 };
 
 #define PAD (CGI_ALIGN / (int64_t)sizeof(cg_real))
@@ -155,15 +156,35 @@ int64_t cg_params_numel(const cg_params *ps) {
 }
 
 cg_real *cg_params_values(cg_params *ps) { return ps ? ps->values : NULL; }
-cg_real *cg_params_grads(cg_params *ps) { return ps ? ps->grads : NULL; }
+cg_real *cg_params_grads(cg_params *ps) {
+    if (!ps) return NULL;
+    cgi_params_settle(ps, 0, -1);
+    ps->exposed = true;
+    return ps->grads;
+}
+cg_real *cgi_params_grads(cg_params *ps) { return ps->grads; }
+
+void cgi_params_settle(cg_params *ps, int first, int n) {
+    const int end = n < 0 || first + n > ps->n ? ps->n : first + n;
+    for (int i = first < 0 ? 0 : first; i < end; i++) cgi_param_settle(ps->list[i]);
+}
 int64_t cg_params_span(const cg_params *ps) { return ps ? ps->used : 0; } /* optimizers size their moment blocks by it */
 
 void cg_params_touch(cg_params *ps) {
     if (ps) ps->version++;
 }
 
+/* Lazy: a gradient is marked stale, and its first writer in the next backward assigns it (a dW
+ * product with beta 0) instead of adding into a cleared buffer; readers settle it to zero first.
+ * Buffers handed out as pointers are cleared here, as their holders may read them at any time. */
 void cg_params_zero_grad(cg_params *ps) {
-    if (ps && ps->used) cgi_zero(ps->grads, (size_t)ps->used * sizeof(cg_real));
+    if (!ps || !ps->used) return;
+    if (ps->exposed) cgi_zero(ps->grads, (size_t)ps->used * sizeof(cg_real));
+    for (int i = 0; i < ps->n; i++) {
+        cg_tensor *t = ps->list[i];
+        if (!ps->exposed && t->grad_exposed) cgi_zero(t->grad, (size_t)cgi_numel(t->ndim, t->shape) * sizeof(cg_real));
+        t->grad_stale = !ps->exposed && !t->grad_exposed;
+    }
 }
 
 void cg_param_set_trainable(cg_tensor *p, bool trainable) {

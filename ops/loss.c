@@ -244,9 +244,21 @@ static void lce_bias_grad(const lce *c, cg_tensor *b, int64_t m) {
 
 void cgi_bwd_linear_cross_entropy(cg_tensor *t) {
     cg_tensor *x = t->src[0], *w = t->src[1], *tgt = t->src[2], *b = t->nsrc > 3 ? t->src[3] : NULL;
+    /* the op claims every input (CGI_GRAD_CLAIMS_ALL): dW's first writer since zero_grad takes beta 0
+     * on its first chunk; bf16's products add, so they get it zeroed */
+    bool w_assign = w->requires_grad && cgi_grad_begin(w);
+    if (w_assign && cgi_lp_on(t)) {
+        cgi_zero(w->grad, (size_t)cgi_numel(w->ndim, w->shape) * sizeof(cg_real));
+        w_assign = false;
+    }
+    if (x->requires_grad) cgi_grad_prepare(x);
+    if (b && b->requires_grad) cgi_grad_prepare(b);
     lce c;
     lce_setup(t, &c);
-    if (c.n == 0) return;
+    if (c.n == 0) { /* nothing to add: a claimed dW still has to read as zero */
+        if (w_assign) cgi_zero(w->grad, (size_t)cgi_numel(w->ndim, w->shape) * sizeof(cg_real));
+        return;
+    }
     const cg_real gscale = t->grad[0] / (cg_real)c.n;
     const int nt = cgi_nthreads();
     const int64_t step = lce_step(t, c.n);
@@ -279,9 +291,10 @@ void cgi_bwd_linear_cross_entropy(cg_tensor *t) {
         if (x->requires_grad && !done) /* dx rows = dlogits @ W, gathered; scattered back below */
             jobs[nj++] = (cgi_gemm_job){m, c.d, c.v, c.logits, c.v, 1, c.W, c.wr, c.wc, 1, 0, c.dxs, c.d, 1, NULL, 0};
         if (w->requires_grad && !done) /* dW += dlogits^T @ xs */
-            jobs[nj++] = (cgi_gemm_job){c.v, c.d, m, c.logits, 1, c.v, c.xs, c.d, 1, 1, 1, w->grad, w->stride[0],
-                                        w->stride[1], NULL, 0};
+            jobs[nj++] = (cgi_gemm_job){c.v, c.d, m, c.logits, 1, c.v, c.xs, c.d, 1, 1, w_assign ? 0 : 1, w->grad,
+                                        w->stride[0], w->stride[1], NULL, 0};
         cgi_gemm_many(jobs, nj, nt);
+        w_assign = false;
         if (x->requires_grad)
             for (int64_t i = 0; i < m; i++) {
                 cg_real *dst = x->grad + (int64_t)c.index[r0 + i] * c.d;

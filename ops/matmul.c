@@ -259,14 +259,16 @@ static cg_real *dw_scratch(const cg_tensor *t) {
     return (cg_real *)t->bwd_aux + (bias && bias->requires_grad ? cgi_colsum_scratch(rows_of(x), w->shape[0]) : 0);
 }
 
-/* dst[i,j] += src[j,i] for dst [n, k], src [k, n] row-major; in tiles so both stay in cache. */
-CGI_CLONES static void add_transposed(cg_real *dst, int64_t rs, int64_t cs, const cg_real *src, int64_t n, int64_t k) {
+/* dst[i,j] (+)= src[j,i] for dst [n, k], src [k, n] row-major; in tiles so both stay in cache. */
+CGI_CLONES static void add_transposed(cg_real *dst, int64_t rs, int64_t cs, const cg_real *src, int64_t n, int64_t k,
+                                      bool assign) {
     enum { TILE = 32 };
 #pragma omp parallel for schedule(static) if (n * k > CGI_PAR_MIN) num_threads(cgi_nthreads())
     for (int64_t i0 = 0; i0 < n; i0 += TILE)
         for (int64_t j0 = 0; j0 < k; j0 += TILE)
             for (int64_t i = i0; i < n && i < i0 + TILE; i++)
-                for (int64_t j = j0; j < k && j < j0 + TILE; j++) dst[i * rs + j * cs] += src[j * n + i];
+                for (int64_t j = j0; j < k && j < j0 + TILE; j++)
+                    dst[i * rs + j * cs] = (assign ? 0 : dst[i * rs + j * cs]) + src[j * n + i];
 }
 
 /* dBias += the column sums of dY[m, n] */
@@ -293,8 +295,15 @@ static void linear_bwd(cg_tensor *t, const cg_real *dy, bool with_bias) {
      * share storage, the two products write the same memory and run one after the other
      * (linear(z, z), a Gram matrix), where side by side they would race. */
     const bool assign = x->requires_grad && cgi_grad_begin(x); /* dX's first writer: beta 0, no zeroing */
-    /* bf16: the bias first, as the products may turn dY into bf16 in place; then both products */
+    /* the op claims every input (CGI_GRAD_CLAIMS_ALL): dW's first writer since zero_grad assigns too */
     const bool lp_on = cgi_lp_on(t) && t->op == CGI_OP_LINEAR;
+    bool w_assign = w->requires_grad && cgi_grad_begin(w);
+    if (w_assign && lp_on) { /* bf16's products add into dW */
+        cgi_zero(w->grad, (size_t)cgi_numel(w->ndim, w->shape) * sizeof(cg_real));
+        w_assign = false;
+    }
+    if (bias && bias->requires_grad) cgi_grad_prepare(bias);
+    /* bf16: the bias first, as the products may turn dY into bf16 in place; then both products */
     if (lp_on && bias && bias->requires_grad) bias_grad(t, bias, m, n);
     const bool lp = lp_on && cgi_lp_linear_bwd(t, assign);
     cgi_gemm_job jobs[2];
@@ -306,10 +315,10 @@ static void linear_bwd(cg_tensor *t, const cg_real *dy, bool with_bias) {
         const int64_t xr = row_stride(x), xc = x->stride[x->ndim - 1];
         cg_real *s = dw_scratch(t);
         if (dw_as_transpose(x, w)) /* dW^T[k,n] = X^T[k,m] @ dY[m,n] */
-            jobs[nj++] = (cgi_gemm_job){k, n, m, x->data, xc, xr, dy, n, 1, 1, s ? 0 : 1, s ? s : w->grad,
+            jobs[nj++] = (cgi_gemm_job){k, n, m, x->data, xc, xr, dy, n, 1, 1, s || w_assign ? 0 : 1, s ? s : w->grad,
                                         s ? n : w->stride[1], s ? 1 : w->stride[0], NULL, 0};
         else /* dW[n,k] = dY^T[n,m] @ X[m,k] */
-            jobs[nj++] = (cgi_gemm_job){n, k, m, dy, 1, n, x->data, xr, xc, 1, s ? 0 : 1, s ? s : w->grad,
+            jobs[nj++] = (cgi_gemm_job){n, k, m, dy, 1, n, x->data, xr, xc, 1, s || w_assign ? 0 : 1, s ? s : w->grad,
                                         s ? k : w->stride[0], s ? 1 : w->stride[1], NULL, 0};
     }
     if (nj == 2 && cgi_grads_alias(x, w)) {
@@ -320,7 +329,7 @@ static void linear_bwd(cg_tensor *t, const cg_real *dy, bool with_bias) {
     if (s) { /* after both products, on every thread */
         const bool tr = dw_as_transpose(x, w);
         add_transposed(w->grad, tr ? w->stride[0] : w->stride[1], tr ? w->stride[1] : w->stride[0], s, tr ? n : k,
-                       tr ? k : n);
+                       tr ? k : n, w_assign);
     }
     if (bias && bias->requires_grad && !lp_on) bias_grad(t, bias, m, n);
 }
@@ -360,6 +369,7 @@ void cgi_bwd_linear_gelu(cg_tensor *t) {
     cg_tensor *x = t->src[0], *w = t->src[1], *bias = t->nsrc > 2 ? t->src[2] : NULL;
     const int64_t m = rows_of(x), n = w->shape[0];
     const bool db = bias && bias->requires_grad;
+    if (db) cgi_grad_prepare(bias); /* the op claims every input (CGI_GRAD_CLAIMS_ALL) */
     cg_real *dpre = t->aux; /* over the product, which backward no longer needs */
     cgi_bias_gelu_bwd(dpre, bias ? bias->data : NULL, t->data, t->grad, m, n, t->iarg[0] != 0, db ? bias->grad : NULL,
                       db ? t->bwd_aux : NULL);

@@ -280,7 +280,8 @@ cg_status cg_optim_step(cg_optim *o, double lr) {
         k.neg_step = (cg_real)(-(lr / (1 - pow(c->beta1, t))));
     }
     /* moments start at the shard: M + a - lo is element a's */
-    cg_real *P = cg_params_values(ps), *G = cg_params_grads(ps), *M = o->m ? o->m - o->lo : NULL, *V = o->v ? o->v - o->lo : NULL;
+    cgi_params_settle(ps, 0, -1); /* unused parameters' gradients read as zero */
+    cg_real *P = cg_params_values(ps), *G = cgi_params_grads(ps), *M = o->m ? o->m - o->lo : NULL, *V = o->v ? o->v - o->lo : NULL;
     const bool adamw = c->kind == CG_OPT_ADAMW, sgd = c->kind == CG_OPT_SGD;
     const int n = o->n;
     const bool *decay = o->decay;
@@ -368,7 +369,8 @@ double cg_clip_grad_norm(cg_params *ps, double max_norm) {
     }
     int64_t span = cg_params_span(ps);
     int n = cg_params_count(ps);
-    const cg_real *G = cg_params_grads(ps);
+    cgi_params_settle(ps, 0, -1);
+    const cg_real *G = cgi_params_grads(ps);
     double part[NCHUNK];
 #pragma omp parallel for schedule(static) if (span > CGI_PAR_MIN) num_threads(cgi_nthreads())
     for (int ch = 0; ch < NCHUNK; ch++) {
@@ -394,7 +396,8 @@ void cg_grads_scale(cg_params *ps, double s) {
     if (!ps) return;
     int64_t span = cg_params_span(ps);
     int n = cg_params_count(ps);
-    cg_real *G = cg_params_grads(ps), f = (cg_real)s;
+    cgi_params_settle(ps, 0, -1);
+    cg_real *G = cgi_params_grads(ps), f = (cg_real)s;
 #pragma omp parallel for schedule(static) if (span > CGI_PAR_MIN) num_threads(cgi_nthreads())
     for (int ch = 0; ch < NCHUNK; ch++) {
         int64_t lo, hi;
