@@ -423,9 +423,28 @@ static void zero_once(cg_tensor *t) {
     r->grad_epoch = r->graph->epoch;
 }
 
+/* Whether view x holds every element of its root exactly once (the root itself, or a transpose:
+ * GPT-2's Conv1D weights are read as one), so a rule writing all of x writes all of the root. */
+static bool covers_root(const cg_tensor *x) {
+    const cg_tensor *r = x->root;
+    if (x->offset != 0 || cgi_numel(x->ndim, x->shape) != cgi_numel(r->ndim, r->shape)) return false;
+    int64_t next = 1; /* the dims by increasing stride must tile [0, numel) */
+    bool used[CG_MAX_DIMS] = {false};
+    for (int n = 0; n < x->ndim; n++) {
+        int d = -1;
+        for (int e = 0; e < x->ndim; e++)
+            if (!used[e] && x->shape[e] > 1 && x->stride[e] == next) d = e;
+        if (d < 0) break;
+        used[d] = true;
+        next *= x->shape[d];
+    }
+    return next == cgi_numel(x->ndim, x->shape);
+}
+
 bool cgi_grad_begin(cg_tensor *x) {
-    if (x->op == CGI_OP_PARAM && x->grad_stale) { /* its first writer since cg_params_zero_grad */
-        x->grad_stale = false;
+    cg_tensor *r = x->root;
+    if (r->op == CGI_OP_PARAM && r->grad_stale && covers_root(x)) { /* its first writer since cg_params_zero_grad */
+        r->grad_stale = false;
         return true;
     }
     if (x->root == x && x->op != CGI_OP_PARAM && !x->grad_in_value && x->grad_epoch != x->graph->epoch) {

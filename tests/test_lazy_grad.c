@@ -174,8 +174,52 @@ static void model_matches_eager(cg_arch arch, const char *json, int64_t t, int64
     }
 }
 
+/* A weight read through views: a transpose covers the parameter (its first write may assign), a
+ * slice does not (the rows it leaves must read zero, not the last step's gradient). P [4, K]:
+ * loss = sum(linear(x, P[0:2]) * c) + sum(linear(x, P^T^T) * c) in a graph, sum(P * P) in another. */
+static void views_of_a_weight(void) {
+    cg_params *ps = cg_params_new();
+    cg_tensor *P = cg_params_add(ps, "P", 2, (int64_t[]){4, K});
+    cg_real pv[4 * K], xv[M * K], cv[M * N];
+    for (int i = 0; i < 4 * K; i++) pv[i] = (cg_real)(i % 5 - 2);
+    for (int i = 0; i < M * K; i++) xv[i] = (cg_real)(0.5 * i - 2);
+    for (int i = 0; i < M * N; i++) cv[i] = (cg_real)(i - 1);
+    cg_write(P, pv);
+    cg_graph *side = cg_graph_new(CG_TRAIN), *g = cg_graph_new(CG_TRAIN), *gt = cg_graph_new(CG_TRAIN);
+    cg_tensor *l_side = cg_sum_all(side, cg_mul(side, P, P));
+    cg_tensor *x = cg_input(g, "x", CG_REAL, 2, (int64_t[]){M, K}), *c = cg_input(g, "c", CG_REAL, 2, (int64_t[]){M, N});
+    cg_tensor *l_slice = cg_sum_all(g, cg_mul(g, cg_linear(g, x, cg_slice(g, P, 0, 0, 2), NULL), c));
+    cg_tensor *xt = cg_input(gt, "x", CG_REAL, 2, (int64_t[]){M, K}), *ct = cg_input(gt, "c", CG_REAL, 2, (int64_t[]){M, 4});
+    cg_tensor *l_tr = cg_sum_all(gt, cg_mul(gt, cg_linear(gt, xt, cg_transpose(gt, cg_transpose(gt, P, 0, 1), 0, 1), NULL), ct));
+    CHECK(l_side && l_slice && l_tr, "%s", cg_last_error());
+    memcpy(cg_data(x), xv, sizeof xv), memcpy(cg_data(c), cv, sizeof cv), memcpy(cg_data(xt), xv, sizeof xv);
+    for (int i = 0; i < M * 4; i++) cg_data(ct)[i] = (cg_real)(i % 3 - 1);
+    cg_real got[4 * K];
+    for (int pass = 0; pass < 2; pass++) {
+        cg_tensor *l = pass ? l_tr : l_slice;
+        cg_graph *gl = pass ? gt : g;
+        CHECK(!cg_graph_forward(side) && !cg_graph_backward(side, l_side), "%s", cg_last_error()); /* dP = 2P */
+        cg_params_zero_grad(ps);
+        CHECK(!cg_graph_forward(gl) && !cg_graph_backward(gl, l), "%s", cg_last_error());
+        cg_read_grad(P, got);
+        const int rows = pass ? 4 : 2;
+        const cg_real *cc = pass ? cg_data(ct) : cv;
+        int bad = 0;
+        for (int j = 0; j < 4; j++)
+            for (int k = 0; k < K; k++) {
+                double want = 0;
+                for (int i = 0; j < rows && i < M; i++) want += (double)cc[i * rows + j] * xv[i * K + k];
+                bad += fabs(got[j * K + k] - want) > 1e-5;
+            }
+        CHECK(bad == 0, "%s view: %d of %d gradient elements wrong (a stale row kept?)", pass ? "transposed" : "sliced", bad, 4 * K);
+    }
+    cg_graph_free(side), cg_graph_free(g), cg_graph_free(gt);
+    cg_params_free(ps);
+}
+
 int main(void) {
     hand_derived();
+    views_of_a_weight();
     model_matches_eager(CG_ARCH_GPT2, "{\"vocab_size\": 16, \"n_positions\": 16, \"n_embd\": 32, \"n_layer\": 1, \"n_head\": 2}",
                         16, 0);
     model_matches_eager(CG_ARCH_BERT,
