@@ -102,7 +102,7 @@ bool cgi_lp_gemm(const cg_tensor *t, bool bwd, int64_t m, int64_t n, int64_t k, 
                  cg_real alpha, cg_real beta, cg_real *c, int64_t rsc, int64_t csc) {
     return false;
 }
-bool cgi_lp_linear_fwd(cg_tensor *t, bool has_bias) { return false; }
+bool cgi_lp_linear_fwd(cg_tensor *t) { return false; }
 double cg_bf16_gemm_gflops(int64_t n, int reps) { return NAN; }
 bool cgi_lp_linear_bwd(cg_tensor *t, bool assign) { return false; }
 bool cgi_lp_lce_bwd(cg_tensor *t, int64_t m, int64_t v, int64_t d, cg_real *dlogits, const cg_real *xs, cg_real *dxs,
@@ -525,22 +525,27 @@ double cg_bf16_gemm_gflops(int64_t n, int reps) {
 
 /* ---- linear: x[..., in] @ w[out, in]^T ---- */
 
-/* y[m,n] = bf16(x W^T + bias) by plain loops (float accumulation), where oneDNN refuses. */
-static void ref_linear_bf16_out(int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, int64_t rsa, int64_t csa,
-                                const cgi_bf16 *b, int64_t rsb, int64_t csb, const float *bias, cgi_bf16 *y) {
+/* y[m,n] = x W^T + bias by plain loops (float accumulation), in float or rounded once into bf16
+ * (y_bf16), where oneDNN refuses. */
+static void ref_linear(int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, int64_t rsa, int64_t csa, const cgi_bf16 *b,
+                       int64_t rsb, int64_t csb, const float *bias, float *y, cgi_bf16 *y_bf16) {
 #pragma omp parallel for schedule(static) if (m * n * k > CGI_PAR_MIN) num_threads(cgi_nthreads())
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < n; j++) {
             float acc = 0;
             for (int64_t p = 0; p < k; p++) acc += cgi_from_bf16(a[i * rsa + p * csa]) * cgi_from_bf16(b[p * rsb + j * csb]);
-            y[i * n + j] = cgi_to_bf16(acc + (bias ? bias[j] : 0));
+            acc += bias ? bias[j] : 0;
+            if (y_bf16) y_bf16[i * n + j] = cgi_to_bf16(acc);
+            else y[i * n + j] = acc;
         }
 }
 
-/* A linear whose value is stored in bf16 (t->lp_value: GELU alone reads it, see writes_bf16): the
- * product's output stage adds the float bias to the float sum and rounds once into the store, so
- * there is no float value and no extra pass. */
-static bool linear_fwd_bf16_out(cg_tensor *t) {
+/* The bias goes in at the product's output stage (oneDNN's bias argument: the float sum plus the
+ * float bias), so no pass fills the output with it first and the product does not read it back.
+ * A value stored in bf16 (t->lp_value: GELU alone reads it, see plan_linear_outputs) is rounded
+ * once from that float sum, with no float value and no extra pass. A strided bias view is
+ * copied into the output first and added as C (beta 1), as before. */
+bool cgi_lp_linear_fwd(cg_tensor *t) {
     cg_tensor *x = t->src[0], *w = t->src[1], *bias = t->nsrc > 2 ? t->src[2] : NULL;
     cgi_lp *lp = ctx(t->graph);
     if (!lp) return false;
@@ -548,19 +553,24 @@ static bool linear_fwd_bf16_out(cg_tensor *t) {
     int64_t rsa = row_stride(x), csa = x->stride[x->ndim - 1], rsb = w->stride[1], csb = w->stride[0];
     const cgi_bf16 *ab = operand(lp, t, false, 0, x->data, m, k, &rsa, &csa, x);
     const cgi_bf16 *bb = ab ? operand(lp, t, false, 1, w->data, k, n, &rsb, &csb, w) : NULL;
-    if (!bb) return false;
-    const float *bv = bias ? bias->data : NULL;
-    if (cgi_lp_force_ref || m == 0 || k == 0 ||
-        !run(lp, m, n, k, ab, rsa, csa, bb, rsb, csb, 1, 0, t->data, n, bv, OUT_BF16 | (bv ? OUT_BIAS : 0)))
-        ref_linear_bf16_out(m, n, k, ab, rsa, csa, bb, rsb, csb, bv, t->data);
+    if (!bb) return false; /* nothing written: the caller's float product (its bias included) */
+    const bool filled = bias && bias->stride[0] != 1 && !t->lp_value;
+    if (filled) {
+        const cg_real *bv = bias->data;
+        const int64_t bs = bias->stride[0];
+        cg_real *c = t->data;
+#pragma omp parallel for schedule(static) if (m * n > CGI_PAR_MIN) num_threads(cgi_nthreads())
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) c[i * n + j] = bv[j * bs];
+    }
+    const float *bv = bias && !filled ? bias->data : NULL;
+    const int out = (t->lp_value ? OUT_BF16 : 0) | (bv ? OUT_BIAS : 0);
+    if (m == 0 || n == 0) return true;
+    if (cgi_lp_force_ref || k == 0 || !run(lp, m, n, k, ab, rsa, csa, bb, rsb, csb, 1, filled ? 1 : 0, t->data, n, bv, out)) {
+        if (filled) ref_gemm(m, n, k, ab, rsa, csa, bb, rsb, csb, 1, 1, t->data, n, 1);
+        else ref_linear(m, n, k, ab, rsa, csa, bb, rsb, csb, bv, t->data, t->lp_value ? t->data : NULL);
+    }
     return true;
-}
-
-bool cgi_lp_linear_fwd(cg_tensor *t, bool has_bias) {
-    cg_tensor *x = t->src[0], *w = t->src[1];
-    if (t->lp_value) return linear_fwd_bf16_out(t);
-    return cgi_lp_gemm(t, false, rows_of(x), w->shape[0], w->shape[1], x->data, row_stride(x), x->stride[x->ndim - 1],
-                       x, w->data, w->stride[1], w->stride[0], w, 1, has_bias ? 1 : 0, t->data, w->shape[0], 1);
 }
 
 bool cgi_lp_linear_bwd(cg_tensor *t, bool assign) {

@@ -78,8 +78,9 @@ size_t cgi_lp_unplanned_bytes(const cg_graph *g);
 bool cgi_lp_gemm(const cg_tensor *t, bool bwd, int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa,
                  int64_t csa, const cg_tensor *a_src, const cg_real *b, int64_t rsb, int64_t csb, const cg_tensor *b_src,
                  cg_real alpha, cg_real beta, cg_real *c, int64_t rsc, int64_t csc);
-/* linear's forward product into t (bias already in t when has_bias: added to). */
-bool cgi_lp_linear_fwd(cg_tensor *t, bool has_bias);
+/* linear's forward product and bias into t (in bf16 when t->lp_value); false with nothing
+ * written when no bf16 operand could be had (the caller's float product runs). */
+bool cgi_lp_linear_fwd(cg_tensor *t);
 /* linear's dX and dW products; assign: dX is written, not added. The bias gradient must be taken
  * before: when nothing else reads t's gradient it is converted to bf16 in place. */
 bool cgi_lp_linear_bwd(cg_tensor *t, bool assign);

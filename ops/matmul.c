@@ -229,14 +229,7 @@ cg_status cgi_fwd_linear(cg_tensor *t) {
     int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1];
     cg_real *c = t->data;
     if (cgi_lp_on(t)) {
-        if (bias && !t->lp_value) { /* a bf16-stored value gets its bias in the product's output stage */
-            const cg_real *bv = bias->data;
-            int64_t bs = bias->stride[0];
-#pragma omp parallel for schedule(static) if (m * n > CGI_PAR_MIN) num_threads(cgi_nthreads())
-            for (int64_t i = 0; i < m; i++)
-                for (int64_t j = 0; j < n; j++) c[i * n + j] = bv[j * bs];
-        }
-        if (cgi_lp_linear_fwd(t, bias != NULL)) return CG_OK;
+        if (cgi_lp_linear_fwd(t)) return CG_OK;
         /* the float products below would read an input that exists only in bf16 */
         /* ... or write floats over a value stored in bf16 */
         if (x->root->lp_value || t->lp_value)
