@@ -17,6 +17,12 @@ static cg_tensor *rms_composed(cg_graph *g, cg_tensor *x, cg_tensor *x2, cg_tens
     return cg_mul(g, cg_div(g, x, cg_sqrt(g, cg_add_scalar(g, ms, 1e-6))), w);
 }
 static cg_tensor *ln_fused(cg_graph *g, cg_tensor *x, cg_tensor *x2, cg_tensor *w) { return cg_layernorm(g, x, w, NULL, 1e-5); }
+static cg_tensor *add_ln_fused(cg_graph *g, cg_tensor *x, cg_tensor *x2, cg_tensor *w) {
+    return cg_add_layernorm(g, x, x2, w, NULL, 1e-5);
+}
+static cg_tensor *add_ln_composed(cg_graph *g, cg_tensor *x, cg_tensor *x2, cg_tensor *w) {
+    return cg_layernorm(g, cg_add(g, x, x2), w, NULL, 1e-5);
+}
 static cg_tensor *silu_fused(cg_graph *g, cg_tensor *x, cg_tensor *x2, cg_tensor *w) { return cg_silu(g, x); }
 static cg_tensor *silu_composed(cg_graph *g, cg_tensor *x, cg_tensor *x2, cg_tensor *w) { return cg_mul(g, x, cg_sigmoid(g, x)); }
 static cg_tensor *gelu_fused(cg_graph *g, cg_tensor *x, cg_tensor *x2, cg_tensor *w) { return cg_gelu_tanh(g, x); }
@@ -41,6 +47,8 @@ int main(int argc, char **argv) {
         {"rmsnorm fused", rms_fused, {0}},
         {"rmsnorm composed", rms_composed, {0}},
         {"layernorm fused", ln_fused, {0}},
+        {"add_layernorm", add_ln_fused, {0}},
+        {"add + layernorm", add_ln_composed, {0}},
         {"silu fused", silu_fused, {0}},
         {"silu composed", silu_composed, {0}},
         {"gelu_tanh fused", gelu_fused, {0}},

@@ -324,7 +324,8 @@ void cgi_gemm(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, in
  * than BLIS's (the kernel set and CGRAD_GEMM_BLIS decide). */
 bool cgi_gemm_blocked_on(void);
 /* One product for cgi_gemm_many: C[m,n] = alpha A[m,k] B[k,n] + beta C, or, with a bias (a row
- * of n, stride bias_stride), alpha A B + the bias on every row (beta unused). */
+ * of n, stride bias_stride), alpha A B + the bias on every row (beta unused); relu: then
+ * C = max(C, 0) (NaN to 0, as cg_relu), applied to each strip of C while it is in cache. */
 typedef struct {
     int64_t m, n, k;
     const cg_real *a;
@@ -336,6 +337,7 @@ typedef struct {
     int64_t rsc, csc;
     const cg_real *bias;
     int64_t bias_stride;
+    bool relu;
 } cgi_gemm_job;
 /* Independent products (no C shared) side by side on up to `threads` threads, each cut into
  * pieces the threads share: one team, no barrier but the last. */
@@ -388,12 +390,16 @@ size_t cgi_colsum_scratch(int64_t rows, int64_t cols);
  * producer); same blocks and order, so it sums exactly as cgi_colsum_add over the finished rows. */
 void cgi_colsum_add_made(cg_real *dst, int64_t rows, int64_t cols, cg_real *scratch,
                          const cg_real *(*make)(void *ctx, int64_t r), void *ctx);
-/* The fused linear + GELU's passes (ops/elementwise.c): y = gelu(c + b) over the product c[m, n]
- * (b NULL: none), and backward dpre = dy * gelu'(c + b) written over c, with db += its column sums
- * (db NULL: none; scratch as cgi_colsum_add's). tanh_form: GELU's tanh approximation. */
+/* The activation of the fused linear + activation op (cg_linear_gelu, cg_linear_relu), its iarg[0]. */
+typedef enum { CGI_ACT_GELU, CGI_ACT_GELU_TANH, CGI_ACT_RELU } cgi_act;
+/* The fused linear + activation's passes (ops/elementwise.c): y = gelu(c + b) over the product
+ * c[m, n] (b NULL: none; GELU's only: ReLU's forward is in the product, see cgi_gemm_job), and
+ * backward c = dpre = dy * act'(pre), pre = c + b for GELU (c the product, overwritten) and read
+ * from y's sign for ReLU (c any buffer), with db += its column sums (db NULL: none; scratch as
+ * cgi_colsum_add's). */
 void cgi_bias_gelu_fwd(const cg_real *c, const cg_real *b, cg_real *y, int64_t m, int64_t n, bool tanh_form);
-void cgi_bias_gelu_bwd(cg_real *c, const cg_real *b, const cg_real *y, const cg_real *dy, int64_t m, int64_t n,
-                       bool tanh_form, cg_real *db, cg_real *scratch);
+void cgi_bias_act_bwd(cg_real *c, const cg_real *b, const cg_real *y, const cg_real *dy, int64_t m, int64_t n,
+                      cgi_act act, cg_real *db, cg_real *scratch);
 
 /* e^x for the softmax family: a branch-free Cephes-style polynomial (about 2 ulp in float) that
  * the compiler vectorises, where libm's expf is a scalar call per element. e^-inf is exactly 0;

@@ -137,7 +137,7 @@ cg_tensor *cg_classifier_logits(cg_graph *g, const cg_classifier *m, cg_tensor *
         cg_tensor *a = cg_multi_head(g, cg_linear(g, x, k->w[0], k->b[0]), cg_linear(g, x, k->w[1], k->b[1]),
                                      cg_linear(g, x, k->w[2], k->b[2]), (int)c->n_head, false, attention_mask, p);
         x = cg_post_ln_residual(g, x, cg_linear(g, a, k->w[3], k->b[3]), p, k->n1_w, k->n1_b, eps);
-        cg_tensor *f = cg_linear(g, cg_relu(g, cg_linear(g, x, k->f0_w, k->f0_b)), k->f2_w, k->f2_b);
+        cg_tensor *f = cg_linear(g, cg_linear_relu(g, x, k->f0_w, k->f0_b), k->f2_w, k->f2_b);
         x = cg_post_ln_residual(g, x, f, p, k->n2_w, k->n2_b, eps);
         if (cg_checkpoint_end(g)) return NULL;
     }

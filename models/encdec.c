@@ -179,7 +179,7 @@ static cg_tensor *mha(cg_graph *g, const cg_encdec *m, const mha_params *p, cg_t
 }
 
 static cg_tensor *feed_forward(cg_graph *g, const tf_layer *l, cg_tensor *x, double p) {
-    return cg_linear(g, cg_dropout(g, cg_relu(g, cg_linear(g, x, l->l1_w, l->l1_b)), p), l->l2_w, l->l2_b);
+    return cg_linear(g, cg_dropout(g, cg_linear_relu(g, x, l->l1_w, l->l1_b), p), l->l2_w, l->l2_b);
 }
 
 /* tokens * sqrt(d) + sinusoidal positions */

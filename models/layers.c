@@ -51,7 +51,7 @@ cg_tensor *cg_multi_head(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, 
 
 cg_tensor *cg_post_ln_residual(cg_graph *g, cg_tensor *x, cg_tensor *sub, double dropout, cg_tensor *w, cg_tensor *b,
                                double eps) {
-    return cg_layernorm(g, cg_add(g, x, cg_dropout(g, sub, dropout)), w, b, eps);
+    return cg_add_layernorm(g, x, cg_dropout(g, sub, dropout), w, b, eps);
 }
 
 cg_tensor *cg_position_ids(cg_graph *g, int64_t t, int64_t offset) {

@@ -290,7 +290,7 @@ static inline cg_real gelu_tanh_grad(cg_real x, cg_real y) {
 UNARY(gelu, GELU, (cg_real)0.5 * x * (1 + fast_erf(x * INV_SQRT2)), dy * gelu_grad(x, y))
 UNARY(gelu_tanh, GELU_TANH, (cg_real)0.5 * x * (1 + gelu_tanh_t(x)), dy * gelu_tanh_grad(x, y))
 
-/* ---- the fused linear + GELU's passes (cg_linear_gelu, ops/matmul.c) ---- */
+/* ---- the fused linear + activation's passes (cg_linear_gelu, cg_linear_relu; ops/matmul.c) ---- */
 
 /* y[i, j] = gelu(c[i, j] + b[j]) over the product c[m, n] (b NULL: no bias), one pass while the
  * product's rows are fresh, instead of a bias fill before the product and a GELU pass after. */
@@ -373,15 +373,21 @@ typedef struct {
     cg_real *c;
     const cg_real *b, *y, *dy;
     int64_t n;
-    bool tanh_form;
-} gelu_rows;
+    cgi_act act;
+} act_rows;
 
-/* Row r of dpre = dy * gelu'(c + b), written over c's row; the GELU's backward as cgi_bwd_gelu*. */
-static const cg_real *gelu_row_grad(void *ctx, int64_t r) {
-    const gelu_rows *o = ctx;
+/* Row r of dpre = dy * act'(pre) written into c's row: GELU's as cgi_bwd_gelu*, pre = c + b; ReLU's
+ * as cgi_bwd_relu, from the output's sign. */
+static const cg_real *act_row_grad(void *ctx, int64_t r) {
+    const act_rows *o = ctx;
     const int64_t n = o->n;
     cg_real *c = o->c + r * n;
     const cg_real *y = o->y + r * n, *dy = o->dy + r * n, *b = o->b;
+    if (o->act == CGI_ACT_RELU) {
+        for (int64_t j = 0; j < n; j++) c[j] = relu_df(dy[j], 0, y[j], 0, 0);
+        return c;
+    }
+    const bool tanh_form = o->act == CGI_ACT_GELU_TANH;
     int64_t j0 = 0;
 #ifdef GELU_AVX512
     /* as gelu_tanh_grad and gelu_grad, the gate y / x through the reciprocal */
@@ -393,7 +399,7 @@ static const cg_real *gelu_row_grad(void *ctx, int64_t r) {
             const __m512 s = _mm512_mask_blend_ps(tiny, _mm512_mul_ps(_mm512_loadu_ps(y + j0), recip16(x)),
                                                   _mm512_set1_ps(0.5f));
             __m512 g;
-            if (o->tanh_form) { /* s + 2 x s (1 - s) K (1 + 3 * 0.044715 x^2) */
+            if (tanh_form) { /* s + 2 x s (1 - s) K (1 + 3 * 0.044715 x^2) */
                 const __m512 du = _mm512_mul_ps(_mm512_set1_ps(2 * (float)GELU_K),
                                                 _mm512_fmadd_ps(x2, _mm512_set1_ps(3 * 0.044715f), _mm512_set1_ps(1.0f)));
                 g = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(x, s), _mm512_sub_ps(_mm512_set1_ps(1.0f), s)), du, s);
@@ -404,9 +410,9 @@ static const cg_real *gelu_row_grad(void *ctx, int64_t r) {
             _mm512_storeu_ps(c + j0, _mm512_mul_ps(_mm512_loadu_ps(dy + j0), g));
         }
 #endif
-    if (o->tanh_form && b)
+    if (tanh_form && b)
         for (int64_t j = j0; j < n; j++) c[j] = gelu_tanh_df(dy[j], c[j] + b[j], y[j], 0, 0);
-    else if (o->tanh_form)
+    else if (tanh_form)
         for (int64_t j = j0; j < n; j++) c[j] = gelu_tanh_df(dy[j], c[j], y[j], 0, 0);
     else if (b)
         for (int64_t j = j0; j < n; j++) c[j] = gelu_df(dy[j], c[j] + b[j], y[j], 0, 0);
@@ -415,15 +421,15 @@ static const cg_real *gelu_row_grad(void *ctx, int64_t r) {
     return c;
 }
 
-void cgi_bias_gelu_bwd(cg_real *c, const cg_real *b, const cg_real *y, const cg_real *dy, int64_t m, int64_t n,
-                       bool tanh_form, cg_real *db, cg_real *scratch) {
-    gelu_rows o = {c, b, y, dy, n, tanh_form};
+void cgi_bias_act_bwd(cg_real *c, const cg_real *b, const cg_real *y, const cg_real *dy, int64_t m, int64_t n,
+                      cgi_act act, cg_real *db, cg_real *scratch) {
+    act_rows o = {c, b, y, dy, n, act};
     if (db) { /* the bias gradient's column sums in the same pass, as cgi_colsum_add would sum dpre */
-        cgi_colsum_add_made(db, m, n, scratch, gelu_row_grad, &o);
+        cgi_colsum_add_made(db, m, n, scratch, act_row_grad, &o);
         return;
     }
 #pragma omp parallel for schedule(static) if (m * n > CGI_PAR_MIN) num_threads(cgi_nthreads())
-    for (int64_t i = 0; i < m; i++) gelu_row_grad(&o, i);
+    for (int64_t i = 0; i < m; i++) act_row_grad(&o, i);
 }
 
 /* A GELU or ReLU value read only by linears in a bf16 graph (t->lp_value, ops/bf16.c; x and t

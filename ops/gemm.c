@@ -15,12 +15,10 @@ static bool gemm_blocked(const cgi_gemm_job *j);
 /* C[m,n] = alpha * A[m,k] @ B[k,n] + beta * C (or + bias) on the calling thread, all
  * general-strided. A single row or column goes to gemv: gemm would pack the whole other operand
  * for one vector (token-by-token generation is all such products). */
-static void gemm1(const cgi_gemm_job *j) {
+static void gemm_blis(const cgi_gemm_job *j) {
     int64_t m = j->m, n = j->n, k = j->k, rsa = j->rsa, csa = j->csa, rsb = j->rsb, csb = j->csb;
     cg_real alpha = j->alpha, beta = j->beta, *c = j->c;
     const int64_t rsc = j->rsc, csc = j->csc;
-    if (m == 0 || n == 0) return;
-    if (gemm_blocked(j)) return;
     if (j->bias) { /* C = bias, then C += A B */
         for (int64_t i = 0; i < m; i++)
             for (int64_t jj = 0; jj < n; jj++) c[i * rsc + jj * csc] = j->bias[jj * j->bias_stride];
@@ -70,6 +68,18 @@ static void gemm1(const cgi_gemm_job *j) {
          &beta, c, rsc, csc, NULL, &rntm);
 #undef GEMV
 #undef GEMM
+}
+
+static void gemm1(const cgi_gemm_job *j) {
+    if (j->m == 0 || j->n == 0) return;
+    if (gemm_blocked(j)) return;
+    gemm_blis(j);
+    if (j->relu) /* after BLIS's product: a pass over this piece of C */
+        for (int64_t i = 0; i < j->m; i++)
+            for (int64_t q = 0; q < j->n; q++) {
+                cg_real *v = j->c + i * j->rsc + q * j->csc;
+                *v = *v > 0 ? *v : 0;
+            }
 }
 
 /* Threads over products. BLIS always runs on one thread; a product is cut into pieces along the
@@ -178,7 +188,7 @@ void cgi_gemm_many(const cgi_gemm_job *jobs, int njobs, int threads) {
 
 void cgi_gemm(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, int64_t csa, const cg_real *b,
               int64_t rsb, int64_t csb, cg_real alpha, cg_real beta, cg_real *c, int64_t rsc, int64_t csc, int threads) {
-    const cgi_gemm_job j = {m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, c, rsc, csc, NULL, 0};
+    const cgi_gemm_job j = {m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, c, rsc, csc, NULL, 0, false};
     cgi_gemm_many(&j, 1, threads);
 }
 
@@ -466,20 +476,25 @@ static pthread_once_t blk_once = PTHREAD_ONCE_INIT;
 
 /* C[m, nb] (rows rsc, columns contiguous) = alpha A B + beta C, or alpha A B + the bias, from
  * packed A (12-row panels) and B (32-column panels) of depth kc: cgi_ukr_gemm strip by strip, one
- * A panel in L1 while the B panels stream past, the bias added while the strip is in cache. */
+ * A panel in L1 while the B panels stream past, the bias added (relu: and C clamped at 0, on the
+ * last depth pass) while the strip is in cache, row by row. */
 static void blk_macro(const cgi_ukr *u, int64_t m, int64_t nb, int64_t kc, cg_real alpha, const cg_real *ap,
-                      const cg_real *bp, cg_real beta, const cg_real *bias, int64_t bs, cg_real *c, int64_t rsc) {
+                      const cg_real *bp, cg_real beta, const cg_real *bias, int64_t bs, bool relu, cg_real *c,
+                      int64_t rsc) {
     for (int64_t i = 0; i < m; i += u->mr) {
         const int64_t mi = m - i < u->mr ? m - i : u->mr;
         cg_real *cr = c + i * rsc;
         cgi_ukr_gemm(u, mi, nb, kc, alpha, ap + i / u->mr * u->pmr * kc, kc, bp, kc, bias ? 0 : beta, cr, rsc, 1,
                      CGI_UKR_FULL, CGI_UKR_FULL);
-        if (bias && bs == 1) /* the contiguous case apart, so it vectorises */
-            for (int64_t r = 0; r < mi; r++)
-                for (int64_t jj = 0; jj < nb; jj++) cr[r * rsc + jj] += bias[jj];
-        else if (bias)
-            for (int64_t r = 0; r < mi; r++)
-                for (int64_t jj = 0; jj < nb; jj++) cr[r * rsc + jj] += bias[jj * bs];
+        for (int64_t r = 0; (bias || relu) && r < mi; r++) {
+            cg_real *row = cr + r * rsc;
+            if (bias && bs == 1) /* the contiguous case apart, so it vectorises */
+                for (int64_t jj = 0; jj < nb; jj++) row[jj] += bias[jj];
+            else if (bias)
+                for (int64_t jj = 0; jj < nb; jj++) row[jj] += bias[jj * bs];
+            if (relu) /* as cg_relu: NaN to 0 */
+                for (int64_t jj = 0; jj < nb; jj++) row[jj] = row[jj] > 0 ? row[jj] : 0;
+        }
     }
 }
 
@@ -513,7 +528,7 @@ static bool gemm_blocked(const cgi_gemm_job *j) {
                 cgi_ukr_pack_b(u, kc, nb, j->b + pc * j->rsb + ic * j->csb, j->rsb, j->csb, bp);
                 blk_macro(u, mc, nb, kc, j->alpha, ap, bp, pc == 0 ? j->beta : 1,
                           pc == 0 && j->bias ? j->bias + ic * j->bias_stride : NULL, j->bias_stride,
-                          j->c + jc * j->rsc + ic, j->rsc);
+                          j->relu && pc + kc >= k, j->c + jc * j->rsc + ic, j->rsc);
             }
         }
     }

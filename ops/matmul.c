@@ -1,4 +1,4 @@
-/* Matrix-product ops: matmul (batched, broadcast), linear and the fused linear + GELU, forward
+/* Matrix-product ops: matmul (batched, broadcast), linear and the fused linear + GELU or ReLU, forward
  * and backward side by side. Operands are passed to the product engine (ops/gemm.c) with their
  * strides; batches run in parallel when there are enough of them, otherwise each product is cut
  * into pieces for the threads. */
@@ -188,7 +188,7 @@ static bool dw_in_scratch(const cg_tensor *x, const cg_tensor *w) {
     return dw_as_transpose(x, w) != w_by_columns(w);
 }
 
-/* The shape rule shared by linear and linear_gelu: a node y[..., out] of op, or NULL. */
+/* The shape rule shared by linear and linear_act: a node y[..., out] of op, or NULL. */
 static cg_tensor *linear_node(cg_graph *g, int op, const char *nm, cg_tensor *x, cg_tensor *w, cg_tensor *bias) {
     cg_tensor *in[3] = {x, w, bias};
     if (!cgi_inputs_ok(g, nm, bias ? 3 : 2, in)) return NULL;
@@ -224,9 +224,19 @@ cg_tensor *cg_linear(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias) {
     return t && w->root->lora_a ? cgi_lora_linear(g, t->src[0], w, t) : t;
 }
 
+/* The float product y = x w^T + bias, relu: clamped at 0; the bias goes in with the product, piece
+ * by piece (see gemm_blocked). */
+static void linear_fwd_float(cg_tensor *t, bool relu) {
+    cg_tensor *x = t->src[0], *w = t->src[1], *bias = t->nsrc > 2 ? t->src[2] : NULL;
+    const int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1];
+    const cgi_gemm_job j = {m, n, k, x->data, row_stride(x), x->stride[x->ndim - 1], w->data, w->stride[1], w->stride[0],
+                            1, 0, t->data, n, 1, bias ? bias->data : NULL, bias ? bias->stride[0] : 0, relu};
+    cgi_gemm_many(&j, 1, cgi_nthreads());
+}
+
 cg_status cgi_fwd_linear(cg_tensor *t) {
     cg_tensor *x = t->src[0], *w = t->src[1], *bias = t->nsrc > 2 ? t->src[2] : NULL;
-    int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1];
+    const int64_t m = rows_of(x), n = w->shape[0];
     cg_real *c = t->data;
     if (cgi_lp_on(t)) {
         if (cgi_lp_linear_fwd(t)) return CG_OK;
@@ -238,10 +248,7 @@ cg_status cgi_fwd_linear(cg_tensor *t) {
                             cgi_shp(w), cg_name(w->root), x->root->lp_value ? "input" : "output",
                             cgi_shp(x->root->lp_value ? x : t));
     }
-    /* the bias goes in with the product, piece by piece (see gemm_blocked) */
-    const cgi_gemm_job j = {m, n, k, x->data, row_stride(x), x->stride[x->ndim - 1], w->data, w->stride[1], w->stride[0],
-                            1, 0, c, n, 1, bias ? bias->data : NULL, bias ? bias->stride[0] : 0};
-    cgi_gemm_many(&j, 1, cgi_nthreads());
+    linear_fwd_float(t, false);
     return CG_OK;
 }
 
@@ -277,7 +284,7 @@ static void linear_bwd(cg_tensor *t, const cg_real *dy, bool with_bias);
 
 void cgi_bwd_linear(cg_tensor *t) { linear_bwd(t, t->grad, true); }
 
-/* dX and dW from dy[m, n] (t->grad, or linear_gelu's pre-activation gradient), and the bias's
+/* dX and dW from dy[m, n] (t->grad, or linear_act's pre-activation gradient), and the bias's
  * gradient when with_bias. */
 static void linear_bwd(cg_tensor *t, const cg_real *dy, bool with_bias) {
     cg_tensor *x = t->src[0], *w = t->src[1], *bias = t->nsrc > 2 && with_bias ? t->src[2] : NULL;
@@ -303,16 +310,16 @@ static void linear_bwd(cg_tensor *t, const cg_real *dy, bool with_bias) {
     int nj = 0;
     if (x->requires_grad && !lp) /* dX[m,k] += dY[m,n] @ W[n,k] */
         jobs[nj++] = (cgi_gemm_job){m, k, n, dy, n, 1, w->data, w->stride[0], w->stride[1], 1, assign ? 0 : 1,
-                                    x->grad, row_stride(x), x->stride[x->ndim - 1], NULL, 0};
+                                    x->grad, row_stride(x), x->stride[x->ndim - 1], NULL, 0, false};
     if (w->requires_grad && !lp) {
         const int64_t xr = row_stride(x), xc = x->stride[x->ndim - 1];
         cg_real *s = dw_scratch(t);
         if (dw_as_transpose(x, w)) /* dW^T[k,n] = X^T[k,m] @ dY[m,n] */
             jobs[nj++] = (cgi_gemm_job){k, n, m, x->data, xc, xr, dy, n, 1, 1, s || w_assign ? 0 : 1, s ? s : w->grad,
-                                        s ? n : w->stride[1], s ? 1 : w->stride[0], NULL, 0};
+                                        s ? n : w->stride[1], s ? 1 : w->stride[0], NULL, 0, false};
         else /* dW[n,k] = dY^T[n,m] @ X[m,k] */
             jobs[nj++] = (cgi_gemm_job){n, k, m, dy, 1, n, x->data, xr, xc, 1, s || w_assign ? 0 : 1, s ? s : w->grad,
-                                        s ? k : w->stride[0], s ? 1 : w->stride[1], NULL, 0};
+                                        s ? k : w->stride[0], s ? 1 : w->stride[1], NULL, 0, false};
     }
     if (nj == 2 && cgi_grads_alias(x, w)) {
         cgi_gemm_many(&jobs[0], 1, nt);
@@ -327,44 +334,70 @@ static void linear_bwd(cg_tensor *t, const cg_real *dy, bool with_bias) {
     if (bias && bias->requires_grad && !lp_on) bias_grad(t, bias, m, n);
 }
 
-/* ---- linear_gelu: gelu(x @ w^T + bias), iarg[0] = 1 for GELU's tanh form ---- */
+/* ---- linear_act: act(x @ w^T + bias), iarg[0] the activation (cgi_act) ---- */
 
-/* The product goes to aux (beta 0: no bias fill before it, C never read) and one pass adds the bias
- * and applies GELU; aux keeps the pre-bias product for backward, which writes the pre-activation
- * gradient over it and sums the bias gradient in the same pass. Its products are float only: a
- * graph already set to bf16 gets linear -> gelu, whose product runs in bf16. */
-cg_tensor *cg_linear_gelu(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias, bool tanh_form) {
+/* GELU: the product goes to aux (beta 0: no bias fill before it, C never read) and one pass adds
+ * the bias and applies GELU; aux keeps the pre-bias product for backward, which writes the
+ * pre-activation gradient over it and sums the bias gradient in the same pass.
+ * ReLU: the product engine adds the bias and clamps each strip of C while it is in cache
+ * (cgi_gemm_job.relu), straight into the output; backward reads the output's sign, so no
+ * pre-activation is kept, and writes the pre-activation gradient into backward-only scratch.
+ * The products are float only: a graph already set to bf16 gets linear -> act, whose product runs
+ * in bf16 (and whose GELU or ReLU output a following linear reads in bf16, ops/bf16.c). */
+static cg_tensor *linear_act(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias, cgi_act act) {
     if (bias && bias->ndim == 1 && bias->stride[0] != 1) bias = cg_contiguous(g, bias);
     /* LoRA adds its own path beside the product, and a bf16 graph's products take bf16 operands,
      * which the fused op's do not: the composite in both cases */
     if ((w && w->root->lora_a) || (g && cg_graph_precision(g) == CG_BF16)) {
         cg_tensor *y = cg_linear(g, x, w, bias);
-        return tanh_form ? cg_gelu_tanh(g, y) : cg_gelu(g, y);
+        return act == CGI_ACT_RELU ? cg_relu(g, y) : act == CGI_ACT_GELU_TANH ? cg_gelu_tanh(g, y) : cg_gelu(g, y);
     }
-    cg_tensor *t = linear_node(g, CGI_OP_LINEAR_GELU, "linear_gelu", x, w, bias);
+    cg_tensor *t = linear_node(g, CGI_OP_LINEAR_ACT, "linear_act", x, w, bias);
     if (!t) return NULL;
-    t->iarg[0] = tanh_form;
-    t->aux_bytes = (size_t)cgi_numel(t->ndim, t->shape) * sizeof(cg_real);
+    t->iarg[0] = act;
+    const size_t out_bytes = (size_t)cgi_numel(t->ndim, t->shape) * sizeof(cg_real);
+    if (act == CGI_ACT_RELU) t->bwd_aux_bytes += out_bytes; /* after linear_node's (see dpre_scratch) */
+    else t->aux_bytes = out_bytes;
     return t;
 }
 
-cg_status cgi_fwd_linear_gelu(cg_tensor *t) {
+cg_tensor *cg_linear_gelu(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias, bool tanh_form) {
+    return linear_act(g, x, w, bias, tanh_form ? CGI_ACT_GELU_TANH : CGI_ACT_GELU);
+}
+
+cg_tensor *cg_linear_relu(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias) {
+    return linear_act(g, x, w, bias, CGI_ACT_RELU);
+}
+
+cg_status cgi_fwd_linear_act(cg_tensor *t) {
+    if (t->iarg[0] == CGI_ACT_RELU) { /* float even if the graph was set to bf16 after this op was built */
+        linear_fwd_float(t, true);
+        return CG_OK;
+    }
     cg_tensor *x = t->src[0], *w = t->src[1], *bias = t->nsrc > 2 ? t->src[2] : NULL;
     const int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1];
     cg_real *c = t->aux;
     gemm(m, n, k, x->data, row_stride(x), x->stride[x->ndim - 1], w->data, w->stride[1], w->stride[0], 0, c, n, 1,
          cgi_nthreads());
-    cgi_bias_gelu_fwd(c, bias ? bias->data : NULL, t->data, m, n, t->iarg[0] != 0);
+    cgi_bias_gelu_fwd(c, bias ? bias->data : NULL, t->data, m, n, t->iarg[0] == CGI_ACT_GELU_TANH);
     return CG_OK;
 }
 
-void cgi_bwd_linear_gelu(cg_tensor *t) {
+/* ReLU's pre-activation gradient [m, n]: backward scratch after the bias sums and dW's (dw_scratch). */
+static cg_real *dpre_scratch(const cg_tensor *t) {
+    const cg_tensor *x = t->src[0], *w = t->src[1], *bias = t->nsrc > 2 ? t->src[2] : NULL;
+    const int64_t n = w->shape[0], k = w->shape[1];
+    return (cg_real *)t->bwd_aux + (bias && bias->requires_grad ? cgi_colsum_scratch(rows_of(x), n) : 0) +
+           (w->requires_grad && dw_in_scratch(x, w) ? n * k : 0);
+}
+
+void cgi_bwd_linear_act(cg_tensor *t) {
     cg_tensor *x = t->src[0], *w = t->src[1], *bias = t->nsrc > 2 ? t->src[2] : NULL;
     const int64_t m = rows_of(x), n = w->shape[0];
-    const bool db = bias && bias->requires_grad;
+    const bool db = bias && bias->requires_grad, relu = t->iarg[0] == CGI_ACT_RELU;
     if (db) cgi_grad_prepare(bias); /* the op claims every input (CGI_GRAD_CLAIMS_ALL) */
-    cg_real *dpre = t->aux; /* over the product, which backward no longer needs */
-    cgi_bias_gelu_bwd(dpre, bias ? bias->data : NULL, t->data, t->grad, m, n, t->iarg[0] != 0, db ? bias->grad : NULL,
-                      db ? t->bwd_aux : NULL);
+    cg_real *dpre = relu ? dpre_scratch(t) : t->aux; /* GELU: over the product, which backward no longer needs */
+    cgi_bias_act_bwd(dpre, bias ? bias->data : NULL, t->data, t->grad, m, n, (cgi_act)t->iarg[0],
+                     db ? bias->grad : NULL, db ? t->bwd_aux : NULL);
     linear_bwd(t, dpre, false);
 }

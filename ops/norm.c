@@ -1,7 +1,8 @@
 /* Fused layer norm and RMS norm over the last axis: one pass for the statistics, one for the
  * output; backward in one pass per row plus a blocked, thread-count-independent sum for gain and
  * bias. RMS norm is layer norm without centring (mean taken as 0, no bias), so both share the
- * kernels: y = (x - m) * rstd * gain + bias, with m = 0 for RMS norm. */
+ * kernels: y = (x - m) * rstd * gain + bias, with m = 0 for RMS norm. add_layernorm is layer norm
+ * of a residual sum x + r (post-LN blocks): the same kernels, the sum formed row by row. */
 #include <math.h>
 
 #include "graph/internal.h"
@@ -10,16 +11,24 @@
 
 #define LN_BLOCKS 32
 
-/* Sources: x, then gain and bias when given (iarg[0] / iarg[1] = their index or 0). aux holds
- * mean[rows], rstd[rows], then LN_BLOCKS partial rows for each of d(gain) and d(bias). */
-static cg_tensor *norm(cg_graph *g, int op, cg_tensor *x, cg_tensor *gain, cg_tensor *bias, double eps) {
+/* Sources: x, then (add_layernorm) the residual r, then gain and bias when given (iarg[0] / iarg[1] =
+ * their index or 0; iarg[2] = 1 with a residual). aux holds mean[rows], rstd[rows], then LN_BLOCKS
+ * partial rows for each of d(gain) and d(bias), then (with a residual) the sum x + r, which backward
+ * reads instead of x and r. */
+static cg_tensor *norm(cg_graph *g, int op, cg_tensor *x, cg_tensor *res, cg_tensor *gain, cg_tensor *bias,
+                       double eps) {
     const char *nm = cgi_ops[op].name;
-    if (!cgi_inputs_ok(g, nm, 1, &x) || (gain && !cgi_inputs_ok(g, nm, 1, &gain)) ||
-        (bias && !cgi_inputs_ok(g, nm, 1, &bias)))
+    if (!cgi_inputs_ok(g, nm, 1, &x) || (op == CGI_OP_ADD_LAYERNORM && !cgi_inputs_ok(g, nm, 1, &res)) ||
+        (gain && !cgi_inputs_ok(g, nm, 1, &gain)) || (bias && !cgi_inputs_ok(g, nm, 1, &bias)))
         return NULL;
-    if (!cgi_expect_real(nm, x, "x")) return NULL;
+    if (!cgi_expect_real(nm, x, "x") || (res && !cgi_expect_real(nm, res, "r"))) return NULL;
     if (x->ndim < 1) {
         cgi_fail(CG_ERR_SHAPE, "[%s] x%s needs at least one axis", nm, cgi_shp(x));
+        return NULL;
+    }
+    if (res && (res->ndim != x->ndim || memcmp(res->shape, x->shape, sizeof(int64_t) * (size_t)x->ndim))) {
+        cgi_fail(CG_ERR_SHAPE, "[%s] x%s + r%s: the residual must have x's shape (no broadcasting)", nm, cgi_shp(x),
+                 cgi_shp(res));
         return NULL;
     }
     int64_t d = x->shape[x->ndim - 1];
@@ -36,26 +45,41 @@ static cg_tensor *norm(cg_graph *g, int op, cg_tensor *x, cg_tensor *gain, cg_te
         return NULL;
     }
     x = cg_contiguous(g, x);
-    if (!x) return NULL;
-    cg_tensor *src[3] = {x, NULL, NULL};
+    if (res) res = cg_contiguous(g, res);
+    if (!x || (op == CGI_OP_ADD_LAYERNORM && !res)) return NULL;
+    cg_tensor *src[4] = {x, NULL, NULL, NULL};
     int n = 1, gi = 0, bi = 0;
+    if (res) src[n++] = res;
     if (gain) gi = n, src[n++] = gain;
     if (bias) bi = n, src[n++] = bias;
     cg_tensor *t = cgi_node(g, op, CG_REAL, x->ndim, x->shape, n, src);
     if (!t) return NULL;
     t->iarg[0] = gi;
     t->iarg[1] = bi;
+    t->iarg[2] = res != NULL;
     t->farg[0] = eps;
     int64_t rows = d ? cgi_numel(x->ndim, x->shape) / d : 0;
-    t->aux_bytes = (size_t)(2 * rows + 2 * LN_BLOCKS * d) * sizeof(cg_real);
+    t->aux_bytes = (size_t)(2 * rows + 2 * LN_BLOCKS * d + (res ? rows * d : 0)) * sizeof(cg_real);
     return t;
 }
 
 cg_tensor *cg_layernorm(cg_graph *g, cg_tensor *x, cg_tensor *gain, cg_tensor *bias, double eps) {
-    return norm(g, CGI_OP_LAYERNORM, x, gain, bias, eps);
+    return norm(g, CGI_OP_LAYERNORM, x, NULL, gain, bias, eps);
 }
 cg_tensor *cg_rmsnorm(cg_graph *g, cg_tensor *x, cg_tensor *gain, double eps) {
-    return norm(g, CGI_OP_RMSNORM, x, gain, NULL, eps);
+    return norm(g, CGI_OP_RMSNORM, x, NULL, gain, NULL, eps);
+}
+
+/* A bf16 graph gets add -> layernorm: there a layer norm's output read only by linears is written
+ * in bf16 or shadowed in bf16 (ops/bf16.c), which this op's is not. */
+cg_tensor *cg_add_layernorm(cg_graph *g, cg_tensor *x, cg_tensor *r, cg_tensor *gain, cg_tensor *bias, double eps) {
+    if (g && cg_graph_precision(g) == CG_BF16) return cg_layernorm(g, cg_add(g, x, r), gain, bias, eps);
+    return norm(g, CGI_OP_ADD_LAYERNORM, x, r, gain, bias, eps);
+}
+
+/* The rows the statistics read: x's, or the sum x + r formed into aux (after the partial rows). */
+static cg_real *sum_rows(const cg_tensor *t, int64_t rows, int64_t d) {
+    return t->iarg[2] ? (cg_real *)t->aux + 2 * rows + 2 * LN_BLOCKS * d : NULL;
 }
 
 CGI_CLONES static cg_status norm_fwd(cg_tensor *t) {
@@ -63,13 +87,19 @@ CGI_CLONES static cg_status norm_fwd(cg_tensor *t) {
     const cg_tensor *gt = t->iarg[0] ? t->src[t->iarg[0]] : NULL, *bt = t->iarg[1] ? t->src[t->iarg[1]] : NULL;
     const cg_real *gain = gt ? gt->data : NULL, *bias = bt ? bt->data : NULL;
     const int64_t gs = gt ? gt->stride[0] : 0, bs = bt ? bt->stride[0] : 0;
-    const cg_real *X = t->src[0]->data;
-    cg_real *Y = t->data, *mean = t->aux, *rstd = mean + rows;
+    const cg_real *X = t->src[0]->data, *R = t->iarg[2] ? t->src[1]->data : NULL;
+    cg_real *Y = t->data, *mean = t->aux, *rstd = mean + rows, *S = sum_rows(t, rows, d);
     const double eps = t->farg[0];
     const bool rms = t->op == CGI_OP_RMSNORM;
     CGI_PAR_FOR(rows * d, for (int64_t r = 0; r < rows; r++) {
         const cg_real *x = X + r * d;
         cg_real *y = Y + r * d;
+        if (S) { /* the residual sum, as cg_add would form it, then read from cache */
+            cg_real *s = S + r * d;
+            const cg_real *rr = R + r * d;
+            for (int64_t j = 0; j < d; j++) s[j] = x[j] + rr[j];
+            x = s;
+        }
         const cg_real m = rms ? 0 : (cg_real)(cgi_row_sum(x, d) / (double)d);
         const cg_real q = (cg_real)(1.0 / sqrt(cgi_row_sqdev(x, d, m) / (double)d + eps));
         mean[r] = m;
@@ -97,16 +127,35 @@ CGI_CLONES static cg_status norm_fwd(cg_tensor *t) {
     return CG_OK;
 }
 
+/* dst[j] += q * (dh - a1 - h * a2) over a row, dh = dy * gain, h = (x - m) * q: layer norm's input
+ * gradient (for add_layernorm, both summands'). */
+static inline void norm_dx_row(cg_real *dst, const cg_real *xr, const cg_real *dy, const cg_real *gain, int64_t gs,
+                               int64_t d, cg_real m, cg_real q, cg_real a1, cg_real a2) {
+    if (gain && gs == 1)
+        for (int64_t j = 0; j < d; j++) dst[j] += q * (dy[j] * gain[j] - a1 - (xr[j] - m) * q * a2);
+    else
+        for (int64_t j = 0; j < d; j++) {
+            cg_real h = (xr[j] - m) * q, dh = dy[j] * (gain ? gain[j * gs] : 1);
+            dst[j] += q * (dh - a1 - h * a2);
+        }
+}
+
 CGI_CLONES static void norm_bwd(cg_tensor *t) {
     cg_tensor *x = t->src[0], *gt = t->iarg[0] ? t->src[t->iarg[0]] : NULL, *bt = t->iarg[1] ? t->src[t->iarg[1]] : NULL;
+    cg_tensor *res = t->iarg[2] ? t->src[1] : NULL;
     const int64_t d = t->shape[t->ndim - 1], rows = d ? cgi_numel(t->ndim, t->shape) / d : 0;
-    const cg_real *X = x->data, *DY = t->grad, *mean = t->aux, *rstd = mean + rows;
+    const cg_real *S = sum_rows(t, rows, d);
+    const cg_real *X = S ? S : x->data, *DY = t->grad, *mean = t->aux, *rstd = mean + rows;
     const cg_real *gain = gt ? gt->data : NULL;
     const int64_t gs = gt ? gt->stride[0] : 0;
     cg_real *part_g = (cg_real *)t->aux + 2 * rows, *part_b = part_g + LN_BLOCKS * d;
-    const bool dx_needed = x->requires_grad, dg = gt && gt->requires_grad, db = bt && bt->requires_grad;
+    const bool dr = res && res->requires_grad, dg = gt && gt->requires_grad, db = bt && bt->requires_grad;
+    const bool dx_needed = x->requires_grad || dr;
+    /* x's and r's gradients sharing storage at an offset: row r of one overlaps other rows of the
+     * other, so the rows run on one thread (the same blocks: the same bits) */
+    const bool serial = dr && x->requires_grad && cgi_grads_alias(x, res);
     const int64_t per = (rows + LN_BLOCKS - 1) / LN_BLOCKS;
-#pragma omp parallel for schedule(static) if (rows * d > CGI_PAR_MIN) num_threads(cgi_nthreads())
+#pragma omp parallel for schedule(static) if (rows * d > CGI_PAR_MIN && !serial) num_threads(cgi_nthreads())
     for (int b = 0; b < LN_BLOCKS; b++) {
         cg_real *pg = part_g + b * d, *pb = part_b + b * d;
         if (dg) memset(pg, 0, (size_t)d * sizeof *pg);
@@ -133,14 +182,8 @@ CGI_CLONES static void norm_bwd(cg_tensor *t) {
                 for (int l = 0; l < CGI_LANES; l++) s1 += c1[l], s2 += c2[l];
                 /* RMS norm has no centring, so no mean(dh) term */
                 const cg_real a1 = t->op == CGI_OP_RMSNORM ? 0 : (cg_real)(s1 / (double)d), a2 = (cg_real)(s2 / (double)d);
-                cg_real *dx = x->grad + r * d;
-                if (gain && gs == 1)
-                    for (j = 0; j < d; j++) dx[j] += q * (dy[j] * gain[j] - a1 - (xr[j] - m) * q * a2);
-                else
-                    for (j = 0; j < d; j++) {
-                        cg_real h = (xr[j] - m) * q, dh = dy[j] * (gain ? gain[j * gs] : 1);
-                        dx[j] += q * (dh - a1 - h * a2);
-                    }
+                if (x->requires_grad) norm_dx_row(x->grad + r * d, xr, dy, gain, gs, d, m, q, a1, a2);
+                if (dr) norm_dx_row(res->grad + r * d, xr, dy, gain, gs, d, m, q, a1, a2);
             }
             if (dg) for (int64_t j = 0; j < d; j++) pg[j] += dy[j] * (xr[j] - m) * q;
             if (db) for (int64_t j = 0; j < d; j++) pb[j] += dy[j];
@@ -160,5 +203,7 @@ CGI_CLONES static void norm_bwd(cg_tensor *t) {
 
 cg_status cgi_fwd_layernorm(cg_tensor *t) { return norm_fwd(t); }
 cg_status cgi_fwd_rmsnorm(cg_tensor *t) { return norm_fwd(t); }
+cg_status cgi_fwd_add_layernorm(cg_tensor *t) { return norm_fwd(t); }
 void cgi_bwd_layernorm(cg_tensor *t) { norm_bwd(t); }
 void cgi_bwd_rmsnorm(cg_tensor *t) { norm_bwd(t); }
+void cgi_bwd_add_layernorm(cg_tensor *t) { norm_bwd(t); }

@@ -208,6 +208,30 @@ static cg_tensor *linear_gelu_view(ctx *c) { return cg_linear_gelu(G, T(X2(4, 3)
 /* 20 outputs: 16 through the vector pass, 4 through the scalar tail */
 static cg_tensor *linear_gelu_wide(ctx *c) { return cg_linear_gelu(G, X2(3, 4), X2(20, 4), X1(20), true); }
 static cg_tensor *linear_gelu_wide_erf(ctx *c) { return cg_linear_gelu(G, X2(3, 4), X2(20, 4), X1(20), false); }
+/* ReLU: backward reads the output's sign. Finite differences across the kink are wrong (float32's step
+ * is 1e-2), so x is drawn in [0.5, 2), w's rows (as the op reads them) have alternating signs and
+ * magnitudes in [0.5, 1), and the bias is in [-0.5, 0.5): every pre-activation has magnitude >= 0.5,
+ * half of them clamped. by_col: w is stored [k, n] and read through a transpose. */
+static cg_tensor *relu_w(ctx *c, int64_t n, int64_t k, bool by_col) {
+    if (c->pool) return by_col ? X2(k, n) : X2(n, k); /* aliased mode: a view of the pool */
+    cg_tensor *w = by_col ? leaf(c, 0.5, 1, false, 2, k, n, 0, 0) : leaf(c, 0.5, 1, false, 2, n, k, 0, 0);
+    for (int64_t i = 0; w && i < n * k; i++)
+        if ((by_col ? i % n : i / k) % 2) cg_data(w)[i] = -cg_data(w)[i];
+    return w;
+}
+#define RX(...) leaf(c, 0.5, 2, false, __VA_ARGS__)
+#define RB(n) leaf(c, -0.5, 0.5, false, 1, n, 0, 0, 0)
+static cg_tensor *linear_relu_bias(ctx *c) { return cg_linear_relu(G, RX(3, 2, 3, 4, 0), relu_w(c, 5, 4, false), RB(5)); }
+static cg_tensor *linear_relu_view(ctx *c) { return cg_linear_relu(G, T(RX(2, 4, 3, 0, 0)), T(relu_w(c, 5, 4, true)), RB(5)); }
+static cg_tensor *linear_relu_wide(ctx *c) { return cg_linear_relu(G, RX(2, 3, 4, 0, 0), relu_w(c, 20, 4, false), NULL); }
+/* x [3,2,4] seen as [2,3,4] (leading dims not dense: copied), a bias read with stride 2 */
+static cg_tensor *linear_relu_strided(ctx *c) {
+    cg_tensor *b = cg_slice(G, leaf(c, -0.5, 0.5, false, 2, 5, 2, 0, 0), 1, 1, 2);
+    return cg_linear_relu(G, cg_transpose(G, RX(3, 3, 2, 4, 0), 0, 1), relu_w(c, 5, 4, false),
+                          cg_reshape(G, b, 1, (int64_t[]){5}));
+}
+#undef RX
+#undef RB
 /* softmax family */
 static cg_tensor *softmax_(ctx *c) { return cg_softmax(G, leaf(c, -2, 2, false, 2, 3, 6, 0, 0)); }
 static cg_tensor *softmax_view(ctx *c) { return cg_softmax(G, cg_transpose(G, X3(2, 5, 3), 1, 2)); }
@@ -289,6 +313,16 @@ static cg_tensor *sdpa_dropout(ctx *c) {
 /* normalisation */
 static cg_tensor *ln_affine(ctx *c) { return cg_layernorm(G, X2(4, 6), leaf(c, 0.5, 1.5, false, 1, 6, 0, 0, 0), X1(6), 1e-5); }
 static cg_tensor *ln_plain(ctx *c) { return cg_layernorm(G, X3(2, 3, 5), NULL, NULL, 1e-5); }
+static cg_tensor *aln_affine(ctx *c) {
+    return cg_add_layernorm(G, X2(4, 6), X2(4, 6), leaf(c, 0.5, 1.5, false, 1, 6, 0, 0, 0), X1(6), 1e-5);
+}
+static cg_tensor *aln_view(ctx *c) {
+    return cg_add_layernorm(G, cg_transpose(G, X3(2, 5, 3), 1, 2), X3(2, 3, 5), X1(5), NULL, 0.1);
+}
+static cg_tensor *aln_self(ctx *c) {
+    cg_tensor *x = X2(3, 5);
+    return cg_add_layernorm(G, x, T(T(x)), NULL, X1(5), 1e-5);
+}
 static cg_tensor *rms_gain(ctx *c) { return cg_rmsnorm(G, X2(4, 6), leaf(c, 0.5, 1.5, false, 1, 6, 0, 0, 0), 1e-5); }
 static cg_tensor *rms_plain(ctx *c) { return cg_rmsnorm(G, X3(2, 3, 5), NULL, 1e-6); }
 static cg_tensor *rms_view(ctx *c) { return cg_rmsnorm(G, cg_transpose(G, X3(2, 5, 3), 1, 2), X1(5), 0.1); }
@@ -469,11 +503,18 @@ static const check_case cases[] = {
     {"linear_cross_entropy", "x[2,3,4] w[6,4] b[6] ignore", lce_basic},
     {"linear_cross_entropy", "x[4,5]^T w[4,7]^T", lce_view},
     /* last, so the cases above keep their random inputs */
-    {"linear_gelu", "tanh [2,3,4] w[5,4] b[5]", linear_gelu_bias},
-    {"linear_gelu", "erf [3,4] w[5,4] no bias", linear_gelu_erf},
-    {"linear_gelu", "tanh [4,3]^T w[4,5]^T b[5]", linear_gelu_view},
-    {"linear_gelu", "tanh [3,4] w[20,4] b[20]", linear_gelu_wide},
-    {"linear_gelu", "erf [3,4] w[20,4] b[20]", linear_gelu_wide_erf},
+    {"linear_act", "gelu tanh [2,3,4] w[5,4] b[5]", linear_gelu_bias},
+    {"linear_act", "gelu erf [3,4] w[5,4] no bias", linear_gelu_erf},
+    {"linear_act", "gelu tanh [4,3]^T w[4,5]^T b[5]", linear_gelu_view},
+    {"linear_act", "gelu tanh [3,4] w[20,4] b[20]", linear_gelu_wide},
+    {"linear_act", "gelu erf [3,4] w[20,4] b[20]", linear_gelu_wide_erf},
+    {"linear_act", "relu [2,3,4] w[5,4] b[5]", linear_relu_bias},
+    {"linear_act", "relu [4,3]^T w[4,5]^T b[5]", linear_relu_view},
+    {"linear_act", "relu [3,4] w[20,4] no bias", linear_relu_wide},
+    {"linear_act", "relu [3,2,4] 0<->1 w[5,4] b[5,2][:,1]", linear_relu_strided},
+    {"add_layernorm", "[4,6] + [4,6] gain bias", aln_affine},
+    {"add_layernorm", "[2,5,3] 1<->2 + [2,3,5] gain", aln_view},
+    {"add_layernorm", "x[3,5] + x^T^T bias", aln_self},
 };
 
 int cg_gradcheck_ops(FILE *out, double tol, const char *filter) {

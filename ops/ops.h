@@ -142,6 +142,10 @@ cg_tensor *cg_linear(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias);
  * product, and backward's GELU gradient and bias sum in one; equal to cg_gelu(cg_linear(...)), which
  * it builds instead in a graph already set to bf16 (so the product runs in bf16). */
 cg_tensor *cg_linear_gelu(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias, bool tanh_form);
+/* relu(x @ w^T + bias) as one op: bias and ReLU applied to each strip of the product while it is in
+ * cache, and backward's ReLU gradient (from the output's sign; no pre-activation kept) and bias sum
+ * in one pass; equal to cg_relu(cg_linear(...)) bit for bit, which it builds instead in a bf16 graph. */
+cg_tensor *cg_linear_relu(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias);
 
 /* ---- normalisation and softmax (last axis) ---- */
 
@@ -203,6 +207,10 @@ cg_tensor *cg_rope(cg_graph *g, cg_tensor *x, int64_t pos_offset, const cg_rope_
 cg_tensor *cg_layernorm(cg_graph *g, cg_tensor *x, cg_tensor *gain, cg_tensor *bias, double eps);
 /* Fused RMS norm over the last axis, x / sqrt(mean(x^2) + eps) * gain (gain [D] may be NULL). */
 cg_tensor *cg_rmsnorm(cg_graph *g, cg_tensor *x, cg_tensor *gain, double eps);
+/* layernorm(x + r) as one op (a post-LN block's residual; r has x's shape): the sum is formed row by
+ * row inside the norm's passes and backward adds the input gradient into both; equal bit for bit to
+ * cg_layernorm(cg_add(x, r)), which it builds instead in a bf16 graph. */
+cg_tensor *cg_add_layernorm(cg_graph *g, cg_tensor *x, cg_tensor *r, cg_tensor *gain, cg_tensor *bias, double eps);
 
 /* ---- lookup and loss ---- */
 

@@ -1,6 +1,6 @@
 /* Every fused op against its composite twin built from simpler ops, forward and backward with
  * respect to every real input: cross_entropy, layernorm, rmsnorm, swiglu, silu, masked_softmax,
- * linear, linear_gelu. Both versions
+ * linear, linear_gelu, linear_relu, add_layernorm. Both versions
  * get the same inputs (same seed) and the same upstream gradient R (loss = sum(out * R)). */
 #include <math.h>
 #include <stdlib.h>
@@ -89,6 +89,9 @@ static result run(build_fn f, const void *arg, bool fused) {
 }
 
 /* Max |fused - composite| over each array, relative to the largest composite magnitude. */
+/* Set while comparing a fused op that promises its composite's bits: then the tolerance is 0. */
+static bool exact;
+
 static void compare(const char *what, build_fn f, const void *arg) {
     result a = run(f, arg, true), b = run(f, arg, false);
     CHECK(a.ok && b.ok && a.count == b.count, "%s: runs failed or differ in leaves", what);
@@ -105,7 +108,7 @@ static void compare(const char *what, build_fn f, const void *arg) {
             if (fabs((double)b.v[i][k]) > big) big = fabs((double)b.v[i][k]);
         }
         double rel = worst / (big > 1e-30 ? big : 1e-30);
-        CHECK(finite && rel <= TOL && big > 0,
+        CHECK(finite && rel <= (exact ? 0 : TOL) && big > 0,
               "%s %s: fused %.9g vs composite %.9g at %lld (rel %.3g, max |composite| %.3g)", what, a.name[i],
               (double)a.v[i][at], (double)b.v[i][at], (long long)at, rel, big);
     }
@@ -191,6 +194,59 @@ static void test_layernorm(void) {
     compare("layernorm transposed view, gain only, eps 0.1", ln_build, &d);
     ln_arg e = {2, {4, 9}, false, true, false, 1e-5};
     compare("layernorm [4,9] bias only", ln_build, &e);
+}
+
+/* ---- add_layernorm: against layernorm(add(x, r)), post-LN's composite, bit for bit ---- */
+
+typedef struct {
+    ln_arg ln;
+    int residual; /* 0: its own leaf; 1: x itself (x + x); 2: a leaf seen through a transpose */
+} aln_arg;
+
+static cg_tensor *aln_build(bctx *c, bool fused) {
+    const aln_arg *a = c->arg;
+    const ln_arg *l = &a->ln;
+    int64_t s[4];
+    memcpy(s, l->shape, sizeof s);
+    if (l->transposed) s[l->nd - 1] = l->shape[l->nd - 2], s[l->nd - 2] = l->shape[l->nd - 1];
+    cg_tensor *x = leaf(c, "x", l->nd, s, -2, 3, false);
+    if (l->transposed) x = cg_transpose(c->g, x, -1, -2);
+    cg_tensor *r = x;
+    if (a->residual == 0) r = leaf(c, "r", l->nd, l->shape, -1, 1, false);
+    if (a->residual == 2) {
+        int64_t st[4];
+        memcpy(st, l->shape, sizeof st);
+        st[l->nd - 1] = l->shape[l->nd - 2], st[l->nd - 2] = l->shape[l->nd - 1];
+        r = cg_transpose(c->g, leaf(c, "r", l->nd, st, -1, 1, false), -1, -2);
+    }
+    const int64_t d = l->shape[l->nd - 1];
+    cg_tensor *gain = l->gain ? leaf(c, "gain", 1, &d, 0.5, 1.5, true) : NULL;
+    cg_tensor *bias = l->bias ? leaf(c, "bias", 1, &d, -1, 1, true) : NULL;
+    if (fused) return cg_add_layernorm(c->g, x, r, gain, bias, l->eps);
+    return cg_layernorm(c->g, cg_add(c->g, x, r), gain, bias, l->eps);
+}
+
+/* The sum, the statistics and both summands' gradients are the composite's arithmetic in its order */
+static void test_add_layernorm(void) {
+    exact = true;
+    aln_arg a = {{4, {2, 3, 5, 7}, true, true, false, 1e-5}, 0};
+    compare("add_layernorm [2,3,5,7] gain+bias", aln_build, &a);
+    aln_arg b = {{3, {3, 5, 7}, false, false, false, 1e-5}, 0};
+    compare("add_layernorm [3,5,7] plain", aln_build, &b);
+    aln_arg d = {{3, {2, 5, 6}, true, false, true, 0.1}, 2};
+    compare("add_layernorm transposed views, gain only, eps 0.1", aln_build, &d);
+    aln_arg e = {{2, {4, 9}, false, true, false, 1e-5}, 1};
+    compare("add_layernorm x + x, bias only", aln_build, &e);
+    /* rows of 512 (encdec-base's d) over every block and both threads */
+    aln_arg f = {{3, {4, 64, 512}, true, true, false, 1e-5}, 0};
+    compare("add_layernorm [4,64,512] gain+bias", aln_build, &f);
+    exact = false;
+    /* a residual that does not match x is an error that names the op and both shapes */
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    cg_tensor *x = cg_input(g, "x", CG_REAL, 2, S(4, 6)), *r = cg_input(g, "r", CG_REAL, 2, S(1, 6));
+    CHECK(!cg_add_layernorm(g, x, r, NULL, NULL, 1e-5) && strstr(cg_last_error(), "[add_layernorm] x[4,6] + r[1,6]"),
+          "broadcast residual: %s", cg_last_error());
+    cg_graph_free(g);
 }
 
 /* ---- rmsnorm ---- */
@@ -430,11 +486,12 @@ static void test_linear(void) {
     compare("linear, x rows of 1024, column-major weight (dW^T in place)", lin_build, &i);
 }
 
-/* ---- linear_gelu: against gelu(linear(...)), the model zoo's composite ---- */
+/* ---- linear_act: against gelu(linear(...)) and relu(linear(...)), the model zoo's composites ---- */
 
 typedef struct {
     lin_arg lin;
     bool tanh_form;
+    bool relu; /* cg_linear_relu against relu(linear(...)) */
 } lg_arg;
 
 static cg_tensor *lg_build(bctx *c, bool fused) {
@@ -445,37 +502,59 @@ static cg_tensor *lg_build(bctx *c, bool fused) {
     cg_tensor *b = a->lin.bias ? leaf(c, "b", 1, &a->lin.out, -1, 1, a->lin.params) : NULL;
     if (a->lin.conv1d) w = cg_transpose(c->g, w, 0, 1);
     cg_tensor *x = leaf(c, "x", a->lin.nd, a->lin.shape, -1, 1, false);
-    if (fused) return cg_linear_gelu(c->g, x, w, b, a->tanh_form);
+    if (fused) return a->relu ? cg_linear_relu(c->g, x, w, b) : cg_linear_gelu(c->g, x, w, b, a->tanh_form);
     cg_tensor *y = cg_linear(c->g, x, w, b);
-    return a->tanh_form ? cg_gelu_tanh(c->g, y) : cg_gelu(c->g, y);
+    return a->relu ? cg_relu(c->g, y) : a->tanh_form ? cg_gelu_tanh(c->g, y) : cg_gelu(c->g, y);
 }
 
 static void test_linear_gelu(void) {
-    lg_arg a = {{4, {2, 3, 5, 7}, 4, true, false, false, false}, true};
+    lg_arg a = {{4, {2, 3, 5, 7}, 4, true, false, false, false}, true, false};
     compare("linear_gelu tanh [2,3,5,7] -> 4 with bias", lg_build, &a);
-    lg_arg b = {{3, {2, 5, 8}, 6, true, false, true, false}, false};
+    lg_arg b = {{3, {2, 5, 8}, 6, true, false, true, false}, false, false};
     compare("linear_gelu erf [2,5,8] -> 6, parameters", lg_build, &b);
-    lg_arg d = {{2, {9, 5}, 3, false, false, false, false}, true};
+    lg_arg d = {{2, {9, 5}, 3, false, false, false, false}, true, false};
     compare("linear_gelu [9,5] -> 3 no bias", lg_build, &d);
-    lg_arg f = {{2, {6, 9}, 5, true, false, true, true}, true};
+    lg_arg f = {{2, {6, 9}, 5, true, false, true, true}, true, false};
     compare("linear_gelu, column-major weight (GPT-2's Conv1D)", lg_build, &f);
     /* enough rows and columns for several bias-sum blocks and both threads */
-    lg_arg h = {{3, {4, 64, 32}, 96, true, false, true, true}, true};
+    lg_arg h = {{3, {4, 64, 32}, 96, true, false, true, true}, true, false};
     compare("linear_gelu [4,64,32] -> 96, Conv1D weight", lg_build, &h);
-    lg_arg e = {{3, {4, 64, 32}, 96, true, false, true, false}, false};
+    lg_arg e = {{3, {4, 64, 32}, 96, true, false, true, false}, false, false};
     compare("linear_gelu erf [4,64,32] -> 96", lg_build, &e);
-    lg_arg i = {{2, {6, 1024}, 5, true, false, true, false}, false};
+    lg_arg i = {{2, {6, 1024}, 5, true, false, true, false}, false, false};
     compare("linear_gelu, x rows of 1024 (dW^T through scratch)", lg_build, &i);
+}
+
+/* ReLU's fused op runs the composite's arithmetic in the same order (bias, clamp, the bias sums'
+ * blocks, the same products on the same pre-activation gradient): equal bit for bit */
+static void test_linear_relu(void) {
+    exact = true;
+    lg_arg a = {{4, {2, 3, 5, 7}, 4, true, false, false, false}, false, true};
+    compare("linear_relu [2,3,5,7] -> 4 with bias", lg_build, &a);
+    lg_arg d = {{2, {9, 5}, 3, false, false, false, false}, false, true};
+    compare("linear_relu [9,5] -> 3 no bias", lg_build, &d);
+    lg_arg f = {{2, {6, 9}, 5, true, false, true, true}, false, true};
+    compare("linear_relu, column-major weight", lg_build, &f);
+    /* through the blocked driver (every dim >= 32; two depth passes), several bias-sum blocks */
+    lg_arg h = {{3, {4, 64, 600}, 96, true, false, true, false}, false, true};
+    compare("linear_relu [4,64,600] -> 96, parameters", lg_build, &h);
+    lg_arg e = {{3, {4, 64, 32}, 96, true, false, true, true}, false, true};
+    compare("linear_relu [4,64,32] -> 96, Conv1D weight", lg_build, &e);
+    lg_arg i = {{2, {6, 1024}, 5, true, false, true, false}, false, true};
+    compare("linear_relu, x rows of 1024 (dW^T through scratch)", lg_build, &i);
+    exact = false;
 }
 
 int main(void) {
     test_cross_entropy();
     test_layernorm();
+    test_add_layernorm();
     test_rmsnorm();
     test_swiglu();
     test_losses();
     test_masked_softmax();
     test_linear();
     test_linear_gelu();
+    test_linear_relu();
     TEST_END();
 }

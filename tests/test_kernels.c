@@ -80,7 +80,7 @@ static void test_pieces(void) {
         for (int64_t i = 0; i < m * n; i++) c0[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
         for (int tr = 0; tr < 2; tr++) {
             /* tr: B read through a transpose (column strides), C written by columns */
-            cgi_gemm_job j = {m, n, k, a, k, 1, b, tr ? 1 : n, tr ? k : 1, 0.5, 1, c, tr ? 1 : n, tr ? m : 1, NULL, 0};
+            cgi_gemm_job j = {m, n, k, a, k, 1, b, tr ? 1 : n, tr ? k : 1, 0.5, 1, c, tr ? 1 : n, tr ? m : 1, NULL, 0, false};
             cgi_gemm_job ref = j;
             ref.c = c1;
             memcpy(c1, c0, sizeof(cg_real) * (size_t)(m * n));
@@ -105,7 +105,8 @@ static void test_pieces(void) {
     for (int64_t i = 0; i < m * k; i++) x[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
     for (int64_t i = 0; i < n * k; i++) w[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
     for (int64_t i = 0; i < m * n; i++) dy[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
-    cgi_gemm_job jobs[2] = {{m, k, n, dy, n, 1, w, k, 1, 1, 0, dx, k, 1, NULL, 0}, {n, k, m, dy, 1, n, x, k, 1, 1, 0, dw, k, 1, NULL, 0}};
+    cgi_gemm_job jobs[2] = {{m, k, n, dy, n, 1, w, k, 1, 1, 0, dx, k, 1, NULL, 0, false},
+                            {n, k, m, dy, 1, n, x, k, 1, 1, 0, dw, k, 1, NULL, 0, false}};
     cgi_gemm_job refs[2] = {jobs[0], jobs[1]};
     refs[0].c = rx, refs[1].c = rw;
     naive(&refs[0], rx);
@@ -120,9 +121,11 @@ static void test_pieces(void) {
 
 /* Products through cgrad's blocked driver (ops/gemm.c): several depth passes (k > 512), several
  * packed B blocks (n > 480, ragged), several A blocks (m > 3072), and a bias row (strides 1 and
- * 3) in place of beta, on 1 and 2 threads, against the triple loop. */
+ * 3) in place of beta, each also clamped at 0 (relu: on the last depth pass only, or the clamp
+ * would cut partial sums), on 1 and 2 threads, against the triple loop; the last shape (m < 32)
+ * goes to BLIS, whose relu is a pass after the product. */
 static void test_blocked(void) {
-    static const int64_t shapes[][3] = {{3100, 70, 1030}, {100, 1000, 600}, {45, 515, 97}};
+    static const int64_t shapes[][3] = {{3100, 70, 1030}, {100, 1000, 600}, {45, 515, 97}, {20, 300, 700}};
     cg_rng r;
     cg_rng_seed(&r, 5);
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
@@ -133,22 +136,30 @@ static void test_blocked(void) {
         for (int64_t i = 0; i < m * k; i++) a[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
         for (int64_t i = 0; i < k * n; i++) b[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
         for (int64_t i = 0; i < 3 * n; i++) bias[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
-        for (int bs = 0; bs <= 3; bs += 3) { /* no bias, then a bias read with stride 3 */
+        for (int v = 0; v < 4; v++) { /* no bias, then a bias read with stride 3; each without and with relu */
+            const int bs = v & 1 ? 3 : 0;
+            const bool relu = v >= 2;
             /* B as a linear's weight [n, k] seen transposed */
-            cgi_gemm_job j = {m, n, k, a, k, 1, b, 1, k, 0.75, 0, c, n, 1, bs ? bias : NULL, bs};
+            cgi_gemm_job j = {m, n, k, a, k, 1, b, 1, k, 0.75, 0, c, n, 1, bs ? bias : NULL, bs, relu};
             cgi_gemm_job ref = j;
             ref.c = want;
             naive(&ref, want);
-            if (bs)
-                for (int64_t i = 0; i < m; i++)
-                    for (int64_t q = 0; q < n; q++) want[i * n + q] += bias[q * bs];
+            int64_t neg = 0;
+            for (int64_t i = 0; i < m; i++)
+                for (int64_t q = 0; q < n; q++) {
+                    cg_real *wv = &want[i * n + q];
+                    if (bs) *wv += bias[q * bs];
+                    if (relu && *wv < 0) *wv = 0, neg++;
+                }
+            CHECK(!relu || (neg > m * n / 4 && neg < m * n * 3 / 4), "relu clamps %lld of %lld", (long long)neg,
+                  (long long)(m * n));
             for (int th = 1; th <= 2; th++) {
                 for (int64_t i = 0; i < m * n; i++) c[i] = NAN; /* beta 0 and the bias never read C */
                 cgi_gemm_many(&j, 1, th);
                 double worst = 0;
                 for (int64_t i = 0; i < m * n; i++) worst = fmax(worst, fabs((double)c[i] - (double)want[i]));
-                CHECK(worst < 1e-4, "[%lld,%lld,%lld] bias stride %d on %d threads: max error %g", (long long)m,
-                      (long long)n, (long long)k, bs, th, worst);
+                CHECK(worst < 1e-4, "[%lld,%lld,%lld] bias stride %d relu %d on %d threads: max error %g", (long long)m,
+                      (long long)n, (long long)k, bs, relu, th, worst);
             }
         }
         free(a), free(b), free(bias), free(c), free(want);
@@ -159,7 +170,7 @@ static void test_blocked(void) {
  * check fails otherwise); its result is right. */
 static void *product_on_thread(void *arg) {
     cg_real *c = arg, *a = c + 64 * 64, *b = a + 64 * 64;
-    cgi_gemm_job j = {64, 64, 64, a, 64, 1, b, 64, 1, 1, 0, c, 64, 1, NULL, 0};
+    cgi_gemm_job j = {64, 64, 64, a, 64, 1, b, 64, 1, 1, 0, c, 64, 1, NULL, 0, false};
     cgi_gemm_many(&j, 1, 1);
     return NULL;
 }
