@@ -2,27 +2,42 @@
  * forward and backward, over several row chunks, with ignored rows and strided weights. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "../cgrad.h"
 #include "check.h"
 
-static void run(bool fused, int64_t rows, int64_t d, int64_t v, bool bias, bool wt, double *loss, cg_real **grads) {
+typedef struct {
+    int64_t rows, d, v;
+    bool bias, wt;    /* a bias; the weight a transposed view */
+    bool bias_view;   /* the bias a strided view (every other element) */
+    int counted;      /* -1: about 70% of rows counted; else rows counted from the first, the rest ignored */
+    int threads;      /* 0: as set */
+} lce_case;
+
+static void run(bool fused, const lce_case *k, double *loss, cg_real **grads) {
+    const int64_t rows = k->rows, d = k->d, v = k->v;
+    if (k->threads) cg_set_threads(k->threads);
     cg_graph *g = cg_graph_new(CG_TRAIN);
     cg_rng r;
     cg_rng_seed(&r, 11);
     cg_tensor *x = cg_requires_grad(cg_input(g, "x", CG_REAL, 2, (int64_t[]){rows, d}));
-    cg_tensor *wl = cg_requires_grad(cg_input(g, "w", CG_REAL, 2, wt ? (int64_t[]){d, v} : (int64_t[]){v, d}));
-    cg_tensor *b = bias ? cg_requires_grad(cg_input(g, "b", CG_REAL, 1, (int64_t[]){v})) : NULL;
+    cg_tensor *wl = cg_requires_grad(cg_input(g, "w", CG_REAL, 2, k->wt ? (int64_t[]){d, v} : (int64_t[]){v, d}));
+    cg_tensor *bl = k->bias ? cg_requires_grad(cg_input(g, "b", CG_REAL, k->bias_view ? 2 : 1, (int64_t[]){v, 2})) : NULL;
     cg_fill_uniform(x, &r, -1, 1);
     cg_fill_uniform(wl, &r, -0.5, 0.5);
-    if (b) cg_fill_uniform(b, &r, -1, 1);
-    cg_tensor *w = wt ? cg_transpose(g, wl, 0, 1) : wl;
+    if (bl) cg_fill_uniform(bl, &r, -1, 1);
+    cg_tensor *w = k->wt ? cg_transpose(g, wl, 0, 1) : wl;
+    cg_tensor *b = bl && k->bias_view ? cg_squeeze(g, cg_slice(g, bl, 1, 1, 2), 1) : bl;
     cg_tensor *tg = cg_input(g, "t", CG_INT32, 1, (int64_t[]){rows});
-    for (int64_t i = 0; i < rows; i++) cg_idata(tg)[i] = (cg_rng_next(&r) % 10) < 3 ? -100 : (int32_t)(cg_rng_next(&r) % (uint64_t)v);
+    for (int64_t i = 0; i < rows; i++) {
+        const bool counted = k->counted < 0 ? (cg_rng_next(&r) % 10) >= 3 : i < k->counted;
+        cg_idata(tg)[i] = counted ? (int32_t)(cg_rng_next(&r) % (uint64_t)v) : -100;
+    }
     cg_tensor *l = fused ? cg_linear_cross_entropy(g, x, w, b, tg, -100) : cg_cross_entropy(g, cg_linear(g, x, w, b), tg, -100);
     CHECK(l && cg_graph_forward(g) == CG_OK && cg_graph_backward(g, l) == CG_OK, "%s", cg_last_error());
     *loss = cg_item(l);
-    cg_tensor *leaves[3] = {x, wl, b};
+    cg_tensor *leaves[3] = {x, wl, bl};
     for (int i = 0; i < 3; i++) {
         grads[i] = NULL;
         if (!leaves[i]) continue;
@@ -30,32 +45,64 @@ static void run(bool fused, int64_t rows, int64_t d, int64_t v, bool bias, bool 
         cg_read_grad(leaves[i], grads[i]);
     }
     cg_graph_free(g);
+    if (k->threads) cg_set_threads(0);
 }
 
-static void compare(const char *what, int64_t rows, int64_t d, int64_t v, bool bias, bool wt) {
+static void compare(const char *what, lce_case k) {
     double la, lb;
     cg_real *ga[3], *gb[3];
-    run(true, rows, d, v, bias, wt, &la, ga);
-    run(false, rows, d, v, bias, wt, &lb, gb);
+    run(true, &k, &la, ga);
+    run(false, &k, &lb, gb);
     CHECK(fabs(la - lb) <= 1e-5 * fabs(lb), "%s: loss %.8g vs %.8g", what, la, lb);
-    const int64_t n[3] = {rows * d, v * d, v};
+    const int64_t n[3] = {k.rows * k.d, k.v * k.d, k.bias_view ? 2 * k.v : k.v};
     for (int i = 0; i < 3; i++) {
         if (!ga[i]) continue;
         double worst = 0, big = 1e-30;
-        for (int64_t k = 0; k < n[i]; k++) {
-            worst = fmax(worst, fabs((double)ga[i][k] - (double)gb[i][k]));
-            big = fmax(big, fabs((double)gb[i][k]));
+        for (int64_t j = 0; j < n[i]; j++) {
+            worst = fmax(worst, fabs((double)ga[i][j] - (double)gb[i][j]));
+            big = fmax(big, fabs((double)gb[i][j]));
         }
-        CHECK(worst / big <= 2e-5, "%s: gradient %d differs by %g relative", what, i, worst / big);
+        /* all rows ignored: every gradient is exactly zero */
+        CHECK(k.counted == 0 ? worst == 0 && big == 1e-30 : worst / big <= 2e-5, "%s: gradient %d differs by %g relative",
+              what, i, worst / big);
         free(ga[i]);
         free(gb[i]);
     }
 }
 
+/* The fused op's slabs and partial sums depend on the shapes only: 1 and 2 threads give the same bits. */
+static void same_bits(const char *what, lce_case k) {
+    double l1, l2;
+    cg_real *g1[3], *g2[3];
+    k.threads = 1;
+    run(true, &k, &l1, g1);
+    k.threads = 2;
+    run(true, &k, &l2, g2);
+    CHECK(l1 == l2, "%s: loss %.9g at 1 thread, %.9g at 2", what, l1, l2);
+    const int64_t n[3] = {k.rows * k.d, k.v * k.d, k.v};
+    for (int i = 0; i < 3; i++) {
+        if (!g1[i]) continue;
+        CHECK(!memcmp(g1[i], g2[i], (size_t)n[i] * sizeof(cg_real)), "%s: gradient %d differs between 1 and 2 threads",
+              what, i);
+        free(g1[i]);
+        free(g2[i]);
+    }
+}
+
 int main(void) {
-    compare("1600 rows (about 1120 counted: 3 balanced chunks), bias", 1600, 32, 300, true, false);
-    compare("600 rows (one chunk, backward reuses forward's logits), bias", 600, 32, 300, true, false);
-    compare("257 rows, no bias, transposed weight view", 257, 16, 129, false, true);
-    compare("40 rows, one chunk", 40, 8, 50, true, false);
+    compare("1600 rows (about 1120 counted: 3 balanced chunks), bias", (lce_case){1600, 32, 300, true, false, false, -1, 0});
+    compare("600 rows (one chunk, backward reuses forward's logits), bias", (lce_case){600, 32, 300, true, false, false, -1, 0});
+    compare("257 rows, no bias, transposed weight view", (lce_case){257, 16, 129, false, true, false, -1, 0});
+    compare("40 rows, one chunk", (lce_case){40, 8, 50, true, false, false, -1, 0});
+    /* the fused path's slabs (at most 256 columns): 1000 columns are 4 of 256, 256, 256, 232; with
+     * 1100 rows, 2 chunks of about 385 rows, so backward recomputes a chunk slab by slab */
+    compare("1100 rows x 1000 classes: 4 slabs, 2 chunks, bias", (lce_case){1100, 40, 1000, true, false, false, -1, 0});
+    compare("13 classes: one slab narrower than a tile", (lce_case){30, 12, 13, true, false, false, -1, 0});
+    compare("strided bias view, transposed weight, 4 slabs", (lce_case){200, 24, 777, true, true, true, -1, 0});
+    compare("one counted row", (lce_case){50, 16, 600, true, false, false, 1, 0});
+    compare("every row ignored", (lce_case){50, 16, 600, true, false, false, 0, 0});
+    compare("513 counted rows: 2 chunks of 257 and 256", (lce_case){513, 16, 300, true, false, false, 513, 0});
+    same_bits("1100 rows x 1000 classes", (lce_case){1100, 40, 1000, true, false, false, -1, 0});
+    same_bits("300 rows x 2000 classes, one chunk", (lce_case){300, 64, 2000, true, false, false, -1, 0});
     TEST_END();
 }
