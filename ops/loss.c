@@ -150,7 +150,7 @@ typedef struct {
     int slots;                 /* per-thread scratch: the thread count at construction */
     int64_t sw, ns;            /* slab width and count */
     int64_t groups;            /* dX partial sums in backward */
-    size_t xa, st, pw, pw_one; /* aux: xs packed as A, slab stats [cap][ns][2], per-slot W packs */
+    size_t xa, st, zt, pw, pw_one; /* aux: xs packed as A, slab stats [cap][ns][2], target logits, W packs */
     size_t xb, dxp, slot, slot_one; /* bwd_aux: xs packed as B, dX partials, per-slot scratch */
     size_t pa_n, pb_n, pt_n;   /* a slot's parts (lce_bwd_fused) */
     size_t aux_reals, bwd_reals;
@@ -182,6 +182,7 @@ static void lce_layout(lce_params *p, int64_t cap, int64_t d, int64_t v) {
     size_t at = 0;
     p->xa = at, at += line_up(cgi_ukr_packed_a(&u, cap, d));
     p->st = at, at += line_up((size_t)(cap * p->ns * 2));
+    p->zt = at, at += line_up((size_t)cap);
     p->pw_one = line_up(cgi_ukr_packed_b(&u, d, p->sw));
     p->pw = at, at += (size_t)p->slots * p->pw_one;
     p->aux_reals = at;
@@ -284,9 +285,12 @@ static cg_real *lce_slab(const lce *c, int64_t s, int64_t *v0, int64_t *w) {
     return c->logits + s * c->t->iarg[2] * c->p->sw;
 }
 
-/* Slab s of the chunk's logits = xs W[v0:v0+w]^T + b for m rows, strip by strip; with st, each
- * row's max and sum of e^(z - max) over the slab go to st[(row * ns + s) * 2]. pw: the slot's W pack. */
-static void lce_slab_logits(const lce *c, int64_t m, int64_t s, cg_real *pw, cg_real *st) {
+/* Slab s of the chunk's logits = xs W[v0:v0+w]^T + b for its m rows from r0, strip by strip. With
+ * stats (forward), each row's max and sum of e^(z - max) over the slab go to st[(row * ns + s) * 2],
+ * its target's logit, if in the slab, to zt[row], and the slab keeps e^(z - max) in place of z:
+ * backward's softmax is then one product per element, e^(z - max) e^(max - lse), no exponential.
+ * pw: the slot's W pack. */
+static void lce_slab_logits(const lce *c, int64_t r0, int64_t m, int64_t s, cg_real *pw, bool stats) {
     const cgi_ukr *u = &c->u;
     const cg_real *xa = c->fused + c->p->xa;
     int64_t v0, w;
@@ -303,10 +307,13 @@ static void lce_slab_logits(const lce *c, int64_t m, int64_t s, cg_real *pw, cg_
                 for (int64_t j = 0; j < w; j++) z[j] += c->B[v0 + j];
             else if (c->B)
                 for (int64_t j = 0; j < w; j++) z[j] += c->B[(v0 + j) * c->bs];
-            if (!st) continue;
-            cg_real *o = st + ((i + r) * c->p->ns + s) * 2;
+            if (!stats) continue;
+            const int64_t k = c->tg[target_offset(c->t->src[2], (int64_t)c->index[r0 + i + r])] - v0;
+            if (k >= 0 && k < w) c->fused[c->p->zt + i + r] = z[k];
+            cg_real *o = c->fused + c->p->st + ((i + r) * c->p->ns + s) * 2;
             o[0] = cgi_row_max(z, w);
-            o[1] = o[0] == -INFINITY ? 0 : (cg_real)cgi_sum_exp(z, w, o[0], NULL);
+            if (o[0] == -INFINITY) memset(z, 0, (size_t)w * sizeof *z), o[1] = 0;
+            else o[1] = (cg_real)cgi_sum_exp(z, w, o[0], z);
         }
     }
 }
@@ -321,7 +328,7 @@ static void lce_logits(const lce *c, int64_t r0, int64_t m, bool bwd) {
         const int slots = lce_slots(c);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(slots) if (slots > 1 && p->ns > 1)
         for (int64_t s = 0; s < p->ns; s++)
-            lce_slab_logits(c, m, s, c->fused + p->pw + (size_t)omp_get_thread_num() * p->pw_one, st);
+            lce_slab_logits(c, r0, m, s, c->fused + p->pw + (size_t)omp_get_thread_num() * p->pw_one, true);
         for (int64_t i = 0; i < m; i++) { /* the slabs' partial sums, merged in slab order */
             const cg_real *o = st + i * p->ns * 2;
             cg_real mx = -INFINITY;
@@ -363,10 +370,8 @@ cg_status cgi_fwd_linear_cross_entropy(cg_tensor *t) {
 #pragma omp parallel for schedule(static) if (!c.p && m * c.v > CGI_PAR_MIN) num_threads(cgi_nthreads())
         for (int64_t i = 0; i < m; i++) {
             const int32_t k = T[target_offset(tgt, (int64_t)c.index[r0 + i])];
-            if (c.p) { /* the fused path has the log-sum-exp already */
-                int64_t v0, w;
-                const cg_real *zs = lce_slab(&c, k / c.p->sw, &v0, &w);
-                part[i] = c.lse[r0 + i] - zs[i * w + k - v0];
+            if (c.p) { /* the fused path has the log-sum-exp and the target's logit already */
+                part[i] = c.lse[r0 + i] - c.fused[c.p->zt + i];
                 continue;
             }
             const cg_real *z = c.logits + i * c.v;
@@ -396,7 +401,7 @@ static void lce_bwd_fused(const lce *c, int64_t r0, int64_t m, bool recompute, c
     const cgi_ukr *u = &c->u;
     const int64_t d = c->d, cap = c->t->iarg[2];
     const bool dx = x->requires_grad, dw = w->requires_grad, db = b && b->requires_grad;
-    cg_real *ba = align64(c->t->bwd_aux), *xb = ba + p->xb, *dxp = ba + p->dxp;
+    cg_real *ba = align64(c->t->bwd_aux), *xb = ba + p->xb, *dxp = ba + p->dxp, *st = c->fused + p->st;
     if (dw) cgi_ukr_pack_b(u, m, d, c->xs, d, 1, xb);
     const int slots = lce_slots(c);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(slots) if (slots > 1 && p->groups > 1)
@@ -408,12 +413,17 @@ static void lce_bwd_fused(const lce *c, int64_t r0, int64_t m, bool recompute, c
         for (int64_t s = s0; s < s1; s++) {
             int64_t v0, sw;
             cg_real *z0 = lce_slab(c, s, &v0, &sw);
-            if (recompute) lce_slab_logits(c, m, s, c->fused + p->pw + (size_t)me * p->pw_one, NULL);
+            if (recompute) lce_slab_logits(c, r0, m, s, c->fused + p->pw + (size_t)me * p->pw_one, false);
             if (db) memset(cs, 0, (size_t)sw * sizeof *cs);
-            for (int64_t i = 0; i < m; i++) { /* logits -> d(loss)/d(logits) in place */
+            for (int64_t i = 0; i < m; i++) { /* logits (or forward's e^(z - max)) -> d(loss)/d(logits) in place */
                 cg_real *z = z0 + i * sw;
-                const cg_real l = c->lse[r0 + i];
-                for (int64_t j = 0; j < sw; j++) z[j] = gscale * cgi_exp(z[j] - l);
+                const cg_real l = c->lse[r0 + i], *o = st + (i * p->ns + s) * 2;
+                if (recompute)
+                    for (int64_t j = 0; j < sw; j++) z[j] = gscale * cgi_exp(z[j] - l);
+                else {
+                    const cg_real f = gscale * (cg_real)exp((double)o[0] - l);
+                    for (int64_t j = 0; j < sw; j++) z[j] *= f;
+                }
                 const int64_t k = c->tg[target_offset(tgt, (int64_t)c->index[r0 + i])] - v0;
                 if (k >= 0 && k < sw) z[k] -= gscale;
                 if (db)
