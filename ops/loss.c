@@ -394,8 +394,9 @@ static void lce_bias_grad(const lce *c, cg_tensor *b, int64_t m) {
     }
 }
 
-/* The fused path's backward over one chunk of m rows from r0 (logits in place unless recompute). */
-static void lce_bwd_fused(const lce *c, int64_t r0, int64_t m, bool recompute, cg_real gscale) {
+/* The fused path's backward over one chunk of m rows from r0 (logits in place unless recompute);
+ * w_assign: dW is written, not added to (its first writer since zero_grad). */
+static void lce_bwd_fused(const lce *c, int64_t r0, int64_t m, bool recompute, cg_real gscale, bool w_assign) {
     cg_tensor *x = c->t->src[0], *w = c->t->src[1], *tgt = c->t->src[2], *b = c->t->nsrc > 3 ? c->t->src[3] : NULL;
     const lce_params *p = c->p;
     const cgi_ukr *u = &c->u;
@@ -436,10 +437,10 @@ static void lce_bwd_fused(const lce *c, int64_t r0, int64_t m, bool recompute, c
                 cgi_ukr_pack_b(u, sw, d, c->W + v0 * c->wr, c->wr, c->wc, pb);
                 cgi_ukr_gemm(u, m, d, sw, 1, pa, sw, pb, sw, s == s0 ? 0 : 1, dxg, d, 1, CGI_UKR_FULL, CGI_UKR_FULL);
             }
-            if (dw) { /* dW[slab] += dlogits[:, slab]^T @ xs */
+            if (dw) { /* dW[slab] (+)= dlogits[:, slab]^T @ xs */
                 cgi_ukr_pack_a(u, sw, m, z0, 1, sw, pt);
-                cgi_ukr_gemm(u, sw, d, m, 1, pt, m, xb, m, 1, w->grad + v0 * w->stride[0], w->stride[0], w->stride[1],
-                             CGI_UKR_FULL, CGI_UKR_FULL);
+                cgi_ukr_gemm(u, sw, d, m, 1, pt, m, xb, m, w_assign ? 0 : 1, w->grad + v0 * w->stride[0], w->stride[0],
+                             w->stride[1], CGI_UKR_FULL, CGI_UKR_FULL);
             }
         }
     }
@@ -483,7 +484,8 @@ void cgi_bwd_linear_cross_entropy(cg_tensor *t) {
         const int64_t r0 = (nch - 1 - q) * step, m = c.n - r0 < step ? c.n - r0 : step;
         if (c.p) {
             if (q > 0) lce_gather(&c, r0, m);
-            lce_bwd_fused(&c, r0, m, q > 0, gscale);
+            lce_bwd_fused(&c, r0, m, q > 0, gscale, w_assign);
+            w_assign = false;
             continue;
         }
         if (q > 0) lce_logits(&c, r0, m, true);

@@ -89,6 +89,41 @@ static void same_bits(const char *what, lce_case k) {
     }
 }
 
+/* Parameters' gradients are zeroed lazily (cg_params_zero_grad marks them stale): the op's dW is
+ * then assigned on its first write. After zero_grad a second pass reads exactly the first's
+ * gradients; without it, twice them (one chunk: the same products added once more). */
+static void lazy_zero(int64_t rows, int64_t v) {
+    cg_params *ps = cg_params_new();
+    const int64_t d = 24;
+    cg_tensor *w = cg_params_add(ps, "w", 2, (int64_t[]){v, d}), *b = cg_params_add(ps, "b", 1, (int64_t[]){v});
+    cg_rng r;
+    cg_rng_seed(&r, 5);
+    cg_fill_uniform(w, &r, -0.5, 0.5);
+    cg_fill_uniform(b, &r, -1, 1);
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    cg_tensor *x = cg_input(g, "x", CG_REAL, 2, (int64_t[]){rows, d}), *tg = cg_input(g, "t", CG_INT32, 1, (int64_t[]){rows});
+    cg_fill_uniform(x, &r, -1, 1);
+    for (int64_t i = 0; i < rows; i++) cg_idata(tg)[i] = i % 4 == 3 ? -100 : (int32_t)(cg_rng_next(&r) % (uint64_t)v);
+    cg_tensor *l = cg_linear_cross_entropy(g, x, w, b, tg, -100);
+    const int64_t n = v * d + v;
+    cg_real *first = malloc((size_t)n * sizeof *first), *got = malloc((size_t)n * sizeof *got);
+    CHECK(l && !cg_graph_forward(g) && !cg_graph_backward(g, l), "%s", cg_last_error());
+    cg_read_grad(w, first), cg_read_grad(b, first + v * d);
+    cg_params_zero_grad(ps);
+    CHECK(!cg_graph_forward(g) && !cg_graph_backward(g, l), "%s", cg_last_error());
+    cg_read_grad(w, got), cg_read_grad(b, got + v * d);
+    CHECK(!memcmp(first, got, (size_t)n * sizeof *got), "rows %lld: gradients after a lazy zero_grad differ from the first pass",
+          (long long)rows);
+    CHECK(!cg_graph_forward(g) && !cg_graph_backward(g, l), "%s", cg_last_error());
+    cg_read_grad(w, got), cg_read_grad(b, got + v * d);
+    int64_t twice = 0;
+    for (int64_t i = 0; i < n; i++) twice += got[i] == 2 * first[i];
+    CHECK(rows > 512 || twice == n, "rows %lld: %lld of %lld gradients doubled", (long long)rows, (long long)twice, (long long)n);
+    free(first), free(got);
+    cg_graph_free(g);
+    cg_params_free(ps);
+}
+
 int main(void) {
     compare("1600 rows (about 1120 counted: 3 balanced chunks), bias", (lce_case){1600, 32, 300, true, false, false, -1, 0});
     compare("600 rows (one chunk, backward reuses forward's logits), bias", (lce_case){600, 32, 300, true, false, false, -1, 0});
@@ -104,5 +139,7 @@ int main(void) {
     compare("513 counted rows: 2 chunks of 257 and 256", (lce_case){513, 16, 300, true, false, false, 513, 0});
     same_bits("1100 rows x 1000 classes", (lce_case){1100, 40, 1000, true, false, false, -1, 0});
     same_bits("300 rows x 2000 classes, one chunk", (lce_case){300, 64, 2000, true, false, false, -1, 0});
+    lazy_zero(100, 600);
+    lazy_zero(1000, 300);
     TEST_END();
 }
