@@ -235,9 +235,7 @@ static void linear_fwd_float(cg_tensor *t, bool relu) {
 }
 
 cg_status cgi_fwd_linear(cg_tensor *t) {
-    cg_tensor *x = t->src[0], *w = t->src[1], *bias = t->nsrc > 2 ? t->src[2] : NULL;
-    const int64_t m = rows_of(x), n = w->shape[0];
-    cg_real *c = t->data;
+    cg_tensor *x = t->src[0], *w = t->src[1];
     if (cgi_lp_on(t)) {
         if (cgi_lp_linear_fwd(t)) return CG_OK;
         /* the float products below would read an input that exists only in bf16 */
