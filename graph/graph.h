@@ -275,7 +275,7 @@ int64_t cg_params_span(const cg_params *ps);
 /* Marks the set's values as changed, so bf16 copies of them are remade before their next use.
  * Optimizers, cg_write, cg_fill and cg_data (which hands out writable storage) call it. */
 void cg_params_touch(cg_params *ps);
-/* Zeroes every gradient of the set. */
+/* Zeroes every gradient of the set (lazily: the next backward overwrites instead of adding). */
 void cg_params_zero_grad(cg_params *ps);
 /* Freezes (false) or unfreezes (true) a parameter; call before building graphs that use it: backward
  * on a graph built while it was frozen fails with a message (rebuild it). */
