@@ -242,6 +242,9 @@ typedef struct {
 } cgi_team_counts;
 /* Counts since the process began, for tests and the bench. */
 void cgi_team_stats(cgi_team_counts *c);
+/* Tests: thread 0 waits (up to 100 ms) for a helper to claim each task's first piece, so a loaded
+ * machine that keeps the helpers switched out cannot leave them without work to check. */
+void cgi_team_wait_for_helpers(bool on);
 /* Chooses BLIS's kernel set (graph/kernels.c) once; call before BLIS's first use. */
 void cgi_blis_init(void);
 enum { CGI_CPU_AVX2_FMA = 1, CGI_CPU_AVX512 = 2, CGI_CPU_AMD = 4 };

@@ -67,6 +67,7 @@ static _Thread_local team *my_team;   /* on thread 0 of an open team */
 static _Thread_local bool in_span;    /* on thread 0 inside cg_run_with_team, with or without helpers */
 static int guard_mode = -1;           /* CGI_TEAM_GUARD_*, from CGRAD_TEAM_GUARD once */
 static _Atomic long long stat_on, stat_off, stat_helper_pieces, stat_stalls;
+static _Atomic bool wait_for_helpers; /* tests: thread 0 leaves each task's first piece to a helper */
 
 static int guard(void) {
     if (guard_mode < 0) {
@@ -91,6 +92,8 @@ void cgi_team_stats(cgi_team_counts *c) {
     c->helper_pieces = atomic_load(&stat_helper_pieces);
     c->stalls = atomic_load(&stat_stalls);
 }
+
+void cgi_team_wait_for_helpers(bool on) { atomic_store(&wait_for_helpers, on); }
 
 bool cgi_team_on(void) { return in_span; }
 
@@ -133,6 +136,10 @@ void cgi_team_pieces(void (*fn)(void *ctx, int piece), void *ctx, int pieces) {
     atomic_store_explicit(&tm->finished, 0, memory_order_relaxed);
     const uint64_t task = (atomic_load_explicit(&tm->claim, memory_order_relaxed) >> 32) + 1;
     atomic_store_explicit(&tm->claim, task << 32 | (uint64_t)pieces << 16, memory_order_release); /* publishes fn, ctx */
+    if (atomic_load_explicit(&wait_for_helpers, memory_order_relaxed)) /* a napping helper wakes within 1 ms */
+        for (const double t0 = omp_get_wtime();
+             !(atomic_load_explicit(&tm->claim, memory_order_acquire) & 0xffff) && omp_get_wtime() - t0 < 0.1;)
+            sched_yield();
     const int mine = take_pieces(tm, task);
     if (mine < pieces) atomic_fetch_add_explicit(&stat_helper_pieces, pieces - mine, memory_order_relaxed);
     if (atomic_load_explicit(&tm->finished, memory_order_acquire) >= pieces) return;

@@ -154,6 +154,7 @@ static cg_status pieces_tasks(void *ctx) {
 
 static void test_team_pieces(void) {
     cgi_team_set_guard(CGI_TEAM_GUARD_ON);
+    cgi_team_wait_for_helpers(true); /* else a loaded machine may keep the helpers switched out */
     cg_set_threads(2);
     piece_log l = {.bad = 0};
     for (int attempt = 0; attempt < 100 && !atomic_load(&l.by_helpers); attempt++)
@@ -161,6 +162,7 @@ static void test_team_pieces(void) {
     CHECK(l.bad == 0, "%d pieces were not done exactly once when cgi_team_pieces returned", l.bad);
     CHECK(atomic_load(&l.by_helpers) > 0, "the helper took no piece in 100 spans");
     cgi_team_set_guard(CGI_TEAM_GUARD_AUTO);
+    cgi_team_wait_for_helpers(false);
     cg_set_threads(0);
 }
 
@@ -185,6 +187,7 @@ static void test_team_products_match_one_thread(void) {
     CHECK(cg_run_with_team(chain_runs, &c) == CG_OK, "%s", cg_last_error());
     /* helpers always on: they must take pieces, and the result must not depend on who did which */
     cgi_team_set_guard(CGI_TEAM_GUARD_ON);
+    cgi_team_wait_for_helpers(true); /* else a loaded machine may keep the helpers switched out */
     cg_set_threads(2);
     c.y = team;
     long long pieces = 0;
@@ -200,6 +203,7 @@ static void test_team_products_match_one_thread(void) {
     }
     CHECK(pieces > 0, "the helpers took no piece in 100 spans of 60 runs");
     cgi_team_set_guard(CGI_TEAM_GUARD_AUTO);
+    cgi_team_wait_for_helpers(false);
     cg_set_threads(0);
     cg_params_free(ps);
 }
@@ -267,6 +271,7 @@ static void test_team_attention(void) {
         }
         CHECK(worst < 1e-5, "Tk %lld: one thread is %.3g from the double-precision reference", (long long)tk, worst);
         cgi_team_set_guard(CGI_TEAM_GUARD_ON);
+        cgi_team_wait_for_helpers(true); /* else a loaded machine may keep the helpers switched out */
         cg_set_threads(2);
         a.y = team, a.runs = 20;
         long long pieces = 0;
@@ -279,6 +284,7 @@ static void test_team_attention(void) {
         }
         CHECK(pieces > 0, "Tk %lld: the helpers took no head in 100 spans of 20 runs", (long long)tk);
         cgi_team_set_guard(CGI_TEAM_GUARD_AUTO);
+        cgi_team_wait_for_helpers(false);
         cg_set_threads(0);
     }
 }
@@ -323,6 +329,7 @@ static void test_team_generation(void) {
         }
     }
     cgi_team_set_guard(CGI_TEAM_GUARD_AUTO);
+    cgi_team_wait_for_helpers(false);
     cg_set_threads(0);
     cg_model_free(m);
     cg_params_free(ps);
