@@ -459,6 +459,12 @@ void cgi_grad_prepare(cg_tensor *x) {
     if (cgi_grad_begin(x)) cgi_zero(x->grad, (size_t)cgi_numel(x->ndim, x->shape) * sizeof(cg_real));
 }
 
+bool cgi_grad_claim(cg_tensor *x, bool can_assign) {
+    if (can_assign) return cgi_grad_begin(x);
+    cgi_grad_prepare(x);
+    return false;
+}
+
 /* ---- gradient aliasing ---- */
 
 /* Whether delta = sum_d k_d * st[d] for integers lo[d] <= k_d <= hi[d], strides in decreasing order

@@ -276,6 +276,8 @@ static inline bool cgi_par(int64_t work) { return work > CGI_PAR_MIN && cgi_nthr
 bool cgi_grad_begin(cg_tensor *x);
 /* As cgi_grad_begin for a rule that only adds into x's gradient: zeroes it if nothing has written it. */
 void cgi_grad_prepare(cg_tensor *x);
+/* cgi_grad_begin when the rule can assign, else cgi_grad_prepare: true when it may write, not add. */
+bool cgi_grad_claim(cg_tensor *x, bool can_assign);
 /* Zeroes a parameter's stale gradient (cg_params_zero_grad defers it to the first reader or writer). */
 void cgi_param_settle(cg_tensor *p);
 /* Settles parameters first .. first + n - 1 of the set (n < 0: all). */

@@ -459,11 +459,7 @@ void cgi_bwd_linear_cross_entropy(cg_tensor *t) {
     cg_tensor *x = t->src[0], *w = t->src[1], *tgt = t->src[2], *b = t->nsrc > 3 ? t->src[3] : NULL;
     /* the op claims every input (CGI_GRAD_CLAIMS_ALL): dW's first writer since zero_grad takes beta 0
      * on its first chunk; bf16's products add, so they get it zeroed */
-    bool w_assign = w->requires_grad && cgi_grad_begin(w);
-    if (w_assign && cgi_lp_on(t)) {
-        cgi_zero(w->grad, (size_t)cgi_numel(w->ndim, w->shape) * sizeof(cg_real));
-        w_assign = false;
-    }
+    bool w_assign = w->requires_grad && cgi_grad_claim(w, !cgi_lp_on(t));
     if (x->requires_grad) cgi_grad_prepare(x);
     if (b && b->requires_grad) cgi_grad_prepare(b);
     lce c;

@@ -295,11 +295,7 @@ static void linear_bwd(cg_tensor *t, const cg_real *dy, bool with_bias) {
     const bool assign = x->requires_grad && cgi_grad_begin(x); /* dX's first writer: beta 0, no zeroing */
     /* the op claims every input (CGI_GRAD_CLAIMS_ALL): dW's first writer since zero_grad assigns too */
     const bool lp_on = cgi_lp_on(t) && t->op == CGI_OP_LINEAR;
-    bool w_assign = w->requires_grad && cgi_grad_begin(w);
-    if (w_assign && lp_on) { /* bf16's products add into dW */
-        cgi_zero(w->grad, (size_t)cgi_numel(w->ndim, w->shape) * sizeof(cg_real));
-        w_assign = false;
-    }
+    bool w_assign = w->requires_grad && cgi_grad_claim(w, !lp_on); /* bf16's products add into dW */
     if (bias && bias->requires_grad) cgi_grad_prepare(bias);
     /* bf16: the bias first, as the products may turn dY into bf16 in place; then both products */
     if (lp_on && bias && bias->requires_grad) bias_grad(t, bias, m, n);
