@@ -278,6 +278,13 @@ bool cgi_grad_begin(cg_tensor *x);
 void cgi_grad_prepare(cg_tensor *x);
 /* cgi_grad_begin when the rule can assign, else cgi_grad_prepare: true when it may write, not add. */
 bool cgi_grad_claim(cg_tensor *x, bool can_assign);
+/* row[j] += bias[j * bs] for j < n; the contiguous case apart, so it vectorises. */
+static inline void cgi_add_bias_row(cg_real *row, const cg_real *bias, int64_t bs, int64_t n) {
+    if (bs == 1)
+        for (int64_t j = 0; j < n; j++) row[j] += bias[j];
+    else
+        for (int64_t j = 0; j < n; j++) row[j] += bias[j * bs];
+}
 /* Zeroes a parameter's stale gradient (cg_params_zero_grad defers it to the first reader or writer). */
 void cgi_param_settle(cg_tensor *p);
 /* Settles parameters first .. first + n - 1 of the set (n < 0: all). */

@@ -488,10 +488,7 @@ static void blk_macro(const cgi_ukr *u, int64_t m, int64_t nb, int64_t kc, cg_re
                      CGI_UKR_FULL, CGI_UKR_FULL);
         for (int64_t r = 0; (bias || relu) && r < mi; r++) {
             cg_real *row = cr + r * rsc;
-            if (bias && bs == 1) /* the contiguous case apart, so it vectorises */
-                for (int64_t jj = 0; jj < nb; jj++) row[jj] += bias[jj];
-            else if (bias)
-                for (int64_t jj = 0; jj < nb; jj++) row[jj] += bias[jj * bs];
+            if (bias) cgi_add_bias_row(row, bias, bs, nb);
             if (relu) /* as cg_relu: NaN to 0 */
                 for (int64_t jj = 0; jj < nb; jj++) row[jj] = row[jj] > 0 ? row[jj] : 0;
         }

@@ -303,10 +303,7 @@ static void lce_slab_logits(const lce *c, int64_t r0, int64_t m, int64_t s, cg_r
                      CGI_UKR_FULL);
         for (int64_t r = 0; r < mi; r++) {
             cg_real *z = z0 + r * w;
-            if (c->B && c->bs == 1) /* the contiguous case apart, so it vectorises */
-                for (int64_t j = 0; j < w; j++) z[j] += c->B[v0 + j];
-            else if (c->B)
-                for (int64_t j = 0; j < w; j++) z[j] += c->B[(v0 + j) * c->bs];
+            if (c->B) cgi_add_bias_row(z, c->B + v0 * c->bs, c->bs, w);
             if (!stats) continue;
             const int64_t k = c->tg[target_offset(c->t->src[2], (int64_t)c->index[r0 + i + r])] - v0;
             if (k >= 0 && k < w) c->fused[c->p->zt + i + r] = z[k];
