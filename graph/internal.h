@@ -180,6 +180,12 @@ cg_status cgi_ckpt_recompute(cg_graph *g, int lo, int hi);
 void cgi_ckpt_restore(cg_graph *g, int lo, int hi);
 /* Runs node t's forward kernel (profiled, and nudged under a gradient check). */
 cg_status cgi_run_forward(cg_graph *g, cg_tensor *t);
+/* Re-points every view at its root's value and gradient: parameter storage may move between runs. */
+void cgi_resolve_views(cg_graph *g);
+/* Whether CGRAD_PROFILE asks for per-op kernel times. */
+bool cgi_profiling(void);
+/* Records node t's kernel time since t0 for pass 0 (forward) or 1 (backward). */
+void cgi_profile_node(cg_tensor *t, int pass, double t0);
 
 /* ---- errors: the library's short names for public calls (graph.h) ---- */
 #define cgi_fail cg_set_error    /* sets the message, returns the status */

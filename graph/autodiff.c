@@ -1,0 +1,247 @@
+/* Reverse mode: the backward sweep over a built graph, and the bookkeeping of who writes a gradient
+ * first (assigns it) and who adds into it, including which views of one buffer can alias. */
+#include "graph/internal.h"
+
+#include <omp.h>
+
+void cgi_param_settle(cg_tensor *p) {
+    if (!p->grad_stale) return;
+    cgi_zero(p->grad, (size_t)cgi_numel(p->ndim, p->shape) * sizeof(cg_real));
+    p->grad_stale = false;
+}
+
+/* Gradients share memory with other buffers, so each is zeroed just before its first write; a
+ * parameter's, only when cg_params_zero_grad left it stale (later passes add to it). */
+static void zero_once(cg_tensor *t) {
+    cg_tensor *r = t->root;
+    if (r->op == CGI_OP_PARAM) {
+        cgi_param_settle(r);
+        return;
+    }
+    if (r->grad_epoch == r->graph->epoch || r->grad_in_value) return;
+    cgi_zero(r->grad, (size_t)cgi_numel(r->ndim, r->shape) * sizeof(cg_real));
+    r->grad_epoch = r->graph->epoch;
+}
+
+/* Whether view x holds every element of its root exactly once (the root itself, or a transpose:
+ * GPT-2's Conv1D weights are read as one), so a rule writing all of x writes all of the root. */
+static bool covers_root(const cg_tensor *x) {
+    const cg_tensor *r = x->root;
+    if (x->offset != 0 || cgi_numel(x->ndim, x->shape) != cgi_numel(r->ndim, r->shape)) return false;
+    int64_t next = 1; /* the dims by increasing stride must tile [0, numel) */
+    bool used[CG_MAX_DIMS] = {false};
+    for (int n = 0; n < x->ndim; n++) {
+        int d = -1;
+        for (int e = 0; e < x->ndim; e++)
+            if (!used[e] && x->shape[e] > 1 && x->stride[e] == next) d = e;
+        if (d < 0) break;
+        used[d] = true;
+        next *= x->shape[d];
+    }
+    return next == cgi_numel(x->ndim, x->shape);
+}
+
+bool cgi_grad_begin(cg_tensor *x) {
+    cg_tensor *r = x->root;
+    if (r->op == CGI_OP_PARAM && r->grad_stale && covers_root(x)) { /* its first writer since cg_params_zero_grad */
+        r->grad_stale = false;
+        return true;
+    }
+    if (x->root == x && x->op != CGI_OP_PARAM && !x->grad_in_value && x->grad_epoch != x->graph->epoch) {
+        x->grad_epoch = x->graph->epoch;
+        return true;
+    }
+    zero_once(x);
+    return false;
+}
+
+void cgi_grad_prepare(cg_tensor *x) {
+    if (cgi_grad_begin(x)) cgi_zero(x->grad, (size_t)cgi_numel(x->ndim, x->shape) * sizeof(cg_real));
+}
+
+bool cgi_grad_claim(cg_tensor *x, bool can_assign) {
+    if (can_assign) return cgi_grad_begin(x);
+    cgi_grad_prepare(x);
+    return false;
+}
+
+/* ---- gradient aliasing ---- */
+
+/* Whether delta = sum_d k_d * st[d] for integers lo[d] <= k_d <= hi[d], strides in decreasing order
+ * and positive; reach_lo/hi[d] bound what dims d.. can still add. Tries the few k_d that leave a
+ * remainder the smaller strides can reach; *budget caps the search (out of budget: true). */
+static bool offset_reachable(int64_t delta, int d, int nd, const int64_t *st, const int64_t *lo, const int64_t *hi,
+                             const int64_t *reach_lo, const int64_t *reach_hi, int *budget) {
+    if (d == nd) return delta == 0;
+    if (--*budget < 0) return true;
+    const int64_t rlo = d + 1 < nd ? reach_lo[d + 1] : 0, rhi = d + 1 < nd ? reach_hi[d + 1] : 0;
+    /* delta - k st in [rlo, rhi]  <=>  k in [ceil((delta - rhi) / st), floor((delta - rlo) / st)] */
+    int64_t a = delta - rhi, b = delta - rlo;
+    int64_t kmin = a >= 0 ? (a + st[d] - 1) / st[d] : -((-a) / st[d]);
+    int64_t kmax = b >= 0 ? b / st[d] : -((-b + st[d] - 1) / st[d]);
+    if (kmin < lo[d]) kmin = lo[d];
+    if (kmax > hi[d]) kmax = hi[d];
+    for (int64_t k = kmin; k <= kmax; k++)
+        if (offset_reachable(delta - k * st[d], d + 1, nd, st, lo, hi, reach_lo, reach_hi, budget)) return true;
+    return false;
+}
+
+/* Lowest and highest element of t's root storage that t covers (strides are never negative). */
+static void extent(const cg_tensor *t, int64_t *lo, int64_t *hi) {
+    *lo = *hi = t->offset;
+    for (int d = 0; d < t->ndim; d++) *hi += (t->shape[d] - 1) * t->stride[d];
+}
+
+bool cgi_same_view(const cg_tensor *a, const cg_tensor *b) {
+    if (a->root != b->root || a->offset != b->offset || a->ndim != b->ndim) return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d] || (a->shape[d] > 1 && a->stride[d] != b->stride[d])) return false;
+    return true;
+}
+
+bool cgi_grads_alias(const cg_tensor *a, const cg_tensor *b) {
+    if (!a || !b || !a->requires_grad || !b->requires_grad || a->root != b->root) return false;
+    if (cgi_numel(a->ndim, a->shape) == 0 || cgi_numel(b->ndim, b->shape) == 0) return false;
+    int64_t alo, ahi, blo, bhi;
+    extent(a, &alo, &ahi);
+    extent(b, &blo, &bhi);
+    if (ahi < blo || bhi < alo) return false;
+    /* Overlapping spans may still interleave without touching (q, k and v heads cut from one
+     * projection): with the same strides, an element is shared iff b's offset minus a's is a sum of
+     * strides times index differences within both shapes. Other layouts: assume they touch. */
+    if (a->ndim != b->ndim) return true;
+    int nd = 0, order[CG_MAX_DIMS];
+    for (int d = 0; d < a->ndim; d++) {
+        if (a->shape[d] == 1 && b->shape[d] == 1) continue;
+        if (a->stride[d] != b->stride[d] || a->stride[d] <= 0) return true;
+        order[nd++] = d;
+    }
+    for (int i = 1; i < nd; i++) /* decreasing stride */
+        for (int j = i; j > 0 && a->stride[order[j]] > a->stride[order[j - 1]]; j--) {
+            int tmp = order[j];
+            order[j] = order[j - 1], order[j - 1] = tmp;
+        }
+    int64_t st[CG_MAX_DIMS], lo[CG_MAX_DIMS], hi[CG_MAX_DIMS], rlo[CG_MAX_DIMS], rhi[CG_MAX_DIMS];
+    for (int i = 0; i < nd; i++) { /* a's index minus b's: from -(b's size - 1) to a's size - 1 */
+        st[i] = a->stride[order[i]];
+        lo[i] = -(b->shape[order[i]] - 1);
+        hi[i] = a->shape[order[i]] - 1;
+    }
+    for (int i = nd - 1; i >= 0; i--) {
+        rlo[i] = lo[i] * st[i] + (i + 1 < nd ? rlo[i + 1] : 0);
+        rhi[i] = hi[i] * st[i] + (i + 1 < nd ? rhi[i + 1] : 0);
+    }
+    int budget = 4096;
+    return offset_reachable(b->offset - a->offset, 0, nd, st, lo, hi, rlo, rhi, &budget);
+}
+
+static bool runs_backward(const cg_tensor *t) { return t->mark && t->requires_grad && cgi_ops[t->op].backward; }
+
+/* For each parameter, the smallest id among the nodes whose rules add to its gradient: the sweep
+ * runs in reverse, so that rule is the last, and the gradient is final once it has run. */
+static void ready_plan(cg_graph *g, cg_tensor *loss) {
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = pass ? loss->id : 0; pass ? i >= 0 : i <= loss->id; pass ? i-- : i++) {
+            cg_tensor *t = g->nodes[i];
+            if (!runs_backward(t)) continue;
+            for (int k = 0; k < t->nsrc; k++) {
+                cg_tensor *p = t->src[k]->root;
+                if (p->op == CGI_OP_PARAM && t->src[k]->requires_grad) p->ready_at = pass ? i : -1;
+            }
+        }
+}
+
+/* Runs node i's backward rule and reports parameters whose gradient it made final. */
+static void backward_node(cg_graph *g, cg_tensor *t, int i) {
+    const unsigned claims = cgi_ops[t->op].bwd_grad; /* a rule that claims an input zeroes it itself if it must */
+    for (int k = 0; k < t->nsrc; k++)
+        if (t->src[k]->requires_grad && !(claims & CGI_GRAD_CLAIMS_ALL) && !(k == 0 && (claims & CGI_GRAD_CLAIMS_SRC0)))
+            zero_once(t->src[k]);
+    double t0 = cgi_profiling() ? omp_get_wtime() : 0;
+    cgi_ops[t->op].backward(t);
+    if (t0 > 0) cgi_profile_node(t, 1, t0);
+    if (g->ready_fn)
+        for (int k = 0; k < t->nsrc; k++) {
+            cg_tensor *p = t->src[k]->root;
+            if (p->op == CGI_OP_PARAM && t->src[k]->requires_grad && p->ready_at == i) {
+                p->ready_at = -1; /* once, even if this node reads it twice */
+                g->ready_fn(p, g->ready_ctx);
+            }
+        }
+}
+
+cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
+    if (!g) return cgi_fail(CG_ERR_ARG, "[backward] graph is NULL");
+    if (!loss) /* keep the message of the op that failed to build it, if there is one */
+        return cg_last_error()[0] ? CG_ERR_ARG : cgi_fail(CG_ERR_ARG, "[backward] loss is NULL");
+    if (g->mode != CG_TRAIN) return cgi_fail(CG_ERR_STATE, "[backward] graph was built in eval mode");
+    if (loss->graph != g) return cgi_fail(CG_ERR_ARG, "[backward] loss belongs to another graph");
+    if (cgi_numel(loss->ndim, loss->shape) != 1 || loss->dtype != CG_REAL)
+        return cgi_fail(CG_ERR_SHAPE, "[backward] loss must be a real scalar, got %s", cgi_shp(loss));
+    for (int i = 0; i <= loss->id; i++) { /* whether a gradient flows was fixed when each op was built */
+        const cg_tensor *t = g->nodes[i];
+        for (int k = 0; k < t->nsrc; k++)
+            if (t->src[k]->op == CGI_OP_PARAM && t->src[k]->requires_grad && !t->requires_grad)
+                return cgi_fail(CG_ERR_STATE, "[backward] parameter '%s'%s was made trainable after %s%s was built on it: "
+                                "rebuild the graph", cg_name(t->src[k]), cgi_shp(t->src[k]), cgi_ops[t->op].name, cgi_shp(t));
+    }
+    if (!loss->requires_grad)
+        return cgi_fail(CG_ERR_STATE, "[backward] loss depends on no trainable parameter or input");
+    if (!g->planned || !g->ran_forward) return cgi_fail(CG_ERR_STATE, "[backward] run cg_graph_forward first");
+    cgi_resolve_views(g);
+    g->epoch++;
+
+    for (int i = 0; i <= loss->id; i++) g->nodes[i]->mark = false;
+    loss->mark = true;
+    for (int i = loss->id; i >= 0; i--) {
+        cg_tensor *t = g->nodes[i];
+        if (!t->mark) continue;
+        for (int k = 0; k < t->nsrc; k++)
+            if (t->src[k]->requires_grad) t->src[k]->mark = true;
+    }
+    if (g->ready_fn) ready_plan(g, loss);
+    zero_once(loss);
+    loss->grad[0] += 1;
+    const int was = cgi_run_begin(cgi_run_threads(g->work));
+    int seg_lo = -1, seg_hi = -1; /* the checkpoint segment whose recomputed values are swapped in */
+    for (int i = loss->id; i >= 0; i--) {
+        cg_tensor *t = g->nodes[i];
+        if (t->seg && (i == loss->id || g->nodes[i + 1]->seg != t->seg)) { /* entering a segment */
+            int lo = i;
+            while (lo > 0 && g->nodes[lo - 1]->seg == t->seg) lo--;
+            bool needed = false, runs = false;
+            for (int j = lo; j <= i; j++) needed |= g->nodes[j]->recompute, runs |= runs_backward(g->nodes[j]);
+            if (needed && runs) {
+                cg_status s = cgi_ckpt_recompute(g, lo, i);
+                if (s) {
+                    cgi_ckpt_restore(g, lo, i);
+                    g->ran_forward = false;
+                    cgi_run_end(was);
+                    return s;
+                }
+                seg_lo = lo, seg_hi = i;
+            }
+        }
+        if (runs_backward(t)) backward_node(g, t, i);
+        if (i == seg_lo) {
+            cgi_ckpt_restore(g, seg_lo, seg_hi);
+            seg_lo = -1;
+        }
+    }
+    /* Gradients the caller can read but that this loss does not reach (inputs it ignores, retained
+     * nodes off its path, nodes built after it) hold the last pass's values or recycled memory
+     * otherwise: they are zero, as the derivative is. */
+    for (int i = 0; i < g->n; i++) {
+        cg_tensor *t = g->nodes[i];
+        if (t->root == t && t->requires_grad && t->grad && (t->op == CGI_OP_INPUT || t->retain) &&
+            !t->grad_in_value && t->grad_epoch != g->epoch) {
+            cgi_zero(t->grad, (size_t)cgi_numel(t->ndim, t->shape) * sizeof(cg_real));
+            t->grad_epoch = g->epoch;
+        }
+    }
+    cgi_run_end(was);
+    /* Gradients took the memory of values that backward had finished reading, so another
+     * backward needs a fresh forward. */
+    g->ran_forward = false;
+    return CG_OK;
+}
