@@ -1,0 +1,15 @@
+/* The one-query-row kernels of the fused attention (ops/attention_decode.c), which ops/attention.c
+ * calls for a block of a single query row (cached generation). Not installed. */
+#ifndef CGRAD_ATTENTION_INTERNAL_H
+#define CGRAD_ATTENTION_INTERNAL_H
+
+#include "graph/internal.h"
+
+/* s[c] = scale (q . k_c) for nk keys k_c = k + c ks of d features. */
+void cgi_attn_row_scores(const cg_real *restrict q, const cg_real *restrict k, int64_t ks, int64_t nk, int64_t d,
+                         cg_real scale, cg_real *restrict s);
+/* o[e] = beta o[e] + sum_c p[c] v_c[e] over nk values v_c = v + c vs of d features (beta 0 or 1). */
+void cgi_attn_row_pv(const cg_real *restrict p, int64_t nk, const cg_real *restrict v, int64_t vs, int64_t d,
+                     cg_real beta, cg_real *restrict o);
+
+#endif
