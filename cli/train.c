@@ -461,7 +461,7 @@ int cmd_train(int argc, char **argv) {
         /* After the reduction every rank holds the same gradients, so the same norm, clip and verdict.
          * The norm is measured even without clipping: one pass over the gradients finds a NaN or an
          * infinity before the optimizer spreads it into every parameter and moment. */
-        const double gnorm = cg_clip_grad_norm(r.ps, o.clip > 0 ? o.clip : INFINITY);
+        const double gnorm = cg_grad_norm(r.ps);
         if (!isfinite(loss) || !isfinite(gnorm)) {
             int64_t at = -1;
             double v = 0;
@@ -488,7 +488,8 @@ int cmd_train(int argc, char **argv) {
             diverged = true;
             break;
         }
-        if ((st = cg_optim_step(r.opt, lr))) break;
+        /* clipping's factor is applied as the update reads each gradient: no pass rewrites them */
+        if ((st = cg_optim_step_scaled(r.opt, lr, o.clip > 0 ? cg_clip_scale(gnorm, o.clip) : 1.0))) break;
         /* ZeRO-1: each rank updated its shard; the new values go to every rank */
         if (o.zero && (st = cg_dist_allgather(r.d, cg_params_values(r.ps), cg_params_span(r.ps)))) break;
         r.step++;

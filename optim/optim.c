@@ -216,26 +216,30 @@ typedef struct {
     cg_real l2;             /* Adam/SGD: wd */
     cg_real bc2_sqrt, eps, neg_step; /* Adam: sqrt(1 - beta2^t), eps, -lr / (1 - beta1^t) */
     cg_real mom, neg_lr;    /* SGD */
+    cg_real gscale;         /* gradients are read times this (clipping), 1 for none */
 } coefs;
 
 /* torch _single_tensor_adam(w): decay, m = m*b1 + a1*g, v = v*b2 + a2*g*g,
- * p += -step * m / (sqrt(v) / sqrt(bc2) + eps). */
+ * p += -step * m / (sqrt(v) / sqrt(bc2) + eps). g is read as g * gs, clipping's factor rounded to
+ * cg_real: the product cg_grads_scale would have stored, so fusing the scale changes no bit (each
+ * product is its own statement, so no compiler contracts it into the next add). */
 CGI_CLONES static void adam_range(cg_real *restrict p, const cg_real *restrict g, cg_real *restrict m,
                        cg_real *restrict v, int64_t n, const coefs *k, bool adamw, bool decay) {
     const cg_real b1 = k->b1, a1 = k->a1, b2 = k->b2, a2 = k->a2, bc2 = k->bc2_sqrt, eps = k->eps,
-                  ns = k->neg_step;
+                  ns = k->neg_step, gs = k->gscale;
     /* keep is exactly 1 without decay, so one loop serves both groups */
     const cg_real keep = adamw && decay ? k->keep : 1, l2 = decay && !adamw ? k->l2 : 0;
     if (l2 != 0) {
         for (int64_t j = 0; j < n; j++) {
-            cg_real gj = g[j] + l2 * p[j];
+            cg_real gj = g[j] * gs;
+            gj = gj + l2 * p[j];
             m[j] = m[j] * b1 + a1 * gj;
             v[j] = v[j] * b2 + a2 * gj * gj;
             p[j] = p[j] + ns * m[j] / (SQRT(v[j]) / bc2 + eps);
         }
     } else {
         for (int64_t j = 0; j < n; j++) {
-            cg_real pj = p[j] * keep, gj = g[j];
+            cg_real pj = p[j] * keep, gj = g[j] * gs;
             m[j] = m[j] * b1 + a1 * gj;
             v[j] = v[j] * b2 + a2 * gj * gj;
             p[j] = pj + ns * m[j] / (SQRT(v[j]) / bc2 + eps);
@@ -244,12 +248,13 @@ CGI_CLONES static void adam_range(cg_real *restrict p, const cg_real *restrict g
 }
 
 /* torch _single_tensor_sgd with dampening 0: d = g + wd*p; buf = buf*mom + d;
- * d = nesterov ? d + mom*buf : buf; p += -lr * d. */
+ * d = nesterov ? d + mom*buf : buf; p += -lr * d. g is read scaled, as in adam_range. */
 CGI_CLONES static void sgd_range(cg_real *restrict p, const cg_real *restrict g, cg_real *restrict buf,
                       int64_t n, const coefs *k, bool nesterov, bool decay) {
-    const cg_real l2 = decay ? k->l2 : 0, mom = k->mom, nlr = k->neg_lr;
+    const cg_real l2 = decay ? k->l2 : 0, mom = k->mom, nlr = k->neg_lr, gs = k->gscale;
     for (int64_t j = 0; j < n; j++) {
-        cg_real d = l2 != 0 ? g[j] + l2 * p[j] : g[j];
+        cg_real d = g[j] * gs;
+        if (l2 != 0) d = d + l2 * p[j];
         if (buf) {
             buf[j] = buf[j] * mom + d;
             d = nesterov ? d + mom * buf[j] : buf[j];
@@ -258,9 +263,13 @@ CGI_CLONES static void sgd_range(cg_real *restrict p, const cg_real *restrict g,
     }
 }
 
-cg_status cg_optim_step(cg_optim *o, double lr) {
+cg_status cg_optim_step(cg_optim *o, double lr) { return cg_optim_step_scaled(o, lr, 1.0); }
+
+cg_status cg_optim_step_scaled(cg_optim *o, double lr, double grad_scale) {
     if (!o) return cgi_fail(CG_ERR_ARG, "[optim_step] optimizer is NULL");
     if (!(lr >= 0 && isfinite(lr))) return cgi_fail(CG_ERR_ARG, "[optim_step] lr %g must be finite and >= 0", lr);
+    if (!(grad_scale >= 0 && isfinite(grad_scale)))
+        return cgi_fail(CG_ERR_ARG, "[optim_step] grad_scale %g must be finite and >= 0", grad_scale);
     cg_params *ps = o->ps;
     if (cg_params_count(ps) != o->n || cg_params_span(ps) != o->span)
         return cgi_fail(CG_ERR_STATE,
@@ -274,6 +283,7 @@ cg_status cg_optim_step(cg_optim *o, double lr) {
         .b2 = (cg_real)c->beta2, .a2 = (cg_real)(1 - c->beta2),
         .keep = (cg_real)(1 - lr * c->weight_decay), .l2 = (cg_real)c->weight_decay,
         .eps = (cg_real)c->eps, .mom = (cg_real)c->momentum, .neg_lr = (cg_real)-lr,
+        .gscale = (cg_real)grad_scale,
     };
     if (c->kind != CG_OPT_SGD) {
         k.bc2_sqrt = (cg_real)sqrt(1 - pow(c->beta2, t));
@@ -358,15 +368,8 @@ static double sum_squares(const cg_real *x, int64_t n) {
     return s;
 }
 
-double cg_clip_grad_norm(cg_params *ps, double max_norm) {
-    if (!ps) {
-        cgi_fail(CG_ERR_ARG, "[clip_grad_norm] parameter set is NULL");
-        return NAN;
-    }
-    if (!(max_norm >= 0)) {
-        cgi_fail(CG_ERR_ARG, "[clip_grad_norm] max_norm %g must be >= 0", max_norm);
-        return NAN;
-    }
+/* The norm's pass alone: chunk sums in a fixed order, so the same bits at any thread count. */
+static double grad_norm(cg_params *ps) {
     int64_t span = cg_params_span(ps);
     int n = cg_params_count(ps);
     cgi_params_settle(ps, 0, -1);
@@ -387,8 +390,33 @@ double cg_clip_grad_norm(cg_params *ps, double max_norm) {
     }
     double sum = 0;
     for (int ch = 0; ch < NCHUNK; ch++) sum += part[ch];
-    double norm = sqrt(sum), coef = max_norm / (norm + 1e-6);
-    if (isfinite(norm) && coef < 1) cg_grads_scale(ps, coef);
+    return sqrt(sum);
+}
+
+double cg_grad_norm(cg_params *ps) {
+    if (!ps) {
+        cgi_fail(CG_ERR_ARG, "[grad_norm] parameter set is NULL");
+        return NAN;
+    }
+    return grad_norm(ps);
+}
+
+double cg_clip_scale(double norm, double max_norm) {
+    const double coef = max_norm / (norm + 1e-6);
+    return isfinite(norm) && coef < 1 ? coef : 1.0;
+}
+
+double cg_clip_grad_norm(cg_params *ps, double max_norm) {
+    if (!ps) {
+        cgi_fail(CG_ERR_ARG, "[clip_grad_norm] parameter set is NULL");
+        return NAN;
+    }
+    if (!(max_norm >= 0)) {
+        cgi_fail(CG_ERR_ARG, "[clip_grad_norm] max_norm %g must be >= 0", max_norm);
+        return NAN;
+    }
+    const double norm = grad_norm(ps), coef = cg_clip_scale(norm, max_norm);
+    if (coef < 1) cg_grads_scale(ps, coef);
     return norm;
 }
 

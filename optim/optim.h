@@ -60,6 +60,11 @@ int cg_optim_decay_matrices_only(cg_optim *o, bool decay_embeddings);
 /* One update with rate lr from the gradients in the set; frozen parameters are left alone.
  * CG_ERR_STATE if parameters were added after cg_optim_new. Allocates nothing. */
 cg_status cg_optim_step(cg_optim *o, double lr);
+/* cg_optim_step reading every gradient as g * grad_scale (the factor rounded to cg_real, as
+ * cg_grads_scale would apply it), in the same single pass: clipping without a pass that rewrites
+ * the gradients, which are left unscaled. Same bits as cg_grads_scale then cg_optim_step.
+ * CG_ERR_ARG unless grad_scale is finite and >= 0. */
+cg_status cg_optim_step_scaled(cg_optim *o, double lr, double grad_scale);
 /* Number of updates done (or restored with cg_optim_set_steps). */
 int64_t cg_optim_steps(const cg_optim *o);
 /* Restores the update count from a checkpoint; CG_ERR_ARG if negative. */
@@ -83,6 +88,13 @@ cg_real *cg_optim_moment2(cg_optim *o);
  * max_norm the gradients are scaled by max_norm / (norm + 1e-6) (torch clip_grad_norm_). A
  * non-finite norm is returned without scaling; NAN (message set) for a bad argument. */
 double cg_clip_grad_norm(cg_params *ps, double max_norm);
+/* Global L2 norm of the trainable gradients, nothing scaled (the same value cg_clip_grad_norm
+ * returns, at any thread count); NAN (message set) if ps is NULL. */
+double cg_grad_norm(cg_params *ps);
+/* The factor clipping to max_norm applies at this norm: max_norm / (norm + 1e-6) when that is
+ * below 1 and norm is finite, else 1. Fused clipping: cg_optim_step_scaled(o, lr,
+ * cg_clip_scale(cg_grad_norm(ps), max_norm)). */
+double cg_clip_scale(double norm, double max_norm);
 /* Multiplies every trainable gradient by s (gradient accumulation: s = 1 / micro-batches). */
 void cg_grads_scale(cg_params *ps, double s);
 

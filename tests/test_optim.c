@@ -447,6 +447,156 @@ static void test_clip(void) {
     cg_params_free(ps);
 }
 
+/* ---- fused clipping ---- */
+
+/* Parameters for the fused-clipping test: a big vector, a matrix, an unused U whose gradient goes
+ * stale (a second graph writes 2U into it, then zero_grad), and a frozen one. */
+static cg_params *fused_params(cg_graph **gu, cg_tensor **loss_u) {
+    cg_params *ps = big_params();
+    cg_tensor *u = cg_params_add(ps, "u", 1, (int64_t[]){37});
+    cg_rng r;
+    cg_rng_seed(&r, 7);
+    cg_fill_normal(u, &r, 0, 1);
+    *gu = cg_graph_new(CG_TRAIN);
+    *loss_u = cg_sum_all(*gu, cg_mul(*gu, u, u));
+    return ps;
+}
+
+/* One step's gradients: U's 2U left stale by zero_grad, the others random. */
+static void fused_grads(cg_params *ps, cg_graph *gu, cg_tensor *loss_u, int step) {
+    CHECK(!cg_graph_forward(gu) && !cg_graph_backward(gu, loss_u), "%s", cg_last_error());
+    cg_params_zero_grad(ps);
+    cg_rng r;
+    cg_rng_seed(&r, 1000 + (uint64_t)step);
+    for (int i = 0; i < NBIG; i++) {
+        cg_tensor *t = cg_params_at(ps, i);
+        cg_real *g = cg_grad(t);
+        for (int64_t j = 0; j < cg_numel(t); j++) g[j] = (cg_real)(0.1 * cg_rng_normal(&r));
+    }
+}
+
+/* cg_grad_norm + cg_optim_step_scaled(cg_clip_scale) against cg_clip_grad_norm + cg_optim_step:
+ * the same bits for every rule, with clipping active and not, weight decay on and off, a stale
+ * gradient and a frozen parameter, at 1 and 2 threads; and AdamW with clipping against a double
+ * reference, so a scale that were dropped on both paths would still be caught. */
+static void test_fused_clip(void) {
+    struct {
+        const char *label;
+        cg_optim_kind kind;
+        double wd, momentum;
+        bool nesterov, matrices_only;
+    } cases[] = {
+        {"adamw wd 0.1 matrices", CG_OPT_ADAMW, 0.1, 0, false, true},
+        {"adamw wd 0", CG_OPT_ADAMW, 0.0, 0, false, false},
+        {"adam l2 0.01", CG_OPT_ADAM, 0.01, 0, false, false},
+        {"sgd nesterov l2", CG_OPT_SGD, 0.01, 0.9, true, false},
+        {"sgd plain", CG_OPT_SGD, 0.0, 0, false, false},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+        for (int clip = 0; clip < 2; clip++)
+            for (int threads = 1; threads <= 2; threads++) {
+                cg_set_threads(threads);
+                cg_optim_config c = cg_optim_defaults(cases[ci].kind);
+                c.weight_decay = cases[ci].wd, c.momentum = cases[ci].momentum, c.nesterov = cases[ci].nesterov;
+                cg_params *ps[2];
+                cg_graph *gu[2];
+                cg_tensor *lu[2];
+                cg_optim *o[2];
+                for (int k = 0; k < 2; k++) {
+                    ps[k] = fused_params(&gu[k], &lu[k]);
+                    o[k] = cg_optim_new(ps[k], &c);
+                    if (cases[ci].matrices_only) cg_optim_decay_matrices_only(o[k], false);
+                }
+                cg_tensor *u = cg_params_find(ps[1], "u");
+                cg_real u0[37];
+                memcpy(u0, cg_data(u), sizeof u0);
+                int64_t span = cg_params_span(ps[0]);
+                double scales[3] = {1, 1, 1};
+                for (int s = 0; s < 3; s++) {
+                    double norm[2];
+                    for (int k = 0; k < 2; k++) fused_grads(ps[k], gu[k], lu[k], s);
+                    if (!clip && s == 2) { /* no norm first: the step alone must read the stale 2U as zero */
+                        CHECK(cg_optim_step(o[0], 1e-2) == CG_OK && cg_optim_step_scaled(o[1], 1e-2, 1) == CG_OK, "%s",
+                              cg_last_error());
+                        continue;
+                    }
+                    /* max_norm half the norm (every step clips) or far above it */
+                    const double probe = cg_grad_norm(ps[0]), max_norm = clip ? 0.5 * probe : 1e9;
+                    norm[0] = cg_clip_grad_norm(ps[0], max_norm);
+                    CHECK(cg_optim_step(o[0], 1e-2) == CG_OK, "%s", cg_last_error());
+                    norm[1] = cg_grad_norm(ps[1]);
+                    scales[s] = cg_clip_scale(norm[1], max_norm);
+                    CHECK(cg_optim_step_scaled(o[1], 1e-2, scales[s]) == CG_OK, "%s", cg_last_error());
+                    CHECK(norm[0] == norm[1] && norm[1] == probe, "%s: norm %.17g clipped, %.17g fused", cases[ci].label,
+                          norm[0], norm[1]);
+                    CHECK(clip ? scales[s] < 0.51 : scales[s] == 1, "%s: clip scale %g", cases[ci].label, scales[s]);
+                }
+                const char *what = clip ? "clipping" : "no clipping";
+                CHECK(memcmp(cg_params_values(ps[0]), cg_params_values(ps[1]), (size_t)span * sizeof(cg_real)) == 0,
+                      "%s, %s, %d threads: fused values differ from clip-then-step", cases[ci].label, what, threads);
+                for (int mk = 0; mk < 2; mk++) {
+                    cg_real *m0 = mk ? cg_optim_moment2(o[0]) : cg_optim_moment1(o[0]);
+                    cg_real *m1 = mk ? cg_optim_moment2(o[1]) : cg_optim_moment1(o[1]);
+                    CHECK(!m0 == !m1 && (!m0 || memcmp(m0, m1, (size_t)span * sizeof(cg_real)) == 0),
+                          "%s, %s: fused moment %d differs", cases[ci].label, what, mk + 1);
+                }
+                /* the stale 2U read as zero: without decay on u nothing moves it */
+                if (cases[ci].matrices_only || cases[ci].wd == 0)
+                    CHECK(memcmp(cg_data(u), u0, sizeof u0) == 0, "%s: the stale gradient of u moved it", cases[ci].label);
+                /* the fused path leaves the gradients as backward wrote them */
+                if (clip) {
+                    cg_rng r;
+                    cg_rng_seed(&r, 1002);
+                    CHECK(cg_grad(cg_params_at(ps[1], 0))[0] == (cg_real)(0.1 * cg_rng_normal(&r)),
+                          "%s: the fused step rewrote a gradient", cases[ci].label);
+                }
+                if (cases[ci].kind == CG_OPT_ADAMW && cases[ci].wd == 0 && clip) { /* against double AdamW */
+                    cg_params *init = big_params();
+                    int64_t n0 = cg_numel(cg_params_at(init, 0));
+                    double *rp = malloc((size_t)n0 * sizeof *rp), *rm = calloc((size_t)n0, sizeof *rm),
+                           *rv = calloc((size_t)n0, sizeof *rv);
+                    cg_real *gs = malloc((size_t)n0 * sizeof *gs);
+                    for (int64_t j = 0; j < n0; j++) rp[j] = cg_data(cg_params_at(init, 0))[j];
+                    for (int s = 0; s < 3; s++) {
+                        big_grads(init, s);
+                        const cg_real *g = cg_grad(cg_params_at(init, 0));
+                        for (int64_t j = 0; j < n0; j++) gs[j] = (cg_real)(g[j] * scales[s]);
+                        /* ref_adamw's wd and betas: 0.1 decay is off here, beta2 0.999 below */
+                        for (int64_t j = 0; j < n0; j++) {
+                            rm[j] = 0.9 * rm[j] + 0.1 * gs[j];
+                            rv[j] = 0.999 * rv[j] + 0.001 * (double)gs[j] * gs[j];
+                            rp[j] -= 1e-2 / (1 - pow(0.9, s + 1)) * rm[j] / (sqrt(rv[j]) / sqrt(1 - pow(0.999, s + 1)) + 1e-8);
+                        }
+                    }
+                    int bad = 0;
+                    const cg_real *got = cg_data(cg_params_at(ps[1], 0));
+                    for (int64_t j = 0; j < n0; j++) bad += !close_rel(got[j], rp[j], 2e-6);
+                    CHECK(bad == 0, "fused clipped AdamW: %d of %lld elements differ from the double reference", bad,
+                          (long long)n0);
+                    free(rp), free(rm), free(rv), free(gs);
+                    cg_params_free(init);
+                }
+                for (int k = 0; k < 2; k++) {
+                    cg_optim_free(o[k]);
+                    cg_graph_free(gu[k]);
+                    cg_params_free(ps[k]);
+                }
+            }
+    cg_set_threads(0);
+    cg_params *ps = cg_params_new();
+    cg_params_add(ps, "a", 1, (int64_t[]){4});
+    cg_optim_config c = cg_optim_defaults(CG_OPT_ADAMW);
+    cg_optim *o = cg_optim_new(ps, &c);
+    CHECK(cg_optim_step_scaled(o, 1e-3, NAN) == CG_ERR_ARG && strstr(cg_last_error(), "grad_scale"), "NAN scale accepted");
+    CHECK(cg_optim_step_scaled(o, 1e-3, -1) == CG_ERR_ARG, "negative scale accepted");
+    CHECK(isnan(cg_grad_norm(NULL)) && strstr(cg_last_error(), "grad_norm"), "NULL set");
+    CHECK(cg_clip_scale(NAN, 1) == 1 && cg_clip_scale(INFINITY, 1) == 1 && cg_clip_scale(1, INFINITY) == 1,
+          "clip scale of a non-finite norm or an infinite max_norm");
+    CHECK(cg_clip_scale(13, 6.5) == 6.5 / (13 + 1e-6), "clip scale %.17g", cg_clip_scale(13, 6.5));
+    cg_optim_free(o);
+    cg_params_free(ps);
+}
+
 /* ---- gradient accumulation through a graph ---- */
 
 /* Mean squared error of linear(x[rows], w, b) against y[rows]; grads added into the set. */
@@ -594,6 +744,7 @@ int main(void) {
     test_big();
     test_groups_and_errors();
     test_clip();
+    test_fused_clip();
     test_accumulation();
     test_schedules();
     TEST_END();
