@@ -128,15 +128,17 @@ static cg_tensor *gpt_forward(cg_graph *g, const void *model, cg_tensor *ids, cg
         cg_set_error(CG_ERR_SHAPE, "[gpt] ids%s must be int32 [B, T]", cg_shape_str(ids));
         return NULL;
     }
-    const int64_t t = cg_shape(ids)[1], past = cache ? cache->len : 0;
-    if (past + t > c->n_positions) {
-        cg_set_error(CG_ERR_SHAPE, "[gpt] %lld positions exceed n_positions %lld", (long long)(past + t),
-                 (long long)c->n_positions);
+    const bool replay = cache && cache->past; /* the position is read at each run: one token, at most cap */
+    const int64_t t = cg_shape(ids)[1], past = replay ? cache->cap - 1 : cache ? cache->len : 0;
+    if (past + t > c->n_positions || (replay && t != 1)) {
+        cg_set_error(CG_ERR_SHAPE, "[gpt] %lld positions exceed n_positions %lld, or a replayed step takes %lld tokens, "
+                     "not one", (long long)(past + t), (long long)c->n_positions, (long long)t);
         return NULL;
     }
     const double eps = c->layer_norm_epsilon, p = c->dropout;
     const int heads = (int)c->n_head;
-    cg_tensor *x = cg_add(g, cg_embedding(g, m->wte, ids), cg_embedding(g, m->wpe, cg_position_ids(g, t, past)));
+    cg_tensor *pos = replay ? cache->past : cg_position_ids(g, t, past);
+    cg_tensor *x = cg_add(g, cg_embedding(g, m->wte, ids), cg_embedding(g, m->wpe, pos));
     x = cg_dropout(g, x, p);
     for (int64_t i = 0; i < c->n_layer; i++) {
         const gpt_block *b = &m->h[i];
@@ -145,8 +147,7 @@ static cg_tensor *gpt_forward(cg_graph *g, const void *model, cg_tensor *ids, cg
         cg_split(g, conv1d(g, cg_layernorm(g, x, b->ln1_w, b->ln1_b, eps), b->attn_w, b->attn_b), -1, 3, NULL, qkv);
         cg_tensor *q = cg_split_heads(g, qkv[0], heads), *k = cg_split_heads(g, qkv[1], heads),
                   *v = cg_split_heads(g, qkv[2], heads);
-        if (cache) k = cg_kv_cache_extend(g, cache, i, false, k), v = cg_kv_cache_extend(g, cache, i, true, v);
-        cg_tensor *a = cg_merge_heads(g, cg_attention(g, q, k, v, true, NULL, p));
+        cg_tensor *a = cg_merge_heads(g, cg_cached_attention(g, cache, i, q, k, v, p));
         x = cg_add(g, x, cg_dropout(g, conv1d(g, a, b->proj_w, b->proj_b), p));
         cg_tensor *f = cg_linear_gelu(g, cg_layernorm(g, x, b->ln2_w, b->ln2_b, eps), cg_transpose(g, b->fc_w, 0, 1),
                                       b->fc_b, true);
@@ -159,11 +160,19 @@ static cg_tensor *gpt_forward(cg_graph *g, const void *model, cg_tensor *ids, cg
 
 cg_tensor *cg_gpt_logits(cg_graph *g, const cg_gpt *m, cg_tensor *ids) { return gpt_forward(g, m, ids, NULL); }
 
+cg_tensor *cg_gpt_logits_cached(cg_graph *g, const cg_gpt *m, cg_tensor *ids, cg_kv_cache *cache) {
+    if (!cache) {
+        cg_set_error(CG_ERR_ARG, "[gpt] NULL cache (cg_gpt_logits runs without one)");
+        return NULL;
+    }
+    return gpt_forward(g, m, ids, cache);
+}
+
 cg_status cg_gpt_generate(const cg_gpt *m, const int32_t *prompt, int64_t n_prompt, int64_t n_new,
                           const cg_sampling *s, uint64_t seed, bool use_cache, int32_t *out) {
     if (!m) return cg_set_error(CG_ERR_ARG, "[gpt generate] model is NULL");
     const cg_gpt_config *c = &m->cfg;
     const cg_decoder_info info = {"gpt generate", c->vocab_size, c->n_positions, c->n_layer, c->n_head,
-                                  c->n_embd / c->n_head};
+                                  c->n_embd / c->n_head, true};
     return cg_decoder_generate(gpt_forward, m, &info, prompt, n_prompt, n_new, s, seed, use_cache, out);
 }

@@ -38,6 +38,9 @@ void cg_gpt_free(cg_gpt *m);
 const cg_gpt_config *cg_gpt_cfg(const cg_gpt *m);
 /* Adds the model to g: int32 ids [B, T] -> logits [B, T, vocab]. */
 cg_tensor *cg_gpt_logits(cg_graph *g, const cg_gpt *m, cg_tensor *ids);
+/* cg_gpt_logits for ids [1, T] at positions cache->len.. through cache (see cg_kv_cache); with
+ * cache->past set, one token at the position read from it at each run (a replayed decode graph). */
+cg_tensor *cg_gpt_logits_cached(cg_graph *g, const cg_gpt *m, cg_tensor *ids, cg_kv_cache *cache);
 /* Generates n_new tokens after the prompt into out[n_prompt + n_new] (prompt copied first);
  * with use_cache each step feeds only the new token through cached keys and values. */
 cg_status cg_gpt_generate(const cg_gpt *m, const int32_t *prompt, int64_t n_prompt, int64_t n_new,

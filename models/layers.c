@@ -169,7 +169,18 @@ cg_tensor *cg_kv_cache_extend(cg_graph *g, cg_kv_cache *c, int64_t layer, bool v
     }
     int64_t s[4] = {1, h, cap, d}, st[4] = {h * cap * d, cap * d, d, 1};
     cg_real *store = (values ? c->v : c->k) + layer * h * cap * d;
-    return cg_append_into(g, cg_wrap(g, "kv_cache", CG_REAL, 4, s, st, store), c->len, fresh, 2);
+    cg_tensor *buf = cg_wrap(g, "kv_cache", CG_REAL, 4, s, st, store);
+    return c->past ? cg_append_into_at(g, buf, c->past, fresh, 2) : cg_append_into(g, buf, c->len, fresh, 2);
+}
+
+cg_tensor *cg_cached_attention(cg_graph *g, cg_kv_cache *c, int64_t layer, cg_tensor *q, cg_tensor *k, cg_tensor *v,
+                               double dropout) {
+    if (!c) return cg_attention(g, q, k, v, true, NULL, dropout);
+    k = cg_kv_cache_extend(g, c, layer, false, k), v = cg_kv_cache_extend(g, c, layer, true, v);
+    if (!q || !k || !v) return NULL;
+    const cg_sdpa_opts o = {.scale = 1.0 / sqrt((double)cg_dim(q, -1)), .causal = true, .dropout = dropout,
+                            .past = c->past};
+    return cg_sdpa_ex(g, q, k, v, &o);
 }
 
 typedef struct {
@@ -180,16 +191,39 @@ typedef struct {
     const cg_sampling *s;
     int32_t *out;
     int64_t n_prompt, total, v;
-    bool use_cache;
+    bool use_cache, replays;
     cg_rng r;
 } gen_loop;
+
+/* Builds the decode graph of one token once: the token and the cache length are int32 inputs
+ * written before each run, so a token costs no graph construction, planning or allocation. */
+static cg_tensor *build_decode(gen_loop *L, int32_t **id, int32_t **past) {
+    cg_graph *g = L->g;
+    cg_graph_reset(g);
+    cg_tensor *ids = cg_input(g, "ids", CG_INT32, 2, (int64_t[]){1, 1});
+    L->kc->past = cg_input(g, "past", CG_INT32, 2, (int64_t[]){1, 1});
+    cg_tensor *logits = L->fwd(g, L->model, ids, L->kc);
+    *id = cg_idata(ids), *past = cg_idata(L->kc->past);
+    return logits;
+}
 
 static cg_status gen_steps(void *ctx) {
     gen_loop *L = ctx;
     cg_graph *g = L->g;
     cg_kv_cache *kc = L->use_cache ? L->kc : NULL;
     cg_status st = CG_OK;
+    cg_tensor *decode = NULL; /* the replayed graph's logits, once built */
+    int32_t *id = NULL, *past = NULL;
     for (int64_t n = L->n_prompt; !st && n < L->total; n++) {
+        if (!decode && kc && L->replays && n > L->n_prompt && !(decode = build_decode(L, &id, &past)))
+            return CG_ERR_SHAPE;
+        if (decode) {
+            *id = L->out[n - 1], *past = (int32_t)kc->len;
+            if ((st = cg_graph_forward(g))) break;
+            kc->len++;
+            L->out[n] = cg_sample(cg_data(decode), L->v, L->s, &L->r);
+            continue;
+        }
         cg_graph_reset(g);
         /* With the cache, the first step feeds the whole prompt and later steps one token. */
         const int64_t from = kc ? kc->len : 0, t = n - from;
@@ -230,7 +264,7 @@ cg_status cg_decoder_generate(cg_decoder_forward fwd, const void *model, const c
         if (!kc.k || !kc.v) st = cg_set_error(CG_ERR_NOMEM, "[%s] out of memory", what);
     }
     gen_loop L = {.fwd = fwd, .model = model, .g = g, .kc = &kc, .s = s, .out = out, .n_prompt = n_prompt,
-                  .total = total, .v = v, .use_cache = use_cache};
+                  .total = total, .v = v, .use_cache = use_cache, .replays = info->replays};
     cg_rng_seed(&L.r, seed);
     /* one thread team for the whole loop: a token is too small a run to wake threads for */
     if (!st) st = cg_run_with_team(gen_steps, &L);

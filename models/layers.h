@@ -57,11 +57,19 @@ typedef struct {
     int64_t cap;      /* positions there is room for */
     int64_t heads;    /* key/value heads */
     int64_t head_dim; /* features per head */
+    cg_tensor *past;  /* a replayed decode graph's int32 [1, 1] input holding len at each run, or NULL: len is
+                         read when the graph is built */
 } cg_kv_cache;
 
 /* Writes this step's keys (values if values) fresh[1, heads, T, head_dim] of layer into c after the
- * len positions held, and returns all of them, [1, heads, len + T, head_dim] read in place. */
+ * len positions held, and returns all of them, [1, heads, len + T, head_dim] read in place; with
+ * c->past, the offset is read at each run and the result is all cap positions (see cg_cached_attention). */
 cg_tensor *cg_kv_cache_extend(cg_graph *g, cg_kv_cache *c, int64_t layer, bool values, cg_tensor *fresh);
+/* A decoder block's causal attention of q, k, v [1, H, T, D] (dropout on the weights): with a cache, k
+ * and v extend layer's cache first and the keys held are the ones attended, its run-time length
+ * included (c->past). */
+cg_tensor *cg_cached_attention(cg_graph *g, cg_kv_cache *c, int64_t layer, cg_tensor *q, cg_tensor *k, cg_tensor *v,
+                               double dropout);
 
 /* A decoder's forward for generation: int32 ids [1, T] -> logits [1, T, vocab]; with a cache its
  * positions start at cache->len and each layer extends the cache (the caller then adds T to len). */
@@ -75,6 +83,7 @@ typedef struct {
     int64_t layers;    /* blocks, each with its cache */
     int64_t kv_heads;  /* key/value heads of a block */
     int64_t head_dim;  /* features per head */
+    bool replays;      /* its forward honours cache->past (one token): one decode graph is built and replayed */
 } cg_decoder_info;
 
 /* Sampling loop shared by the zoo's decoders: n_new tokens after the prompt into out[n_prompt +

@@ -263,6 +263,7 @@ cg_status cg_llama_generate(const cg_llama *m, const int32_t *prompt, int64_t n_
     if (!m) return cg_set_error(CG_ERR_ARG, "[llama generate] model is NULL");
     const cg_llama_config *c = &m->cfg;
     const cg_decoder_info info = {"llama generate", c->vocab_size, c->max_position_embeddings, c->num_hidden_layers,
-                                  c->num_key_value_heads, c->head_dim};
+                                  c->num_key_value_heads, c->head_dim,
+                                  false /* RoPE takes its positions when the graph is built */};
     return cg_decoder_generate(llama_forward, m, &info, prompt, n_prompt, n_new, s, seed, use_cache, out);
 }

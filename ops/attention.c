@@ -34,6 +34,7 @@ typedef struct {
     bool lp_probs;             /* kept probabilities stored in bf16 (a bf16 graph; decided by the plan) */
     int slots;                 /* scratch slots (the thread count at construction) */
     int kp, bias, table;       /* source index of the key padding, the bias tensor, T5's table (0: none) */
+    int past;                  /* source index of the run-time past (opts->past; 0: none) */
     int64_t bias_st[4];        /* the bias read as [B, Hq, Tq, Tk] (0 where broadcast) */
     uint64_t step;             /* the graph's dropout step at the last forward */
     int64_t nrel;              /* Tq + Tk - 1: relative offsets j - i + Tq - 1 */
@@ -64,6 +65,12 @@ static bool keeps_probs(int64_t tk) { return tk <= BK; }
  * and causal tiles above the diagonal skipped at the micro-tile rather than the block. Below a
  * few query rows (token-by-token generation) BLIS's own gemv stays the faster. */
 static bool packs_heads(const cg_tensor *t) { return prm(t)->keeps_probs && t->shape[2] >= 16; }
+
+/* The keys present when a run starts: Tk, or past + Tq with a run-time past (read from its int32). */
+static int64_t keys_present(const cg_tensor *t) {
+    const sdpa_params *p = prm(t);
+    return p->past ? *(const int32_t *)t->src[p->past]->data + t->shape[2] : t->src[1]->shape[2];
+}
 
 typedef struct {
     cg_real *kv1; /* K^T in forward, V^T in backward: B panels of depth D over the keys */
@@ -171,8 +178,10 @@ cg_tensor *cg_sdpa_ex(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, con
         cgi_fail(CG_ERR_ARG, "[sdpa] opts is NULL");
         return NULL;
     }
-    cg_tensor *key_padding = opts->key_padding, *bias = opts->bias, *table = opts->rel_bias, *in[3] = {q, k, v};
+    cg_tensor *key_padding = opts->key_padding, *bias = opts->bias, *table = opts->rel_bias, *past = opts->past,
+              *in[3] = {q, k, v};
     if (!cgi_inputs_ok(g, "sdpa", 3, in) || (key_padding && !cgi_inputs_ok(g, "sdpa", 1, &key_padding)) ||
+        (past && !cgi_inputs_ok(g, "sdpa", 1, &past)) ||
         (bias && !cgi_inputs_ok(g, "sdpa", 1, &bias)) || (table && !cgi_inputs_ok(g, "sdpa", 1, &table)))
         return NULL;
     for (int i = 0; i < 3; i++)
@@ -205,6 +214,13 @@ cg_tensor *cg_sdpa_ex(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, con
                  (long long)B, (long long)tk);
         return NULL;
     }
+    if (past && (past->dtype != CG_INT32 || cgi_numel(past->ndim, past->shape) != 1 || key_padding || bias || table ||
+                 opts->alibi || q->requires_grad || k->requires_grad || v->requires_grad)) {
+        cgi_fail(CG_ERR_ARG,
+                 "[sdpa] past%s must be one int32, and goes without key_padding, bias, rel_bias, alibi and gradients "
+                 "(q%s k%s: a decode step)", cgi_shp(past), cgi_shp(q), cgi_shp(k));
+        return NULL;
+    }
     const int64_t want[4] = {B, hq, tq, tk}, max_distance = opts->rel_max_distance ? opts->rel_max_distance : 128;
     int64_t bias_st[4] = {0};
     if (bias && !bias_strides(bias, want, bias_st)) {
@@ -228,11 +244,12 @@ cg_tensor *cg_sdpa_ex(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, con
     const int64_t nrel = tq + tk - 1;
     sdpa_params *p = cgi_node_params(g, "sdpa", sizeof *p + (table ? (size_t)nrel * sizeof(int32_t) : 0));
     if (!p) return NULL;
-    cg_tensor *src[6] = {in[0], in[1], in[2]};
+    cg_tensor *src[7] = {in[0], in[1], in[2]};
     int nsrc = 3;
     if (key_padding) p->kp = nsrc, src[nsrc++] = key_padding;
     if (bias) p->bias = nsrc, src[nsrc++] = bias;
     if (table) p->table = nsrc, src[nsrc++] = table;
+    if (past) p->past = nsrc, src[nsrc++] = past;
     cg_tensor *t = cgi_node(g, CGI_OP_ATTENTION, CG_REAL, 4, q->shape, nsrc, src);
     if (!t) return NULL;
     /* The output [B, H, Tq, D] is stored as [B, Tq, H, D], heads side by side in each row, so
@@ -246,7 +263,7 @@ cg_tensor *cg_sdpa_ex(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, con
     p->alibi = opts->alibi;
     p->dropout = g->mode == CG_TRAIN ? opts->dropout : 0; /* as cg_dropout: identity when evaluating */
     p->slots = cgi_nthreads();
-    p->keeps_probs = keeps_probs(tk);
+    p->keeps_probs = !past && keeps_probs(tk); /* no backward to keep them for */
     memcpy(p->bias_st, bias_st, sizeof bias_st);
     p->nrel = nrel;
     for (int64_t r = 0; table && r < nrel; r++) /* offset r is key - query position r - (Tk - 1) */
@@ -292,6 +309,7 @@ typedef struct {
     const cg_real *bias; int64_t bias_si, bias_sj; /* this head's slice of the bias tensor */
     const cg_real *rel; /* ALiBi and T5 bias by relative offset j - i + Tq - 1, or NULL */
     int64_t tq, tk, d, shift;
+    int64_t nk; /* keys present: Tk, or past + Tq at run time */
     int64_t os; /* the output's (and its gradient's) row stride */
     int64_t window; /* a query sees keys less than this far from its own position (0: all) */
     bool causal;
@@ -318,7 +336,8 @@ static void head_at(const cg_tensor *t, int64_t bh, cg_real *rel, head *h) {
     h->bias_si = p->bias_st[2], h->bias_sj = p->bias_st[3];
     h->tq = q->shape[2], h->tk = k->shape[2], h->d = q->shape[3];
     h->os = t->stride[2];
-    h->shift = h->tk - h->tq;
+    h->nk = keys_present(t);
+    h->shift = h->nk - h->tq;
     h->causal = p->causal;
     h->window = p->window;
     h->scale = (cg_real)p->scale;
@@ -408,9 +427,9 @@ static int64_t diag(const head *h, int64_t i0) { return h->causal ? i0 + h->shif
 
 /* Keys beyond this cannot be seen by any row of the query block. */
 static int64_t key_end(const head *h, int64_t i0, int64_t nq) {
-    if (!h->causal) return h->tk;
+    if (!h->causal) return h->nk;
     int64_t e = i0 + nq + h->shift;
-    return e < 0 ? 0 : e > h->tk ? h->tk : e;
+    return e < 0 ? 0 : e > h->nk ? h->nk : e;
 }
 
 /* Dropout on the probabilities p of query row i against keys [j0, j0 + n): each is kept, scaled by
@@ -514,6 +533,10 @@ static void fwd_head(const fwd_run *f, int64_t bh, int me) {
     const int64_t bq = h.causal ? BQ / 2 : BQ;
     for (int64_t i0 = 0; i0 < tq; i0 += bq) {
         const int64_t nq = tq - i0 < bq ? tq - i0 : bq, kend = key_end(&h, i0, nq);
+        if (p->past && h.nk <= BK) { /* as a graph built for these nk keys computes it (keeps_probs), in the slot */
+            fwd_kept(&h, i0, nq, kend, s + BQ * BK, BK, o + i0 * h.os, lse + bh * tq + i0, u, NULL, s, NULL);
+            continue;
+        }
         if (probs && p->lp_probs) { /* a float block in the slot (dP's place in backward), rounded into the store */
             fwd_kept(&h, i0, nq, kend, s + BQ * BK, BK, o + i0 * h.os, lse + bh * tq + i0, u, packed ? &w : NULL, s,
                      (cgi_bf16 *)probs + (bh * tq + i0) * tk);
@@ -564,6 +587,10 @@ static void fwd_piece(void *ctx, int bh) { fwd_head(ctx, bh, omp_get_thread_num(
 cg_status cgi_fwd_attention(cg_tensor *t) {
     const int64_t bhn = t->shape[0] * t->shape[1];
     sdpa_params *p = t->params;
+    if (p->past && (keys_present(t) < t->shape[2] || keys_present(t) > t->src[1]->shape[2]))
+        return cgi_fail(CG_ERR_RANGE, "[sdpa] past %lld + q%s's %lld rows outside k%s's %lld keys",
+                        (long long)(keys_present(t) - t->shape[2]), cgi_shp(t->src[0]), (long long)t->shape[2],
+                        cgi_shp(t->src[1]), (long long)t->src[1]->shape[2]);
     p->step = t->graph->step; /* backward draws this pass's dropout mask again */
     fwd_run f = {.t = t, .lse = t->aux, .out = t->data};
     f.probs = p->keeps_probs ? f.lse + probs_offset(t) : NULL;

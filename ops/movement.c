@@ -202,11 +202,13 @@ cg_status cgi_fwd_concat(cg_tensor *t) {
 }
 void cgi_bwd_concat(cg_tensor *t) { concat_walk(t, true); }
 
-/* ---- append_into: iarg[0] = axis, iarg[1] = at ---- */
+/* ---- append_into: iarg[0] = axis, iarg[1] = at, or src[2] holds it at run time ---- */
 
-cg_tensor *cg_append_into(cg_graph *g, cg_tensor *buf, int64_t at, cg_tensor *x, int axis) {
-    cg_tensor *in[2] = {buf, x};
-    if (!cgi_inputs_ok(g, "append_into", 2, in)) return NULL;
+/* With a run-time offset (at_t) the result is all of buf: how much of it holds data is known only when
+ * the graph runs, and the reader (attention's past) is told the same way. */
+static cg_tensor *append_into(cg_graph *g, cg_tensor *buf, int64_t at, cg_tensor *at_t, cg_tensor *x, int axis) {
+    cg_tensor *in[3] = {buf, x, at_t};
+    if (!cgi_inputs_ok(g, "append_into", at_t ? 3 : 2, in)) return NULL;
     if (!cgi_expect_real("append_into", buf, "buf") || !cgi_expect_real("append_into", x, "x")) return NULL;
     if (buf->op != CGI_OP_INPUT) {
         cgi_fail(CG_ERR_ARG, "[append_into] buf%s must be an input leaf (cg_input or cg_wrap), not %s", cgi_shp(buf),
@@ -216,6 +218,10 @@ cg_tensor *cg_append_into(cg_graph *g, cg_tensor *buf, int64_t at, cg_tensor *x,
     if (buf->requires_grad || x->requires_grad) {
         cgi_fail(CG_ERR_ARG, "[append_into] buf%s and x%s must not require a gradient: it writes in place",
                  cgi_shp(buf), cgi_shp(x));
+        return NULL;
+    }
+    if (at_t && (at_t->dtype != CG_INT32 || cgi_numel(at_t->ndim, at_t->shape) != 1)) {
+        cgi_fail(CG_ERR_ARG, "[append_into] at%s must be one int32", cgi_shp(at_t));
         return NULL;
     }
     int a = cgi_axis("append_into", buf, axis);
@@ -229,8 +235,8 @@ cg_tensor *cg_append_into(cg_graph *g, cg_tensor *buf, int64_t at, cg_tensor *x,
     }
     int64_t s[CG_MAX_DIMS];
     memcpy(s, buf->shape, sizeof s);
-    s[a] = at + x->shape[a];
-    cg_tensor *t = cgi_node(g, CGI_OP_APPEND_INTO, CG_REAL, buf->ndim, s, 2, in);
+    if (!at_t) s[a] = at + x->shape[a];
+    cg_tensor *t = cgi_node(g, CGI_OP_APPEND_INTO, CG_REAL, buf->ndim, s, at_t ? 3 : 2, in);
     if (!t) return NULL;
     memcpy(t->stride, buf->stride, sizeof t->stride);
     t->data = buf->data; /* before any run, so views of it resolve like views of buf */
@@ -239,10 +245,24 @@ cg_tensor *cg_append_into(cg_graph *g, cg_tensor *buf, int64_t at, cg_tensor *x,
     return t;
 }
 
+cg_tensor *cg_append_into(cg_graph *g, cg_tensor *buf, int64_t at, cg_tensor *x, int axis) {
+    return append_into(g, buf, at, NULL, x, axis);
+}
+
+cg_tensor *cg_append_into_at(cg_graph *g, cg_tensor *buf, cg_tensor *at, cg_tensor *x, int axis) {
+    if (!cgi_inputs_ok(g, "append_into", 1, &at)) return NULL; /* names a NULL at */
+    return append_into(g, buf, 0, at, x, axis);
+}
+
 cg_status cgi_fwd_append_into(cg_tensor *t) {
     cg_tensor *buf = t->src[0], *x = t->src[1];
-    cgi_copy((cg_real *)buf->data + t->iarg[1] * buf->stride[t->iarg[0]], buf->stride, x->data, x->stride, x->ndim,
-             x->shape, 1.0, false);
+    const int a = (int)t->iarg[0];
+    const int64_t at = t->nsrc > 2 ? *(const int32_t *)t->src[2]->data : t->iarg[1];
+    if (at < 0 || at + x->shape[a] > buf->shape[a])
+        return cgi_fail(CG_ERR_RANGE, "[append_into] x%s at %lld along axis %d does not fit buf%s", cgi_shp(x),
+                        (long long)at, a, cgi_shp(buf));
+    cgi_copy((cg_real *)buf->data + at * buf->stride[a], buf->stride, x->data, x->stride, x->ndim, x->shape, 1.0,
+             false);
     return CG_OK;
 }
 

@@ -118,6 +118,10 @@ cg_tensor *cg_concat(cg_graph *g, int n, cg_tensor *const *xs, int axis);
 /* Writes x into input leaf buf at [at, at + x's size) along axis and returns buf up to there, a
  * view of buf's storage (a KV cache grows in place); inference only, no gradients. */
 cg_tensor *cg_append_into(cg_graph *g, cg_tensor *buf, int64_t at, cg_tensor *x, int axis);
+/* cg_append_into at an offset read from int32 at (one element) at each run, so the graph replays for
+ * every decode step; returns all of buf (its first at + x's size entries along axis are meant). A run
+ * whose offset does not fit fails with CG_ERR_RANGE. */
+cg_tensor *cg_append_into_at(cg_graph *g, cg_tensor *buf, cg_tensor *at, cg_tensor *x, int axis);
 /* View of x with a new axis of size 1 at axis (in [-ndim-1, ndim]); any strides, never a copy. */
 cg_tensor *cg_unsqueeze(cg_graph *g, cg_tensor *x, int axis);
 /* View of x without axis, which must have size 1; never a copy. */
@@ -183,6 +187,9 @@ typedef struct {
     cg_tensor *bias;        /* an additive real bias broadcastable to [B, Hq, Tq, Tk], or NULL; gets a gradient */
     double dropout;         /* drops attention weights with this probability in training graphs (0: none); the
                                mask is cg_dropout's counter-based hash, drawn again in backward, never stored */
+    cg_tensor *past;        /* int32 [1] (any shape of one element), read at each run: only keys [0, past + Tq)
+                               exist and query i sits at position past + i, so one decode graph over a whole KV
+                               cache replays for every token; no gradients, bias options or key_padding; or NULL */
 } cg_sdpa_opts;
 /* cg_sdpa with options, and grouped-query / multi-query heads: k and v may have Hk heads with Hk
  * dividing q's Hq, query head h reading key head h / (Hq / Hk). Still no [Tq, Tk] buffer; p above
