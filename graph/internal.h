@@ -399,6 +399,9 @@ void cgi_reduce(cg_real *dst, const int64_t *dst_stride, const cg_real *src, con
  * times scale, summing over the axes along which t was broadcast. */
 void cgi_unbroadcast_add(cg_tensor *t, const cg_real *g_out, int ndim, const int64_t *out_shape,
                          double scale);
+/* cgi_unbroadcast_add for a rule that claims t (CGI_GRAD_CLAIMS_ALL): assigns when it is t's first
+ * writer (cgi_grad_begin), else adds. */
+void cgi_unbroadcast_claim(cg_tensor *t, const cg_real *g_out, int ndim, const int64_t *out_shape, double scale);
 /* Column sums of m[rows, cols] (row stride ld) added into dst[cols]; fixed blocking keeps the
  * result independent of the thread count. scratch holds cgi_colsum_scratch(rows, cols) reals. */
 void cgi_colsum_add(cg_real *dst, const cg_real *m, int64_t rows, int64_t cols, int64_t ld,

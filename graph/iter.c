@@ -105,7 +105,8 @@ void cgi_reduce(cg_real *dst, const int64_t *dst_stride, const cg_real *src, con
     (void)nred;
 }
 
-CGI_CLONES void cgi_unbroadcast_add(cg_tensor *t, const cg_real *g_out, int ndim, const int64_t *out_shape, double scale) {
+static void unbroadcast(cg_tensor *t, const cg_real *g_out, int ndim, const int64_t *out_shape, double scale,
+                        bool accumulate) {
     int64_t cs[CG_MAX_DIMS], dst[CG_MAX_DIMS];
     cgi_contig_strides(ndim, out_shape, cs);
     unsigned mask = 0;
@@ -118,8 +119,18 @@ CGI_CLONES void cgi_unbroadcast_add(cg_tensor *t, const cg_real *g_out, int ndim
             dst[d] = t->stride[it];
         }
     }
-    if (mask == 0) cgi_copy(t->grad, dst, g_out, cs, ndim, out_shape, scale, true);
-    else cgi_reduce(t->grad, dst, g_out, cs, ndim, out_shape, mask, scale, true);
+    if (mask == 0) cgi_copy(t->grad, dst, g_out, cs, ndim, out_shape, scale, accumulate);
+    else cgi_reduce(t->grad, dst, g_out, cs, ndim, out_shape, mask, scale, accumulate);
+}
+
+void cgi_unbroadcast_add(cg_tensor *t, const cg_real *g_out, int ndim, const int64_t *out_shape, double scale) {
+    unbroadcast(t, g_out, ndim, out_shape, scale, true);
+}
+
+/* A residual add's gradient is the output's, copied: as the input's first writer it is copied
+ * (or summed) over the buffer, not added into a zeroed one, a pass and a read fewer. */
+void cgi_unbroadcast_claim(cg_tensor *t, const cg_real *g_out, int ndim, const int64_t *out_shape, double scale) {
+    unbroadcast(t, g_out, ndim, out_shape, scale, !cgi_grad_begin(t));
 }
 
 #define COLSUM_BLOCKS 32

@@ -89,14 +89,16 @@ cg_status cgi_fwd_maximum(cg_tensor *t) {
     return CG_OK;
 }
 
+/* add and sub claim their inputs (ops.def): a first writer copies the gradient instead of adding
+ * it into a buffer the graph zeroed (x + x: the second source adds) */
 void cgi_bwd_add(cg_tensor *t) {
     for (int k = 0; k < 2; k++)
-        if (t->src[k]->requires_grad) cgi_unbroadcast_add(t->src[k], t->grad, t->ndim, t->shape, 1.0);
+        if (t->src[k]->requires_grad) cgi_unbroadcast_claim(t->src[k], t->grad, t->ndim, t->shape, 1.0);
 }
 
 void cgi_bwd_sub(cg_tensor *t) {
     for (int k = 0; k < 2; k++)
-        if (t->src[k]->requires_grad) cgi_unbroadcast_add(t->src[k], t->grad, t->ndim, t->shape, k ? -1.0 : 1.0);
+        if (t->src[k]->requires_grad) cgi_unbroadcast_claim(t->src[k], t->grad, t->ndim, t->shape, k ? -1.0 : 1.0);
 }
 
 void cgi_bwd_mul(cg_tensor *t) {

@@ -217,9 +217,56 @@ static void views_of_a_weight(void) {
     cg_params_free(ps);
 }
 
+/* add and sub claim their inputs: a first writer copies (or, broadcast, sums) the output's
+ * gradient over whatever the buffer held, later writers add. loss = sum(((x + x) - b) * c) +
+ * sum((x[1:3] + h[0:2] - P) * c2), h = 2x + 0: x + x (the second source adds), a broadcast b, views
+ * of two roots, a stale parameter; twice with other c, over the plan's reused memory. */
+static void add_claims(void) {
+    enum { R = 4, C = 5 };
+    cg_params *ps = cg_params_new();
+    cg_tensor *P = cg_params_add(ps, "P", 2, (int64_t[]){2, C});
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    cg_tensor *x = cg_requires_grad(cg_input(g, "x", CG_REAL, 2, (int64_t[]){R, C}));
+    cg_tensor *b = cg_requires_grad(cg_input(g, "b", CG_REAL, 1, (int64_t[]){C}));
+    cg_tensor *c = cg_input(g, "c", CG_REAL, 2, (int64_t[]){R, C}), *c2 = cg_input(g, "c2", CG_REAL, 2, (int64_t[]){2, C});
+    cg_tensor *h = cg_add_scalar(g, cg_scale(g, x, 2), 0);
+    cg_tensor *s = cg_add(g, cg_slice(g, x, 0, 1, 3), cg_slice(g, h, 0, 0, 2));
+    cg_tensor *l1 = cg_sum_all(g, cg_mul(g, cg_sub(g, cg_add(g, x, x), b), c));
+    cg_tensor *l2 = cg_sum_all(g, cg_mul(g, cg_sub(g, s, P), c2));
+    cg_tensor *loss = cg_add(g, l1, l2);
+    CHECK(loss != NULL, "%s", cg_last_error());
+    for (int i = 0; i < R * C; i++) cg_data(x)[i] = (cg_real)(0.5 * i - 3);
+    for (int j = 0; j < C; j++) cg_data(b)[j] = (cg_real)j;
+    for (int round = 0; round < 2; round++) {
+        cg_params_zero_grad(ps);
+        for (int i = 0; i < R * C; i++) cg_data(c)[i] = (cg_real)((i % 7) - 3 + round);
+        for (int i = 0; i < 2 * C; i++) cg_data(c2)[i] = (cg_real)((i % 3) + 0.5 * round);
+        CHECK(!cg_graph_forward(g) && !cg_graph_backward(g, loss), "%s", cg_last_error());
+        /* dx = 2c + [rows 1..2] c2 + 2 * [rows 0..1] c2 (through h); db = -colsum(c); dP = -c2 */
+        double dx[R * C], db[C] = {0};
+        for (int i = 0; i < R * C; i++) dx[i] = 2.0 * cg_data(c)[i];
+        for (int r = 0; r < 2; r++)
+            for (int j = 0; j < C; j++) {
+                dx[(r + 1) * C + j] += cg_data(c2)[r * C + j];
+                dx[r * C + j] += 2.0 * cg_data(c2)[r * C + j];
+            }
+        for (int i = 0; i < R * C; i++) db[i % C] -= cg_data(c)[i];
+        int bad = 0;
+        for (int i = 0; i < R * C; i++) bad += cg_grad(x)[i] != (cg_real)dx[i];
+        for (int j = 0; j < C; j++) bad += cg_grad(b)[j] != (cg_real)db[j];
+        cg_real gp[2 * C];
+        cg_read_grad(P, gp);
+        for (int i = 0; i < 2 * C; i++) bad += gp[i] != -cg_data(c2)[i];
+        CHECK(bad == 0, "round %d: %d gradients of x, b, P differ from the hand values", round, bad);
+    }
+    cg_graph_free(g);
+    cg_params_free(ps);
+}
+
 int main(void) {
     hand_derived();
     views_of_a_weight();
+    add_claims();
     model_matches_eager(CG_ARCH_GPT2, "{\"vocab_size\": 16, \"n_positions\": 16, \"n_embd\": 32, \"n_layer\": 1, \"n_head\": 2}",
                         16, 0);
     model_matches_eager(CG_ARCH_BERT,
