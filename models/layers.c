@@ -118,20 +118,42 @@ int64_t cg_top_k(const cg_real *x, int64_t n, int64_t k, int32_t *idx) {
     return k;
 }
 
-int32_t cg_sample(const cg_real *logits, int64_t v, const cg_sampling *s, cg_rng *r) {
+/* Restores the max-heap (by by_prob_desc) of c[n] below slot k. */
+static void sift_cands(cand *c, int64_t n, int64_t k) {
+    for (;;) {
+        int64_t hi = k, l = 2 * k + 1, r = l + 1;
+        if (l < n && by_prob_desc(&c[l], &c[hi]) > 0) hi = l;
+        if (r < n && by_prob_desc(&c[r], &c[hi]) > 0) hi = r;
+        if (hi == k) return;
+        const cand t = c[k];
+        c[k] = c[hi], c[hi] = t, k = hi;
+    }
+}
+
+/* Heap sort of c[n] in by_prob_desc's order: a total order, so qsort's result, without the buffer
+ * glibc's qsort takes from malloc for arrays this size (once per generated token). */
+static void sort_cands(cand *c, int64_t n) {
+    for (int64_t i = n / 2 - 1; i >= 0; i--) sift_cands(c, n, i);
+    for (int64_t end = n - 1; end > 0; end--) {
+        const cand t = c[0];
+        c[0] = c[end], c[end] = t;
+        sift_cands(c, end, 0);
+    }
+}
+
+/* cg_sample with the candidates in c[v] (NULL: greedy only). */
+static int32_t sample(const cg_real *logits, int64_t v, const cg_sampling *s, cg_rng *r, cand *c) {
     int32_t best = 0;
     for (int64_t i = 1; i < v; i++)
         if (logits[i] > logits[best]) best = (int32_t)i;
-    if (!s || s->temperature <= 0 || v <= 1) return best;
-    cand *c = malloc((size_t)v * sizeof *c);
-    if (!c) return best;
+    if (!s || s->temperature <= 0 || v <= 1 || !c) return best;
     double sum = 0;
     for (int64_t i = 0; i < v; i++) {
         c[i].id = (int32_t)i;
         c[i].p = exp(((double)logits[i] - (double)logits[best]) / s->temperature);
         sum += c[i].p;
     }
-    qsort(c, (size_t)v, sizeof *c, by_prob_desc);
+    sort_cands(c, v);
     int64_t keep = v;
     if (s->top_k > 0 && s->top_k < keep) keep = s->top_k;
     if (s->top_p > 0 && s->top_p < 1) {
@@ -155,6 +177,12 @@ int32_t cg_sample(const cg_real *logits, int64_t v, const cg_sampling *s, cg_rng
             break;
         }
     }
+    return pick;
+}
+
+int32_t cg_sample(const cg_real *logits, int64_t v, const cg_sampling *s, cg_rng *r) {
+    cand *c = s && s->temperature > 0 && v > 1 ? malloc((size_t)v * sizeof *c) : NULL;
+    const int32_t pick = sample(logits, v, s, r, c); /* out of memory: greedy, as before */
     free(c);
     return pick;
 }
@@ -193,6 +221,7 @@ typedef struct {
     int64_t n_prompt, total, v;
     bool use_cache, replays;
     cg_rng r;
+    cand *cands; /* sampling's candidates, made once for the whole loop */
 } gen_loop;
 
 /* Builds the decode graph of one token once: the token and the cache length are int32 inputs
@@ -221,7 +250,7 @@ static cg_status gen_steps(void *ctx) {
             *id = L->out[n - 1], *past = (int32_t)kc->len;
             if ((st = cg_graph_forward(g))) break;
             kc->len++;
-            L->out[n] = cg_sample(cg_data(decode), L->v, L->s, &L->r);
+            L->out[n] = sample(cg_data(decode), L->v, L->s, &L->r, L->cands);
             continue;
         }
         cg_graph_reset(g);
@@ -234,7 +263,7 @@ static cg_status gen_steps(void *ctx) {
         st = cg_graph_forward(g);
         if (st) break;
         if (kc) kc->len += t; /* forward wrote this step's keys and values into the cache */
-        L->out[n] = cg_sample(cg_data(logits) + (t - 1) * L->v, L->v, L->s, &L->r);
+        L->out[n] = sample(cg_data(logits) + (t - 1) * L->v, L->v, L->s, &L->r, L->cands);
     }
     return st;
 }
@@ -266,8 +295,11 @@ cg_status cg_decoder_generate(cg_decoder_forward fwd, const void *model, const c
     gen_loop L = {.fwd = fwd, .model = model, .g = g, .kc = &kc, .s = s, .out = out, .n_prompt = n_prompt,
                   .total = total, .v = v, .use_cache = use_cache, .replays = info->replays};
     cg_rng_seed(&L.r, seed);
+    if (!st && s && s->temperature > 0 && v > 1 && !(L.cands = malloc((size_t)v * sizeof *L.cands)))
+        st = cg_set_error(CG_ERR_NOMEM, "[%s] out of memory", what);
     /* one thread team for the whole loop: a token is too small a run to wake threads for */
     if (!st) st = cg_run_with_team(gen_steps, &L);
+    free(L.cands);
     free(kc.k);
     free(kc.v);
     cg_graph_free(g);

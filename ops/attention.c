@@ -134,33 +134,6 @@ cg_tensor *cg_sdpa(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, double
     return cg_sdpa_ex(g, q, k, v, &o);
 }
 
-/* T5's bucket of a relative position rel = key - query (Raffel et al., as Hugging Face's
- * _relative_position_bucket computes it, in float32 for the logarithmic part): exact buckets for
- * short distances, logarithmic ones up to max_distance; bidirectional tables spend half their
- * buckets on keys after the query. */
-static int32_t t5_bucket(int64_t rel, bool bidirectional, int64_t nb, int64_t max_distance) {
-    int64_t b = 0;
-    if (bidirectional) {
-        nb /= 2;
-        if (rel > 0) b += nb;
-        rel = rel < 0 ? -rel : rel;
-    } else rel = rel < 0 ? -rel : 0;
-    const int64_t exact = nb / 2;
-    if (rel < exact) return (int32_t)(b + rel);
-    const float f = logf((float)rel / (float)exact) / (float)log((double)max_distance / (double)exact) *
-                    (float)(nb - exact);
-    const int64_t large = exact + (int64_t)f;
-    return (int32_t)(b + (large < nb - 1 ? large : nb - 1));
-}
-
-/* ALiBi's slope for query head h of n (Press et al.): 2^(-8 (h + 1) / n) for n a power of two;
- * otherwise, as BLOOM, the slopes of the power of two p below n, then every other slope of 2p. */
-static double alibi_slope(int64_t h, int64_t n) {
-    int64_t p = 1;
-    while (p * 2 <= n) p *= 2;
-    return h < p ? pow(2.0, -8.0 * (double)(h + 1) / (double)p) : pow(2.0, -4.0 * (double)(2 * (h - p) + 1) / (double)p);
-}
-
 /* A bias broadcastable to [B, Hq, Tq, Tk]: its strides read as that shape, 0 where broadcast. */
 static bool bias_strides(const cg_tensor *bias, const int64_t *want, int64_t *st) {
     if (bias->ndim < 1 || bias->ndim > 4) return false;
@@ -267,7 +240,7 @@ cg_tensor *cg_sdpa_ex(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, con
     memcpy(p->bias_st, bias_st, sizeof bias_st);
     p->nrel = nrel;
     for (int64_t r = 0; table && r < nrel; r++) /* offset r is key - query position r - (Tk - 1) */
-        p->bucket[r] = t5_bucket(r - (tk - 1), !opts->causal, nb, max_distance);
+        p->bucket[r] = cgi_t5_bucket(r - (tk - 1), !opts->causal, nb, max_distance);
     t->aux_bytes = aux_bytes(t);
     /* the T5 table's gradient per (batch, head) and offset, summed into the table in a fixed order */
     if (table && table->requires_grad) t->bwd_aux_bytes = (size_t)(B * hq * nrel) * sizeof(cg_real);
@@ -343,7 +316,7 @@ static void head_at(const cg_tensor *t, int64_t bh, cg_real *rel, head *h) {
     h->scale = (cg_real)p->scale;
     h->rel = NULL;
     if (has_rel(p)) { /* offset r is key - query position r - (Tk - 1) */
-        const double slope = p->alibi ? alibi_slope(hh, q->shape[1]) : 0;
+        const double slope = p->alibi ? cgi_alibi_slope(hh, q->shape[1]) : 0;
         const cg_tensor *tb = p->table ? t->src[p->table] : NULL;
         for (int64_t r = 0; r < p->nrel; r++) {
             const int64_t dist = r - (h->tk - 1);

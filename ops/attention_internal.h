@@ -1,5 +1,6 @@
-/* The one-query-row kernels of the fused attention (ops/attention_decode.c), which ops/attention.c
- * calls for a block of a single query row (cached generation). Not installed. */
+/* Helpers of the fused attention (ops/attention.c) kept in files of their own: the one-query-row
+ * kernels (ops/attention_decode.c), which it calls for a block of a single query row (cached
+ * generation), and the relative position biases (ops/attention_bias.c). Not installed. */
 #ifndef CGRAD_ATTENTION_INTERNAL_H
 #define CGRAD_ATTENTION_INTERNAL_H
 
@@ -11,5 +12,10 @@ void cgi_attn_row_scores(const cg_real *restrict q, const cg_real *restrict k, i
 /* o[e] = beta o[e] + sum_c p[c] v_c[e] over nk values v_c = v + c vs of d features (beta 0 or 1). */
 void cgi_attn_row_pv(const cg_real *restrict p, int64_t nk, const cg_real *restrict v, int64_t vs, int64_t d,
                      cg_real beta, cg_real *restrict o);
+
+/* T5's bucket (of nb) for a key rel = key - query positions away, distances logarithmic up to max_distance. */
+int32_t cgi_t5_bucket(int64_t rel, bool bidirectional, int64_t nb, int64_t max_distance);
+/* ALiBi's slope for query head h of n (BLOOM's when n is not a power of two). */
+double cgi_alibi_slope(int64_t h, int64_t n);
 
 #endif

@@ -188,6 +188,40 @@ static void test_generate_threads(void) {
     cg_params_free(ps);
 }
 
+static int by_value_then_id(const void *a, const void *b) {
+    const double *x = a, *y = b; /* {value, id} */
+    return x[0] != y[0] ? (x[0] < y[0] ? 1 : -1) : (x[1] > y[1]) - (x[1] < y[1]);
+}
+
+/* Top-k sampling draws only from the k best logits, ties ranked by the lower id, and from each of
+ * them: checks the order cg_sample sorts its candidates in (many ties here) against qsort's. */
+static void test_sample_order(void) {
+    enum { V = 300, DRAWS = 3000 };
+    cg_real logits[V];
+    double ranked[V][2];
+    for (int i = 0; i < V; i++) {
+        logits[i] = (cg_real)((i * 37) % 11) * 0.01f; /* 11 distinct values, ~27 ties each */
+        ranked[i][0] = logits[i], ranked[i][1] = i;
+    }
+    qsort(ranked, V, sizeof ranked[0], by_value_then_id);
+    cg_rng r;
+    cg_rng_seed(&r, 3);
+    const int ks[3] = {1, 5, 40};
+    for (int j = 0; j < 3; j++) {
+        const cg_sampling s = {1.0, ks[j], 0};
+        int seen[V] = {0}, outside = 0, missed = 0;
+        for (int d = 0; d < DRAWS; d++) seen[cg_sample(logits, V, &s, &r)]++;
+        for (int i = 0; i < V; i++) {
+            bool in = false;
+            for (int q = 0; q < ks[j]; q++) in = in || (int)ranked[q][1] == i;
+            outside += !in && seen[i];
+            missed += in && !seen[i];
+        }
+        CHECK(outside == 0 && missed == 0, "top_k %d: %d ids drawn outside the top k, %d in it never drawn", ks[j],
+              outside, missed);
+    }
+}
+
 static void test_learns(void) {
     /* A repeating sequence is learnable: 60 SGD steps must cut the loss well below log(V). */
     cg_gpt_config c = tiny();
@@ -225,6 +259,7 @@ int main(void) {
     test_decode_replay(40, 5);
     test_decode_replay(272, 250);
     test_generate_threads();
+    test_sample_order();
     test_learns();
     TEST_END();
 }
