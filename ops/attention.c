@@ -32,6 +32,7 @@ typedef struct {
     int64_t window;
     bool causal, alibi, keeps_probs;
     bool lp_probs;             /* kept probabilities stored in bf16 (a bf16 graph; decided by the plan) */
+    bool lp_inputs;            /* some of q, k, v stored in bf16: the slots hold a head's widened rows */
     int slots;                 /* scratch slots (the thread count at construction) */
     int kp, bias, table;       /* source index of the key padding, the bias tensor, T5's table (0: none) */
     int past;                  /* source index of the run-time past (opts->past; 0: none) */
@@ -45,13 +46,22 @@ static const sdpa_params *prm(const cg_tensor *t) { return t->params; }
 static bool has_rel(const sdpa_params *p) { return p->alibi || p->table; }
 
 /* aux: lse[B*H*Tq], then P[B*H*Tq*Tk] when kept, then per slot: s[BQ*BK], dp[BQ*BK], acc[BQ*D],
- * rows[3*BQ], rel[nrel] (with a relative bias), and when kept the packed operands below. */
+ * rows[3*BQ], rel[nrel] (with a relative bias), a head's q, k and v rows widened from bf16 (when
+ * stored so), and when kept the packed operands below. */
 static size_t align16(size_t n) { return (n + 15) / 16 * 16; }
+static size_t inputs_reals(const cg_tensor *t) {
+    const int64_t tq = t->shape[2], tk = t->src[1]->shape[2], dq = t->src[0]->shape[3], dv = t->shape[3];
+    return prm(t)->lp_inputs ? align16((size_t)(tq * dq + tk * dq + tk * dv)) : 0;
+}
 static size_t slot_reals(const cg_tensor *t) {
     const sdpa_params *p = prm(t);
-    return (size_t)(2 * BQ * BK + BQ * t->shape[3] + 3 * BQ) + (has_rel(p) ? align16((size_t)p->nrel) : 0);
+    return (size_t)(2 * BQ * BK + BQ * t->shape[3] + 3 * BQ) + (has_rel(p) ? align16((size_t)p->nrel) : 0) +
+           inputs_reals(t);
 }
 static cg_real *rel_at(const cg_tensor *t, cg_real *slot) { return slot + 2 * BQ * BK + BQ * t->shape[3] + 3 * BQ; }
+static cg_real *inputs_at(const cg_tensor *t, cg_real *slot) {
+    return rel_at(t, slot) + (has_rel(prm(t)) ? align16((size_t)prm(t)->nrel) : 0);
+}
 
 /* When every key fits in one block the softmax needs no running rescale, and the probabilities
  * (Tq x Tk per head, at most 256 keys wide, so still linear in Tq) are kept for backward, which
@@ -125,6 +135,8 @@ static size_t aux_bytes(const cg_tensor *t) {
 void cgi_sdpa_plan(cg_tensor *t) {
     sdpa_params *p = t->params;
     p->lp_probs = p->keeps_probs && t->graph->precision == CG_BF16;
+    p->lp_inputs = false;
+    for (int i = 0; i < 3; i++) p->lp_inputs |= t->src[i]->root->lp_value;
     t->aux_bytes = aux_bytes(t);
 }
 
@@ -293,15 +305,31 @@ typedef struct {
     cg_real drop_scale;
 } head;
 
-/* The head bh of t; rel (a slot's scratch of nrel reals) gets the head's relative bias, if any. */
-static void head_at(const cg_tensor *t, int64_t bh, cg_real *rel, head *h) {
+/* Head row pointer of x (q, k or v) at batch b, head hh, with its row stride in *rs. An input stored
+ * in bf16 (a linear's value only attention reads, ops/bf16.c) is widened into dst, [rows, D]
+ * contiguous, once for the head: every product and the packing then read floats. */
+static const cg_real *head_rows(const cg_tensor *x, int64_t b, int64_t hh, cg_real *dst, int64_t *rs) {
+    const int64_t at = b * x->stride[0] + hh * x->stride[1], rows = x->shape[2], d = x->shape[3];
+    *rs = x->stride[2];
+    if (!x->root->lp_value) return (const cg_real *)x->data + at;
+    /* a view's element offset is the same in the bf16 storage; its float address is not */
+    const cgi_bf16 *src = (const cgi_bf16 *)x->root->data + x->offset + at;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t e = 0; e < d; e++) dst[r * d + e] = cgi_from_bf16(src[r * *rs + e * x->stride[3]]);
+    *rs = d;
+    return dst;
+}
+
+/* The head bh of t in scratch slot `slot`, whose rel part gets the head's relative bias, if any. */
+static void head_at(const cg_tensor *t, int64_t bh, cg_real *slot, head *h) {
     const sdpa_params *p = prm(t);
     const cg_tensor *q = t->src[0], *k = t->src[1], *v = t->src[2];
     const int64_t b = bh / q->shape[1], hh = bh % q->shape[1], hk = hh / (q->shape[1] / k->shape[1]);
-    h->q = (const cg_real *)q->data + b * q->stride[0] + hh * q->stride[1];
-    h->k = (const cg_real *)k->data + b * k->stride[0] + hk * k->stride[1];
-    h->v = (const cg_real *)v->data + b * v->stride[0] + hk * v->stride[1];
-    h->qs = q->stride[2], h->ks = k->stride[2], h->vs = v->stride[2];
+    cg_real *rel = rel_at(t, slot), *in = inputs_at(t, slot);
+    const int64_t tq = q->shape[2], tk = k->shape[2], dq = q->shape[3];
+    h->q = head_rows(q, b, hh, in, &h->qs);
+    h->k = head_rows(k, b, hk, in + tq * dq, &h->ks);
+    h->v = head_rows(v, b, hk, in + tq * dq + tk * dq, &h->vs);
     const cg_tensor *kp = p->kp ? t->src[p->kp] : NULL;
     h->keep = kp ? (const int32_t *)kp->data + b * kp->stride[0] : NULL;
     h->keep_s = kp ? kp->stride[1] : 0;
@@ -495,7 +523,7 @@ static void fwd_head(const fwd_run *f, int64_t bh, int me) {
     const unsigned csr = flush_begin();
     cg_real *s = lse + slots_offset(t) + (size_t)me * stride, *acc = s + 2 * BQ * BK, *m = acc + BQ * d, *l = m + BQ;
     head h;
-    head_at(t, bh, rel_at(t, s), &h);
+    head_at(t, bh, s, &h);
     cg_real *o = out + bh / t->shape[1] * t->stride[0] + bh % t->shape[1] * t->stride[1];
     packs w = {0};
     if (packed) { /* K^T and V for every query block of the head */
@@ -691,7 +719,7 @@ void cgi_bwd_attention(cg_tensor *t) {
         cg_real *slot = (cg_real *)lse + slots_offset(t) + (size_t)me * stride, *dp = slot + BQ * BK,
                 *di = dp + BQ * BK + BQ * d;
         head h;
-        head_at(t, bh, rel_at(t, slot), &h);
+        head_at(t, bh, slot, &h);
         packs w = {0};
         if (packed) { /* V^T and K for every query block of the head */
             w = packs_at(t, slot, &u);

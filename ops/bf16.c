@@ -695,6 +695,38 @@ static void plan_linear_outputs(cg_graph *g, const int *consumers) {
     free(gelu_readers);
 }
 
+/* A linear's value can be stored in bf16 when everything that reads it, through views (split,
+ * split_heads), is fused attention taking it as q, k or v: attention widens a head's rows into its
+ * slot when it starts the head (ops/attention.c), in forward and in backward, so the float value
+ * (GPT-2's c_attn output, 113 MB over gpt-small's twelve blocks) is never needed. The rounding is
+ * oneDNN's output stage's, as for the FC pre-activation, and torch's autocast makes it too (its
+ * linear outputs are bf16). CGRAD_BF16_QKV_OFF=1 turns it off. */
+static void plan_attention_inputs(cg_graph *g, const int *consumers) {
+    if (getenv("CGRAD_BF16_QKV_OFF")) return;
+    int *attn = calloc((size_t)g->n + 1, sizeof *attn), *other = calloc((size_t)g->n + 1, sizeof *other);
+    for (int c = 0; attn && other && c < g->n; c++) {
+        const cg_tensor *t = g->nodes[c];
+        for (int k = 0; k < t->nsrc; k++) {
+            const cg_tensor *r = t->src[k]->root;
+            if (r->id < 0) continue;
+            if (cgi_ops[t->op].kind == CGI_KIND_VIEW) { /* its readers are counted as the root's */
+                if (t->retain) other[r->id]++; /* ... but a retained view is read as float */
+                continue;
+            }
+            (t->op == CGI_OP_ATTENTION && k < 3 && t->src[k]->dtype == CG_REAL ? attn : other)[r->id]++;
+        }
+    }
+    for (int i = 0; attn && other && i < g->n; i++) {
+        cg_tensor *t = g->nodes[i];
+        const cg_tensor *b = t->nsrc > 2 ? t->src[2] : NULL;
+        if (t->op == CGI_OP_LINEAR && t->root == t && !t->kept && !t->retain && consumers[i] > 0 && attn[i] > 0 &&
+            other[i] == 0 && cgi_contiguous(t) && (!b || b->stride[0] == 1))
+            t->lp_value = true;
+    }
+    free(attn);
+    free(other);
+}
+
 void cgi_lp_plan_values(cg_graph *g, const int *consumers) {
     for (int i = 0; i < g->n; i++) {
         g->nodes[i]->lp_value = g->nodes[i]->lp_shadowed = false;
@@ -716,6 +748,7 @@ void cgi_lp_plan_values(cg_graph *g, const int *consumers) {
     }
     free(linear_readers);
     plan_linear_outputs(g, consumers);
+    plan_attention_inputs(g, consumers);
     plan_shadows(g);
 }
 

@@ -530,11 +530,11 @@ typedef struct {
     size_t aux, plan;
 } sdpa_out;
 
-static void run_sdpa(cg_precision prec, int64_t t, bool causal, double drop, const float *Q, const float *K, const float *V,
-                     const float *R, sdpa_out *o) {
+static void run_sdpa_drop(cg_precision prec, int64_t nb, int64_t nh, int64_t t, int64_t nd, bool causal, double drop,
+                          const float *Q, const float *K, const float *V, const float *R, sdpa_out *o) {
     cg_graph *g = cg_graph_new(CG_TRAIN);
     CHECK(cg_graph_set_precision(g, prec) == CG_OK, "%s", cg_last_error());
-    int64_t sh[4] = {SB, SH, t, SD};
+    int64_t sh[4] = {nb, nh, t, nd};
     cg_tensor *q = cg_requires_grad(cg_input(g, "q", CG_REAL, 4, sh)), *k = cg_requires_grad(cg_input(g, "k", CG_REAL, 4, sh));
     cg_tensor *v = cg_requires_grad(cg_input(g, "v", CG_REAL, 4, sh)), *r = cg_input(g, "r", CG_REAL, 4, sh);
     cg_write(q, Q), cg_write(k, K), cg_write(v, V), cg_write(r, R);
@@ -545,6 +545,11 @@ static void run_sdpa(cg_precision prec, int64_t t, bool causal, double drop, con
     cg_read(a, o->o), cg_read_grad(q, o->dq), cg_read_grad(k, o->dk), cg_read_grad(v, o->dv);
     o->aux = a->aux_bytes, o->plan = cg_graph_plan_bytes(g);
     cg_graph_free(g);
+}
+
+static void run_sdpa(cg_precision prec, int64_t t, bool causal, double drop, const float *Q, const float *K, const float *V,
+                     const float *R, sdpa_out *o) {
+    run_sdpa_drop(prec, SB, SH, t, SD, causal, drop, Q, K, V, R, o);
 }
 
 /* Backward reads P~ = P (1 + d), |d| <= u, where fp32 reads P; dP = dO V^T and D = rowsum(dO O) are
@@ -632,6 +637,116 @@ static void test_sdpa(void) {
         run_sdpa(CG_FP32, cases[c].t, cases[c].causal, cases[c].drop, Q, K, V, R, &fp);
         run_sdpa(CG_BF16, cases[c].t, cases[c].causal, cases[c].drop, Q, K, V, R, &lp);
         check_sdpa(cases[c].t, cases[c].causal, cases[c].drop, Q, K, V, R, &lp, &fp);
+    }
+}
+
+/* ---- q, k, v stored in bf16: a linear whose value only attention reads ---- */
+
+enum { QB = 2, QH = 3, QD = 16, QC = QH * QD, QK = 32, QT = 40 };
+
+typedef struct {
+    float o[QB * QH * QT * QD], db[3 * QC];
+    float y[QB * QT * 3 * QC];     /* the linear's value: float (off), or widened from its bf16 store (on) */
+    int lp_values;
+    size_t plan;
+} qkv_out;
+
+/* x [QB, T, QK] -> linear(W, b) -> split into q, k, v -> heads -> attention (retained) -> sum(a r).
+ * Only the bias is a parameter, so its gradient (column sums of dY = [dq dk dv]) shows backward. */
+static void run_qkv(bool on, bool retain, int64_t t, bool causal, const float *X, const float *W, const float *B,
+                    const float *R, qkv_out *o) {
+    if (!on) setenv("CGRAD_BF16_QKV_OFF", "1", 1);
+    cg_params *ps = cg_params_new();
+    cg_tensor *b = cg_params_add(ps, "b", 1, (int64_t[]){3 * QC});
+    cg_write(b, B);
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    CHECK(cg_graph_set_precision(g, CG_BF16) == CG_OK, "%s", cg_last_error());
+    cg_tensor *x = cg_input(g, "x", CG_REAL, 3, (int64_t[]){QB, t, QK}), *w = cg_input(g, "w", CG_REAL, 2, (int64_t[]){3 * QC, QK});
+    cg_tensor *r = cg_input(g, "r", CG_REAL, 4, (int64_t[]){QB, QH, t, QD});
+    cg_write(x, X), cg_write(w, W), cg_write(r, R);
+    cg_tensor *y = cg_linear(g, x, w, b), *qkv[3];
+    if (retain) cg_retain(y);
+    CHECK(cg_split(g, y, -1, 3, NULL, qkv) == CG_OK, "%s", cg_last_error());
+    const cg_sdpa_opts so = {.scale = 0.25, .causal = causal};
+    cg_tensor *a = cg_retain(cg_sdpa_ex(g, cg_split_heads(g, qkv[0], QH), cg_split_heads(g, qkv[1], QH),
+                                        cg_split_heads(g, qkv[2], QH), &so));
+    cg_tensor *loss = cg_sum_all(g, cg_mul(g, a, r));
+    CHECK(loss && cg_graph_forward(g) == CG_OK, "%s", cg_last_error());
+    const int64_t ny = QB * t * 3 * QC;
+    if (y->lp_value)
+        for (int64_t i = 0; i < ny; i++) o->y[i] = cgi_from_bf16(((const cgi_bf16 *)y->data)[i]);
+    else memcpy(o->y, y->data, (size_t)ny * sizeof(float));
+    CHECK(cg_graph_backward(g, loss) == CG_OK, "%s", cg_last_error());
+    cg_read(a, o->o), cg_read_grad(b, o->db);
+    o->lp_values = 0;
+    for (int i = 0; i < g->n; i++) o->lp_values += g->nodes[i]->lp_value;
+    o->plan = cg_graph_plan_bytes(g);
+    cg_graph_free(g);
+    cg_params_free(ps);
+    unsetenv("CGRAD_BF16_QKV_OFF");
+}
+
+/* Stored in bf16, y~ is bf16 of the float sum plus bias that the float run stores: off by at most
+ * u(1 + u)|y| (+ (K + 2) 2^-24 of sum|x||w| + |b|, should the bias go in another order). Attention
+ * then computes on y~'s values exactly as on float inputs holding them: its output must be
+ * bit-identical to a bf16 graph whose q, k, v inputs are y~ (widened), and the bias gradient
+ * (column sums of that graph's dq, dk, dv, which the stored run's attention also makes) within
+ * the float summation's (BT + 1) 2^-24 sum|dY| of the double sum. */
+static void test_qkv(void) {
+    enum { NX = QB * QT * QK, NW = 3 * QC * QK, NR = QB * QH * QT * QD };
+    static float X[NX], W[NW], B[3 * QC], R[NR], Q[NR], K[NR], V[NR], dY[QB * QT * 3 * QC];
+    static qkv_out on, off, off2;
+    static sdpa_out ref;
+    cg_rng rng;
+    cg_rng_seed(&rng, 21);
+    fill(X, NX, &rng, 1), fill(W, NW, &rng, 0.2), fill(B, 3 * QC, &rng, 0.1), fill(R, NR, &rng, 1);
+    const struct { int64_t t; bool causal; } cases[2] = {{QT, true}, {8, false}}; /* the packed path; BLIS's */
+    for (int c = 0; c < 2; c++) {
+        const int64_t t = cases[c].t, ny = QB * t * 3 * QC;
+        run_qkv(true, false, t, cases[c].causal, X, W, B, R, &on);
+        run_qkv(false, true, t, cases[c].causal, X, W, B, R, &off);
+        run_qkv(false, false, t, cases[c].causal, X, W, B, R, &off2);
+        CHECK(on.lp_values == off2.lp_values + 1, "qkv T=%lld: %d bf16 values, %d with q/k/v off (expected one more)",
+              (long long)t, on.lp_values, off2.lp_values);
+        CHECK(on.plan < off2.plan, "qkv T=%lld: plan %zu bytes with q/k/v in bf16, %zu without", (long long)t, on.plan, off2.plan);
+        int bad = 0, rounded = 0;
+        for (int64_t i = 0; i < ny; i++) {
+            const int64_t row = i / (3 * QC), col = i % (3 * QC);
+            double mag = fabs(B[col]);
+            for (int64_t p = 0; p < QK; p++) mag += fabs((double)X[row * QK + p] * W[col * QK + p]);
+            const double bound = U * (1 + U) * fabs(off.y[i]) + (QK + 2) * U32 * mag;
+            bad += fabs((double)on.y[i] - off.y[i]) > bound;
+            rounded += on.y[i] != off.y[i];
+        }
+        CHECK(bad == 0, "qkv T=%lld: %d stored elements off the float value by more than their rounding", (long long)t, bad);
+        CHECK(rounded > ny / 2, "qkv T=%lld: only %d of %lld elements rounded: not stored in bf16", (long long)t, rounded,
+              (long long)ny);
+        /* the reference: q, k, v as [B, H, T, D] inputs holding the stored values */
+        for (int64_t bb = 0; bb < QB; bb++)
+            for (int64_t h = 0; h < QH; h++)
+                for (int64_t i = 0; i < t; i++)
+                    for (int64_t e = 0; e < QD; e++) {
+                        const int64_t at = ((bb * QH + h) * t + i) * QD + e, yr = (bb * t + i) * 3 * QC + h * QD + e;
+                        Q[at] = on.y[yr], K[at] = on.y[yr + QC], V[at] = on.y[yr + 2 * QC];
+                    }
+        run_sdpa_drop(CG_BF16, QB, QH, t, QD, cases[c].causal, 0, Q, K, V, R, &ref);
+        CHECK(!memcmp(on.o, ref.o, (size_t)(QB * QH * t * QD) * sizeof(float)),
+              "qkv T=%lld: attention on the bf16 store differs from attention on its values", (long long)t);
+        for (int64_t bb = 0; bb < QB; bb++)
+            for (int64_t h = 0; h < QH; h++)
+                for (int64_t i = 0; i < t; i++)
+                    for (int64_t e = 0; e < QD; e++) {
+                        const int64_t at = ((bb * QH + h) * t + i) * QD + e, yr = (bb * t + i) * 3 * QC + h * QD + e;
+                        dY[yr] = ref.dq[at], dY[yr + QC] = ref.dk[at], dY[yr + 2 * QC] = ref.dv[at];
+                    }
+        double worst = 0;
+        for (int64_t col = 0; col < 3 * QC; col++) {
+            double s = 0, mag = 0;
+            for (int64_t row = 0; row < QB * t; row++) s += dY[row * 3 * QC + col], mag += fabs(dY[row * 3 * QC + col]);
+            worst = fmax(worst, fabs(on.db[col] - s) / ((double)(QB * t + 1) * U32 * mag + 1e-30));
+        }
+        CHECK(worst <= 1, "qkv T=%lld: bias gradient off the sums of attention's dq, dk, dv by %.3g of the bound",
+              (long long)t, worst);
     }
 }
 
@@ -734,16 +849,22 @@ static void test_gpt_step(bool bf16_ok) {
          * GELU reads (one per block, 9 values in all) is a rounding of its own: the run above holds
          * it to fp32 within the same 8u, and test_activations per element; without it
          * (CGRAD_BF16_PREACT_OFF) the run is bit-identical to converting at the product. */
-        gpt_run conv, pre;
+        gpt_run conv, pre, qkv;
         setenv("CGRAD_BF16_VALUES_OFF", "1", 1);
         run_gpt(CG_BF16, &conv);
         unsetenv("CGRAD_BF16_VALUES_OFF");
+        setenv("CGRAD_BF16_QKV_OFF", "1", 1);
+        run_gpt(CG_BF16, &qkv);
         setenv("CGRAD_BF16_PREACT_OFF", "1", 1);
         run_gpt(CG_BF16, &pre);
         unsetenv("CGRAD_BF16_PREACT_OFF");
-        CHECK(lp.lp_values == 9 && pre.lp_values == 7 && conv.lp_values == 0,
-              "bf16-stored values: %d (expected 9), %d without the pre-activations (7), %d with them off", lp.lp_values,
-              pre.lp_values, conv.lp_values);
+        unsetenv("CGRAD_BF16_QKV_OFF");
+        /* and each block's c_attn output (q, k, v), read only by attention: 11 in all */
+        CHECK(lp.lp_values == 11 && qkv.lp_values == 9 && pre.lp_values == 7 && conv.lp_values == 0,
+              "bf16-stored values: %d (expected 11), %d without q/k/v (9), %d without the pre-activations either (7), "
+              "%d with them off", lp.lp_values, qkv.lp_values, pre.lp_values, conv.lp_values);
+        CHECK(memcmp(lp.grads, qkv.grads, (size_t)lp.span * 4), "q, k, v in bf16 changed nothing");
+        free(qkv.grads), free(qkv.values);
         CHECK(!memcmp(pre.loss, conv.loss, sizeof pre.loss) && !memcmp(pre.grads, conv.grads, (size_t)pre.span * 4) &&
                   !memcmp(pre.values, conv.values, (size_t)pre.span * 4),
               "values stored in bf16 changed the run (loss %.9g vs %.9g)", pre.loss[2], conv.loss[2]);
@@ -833,6 +954,7 @@ int main(void) {
         test_no_copy();
         test_shadows();
         test_sdpa();
+        test_qkv();
     }
     test_gpt_step(!why);
     TEST_END();
