@@ -379,17 +379,24 @@ static bool run(cgi_lp *lp, int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, 
     return ok;
 }
 
-/* C = alpha A B + beta C by plain loops over bf16 operands, float accumulation: where oneDNN
- * cannot take an operand that only exists in bf16 (and under cgi_lp_force_ref, for the tests). */
+/* C = alpha A B (+ a contiguous bias row) + beta C by plain loops over bf16 operands, float
+ * accumulation, C in float or (c_bf16, beta 0) rounded once into bf16: where oneDNN cannot take
+ * an operand that only exists in bf16 (and under cgi_lp_force_ref, for the tests). The one
+ * reference loop of every bf16 product, linear's output stage included. */
 static void ref_gemm(int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, int64_t rsa, int64_t csa, const cgi_bf16 *b,
-                     int64_t rsb, int64_t csb, float alpha, float beta, float *c, int64_t rsc, int64_t csc) {
+                     int64_t rsb, int64_t csb, float alpha, float beta, const float *bias, float *c, cgi_bf16 *c_bf16,
+                     int64_t rsc, int64_t csc) {
 #pragma omp parallel for schedule(static) if (m * n * k > CGI_PAR_MIN) num_threads(cgi_nthreads())
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < n; j++) {
             float acc = 0;
             for (int64_t p = 0; p < k; p++) acc += cgi_from_bf16(a[i * rsa + p * csa]) * cgi_from_bf16(b[p * rsb + j * csb]);
-            float *d = c + i * rsc + j * csc;
-            *d = alpha * acc + (beta != 0 ? beta * *d : 0);
+            acc = alpha * acc + (bias ? bias[j] : 0);
+            if (c_bf16) c_bf16[i * rsc + j * csc] = cgi_to_bf16(acc);
+            else {
+                float *d = c + i * rsc + j * csc;
+                *d = acc + (beta != 0 ? beta * *d : 0);
+            }
         }
 }
 
@@ -397,7 +404,7 @@ static void ref_gemm(int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, int64_t
 static void mm(cgi_lp *lp, int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, int64_t rsa, int64_t csa, const cgi_bf16 *b,
                int64_t rsb, int64_t csb, float alpha, float beta, float *c, int64_t rsc, int64_t csc) {
     if (cgi_lp_force_ref || !gemm_bf16(lp, m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, c, rsc, csc))
-        ref_gemm(m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, c, rsc, csc);
+        ref_gemm(m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, NULL, c, NULL, rsc, csc);
 }
 
 static int64_t rows_of(const cg_tensor *x) { return cgi_numel(x->ndim - 1, x->shape); }
@@ -495,7 +502,7 @@ bool cgi_lp_gemm(const cg_tensor *t, bool bwd, int64_t m, int64_t n, int64_t k, 
         /* a C layout oneDNN refuses: float operands go back to the caller's BLIS product */
         const bool bf16_only = (a_src && a_src->root->lp_value) || (b_src && b_src->root->lp_value);
         if (!bf16_only && !cgi_lp_force_ref) return false;
-        ref_gemm(m, n, k, ab, rsa, csa, bb, rsb, csb, alpha, beta, c, rsc, csc);
+        ref_gemm(m, n, k, ab, rsa, csa, bb, rsb, csb, alpha, beta, NULL, c, NULL, rsc, csc);
     }
     return true;
 }
@@ -525,21 +532,6 @@ double cg_bf16_gemm_gflops(int64_t n, int reps) {
 
 /* ---- linear: x[..., in] @ w[out, in]^T ---- */
 
-/* y[m,n] = x W^T + bias by plain loops (float accumulation), in float or rounded once into bf16
- * (y_bf16), where oneDNN refuses. */
-static void ref_linear(int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, int64_t rsa, int64_t csa, const cgi_bf16 *b,
-                       int64_t rsb, int64_t csb, const float *bias, float *y, cgi_bf16 *y_bf16) {
-#pragma omp parallel for schedule(static) if (m * n * k > CGI_PAR_MIN) num_threads(cgi_nthreads())
-    for (int64_t i = 0; i < m; i++)
-        for (int64_t j = 0; j < n; j++) {
-            float acc = 0;
-            for (int64_t p = 0; p < k; p++) acc += cgi_from_bf16(a[i * rsa + p * csa]) * cgi_from_bf16(b[p * rsb + j * csb]);
-            acc += bias ? bias[j] : 0;
-            if (y_bf16) y_bf16[i * n + j] = cgi_to_bf16(acc);
-            else y[i * n + j] = acc;
-        }
-}
-
 /* The bias goes in at the product's output stage (oneDNN's bias argument: the float sum plus the
  * float bias), so no pass fills the output with it first and the product does not read it back.
  * A value stored in bf16 (t->lp_value: GELU alone reads it, see plan_linear_outputs) is rounded
@@ -567,8 +559,8 @@ bool cgi_lp_linear_fwd(cg_tensor *t) {
     const int out = (t->lp_value ? OUT_BF16 : 0) | (bv ? OUT_BIAS : 0);
     if (m == 0 || n == 0) return true;
     if (cgi_lp_force_ref || k == 0 || !run(lp, m, n, k, ab, rsa, csa, bb, rsb, csb, 1, filled ? 1 : 0, t->data, n, bv, out)) {
-        if (filled) ref_gemm(m, n, k, ab, rsa, csa, bb, rsb, csb, 1, 1, t->data, n, 1);
-        else ref_linear(m, n, k, ab, rsa, csa, bb, rsb, csb, bv, t->data, t->lp_value ? t->data : NULL);
+        ref_gemm(m, n, k, ab, rsa, csa, bb, rsb, csb, 1, filled ? 1 : 0, bv, t->lp_value ? NULL : t->data,
+                 t->lp_value ? t->data : NULL, n, 1);
     }
     return true;
 }
