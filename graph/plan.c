@@ -303,13 +303,14 @@ cg_status cgi_plan(cg_graph *g) {
     int64_t *gbirth = malloc((size_t)n1 * sizeof *gbirth);
     int64_t *bt = malloc((size_t)n1 * sizeof *bt), *rt = malloc((size_t)n1 * sizeof *rt);
     int64_t *sdeath = malloc((size_t)n1 * sizeof *sdeath);
+    int64_t *gown = malloc((size_t)n1 * sizeof *gown), *gdeath = malloc((size_t)n1 * sizeof *gdeath);
     buffer *bufs = malloc((size_t)(10 * n + 1) * sizeof *bufs);
     buffer **order = malloc((size_t)(10 * n + 1) * sizeof *order);
     bool *consumed = malloc((size_t)n1 * sizeof *consumed);
     span *used = malloc((size_t)(10 * n + 1) * sizeof *used);
     cg_status st = CG_OK;
     int *consumers = NULL, *sole = NULL;
-    if (!vdeath || !rdeath || !sdeath || !gbirth || !bt || !rt || !bufs || !order || !consumed || !used) {
+    if (!vdeath || !rdeath || !sdeath || !gbirth || !bt || !rt || !bufs || !order || !consumed || !used || !gown || !gdeath) {
         st = cgi_fail(CG_ERR_NOMEM, "[plan] out of memory for %lld nodes", (long long)n);
         goto done;
     }
@@ -375,19 +376,48 @@ cg_status cgi_plan(cg_graph *g) {
         if (t->requires_grad && d->bwd_reads_out) LIVE_TO(t->recompute ? rdeath : vdeath, c, back);
     }
 #undef LIVE_TO
+    for (int64_t i = 0; i < n; i++) {
+        cg_tensor *t = g->nodes[i];
+        gown[i] = -1;
+        gdeath[i] = bt[i];
+        if (t->root != t) continue;
+        /* Logits read only by a fused loss that writes their gradient in place share one buffer:
+         * the value's life ends where the gradient's begins. */
+        const cg_tensor *reader = consumers[i] == 1 && sole[i] >= 0 ? g->nodes[sole[i]] : NULL;
+        t->grad_in_value = reader && (cgi_ops[reader->op].bwd_grad & CGI_GRAD_OVER_VALUE) && reader->src[0] == t &&
+                           reader->requires_grad &&
+                           t->requires_grad && !(t->retain || !consumed[i]) && cgi_ops[t->op].kind == CGI_KIND_COMPUTE &&
+                           t->dtype == CG_REAL && vdeath[i] == bt[reader->id];
+    }
+    /* A residual add y = a + b whose backward is the first to write a's gradient (the add is a's
+     * last reader) gives a its own gradient's buffer: y's gradient dies as a's is born, and a's
+     * gradient starts equal to y's, so the add's copy is gone (cgi_bwd_add sees the same pointer).
+     * Chains (x -> x + f(x) -> ...) share one buffer: the members' lives follow one another, so no
+     * rule ever sees two of them live at once except the add between them. Later indices first: y's
+     * own owner is known when a's is decided. */
+    for (int64_t i = n - 1; i >= 0; i--) {
+        cg_tensor *y = g->nodes[i];
+        if (y->op != CGI_OP_ADD || y->root != y || !y->requires_grad || y->retain || !consumed[i] || y->grad_in_value ||
+            y->src[0]->root == y->src[1]->root)
+            continue;
+        for (int k = 0; k < 2; k++) {
+            cg_tensor *a = y->src[k];
+            if (a->root != a || a->id < 0 || cgi_ops[a->op].kind != CGI_KIND_COMPUTE || !a->requires_grad || a->retain ||
+                !consumed[a->id] || a->grad_in_value || a->dtype != CG_REAL || a->ndim != y->ndim ||
+                memcmp(a->shape, y->shape, (size_t)y->ndim * sizeof *y->shape) || gbirth[a->id] != bt[i])
+                continue;
+            const int64_t own = gown[i] >= 0 ? gown[i] : i;
+            gown[a->id] = own;
+            if (gdeath[own] < bt[a->id]) gdeath[own] = bt[a->id];
+            break;
+        }
+    }
     int nb = 0;
     for (int64_t i = 0; i < n; i++) {
         cg_tensor *t = g->nodes[i];
         if (t->root != t) continue;
         const int64_t back = bt[i];
         bool outlives = t->retain || !consumed[i];
-        /* Logits read only by a fused loss that writes their gradient in place share one buffer:
-         * the value's life ends where the gradient's begins. */
-        const cg_tensor *reader = consumers[i] == 1 && sole[i] >= 0 ? g->nodes[sole[i]] : NULL;
-        t->grad_in_value = reader && (cgi_ops[reader->op].bwd_grad & CGI_GRAD_OVER_VALUE) && reader->src[0] == t &&
-                           reader->requires_grad &&
-                           t->requires_grad && !outlives && cgi_ops[t->op].kind == CGI_KIND_COMPUTE &&
-                           t->dtype == CG_REAL && vdeath[i] == bt[reader->id];
         /* bf16 products convert their operands into scratch that lives only while they run */
         t->lp_tmp[0] = t->lp_tmp[1] = t->lp_alt = NULL;
         if (g->precision == CG_BF16 && cgi_ops[t->op].kind == CGI_KIND_COMPUTE) {
@@ -420,9 +450,9 @@ cg_status cgi_plan(cg_graph *g) {
             }
         }
 
-        if (t->requires_grad && t->op != CGI_OP_INPUT) {
+        if (t->requires_grad && t->op != CGI_OP_INPUT && gown[i] < 0) {
             int64_t birth = gbirth[i] == INT64_MAX ? back : gbirth[i];
-            bufs[nb++] = (buffer){birth, t->retain ? end : back,
+            bufs[nb++] = (buffer){birth, t->retain ? end : gdeath[i],
                                   round_up((size_t)cgi_numel(t->ndim, t->shape) * sizeof(cg_real)), 0, (void **)&t->grad, t, 'g'};
         }
         if (t->requires_grad && t->op == CGI_OP_INPUT && !t->grad) { /* the caller reads it after backward */
@@ -456,8 +486,10 @@ cg_status cgi_plan(cg_graph *g) {
     }
     for (int i = 0; i < nb; i++) *bufs[i].target = (char *)g->block + bufs[i].offset;
     if (getenv("CGRAD_PLAN")) print_plan(bufs, order, nb, total, end);
-    for (int64_t i = 0; i < n; i++)
+    for (int64_t i = 0; i < n; i++) {
         if (g->nodes[i]->grad_in_value) g->nodes[i]->grad = g->nodes[i]->data;
+        if (gown[i] >= 0) g->nodes[i]->grad = g->nodes[gown[i]]->grad;
+    }
 
     g->work = cgi_graph_work(g); /* with the plan, once: each run's thread decision reads it */
     g->planned = true;
@@ -468,6 +500,8 @@ done:
     free(rdeath);
     free(sdeath);
     free(gbirth);
+    free(gown);
+    free(gdeath);
     free(bt);
     free(rt);
     free(bufs);

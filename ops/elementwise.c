@@ -92,8 +92,17 @@ cg_status cgi_fwd_maximum(cg_tensor *t) {
 /* add and sub claim their inputs (ops.def): a first writer copies the gradient instead of adding
  * it into a buffer the graph zeroed (x + x: the second source adds) */
 void cgi_bwd_add(cg_tensor *t) {
-    for (int k = 0; k < 2; k++)
-        if (t->src[k]->requires_grad) cgi_unbroadcast_claim(t->src[k], t->grad, t->ndim, t->shape, 1.0);
+    for (int k = 0; k < 2; k++) {
+        cg_tensor *s = t->src[k];
+        if (!s->requires_grad) continue;
+        /* the planner gave s the output's gradient buffer (graph/plan.c), only when this rule is
+         * its first writer: claiming it is all there is to do */
+        if (s->grad == t->grad && s->root == s) {
+            cgi_grad_begin(s);
+            continue;
+        }
+        cgi_unbroadcast_claim(s, t->grad, t->ndim, t->shape, 1.0);
+    }
 }
 
 void cgi_bwd_sub(cg_tensor *t) {

@@ -140,10 +140,48 @@ static void test_plan_steps_grow_n_log_n(void) {
     }
 }
 
+/* A residual chain h1 = h0 + h0*w1, h2 = h1 + w2*h1, h0 = 2x: each add is its first source's first
+ * gradient writer, so h0, h1 and h2 share one gradient buffer and the adds copy nothing
+ * (graph/plan.c). The gradients against hand values (exact in float), twice over reused memory;
+ * a retained h1 keeps its own buffer and reads dL/dh1. */
+static void test_residual_gradients_share_a_buffer(void) {
+    enum { R = 3, C = 8 };
+    for (int keep = 0; keep < 2; keep++) {
+        cg_graph *g = cg_graph_new(CG_TRAIN);
+        const int64_t sh[2] = {R, C};
+        cg_tensor *x = cg_requires_grad(cg_input(g, "x", CG_REAL, 2, sh)), *w1 = cg_input(g, "w1", CG_REAL, 2, sh),
+                  *w2 = cg_input(g, "w2", CG_REAL, 2, sh), *r = cg_input(g, "r", CG_REAL, 2, sh);
+        cg_tensor *h0 = cg_scale(g, x, 2), *h1 = cg_add(g, h0, cg_mul(g, h0, w1)), *h2 = cg_add(g, h1, cg_mul(g, w2, h1));
+        cg_tensor *loss = cg_sum_all(g, cg_mul(g, h2, r));
+        CHECK(loss != NULL, "%s", cg_last_error());
+        if (keep) cg_retain(h1);
+        for (int i = 0; i < R * C; i++) {
+            cg_data(x)[i] = (cg_real)(i - 7);
+            cg_data(w1)[i] = (cg_real)((i % 5) * 0.25);
+            cg_data(w2)[i] = (cg_real)((i % 3) * 0.5 - 0.5);
+        }
+        for (int round = 0; round < 2; round++) {
+            for (int i = 0; i < R * C; i++) cg_data(r)[i] = (cg_real)((i % 4) - 1 + 2 * round);
+            CHECK(!cg_graph_forward(g) && !cg_graph_backward(g, loss), "%s", cg_last_error());
+            int bad = 0;
+            for (int i = 0; i < R * C; i++) {
+                const double dh1 = cg_data(r)[i] * (1 + cg_data(w2)[i]), dx = 2 * dh1 * (1 + cg_data(w1)[i]);
+                bad += cg_grad(x)[i] != (cg_real)dx;
+                if (keep) bad += cg_grad(h1)[i] != (cg_real)dh1;
+            }
+            CHECK(bad == 0, "keep %d round %d: %d gradients differ from the hand values", keep, round, bad);
+        }
+        if (keep) CHECK(h1->grad != h2->grad && h0->grad != h1->grad, "a retained h1 shares its gradient buffer");
+        else CHECK(h0->grad == h2->grad && h1->grad == h2->grad, "the residual chain's gradients are not one buffer");
+        cg_graph_free(g);
+    }
+}
+
 int main(void) {
     cg_set_threads(2);
     test_placements_agree_on_gpt();
     test_placements_agree_on_recurrence();
     test_plan_steps_grow_n_log_n();
+    test_residual_gradients_share_a_buffer();
     TEST_END();
 }
