@@ -127,16 +127,18 @@ CGI_CLONES static cg_status norm_fwd(cg_tensor *t) {
     return CG_OK;
 }
 
-/* dst[j] += q * (dh - a1 - h * a2) over a row, dh = dy * gain, h = (x - m) * q: layer norm's input
+/* dst[j] (+)= q * (dh - a1 - h * a2) over a row, dh = dy * gain, h = (x - m) * q: layer norm's input
  * gradient (for add_layernorm, both summands'). */
 static inline void norm_dx_row(cg_real *dst, const cg_real *xr, const cg_real *dy, const cg_real *gain, int64_t gs,
-                               int64_t d, cg_real m, cg_real q, cg_real a1, cg_real a2) {
-    if (gain && gs == 1)
+                               int64_t d, cg_real m, cg_real q, cg_real a1, cg_real a2, bool assign) {
+    if (gain && gs == 1 && assign)
+        for (int64_t j = 0; j < d; j++) dst[j] = q * (dy[j] * gain[j] - a1 - (xr[j] - m) * q * a2);
+    else if (gain && gs == 1)
         for (int64_t j = 0; j < d; j++) dst[j] += q * (dy[j] * gain[j] - a1 - (xr[j] - m) * q * a2);
     else
         for (int64_t j = 0; j < d; j++) {
             cg_real h = (xr[j] - m) * q, dh = dy[j] * (gain ? gain[j * gs] : 1);
-            dst[j] += q * (dh - a1 - h * a2);
+            dst[j] = (assign ? 0 : dst[j]) + q * (dh - a1 - h * a2);
         }
 }
 
@@ -154,6 +156,17 @@ CGI_CLONES static void norm_bwd(cg_tensor *t) {
     /* x's and r's gradients sharing storage at an offset: row r of one overlaps other rows of the
      * other, so the rows run on one thread (the same blocks: the same bits) */
     const bool serial = dr && x->requires_grad && cgi_grads_alias(x, res);
+    /* The op claims every input (ops.def): a summand whose gradient it writes first gets its rows
+     * assigned, not added into a buffer the sweep zeroed first (a post-LN block's add_layernorm is
+     * both summands' first writer). Summands sharing gradient storage add, as before. */
+    bool ax = false, ar = false;
+    if (serial) cgi_grad_prepare(x), cgi_grad_prepare(res);
+    else {
+        if (x->requires_grad) ax = cgi_grad_begin(x);
+        if (dr) ar = cgi_grad_begin(res);
+    }
+    if (dg) cgi_grad_prepare(gt);
+    if (db) cgi_grad_prepare(bt);
     const int64_t per = (rows + LN_BLOCKS - 1) / LN_BLOCKS;
 #pragma omp parallel for schedule(static) if (rows * d > CGI_PAR_MIN && !serial) num_threads(cgi_nthreads())
     for (int b = 0; b < LN_BLOCKS; b++) {
@@ -182,8 +195,8 @@ CGI_CLONES static void norm_bwd(cg_tensor *t) {
                 for (int l = 0; l < CGI_LANES; l++) s1 += c1[l], s2 += c2[l];
                 /* RMS norm has no centring, so no mean(dh) term */
                 const cg_real a1 = t->op == CGI_OP_RMSNORM ? 0 : (cg_real)(s1 / (double)d), a2 = (cg_real)(s2 / (double)d);
-                if (x->requires_grad) norm_dx_row(x->grad + r * d, xr, dy, gain, gs, d, m, q, a1, a2);
-                if (dr) norm_dx_row(res->grad + r * d, xr, dy, gain, gs, d, m, q, a1, a2);
+                if (x->requires_grad) norm_dx_row(x->grad + r * d, xr, dy, gain, gs, d, m, q, a1, a2, ax);
+                if (dr) norm_dx_row(res->grad + r * d, xr, dy, gain, gs, d, m, q, a1, a2, ar);
             }
             if (dg) for (int64_t j = 0; j < d; j++) pg[j] += dy[j] * (xr[j] - m) * q;
             if (db) for (int64_t j = 0; j < d; j++) pb[j] += dy[j];

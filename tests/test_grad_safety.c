@@ -257,7 +257,47 @@ static void test_gradcheck(void) {
     cg_graph_free(g);
 }
 
+/* ---- first writers: add, sub and the norms assign a gradient nothing has written yet ---- */
+
+/* Each rule below is the first, a later or the only writer of some gradient: a residual add
+ * (both summands' first writer), a broadcast bias (its reduction assigns), a sub into an input
+ * already written, add_layernorm's two summands, layernorm and rmsnorm on a fresh input, and an
+ * input read twice by one add. An assignment where an addition was due drops a term, which the
+ * finite differences see. */
+static void test_first_writers(void) {
+    const int64_t s[2] = {6, 8}, sb[1] = {8};
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    cg_tensor *x = cg_requires_grad(cg_input(g, "x", CG_REAL, 2, s));
+    cg_tensor *b = cg_requires_grad(cg_input(g, "b", CG_REAL, 1, sb));
+    cg_tensor *gain = cg_requires_grad(cg_input(g, "gain", CG_REAL, 1, sb));
+    cg_rng r;
+    cg_rng_seed(&r, 11);
+    cg_fill_uniform(x, &r, -1, 1);
+    cg_fill_uniform(b, &r, -1, 1);
+    cg_fill_uniform(gain, &r, 0.5, 1.5);
+    cg_tensor *h = cg_tanh(g, x);                                 /* h: the residual add writes it first */
+    cg_tensor *res = cg_add(g, h, cg_add(g, cg_scale(g, x, 0.5), b)); /* b broadcast over the rows */
+    cg_tensor *d = cg_sub(g, res, x);                             /* x: its scale wrote it first */
+    cg_tensor *n1 = cg_add_layernorm(g, d, cg_sigmoid(g, res), gain, b, 1e-5); /* the sigmoid's first writer */
+    cg_tensor *s2 = cg_add(g, n1, n1);                            /* one input read twice */
+    cg_tensor *n2 = cg_rmsnorm(g, s2, gain, 1e-6);
+    cg_tensor *s3 = cg_add(g, n2, h);
+    cg_tensor *n3 = cg_layernorm(g, s3, NULL, NULL, 1e-5);
+    /* read again after the norms, whose rules then add into d, s2 and s3 */
+    cg_tensor *late = cg_scale(g, cg_add(g, cg_add(g, d, s2), s3), 0.3);
+    cg_tensor *w = cg_input(g, "R", CG_REAL, 2, s);
+    cg_fill_uniform(w, &r, -1, 1);
+    cg_tensor *loss = cg_sum_all(g, cg_mul(g, cg_add(g, cg_add(g, n3, res), late), w));
+    cg_gradcheck_result out[3];
+    CHECK(cg_gradcheck(g, loss, 3, (cg_tensor *[]){x, b, gain}, 0, out) == CG_OK, "%s", cg_last_error());
+    for (int i = 0; i < 3; i++)
+        CHECK(out[i].pass, "first writers: input %d element %lld analytic %g numeric %g", i, (long long)out[i].worst,
+              out[i].analytic, out[i].numeric);
+    cg_graph_free(g);
+}
+
 int main(void) {
+    test_first_writers();
     test_gradcheck();
     test_misuse();
     test_unreached_zero();
