@@ -284,6 +284,13 @@ bool cgi_grad_begin(cg_tensor *x);
 void cgi_grad_prepare(cg_tensor *x);
 /* cgi_grad_begin when the rule can assign, else cgi_grad_prepare: true when it may write, not add. */
 bool cgi_grad_claim(cg_tensor *x, bool can_assign);
+/* C[i, j] = bias[j * bs] for i < m, j < n (C's strides rsc, csc): the "C = bias" start of a product
+ * that then adds A B into C (beta 1), where the bias cannot go to the output stage. */
+static inline void cgi_fill_bias(cg_real *c, int64_t m, int64_t n, int64_t rsc, int64_t csc, const cg_real *bias,
+                                 int64_t bs) {
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) c[i * rsc + j * csc] = bias[j * bs];
+}
 /* row[j] += bias[j * bs] for j < n; the contiguous case apart, so it vectorises. */
 static inline void cgi_add_bias_row(cg_real *row, const cg_real *bias, int64_t bs, int64_t n) {
     if (bs == 1)

@@ -552,8 +552,7 @@ bool cgi_lp_linear_fwd(cg_tensor *t) {
         const int64_t bs = bias->stride[0];
         cg_real *c = t->data;
 #pragma omp parallel for schedule(static) if (m * n > CGI_PAR_MIN) num_threads(cgi_nthreads())
-        for (int64_t i = 0; i < m; i++)
-            for (int64_t j = 0; j < n; j++) c[i * n + j] = bv[j * bs];
+        for (int64_t i = 0; i < m; i++) cgi_fill_bias(c + i * n, 1, n, n, 1, bv, bs);
     }
     const float *bv = bias && !filled ? bias->data : NULL;
     const int out = (t->lp_value ? OUT_BF16 : 0) | (bv ? OUT_BIAS : 0);

@@ -20,8 +20,7 @@ static void gemm_blis(const cgi_gemm_job *j) {
     cg_real alpha = j->alpha, beta = j->beta, *c = j->c;
     const int64_t rsc = j->rsc, csc = j->csc;
     if (j->bias) { /* C = bias, then C += A B */
-        for (int64_t i = 0; i < m; i++)
-            for (int64_t jj = 0; jj < n; jj++) c[i * rsc + jj * csc] = j->bias[jj * j->bias_stride];
+        cgi_fill_bias(c, m, n, rsc, csc, j->bias, j->bias_stride);
         beta = 1;
     }
     if (k == 0) { /* an empty sum: C = beta * C */

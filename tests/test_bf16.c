@@ -83,30 +83,37 @@ typedef struct {
     size_t bwd_scratch; /* planned conversion scratch of the backward */
 } lin_out;
 
-/* w_t: the weight is stored [in, out] and used through a transpose (GPT-2's Conv1D). */
-static void run_linear(cg_precision prec, bool w_t, bool retain, const float *X, const float *W, const float *B,
-                       const float *R, lin_out *o) {
+/* w_t: the weight is stored [in, out] and used through a transpose (GPT-2's Conv1D). strided: the
+ * bias is column 0 of a [out, 2] parameter (a view of stride 2, which oneDNN's bias argument cannot
+ * take: the output is filled with it first). */
+static void run_linear(cg_precision prec, bool w_t, bool retain, bool strided, const float *X, const float *W,
+                       const float *B, const float *R, lin_out *o) {
     cg_params *ps = cg_params_new();
-    int64_t sw[2] = {w_t ? LK : LN, w_t ? LN : LK}, sb[1] = {LN};
-    cg_tensor *w = cg_params_add(ps, "w", 2, sw), *b = cg_params_add(ps, "b", 1, sb);
-    float wt[LN * LK];
+    int64_t sw[2] = {w_t ? LK : LN, w_t ? LN : LK}, sb[2] = {LN, 2};
+    cg_tensor *w = cg_params_add(ps, "w", 2, sw), *b = cg_params_add(ps, "b", strided ? 2 : 1, sb);
+    float wt[LN * LK], b2[2 * LN];
     for (int i = 0; i < LN; i++)
         for (int j = 0; j < LK; j++) wt[j * LN + i] = W[i * LK + j];
+    for (int i = 0; i < LN; i++) b2[2 * i] = B[i], b2[2 * i + 1] = 100 + (float)i; /* column 1: never read */
     cg_write(w, w_t ? wt : W);
-    cg_write(b, B);
+    cg_write(b, strided ? b2 : B);
     cg_graph *g = cg_graph_new(CG_TRAIN);
     CHECK(cg_graph_set_precision(g, prec) == CG_OK, "%s", cg_last_error());
     int64_t sx[3] = {LB, LT, LK}, sy[3] = {LB, LT, LN};
     cg_tensor *x = cg_requires_grad(cg_input(g, "x", CG_REAL, 3, sx)), *r = cg_input(g, "r", CG_REAL, 3, sy);
     cg_write(x, X);
     cg_write(r, R);
-    cg_tensor *y = cg_linear(g, x, w_t ? cg_transpose(g, w, 0, 1) : w, b);
+    cg_tensor *y = cg_linear(g, x, w_t ? cg_transpose(g, w, 0, 1) : w, strided ? cg_squeeze(g, cg_slice(g, b, 1, 0, 1), 1) : b);
     if (retain) cg_retain(y);
     cg_tensor *loss = cg_sum_all(g, cg_mul(g, y, r));
     o->bwd_scratch = y ? cgi_lp_scratch_bytes(y, true) : 0; /* as the plan sees it, before any storage */
     CHECK(loss && cg_graph_forward(g) == CG_OK && cg_graph_backward(g, loss) == CG_OK, "%s", cg_last_error());
     if (retain) cg_read(y, o->y);
-    cg_read_grad(x, o->dx), cg_read_grad(b, o->db);
+    cg_read_grad(x, o->dx);
+    if (strided) {
+        cg_read_grad(b, b2);
+        for (int i = 0; i < LN; i++) o->db[i] = b2[2 * i];
+    } else cg_read_grad(b, o->db);
     if (w_t) {
         cg_read_grad(w, wt);
         for (int i = 0; i < LN; i++)
@@ -123,18 +130,19 @@ static void test_linear(void) {
     cg_rng_seed(&rng, 1);
     fill(X, LM * LK, &rng, 1), fill(W, LN * LK, &rng, 0.2), fill(B, LN, &rng, 0.5), fill(R, LM * LN, &rng, 1);
     for (int i = 0; i < LM * LN; i++) Bb[i] = B[i % LN]; /* the bias as added to each row */
-    for (int w_t = 0; w_t < 2; w_t++) {
-        run_linear(CG_FP32, w_t, true, X, W, B, R, &f);
-        run_linear(CG_BF16, w_t, true, X, W, B, R, &h);
+    for (int w_t = 0; w_t < 3; w_t++) { /* 2: w as stored, the bias a strided view */
+        const bool st = w_t == 2;
+        run_linear(CG_FP32, w_t == 1, true, st, X, W, B, R, &f);
+        run_linear(CG_BF16, w_t == 1, true, st, X, W, B, R, &h);
         /* y not retained: dY is turned into bf16 in place instead of into scratch, same numbers */
-        run_linear(CG_BF16, w_t, false, X, W, B, R, &hi);
+        run_linear(CG_BF16, w_t == 1, false, st, X, W, B, R, &hi);
         CHECK(!memcmp(hi.dx, h.dx, sizeof h.dx) && !memcmp(hi.dw, h.dw, sizeof h.dw) && !memcmp(hi.db, h.db, sizeof h.db),
-              "linear%s: dY converted in place changed the gradients", w_t ? " (w transposed)" : "");
+              "linear%s: dY converted in place changed the gradients", w_t == 1 ? " (w transposed)" : st ? " (strided bias)" : "");
         /* the backward then plans scratch for x's conversion alone (W has its copy, dY is in place) */
         const size_t xb = LM * LK * 2;
         CHECK(hi.bwd_scratch == xb && h.bwd_scratch > xb, "linear: backward scratch %zu bytes (expected %zu), %zu retained",
               hi.bwd_scratch, xb, h.bwd_scratch);
-        const char *tag = w_t ? " (w transposed)" : "";
+        const char *tag = w_t == 1 ? " (w transposed)" : st ? " (strided bias)" : "";
         char what[64];
         int differ = 0;
         snprintf(what, sizeof what, "linear y%s", tag);
