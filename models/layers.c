@@ -33,13 +33,20 @@ cg_tensor *cg_param_const(cg_params *ps, double value, int ndim, const int64_t *
     return t;
 }
 
-cg_tensor *cg_attention(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, bool causal,
-                        cg_tensor *key_padding, double dropout) {
+/* Scaled dot-product attention at 1/sqrt(D), the blocks' one call into the fused op; past: the keys
+ * a replayed decode graph holds, read at each run (or NULL). */
+static cg_tensor *attend(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, bool causal, cg_tensor *key_padding,
+                         double dropout, cg_tensor *past) {
     if (!q || !k || !v) return NULL;
     /* dropout on the weights happens inside the fused kernel, its mask drawn again in backward */
     const cg_sdpa_opts o = {.scale = 1.0 / sqrt((double)cg_dim(q, -1)), .causal = causal, .key_padding = key_padding,
-                            .dropout = dropout};
+                            .dropout = dropout, .past = past};
     return cg_sdpa_ex(g, q, k, v, &o);
+}
+
+cg_tensor *cg_attention(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, bool causal,
+                        cg_tensor *key_padding, double dropout) {
+    return attend(g, q, k, v, causal, key_padding, dropout, NULL);
 }
 
 cg_tensor *cg_multi_head(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, int heads, bool causal,
@@ -203,12 +210,9 @@ cg_tensor *cg_kv_cache_extend(cg_graph *g, cg_kv_cache *c, int64_t layer, bool v
 
 cg_tensor *cg_cached_attention(cg_graph *g, cg_kv_cache *c, int64_t layer, cg_tensor *q, cg_tensor *k, cg_tensor *v,
                                double dropout) {
-    if (!c) return cg_attention(g, q, k, v, true, NULL, dropout);
+    if (!c) return attend(g, q, k, v, true, NULL, dropout, NULL);
     k = cg_kv_cache_extend(g, c, layer, false, k), v = cg_kv_cache_extend(g, c, layer, true, v);
-    if (!q || !k || !v) return NULL;
-    const cg_sdpa_opts o = {.scale = 1.0 / sqrt((double)cg_dim(q, -1)), .causal = true, .dropout = dropout,
-                            .past = c->past};
-    return cg_sdpa_ex(g, q, k, v, &o);
+    return attend(g, q, k, v, true, NULL, dropout, c->past);
 }
 
 typedef struct {
