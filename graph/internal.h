@@ -429,6 +429,19 @@ void cgi_bias_gelu_fwd(const cg_real *c, const cg_real *b, cg_real *y, int64_t m
 void cgi_bias_act_bwd(cg_real *c, const cg_real *b, const cg_real *y, const cg_real *dy, int64_t m, int64_t n,
                       cgi_act act, cg_real *db, cg_real *scratch);
 
+/* The constants of cgi_exp's Cephes polynomial: log2(e), ln 2 split in a high and a low part, and
+ * the polynomial's coefficients from the highest power down. Named once, so the hand-vectorised
+ * copies (GELU's 16-lane form in ops/elementwise.c) compute the same function. */
+#define CGI_EXP_LOG2E 1.44269504088896341f
+#define CGI_EXP_LN2_HI 0.693359375f
+#define CGI_EXP_LN2_LO 2.12194440e-4f
+#define CGI_EXP_P0 1.9875691500e-4f
+#define CGI_EXP_P1 1.3981999507e-3f
+#define CGI_EXP_P2 8.3334519073e-3f
+#define CGI_EXP_P3 4.1665795894e-2f
+#define CGI_EXP_P4 1.6666665459e-1f
+#define CGI_EXP_P5 5.0000001201e-1f
+
 /* e^x for the softmax family: a branch-free Cephes-style polynomial (about 2 ulp in float) that
  * the compiler vectorises, where libm's expf is a scalar call per element. e^-inf is exactly 0;
  * e^NaN is NaN. */
@@ -440,14 +453,14 @@ static inline cg_real cgi_exp(cg_real x) {
      * no undefined float-to-int conversion or negative shift) and is put back at the end. */
     float xc = x > -87.0f ? x : -87.0f;
     xc = xc < 88.3762626647949f ? xc : 88.3762626647949f;
-    float fx = __builtin_floorf(xc * 1.44269504088896341f + 0.5f);
-    float r = xc - fx * 0.693359375f + fx * 2.12194440e-4f;
-    float y = 1.9875691500e-4f;
-    y = y * r + 1.3981999507e-3f;
-    y = y * r + 8.3334519073e-3f;
-    y = y * r + 4.1665795894e-2f;
-    y = y * r + 1.6666665459e-1f;
-    y = y * r + 5.0000001201e-1f;
+    float fx = __builtin_floorf(xc * CGI_EXP_LOG2E + 0.5f);
+    float r = xc - fx * CGI_EXP_LN2_HI + fx * CGI_EXP_LN2_LO;
+    float y = CGI_EXP_P0;
+    y = y * r + CGI_EXP_P1;
+    y = y * r + CGI_EXP_P2;
+    y = y * r + CGI_EXP_P3;
+    y = y * r + CGI_EXP_P4;
+    y = y * r + CGI_EXP_P5;
     y = y * r * r + r + 1.0f;
     union { uint32_t i; float f; } scale = {.i = (uint32_t)((int32_t)fx + 127) << 23};
     return x < -103.97f ? 0.0f : x == x ? y * scale.f : x;

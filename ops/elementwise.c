@@ -308,17 +308,17 @@ UNARY(gelu_tanh, GELU_TANH, (cg_real)0.5 * x * (1 + gelu_tanh_t(x)), dy * gelu_t
 #if defined(__AVX512F__) && !defined(CGRAD_DOUBLE)
 #include <immintrin.h>
 #define GELU_AVX512 1
-/* cgi_exp on 16 lanes (same polynomial), for arguments already inside [-87, 88]. */
+/* cgi_exp on 16 lanes (its constants, CGI_EXP_*), for arguments already inside [-87, 88]. */
 static inline __m512 exp16(__m512 x) {
-    const __m512 fx = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+    const __m512 fx = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(CGI_EXP_LOG2E), _mm512_set1_ps(0.5f)),
                                            _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    const __m512 r = _mm512_fmadd_ps(fx, _mm512_set1_ps(2.12194440e-4f), _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x));
-    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+    const __m512 r = _mm512_fmadd_ps(fx, _mm512_set1_ps(CGI_EXP_LN2_LO), _mm512_fnmadd_ps(fx, _mm512_set1_ps(CGI_EXP_LN2_HI), x));
+    __m512 y = _mm512_set1_ps(CGI_EXP_P0);
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(CGI_EXP_P1));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(CGI_EXP_P2));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(CGI_EXP_P3));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(CGI_EXP_P4));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(CGI_EXP_P5));
     y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(y, r), r, r), _mm512_set1_ps(1.0f));
     const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
     return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
