@@ -5,10 +5,13 @@
 #include "graph/internal.h"
 
 static _Thread_local char last_error[1024];
+static _Thread_local cg_status last_status;
 
 const char *cg_last_error(void) { return last_error; }
 
-void cg_clear_error(void) { last_error[0] = 0; }
+cg_status cg_last_status(void) { return last_status; }
+
+void cg_clear_error(void) { last_error[0] = 0, last_status = CG_OK; }
 
 const char *cg_status_name(cg_status s) {
     switch (s) {
@@ -33,6 +36,7 @@ cg_status cg_set_error(cg_status s, const char *fmt, ...) {
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     memcpy(last_error, msg, sizeof msg);
+    last_status = s;
     return s;
 }
 

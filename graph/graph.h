@@ -75,7 +75,9 @@ typedef struct cg_params cg_params; /* a set of named parameters in one contiguo
 
 /* Message of the last failed call on this thread ("[op] ..."); never NULL. */
 const char *cg_last_error(void);
-/* Clears this thread's error message. */
+/* Status that went with cg_last_error() (CG_OK after cg_clear_error): for callers handed only a NULL. */
+cg_status cg_last_status(void);
+/* Clears this thread's error message and status. */
 void cg_clear_error(void);
 /* Short name of a status code ("shape error"). */
 const char *cg_status_name(cg_status s);

@@ -240,6 +240,12 @@ static cg_tensor *build_decode(gen_loop *L, int32_t **id, int32_t **past) {
     return logits;
 }
 
+/* The status of the op that made a graph builder return NULL (its message is cg_last_error()). */
+static cg_status build_failed(void) {
+    const cg_status st = cg_last_status();
+    return st ? st : cg_set_error(CG_ERR_STATE, "[generate] the model's forward returned NULL without an error");
+}
+
 static cg_status gen_steps(void *ctx) {
     gen_loop *L = ctx;
     cg_graph *g = L->g;
@@ -248,8 +254,10 @@ static cg_status gen_steps(void *ctx) {
     cg_tensor *decode = NULL; /* the replayed graph's logits, once built */
     int32_t *id = NULL, *past = NULL;
     for (int64_t n = L->n_prompt; !st && n < L->total; n++) {
-        if (!decode && kc && L->replays && n > L->n_prompt && !(decode = build_decode(L, &id, &past)))
-            return CG_ERR_SHAPE;
+        if (!decode && kc && L->replays && n > L->n_prompt) {
+            cg_clear_error();
+            if (!(decode = build_decode(L, &id, &past))) return build_failed();
+        }
         if (decode) {
             *id = L->out[n - 1], *past = (int32_t)kc->len;
             if ((st = cg_graph_forward(g))) break;
@@ -258,12 +266,13 @@ static cg_status gen_steps(void *ctx) {
             continue;
         }
         cg_graph_reset(g);
+        cg_clear_error();
         /* With the cache, the first step feeds the whole prompt and later steps one token. */
         const int64_t from = kc ? kc->len : 0, t = n - from;
         cg_tensor *ids = cg_input(g, "ids", CG_INT32, 2, (int64_t[]){1, t});
         if (ids) memcpy(cg_idata(ids), L->out + from, (size_t)t * sizeof(int32_t));
         cg_tensor *logits = L->fwd(g, L->model, ids, kc);
-        if (!logits) return CG_ERR_SHAPE;
+        if (!logits) return build_failed();
         st = cg_graph_forward(g);
         if (st) break;
         if (kc) kc->len += t; /* forward wrote this step's keys and values into the cache */

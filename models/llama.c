@@ -202,10 +202,12 @@ void cg_llama_free(cg_llama *m) {
 
 const cg_llama_config *cg_llama_cfg(const cg_llama *m) { return m ? &m->cfg : NULL; }
 
-/* Projects x to heads [B, heads, T, D] (a view), rotated at positions past.. when rope is set. */
-static cg_tensor *heads_of(cg_graph *g, cg_tensor *x, cg_tensor *w, int64_t heads, int64_t past, const cg_rope_config *rope) {
+/* Projects x to heads [B, heads, T, D] (a view), rotated at positions past.. when rope is set (at:
+ * past is read when the graph runs). */
+static cg_tensor *heads_of(cg_graph *g, cg_tensor *x, cg_tensor *w, int64_t heads, int64_t past, cg_tensor *at,
+                           const cg_rope_config *rope) {
     cg_tensor *h = cg_split_heads(g, cg_linear(g, x, w, NULL), (int)heads);
-    return rope ? cg_rope(g, h, past, rope) : h;
+    return !rope ? h : at ? cg_rope_at(g, h, at, rope) : cg_rope(g, h, past, rope);
 }
 
 static cg_tensor *llama_forward(cg_graph *g, const void *model, cg_tensor *ids, cg_kv_cache *cache) {
@@ -220,23 +222,26 @@ static cg_tensor *llama_forward(cg_graph *g, const void *model, cg_tensor *ids, 
         cg_set_error(CG_ERR_SHAPE, "[llama] ids%s must be int32 [B, T]", cg_shape_str(ids));
         return NULL;
     }
-    const int64_t t = cg_shape(ids)[1], past = cache ? cache->len : 0;
-    if (past + t > c->max_position_embeddings) {
-        cg_set_error(CG_ERR_SHAPE, "[llama] %lld positions exceed max_position_embeddings %lld", (long long)(past + t),
-                 (long long)c->max_position_embeddings);
+    /* a replayed decode step reads the position at each run: one token, at most cap */
+    cg_tensor *at = cache ? cache->past : NULL;
+    const int64_t t = cg_shape(ids)[1], past = at ? cache->cap - 1 : cache ? cache->len : 0;
+    if (past + t > c->max_position_embeddings || (at && t != 1)) {
+        cg_set_error(CG_ERR_SHAPE, "[llama] %lld positions exceed max_position_embeddings %lld, or a replayed step "
+                     "takes %lld tokens, not one", (long long)(past + t), (long long)c->max_position_embeddings,
+                     (long long)t);
         return NULL;
     }
     const double eps = c->rms_norm_eps, p = c->dropout;
     /* attention dropout inside the fused kernel, as Hugging Face's attention_dropout */
-    const cg_sdpa_opts attn = {.scale = 1.0 / sqrt((double)c->head_dim), .causal = true, .dropout = p};
+    const cg_sdpa_opts attn = {.scale = 1.0 / sqrt((double)c->head_dim), .causal = true, .dropout = p, .past = at};
     cg_tensor *x = cg_dropout(g, cg_embedding(g, m->embed, ids), p);
     for (int64_t i = 0; i < c->num_hidden_layers; i++) {
         const llama_block *b = &m->layers[i];
         if (cg_checkpoint_begin(g)) return NULL; /* each block is a checkpoint segment */
         cg_tensor *h = cg_rmsnorm(g, x, b->in_norm, eps);
-        cg_tensor *q = heads_of(g, h, b->q, c->num_attention_heads, past, &c->rope),
-                  *k = heads_of(g, h, b->k, c->num_key_value_heads, past, &c->rope),
-                  *v = heads_of(g, h, b->v, c->num_key_value_heads, past, NULL);
+        cg_tensor *q = heads_of(g, h, b->q, c->num_attention_heads, past, at, &c->rope),
+                  *k = heads_of(g, h, b->k, c->num_key_value_heads, past, at, &c->rope),
+                  *v = heads_of(g, h, b->v, c->num_key_value_heads, past, at, NULL);
         if (cache) k = cg_kv_cache_extend(g, cache, i, false, k), v = cg_kv_cache_extend(g, cache, i, true, v);
         cg_tensor *a = cg_merge_heads(g, cg_sdpa_ex(g, q, k, v, &attn));
         x = cg_add(g, x, cg_dropout(g, cg_linear(g, a, b->o, NULL), p));
@@ -264,6 +269,6 @@ cg_status cg_llama_generate(const cg_llama *m, const int32_t *prompt, int64_t n_
     const cg_llama_config *c = &m->cfg;
     const cg_decoder_info info = {"llama generate", c->vocab_size, c->max_position_embeddings, c->num_hidden_layers,
                                   c->num_key_value_heads, c->head_dim,
-                                  false /* RoPE takes its positions when the graph is built */};
+                                  true /* RoPE and attention read the position at each run */};
     return cg_decoder_generate(llama_forward, m, &info, prompt, n_prompt, n_new, s, seed, use_cache, out);
 }

@@ -210,6 +210,9 @@ typedef struct {
  * QKV included) at positions pos_offset + t (the KV cache's length during generation); the table
  * is computed inside the op. Returns a contiguous tensor shaped as x. */
 cg_tensor *cg_rope(cg_graph *g, cg_tensor *x, int64_t pos_offset, const cg_rope_config *cfg);
+/* cg_rope with the offset read from the int32 pos_offset (one element) each time the graph runs, so one
+ * decode graph serves every position; a negative value fails the run with CG_ERR_RANGE. */
+cg_tensor *cg_rope_at(cg_graph *g, cg_tensor *x, cg_tensor *pos_offset, const cg_rope_config *cfg);
 /* Fused layer norm over the last axis with gain and bias [D] (either may be NULL). */
 cg_tensor *cg_layernorm(cg_graph *g, cg_tensor *x, cg_tensor *gain, cg_tensor *bias, double eps);
 /* Fused RMS norm over the last axis, x / sqrt(mean(x^2) + eps) * gain (gain [D] may be NULL). */

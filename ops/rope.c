@@ -4,15 +4,21 @@
  * forward (T x dims/2, cheap next to the rotation) and keeps it in aux for backward, which rotates
  * the gradient back by the same angles. x is read through its strides, so the q and k heads of a
  * packed QKV projection are rotated without a copy first; the output is contiguous.
- * iarg[0] rotated dims, iarg[1] interleaved, iarg[2] position offset; params: the frequencies f_i
- * (dims/2 doubles: they depend on the settings only). */
+ * iarg[0] rotated dims, iarg[1] interleaved, iarg[2] position offset, or src[1] (an int32) holds it at
+ * run time (cg_rope_at: a replayed decode graph); params: the frequencies f_i (dims/2 doubles: they
+ * depend on the settings only). */
 #include <math.h>
 
 #include "graph/internal.h"
 #include "ops/ops.h"
 
-cg_tensor *cg_rope(cg_graph *g, cg_tensor *x, int64_t pos_offset, const cg_rope_config *cfg) {
-    if (!cgi_inputs_ok(g, "rope", 1, &x) || !cgi_expect_real("rope", x, "x")) return NULL;
+static cg_tensor *rope(cg_graph *g, cg_tensor *x, int64_t pos_offset, cg_tensor *at, const cg_rope_config *cfg) {
+    cg_tensor *in[2] = {x, at};
+    if (!cgi_inputs_ok(g, "rope", at ? 2 : 1, in) || !cgi_expect_real("rope", x, "x")) return NULL;
+    if (at && (at->dtype != CG_INT32 || cgi_numel(at->ndim, at->shape) != 1)) {
+        cgi_fail(CG_ERR_ARG, "[rope] x%s: offset%s must be one int32", cgi_shp(x), cgi_shp(at));
+        return NULL;
+    }
     const cg_rope_config def = {.theta = 10000.0};
     const cg_rope_config *c = cfg ? cfg : &def;
     const int64_t d = x->ndim >= 2 ? x->shape[x->ndim - 1] : 0, dims = c->dims ? c->dims : d;
@@ -47,7 +53,7 @@ cg_tensor *cg_rope(cg_graph *g, cg_tensor *x, int64_t pos_offset, const cg_rope_
         }
         f[i] = c->linear_factor > 0 ? fi / c->linear_factor : fi; /* linear: position / factor */
     }
-    cg_tensor *t = cgi_node(g, CGI_OP_ROPE, CG_REAL, x->ndim, x->shape, 1, &x);
+    cg_tensor *t = cgi_node(g, CGI_OP_ROPE, CG_REAL, x->ndim, x->shape, at ? 2 : 1, in);
     if (!t) return NULL;
     t->params = f;
     t->iarg[0] = dims;
@@ -55,6 +61,15 @@ cg_tensor *cg_rope(cg_graph *g, cg_tensor *x, int64_t pos_offset, const cg_rope_
     t->iarg[2] = pos_offset;
     t->aux_bytes = (size_t)(x->shape[x->ndim - 2] * dims) * sizeof(cg_real); /* cos, sin [T, dims/2] */
     return t;
+}
+
+cg_tensor *cg_rope(cg_graph *g, cg_tensor *x, int64_t pos_offset, const cg_rope_config *cfg) {
+    return rope(g, x, pos_offset, NULL, cfg);
+}
+
+cg_tensor *cg_rope_at(cg_graph *g, cg_tensor *x, cg_tensor *pos_offset, const cg_rope_config *cfg) {
+    if (!cgi_inputs_ok(g, "rope", 1, &pos_offset)) return NULL; /* names a NULL offset */
+    return rope(g, x, 0, pos_offset, cfg);
 }
 
 /* Rotates rows of src (strided, feature stride ss) into dst (feature stride 1 or the grad's),
@@ -93,10 +108,12 @@ static void rotate(const cg_tensor *t, cg_real *dst, const int64_t *dst_stride, 
 cg_status cgi_fwd_rope(cg_tensor *t) {
     const int64_t T = t->shape[t->ndim - 2], half = t->iarg[0] / 2;
     const double *f = t->params;
+    const int64_t off = t->nsrc > 1 ? *(const int32_t *)t->src[1]->data : t->iarg[2];
+    if (off < 0) return cgi_fail(CG_ERR_RANGE, "[rope] x%s: position offset %lld < 0", cgi_shp(t), (long long)off);
     cg_real *C = t->aux, *S = C + T * half;
     for (int64_t p = 0; p < T; p++)
         for (int64_t i = 0; i < half; i++) {
-            const double ang = (double)(t->iarg[2] + p) * f[i];
+            const double ang = (double)(off + p) * f[i];
             C[p * half + i] = (cg_real)cos(ang);
             S[p * half + i] = (cg_real)sin(ang);
         }

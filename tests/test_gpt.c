@@ -188,6 +188,47 @@ static void test_generate_threads(void) {
     cg_params_free(ps);
 }
 
+/* A forward whose build number fail_at (0: the first graph) fails as an out-of-memory arena would. */
+typedef struct {
+    const cg_gpt *m;
+    int builds, fail_at;
+} failing_model;
+
+static cg_tensor *failing_forward(cg_graph *g, const void *model, cg_tensor *ids, cg_kv_cache *cache) {
+    failing_model *f = (failing_model *)model;
+    if (f->builds++ == f->fail_at) {
+        cg_set_error(CG_ERR_NOMEM, "[test arena] cannot allocate 4096 bytes");
+        return NULL;
+    }
+    return cache ? cg_gpt_logits_cached(g, f->m, ids, cache) : cg_gpt_logits(g, f->m, ids);
+}
+
+/* When building a step's graph fails, generation returns the failing op's status (and keeps its
+ * message), not a generic shape error: for the prompt's graph, the replayed decode graph (the second
+ * build) and a graph per token without the cache. */
+static void test_generate_build_status(void) {
+    cg_gpt_config c = tiny();
+    cg_params *ps = cg_params_new();
+    cg_gpt *m = cg_gpt_new(&c, ps, 12);
+    const cg_decoder_info info = {"gpt generate", c.vocab_size, c.n_positions, c.n_layer, c.n_head,
+                                  c.n_embd / c.n_head, true};
+    const int32_t prompt[3] = {2, 7, 1};
+    int32_t out[10];
+    const struct { int fail_at; bool cache; } cases[4] = {{0, true}, {1, true}, {0, false}, {2, false}};
+    for (int i = 0; i < 4; i++) {
+        failing_model f = {m, 0, cases[i].fail_at};
+        const cg_status st = cg_decoder_generate(failing_forward, &f, &info, prompt, 3, 7, NULL, 1, cases[i].cache, out);
+        CHECK(st == CG_ERR_NOMEM && strstr(cg_last_error(), "[test arena]"),
+              "build %d (cache %d) failed: generate returned %s (%s)", cases[i].fail_at, cases[i].cache,
+              cg_status_name(st), cg_last_error());
+    }
+    failing_model ok = {m, 0, -1};
+    CHECK(cg_decoder_generate(failing_forward, &ok, &info, prompt, 3, 7, NULL, 1, true, out) == CG_OK && ok.builds == 2,
+          "no failure: %s, %d builds (want the prompt's and one decode graph)", cg_last_error(), ok.builds);
+    cg_gpt_free(m);
+    cg_params_free(ps);
+}
+
 static int by_value_then_id(const void *a, const void *b) {
     const double *x = a, *y = b; /* {value, id} */
     return x[0] != y[0] ? (x[0] < y[0] ? 1 : -1) : (x[1] > y[1]) - (x[1] < y[1]);
@@ -259,6 +300,7 @@ int main(void) {
     test_decode_replay(40, 5);
     test_decode_replay(272, 250);
     test_generate_threads();
+    test_generate_build_status();
     test_sample_order();
     test_learns();
     TEST_END();

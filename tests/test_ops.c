@@ -286,6 +286,42 @@ static void rope_values(void) {
     cg_graph_free(g);
 }
 
+/* cg_rope_at reads its offset when the graph runs: one graph rewritten with offsets 0, 7 and 300 gives the
+ * bits of cg_rope built for each (LLaMA 3 scaling, interleaved pairs), and a negative offset fails the run. */
+static void rope_at_values(void) {
+    cg_graph *g = cg_graph_new(CG_EVAL);
+    cg_rng rng;
+    cg_rng_seed(&rng, 4);
+    cg_tensor *x = cg_input(g, "x", CG_REAL, 4, S(1, 3, 2, 8));
+    cg_fill_uniform(x, &rng, -1, 1);
+    cg_tensor *off = cg_input(g, "off", CG_INT32, 2, S(1, 1));
+    const cg_rope_config cfg = {.theta = 500, .interleaved = true, .llama3_factor = 4, .llama3_low_freq_factor = 1,
+                                .llama3_high_freq_factor = 4, .llama3_original_context = 16};
+    cg_tensor *y = cg_retain(cg_rope_at(g, x, off, &cfg));
+    const int32_t offs[3] = {0, 7, 300};
+    cg_tensor *wants[3];
+    for (int i = 0; i < 3; i++) wants[i] = cg_retain(cg_rope(g, x, offs[i], &cfg));
+    for (int i = 0; i < 3; i++) {
+        cg_tensor *want = wants[i];
+        cg_idata(off)[0] = offs[i];
+        CHECK(y && want && cg_graph_forward(g) == CG_OK, "%s", cg_last_error());
+        if (!y || !want) break;
+        int differ = 0;
+        for (int j = 0; j < 48; j++) differ += memcmp(&cg_data(y)[j], &cg_data(want)[j], sizeof(cg_real)) != 0;
+        CHECK(differ == 0, "rope_at offset %d: %d of 48 values differ in bits from rope built at it", offs[i], differ);
+        CHECK(offs[i] == 0 || memcmp(cg_data(y), cg_data(x), 8 * sizeof(cg_real)) != 0, "offset %d rotated nothing",
+              offs[i]);
+    }
+    cg_idata(off)[0] = -1;
+    CHECK(cg_graph_forward(g) == CG_ERR_RANGE && strstr(cg_last_error(), "[rope]"), "negative offset: %s",
+          cg_last_error());
+    cg_tensor *real_off = cg_input(g, "real_off", CG_REAL, 1, S(1));
+    CHECK(cg_rope_at(g, x, real_off, &cfg) == NULL && strstr(cg_last_error(), "int32"), "a real offset: %s",
+          cg_last_error());
+    CHECK(cg_rope_at(g, x, NULL, &cfg) == NULL, "a NULL offset is refused");
+    cg_graph_free(g);
+}
+
 int main(void) {
     softmax_nonfinite();
     int failed = cg_gradcheck_ops(stdout, 0, NULL);
@@ -297,5 +333,6 @@ int main(void) {
     reduction_values();
     index_values();
     rope_values();
+    rope_at_values();
     TEST_END();
 }
