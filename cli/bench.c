@@ -177,16 +177,18 @@ static bool in_child(int (*fn)(const void *, int, double), const void *arg, int 
 typedef struct {
     int64_t n;
     int fd;    /* the pipe's write end */
-    bool bf16; /* oneDNN's bf16 matmul instead of bli_sgemm */
+    int bf16; /* 1: the bf16 kernel in use, 2: oneDNN's bf16 matmul, instead of bli_sgemm */
 } sgemm_job;
 
 static int sgemm_child(const void *arg, int threads, double unused) {
     const sgemm_job *job = arg;
-    double g = job->bf16 ? cg_bf16_gemm_gflops(job->n, 3) : sgemm_gflops(job->n, 3);
+    double g = job->bf16 == 1 ? cg_bf16_gemm_gflops(job->n, 3)
+               : job->bf16 == 2 ? cg_bf16_onednn_gemm_gflops(job->n, 3)
+                                : sgemm_gflops(job->n, 3);
     return write(job->fd, &g, sizeof g) == (ssize_t)sizeof g ? 0 : 1;
 }
 
-static double measure_sgemm(int64_t n, int threads, bool bf16) {
+static double measure_sgemm(int64_t n, int threads, int bf16) {
     int fds[2];
     if (pipe(fds)) return NAN;
     double g = NAN;
@@ -270,7 +272,8 @@ static double step_flops(const bench_config *c, cg_params *ps, int64_t d, int64_
     return (6.0 * (double)n + 12.0 * (double)d * (double)attn_len_sum) * tokens;
 }
 
-static double bf16_ref = NAN; /* the bf16 GEMM reference of this config's run (bf16 only) */
+static double bf16_ref = NAN;   /* the bf16 GEMM reference of this config's run (bf16 only): the kernel in use */
+static double onednn_ref = NAN; /* oneDNN's, beside it (the same when oneDNN is the kernel) */
 
 static int train_child(const void *arg, int threads, double sgemm) {
     bench_config shaped = *(const bench_config *)arg;
@@ -346,7 +349,10 @@ static int train_child(const void *arg, int threads, double sgemm) {
            "\"checkpoint_activations\":%d, \"ms_per_step\":%.3f, \"tokens_per_s\":%.1f, \"gflops\":%.3f, \"sgemm_fraction\":%.4f, ",
            c->name, threads, cg_precision_name(cg_default_precision()), (long long)c->batch, (long long)c->t,
            opts.checkpoint, med * 1e3, tokens / med, gflops, gflops / sgemm);
-    if (bf16) printf("\"bf16_gemm_fraction\":%.4f, ", gflops / bf16_ref);
+    if (bf16)
+        printf("\"bf16_kernel\":\"%s\", \"bf16_dot_ratio\":%.3f, \"bf16_gemm_fraction\":%.4f, \"bf16_gemm_gflops\":%.1f, "
+               "\"onednn_gemm_gflops\":%.1f, ",
+               cg_bf16_kernel(), cg_bf16_dot_ratio(), gflops / bf16_ref, bf16_ref, onednn_ref);
     printf("\"peak_rss_mb\":%.1f, \"plan_mb\":%.1f, \"cpu_ms_per_step\":%.3f}\n", rss,
            (double)cg_graph_plan_bytes(g) / 1048576.0, med_cpu * 1e3);
     free(times);
@@ -441,6 +447,10 @@ int cmd_bench(int argc, char **argv) {
            threads, opts.warmup, opts.steps, sizeof(cg_real) == 8 ? ", float64 build" : ", float32",
            cg_precision_name(cg_default_precision()));
     printf("# %s\n", cg_runtime_info());
+    if (cg_default_precision() == CG_BF16)
+        printf("# bf16 products on %s (%s; vdpbf16ps rate / fp32 FMA rate %.2f)\n",
+               !strcmp(cg_bf16_kernel(), "onednn") ? "oneDNN's vdpbf16ps matmul" : "the fp32 FMA units (operands widened)",
+               cg_bf16_kernel_why(), cg_bf16_dot_ratio());
     printf("# step = zero grads + forward + loss + backward + AdamW update; dropout 0; random token data%s\n",
            opts.checkpoint ? "; activations checkpointed per block (backward recomputes them)" : "");
     printf("# model FLOPs/step = (6*N + 12*d*sum_attn(keys)) * tokens  (nanoGPT estimate_mfu: 6N + 12*L*H*Q*T per token)\n"
@@ -452,9 +462,11 @@ int cmd_bench(int argc, char **argv) {
         if (strcmp(name, "all") && strcmp(name, configs[i].name)) continue;
         const double sgemm = measure_sgemm(2048, threads, false);
         if (cg_default_precision() == CG_BF16) {
-            bf16_ref = measure_sgemm(2048, threads, true);
-            printf("%-12s bf16 GEMM reference (oneDNN matmul, bf16 in, float out, 2048^3) %.1f GFLOP/s\n",
-                   configs[i].name, bf16_ref);
+            const bool onednn = !strcmp(cg_bf16_kernel(), "onednn");
+            bf16_ref = measure_sgemm(2048, threads, 1);
+            onednn_ref = onednn ? bf16_ref : measure_sgemm(2048, threads, 2);
+            printf("%-12s bf16 GEMM reference (the kernel in use, %s: bf16 in, float out, 2048^3) %.1f GFLOP/s; oneDNN's "
+                   "matmul %.1f\n", configs[i].name, onednn ? "oneDNN's matmul" : "the fp32 units", bf16_ref, onednn_ref);
         }
         printf("%-12s sgemm reference %.1f GFLOP/s (%d threads); load average %s", configs[i].name, sgemm, threads,
                loadavg());

@@ -139,9 +139,10 @@ static void command_help(FILE *f, const command *c, int argc, char **argv) {
 static void overview(FILE *f) {
     fprintf(f, "usage: cgrad COMMAND [ARGS]   (cgrad COMMAND --help, or cgrad help COMMAND: its options)\n");
     for (int i = 0; i < N_COMMANDS; i++) fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
-    fprintf(f, "  --version  cgrad's and BLIS's versions, BLIS's kernel set and why, threads, OpenMP wait policy\n");
+    fprintf(f, "  --version  cgrad's and BLIS's versions, BLIS's kernel set and why, threads, OpenMP wait policy, bf16 kernel\n");
     fprintf(f, "Commands that run a model take --precision fp32|bf16 (default fp32): bf16 runs the matrix products\n"
-               "on bfloat16 operands with float accumulation (needs avx512_bf16 and a build with oneDNN).\n");
+               "on bfloat16 operands with float accumulation (needs a build with oneDNN; on vdpbf16ps where it\n"
+               "outruns the fp32 FMA units, else on those units with the operands widened: cgrad --version says which).\n");
 }
 
 /* The README's command table: command, first line of its --help, summary. */
@@ -198,6 +199,12 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) return cmd_help(argc - 2, argv + 2);
     if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
         printf("%s\n", cg_runtime_info());
+        const char *kn = cg_bf16_kernel();
+        if (kn)
+            printf("bf16 products: %s (%s; vdpbf16ps rate / fp32 FMA rate %.2f)\n",
+                   !strcmp(kn, "onednn") ? "oneDNN's vdpbf16ps matmul" : "the fp32 FMA units, operands widened as packed",
+                   cg_bf16_kernel_why(), cg_bf16_dot_ratio());
+        else printf("bf16 products: unavailable (%s)\n", cg_bf16_unavailable());
         return 0;
     }
     const command *c = find_command(argv[1]);

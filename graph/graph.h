@@ -162,9 +162,18 @@ cg_status cg_set_precision(cg_precision p);
 cg_precision cg_default_precision(void);
 /* Why bf16 cannot run here ("this build has no oneDNN ..."), or NULL when it can. */
 const char *cg_bf16_unavailable(void);
-/* GFLOP/s of oneDNN's bf16 matmul on n x n operands (best of reps): the reference the bf16
- * products are measured against. NAN when bf16 is unavailable. */
+/* GFLOP/s of the bf16 product kernel in use on n x n operands (best of reps): the reference the
+ * bf16 products are measured against. NAN when bf16 is unavailable. */
 double cg_bf16_gemm_gflops(int64_t n, int reps);
+/* The same for oneDNN's bf16 matmul whatever the kernel in use (NAN without avx512_bf16). */
+double cg_bf16_onednn_gemm_gflops(int64_t n, int reps);
+/* The kernel bf16 products run on: "onednn" (vdpbf16ps) or "fp32" (the fp32 FMA units, operands
+ * widened as they are packed); NULL when bf16 is unavailable. Decided once per process. */
+const char *cg_bf16_kernel(void);
+/* The measured rate of vdpbf16ps over the fp32 FMA's that decided the kernel (NAN if not measured). */
+double cg_bf16_dot_ratio(void);
+/* Why that kernel ("vdpbf16ps slower than the fp32 FMA (measured)", "CGRAD_BF16_GEMM=fp32", ...). */
+const char *cg_bf16_kernel_why(void);
 /* Parses "fp32" or "bf16"; CG_ERR_ARG otherwise. */
 cg_status cg_precision_parse(const char *name, cg_precision *p);
 /* "fp32" or "bf16". */

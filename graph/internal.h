@@ -348,6 +348,14 @@ void cgi_gemm(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, in
 /* Whether float products with row-major C run through cgrad's blocked driver (ops/gemm.c) rather
  * than BLIS's (the kernel set and CGRAD_GEMM_BLIS decide). */
 bool cgi_gemm_blocked_on(void);
+/* C[m,n] (rows rsc, columns contiguous) = alpha A B (+ a contiguous bias row) + beta C from
+ * bfloat16 operands (uint16_t, any strides) with float accumulation on the fp32 FMA units: cgrad's
+ * blocked driver on BLIS's float micro-kernel, the operands widened to float (exact) as they are
+ * packed, on up to `threads` threads. c_bf16: C is bfloat16, rounded once from the float sum plus
+ * the bias (beta must be 0). False (nothing written) in the float64 build. */
+bool cgi_gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t rsa, int64_t csa, const uint16_t *b,
+                   int64_t rsb, int64_t csb, float alpha, float beta, void *c, int64_t rsc, const float *bias, bool c_bf16,
+                   int threads);
 /* One product for cgi_gemm_many: C[m,n] = alpha A[m,k] B[k,n] + beta C, or, with a bias (a row
  * of n, stride bias_stride), alpha A B + the bias on every row (beta unused); relu: then
  * C = max(C, 0) (NaN to 0, as cg_relu), applied to each strip of C while it is in cache. */

@@ -104,12 +104,22 @@ bool cgi_lp_gemm(const cg_tensor *t, bool bwd, int64_t m, int64_t n, int64_t k, 
 }
 bool cgi_lp_linear_fwd(cg_tensor *t) { return false; }
 double cg_bf16_gemm_gflops(int64_t n, int reps) { return NAN; }
+double cg_bf16_onednn_gemm_gflops(int64_t n, int reps) { return NAN; }
+const char *cg_bf16_kernel(void) { return NULL; }
+bool cgi_lp_product(int which, int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, int64_t rsa, int64_t csa,
+                    const cgi_bf16 *b, int64_t rsb, int64_t csb, float alpha, float beta, void *c, int64_t rsc,
+                    int64_t csc, const float *bias, bool c_bf16) {
+    return false;
+}
+double cg_bf16_dot_ratio(void) { return NAN; }
+const char *cg_bf16_kernel_why(void) { return cg_bf16_unavailable(); }
 bool cgi_lp_linear_bwd(cg_tensor *t, bool assign) { return false; }
 bool cgi_lp_lce_bwd(cg_tensor *t, int64_t m, int64_t v, int64_t d, cg_real *dlogits, const cg_real *xs, cg_real *dxs,
                     bool dx, bool dw) {
     return false;
 }
 int64_t cgi_lp_param_conversions;
+int cgi_lp_force_kernel;
 
 #else
 
@@ -121,11 +131,116 @@ static const char *unavailable; /* decided once */
 static bool decided;
 
 /* avx512_bf16: CPUID leaf 7, sub-leaf 1, EAX bit 5. oneDNN would emulate it on plain AVX-512 at
- * a fraction of the speed; a bf16 run there is refused rather than silently slower. */
+ * a fraction of the speed, so without it oneDNN is never used (the products run on the fp32 units). */
 static bool cpu_has_bf16(void) {
     unsigned a, b, c, d;
     if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
     return (a >> 5) & 1;
+}
+
+/* ---- which kernel runs the products: oneDNN's bf16 one, or the fp32 units ---- */
+
+/* A bf16 product can run on vdpbf16ps (oneDNN), or on the fp32 FMA units with the operands
+ * widened to float as they are packed (cgi_gemm_bf16: exact, the values stay stored in bf16). On
+ * Zen 4/5 and Cooper Lake vdpbf16ps does twice an FMA's flops at the FMA's rate; on some Xeons it
+ * issues at a quarter of it (half the fp32 peak: bench/bf16_peak.c). So the choice is measured,
+ * once per process, when bf16 is first asked for: the two register-only loops of bf16_peak.c,
+ * interleaved, seven repetitions each in thread CPU time, the ratio of their medians (~5 ms). Below
+ * 1 the fp32 units win; the machines seen give 0.49 or about 2, far from the threshold. */
+enum { K_ONEDNN, K_FP32 };
+static int kernel = K_FP32;
+int cgi_lp_force_kernel;
+
+static double kernel_ratio = NAN;
+static const char *kernel_why = "";
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#include <time.h>
+enum { PEAK_ACC = 24, PEAK_ROUNDS = 1 << 15, PEAK_REPS = 7 };
+
+static double thread_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* flops per second of PEAK_ROUNDS rounds of PEAK_ACC independent vdpbf16ps (16 lanes, 2 products) */
+__attribute__((target("avx512f,avx512bf16"))) static double peak_bf16(void) {
+    __m512 acc[PEAK_ACC];
+    for (int i = 0; i < PEAK_ACC; i++) acc[i] = _mm512_setzero_ps();
+    __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3f00);
+    const double t = thread_s();
+    for (long r = 0; r < PEAK_ROUNDS; r++) {
+#pragma GCC unroll 24
+        for (int i = 0; i < PEAK_ACC; i++) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+        __asm__ volatile("" : "+v"(a), "+v"(b)); /* keeps the loop from being folded */
+    }
+    const double dt = thread_s() - t;
+    float s = 0;
+    for (int i = 0; i < PEAK_ACC; i++) s += _mm512_reduce_add_ps(acc[i]);
+    __asm__ volatile("" ::"x"(s));
+    return (double)PEAK_ROUNDS * PEAK_ACC * 64 / dt;
+}
+
+/* the same for vfmadd231ps (16 lanes, 1 product) */
+__attribute__((target("avx512f"))) static double peak_fp32(void) {
+    __m512 acc[PEAK_ACC];
+    for (int i = 0; i < PEAK_ACC; i++) acc[i] = _mm512_setzero_ps();
+    __m512 a = _mm512_set1_ps(1.0001f), b = _mm512_set1_ps(0.5f);
+    const double t = thread_s();
+    for (long r = 0; r < PEAK_ROUNDS; r++) {
+#pragma GCC unroll 24
+        for (int i = 0; i < PEAK_ACC; i++) acc[i] = _mm512_fmadd_ps(a, b, acc[i]);
+        __asm__ volatile("" : "+v"(a), "+v"(b));
+    }
+    const double dt = thread_s() - t;
+    float s = 0;
+    for (int i = 0; i < PEAK_ACC; i++) s += _mm512_reduce_add_ps(acc[i]);
+    __asm__ volatile("" ::"x"(s));
+    return (double)PEAK_ROUNDS * PEAK_ACC * 32 / dt;
+}
+
+static int cmp_double(const void *x, const void *y) {
+    const double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+/* bf16 dot-product rate over fp32 FMA rate: medians of interleaved runs, after one of each untimed
+ * (the AVX-512 units may be powered down until used) */
+static double measure_ratio(void) {
+    double f[PEAK_REPS], h[PEAK_REPS];
+    peak_fp32(), peak_bf16();
+    for (int r = 0; r < PEAK_REPS; r++) f[r] = peak_fp32(), h[r] = peak_bf16();
+    qsort(f, PEAK_REPS, sizeof *f, cmp_double);
+    qsort(h, PEAK_REPS, sizeof *h, cmp_double);
+    return h[PEAK_REPS / 2] / f[PEAK_REPS / 2];
+}
+#else
+static double measure_ratio(void) { return NAN; }
+#endif
+
+/* Sets kernel, kernel_ratio and kernel_why; returns why bf16 cannot run, or NULL. */
+static const char *decide_kernel(void) {
+    const bool has = cpu_has_bf16();
+    const char *env = getenv("CGRAD_BF16_GEMM");
+    if (has) kernel_ratio = measure_ratio();
+    if (env && *env) {
+        if (!strcmp(env, "onednn")) {
+            kernel = K_ONEDNN, kernel_why = "CGRAD_BF16_GEMM=onednn";
+            if (!has) return "CGRAD_BF16_GEMM=onednn, but this CPU lacks avx512_bf16 (see the flags in /proc/cpuinfo); "
+                             "unset it to run bf16 on the fp32 units";
+        } else if (!strcmp(env, "fp32"))
+            kernel = K_FP32, kernel_why = "CGRAD_BF16_GEMM=fp32";
+        else
+            return "CGRAD_BF16_GEMM must be onednn or fp32";
+    } else if (!has)
+        kernel = K_FP32, kernel_why = "this CPU lacks avx512_bf16";
+    else if (kernel_ratio < 1)
+        kernel = K_FP32, kernel_why = "vdpbf16ps slower than the fp32 FMA (measured)";
+    else
+        kernel = K_ONEDNN, kernel_why = "vdpbf16ps faster than the fp32 FMA (measured)";
+    return NULL;
 }
 
 /* No oneDNN call here: `cgrad bench` asks in a parent process that must stay fork-safe. */
@@ -135,10 +250,23 @@ const char *cg_bf16_unavailable(void) {
         decided = true;
         if (getenv("CGRAD_BF16_DISABLE") && atoi(getenv("CGRAD_BF16_DISABLE")))
             unavailable = "disabled by CGRAD_BF16_DISABLE";
-        else if (!cpu_has_bf16())
-            unavailable = "this CPU lacks avx512_bf16 (see the flags in /proc/cpuinfo); run with --precision fp32";
+        else
+            unavailable = decide_kernel();
     }
     return unavailable;
+}
+
+const char *cg_bf16_kernel(void) {
+    if (cg_bf16_unavailable()) return NULL;
+    return kernel == K_ONEDNN ? "onednn" : "fp32";
+}
+double cg_bf16_dot_ratio(void) {
+    cg_bf16_unavailable();
+    return kernel_ratio;
+}
+const char *cg_bf16_kernel_why(void) {
+    cg_bf16_unavailable();
+    return kernel_why;
 }
 
 /* The engine and stream, made on first use; false if oneDNN cannot make them. */
@@ -235,9 +363,15 @@ enum { OUT_BIAS = 1, OUT_BF16 = 2 };
 struct cgi_lp {
     entry *e;
     int n, cap;
+    int force;            /* 0: the process's kernel; 1 + K_ONEDNN or 1 + K_FP32: that one (references, tests) */
     cgi_bf16 *slot[2];    /* converted operands: A, B */
     size_t slot_n[2]; /* elements */
 };
+
+/* The kernel a product of this context runs on: forced by the context or the tests, else the choice */
+static int kernel_of(const cgi_lp *lp) {
+    return lp && lp->force ? lp->force - 1 : cgi_lp_force_kernel ? cgi_lp_force_kernel - 1 : kernel;
+}
 
 void cgi_lp_free(cgi_lp *lp) {
     if (!lp) return;
@@ -255,7 +389,7 @@ void cgi_lp_free(cgi_lp *lp) {
 }
 
 static cgi_lp *ctx(cg_graph *g) {
-    if (!g->lp && engine_ready()) g->lp = calloc(1, sizeof *g->lp);
+    if (!g->lp && !cg_bf16_unavailable() && (kernel_of(NULL) == K_FP32 || engine_ready())) g->lp = calloc(1, sizeof *g->lp);
     return g->lp;
 }
 
@@ -352,8 +486,9 @@ static bool gemm_bf16(cgi_lp *lp, int64_t m, int64_t n, int64_t k, const cgi_bf1
     return run(lp, m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, c, rsc, NULL, 0);
 }
 
-/* One oneDNN product, C stored by rows (row stride rsc): C = alpha A B + beta C (+ bias row), C in
- * float or, with OUT_BF16, in bf16. */
+/* One product, C stored by rows (row stride rsc): C = alpha A B + beta C (+ bias row), C in float
+ * or, with OUT_BF16, in bf16 (then beta is 0), on the kernel chosen for the process: the fp32 units
+ * (cgi_gemm_bf16) or oneDNN. */
 static bool run(cgi_lp *lp, int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, int64_t rsa, int64_t csa,
                 const cgi_bf16 *b, int64_t rsb, int64_t csb, float alpha, float beta, void *c, int64_t rsc,
                 const float *bias, int out) {
@@ -361,6 +496,11 @@ static bool run(cgi_lp *lp, int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, 
      * generation step kept on one thread (graph/threads.c) woke the second thread in every product
      * here, and bf16 cached generation fell from 1795 to 594 tokens/s on two threads */
     const int want = cgi_nthreads(), was = omp_get_max_threads();
+    if (kernel_of(lp) == K_FP32) {
+        cgi_lp_exec_threads = want;
+        return cgi_gemm_bf16(m, n, k, a, rsa, csa, b, rsb, csb, alpha, out & OUT_BF16 ? 0 : beta, c, rsc,
+                             out & OUT_BIAS ? bias : NULL, out & OUT_BF16, want);
+    }
     if (want != was) omp_set_num_threads(want);
     cgi_lp_exec_threads = omp_get_max_threads();
     entry *e = prim(lp, m, n, k, rsa, csa, rsb, csb, rsc, alpha, beta, out);
@@ -507,11 +647,12 @@ bool cgi_lp_gemm(const cg_tensor *t, bool bwd, int64_t m, int64_t n, int64_t k, 
     return true;
 }
 
-/* ---- the reference: oneDNN's own bf16 matmul on square operands already in bf16 ---- */
+/* ---- the reference: the bf16 kernel's (or oneDNN's) product on square operands already in bf16 ---- */
 
-double cg_bf16_gemm_gflops(int64_t n, int reps) {
-    if (cg_bf16_unavailable() || n < 1 || !engine_ready()) return NAN;
-    cgi_lp lp = {0};
+static double gemm_ref(int64_t n, int reps, bool onednn) {
+    if (cg_bf16_unavailable() || n < 1 || ((onednn || kernel_of(NULL) == K_ONEDNN) && (!cpu_has_bf16() || !engine_ready())))
+        return NAN;
+    cgi_lp lp = {.force = onednn ? 1 + K_ONEDNN : 0};
     cgi_bf16 *a = calloc((size_t)(n * n), sizeof *a), *b = calloc((size_t)(n * n), sizeof *b);
     float *c = calloc((size_t)(n * n), sizeof *c);
     double best = INFINITY;
@@ -529,6 +670,33 @@ double cg_bf16_gemm_gflops(int64_t n, int reps) {
     free(lp.e), free(a), free(b), free(c);
     return isfinite(best) ? 2.0 * (double)n * (double)n * (double)n / best / 1e9 : NAN;
 }
+
+double cg_bf16_gemm_gflops(int64_t n, int reps) { return gemm_ref(n, reps, false); }
+
+bool cgi_lp_product(int which, int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, int64_t rsa, int64_t csa,
+                    const cgi_bf16 *b, int64_t rsb, int64_t csb, float alpha, float beta, void *c, int64_t rsc,
+                    int64_t csc, const float *bias, bool c_bf16) {
+    static cgi_lp lp[2]; /* primitives kept for the process, one context per forced kernel */
+    if (which < 0 || which > 2 || cg_bf16_unavailable() || (which == 1 && (!cpu_has_bf16() || !engine_ready())))
+        return false;
+    if (which == 0) {
+        ref_gemm(m, n, k, a, rsa, csa, b, rsb, csb, alpha, c_bf16 ? 0 : beta, bias, c_bf16 ? NULL : c,
+                 c_bf16 ? c : NULL, rsc, csc);
+        return true;
+    }
+    bool ok;
+#pragma omp critical(cgi_lp_product)
+    {
+        cgi_lp *l = &lp[which - 1];
+        l->force = which == 1 ? 1 + K_ONEDNN : 1 + K_FP32;
+        if (!bias && !c_bf16) ok = gemm_bf16(l, m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, c, rsc, csc);
+        else ok = csc == 1 && k > 0 && m > 0 && n > 0 &&
+                  run(l, m, n, k, a, rsa, csa, b, rsb, csb, alpha, c_bf16 ? 0 : beta, c, rsc, bias,
+                      (bias ? OUT_BIAS : 0) | (c_bf16 ? OUT_BF16 : 0));
+    }
+    return ok;
+}
+double cg_bf16_onednn_gemm_gflops(int64_t n, int reps) { return gemm_ref(n, reps, true); }
 
 /* ---- linear: x[..., in] @ w[out, in]^T ---- */
 

@@ -8,9 +8,15 @@
 #include <stdlib.h>
 
 #include "graph/internal.h"
+#include "ops/bf16_internal.h"
 
 static void blis_ready(void);
-static bool gemm_blocked(const cgi_gemm_job *j);
+/* How a job's elements are stored (flags beside every job of a call): F_BF16, a and b point to
+ * bfloat16 (uint16_t) elements, strides in them (cgi_gemm_bf16); F_CBF16, C is bfloat16 too,
+ * rounded once from the float sum plus the bias (beta 0). */
+enum { F_BF16 = 1, F_CBF16 = 2 };
+static bool gemm_blocked(const cgi_gemm_job *j, unsigned fl);
+static void gemm_bf16_1(const cgi_gemm_job *j, unsigned fl);
 
 /* C[m,n] = alpha * A[m,k] @ B[k,n] + beta * C (or + bias) on the calling thread, all
  * general-strided. A single row or column goes to gemv: gemm would pack the whole other operand
@@ -69,9 +75,13 @@ static void gemm_blis(const cgi_gemm_job *j) {
 #undef GEMM
 }
 
-static void gemm1(const cgi_gemm_job *j) {
+static void gemm1(const cgi_gemm_job *j, unsigned fl) {
     if (j->m == 0 || j->n == 0) return;
-    if (gemm_blocked(j)) return;
+    if (fl & F_BF16) {
+        gemm_bf16_1(j, fl);
+        return;
+    }
+    if (gemm_blocked(j, 0)) return;
     gemm_blis(j);
     if (j->relu) /* after BLIS's product: a pass over this piece of C */
         for (int64_t i = 0; i < j->m; i++)
@@ -115,34 +125,40 @@ static int pieces_of(const cgi_gemm_job *j, int want, bool team) {
     return p;
 }
 
-static void run_piece(const cgi_gemm_job *jobs, const piece *pc) {
+/* p advanced by `by` elements of a job's operand: floats, or bf16 (cgi_gemm_bf16) */
+static const void *ahead(const void *p, int64_t by, bool bf16) {
+    return (const char *)p + by * (bf16 ? (int64_t)sizeof(uint16_t) : (int64_t)sizeof(cg_real));
+}
+
+static void run_piece(const cgi_gemm_job *jobs, const piece *pc, unsigned fl) {
     cgi_gemm_job j = jobs[pc->job];
     if (cut_rows(&j)) {
-        j.a += pc->lo * j.rsa;
-        j.c += pc->lo * j.rsc;
+        j.a = ahead(j.a, pc->lo * j.rsa, fl & F_BF16);
+        j.c = (cg_real *)ahead(j.c, pc->lo * j.rsc, fl & F_CBF16);
         j.m = pc->hi - pc->lo;
     } else {
-        j.b += pc->lo * j.csb;
-        j.c += pc->lo * j.csc;
+        j.b = ahead(j.b, pc->lo * j.csb, fl & F_BF16);
+        j.c = (cg_real *)ahead(j.c, pc->lo * j.csc, fl & F_CBF16);
         if (j.bias) j.bias += pc->lo * j.bias_stride;
         j.n = pc->hi - pc->lo;
     }
-    gemm1(&j);
+    gemm1(&j, fl);
 }
 
 typedef struct {
     const cgi_gemm_job *jobs;
     const piece *pcs;
+    unsigned fl;
 } team_task;
 
 static void run_team_piece(void *ctx, int q) {
     const team_task *t = ctx;
-    run_piece(t->jobs, &t->pcs[q]);
+    run_piece(t->jobs, &t->pcs[q], t->fl);
 }
 
 enum { TEAM_PIECES = 16 }; /* a job's pieces inside a team, at most */
 
-void cgi_gemm_many(const cgi_gemm_job *jobs, int njobs, int threads) {
+static void gemm_many(const cgi_gemm_job *jobs, int njobs, int threads, unsigned fl) {
     blis_ready();
     /* Inside a team, matrix-vector products are cut into pieces of whole 32-row blocks while the
      * helpers are awake, and not at all while they rest or at one thread: a cut cost ~4% of a
@@ -173,17 +189,19 @@ void cgi_gemm_many(const cgi_gemm_job *jobs, int njobs, int threads) {
         }
     }
     if (share) {
-        const team_task task = {jobs, pcs};
+        const team_task task = {jobs, pcs, fl};
         cgi_team_pieces(run_team_piece, (void *)&task, np);
         return;
     }
     if (np == 1 || threads <= 1) {
-        for (int q = 0; q < np; q++) run_piece(jobs, &pcs[q]);
+        for (int q = 0; q < np; q++) run_piece(jobs, &pcs[q], fl);
         return;
     }
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads < np ? threads : np)
-    for (int q = 0; q < np; q++) run_piece(jobs, &pcs[q]);
+    for (int q = 0; q < np; q++) run_piece(jobs, &pcs[q], fl);
 }
+
+void cgi_gemm_many(const cgi_gemm_job *jobs, int njobs, int threads) { gemm_many(jobs, njobs, threads, 0); }
 
 void cgi_gemm(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, int64_t csa, const cg_real *b,
               int64_t rsb, int64_t csb, cg_real alpha, cg_real beta, cg_real *c, int64_t rsc, int64_t csc, int threads) {
@@ -429,7 +447,7 @@ typedef struct {
     size_t n;
 } pack_buf;
 typedef struct {
-    pack_buf a, b;
+    pack_buf a, b, s; /* s: a strip of C in float, for a bf16 C */
 } pack_bufs;
 /* Each thread's packing buffers: grown once, then reused; freed when the thread ends. */
 static pthread_key_t pack_key;
@@ -437,7 +455,7 @@ static bool pack_key_ok;
 
 static void pack_bufs_free(void *v) {
     pack_bufs *b = v;
-    free(b->a.p), free(b->b.p), free(b);
+    free(b->a.p), free(b->b.p), free(b->s.p), free(b);
 }
 
 static pack_bufs *pack_bufs_get(void) {
@@ -476,20 +494,25 @@ static pthread_once_t blk_once = PTHREAD_ONCE_INIT;
 /* C[m, nb] (rows rsc, columns contiguous) = alpha A B + beta C, or alpha A B + the bias, from
  * packed A (12-row panels) and B (32-column panels) of depth kc: cgi_ukr_gemm strip by strip, one
  * A panel in L1 while the B panels stream past, the bias added (relu: and C clamped at 0, on the
- * last depth pass) while the strip is in cache, row by row. */
+ * last depth pass) while the strip is in cache, row by row. c16 (then c is unused): C is bf16, and
+ * each strip is computed into `strip` (mr x nb floats), the bias added, and rounded once into C. */
 static void blk_macro(const cgi_ukr *u, int64_t m, int64_t nb, int64_t kc, cg_real alpha, const cg_real *ap,
                       const cg_real *bp, cg_real beta, const cg_real *bias, int64_t bs, bool relu, cg_real *c,
-                      int64_t rsc) {
+                      int64_t rsc, cgi_bf16 *c16, cg_real *strip) {
     for (int64_t i = 0; i < m; i += u->mr) {
         const int64_t mi = m - i < u->mr ? m - i : u->mr;
-        cg_real *cr = c + i * rsc;
-        cgi_ukr_gemm(u, mi, nb, kc, alpha, ap + i / u->mr * u->pmr * kc, kc, bp, kc, bias ? 0 : beta, cr, rsc, 1,
+        cg_real *cr = c16 ? strip : c + i * rsc;
+        const int64_t rs = c16 ? nb : rsc;
+        cgi_ukr_gemm(u, mi, nb, kc, alpha, ap + i / u->mr * u->pmr * kc, kc, bp, kc, bias || c16 ? 0 : beta, cr, rs, 1,
                      CGI_UKR_FULL, CGI_UKR_FULL);
-        for (int64_t r = 0; (bias || relu) && r < mi; r++) {
-            cg_real *row = cr + r * rsc;
+        for (int64_t r = 0; (bias || relu || c16) && r < mi; r++) {
+            cg_real *row = cr + r * rs;
             if (bias) cgi_add_bias_row(row, bias, bs, nb);
             if (relu) /* as cg_relu: NaN to 0 */
                 for (int64_t jj = 0; jj < nb; jj++) row[jj] = row[jj] > 0 ? row[jj] : 0;
+#ifndef CGRAD_DOUBLE
+            if (c16) cgi_lp_round(c16 + (i + r) * rsc, row, nb, 1);
+#endif
         }
     }
 }
@@ -499,34 +522,147 @@ bool cgi_gemm_blocked_on(void) {
     return blk_on;
 }
 
+#ifndef CGRAD_DOUBLE
+/* ---- bf16 operands on the float micro-kernel: widened as they are packed ---- */
+
+/* d[i] = s[i] as float (exact: the bf16 bits are a float's upper half); vectorises to a zero
+ * extension and a shift */
+static CGI_CLONES void widen(float *restrict d, const cgi_bf16 *restrict s, int64_t n) {
+    for (int64_t i = 0; i < n; i++) d[i] = cgi_from_bf16(s[i]);
+}
+
+enum { WD = 64, WMAX = 64 }; /* depths widened at a time for a transposing pack; widest panel it takes */
+
+/* pack_panel over bf16 source elements, widened. Panel rows along the depth (sp 1, a transpose):
+ * WD depths of the rows are widened into an L1 block and packed from there by pack_panel (its
+ * register transposes); panel rows across (si 1): each depth's run widened in place. */
+static void pack_panel_bf16(int64_t rows, int64_t w, int64_t k, const cgi_bf16 *src, int64_t si, int64_t sp,
+                            float *dst) {
+    if (sp == 1 && w <= WMAX) {
+        float tmp[WMAX * WD];
+        for (int64_t p0 = 0; p0 < k; p0 += WD) {
+            const int64_t dk = k - p0 < WD ? k - p0 : WD;
+            for (int64_t i = 0; i < rows; i++) widen(tmp + i * WD, src + i * si + p0, dk);
+            pack_panel(rows, w, dk, tmp, WD, 1, dst + p0 * w);
+        }
+        return;
+    }
+    for (int64_t p = 0; p < k; p++) {
+        float *d = dst + p * w;
+        const cgi_bf16 *s = src + p * sp;
+        if (si == 1) widen(d, s, rows);
+        else
+            for (int64_t i = 0; i < rows; i++) d[i] = cgi_from_bf16(s[i * si]);
+        for (int64_t i = rows; i < w; i++) d[i] = 0;
+    }
+}
+
+/* cgi_ukr_pack_a / cgi_ukr_pack_b over bf16 sources (the same panels, widened) */
+static void pack_a_bf16(const cgi_ukr *u, int64_t m, int64_t k, const cgi_bf16 *a, int64_t rs, int64_t cs, float *dst) {
+    for (int64_t i = 0; i < m; i += u->mr, dst += u->pmr * k)
+        pack_panel_bf16(m - i < u->mr ? m - i : u->mr, u->pmr, k, a + i * rs, rs, cs, dst);
+}
+static void pack_b_bf16(const cgi_ukr *u, int64_t k, int64_t n, const cgi_bf16 *b, int64_t rs, int64_t cs, float *dst) {
+    for (int64_t j = 0; j < n; j += u->nr, dst += u->pnr * k)
+        pack_panel_bf16(n - j < u->nr ? n - j : u->nr, u->pnr, k, b + j * cs, cs, rs, dst);
+}
+#endif
+
 /* Runs j through the driver above where it applies (see blk_init; C row-major, no dimension
- * below 32); false: the caller runs BLIS. */
-static bool gemm_blocked(const cgi_gemm_job *j) {
-    if (!cgi_gemm_blocked_on() || j->csc != 1 || j->m < 32 || j->n < 32 || j->k < 32) return false;
+ * below 32); false: the caller runs BLIS. A bf16 job (cgi_gemm_bf16) always applies (any sizes,
+ * C row-major); false only without memory for the packs. */
+static bool gemm_blocked(const cgi_gemm_job *j, unsigned fl) {
+    if (fl & F_BF16) pthread_once(&blk_once, blk_init);
+    else if (!cgi_gemm_blocked_on() || j->csc != 1 || j->m < 32 || j->n < 32 || j->k < 32) return false;
     const cgi_ukr *u = &blk_ukr;
     const int64_t m = j->m, n = j->n, k = j->k;
-    /* pass and block sizes balanced, so no thin remainder pass or block */
-    const int64_t passes = (k + BLK_KC - 1) / BLK_KC, kc0 = (k + passes - 1) / passes;
-    const int64_t nblk = (n + BLK_NC - 1) / BLK_NC, nc0 = ((n + nblk - 1) / nblk + u->nr - 1) / u->nr * u->nr;
+    /* pass and block sizes balanced, so no thin remainder pass or block. A bf16 C is rounded once
+     * from the whole sum: one pass over k, B blocks narrowed to keep the packed B block's size. */
+    const bool one_pass = (fl & F_CBF16);
+    const int64_t passes = one_pass ? 1 : (k + BLK_KC - 1) / BLK_KC, kc0 = (k + passes - 1) / passes;
+    int64_t nc_max = one_pass && k > BLK_KC ? BLK_KC * BLK_NC / k / u->nr * u->nr : BLK_NC;
+    if (nc_max < u->nr) nc_max = u->nr;
+    const int64_t nblk = (n + nc_max - 1) / nc_max, nc0 = ((n + nblk - 1) / nblk + u->nr - 1) / u->nr * u->nr;
     const int64_t mblk = (m + BLK_MC - 1) / BLK_MC, mc0 = ((m + mblk - 1) / mblk + u->mr - 1) / u->mr * u->mr;
     pack_bufs *bufs = pack_bufs_get();
     if (!bufs) return false;
     cg_real *ap = pack_buf_get(&bufs->a, cgi_ukr_packed_a(u, m < mc0 ? m : mc0, kc0));
     cg_real *bp = pack_buf_get(&bufs->b, cgi_ukr_packed_b(u, kc0, n < nc0 ? n : nc0));
-    if (!ap || !bp) return false;
+    cg_real *strip = (fl & F_CBF16) ? pack_buf_get(&bufs->s, (size_t)(u->mr * nc0)) : NULL;
+    if (!ap || !bp || ((fl & F_CBF16) && !strip)) return false;
     for (int64_t jc = 0; jc < m; jc += mc0) {
         const int64_t mc = m - jc < mc0 ? m - jc : mc0;
         for (int64_t pc = 0; pc < k; pc += kc0) {
             const int64_t kc = k - pc < kc0 ? k - pc : kc0;
-            cgi_ukr_pack_a(u, mc, kc, j->a + jc * j->rsa + pc * j->csa, j->rsa, j->csa, ap);
+#ifndef CGRAD_DOUBLE
+            if ((fl & F_BF16)) pack_a_bf16(u, mc, kc, ahead(j->a, jc * j->rsa + pc * j->csa, true), j->rsa, j->csa, ap);
+            else
+#endif
+                cgi_ukr_pack_a(u, mc, kc, j->a + jc * j->rsa + pc * j->csa, j->rsa, j->csa, ap);
             for (int64_t ic = 0; ic < n; ic += nc0) {
                 const int64_t nb = n - ic < nc0 ? n - ic : nc0;
-                cgi_ukr_pack_b(u, kc, nb, j->b + pc * j->rsb + ic * j->csb, j->rsb, j->csb, bp);
+#ifndef CGRAD_DOUBLE
+                if ((fl & F_BF16)) pack_b_bf16(u, kc, nb, ahead(j->b, pc * j->rsb + ic * j->csb, true), j->rsb, j->csb, bp);
+                else
+#endif
+                    cgi_ukr_pack_b(u, kc, nb, j->b + pc * j->rsb + ic * j->csb, j->rsb, j->csb, bp);
                 blk_macro(u, mc, nb, kc, j->alpha, ap, bp, pc == 0 ? j->beta : 1,
                           pc == 0 && j->bias ? j->bias + ic * j->bias_stride : NULL, j->bias_stride,
-                          j->relu && pc + kc >= k, j->c + jc * j->rsc + ic, j->rsc);
+                          j->relu && pc + kc >= k, (fl & F_CBF16) ? NULL : j->c + jc * j->rsc + ic, j->rsc,
+                          (fl & F_CBF16) ? (cgi_bf16 *)j->c + jc * j->rsc + ic : NULL, strip);
             }
         }
     }
     return true;
 }
+
+#ifndef CGRAD_DOUBLE
+/* sum_p a[p sa] b[p sb] in float: sixteen running sums when both are contiguous (they vectorise),
+ * then the tail, then the sums in order; the same bits whatever the thread count */
+static CGI_CLONES float dot_bf16(const cgi_bf16 *a, int64_t sa, const cgi_bf16 *b, int64_t sb, int64_t k) {
+    float acc[16] = {0}, s = 0;
+    int64_t p = 0;
+    if (sa == 1 && sb == 1)
+        for (; p + 16 <= k; p += 16)
+            for (int l = 0; l < 16; l++) acc[l] += cgi_from_bf16(a[p + l]) * cgi_from_bf16(b[p + l]);
+    for (; p < k; p++) s += cgi_from_bf16(a[p * sa]) * cgi_from_bf16(b[p * sb]);
+    for (int l = 0; l < 16; l++) s += acc[l];
+    return s;
+}
+
+/* A bf16 job without packing: a single row or column of C (one token's products: packing the other
+ * operand would cost as much as the product), k = 0, or packs that could not be had. */
+static void gemm_bf16_direct(const cgi_gemm_job *j, unsigned fl) {
+    const cgi_bf16 *a = (const cgi_bf16 *)j->a, *b = (const cgi_bf16 *)j->b;
+    for (int64_t i = 0; i < j->m; i++)
+        for (int64_t q = 0; q < j->n; q++) {
+            float acc = j->k ? dot_bf16(a + i * j->rsa, j->csa, b + q * j->csb, j->rsb, j->k) : 0;
+            acc = j->alpha * acc + (j->bias ? j->bias[q * j->bias_stride] : 0);
+            if ((fl & F_CBF16)) ((cgi_bf16 *)j->c)[i * j->rsc + q * j->csc] = cgi_to_bf16(acc);
+            else {
+                float *d = j->c + i * j->rsc + q * j->csc;
+                *d = acc + (!j->bias && j->beta != 0 ? j->beta * *d : 0);
+            }
+        }
+}
+
+static void gemm_bf16_1(const cgi_gemm_job *j, unsigned fl) {
+    if (j->m == 1 || j->n == 1 || j->k == 0 || j->csc != 1 || !gemm_blocked(j, fl)) gemm_bf16_direct(j, fl);
+}
+
+bool cgi_gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t rsa, int64_t csa, const uint16_t *b,
+                   int64_t rsb, int64_t csb, float alpha, float beta, void *c, int64_t rsc, const float *bias, bool c_bf16,
+                   int threads) {
+    const cgi_gemm_job j = {m, n, k, (const cg_real *)a, rsa, csa, (const cg_real *)b, rsb, csb, alpha, c_bf16 ? 0 : beta,
+                            c, rsc, 1, bias, 1, false};
+    gemm_many(&j, 1, threads, F_BF16 | (c_bf16 ? F_CBF16 : 0));
+    return true;
+}
+#else
+static void gemm_bf16_1(const cgi_gemm_job *j, unsigned fl) { (void)j, (void)fl; }
+bool cgi_gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t rsa, int64_t csa, const uint16_t *b,
+                   int64_t rsb, int64_t csb, float alpha, float beta, void *c, int64_t rsc, const float *bias, bool c_bf16,
+                   int threads) {
+    return false;
+}
+#endif

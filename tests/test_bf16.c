@@ -842,6 +842,24 @@ static void test_gpt_step(bool bf16_ok) {
         for (int64_t i = 0; i < fp.span; i++) dn += pow(lp.grads[i] - fp.grads[i], 2), nn += pow(fp.grads[i], 2);
         CHECK(sqrt(dn) <= 8 * U * sqrt(nn), "gpt gradients: |bf16 - fp32| / |fp32| = %.3g > %.3g", sqrt(dn / nn), 8 * U);
         CHECK(lp.loss[0] != fp.loss[0] || dn > 0, "the bf16 step equals fp32 exactly: the products did not run in bf16");
+        /* the same step forced onto each product kernel: both within the same bounds of fp32 */
+        for (int kn = 1; kn <= 2; kn++) {
+            if (kn == 1 && !cgi_lp_product(1, 1, 1, 1, (const cgi_bf16[]){0x3f80}, 1, 1, (const cgi_bf16[]){0x3f80}, 1,
+                                           1, 1, 0, (float[]){0}, 1, 1, NULL, false))
+                continue; /* no oneDNN kernel on this CPU */
+            gpt_run fk;
+            cgi_lp_force_kernel = kn;
+            run_gpt(CG_BF16, &fk);
+            cgi_lp_force_kernel = 0;
+            double dk = 0;
+            for (int64_t i = 0; i < fp.span; i++) dk += pow(fk.grads[i] - fp.grads[i], 2);
+            for (int s = 0; s < 3; s++)
+                CHECK(fabs(fk.loss[s] - fp.loss[s]) <= 8 * U, "gpt step %d on kernel %d: bf16 loss %.6f vs fp32 %.6f", s,
+                      kn, fk.loss[s], fp.loss[s]);
+            CHECK(sqrt(dk) <= 8 * U * sqrt(nn) && dk > 0, "gpt gradients on kernel %d: |bf16 - fp32| / |fp32| = %.3g", kn,
+                  sqrt(dk / nn));
+            free(fk.grads), free(fk.values);
+        }
         /* weights: the copies are made once per optimizer step, not once per use */
         for (int s = 0; s < 3; s++)
             CHECK(lp.conversions[s] > 0 && lp.conversions[s] == lp.conversions[0],
@@ -909,6 +927,99 @@ static void test_gpt_step(bool bf16_ok) {
     free(unset.grads), free(unset.values), free(fp.grads), free(fp.values), free(back.grads), free(back.values);
 }
 
+/* ---- the product kernels themselves (oneDNN's; the fp32 units with widened operands) ---- */
+
+/* One product on kernel `which` (1 oneDNN, 2 fp32 units) against the exact product of the bf16
+ * operands in double: C = alpha A B (+ bias) + beta C0, C float or bf16. The operands are exactly
+ * bf16 values, so the only error allowed is the float accumulation's, (k + 2) 2^-24 of the
+ * magnitudes (|alpha| sum|a||b| + |bias| + |beta c0|), plus, for a bf16 C, its one rounding (u of
+ * the value): a wrong widening (a lost or shifted bit) is off by far more. Returns false when the
+ * kernel cannot run here. */
+static bool kernel_case(int which, int threads, int64_t m, int64_t n, int64_t k, bool ta, bool tb, int64_t pad, float alpha,
+                        float beta, bool bias, bool c16, float *out, int64_t nout) {
+    const int64_t rsa = ta ? 1 : k + pad, csa = ta ? m + pad : 1, rsb = tb ? 1 : n + pad, csb = tb ? k + pad : 1;
+    const int64_t na = ta ? (k ? (k - 1) * csa + m : 0) : (m - 1) * rsa + k, nb = tb ? (n - 1) * csb + k : (k ? (k - 1) * rsb + n : 0);
+    cgi_bf16 *a = calloc((size_t)na + 1, sizeof *a), *b = calloc((size_t)nb + 1, sizeof *b);
+    float *c = malloc((size_t)(m * n) * sizeof *c), *c0 = malloc((size_t)(m * n) * sizeof *c0), *bv = malloc((size_t)n * sizeof *bv);
+    cgi_bf16 *h = malloc((size_t)(m * n) * sizeof *h);
+    cg_rng rng;
+    cg_rng_seed(&rng, (uint64_t)(m * 131 + n * 7 + k));
+    for (int64_t i = 0; i < na; i++) a[i] = cgi_to_bf16((float)cg_rng_normal(&rng));
+    for (int64_t i = 0; i < nb; i++) b[i] = cgi_to_bf16((float)cg_rng_normal(&rng));
+    fill(c0, m * n, &rng, 1);
+    fill(bv, n, &rng, 1);
+    memcpy(c, c0, (size_t)(m * n) * sizeof *c);
+    cg_set_threads(threads);
+    const bool ran = cgi_lp_product(which, m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, c16 ? (void *)h : c, n, 1,
+                                    bias ? bv : NULL, c16);
+    cg_set_threads(2);
+    if (ran) {
+        double worst = 0;
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                double s = 0, g = 0;
+                for (int64_t p = 0; p < k; p++) {
+                    const double x = cgi_from_bf16(a[i * rsa + p * csa]) * (double)cgi_from_bf16(b[p * rsb + j * csb]);
+                    s += x, g += fabs(x);
+                }
+                const double b0 = bias ? bv[j] : 0, cc = c16 ? 0 : beta * (double)c0[i * n + j];
+                const double want = alpha * s + b0 + cc;
+                const double got = c16 ? cgi_from_bf16(h[i * n + j]) : c[i * n + j];
+                const double tol = (double)(k + 2) * U32 * (fabs(alpha) * g + fabs(b0) + fabs(cc)) * (1 + U) +
+                                   (c16 ? U * fabs(want) * (1 + U) : 0) + 1e-30;
+                const double e = fabs(got - want) / tol;
+                worst = e > worst ? e : worst;
+                if (out && i * n + j < nout) out[i * n + j] = (float)got;
+            }
+        CHECK(worst <= 1, "kernel %d, %d thread(s), [%lld,%lld]x[%lld,%lld]%s%s pad %lld, alpha %g beta %g%s%s: error %.3g of "
+              "the float bound", which, threads, (long long)m, (long long)k, (long long)k, (long long)n, ta ? " A^T" : "",
+              tb ? " B^T" : "", (long long)pad, alpha, beta, bias ? " bias" : "", c16 ? " bf16 C" : "", worst);
+    }
+    free(a), free(b), free(c), free(c0), free(bv), free(h);
+    return ran;
+}
+
+static void test_kernels(void) {
+    static const int64_t dims[][3] = {{1, 1, 1},   {1, 70, 33},  {37, 1, 19},  {5, 13, 0},   {13, 45, 7},
+                                      {37, 50, 70}, {64, 96, 513}, {100, 33, 1030}, {256, 384, 192}};
+    enum { ND = sizeof dims / sizeof *dims };
+    int ran[3] = {0};
+    for (int which = 1; which <= 2; which++)
+        for (int d = 0; d < ND; d++)
+            for (int v = 0; v < 6; v++) {
+                const int64_t m = dims[d][0], n = dims[d][1], k = dims[d][2];
+                const bool ta = v & 1, tb = v & 2, c16 = v == 4 && k > 0, bias = v >= 3 && k > 0;
+                const float alpha = v == 1 ? -1.25f : v == 2 ? 0.5f : 1, beta = v == 0 || v == 2 ? 1 : 0;
+                ran[which] += kernel_case(which, 1, m, n, k, ta, tb, v == 5 ? 3 : 0, alpha, beta, bias, c16, NULL, 0);
+            }
+    CHECK(ran[2] == ND * 6, "the fp32-units kernel refused %d of %d products", ND * 6 - ran[2], ND * 6);
+    if (!ran[1]) printf("test_bf16: oneDNN's kernel not checked (this CPU lacks avx512_bf16)\n");
+    /* determinism: run to run, and (fp32 units: pieces cut along C's rows or columns only, every
+     * element summed over k in one order) one thread against two */
+    enum { DM = 256, DN = 384, DK = 192 };
+    float *r[4];
+    for (int i = 0; i < 4; i++) r[i] = malloc((size_t)(DM * DN) * sizeof(float));
+    for (int which = 1; which <= 2; which++) {
+        bool ok = kernel_case(which, 2, DM, DN, DK, false, true, 0, 1, 0, true, false, r[0], DM * DN);
+        ok = ok && kernel_case(which, 2, DM, DN, DK, false, true, 0, 1, 0, true, false, r[1], DM * DN);
+        ok = ok && kernel_case(which, 1, DM, DN, DK, false, true, 0, 1, 0, true, false, r[2], DM * DN);
+        ok = ok && kernel_case(which, 1, DM, DN, DK, false, true, 0, 1, 0, true, false, r[3], DM * DN);
+        if (!ok) continue;
+        CHECK(!memcmp(r[0], r[1], (size_t)(DM * DN) * 4) && !memcmp(r[2], r[3], (size_t)(DM * DN) * 4),
+              "kernel %d: two runs of the same product differ", which);
+        if (which == 2) CHECK(!memcmp(r[0], r[2], (size_t)(DM * DN) * 4), "fp32 units: one thread and two differ");
+    }
+    for (int i = 0; i < 4; i++) free(r[i]);
+    /* the choice is shown and coherent */
+    const char *kn = cg_bf16_kernel();
+    CHECK(kn && (!strcmp(kn, "onednn") || !strcmp(kn, "fp32")) && cg_bf16_kernel_why()[0], "bf16 kernel '%s' (%s)",
+          kn ? kn : "(null)", cg_bf16_kernel_why());
+    const double ratio = cg_bf16_dot_ratio();
+    if (!getenv("CGRAD_BF16_GEMM") && isfinite(ratio))
+        CHECK(!strcmp(kn, ratio < 1 ? "fp32" : "onednn"), "kernel %s chosen with a measured ratio of %.2f", kn, ratio);
+    printf("test_bf16: bf16 kernel %s (%s, vdpbf16ps / FMA %.2f)\n", kn, cg_bf16_kernel_why(), ratio);
+}
+
 /* In-place conversion of float rows to bf16 rows at the same starts: every element as cgi_to_bf16
  * makes it, for row lengths around the block size. */
 static void test_inplace(void) {
@@ -955,6 +1066,7 @@ int main(void) {
     test_inplace();
     if (why) printf("test_bf16: skipping the bf16 products: %s\n", why);
     else {
+        test_kernels();
         test_linear();
         test_matmul();
         test_lce();

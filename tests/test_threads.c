@@ -47,22 +47,30 @@ static double run_linear_at(int64_t rows, int64_t in, int64_t out, cg_precision 
 
 static double run_linear(int64_t rows, int64_t in, int64_t out) { return run_linear_at(rows, in, out, CG_FP32); }
 
-/* oneDNN's bf16 products open their own OpenMP team: it must follow the run's decision too */
+/* bf16 products (oneDNN opens its own OpenMP team) must follow the run's decision too */
 static void test_bf16_products_follow_the_run(void) {
     const char *why = cg_bf16_unavailable();
     if (why) {
         printf("test_threads: skipping the bf16 check: %s\n", why);
         return;
     }
-    cg_set_threads(2);
-    cgi_lp_exec_threads = 0;
-    run_linear_at(1, 256, 768, CG_BF16);
-    CHECK(seen == 1 && cgi_lp_exec_threads == 1, "a one-token bf16 run gave oneDNN %d threads (kernels %d)",
-          cgi_lp_exec_threads, seen);
-    run_linear_at(4096, 512, 1024, CG_BF16);
-    CHECK(seen == 2 && cgi_lp_exec_threads == 2, "a training-sized bf16 run gave oneDNN %d threads", cgi_lp_exec_threads);
-    CHECK(omp_get_max_threads() == 2, "OpenMP's count left at %d", omp_get_max_threads());
-    cg_set_threads(0);
+    /* on each product kernel (1 oneDNN, where the CPU has it; 2 the fp32 units) */
+    const bool onednn = cgi_lp_product(1, 1, 1, 1, (const cgi_bf16[]){0x3f80}, 1, 1, (const cgi_bf16[]){0x3f80}, 1, 1, 1, 0,
+                                       (float[]){0}, 1, 1, NULL, false);
+    for (int kn = onednn ? 1 : 2; kn <= 2; kn++) {
+        cgi_lp_force_kernel = kn;
+        cg_set_threads(2);
+        cgi_lp_exec_threads = 0;
+        run_linear_at(1, 256, 768, CG_BF16);
+        CHECK(seen == 1 && cgi_lp_exec_threads == 1, "kernel %d: a one-token bf16 run gave its product %d threads (kernels %d)",
+              kn, cgi_lp_exec_threads, seen);
+        run_linear_at(4096, 512, 1024, CG_BF16);
+        CHECK(seen == 2 && cgi_lp_exec_threads == 2, "kernel %d: a training-sized bf16 run gave its product %d threads", kn,
+              cgi_lp_exec_threads);
+        CHECK(omp_get_max_threads() == 2, "OpenMP's count left at %d", omp_get_max_threads());
+        cg_set_threads(0);
+    }
+    cgi_lp_force_kernel = 0;
 }
 
 static void test_work_estimate(void) {
