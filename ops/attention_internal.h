@@ -1,10 +1,12 @@
 /* Helpers of the fused attention (ops/attention.c) kept in files of their own: the one-query-row
  * kernels (ops/attention_decode.c), which it calls for a block of a single query row (cached
- * generation), and the relative position biases (ops/attention_bias.c). Not installed. */
+ * generation), the relative position biases (ops/attention_bias.c) and the checks of the
+ * constructor's inputs and options (ops/attention_opts.c). Not installed. */
 #ifndef CGRAD_ATTENTION_INTERNAL_H
 #define CGRAD_ATTENTION_INTERNAL_H
 
 #include "graph/internal.h"
+#include "ops/ops.h"
 
 /* s[c] = scale (q . k_c) for nk keys k_c = k + c ks of d features. */
 void cgi_attn_row_scores(const cg_real *restrict q, const cg_real *restrict k, int64_t ks, int64_t nk, int64_t d,
@@ -17,5 +19,12 @@ void cgi_attn_row_pv(const cg_real *restrict p, int64_t nk, const cg_real *restr
 int32_t cgi_t5_bucket(int64_t rel, bool bidirectional, int64_t nb, int64_t max_distance);
 /* ALiBi's slope for query head h of n (BLOOM's when n is not a power of two). */
 double cgi_alibi_slope(int64_t h, int64_t n);
+
+/* True when q, k, v and opts make a valid cg_sdpa_ex (else sets cg_last_error, "[sdpa] ..."); a
+ * bias's strides read as [B, Hq, Tq, Tk] go to bias_st (untouched without a bias). */
+bool cgi_sdpa_opts_ok(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, const cg_sdpa_opts *opts,
+                      int64_t bias_st[4]);
+/* The strides of bias read as [B, Hq, Tq, Tk] = want, 0 where broadcast; false if it does not broadcast. */
+bool cgi_sdpa_bias_strides(const cg_tensor *bias, const int64_t *want, int64_t *st);
 
 #endif
