@@ -13,6 +13,7 @@
 typedef struct {
     const char *name;
     int64_t m, n, k, rsa, csa, rsb, csb;
+    bool c16; /* C in bf16 with a bias (q/k/v, the FC pre-activation): one pass over k */
 } shape;
 
 int main(int argc, char **argv) {
@@ -26,22 +27,24 @@ int main(int argc, char **argv) {
     printf("# bf16 kernel in use: %s (%s; vdpbf16ps / fp32 FMA rate %.2f), %d thread(s), %d reps\n", cg_bf16_kernel(),
            cg_bf16_kernel_why(), cg_bf16_dot_ratio(), threads, reps);
     const shape shapes[] = {
-        {"2048^3", 2048, 2048, 2048, 2048, 1, 2048, 1},
-        {"fwd [1024,512]x[512,2048]^T", 1024, 2048, 512, 512, 1, 1, 512},
-        {"fwd [4096,768]x[768,3072]^T", 4096, 3072, 768, 768, 1, 1, 768},
-        {"fwd [4096,3072]x[3072,768]^T", 4096, 768, 3072, 3072, 1, 1, 3072},
-        {"dX [4096,3072]x[3072,768]", 4096, 768, 3072, 6144, 1, 768, 1},
-        {"dW [768,4096]x[4096,3072]", 768, 3072, 4096, 1, 1536, 3072, 1},
-        {"dW [2048,1024]x[1024,512]", 2048, 512, 1024, 1, 4096, 512, 1},
+        {"2048^3", 2048, 2048, 2048, 2048, 1, 2048, 1, false},
+        {"fwd [1024,512]x[512,2048]^T", 1024, 2048, 512, 512, 1, 1, 512, false},
+        {"fwd [4096,768]x[768,3072]^T", 4096, 3072, 768, 768, 1, 1, 768, false},
+        {"fwd [4096,768]x[768,3072]^T bf16 C", 4096, 3072, 768, 768, 1, 1, 768, true},
+        {"fwd [4096,3072]x[3072,768]^T", 4096, 768, 3072, 3072, 1, 1, 3072, false},
+        {"fwd [4096,3072]x[3072,768]^T bf16 C", 4096, 768, 3072, 3072, 1, 1, 3072, true},
+        {"dX [4096,3072]x[3072,768]", 4096, 768, 3072, 6144, 1, 768, 1, false},
+        {"dW [768,4096]x[4096,3072]", 768, 3072, 4096, 1, 1536, 3072, 1, false},
+        {"dW [2048,1024]x[1024,512]", 2048, 512, 1024, 1, 4096, 512, 1, false},
     };
     const int ns = (int)(sizeof shapes / sizeof *shapes);
-    printf("# %-30s %9s %9s %9s %7s %7s\n", "shape (GFLOP/s, CPU time)", "sgemm", "fp32-units", "oneDNN", "u/sgemm",
+    printf("# %-36s %9s %9s %9s %7s %7s\n", "shape (GFLOP/s, CPU time)", "sgemm", "fp32-units", "oneDNN", "u/sgemm",
            "u/dnnl");
     for (int s = 0; s < ns; s++) {
         const shape *p = &shapes[s];
         const int64_t na = (p->m - 1) * p->rsa + (p->k - 1) * p->csa + 1, nb = (p->k - 1) * p->rsb + (p->n - 1) * p->csb + 1;
         float *af = malloc((size_t)na * sizeof *af), *bf = malloc((size_t)nb * sizeof *bf);
-        float *c = malloc((size_t)(p->m * p->n) * sizeof *c);
+        float *c = malloc((size_t)(p->m * p->n) * sizeof *c), *bias = calloc((size_t)p->n, sizeof *bias);
         cgi_bf16 *ah = malloc((size_t)na * sizeof *ah), *bh = malloc((size_t)nb * sizeof *bh);
         if (!af || !bf || !c || !ah || !bh) return 1;
         for (int64_t i = 0; i < na; i++) af[i] = (float)((i * 7919) % 201) / 100.0f - 1.0f, ah[i] = cgi_to_bf16(af[i]);
@@ -55,7 +58,7 @@ int main(int argc, char **argv) {
                     cgi_gemm(p->m, p->n, p->k, af, p->rsa, p->csa, bf, p->rsb, p->csb, 1, 0, c, p->n, 1, threads);
                 else
                     ok[v] = ok[v] && cgi_lp_product(v == 1 ? 2 : 1, p->m, p->n, p->k, ah, p->rsa, p->csa, bh, p->rsb,
-                                                    p->csb, 1, 0, c, p->n, 1, NULL, false);
+                                                    p->csb, 1, 0, c, p->n, 1, p->c16 ? bias : NULL, p->c16);
                 if (r >= 0) t[v][r] = bench_cpu_now() - t0;
             }
         double g[3];
@@ -63,8 +66,8 @@ int main(int argc, char **argv) {
             qsort(t[v], (size_t)reps, sizeof(double), bench_cmp);
             g[v] = ok[v] ? 2.0 * (double)p->m * (double)p->n * (double)p->k / t[v][reps / 2] / 1e9 : 0;
         }
-        printf("  %-30s %9.1f %9.1f %9.1f %7.2f %7.2f\n", p->name, g[0], g[1], g[2], g[1] / g[0], g[2] > 0 ? g[1] / g[2] : 0);
-        free(af), free(bf), free(c), free(ah), free(bh);
+        printf("  %-36s %9.1f %9.1f %9.1f %7.2f %7.2f\n", p->name, g[0], g[1], g[2], g[1] / g[0], g[2] > 0 ? g[1] / g[2] : 0);
+        free(af), free(bf), free(c), free(bias), free(ah), free(bh);
     }
     return 0;
 }

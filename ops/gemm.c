@@ -441,13 +441,14 @@ void cgi_ukr_gemm(const cgi_ukr *u, int64_t m, int64_t n, int64_t k, cg_real alp
  * cgi_ukr's register transposes, and starts a bias-initialised C strip by strip while the strip
  * is in cache instead of filling the whole of C first. */
 enum { BLK_KC = 512, BLK_NC = 480, BLK_MC = 3072 }; /* at most: depth per pass, C columns per packed B block, C rows per packed A */
+enum { BLK_MC16 = 512 }; /* C rows per packed A for a bf16 C: its float block is BLK_MC16 x BLK_NC (960 kB) */
 
 typedef struct {
     cg_real *p;
     size_t n;
 } pack_buf;
 typedef struct {
-    pack_buf a, b, s; /* s: a strip of C in float, for a bf16 C */
+    pack_buf a, b, s; /* s: a block of C in float, for a bf16 C */
 } pack_bufs;
 /* Each thread's packing buffers: grown once, then reused; freed when the thread ends. */
 static pthread_key_t pack_key;
@@ -494,25 +495,20 @@ static pthread_once_t blk_once = PTHREAD_ONCE_INIT;
 /* C[m, nb] (rows rsc, columns contiguous) = alpha A B + beta C, or alpha A B + the bias, from
  * packed A (12-row panels) and B (32-column panels) of depth kc: cgi_ukr_gemm strip by strip, one
  * A panel in L1 while the B panels stream past, the bias added (relu: and C clamped at 0, on the
- * last depth pass) while the strip is in cache, row by row. c16 (then c is unused): C is bf16, and
- * each strip is computed into `strip` (mr x nb floats), the bias added, and rounded once into C. */
+ * last depth pass) while the strip is in cache, row by row. */
 static void blk_macro(const cgi_ukr *u, int64_t m, int64_t nb, int64_t kc, cg_real alpha, const cg_real *ap,
                       const cg_real *bp, cg_real beta, const cg_real *bias, int64_t bs, bool relu, cg_real *c,
-                      int64_t rsc, cgi_bf16 *c16, cg_real *strip) {
+                      int64_t rsc) {
     for (int64_t i = 0; i < m; i += u->mr) {
         const int64_t mi = m - i < u->mr ? m - i : u->mr;
-        cg_real *cr = c16 ? strip : c + i * rsc;
-        const int64_t rs = c16 ? nb : rsc;
-        cgi_ukr_gemm(u, mi, nb, kc, alpha, ap + i / u->mr * u->pmr * kc, kc, bp, kc, bias || c16 ? 0 : beta, cr, rs, 1,
+        cg_real *cr = c + i * rsc;
+        cgi_ukr_gemm(u, mi, nb, kc, alpha, ap + i / u->mr * u->pmr * kc, kc, bp, kc, bias ? 0 : beta, cr, rsc, 1,
                      CGI_UKR_FULL, CGI_UKR_FULL);
-        for (int64_t r = 0; (bias || relu || c16) && r < mi; r++) {
-            cg_real *row = cr + r * rs;
+        for (int64_t r = 0; (bias || relu) && r < mi; r++) {
+            cg_real *row = cr + r * rsc;
             if (bias) cgi_add_bias_row(row, bias, bs, nb);
             if (relu) /* as cg_relu: NaN to 0 */
                 for (int64_t jj = 0; jj < nb; jj++) row[jj] = row[jj] > 0 ? row[jj] : 0;
-#ifndef CGRAD_DOUBLE
-            if (c16) cgi_lp_round(c16 + (i + r) * rsc, row, nb, 1);
-#endif
         }
     }
 }
@@ -576,42 +572,47 @@ static bool gemm_blocked(const cgi_gemm_job *j, unsigned fl) {
     else if (!cgi_gemm_blocked_on() || j->csc != 1 || j->m < 32 || j->n < 32 || j->k < 32) return false;
     const cgi_ukr *u = &blk_ukr;
     const int64_t m = j->m, n = j->n, k = j->k;
-    /* pass and block sizes balanced, so no thin remainder pass or block. A bf16 C is rounded once
-     * from the whole sum: one pass over k, B blocks narrowed to keep the packed B block's size. */
-    const bool one_pass = (fl & F_CBF16);
-    const int64_t passes = one_pass ? 1 : (k + BLK_KC - 1) / BLK_KC, kc0 = (k + passes - 1) / passes;
-    int64_t nc_max = one_pass && k > BLK_KC ? BLK_KC * BLK_NC / k / u->nr * u->nr : BLK_NC;
-    if (nc_max < u->nr) nc_max = u->nr;
-    const int64_t nblk = (n + nc_max - 1) / nc_max, nc0 = ((n + nblk - 1) / nblk + u->nr - 1) / u->nr * u->nr;
-    const int64_t mblk = (m + BLK_MC - 1) / BLK_MC, mc0 = ((m + mblk - 1) / mblk + u->mr - 1) / u->mr * u->mr;
+    /* A bf16 C is rounded once from the whole sum: each block of C is summed over every pass into a
+     * float block (at most BLK_MC16 x BLK_NC, per thread) first, so A blocks are smaller */
+    const bool c16 = fl & F_CBF16;
+    const int64_t mc_max = c16 ? BLK_MC16 : BLK_MC;
+    /* pass and block sizes balanced, so no thin remainder pass or block */
+    const int64_t passes = (k + BLK_KC - 1) / BLK_KC, kc0 = (k + passes - 1) / passes;
+    const int64_t nblk = (n + BLK_NC - 1) / BLK_NC, nc0 = ((n + nblk - 1) / nblk + u->nr - 1) / u->nr * u->nr;
+    const int64_t mblk = (m + mc_max - 1) / mc_max, mc0 = ((m + mblk - 1) / mblk + u->mr - 1) / u->mr * u->mr;
     pack_bufs *bufs = pack_bufs_get();
     if (!bufs) return false;
     cg_real *ap = pack_buf_get(&bufs->a, cgi_ukr_packed_a(u, m < mc0 ? m : mc0, kc0));
     cg_real *bp = pack_buf_get(&bufs->b, cgi_ukr_packed_b(u, kc0, n < nc0 ? n : nc0));
-    cg_real *strip = (fl & F_CBF16) ? pack_buf_get(&bufs->s, (size_t)(u->mr * nc0)) : NULL;
-    if (!ap || !bp || ((fl & F_CBF16) && !strip)) return false;
+    cg_real *acc = c16 ? pack_buf_get(&bufs->s, (size_t)((m < mc0 ? m : mc0) * (n < nc0 ? n : nc0))) : NULL;
+    if (!ap || !bp || (c16 && !acc)) return false;
     for (int64_t jc = 0; jc < m; jc += mc0) {
         const int64_t mc = m - jc < mc0 ? m - jc : mc0;
-        for (int64_t pc = 0; pc < k; pc += kc0) {
-            const int64_t kc = k - pc < kc0 ? k - pc : kc0;
+        /* float C: the passes outermost, one packed A per pass; bf16 C: the passes innermost, into acc */
+        for (int64_t o = 0; o < (c16 ? n : k); o += c16 ? nc0 : kc0)
+            for (int64_t q = 0; q < (c16 ? k : n); q += c16 ? kc0 : nc0) {
+                const int64_t pc = c16 ? q : o, ic = c16 ? o : q;
+                const int64_t kc = k - pc < kc0 ? k - pc : kc0, nb = n - ic < nc0 ? n - ic : nc0;
+                if (c16 || ic == 0) {
 #ifndef CGRAD_DOUBLE
-            if ((fl & F_BF16)) pack_a_bf16(u, mc, kc, ahead(j->a, jc * j->rsa + pc * j->csa, true), j->rsa, j->csa, ap);
-            else
+                    if (fl & F_BF16) pack_a_bf16(u, mc, kc, ahead(j->a, jc * j->rsa + pc * j->csa, true), j->rsa, j->csa, ap);
+                    else
 #endif
-                cgi_ukr_pack_a(u, mc, kc, j->a + jc * j->rsa + pc * j->csa, j->rsa, j->csa, ap);
-            for (int64_t ic = 0; ic < n; ic += nc0) {
-                const int64_t nb = n - ic < nc0 ? n - ic : nc0;
+                        cgi_ukr_pack_a(u, mc, kc, j->a + jc * j->rsa + pc * j->csa, j->rsa, j->csa, ap);
+                }
 #ifndef CGRAD_DOUBLE
-                if ((fl & F_BF16)) pack_b_bf16(u, kc, nb, ahead(j->b, pc * j->rsb + ic * j->csb, true), j->rsb, j->csb, bp);
+                if (fl & F_BF16) pack_b_bf16(u, kc, nb, ahead(j->b, pc * j->rsb + ic * j->csb, true), j->rsb, j->csb, bp);
                 else
 #endif
                     cgi_ukr_pack_b(u, kc, nb, j->b + pc * j->rsb + ic * j->csb, j->rsb, j->csb, bp);
                 blk_macro(u, mc, nb, kc, j->alpha, ap, bp, pc == 0 ? j->beta : 1,
                           pc == 0 && j->bias ? j->bias + ic * j->bias_stride : NULL, j->bias_stride,
-                          j->relu && pc + kc >= k, (fl & F_CBF16) ? NULL : j->c + jc * j->rsc + ic, j->rsc,
-                          (fl & F_CBF16) ? (cgi_bf16 *)j->c + jc * j->rsc + ic : NULL, strip);
+                          j->relu && pc + kc >= k, c16 ? acc : j->c + jc * j->rsc + ic, c16 ? nb : j->rsc);
+#ifndef CGRAD_DOUBLE
+                for (int64_t r = 0; c16 && pc + kc >= k && r < mc; r++) /* the block's last pass: round it */
+                    cgi_lp_round((cgi_bf16 *)j->c + (jc + r) * j->rsc + ic, acc + r * nb, nb, 1);
+#endif
             }
-        }
     }
     return true;
 }
