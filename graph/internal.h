@@ -245,6 +245,7 @@ enum { CGI_TEAM_GUARD_AUTO, CGI_TEAM_GUARD_ON, CGI_TEAM_GUARD_OFF, CGI_TEAM_GUAR
 void cgi_team_set_guard(int mode);
 typedef struct {
     long long runs_with_helpers, runs_without, helper_pieces, stalls;
+    long long pieces, wait_ns; /* pieces shared in all; thread 0's time waiting for helpers' last pieces */
 } cgi_team_counts;
 /* Counts since the process began, for tests and the bench. */
 void cgi_team_stats(cgi_team_counts *c);

@@ -66,7 +66,7 @@ static _Thread_local guard_state gs = {.phase = 1, .last_stall = -1000};
 static _Thread_local team *my_team;   /* on thread 0 of an open team */
 static _Thread_local bool in_span;    /* on thread 0 inside cg_run_with_team, with or without helpers */
 static int guard_mode = -1;           /* CGI_TEAM_GUARD_*, from CGRAD_TEAM_GUARD once */
-static _Atomic long long stat_on, stat_off, stat_helper_pieces, stat_stalls;
+static _Atomic long long stat_on, stat_off, stat_helper_pieces, stat_stalls, stat_pieces, stat_wait_ns;
 static _Atomic bool wait_for_helpers; /* tests: thread 0 leaves each task's first piece to a helper */
 
 static int guard(void) {
@@ -91,6 +91,8 @@ void cgi_team_stats(cgi_team_counts *c) {
     c->runs_without = atomic_load(&stat_off);
     c->helper_pieces = atomic_load(&stat_helper_pieces);
     c->stalls = atomic_load(&stat_stalls);
+    c->pieces = atomic_load(&stat_pieces);
+    c->wait_ns = atomic_load(&stat_wait_ns);
 }
 
 void cgi_team_wait_for_helpers(bool on) { atomic_store(&wait_for_helpers, on); }
@@ -141,11 +143,14 @@ void cgi_team_pieces(void (*fn)(void *ctx, int piece), void *ctx, int pieces) {
              !(atomic_load_explicit(&tm->claim, memory_order_acquire) & 0xffff) && omp_get_wtime() - t0 < 0.1;)
             sched_yield();
     const int mine = take_pieces(tm, task);
+    atomic_fetch_add_explicit(&stat_pieces, pieces, memory_order_relaxed);
     if (mine < pieces) atomic_fetch_add_explicit(&stat_helper_pieces, pieces - mine, memory_order_relaxed);
     if (atomic_load_explicit(&tm->finished, memory_order_acquire) >= pieces) return;
     const double t0 = omp_get_wtime();
     while (atomic_load_explicit(&tm->finished, memory_order_acquire) < pieces) spin_pause();
-    if (omp_get_wtime() - t0 > STALL_S) tm->stalled = true;
+    const double waited = omp_get_wtime() - t0; /* the tail: what an uneven split costs thread 0 */
+    atomic_fetch_add_explicit(&stat_wait_ns, (long long)(1e9 * waited), memory_order_relaxed);
+    if (waited > STALL_S) tm->stalled = true;
 }
 
 /* ---- the guard: helpers or not, by time per unit of work over windows of runs ---- */
@@ -304,8 +309,9 @@ cg_status cg_run_with_team(cg_status (*body)(void *ctx), void *ctx) {
     if (getenv("CGRAD_TEAM_STATS")) {
         cgi_team_counts c;
         cgi_team_stats(&c);
-        fprintf(stderr, "team: %lld runs with helpers, %lld without, %lld pieces by helpers, %lld stalls\n",
-                c.runs_with_helpers, c.runs_without, c.helper_pieces, c.stalls);
+        fprintf(stderr, "team: %lld runs with helpers, %lld without, %lld of %lld pieces by helpers, %lld stalls, "
+                "thread 0 waited %.1f us a run with helpers\n", c.runs_with_helpers, c.runs_without, c.helper_pieces,
+                c.pieces, c.stalls, c.runs_with_helpers ? 1e-3 * (double)c.wait_ns / (double)c.runs_with_helpers : 0.0);
     }
     return st;
 }

@@ -165,10 +165,17 @@ static void test_team_pieces(void) {
     cgi_team_wait_for_helpers(true); /* else a loaded machine may keep the helpers switched out */
     cg_set_threads(2);
     piece_log l = {.bad = 0};
-    for (int attempt = 0; attempt < 100 && !atomic_load(&l.by_helpers); attempt++)
+    cgi_team_counts before, after;
+    cgi_team_stats(&before);
+    int spans = 0;
+    for (; spans < 100 && !atomic_load(&l.by_helpers); spans++)
         CHECK(cg_run_with_team(pieces_tasks, &l) == CG_OK, "%s", cg_last_error());
+    cgi_team_stats(&after);
     CHECK(l.bad == 0, "%d pieces were not done exactly once when cgi_team_pieces returned", l.bad);
     CHECK(atomic_load(&l.by_helpers) > 0, "the helper took no piece in 100 spans");
+    /* the stats count every shared piece (and thread 0's tail wait, which a loaded machine can hide) */
+    CHECK(after.pieces - before.pieces == 8 * 40 * (long long)spans && after.wait_ns >= before.wait_ns,
+          "%lld shared pieces in %d spans of 40 tasks of 8", after.pieces - before.pieces, spans);
     cgi_team_set_guard(CGI_TEAM_GUARD_AUTO);
     cgi_team_wait_for_helpers(false);
     cg_set_threads(0);
@@ -178,7 +185,8 @@ static cgi_team_counts team_delta(const cgi_team_counts *a) {
     cgi_team_counts b;
     cgi_team_stats(&b);
     return (cgi_team_counts){b.runs_with_helpers - a->runs_with_helpers, b.runs_without - a->runs_without,
-                             b.helper_pieces - a->helper_pieces, b.stalls - a->stalls};
+                             b.helper_pieces - a->helper_pieces, b.stalls - a->stalls, b.pieces - a->pieces,
+                             b.wait_ns - a->wait_ns};
 }
 
 static void test_team_products_match_one_thread(void) {
