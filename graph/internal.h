@@ -376,6 +376,11 @@ typedef struct {
 /* Independent products (no C shared) side by side on up to `threads` threads, each cut into
  * pieces the threads share: one team, no barrier but the last. */
 void cgi_gemm_many(const cgi_gemm_job *jobs, int njobs, int threads);
+/* cgi_gemm_many, then task(ctx, i) for i < ntasks as further pieces of the same parallel region
+ * (each wakes no thread of its own: under a passive wait policy a region costs a wake); tasks must
+ * not touch the products' operands' memory as written. */
+void cgi_gemm_many_then(const cgi_gemm_job *jobs, int njobs, int threads, void (*task)(void *ctx, int i), void *ctx,
+                        int ntasks);
 /* Products on BLIS's own micro-kernel over operands packed by the caller, for small products
  * that reuse an operand many times (attention's keys and values): packing it once replaces a
  * repack in every BLIS call (ops/gemm.c). A packed operand is a run of panels: A's of `mr`
@@ -423,6 +428,18 @@ void cgi_unbroadcast_claim(cg_tensor *t, const cg_real *g_out, int ndim, const i
 void cgi_colsum_add(cg_real *dst, const cg_real *m, int64_t rows, int64_t cols, int64_t ld,
                     cg_real *scratch);
 size_t cgi_colsum_scratch(int64_t rows, int64_t cols);
+/* cgi_colsum_add in pieces, for a caller that runs them inside a parallel region of its own (a
+ * linear's gradient products, cgi_gemm_many_then): cgi_colsum_task(ctx, i) for every i below
+ * cgi_colsum_tasks(), in any order and on any threads, then cgi_colsum_tasks_finish; the same blocks
+ * and order as cgi_colsum_add, so the same sums. */
+typedef struct {
+    cg_real *dst, *scratch;
+    const cg_real *m;
+    int64_t rows, cols, ld;
+} cgi_colsum_ctx;
+int cgi_colsum_tasks(void);
+void cgi_colsum_task(void *ctx, int i);
+void cgi_colsum_tasks_finish(const cgi_colsum_ctx *c);
 /* As cgi_colsum_add over the rows make(ctx, r) returns, which may compute row r first (a fused
  * producer); same blocks and order, so it sums exactly as cgi_colsum_add over the finished rows. */
 void cgi_colsum_add_made(cg_real *dst, int64_t rows, int64_t cols, cg_real *scratch,

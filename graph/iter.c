@@ -140,24 +140,33 @@ size_t cgi_colsum_scratch(int64_t rows, int64_t cols) {
     return (size_t)COLSUM_BLOCKS * (size_t)cols;
 }
 
-CGI_CLONES void cgi_colsum_add_made(cg_real *dst, int64_t rows, int64_t cols, cg_real *scratch,
-                                    const cg_real *(*make)(void *ctx, int64_t r), void *ctx) {
+/* Row block b of COLSUM_BLOCKS: its rows' column sums into scratch row b. */
+static inline void colsum_block(int b, int64_t rows, int64_t cols, cg_real *scratch,
+                                const cg_real *(*make)(void *ctx, int64_t r), void *ctx) {
     const int64_t per = (rows + COLSUM_BLOCKS - 1) / COLSUM_BLOCKS;
-#pragma omp parallel for schedule(static) if (rows * cols > CGI_PAR_MIN) num_threads(cgi_nthreads())
-    for (int b = 0; b < COLSUM_BLOCKS; b++) {
-        cg_real *acc = scratch + (int64_t)b * cols;
-        memset(acc, 0, (size_t)cols * sizeof *acc);
-        for (int64_t r = b * per; r < rows && r < (b + 1) * per; r++) {
-            const cg_real *row = make(ctx, r);
-            for (int64_t c = 0; c < cols; c++) acc[c] += row[c];
-        }
+    cg_real *acc = scratch + (int64_t)b * cols;
+    memset(acc, 0, (size_t)cols * sizeof *acc);
+    for (int64_t r = b * per; r < rows && r < (b + 1) * per; r++) {
+        const cg_real *row = make(ctx, r);
+        for (int64_t c = 0; c < cols; c++) acc[c] += row[c];
     }
+}
+
+/* dst += the blocks' sums, block by block in order. */
+static void colsum_finish(cg_real *dst, int64_t cols, const cg_real *scratch) {
 #pragma omp parallel for schedule(static) if (cols > 4096) num_threads(cgi_nthreads())
     for (int64_t c = 0; c < cols; c++) {
         cg_real s = 0;
         for (int b = 0; b < COLSUM_BLOCKS; b++) s += scratch[(int64_t)b * cols + c];
         dst[c] += s;
     }
+}
+
+CGI_CLONES void cgi_colsum_add_made(cg_real *dst, int64_t rows, int64_t cols, cg_real *scratch,
+                                    const cg_real *(*make)(void *ctx, int64_t r), void *ctx) {
+#pragma omp parallel for schedule(static) if (rows * cols > CGI_PAR_MIN) num_threads(cgi_nthreads())
+    for (int b = 0; b < COLSUM_BLOCKS; b++) colsum_block(b, rows, cols, scratch, make, ctx);
+    colsum_finish(dst, cols, scratch);
 }
 
 typedef struct {
@@ -174,3 +183,13 @@ void cgi_colsum_add(cg_real *dst, const cg_real *m, int64_t rows, int64_t cols, 
     rows_of o = {m, ld};
     cgi_colsum_add_made(dst, rows, cols, scratch, row_at, &o);
 }
+
+int cgi_colsum_tasks(void) { return COLSUM_BLOCKS; }
+
+void cgi_colsum_task(void *ctx, int i) {
+    cgi_colsum_ctx *c = ctx;
+    rows_of o = {c->m, c->ld};
+    colsum_block(i, c->rows, c->cols, c->scratch, row_at, &o);
+}
+
+void cgi_colsum_tasks_finish(const cgi_colsum_ctx *c) { colsum_finish(c->dst, c->cols, c->scratch); }

@@ -176,7 +176,14 @@ static bool team_taper(void) {
 /* The weight of pieces [0, q) of p tapered pieces (of p + p / 2 in all). */
 static int64_t cut_weight(int q, int p) { return q + (q < p / 2 ? q : p / 2); }
 
-static void gemm_many(const cgi_gemm_job *jobs, int njobs, int threads, unsigned fl) {
+/* Extra pieces after the products' (cgi_gemm_many_then): task(ctx, i) for i < n. */
+typedef struct {
+    void (*task)(void *ctx, int i);
+    void *ctx;
+    int n;
+} extra_tasks;
+
+static void gemm_many(const cgi_gemm_job *jobs, int njobs, int threads, unsigned fl, const extra_tasks *ex) {
     blis_ready();
     /* Inside a team, matrix-vector products are cut into pieces of whole 32-row blocks while the
      * helpers are awake, and not at all while they rest or at one thread: a cut cost ~4% of a
@@ -209,20 +216,33 @@ static void gemm_many(const cgi_gemm_job *jobs, int njobs, int threads, unsigned
             if (hi > lo) pcs[np++] = (piece){i, lo, hi};
         }
     }
+    const int nx = ex ? ex->n : 0;
     if (share) {
         const team_task task = {jobs, pcs, fl};
         cgi_team_pieces(run_team_piece, (void *)&task, np);
+        for (int q = 0; q < nx; q++) ex->task(ex->ctx, q);
         return;
     }
-    if (np == 1 || threads <= 1) {
-        for (int q = 0; q < np; q++) run_piece(jobs, &pcs[q], fl);
+    if (np <= 1 || threads <= 1) {
+        for (int q = 0; q < np + nx; q++)
+            if (q < np) run_piece(jobs, &pcs[q], fl);
+            else ex->task(ex->ctx, q - np);
         return;
     }
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads < np ? threads : np)
-    for (int q = 0; q < np; q++) run_piece(jobs, &pcs[q], fl);
+    /* the extra tasks go last, to whichever thread runs out of product pieces first */
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads < np + nx ? threads : np + nx)
+    for (int q = 0; q < np + nx; q++)
+        if (q < np) run_piece(jobs, &pcs[q], fl);
+        else ex->task(ex->ctx, q - np);
 }
 
-void cgi_gemm_many(const cgi_gemm_job *jobs, int njobs, int threads) { gemm_many(jobs, njobs, threads, 0); }
+void cgi_gemm_many(const cgi_gemm_job *jobs, int njobs, int threads) { gemm_many(jobs, njobs, threads, 0, NULL); }
+
+void cgi_gemm_many_then(const cgi_gemm_job *jobs, int njobs, int threads, void (*task)(void *ctx, int i), void *ctx,
+                        int ntasks) {
+    const extra_tasks ex = {task, ctx, ntasks};
+    gemm_many(jobs, njobs, threads, 0, &ex);
+}
 
 void cgi_gemm(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, int64_t csa, const cg_real *b,
               int64_t rsb, int64_t csb, cg_real alpha, cg_real beta, cg_real *c, int64_t rsc, int64_t csc, int threads) {
@@ -677,7 +697,7 @@ bool cgi_gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t r
                    int threads) {
     const cgi_gemm_job j = {m, n, k, (const cg_real *)a, rsa, csa, (const cg_real *)b, rsb, csb, alpha, c_bf16 ? 0 : beta,
                             c, rsc, 1, bias, 1, false};
-    gemm_many(&j, 1, threads, F_BF16 | (c_bf16 ? F_CBF16 : 0));
+    gemm_many(&j, 1, threads, F_BF16 | (c_bf16 ? F_CBF16 : 0), NULL);
     return true;
 }
 #else

@@ -315,17 +315,23 @@ static void linear_bwd(cg_tensor *t, const cg_real *dy, bool with_bias) {
             jobs[nj++] = (cgi_gemm_job){n, k, m, dy, 1, n, x->data, xr, xc, 1, s || w_assign ? 0 : 1, s ? s : w->grad,
                                         s ? k : w->stride[0], s ? 1 : w->stride[1], NULL, 0, false};
     }
+    /* a contiguous bias's column sums run as further pieces of the products' parallel region: one
+     * region (one wake of a passively waiting thread) fewer per linear, the same sums */
+    const bool db_here = bias && bias->requires_grad && !lp_on && bias->stride[0] == 1;
+    const cgi_colsum_ctx cs = {db_here ? bias->grad : NULL, db_here ? t->bwd_aux : NULL, dy, m, n, n};
+    const int ntask = db_here ? cgi_colsum_tasks() : 0;
     if (nj == 2 && cgi_grads_alias(x, w)) {
         cgi_gemm_many(&jobs[0], 1, nt);
-        cgi_gemm_many(&jobs[1], 1, nt);
-    } else cgi_gemm_many(jobs, nj, nt);
+        cgi_gemm_many_then(&jobs[1], 1, nt, cgi_colsum_task, (void *)&cs, ntask);
+    } else cgi_gemm_many_then(jobs, nj, nt, cgi_colsum_task, (void *)&cs, ntask);
+    if (db_here) cgi_colsum_tasks_finish(&cs);
     const cg_real *s = w->requires_grad && !lp ? dw_scratch(t) : NULL;
     if (s) { /* after both products, on every thread */
         const bool tr = dw_as_transpose(x, w);
         add_transposed(w->grad, tr ? w->stride[0] : w->stride[1], tr ? w->stride[1] : w->stride[0], s, tr ? n : k,
                        tr ? k : n, w_assign);
     }
-    if (bias && bias->requires_grad && !lp_on) bias_grad(t, bias, m, n);
+    if (bias && bias->requires_grad && !lp_on && !db_here) bias_grad(t, bias, m, n);
 }
 
 /* ---- linear_act: act(x @ w^T + bias), iarg[0] the activation (cgi_act) ---- */

@@ -119,6 +119,43 @@ static void test_pieces(void) {
     free(x), free(w), free(dy), free(dx), free(dw), free(rx), free(rw);
 }
 
+/* cgi_gemm_many_then: a linear's dX and dW with its bias's column sums as extra pieces of the same
+ * region (ops/matmul.c) give the bits of the products and cgi_colsum_add run one after the other,
+ * on 1 to 3 threads, rows not a multiple of the sums' 32 blocks; with no products the tasks still run. */
+static void test_then_tasks(void) {
+    const int64_t m = 1000, n = 96, k = 64;
+    cg_rng r;
+    cg_rng_seed(&r, 11);
+    cg_real *x = malloc(sizeof(cg_real) * m * k), *w = malloc(sizeof(cg_real) * n * k),
+            *dy = malloc(sizeof(cg_real) * m * n), *dx = malloc(sizeof(cg_real) * m * k),
+            *dw = malloc(sizeof(cg_real) * n * k), *rx = malloc(sizeof(cg_real) * m * k),
+            *rw = malloc(sizeof(cg_real) * n * k), db[96], rb[96],
+            *scratch = malloc(sizeof(cg_real) * cgi_colsum_scratch(m, n));
+    for (int64_t i = 0; i < m * k; i++) x[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
+    for (int64_t i = 0; i < n * k; i++) w[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
+    for (int64_t i = 0; i < m * n; i++) dy[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
+    for (int th = 1; th <= 3; th++) {
+        cgi_gemm_job jobs[2] = {{m, k, n, dy, n, 1, w, k, 1, 1, 0, rx, k, 1, NULL, 0, false},
+                                {n, k, m, dy, 1, n, x, k, 1, 1, 0, rw, k, 1, NULL, 0, false}};
+        for (int i = 0; i < n; i++) rb[i] = db[i] = (cg_real)i;
+        cgi_gemm_many(jobs, 2, th);
+        cgi_colsum_add(rb, dy, m, n, n, scratch);
+        jobs[0].c = dx, jobs[1].c = dw;
+        const cgi_colsum_ctx cs = {db, scratch, dy, m, n, n};
+        cgi_gemm_many_then(jobs, 2, th, cgi_colsum_task, (void *)&cs, cgi_colsum_tasks());
+        cgi_colsum_tasks_finish(&cs);
+        CHECK(!memcmp(dx, rx, sizeof(cg_real) * m * k) && !memcmp(dw, rw, sizeof(cg_real) * n * k) &&
+                  !memcmp(db, rb, sizeof db),
+              "products + column sums in one region on %d threads differ from them run apart", th);
+        for (int i = 0; i < n; i++) db[i] = (cg_real)i;
+        cgi_gemm_many_then(NULL, 0, th, cgi_colsum_task, (void *)&cs, cgi_colsum_tasks());
+        cgi_colsum_tasks_finish(&cs);
+        CHECK(!memcmp(db, rb, sizeof db), "column sums with no products on %d threads: db[0] %g, want %g", th,
+              (double)db[0], (double)rb[0]);
+    }
+    free(x), free(w), free(dy), free(dx), free(dw), free(rx), free(rw), free(scratch);
+}
+
 /* Products through cgrad's blocked driver (ops/gemm.c): several depth passes (k > 512), several
  * packed B blocks (n > 480, ragged), several A blocks (m > 3072), and a bias row (strides 1 and
  * 3) in place of beta, each also clamped at 0 (relu: on the last depth pass only, or the clamp
@@ -257,6 +294,7 @@ int main(void) {
     test_pick_rule();
     test_kernels_in_use();
     test_pieces();
+    test_then_tasks();
     test_blocked();
     test_thread_buffers();
     test_pack12();
