@@ -4,6 +4,9 @@
  * cgrad.h and check.h. */
 #ifndef CGRAD_TEST_DECODER_CHECK_H
 #define CGRAD_TEST_DECODER_CHECK_H
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* A decoder's generate call on its model. */
@@ -28,4 +31,74 @@ static void check_cached_generation(decoder_generate_fn gen, const void *m, cons
     prompt[2] = 13;
     CHECK(gen(m, prompt, 5, 3, &modes[0], 1, true, a) == CG_ERR_RANGE, "bad prompt id must fail");
 }
+/* Logits of seq[0..n) through a cache (fwd, a cg_decoder_forward honouring kc->past): a prompt of p,
+ * then one token per graph. With replay, the
+ * tokens after the prompt run one decode graph built once, its position and cache length read at
+ * each run from the int32 input kc->past; else (the path before replay) a graph is built per token.
+ * With replay, *bytes gets the graph's memory after its first run (0 if replays grew it), and a length
+ * past the cache must fail in append_into. */
+static cg_real *decoder_cached_logits(cg_decoder_forward fwd, const void *m, const cg_decoder_info *info,
+                                      const int32_t *seq, int64_t n, int64_t p, bool replay, size_t *bytes) {
+    const int64_t v = info->vocab, hd = info->head_dim;
+    const size_t per = (size_t)(info->layers * info->kv_heads * hd * n);
+    cg_kv_cache kc = {.k = malloc(per * sizeof(cg_real)), .v = malloc(per * sizeof(cg_real)), .cap = n,
+                      .heads = info->kv_heads, .head_dim = hd};
+    cg_real *out = malloc((size_t)(n * v) * sizeof *out);
+    cg_graph *g = cg_graph_new(CG_EVAL);
+    cg_tensor *ids = NULL, *lg = NULL;
+    for (int64_t at = 0; at < n;) {
+        const int64_t t = at == 0 ? p : 1;
+        if (at == 0 || !replay || !kc.past) {
+            cg_graph_reset(g);
+            ids = cg_input(g, "ids", CG_INT32, 2, (int64_t[]){1, t});
+            if (replay && at > 0) kc.past = cg_input(g, "past", CG_INT32, 2, (int64_t[]){1, 1});
+            lg = fwd(g, m, ids, &kc);
+            CHECK(lg != NULL, "at %lld: %s", (long long)at, cg_last_error());
+            if (!lg) break;
+        }
+        memcpy(cg_idata(ids), seq + at, (size_t)t * sizeof(int32_t));
+        if (kc.past) cg_idata(kc.past)[0] = (int32_t)kc.len;
+        CHECK(cg_graph_forward(g) == CG_OK, "at %lld: %s", (long long)at, cg_last_error());
+        memcpy(out + at * v, cg_data(lg), (size_t)(t * v) * sizeof *out);
+        if (at == p && bytes) *bytes = cg_graph_bytes(g); /* the replayed graph after its first run */
+        kc.len += t, at += t;
+    }
+    if (replay && kc.past) { /* a length past the cache's room: a status naming the op, no write out of bounds */
+        cg_idata(kc.past)[0] = (int32_t)n;
+        CHECK(cg_graph_forward(g) == CG_ERR_RANGE && strstr(cg_last_error(), "append_into"), "full cache: %s",
+              cg_last_error());
+        if (bytes && *bytes != cg_graph_bytes(g)) *bytes = 0; /* replays took more memory */
+    }
+    cg_graph_free(g);
+    free(kc.k);
+    free(kc.v);
+    return out;
+}
+
+/* The replayed decode graph against a graph per token (the same bits at every position) and the full
+ * forward's logits `full` [n, vocab] (to float rounding); its memory must not grow with replays. */
+static void check_decode_replay(cg_decoder_forward fwd, const void *m, const cg_decoder_info *info, const int32_t *seq,
+                                int64_t n, int64_t p, const cg_real *full) {
+    const int64_t v = info->vocab;
+    size_t bytes = 0;
+    cg_real *built = decoder_cached_logits(fwd, m, info, seq, n, p, false, NULL);
+    cg_real *replayed = decoder_cached_logits(fwd, m, info, seq, n, p, true, &bytes);
+    int64_t differ = 0;
+    double worst = 0, scale = 0;
+    for (int64_t i = 0; i < n * v; i++) {
+        differ += memcmp(&built[i], &replayed[i], sizeof(cg_real)) != 0;
+        worst = fmax(worst, fabs((double)replayed[i] - full[i]));
+        scale = fmax(scale, fabs((double)full[i]));
+    }
+    CHECK(differ == 0, "%s: %lld of %lld replayed logits differ in bits from per-token graphs", info->name,
+          (long long)differ, (long long)(n * v));
+    CHECK(worst <= 1e-5 * fmax(scale, 1), "%s: replayed logits differ from the full forward by %g (scale %g)",
+          info->name, worst, scale);
+    CHECK(bytes > 0, "%s: replaying the decode graph grew its memory", info->name);
+    printf("%s decode replay: %lld positions, %lld logits differ in bits from per-token graphs, max |replayed - full| "
+           "%.2e\n", info->name, (long long)n, (long long)differ, worst);
+    free(built);
+    free(replayed);
+}
+
 #endif

@@ -75,44 +75,13 @@ static void test_cache(void) {
     cg_params_free(ps);
 }
 
-/* Logits of seq[0..N) through a cache: a prompt of P, then one token per graph. With replay, the
- * tokens after the prompt run one decode graph built once, its position and cache length read at
- * each run from the int32 input kc->past; else (the path before replay) a graph is built per token. */
-static cg_real *cached_logits(const cg_gpt *m, const int32_t *seq, int64_t n, int64_t p, bool replay, size_t *bytes) {
-    const int64_t v = cg_gpt_cfg(m)->vocab_size, hd = cg_gpt_cfg(m)->n_embd / cg_gpt_cfg(m)->n_head;
-    const size_t per = (size_t)(cg_gpt_cfg(m)->n_layer * cg_gpt_cfg(m)->n_head * hd * n);
-    cg_kv_cache kc = {.k = malloc(per * sizeof(cg_real)), .v = malloc(per * sizeof(cg_real)), .cap = n,
-                      .heads = cg_gpt_cfg(m)->n_head, .head_dim = hd};
-    cg_real *out = malloc((size_t)(n * v) * sizeof *out);
-    cg_graph *g = cg_graph_new(CG_EVAL);
-    cg_tensor *ids = NULL, *lg = NULL;
-    for (int64_t at = 0; at < n;) {
-        const int64_t t = at == 0 ? p : 1;
-        if (at == 0 || !replay || !kc.past) {
-            cg_graph_reset(g);
-            ids = cg_input(g, "ids", CG_INT32, 2, (int64_t[]){1, t});
-            if (replay && at > 0) kc.past = cg_input(g, "past", CG_INT32, 2, (int64_t[]){1, 1});
-            lg = cg_gpt_logits_cached(g, m, ids, &kc);
-            CHECK(lg != NULL, "at %lld: %s", (long long)at, cg_last_error());
-            if (!lg) break;
-        }
-        memcpy(cg_idata(ids), seq + at, (size_t)t * sizeof(int32_t));
-        if (kc.past) cg_idata(kc.past)[0] = (int32_t)kc.len;
-        CHECK(cg_graph_forward(g) == CG_OK, "at %lld: %s", (long long)at, cg_last_error());
-        memcpy(out + at * v, cg_data(lg), (size_t)(t * v) * sizeof *out);
-        if (at == p && bytes) *bytes = cg_graph_bytes(g); /* the replayed graph after its first run */
-        kc.len += t, at += t;
-    }
-    if (replay && kc.past) { /* a length past the cache's room: a status naming the op, no write out of bounds */
-        cg_idata(kc.past)[0] = (int32_t)n;
-        CHECK(cg_graph_forward(g) == CG_ERR_RANGE && strstr(cg_last_error(), "append_into"), "full cache: %s",
-              cg_last_error());
-        if (bytes && *bytes != cg_graph_bytes(g)) *bytes = 0; /* replays took more memory */
-    }
-    cg_graph_free(g);
-    free(kc.k);
-    free(kc.v);
-    return out;
+/* GPT's cached forward in cg_decoder_forward's signature, and what the shared checks need of it. */
+static cg_tensor *gpt_cached(cg_graph *g, const void *m, cg_tensor *ids, cg_kv_cache *kc) {
+    return cg_gpt_logits_cached(g, m, ids, kc);
+}
+
+static cg_decoder_info gpt_info(const cg_gpt_config *c) {
+    return (cg_decoder_info){"gpt", c->vocab_size, c->n_positions, c->n_layer, c->n_head, c->n_embd / c->n_head, true};
 }
 
 /* The replayed decode graph gives, at every position, the very bits of a graph built for that token,
@@ -127,7 +96,7 @@ static void test_decode_replay(int64_t N, int64_t P) {
     cg_rng r;
     cg_rng_seed(&r, 6);
     for (int i = 0; i < cg_params_count(ps); i++) cg_fill_normal(cg_params_at(ps, i), &r, 0, 0.3);
-    const int64_t v = c.vocab_size;
+    const cg_decoder_info info = gpt_info(&c);
     int32_t *seq = malloc((size_t)N * sizeof *seq);
     for (int i = 0; i < N; i++) seq[i] = (i * 7 + 3) % 13;
     cg_graph *g = cg_graph_new(CG_EVAL);
@@ -135,21 +104,7 @@ static void test_decode_replay(int64_t N, int64_t P) {
     memcpy(cg_idata(ids), seq, (size_t)N * sizeof *seq);
     cg_tensor *full = cg_gpt_logits(g, m, ids);
     CHECK(full && cg_graph_forward(g) == CG_OK, "%s", cg_last_error());
-    size_t bytes = 0;
-    cg_real *built = cached_logits(m, seq, N, P, false, NULL), *replayed = cached_logits(m, seq, N, P, true, &bytes);
-    int64_t differ = 0;
-    double worst = 0, scale = 0;
-    for (int64_t i = 0; i < N * v; i++) {
-        differ += memcmp(&built[i], &replayed[i], sizeof(cg_real)) != 0;
-        worst = fmax(worst, fabs((double)replayed[i] - cg_data(full)[i]));
-        scale = fmax(scale, fabs((double)cg_data(full)[i]));
-    }
-    CHECK(differ == 0, "%lld of %lld replayed logits differ in bits from per-token graphs", (long long)differ,
-          (long long)(N * v));
-    CHECK(worst <= 1e-5 * fmax(scale, 1), "replayed logits differ from the full forward by %g (scale %g)", worst, scale);
-    CHECK(bytes > 0, "replaying the decode graph grew its memory");
-    printf("gpt decode replay: %lld positions, %lld logits differ in bits from per-token graphs, max |replayed - full| "
-           "%.2e\n", (long long)N, (long long)differ, worst);
+    check_decode_replay(gpt_cached, m, &info, seq, N, P, cg_data(full));
     /* past must be one int32 and goes without gradients */
     cg_graph_reset(g);
     cg_tensor *q = cg_input(g, "q", CG_REAL, 4, (int64_t[]){1, 2, 1, 4}), *k = cg_input(g, "k", CG_REAL, 4, (int64_t[]){1, 2, 6, 4});
@@ -158,8 +113,6 @@ static void test_decode_replay(int64_t N, int64_t P) {
     CHECK(cg_sdpa_ex(g, q, k, k, &o) == NULL && strstr(cg_last_error(), "[sdpa] past"), "a real past: %s",
           cg_last_error());
     free(seq);
-    free(built);
-    free(replayed);
     cg_graph_free(g);
     cg_gpt_free(m);
     cg_params_free(ps);
@@ -210,8 +163,7 @@ static void test_generate_build_status(void) {
     cg_gpt_config c = tiny();
     cg_params *ps = cg_params_new();
     cg_gpt *m = cg_gpt_new(&c, ps, 12);
-    const cg_decoder_info info = {"gpt generate", c.vocab_size, c.n_positions, c.n_layer, c.n_head,
-                                  c.n_embd / c.n_head, true};
+    const cg_decoder_info info = gpt_info(&c);
     const int32_t prompt[3] = {2, 7, 1};
     int32_t out[10];
     const struct { int fail_at; bool cache; } cases[4] = {{0, true}, {1, true}, {0, false}, {2, false}};

@@ -130,37 +130,9 @@ static void test_cache_logits(void) {
     cg_params_free(ps);
 }
 
-/* Logits of seq[0..n) through a cache: a prompt of p, then one token per step, each on a graph built for
- * it (replay false) or on one decode graph whose position is the int32 input kc.past (replay true). */
-static cg_real *llama_cached(const cg_llama *m, const int32_t *seq, int64_t n, int64_t p, bool replay) {
-    const cg_llama_config *c = cg_llama_cfg(m);
-    const int64_t v = c->vocab_size, hd = c->head_dim;
-    const size_t per = (size_t)(c->num_hidden_layers * c->num_key_value_heads * hd * n);
-    cg_kv_cache kc = {.k = malloc(per * sizeof(cg_real)), .v = malloc(per * sizeof(cg_real)), .cap = n,
-                      .heads = c->num_key_value_heads, .head_dim = hd};
-    cg_real *out = calloc((size_t)(n * v), sizeof *out);
-    cg_graph *g = cg_graph_new(CG_EVAL);
-    cg_tensor *ids = NULL, *lg = NULL;
-    for (int64_t at = 0; at < n;) {
-        const int64_t t = at == 0 ? p : 1;
-        if (at == 0 || !replay || !kc.past) {
-            cg_graph_reset(g);
-            ids = cg_input(g, "ids", CG_INT32, 2, (int64_t[]){1, t});
-            if (replay && at > 0) kc.past = cg_input(g, "past", CG_INT32, 2, (int64_t[]){1, 1});
-            lg = cg_llama_logits_cached(g, m, ids, &kc);
-            CHECK(lg != NULL, "at %lld: %s", (long long)at, cg_last_error());
-            if (!lg) break;
-        }
-        memcpy(cg_idata(ids), seq + at, (size_t)t * sizeof(int32_t));
-        if (kc.past) cg_idata(kc.past)[0] = (int32_t)kc.len;
-        CHECK(cg_graph_forward(g) == CG_OK, "at %lld: %s", (long long)at, cg_last_error());
-        memcpy(out + at * v, cg_data(lg), (size_t)(t * v) * sizeof *out);
-        kc.len += t, at += t;
-    }
-    cg_graph_free(g);
-    free(kc.k);
-    free(kc.v);
-    return out;
+/* LLaMA's cached forward in cg_decoder_forward's signature, for the shared check_decode_replay. */
+static cg_tensor *llama_cached_fwd(cg_graph *g, const void *m, cg_tensor *ids, cg_kv_cache *kc) {
+    return cg_llama_logits_cached(g, m, ids, kc);
 }
 
 /* One replayed decode graph (RoPE's offset and attention's past read at each run) gives, at every
@@ -173,7 +145,9 @@ static void test_decode_replay(int64_t n, int64_t p) {
     cg_params *ps = cg_params_new();
     cg_llama *m = cg_llama_new(&c, ps, 13);
     spread(ps, 6, 0.3);
-    const int64_t v = c.vocab_size;
+    const cg_llama_config *mc = cg_llama_cfg(m); /* head_dim filled in */
+    const cg_decoder_info info = {"llama", mc->vocab_size, mc->max_position_embeddings, mc->num_hidden_layers,
+                                  mc->num_key_value_heads, mc->head_dim, true};
     int32_t *seq = malloc((size_t)n * sizeof *seq);
     for (int64_t i = 0; i < n; i++) seq[i] = (int32_t)((i * 7 + 3) % 13);
     cg_graph *g = cg_graph_new(CG_EVAL);
@@ -181,22 +155,8 @@ static void test_decode_replay(int64_t n, int64_t p) {
     memcpy(cg_idata(ids), seq, (size_t)n * sizeof *seq);
     cg_tensor *full = cg_llama_logits(g, m, ids);
     CHECK(full && cg_graph_forward(g) == CG_OK, "%s", cg_last_error());
-    cg_real *built = llama_cached(m, seq, n, p, false), *replayed = llama_cached(m, seq, n, p, true);
-    int64_t differ = 0;
-    double worst = 0, scale = 0;
-    for (int64_t i = 0; i < n * v; i++) {
-        differ += memcmp(&built[i], &replayed[i], sizeof(cg_real)) != 0;
-        worst = fmax(worst, fabs((double)replayed[i] - cg_data(full)[i]));
-        scale = fmax(scale, fabs((double)cg_data(full)[i]));
-    }
-    CHECK(differ == 0, "%lld of %lld replayed logits differ in bits from per-token graphs", (long long)differ,
-          (long long)(n * v));
-    CHECK(worst <= 1e-5 * fmax(scale, 1), "replayed logits differ from the full forward by %g (scale %g)", worst, scale);
-    printf("llama decode replay: %lld positions, %lld logits differ in bits from per-token graphs, max |replayed - "
-           "full| %.2e\n", (long long)n, (long long)differ, worst);
+    check_decode_replay(llama_cached_fwd, m, &info, seq, n, p, cg_data(full));
     free(seq);
-    free(built);
-    free(replayed);
     cg_graph_free(g);
     cg_llama_free(m);
     cg_params_free(ps);
