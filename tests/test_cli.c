@@ -663,6 +663,19 @@ static void test_precision(void) {
     CHECK(r.rc == 1 && strstr(r.err, "--precision bf16") && strstr(r.err, "disabled by CGRAD_BF16_DISABLE"),
           "bf16 where it cannot run: rc %d, '%s'", r.rc, r.err);
     result_free(&r);
+    setenv("CGRAD_BF16_GEMM", "amx", 1); /* a kernel that does not exist is an error at start, not a guess */
+    r = cgrad(cmd, NULL);
+    unsetenv("CGRAD_BF16_GEMM");
+    CHECK(r.rc == 1 && strstr(r.err, "CGRAD_BF16_GEMM must be onednn or fp32"), "CGRAD_BF16_GEMM=amx: rc %d, '%s'", r.rc,
+          r.err);
+    result_free(&r);
+    /* --version names the bf16 kernel and why (or why bf16 cannot run) */
+    r = cgrad("--version", NULL);
+    CHECK(r.rc == 0 && strstr(r.out, "bf16 products: "), "--version: rc %d, '%s'", r.rc, r.out);
+    if (!cg_bf16_unavailable())
+        CHECK(strstr(r.out, !strcmp(cg_bf16_kernel(), "fp32") ? "the fp32 FMA units" : "oneDNN's vdpbf16ps matmul"),
+              "--version does not name the kernel in use (%s): '%s'", cg_bf16_kernel(), r.out);
+    result_free(&r);
     const char *why = cg_bf16_unavailable();
     if (why) {
         printf("test_cli: skipping the bf16 resume: %s\n", why);
