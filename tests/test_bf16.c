@@ -981,7 +981,8 @@ static bool kernel_case(int which, int threads, int64_t m, int64_t n, int64_t k,
 
 static void test_kernels(void) {
     static const int64_t dims[][3] = {{1, 1, 1},   {1, 70, 33},  {37, 1, 19},  {5, 13, 0},   {13, 45, 7},
-                                      {37, 50, 70}, {64, 96, 513}, {100, 33, 1030}, {256, 384, 192}};
+                                      {37, 50, 70}, {64, 96, 513}, {100, 33, 1030}, {256, 384, 192},
+                                      {1, 600, 40}, {530, 1, 24}}; /* one token's products, longer than a LINE */
     enum { ND = sizeof dims / sizeof *dims };
     int ran[3] = {0};
     for (int which = 1; which <= 2; which++)
