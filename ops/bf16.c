@@ -1,13 +1,15 @@
 /* bf16 mixed precision: the products of a CG_BF16 graph take bfloat16 operands and accumulate in
- * float through oneDNN's matmul primitive; everything else stays cg_real (see the README's "Mixed
- * precision (bf16)"). Conversions happen here and only here:
+ * float, on oneDNN's matmul primitive (vdpbf16ps) or on the fp32 FMA units with the operands
+ * widened as they are packed (cgi_gemm_bf16), whichever this CPU runs faster (decide_kernel);
+ * everything else stays cg_real (see the README's "Mixed precision (bf16)"). Conversions happen
+ * here and only here:
  *  - a parameter is converted once per change of its set's version (an optimizer step bumps it)
  *    into a bf16 copy that lives beside it, and every product that reads it reads the copy;
  *  - an activation or gradient operand is converted into the graph's scratch right before its
  *    product, in the orientation it lies in memory, so no conversion transposes;
  *  - results are written as float straight into the op's output or gradient (beta = 1 adds).
- * Primitives are made on first use and cached per graph, keyed by shapes, strides and scales, so
- * a graph rebuilt each step of the same shape reuses them. */
+ * oneDNN's primitives are made on first use and cached per graph, keyed by shapes, strides and
+ * scales, so a graph rebuilt each step of the same shape reuses them. */
 #include <omp.h>
 #include <stdlib.h>
 

@@ -1,7 +1,8 @@
 /* The product engine under matmul, linear and attention: strided products on BLIS's micro-kernel
  * (a transposed or sliced operand is passed as it lies in memory, never copied), cut into pieces
- * for the threads or a generation team; the register-transposing packs; cgrad's blocked driver.
- * BLIS itself always runs single-threaded. The ops that use it are in ops/matmul.c. */
+ * for the threads or a generation team; the register-transposing packs; cgrad's blocked driver,
+ * which also runs bf16 operands widened as they are packed (cgi_gemm_bf16). BLIS itself always
+ * runs single-threaded. The ops that use it are in ops/matmul.c. */
 #include <blis.h>
 #include <omp.h>
 #include <pthread.h>
