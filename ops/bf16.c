@@ -114,6 +114,7 @@ bool cgi_lp_product(int which, int64_t m, int64_t n, int64_t k, const cgi_bf16 *
     return false;
 }
 double cg_bf16_dot_ratio(void) { return NAN; }
+void cgi_lp_peaks(double *fp32, double *bf16) { *fp32 = *bf16 = NAN; }
 const char *cg_bf16_kernel_why(void) { return cg_bf16_unavailable(); }
 bool cgi_lp_linear_bwd(cg_tensor *t, bool assign) { return false; }
 bool cgi_lp_lce_bwd(cg_tensor *t, int64_t m, int64_t v, int64_t d, cg_real *dlogits, const cg_real *xs, cg_real *dxs,
@@ -145,9 +146,8 @@ static bool cpu_has_bf16(void) {
 /* A bf16 product can run on vdpbf16ps (oneDNN), or on the fp32 FMA units with the operands
  * widened to float as they are packed (cgi_gemm_bf16: exact, the values stay stored in bf16). On
  * Zen 4/5 and Cooper Lake vdpbf16ps does twice an FMA's flops at the FMA's rate; on some Xeons it
- * issues at a quarter of it (half the fp32 peak: bench/bf16_peak.c). So the choice is measured,
- * once per process, when bf16 is first asked for: the two register-only loops of bf16_peak.c,
- * interleaved, seven repetitions each in thread CPU time, the ratio of their medians (~5 ms). Below
+ * issues at a quarter of it (half the fp32 peak). So the choice is measured, once per process,
+ * when bf16 is first asked for: two register-only loops (cgi_lp_peaks), interleaved, seven repetitions each in thread CPU time, the ratio of their medians (~5 ms). Below
  * 1 the fp32 units win; the machines seen give 0.49 or about 2, far from the threshold. */
 enum { K_ONEDNN, K_FP32 };
 static int kernel = K_FP32;
@@ -208,19 +208,28 @@ static int cmp_double(const void *x, const void *y) {
     return (a > b) - (a < b);
 }
 
-/* bf16 dot-product rate over fp32 FMA rate: medians of interleaved runs, after one of each untimed
- * (the AVX-512 units may be powered down until used) */
-static double measure_ratio(void) {
+/* Medians of interleaved runs, after one of each untimed (the AVX-512 units may be powered down
+ * until used); NaN without avx512_bf16 */
+void cgi_lp_peaks(double *fp32, double *bf16) {
     double f[PEAK_REPS], h[PEAK_REPS];
+    *fp32 = *bf16 = NAN;
+    if (!cpu_has_bf16()) return;
     peak_fp32(), peak_bf16();
     for (int r = 0; r < PEAK_REPS; r++) f[r] = peak_fp32(), h[r] = peak_bf16();
     qsort(f, PEAK_REPS, sizeof *f, cmp_double);
     qsort(h, PEAK_REPS, sizeof *h, cmp_double);
-    return h[PEAK_REPS / 2] / f[PEAK_REPS / 2];
+    *fp32 = f[PEAK_REPS / 2], *bf16 = h[PEAK_REPS / 2];
 }
 #else
-static double measure_ratio(void) { return NAN; }
+void cgi_lp_peaks(double *fp32, double *bf16) { *fp32 = *bf16 = NAN; }
 #endif
+
+/* bf16 dot-product rate over fp32 FMA rate */
+static double measure_ratio(void) {
+    double f, h;
+    cgi_lp_peaks(&f, &h);
+    return h / f;
+}
 
 /* Sets kernel, kernel_ratio and kernel_why; returns why bf16 cannot run, or NULL. */
 static const char *decide_kernel(void) {

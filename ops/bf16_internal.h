@@ -99,6 +99,9 @@ void cgi_lp_to_bf16_inplace(cg_real *x, int64_t m, int64_t n);
 bool cgi_lp_product(int which, int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, int64_t rsa, int64_t csa,
                     const cgi_bf16 *b, int64_t rsb, int64_t csb, float alpha, float beta, void *c, int64_t rsc,
                     int64_t csc, const float *bias, bool c_bf16);
+/* The core's peak rates in flop/s, register-only loops of 24 independent vfmadd231ps and of 24
+ * vdpbf16ps (medians of 7, thread CPU time): what decides the bf16 kernel. NaN without the instruction. */
+void cgi_lp_peaks(double *fp32, double *bf16);
 /* Tests: 0 runs bf16 products on the process's kernel choice; 1 forces oneDNN (the CPU must have
  * avx512_bf16), 2 the fp32 units (set between graphs' runs, not during one). */
 extern int cgi_lp_force_kernel;
