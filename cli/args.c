@@ -235,6 +235,17 @@ int cli_set_precision(const cli_args *a, const char *dflt) {
     return 0;
 }
 
+void cli_print_bf16_kernel(const char *prefix) {
+    const char *kn = cg_bf16_kernel();
+    if (!kn) {
+        printf("%sbf16 products: unavailable (%s)\n", prefix, cg_bf16_unavailable());
+        return;
+    }
+    printf("%sbf16 products: %s (%s; vdpbf16ps rate / fp32 FMA rate %.2f)\n", prefix,
+           !strcmp(kn, "onednn") ? "oneDNN's vdpbf16ps matmul" : "the fp32 FMA units, operands widened as packed",
+           cg_bf16_kernel_why(), cg_bf16_dot_ratio());
+}
+
 void cli_print_opts(FILE *f, const char *cmd, const cli_opt *o) {
     static const char *const kinds[] = {"bare", "string", "int", "number", "u64", "in", "out"};
     for (; o->flag; o++) {

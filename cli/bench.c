@@ -447,10 +447,7 @@ int cmd_bench(int argc, char **argv) {
            threads, opts.warmup, opts.steps, sizeof(cg_real) == 8 ? ", float64 build" : ", float32",
            cg_precision_name(cg_default_precision()));
     printf("# %s\n", cg_runtime_info());
-    if (cg_default_precision() == CG_BF16)
-        printf("# bf16 products on %s (%s; vdpbf16ps rate / fp32 FMA rate %.2f)\n",
-               !strcmp(cg_bf16_kernel(), "onednn") ? "oneDNN's vdpbf16ps matmul" : "the fp32 FMA units (operands widened)",
-               cg_bf16_kernel_why(), cg_bf16_dot_ratio());
+    if (cg_default_precision() == CG_BF16) cli_print_bf16_kernel("# ");
     printf("# step = zero grads + forward + loss + backward + AdamW update; dropout 0; random token data%s\n",
            opts.checkpoint ? "; activations checkpointed per block (backward recomputes them)" : "");
     printf("# model FLOPs/step = (6*N + 12*d*sum_attn(keys)) * tokens  (nanoGPT estimate_mfu: 6N + 12*L*H*Q*T per token)\n"

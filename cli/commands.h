@@ -106,6 +106,8 @@ bool cli_too_big(const char *cmd, const char *flags, double bytes);
 /* Applies --precision (if given, else `dflt`) to every graph the command makes: 0, or the exit code
  * after a message naming the flag (2: not fp32 or bf16; 1: bf16 cannot run here, and why). */
 int cli_set_precision(const cli_args *a, const char *dflt);
+/* Prints, after prefix, the kernel bf16 products run on and why (or why bf16 cannot run). */
+void cli_print_bf16_kernel(const char *prefix);
 /* One line per option, "CMD<TAB>FLAG<TAB>KIND[<TAB>LO<TAB>HI]": what `cgrad flags` prints. */
 void cli_print_opts(FILE *f, const char *cmd, const cli_opt *opts);
 

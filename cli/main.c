@@ -199,12 +199,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) return cmd_help(argc - 2, argv + 2);
     if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
         printf("%s\n", cg_runtime_info());
-        const char *kn = cg_bf16_kernel();
-        if (kn)
-            printf("bf16 products: %s (%s; vdpbf16ps rate / fp32 FMA rate %.2f)\n",
-                   !strcmp(kn, "onednn") ? "oneDNN's vdpbf16ps matmul" : "the fp32 FMA units, operands widened as packed",
-                   cg_bf16_kernel_why(), cg_bf16_dot_ratio());
-        else printf("bf16 products: unavailable (%s)\n", cg_bf16_unavailable());
+        cli_print_bf16_kernel("");
         return 0;
     }
     const command *c = find_command(argv[1]);

@@ -317,7 +317,7 @@ static void linear_bwd(cg_tensor *t, const cg_real *dy, bool with_bias) {
     }
     /* a contiguous bias's column sums run as further pieces of the products' parallel region: one
      * region (one wake of a passively waiting thread) fewer per linear, the same sums */
-    const bool db_here = bias && bias->requires_grad && !lp_on && bias->stride[0] == 1;
+    const bool db = bias && bias->requires_grad && !lp_on, db_here = db && bias->stride[0] == 1;
     const cgi_colsum_ctx cs = {db_here ? bias->grad : NULL, db_here ? t->bwd_aux : NULL, dy, m, n, n};
     const int ntask = db_here ? cgi_colsum_tasks() : 0;
     if (nj == 2 && cgi_grads_alias(x, w)) {
@@ -331,7 +331,7 @@ static void linear_bwd(cg_tensor *t, const cg_real *dy, bool with_bias) {
         add_transposed(w->grad, tr ? w->stride[0] : w->stride[1], tr ? w->stride[1] : w->stride[0], s, tr ? n : k,
                        tr ? k : n, w_assign);
     }
-    if (bias && bias->requires_grad && !lp_on && !db_here) bias_grad(t, bias, m, n);
+    if (db && !db_here) bias_grad(t, bias, m, n); /* a strided bias view */
 }
 
 /* ---- linear_act: act(x @ w^T + bias), iarg[0] the activation (cgi_act) ---- */
