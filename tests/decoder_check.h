@@ -75,12 +75,29 @@ static cg_real *decoder_cached_logits(cg_decoder_forward fwd, const void *m, con
     return out;
 }
 
-/* The replayed decode graph against a graph per token (the same bits at every position) and the full
- * forward's logits `full` [n, vocab] (to float rounding); its memory must not grow with replays. */
-static void check_decode_replay(cg_decoder_forward fwd, const void *m, const cg_decoder_info *info, const int32_t *seq,
-                                int64_t n, int64_t p, const cg_real *full) {
+/* A decoder's logits over all of ids without a cache (cg_gpt_logits, cg_llama_logits). */
+typedef cg_tensor *(*decoder_logits_fn)(cg_graph *g, const void *model, cg_tensor *ids);
+
+/* On the sequence seq[i] = (7 i + 3) mod 13 of n tokens (prompt p): the replayed decode graph against
+ * a graph per token (the same bits at every position) and the full forward's logits (to float
+ * rounding); its memory must not grow with replays. */
+static void check_decode_replay(cg_decoder_forward fwd, decoder_logits_fn logits, const void *m,
+                                const cg_decoder_info *info, int64_t n, int64_t p) {
     const int64_t v = info->vocab;
     size_t bytes = 0;
+    int32_t *seq = malloc((size_t)n * sizeof *seq);
+    for (int64_t i = 0; i < n; i++) seq[i] = (int32_t)((i * 7 + 3) % 13);
+    cg_graph *g = cg_graph_new(CG_EVAL);
+    cg_tensor *ids = cg_input(g, "ids", CG_INT32, 2, (int64_t[]){1, n});
+    memcpy(cg_idata(ids), seq, (size_t)n * sizeof *seq);
+    cg_tensor *lg = logits(g, m, ids);
+    CHECK(lg && cg_graph_forward(g) == CG_OK, "%s: %s", info->name, cg_last_error());
+    const cg_real *full = lg ? cg_data(lg) : NULL;
+    if (!full) {
+        free(seq);
+        cg_graph_free(g);
+        return;
+    }
     cg_real *built = decoder_cached_logits(fwd, m, info, seq, n, p, false, NULL);
     cg_real *replayed = decoder_cached_logits(fwd, m, info, seq, n, p, true, &bytes);
     int64_t differ = 0;
@@ -99,6 +116,8 @@ static void check_decode_replay(cg_decoder_forward fwd, const void *m, const cg_
            "%.2e\n", info->name, (long long)n, (long long)differ, worst);
     free(built);
     free(replayed);
+    free(seq);
+    cg_graph_free(g);
 }
 
 #endif

@@ -134,6 +134,7 @@ static void test_cache_logits(void) {
 static cg_tensor *llama_cached_fwd(cg_graph *g, const void *m, cg_tensor *ids, cg_kv_cache *kc) {
     return cg_llama_logits_cached(g, m, ids, kc);
 }
+static cg_tensor *llama_full(cg_graph *g, const void *m, cg_tensor *ids) { return cg_llama_logits(g, m, ids); }
 
 /* One replayed decode graph (RoPE's offset and attention's past read at each run) gives, at every
  * position, the bits of a graph built for that token, and the full forward's logits to rounding. Past
@@ -148,16 +149,7 @@ static void test_decode_replay(int64_t n, int64_t p) {
     const cg_llama_config *mc = cg_llama_cfg(m); /* head_dim filled in */
     const cg_decoder_info info = {"llama", mc->vocab_size, mc->max_position_embeddings, mc->num_hidden_layers,
                                   mc->num_key_value_heads, mc->head_dim, true};
-    int32_t *seq = malloc((size_t)n * sizeof *seq);
-    for (int64_t i = 0; i < n; i++) seq[i] = (int32_t)((i * 7 + 3) % 13);
-    cg_graph *g = cg_graph_new(CG_EVAL);
-    cg_tensor *ids = cg_input(g, "ids", CG_INT32, 2, (int64_t[]){1, n});
-    memcpy(cg_idata(ids), seq, (size_t)n * sizeof *seq);
-    cg_tensor *full = cg_llama_logits(g, m, ids);
-    CHECK(full && cg_graph_forward(g) == CG_OK, "%s", cg_last_error());
-    check_decode_replay(llama_cached_fwd, m, &info, seq, n, p, cg_data(full));
-    free(seq);
-    cg_graph_free(g);
+    check_decode_replay(llama_cached_fwd, llama_full, m, &info, n, p);
     cg_llama_free(m);
     cg_params_free(ps);
 }
