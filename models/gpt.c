@@ -128,13 +128,10 @@ static cg_tensor *gpt_forward(cg_graph *g, const void *model, cg_tensor *ids, cg
         cg_set_error(CG_ERR_SHAPE, "[gpt] ids%s must be int32 [B, T]", cg_shape_str(ids));
         return NULL;
     }
-    const bool replay = cache && cache->past; /* the position is read at each run: one token, at most cap */
-    const int64_t t = cg_shape(ids)[1], past = replay ? cache->cap - 1 : cache ? cache->len : 0;
-    if (past + t > c->n_positions || (replay && t != 1)) {
-        cg_set_error(CG_ERR_SHAPE, "[gpt] %lld positions exceed n_positions %lld, or a replayed step takes %lld tokens, "
-                     "not one", (long long)(past + t), (long long)c->n_positions, (long long)t);
-        return NULL;
-    }
+    const bool replay = cache && cache->past;
+    const int64_t t = cg_shape(ids)[1];
+    int64_t past;
+    if (cg_kv_cache_start(cache, t, c->n_positions, "gpt", "n_positions", &past) != CG_OK) return NULL;
     const double eps = c->layer_norm_epsilon, p = c->dropout;
     const int heads = (int)c->n_head;
     cg_tensor *pos = replay ? cache->past : cg_position_ids(g, t, past);

@@ -194,6 +194,18 @@ int32_t cg_sample(const cg_real *logits, int64_t v, const cg_sampling *s, cg_rng
     return pick;
 }
 
+cg_status cg_kv_cache_start(const cg_kv_cache *c, int64_t t, int64_t limit, const char *model, const char *limit_name,
+                            int64_t *past) {
+    const bool replay = c && c->past; /* the position is read at each run: one token, at most cap */
+    *past = replay ? c->cap - 1 : c ? c->len : 0;
+    if (replay && t != 1)
+        return cg_set_error(CG_ERR_SHAPE, "[%s] a replayed decode step takes one token, not %lld", model, (long long)t);
+    if (*past + t > limit)
+        return cg_set_error(CG_ERR_SHAPE, "[%s] %lld positions exceed %s %lld", model, (long long)(*past + t),
+                            limit_name, (long long)limit);
+    return CG_OK;
+}
+
 cg_tensor *cg_kv_cache_extend(cg_graph *g, cg_kv_cache *c, int64_t layer, bool values, cg_tensor *fresh) {
     if (!fresh || !c) return NULL;
     const int64_t h = c->heads, d = c->head_dim, cap = c->cap;

@@ -61,6 +61,11 @@ typedef struct {
                          read when the graph is built */
 } cg_kv_cache;
 
+/* The first position of a decoder step of t tokens through c into *past (0 when c is NULL; with c->past,
+ * cap - 1, the furthest a replayed step may reach). CG_ERR_SHAPE, naming model and limit_name, when a
+ * replayed step is not one token or the positions would exceed limit. */
+cg_status cg_kv_cache_start(const cg_kv_cache *c, int64_t t, int64_t limit, const char *model, const char *limit_name,
+                            int64_t *past);
 /* Writes this step's keys (values if values) fresh[1, heads, T, head_dim] of layer into c after the
  * len positions held, and returns all of them, [1, heads, len + T, head_dim] read in place; with
  * c->past, the offset is read at each run and the result is all cap positions (see cg_cached_attention). */

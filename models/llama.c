@@ -222,15 +222,11 @@ static cg_tensor *llama_forward(cg_graph *g, const void *model, cg_tensor *ids, 
         cg_set_error(CG_ERR_SHAPE, "[llama] ids%s must be int32 [B, T]", cg_shape_str(ids));
         return NULL;
     }
-    /* a replayed decode step reads the position at each run: one token, at most cap */
-    cg_tensor *at = cache ? cache->past : NULL;
-    const int64_t t = cg_shape(ids)[1], past = at ? cache->cap - 1 : cache ? cache->len : 0;
-    if (past + t > c->max_position_embeddings || (at && t != 1)) {
-        cg_set_error(CG_ERR_SHAPE, "[llama] %lld positions exceed max_position_embeddings %lld, or a replayed step "
-                     "takes %lld tokens, not one", (long long)(past + t), (long long)c->max_position_embeddings,
-                     (long long)t);
+    cg_tensor *at = cache ? cache->past : NULL; /* a replayed decode step reads its position at each run */
+    const int64_t t = cg_shape(ids)[1];
+    int64_t past;
+    if (cg_kv_cache_start(cache, t, c->max_position_embeddings, "llama", "max_position_embeddings", &past) != CG_OK)
         return NULL;
-    }
     const double eps = c->rms_norm_eps, p = c->dropout;
     /* attention dropout inside the fused kernel, as Hugging Face's attention_dropout */
     const cg_sdpa_opts attn = {.scale = 1.0 / sqrt((double)c->head_dim), .causal = true, .dropout = p, .past = at};

@@ -120,4 +120,40 @@ static void check_decode_replay(cg_decoder_forward fwd, decoder_logits_fn logits
     cg_graph_free(g);
 }
 
+/* The positions a decoder step may take (cg_kv_cache_start): within the context through a cache or
+ * without one, the last position exactly; one past it fails naming limit (the config's field); a
+ * replayed step (kc.past) of two tokens fails on its own message, not on the positions. */
+static void check_step_positions(cg_decoder_forward fwd, decoder_logits_fn logits, const void *m,
+                                 const cg_decoder_info *info, const char *limit) {
+    const int64_t n = info->context, hd = info->head_dim;
+    const size_t per = (size_t)(info->layers * info->kv_heads * hd * n);
+    cg_kv_cache kc = {.k = calloc(per, sizeof(cg_real)), .v = calloc(per, sizeof(cg_real)), .cap = n,
+                      .heads = info->kv_heads, .head_dim = hd};
+    cg_graph *g = cg_graph_new(CG_EVAL);
+    for (int through = 0; through < 2; through++) { /* without a cache: len 0 and n + 1 tokens */
+        for (int64_t over = 0; over < 2; over++) {
+            cg_graph_reset(g);
+            kc.len = through ? n - 2 : 0;
+            const int64_t t = (through ? 2 : n) + over;
+            cg_tensor *ids = cg_input(g, "ids", CG_INT32, 2, (int64_t[]){1, t});
+            cg_tensor *lg = through ? fwd(g, m, ids, &kc) : logits(g, m, ids);
+            if (!over) CHECK(lg != NULL, "%s: %lld tokens after %lld must fit %lld: %s", info->name, (long long)t,
+                             (long long)kc.len, (long long)n, cg_last_error());
+            else CHECK(lg == NULL && strstr(cg_last_error(), "positions exceed") && strstr(cg_last_error(), limit),
+                       "%s: %lld tokens after %lld must exceed %s: %s", info->name, (long long)t,
+                       (long long)kc.len, limit, cg_last_error());
+        }
+    }
+    cg_graph_reset(g);
+    kc.len = 0;
+    kc.past = cg_input(g, "past", CG_INT32, 2, (int64_t[]){1, 1});
+    cg_tensor *ids = cg_input(g, "ids", CG_INT32, 2, (int64_t[]){1, 2});
+    CHECK(fwd(g, m, ids, &kc) == NULL && strstr(cg_last_error(), "replayed decode step takes one token, not 2") &&
+              !strstr(cg_last_error(), "exceed"),
+          "%s: a replayed step of two tokens: %s", info->name, cg_last_error());
+    cg_graph_free(g);
+    free(kc.k);
+    free(kc.v);
+}
+
 #endif

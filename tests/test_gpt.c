@@ -99,6 +99,7 @@ static void test_decode_replay(int64_t N, int64_t P) {
     for (int i = 0; i < cg_params_count(ps); i++) cg_fill_normal(cg_params_at(ps, i), &r, 0, 0.3);
     const cg_decoder_info info = gpt_info(&c);
     check_decode_replay(gpt_cached, gpt_full, m, &info, N, P);
+    check_step_positions(gpt_cached, gpt_full, m, &info, "n_positions");
     /* past must be one int32 and goes without gradients */
     cg_graph *g = cg_graph_new(CG_EVAL);
     cg_tensor *q = cg_input(g, "q", CG_REAL, 4, (int64_t[]){1, 2, 1, 4}), *k = cg_input(g, "k", CG_REAL, 4, (int64_t[]){1, 2, 6, 4});

@@ -150,6 +150,7 @@ static void test_decode_replay(int64_t n, int64_t p) {
     const cg_decoder_info info = {"llama", mc->vocab_size, mc->max_position_embeddings, mc->num_hidden_layers,
                                   mc->num_key_value_heads, mc->head_dim, true};
     check_decode_replay(llama_cached_fwd, llama_full, m, &info, n, p);
+    check_step_positions(llama_cached_fwd, llama_full, m, &info, "max_position_embeddings");
     cg_llama_free(m);
     cg_params_free(ps);
 }
