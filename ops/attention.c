@@ -87,6 +87,7 @@ typedef struct {
     cg_real *kv2; /* V in forward, K in backward: B panels of depth Tk over the features */
     cg_real *a;   /* the A operand of one product */
     cg_real *b;   /* a query block's dO or Q as B */
+    bool direct;  /* cgi_attn_mm instead: kv1 holds K^T (forward) or V^T (backward) [D, Tk], nothing else packed */
 } packs;
 
 static size_t packs_reals(const cgi_ukr *u, int64_t tk, int64_t d) {
@@ -399,7 +400,11 @@ static void drop_grads(const head *h, int64_t i, int64_t j0, int64_t n, const cg
 CGI_CLONES static void fwd_kept(const head *h, int64_t i0, int64_t nq, int64_t kend, cg_real *pb, int64_t ps, cg_real *o,
                      cg_real *lse, const cgi_ukr *u, const packs *w, cg_real *pt, cgi_bf16 *lp) {
     bool any = kend > 0;
-    if (any && w) {
+    if (any && w && w->direct) {
+        cgi_attn_mm(nq, kend, h->d, h->scale, h->q + i0 * h->qs, h->qs, 1, w->kv1, h->tk, 0, pb, ps, diag(h, i0),
+                    CGI_UKR_FULL, CGI_UKR_FULL);
+        any = mask(h, i0, nq, 0, kend, pb, ps);
+    } else if (any && w) {
         cgi_ukr_pack_a(u, nq, h->d, h->q + i0 * h->qs, h->qs, 1, w->a);
         cgi_ukr_gemm(u, nq, kend, h->d, h->scale, w->a, h->d, w->kv1, h->d, 0, pb, ps, 1, diag(h, i0), CGI_UKR_FULL);
         any = mask(h, i0, nq, 0, kend, pb, ps);
@@ -430,7 +435,9 @@ CGI_CLONES static void fwd_kept(const head *h, int64_t i0, int64_t nq, int64_t k
         for (int64_t r = 0; r < nq; r++) drop_probs(h, i0 + r, 0, kend, pb + r * ps, pt + r * BK);
         pb = pt, ps = BK;
     }
-    if (w) {
+    if (w && w->direct)
+        cgi_attn_mm(nq, h->d, kend, 1, pb, ps, 1, h->v, h->vs, 0, o, h->os, CGI_UKR_FULL, diag(h, i0), CGI_UKR_FULL);
+    else if (w) {
         cgi_ukr_pack_a(u, nq, kend, pb, ps, 1, w->a);
         cgi_ukr_gemm(u, nq, h->d, kend, 1, w->a, kend, w->kv2, h->tk, 0, o, h->os, 1, CGI_UKR_FULL, diag(h, i0));
     } else probs_v(nq, h->d, kend, pb, ps, h->v, h->vs, 0, o, h->os);
@@ -441,7 +448,7 @@ typedef struct {
     cg_tensor *t;
     cg_real *lse, *out, *probs;
     cgi_ukr u;
-    bool packed;
+    bool packed, direct;
     size_t stride;
 } fwd_run;
 
@@ -462,8 +469,12 @@ static void fwd_head(const fwd_run *f, int64_t bh, int me) {
     packs w = {0};
     if (packed) { /* K^T and V for every query block of the head */
         w = packs_at(t, s, u);
-        cgi_ukr_pack_b(u, d, tk, h.k, 1, h.ks, w.kv1);
-        cgi_ukr_pack_b(u, tk, d, h.v, h.vs, 1, w.kv2);
+        w.direct = f->direct;
+        if (w.direct) cgi_attn_transpose(tk, d, h.k, h.ks, w.kv1, tk);
+        else {
+            cgi_ukr_pack_b(u, d, tk, h.k, 1, h.ks, w.kv1);
+            cgi_ukr_pack_b(u, tk, d, h.v, h.vs, 1, w.kv2);
+        }
     }
     const int64_t bq = h.causal ? BQ / 2 : BQ;
     for (int64_t i0 = 0; i0 < tq; i0 += bq) {
@@ -531,6 +542,7 @@ cg_status cgi_fwd_attention(cg_tensor *t) {
     f.probs = p->keeps_probs ? f.lse + probs_offset(t) : NULL;
     cgi_ukr_init(&f.u);
     f.packed = packs_heads(t);
+    f.direct = f.packed && cgi_attn_direct();
     f.stride = slot_stride(t, &f.u);
     const int slots = p->slots < cgi_nthreads() ? p->slots : cgi_nthreads(); /* a run may use fewer */
     if (bhn > 1 && slots > 1) {
@@ -578,7 +590,10 @@ CGI_CLONES static void bwd_packed(const head *h, const cgi_ukr *u, const packs *
     const int64_t d = h->d, tk = h->tk;
     if (kend == 0) return;
     const bool ds = g->q || g->k || g->bias || g->rel;
-    if (ds) { /* dP = dO V^T, skipping the tiles the causal mask hides */
+    /* with w->direct: keys j see queries from j - (i0 + shift) on (first), rows past it of dS and P are 0 */
+    const int64_t first = h->causal ? -(i0 + h->shift) : CGI_UKR_FULL;
+    if (ds && w->direct) cgi_attn_mm(nq, kend, d, 1, dO, h->os, 1, w->kv1, tk, 0, dp, BK, diag(h, i0), CGI_UKR_FULL, CGI_UKR_FULL);
+    else if (ds) { /* dP = dO V^T, skipping the tiles the causal mask hides */
         cgi_ukr_pack_a(u, nq, d, dO, h->os, 1, w->a);
         cgi_ukr_gemm(u, nq, kend, d, 1, w->a, d, w->kv1, d, 0, dp, BK, 1, diag(h, i0), CGI_UKR_FULL);
     }
@@ -593,19 +608,27 @@ CGI_CLONES static void bwd_packed(const head *h, const cgi_ukr *u, const packs *
             for (int64_t c = 0; c < vis; c++) dr[c] = pr[c] * (dr[c] - dr_i);
         if (ds) for (int64_t c = vis; c < kend; c++) dr[c] = 0;
     }
-    if (g->v) { /* dV += P^T dO, of the dropped weights */
+    if (g->v && w->direct) cgi_attn_mm(kend, d, nq, 1, h->drop ? pt : p, 1, h->drop ? BK : ps, dO, h->os, 1, g->v, g->vr,
+                                       CGI_UKR_FULL, CGI_UKR_FULL, first);
+    else if (g->v) { /* dV += P^T dO, of the dropped weights */
         if (h->drop) cgi_ukr_pack_a(u, kend, nq, pt, 1, BK, w->a);
         else cgi_ukr_pack_a(u, kend, nq, p, 1, ps, w->a);
         cgi_ukr_pack_b(u, nq, d, dO, h->os, 1, w->b);
         cgi_ukr_gemm(u, kend, d, nq, 1, w->a, nq, w->b, nq, 1, g->v, g->vr, g->vc, CGI_UKR_FULL, CGI_UKR_FULL);
     }
     if (g->bias || g->rel) bias_grads(h, g, i0, nq, 0, kend, dp);
-    if (g->q) { /* dQ += scale * dS K */
+    if (g->q && w->direct)
+        cgi_attn_mm(nq, d, kend, h->scale, dp, BK, 1, h->k, h->ks, 1, g->q + i0 * g->qr, g->qr, CGI_UKR_FULL, diag(h, i0),
+                    CGI_UKR_FULL);
+    else if (g->q) { /* dQ += scale * dS K */
         cgi_ukr_pack_a(u, nq, kend, dp, BK, 1, w->a);
         cgi_ukr_gemm(u, nq, d, kend, h->scale, w->a, kend, w->kv2, tk, 1, g->q + i0 * g->qr, g->qr, g->qc, CGI_UKR_FULL,
                      diag(h, i0));
     }
-    if (g->k) { /* dK += scale * dS^T Q */
+    if (g->k && w->direct)
+        cgi_attn_mm(kend, d, nq, h->scale, dp, 1, BK, h->q + i0 * h->qs, h->qs, 1, g->k, g->kr, CGI_UKR_FULL, CGI_UKR_FULL,
+                    first);
+    else if (g->k) { /* dK += scale * dS^T Q */
         cgi_ukr_pack_a(u, kend, nq, dp, 1, BK, w->a);
         cgi_ukr_pack_b(u, nq, d, h->q + i0 * h->qs, h->qs, 1, w->b);
         cgi_ukr_gemm(u, kend, d, nq, h->scale, w->a, nq, w->b, nq, 1, g->k, g->kr, g->kc, CGI_UKR_FULL, CGI_UKR_FULL);
@@ -625,7 +648,9 @@ void cgi_bwd_attention(cg_tensor *t) {
     const int slots = p->slots < cgi_nthreads() ? p->slots : cgi_nthreads(); /* a run may use fewer */
     cgi_ukr u;
     cgi_ukr_init(&u);
-    const bool packed = packs_heads(t);
+    /* the direct products write gradients along contiguous features (inputs are made so: cg_sdpa_ex) */
+    const bool packed = packs_heads(t), direct = packed && cgi_attn_direct() && q->stride[3] == 1 && k->stride[3] == 1 &&
+                                                 v->stride[3] == 1;
     const size_t stride = slot_stride(t, &u);
     /* Heads run in parallel, each writing its own rows of dQ, dK and dV. When two of those are one
      * storage seen differently (keys = queries shifted by a head), one head's dK is another's dQ:
@@ -657,8 +682,12 @@ void cgi_bwd_attention(cg_tensor *t) {
         packs w = {0};
         if (packed) { /* V^T and K for every query block of the head */
             w = packs_at(t, slot, &u);
-            cgi_ukr_pack_b(&u, d, tk, h.v, 1, h.vs, w.kv1);
-            cgi_ukr_pack_b(&u, tk, d, h.k, h.ks, 1, w.kv2);
+            w.direct = direct;
+            if (direct) cgi_attn_transpose(tk, d, h.v, h.vs, w.kv1, tk);
+            else {
+                cgi_ukr_pack_b(&u, d, tk, h.v, 1, h.vs, w.kv1);
+                cgi_ukr_pack_b(&u, tk, d, h.k, h.ks, 1, w.kv2);
+            }
         }
         const grads gr = {
             gq ? q->grad + b * q->stride[0] + hh * q->stride[1] : NULL,

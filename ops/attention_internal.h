@@ -27,4 +27,19 @@ bool cgi_sdpa_opts_ok(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, con
 /* The strides of bias read as [B, Hq, Tq, Tk] = want, 0 where broadcast; false if it does not broadcast. */
 bool cgi_sdpa_bias_strides(const cg_tensor *bias, const int64_t *want, int64_t *st);
 
+/* True when attention's small products run on cgi_attn_mm (AVX-512, float; the environment's
+ * CGRAD_ATTN_UKR set keeps BLIS's micro-kernel instead), decided once. */
+bool cgi_attn_direct(void);
+/* Tests: the direct path on (where the CPU has it) or off, for every later node. */
+void cgi_attn_direct_force(bool on);
+/* C[m, n] (row stride cs) = alpha A B + beta C (beta 0: C not read, or 1), A(i, p) = a[i ars + p acs],
+ * B's rows bs apart and contiguous. Causal shapes as cgi_ukr_gemm, by strips of rows: unless
+ * CGI_UKR_FULL, columns past row + n_diag stay unwritten, rows [i, i + strip) use depth below
+ * i + strip + k_diag and from i + k_first on. Only when cgi_attn_direct(). */
+void cgi_attn_mm(int64_t m, int64_t n, int64_t k, cg_real alpha, const cg_real *a, int64_t ars, int64_t acs,
+                 const cg_real *b, int64_t bs, cg_real beta, cg_real *c, int64_t cs, int64_t n_diag, int64_t k_diag,
+                 int64_t k_first);
+/* dst[c ds + r] = src[r ss + c] for r < rows, c < cols. */
+void cgi_attn_transpose(int64_t rows, int64_t cols, const cg_real *src, int64_t ss, cg_real *dst, int64_t ds);
+
 #endif

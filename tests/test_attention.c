@@ -11,6 +11,7 @@
 #include "../cgrad.h"
 #include "check.h"
 #include "graph/internal.h"
+#include "ops/attention_internal.h"
 
 typedef struct {
     int64_t b, h, tq, tk, d;
@@ -296,8 +297,89 @@ static void packing_fallback(void) {
     free(y);
 }
 
+/* cgi_attn_mm against a plain double loop, at sizes off its 6 x 64 tile (rows 1..70, columns
+ * 1..130, depth 1..129), A by rows and transposed, beta 0 and 1, and with the causal arguments:
+ * A is zero where a row's depth lies outside [row + k_first, row + 1 + k_diag) (as attention's
+ * hidden weights are), so skipping that depth must give the whole product, and the columns up
+ * to row + n_diag must be right (those after may stay unwritten). */
+static void direct_products(void) {
+    if (!cgi_attn_direct()) {
+        printf("direct products: not on this CPU (no AVX-512 or a double build), skipped\n");
+        return;
+    }
+    const int64_t ms[] = {1, 5, 6, 7, 13, 64, 70}, ns[] = {1, 15, 16, 17, 48, 64, 65, 80, 130}, ks[] = {1, 7, 64, 129};
+    cg_rng r;
+    cg_rng_seed(&r, 3);
+    enum { CAP = 140 * 140 };
+    cg_real *a = malloc(CAP * sizeof *a), *b = malloc(CAP * sizeof *b), *c = malloc(CAP * sizeof *c);
+    double *want = malloc(CAP * sizeof *want);
+    int cases = 0;
+    for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++)
+        for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
+            for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++)
+                for (int variant = 0; variant < 4; variant++) {
+                    const int64_t m = ms[mi], n = ns[ni], k = ks[ki];
+                    const bool trans = variant & 1, causal = variant & 2;
+                    const cg_real beta = (cg_real)((mi + ni + ki) % 2), alpha = (cg_real)0.75;
+                    /* causal: rows see depth [row - 3, row + 2) and columns up to row + 5 */
+                    const int64_t kd = causal ? 1 : CGI_UKR_FULL, kf = causal ? -3 : CGI_UKR_FULL,
+                                  nd = causal ? 5 : CGI_UKR_FULL;
+                    const int64_t ars = trans ? 1 : k + 2, acs = trans ? m + 3 : 1, bs = n + 1, cs = n + 4;
+                    for (int64_t i = 0; i < m; i++)
+                        for (int64_t p = 0; p < k; p++) {
+                            const bool seen = !causal || (p >= i - 3 && p < i + 2);
+                            a[i * ars + p * acs] = seen ? (cg_real)(2 * cg_rng_uniform(&r) - 1) : 0;
+                        }
+                    for (int64_t p = 0; p < k; p++)
+                        for (int64_t j = 0; j < n; j++) b[p * bs + j] = (cg_real)(2 * cg_rng_uniform(&r) - 1);
+                    for (int64_t i = 0; i < m; i++)
+                        for (int64_t j = 0; j < n; j++) {
+                            c[i * cs + j] = (cg_real)(2 * cg_rng_uniform(&r) - 1);
+                            double s = 0;
+                            for (int64_t p = 0; p < k; p++) s += (double)a[i * ars + p * acs] * (double)b[p * bs + j];
+                            want[i * n + j] = alpha * s + beta * (double)c[i * cs + j];
+                        }
+                    cgi_attn_mm(m, n, k, alpha, a, ars, acs, b, bs, beta, c, cs, nd, kd, kf);
+                    double worst = 0;
+                    for (int64_t i = 0; i < m; i++)
+                        for (int64_t j = 0; j < n && (!causal || j <= i + 5); j++)
+                            worst = fmax(worst, fabs((double)c[i * cs + j] - want[i * n + j]));
+                    CHECK(worst <= 1e-5 * (double)(k + 1), "cgi_attn_mm m %lld n %lld k %lld variant %d: off by %g",
+                          (long long)m, (long long)n, (long long)k, variant, worst);
+                    cases++;
+                }
+    cg_real src[37 * 29], dst[29 * 41];
+    for (int i = 0; i < 37 * 29; i++) src[i] = (cg_real)i;
+    cgi_attn_transpose(37, 29, src, 29, dst, 41); /* 8 x 8 blocks and both edges */
+    int bad = 0;
+    for (int i = 0; i < 37; i++)
+        for (int j = 0; j < 29; j++) bad += dst[j * 41 + i] != src[i * 29 + j];
+    CHECK(bad == 0 && cases == 7 * 9 * 4 * 4, "transpose: %d elements wrong", bad);
+    free(a), free(b), free(c), free(want);
+}
+
+/* The shapes of the direct products' path (kept probabilities, Tq >= 16) at feature sizes and
+ * lengths off its tiles, with every option that goes through it, on the direct kernels and on
+ * BLIS's micro-kernel. */
+static void direct_cases(void) {
+    for (int on = 1; on >= 0; on--) {
+        cgi_attn_direct_force(on);
+        compare("encdec's head: full 64, D 64, padding", &(cfg){.b = 2, .h = 2, .tq = 64, .tk = 64, .d = 64, .padding = true});
+        compare("causal 70, D 48, head views", &(cfg){.b = 2, .h = 2, .tq = 70, .tk = 70, .d = 48, .causal = true, .views = true});
+        compare("cross 64x50, D 80, bias [1,H,Tq,Tk] + ALiBi",
+                &(cfg){.b = 1, .h = 2, .tq = 64, .tk = 50, .d = 80, .alibi = true, .bias = 1});
+        compare("causal 129, D 32, dropout 0.2", &(cfg){.b = 1, .h = 2, .tq = 129, .tk = 129, .d = 32, .causal = true, .dropout = 0.2});
+        compare("causal Tq 37 < Tk 101, D 128, T5 16, grouped",
+                &(cfg){.b = 1, .h = 2, .tq = 37, .tk = 101, .d = 128, .causal = true, .hk = 1, .t5 = 16});
+        compare("window 30 both sides, D 24, padding, 100", &(cfg){.b = 2, .h = 2, .tq = 100, .tk = 100, .d = 24, .padding = true, .window = 30});
+    }
+    cgi_attn_direct_force(true);
+}
+
 int main(void) {
     packing_fallback();
+    direct_products();
+    direct_cases();
     compare("causal 150x150", &(cfg){2, 3, 150, 150, 16, true, false, false, false, 0, 0, false, 0, 0, 0});
     compare("causal 600x600 (several 256-key blocks)", &(cfg){1, 2, 600, 600, 8, true, false, false, false, 0, 0, false, 0, 0, 0});
     compare("full 300x700 with padding (several key blocks)", &(cfg){1, 2, 300, 700, 8, false, true, false, false, 0, 0, false, 0, 0, 0});

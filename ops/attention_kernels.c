@@ -1,0 +1,179 @@
+/* Attention's small products on AVX-512 straight from the head's rows (README, "Attention's small
+ * products (issue 11)"). A head of 64 queries x 64 keys x 64 features is a few products of 64 x 64
+ * x 64 whose operands sit in L1: packing each for BLIS's micro-kernel took a third of the time, and
+ * its 12-row strips wasted 11% of the tiles at 64 rows. Here C = alpha A B + beta C is computed in
+ * register tiles of up to 6 rows x 64 columns that broadcast A's elements (any strides: A may be a
+ * transposed view) against B's rows (contiguous along C's columns), so only K^T (forward) and V^T
+ * (backward) are transposed, once per head. Float builds on a CPU with AVX-512 only; elsewhere the
+ * caller keeps the micro-kernel path. */
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "ops/attention_internal.h"
+
+#if !defined(CGRAD_DOUBLE) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define ATTN_DIRECT 1
+
+enum { TR = 6, TV = 4 }; /* a tile: up to TR rows x TV vectors of 16 columns (24 accumulators) */
+
+#define AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")))
+
+/* One tile of `rows` x `nv` vectors (compile-time after inlining), the last vector masked by `last`;
+ * depth [k0, k1). beta is 0 (C not read) or 1. The accumulators are named, not an array: GCC kept
+ * an array of 24 vectors in registers but also stored it to the stack on every depth step. */
+static inline __attribute__((always_inline)) AVX512 void store(float *cp, __m512 x, __m512 al, float beta, __mmask16 m) {
+    x = _mm512_mul_ps(x, al);
+    if (beta != 0) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(m, cp));
+    _mm512_mask_storeu_ps(cp, m, x);
+}
+#define ACC(r) __m512 c##r##0 = z, c##r##1 = z, c##r##2 = z, c##r##3 = z;
+#define FMA(r) \
+    if (rows > r) { \
+        const __m512 x = _mm512_set1_ps(ap[r * ars]); \
+        c##r##0 = _mm512_fmadd_ps(x, b0, c##r##0); \
+        if (nv > 1) c##r##1 = _mm512_fmadd_ps(x, b1, c##r##1); \
+        if (nv > 2) c##r##2 = _mm512_fmadd_ps(x, b2, c##r##2); \
+        if (nv > 3) c##r##3 = _mm512_fmadd_ps(x, b3, c##r##3); \
+    }
+#define STORE(r) \
+    if (rows > r) { \
+        store(c + r * cs, c##r##0, al, beta, nv == 1 ? last : full); \
+        if (nv > 1) store(c + r * cs + 16, c##r##1, al, beta, nv == 2 ? last : full); \
+        if (nv > 2) store(c + r * cs + 32, c##r##2, al, beta, nv == 3 ? last : full); \
+        if (nv > 3) store(c + r * cs + 48, c##r##3, al, beta, last); \
+    }
+static inline __attribute__((always_inline)) AVX512 void tile(const int rows, const int nv, __mmask16 last, int64_t k0,
+                                                               int64_t k1, float alpha, const float *a, int64_t ars,
+                                                               int64_t acs, const float *b, int64_t bs, float beta,
+                                                               float *c, int64_t cs) {
+    const __m512 z = _mm512_setzero_ps();
+    const __mmask16 full = 0xFFFF;
+    ACC(0) ACC(1) ACC(2) ACC(3) ACC(4) ACC(5)
+    for (int64_t p = k0; p < k1; p++) {
+        const float *bp = b + p * bs, *ap = a + p * acs;
+        const __m512 b0 = _mm512_maskz_loadu_ps(nv == 1 ? last : full, bp),
+                     b1 = nv > 1 ? _mm512_maskz_loadu_ps(nv == 2 ? last : full, bp + 16) : z,
+                     b2 = nv > 2 ? _mm512_maskz_loadu_ps(nv == 3 ? last : full, bp + 32) : z,
+                     b3 = nv > 3 ? _mm512_maskz_loadu_ps(last, bp + 48) : z;
+        FMA(0) FMA(1) FMA(2) FMA(3) FMA(4) FMA(5)
+    }
+    const __m512 al = _mm512_set1_ps(alpha);
+    STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5)
+}
+
+#define TILE(R, V) tile(R, V, last, k0, k1, alpha, a, ars, acs, b, bs, beta, c, cs)
+#define TILES(R) \
+    case R: \
+        switch (nv) { \
+        case 1: TILE(R, 1); break; \
+        case 2: TILE(R, 2); break; \
+        case 3: TILE(R, 3); break; \
+        default: TILE(R, 4); break; \
+        } \
+        break;
+
+static AVX512 void tile_any(int rows, int nv, __mmask16 last, int64_t k0, int64_t k1, float alpha, const float *a,
+                            int64_t ars, int64_t acs, const float *b, int64_t bs, float beta, float *c, int64_t cs) {
+    switch (rows) {
+        TILES(1)
+        TILES(2)
+        TILES(3)
+        TILES(4)
+        TILES(5)
+        default: TILES(6)
+    }
+}
+
+static AVX512 void mm(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t ars, int64_t acs,
+                      const float *b, int64_t bs, float beta, float *c, int64_t cs, int64_t n_diag, int64_t k_diag,
+                      int64_t k_first) {
+    for (int64_t i = 0; i < m; i += TR) {
+        const int rows = (int)(m - i < TR ? m - i : TR);
+        int64_t ncols = n; /* columns any row of the strip sees */
+        if (n_diag != CGI_UKR_FULL && i + rows + n_diag < ncols) ncols = i + rows + n_diag;
+        if (ncols <= 0) continue;
+        int64_t k1 = k, k0 = 0;
+        if (k_diag != CGI_UKR_FULL && i + rows + k_diag < k1) k1 = i + rows + k_diag;
+        if (k_first != CGI_UKR_FULL && i + k_first > 0) k0 = i + k_first;
+        if (k1 < k0) k1 = k0; /* rows that see nothing still get their tile written (alpha 0 + beta C) */
+        for (int64_t j = 0; j < ncols; j += 16 * TV) {
+            const int64_t w = ncols - j < 16 * TV ? ncols - j : 16 * TV;
+            const int nv = (int)((w + 15) / 16), tail = (int)(w - 16 * (nv - 1));
+            const __mmask16 last = (__mmask16)(tail == 16 ? 0xFFFF : (1u << tail) - 1);
+            tile_any(rows, nv, last, k0, k1, alpha, a + i * ars, ars, acs, b + j, bs, beta, c + i * cs + j, cs);
+        }
+    }
+}
+
+/* dst[c * ds + r] = src[r * ss + c] in 8 x 8 register transposes, the edges one element at a time. */
+static AVX512 void transpose(int64_t rows, int64_t cols, const float *src, int64_t ss, float *dst, int64_t ds) {
+    int64_t r = 0;
+    for (; r + 8 <= rows; r += 8) {
+        int64_t c = 0;
+        for (; c + 8 <= cols; c += 8) {
+            __m256 x[8], y[8];
+            for (int i = 0; i < 8; i++) x[i] = _mm256_loadu_ps(src + (r + i) * ss + c);
+            for (int i = 0; i < 8; i += 2)
+                y[i] = _mm256_unpacklo_ps(x[i], x[i + 1]), y[i + 1] = _mm256_unpackhi_ps(x[i], x[i + 1]);
+            x[0] = _mm256_shuffle_ps(y[0], y[2], 0x44), x[1] = _mm256_shuffle_ps(y[0], y[2], 0xEE);
+            x[2] = _mm256_shuffle_ps(y[1], y[3], 0x44), x[3] = _mm256_shuffle_ps(y[1], y[3], 0xEE);
+            x[4] = _mm256_shuffle_ps(y[4], y[6], 0x44), x[5] = _mm256_shuffle_ps(y[4], y[6], 0xEE);
+            x[6] = _mm256_shuffle_ps(y[5], y[7], 0x44), x[7] = _mm256_shuffle_ps(y[5], y[7], 0xEE);
+            for (int i = 0; i < 4; i++) { /* x[i] holds rows 0-3 of column ..., x[i + 4] rows 4-7 */
+                _mm256_storeu_ps(dst + (c + i) * ds + r, _mm256_permute2f128_ps(x[i], x[i + 4], 0x20));
+                _mm256_storeu_ps(dst + (c + i + 4) * ds + r, _mm256_permute2f128_ps(x[i], x[i + 4], 0x31));
+            }
+        }
+        for (; c < cols; c++)
+            for (int i = 0; i < 8; i++) dst[c * ds + r + i] = src[(r + i) * ss + c];
+    }
+    for (; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) dst[c * ds + r] = src[r * ss + c];
+}
+#endif
+
+static int direct_state; /* 0: not decided, 1: on, -1: off */
+static pthread_once_t direct_once = PTHREAD_ONCE_INIT;
+static void direct_decide(void) {
+#ifdef ATTN_DIRECT
+    const char *off = getenv("CGRAD_ATTN_UKR"); /* set: BLIS's micro-kernel path, for comparisons */
+    if (!direct_state) direct_state = (cgi_cpu_features() & CGI_CPU_AVX512) && !(off && *off) ? 1 : -1;
+#else
+    direct_state = -1;
+#endif
+}
+
+bool cgi_attn_direct(void) {
+    pthread_once(&direct_once, direct_decide);
+    return direct_state > 0;
+}
+
+void cgi_attn_direct_force(bool on) {
+    pthread_once(&direct_once, direct_decide);
+#ifdef ATTN_DIRECT
+    direct_state = on && (cgi_cpu_features() & CGI_CPU_AVX512) ? 1 : -1;
+#else
+    (void)on;
+#endif
+}
+
+void cgi_attn_mm(int64_t m, int64_t n, int64_t k, cg_real alpha, const cg_real *a, int64_t ars, int64_t acs,
+                 const cg_real *b, int64_t bs, cg_real beta, cg_real *c, int64_t cs, int64_t n_diag, int64_t k_diag,
+                 int64_t k_first) {
+#ifdef ATTN_DIRECT
+    mm(m, n, k, alpha, a, ars, acs, b, bs, beta, c, cs, n_diag, k_diag, k_first);
+#else
+    (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)ars, (void)acs, (void)b, (void)bs, (void)beta, (void)c,
+        (void)cs, (void)n_diag, (void)k_diag, (void)k_first;
+#endif
+}
+
+void cgi_attn_transpose(int64_t rows, int64_t cols, const cg_real *src, int64_t ss, cg_real *dst, int64_t ds) {
+#ifdef ATTN_DIRECT
+    transpose(rows, cols, src, ss, dst, ds);
+#else
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) dst[c * ds + r] = src[r * ss + c];
+#endif
+}
