@@ -88,6 +88,7 @@ typedef struct {
     cg_real *a;   /* the A operand of one product */
     cg_real *b;   /* a query block's dO or Q as B */
     bool direct;  /* cgi_attn_mm instead: kv1 holds K^T (forward) or V^T (backward) [D, Tk], nothing else packed */
+    const cg_real *rows; /* direct: V (forward) or K (backward) with dense rows (cgi_attn_dense_rows, maybe in kv2) */
 } packs;
 
 static size_t packs_reals(const cgi_ukr *u, int64_t tk, int64_t d) {
@@ -435,8 +436,8 @@ CGI_CLONES static void fwd_kept(const head *h, int64_t i0, int64_t nq, int64_t k
         for (int64_t r = 0; r < nq; r++) drop_probs(h, i0 + r, 0, kend, pb + r * ps, pt + r * BK);
         pb = pt, ps = BK;
     }
-    if (w && w->direct)
-        cgi_attn_mm(nq, h->d, kend, 1, pb, ps, 1, h->v, h->vs, 0, o, h->os, CGI_UKR_FULL, diag(h, i0), CGI_UKR_FULL);
+    if (w && w->direct) /* V made dense once per head (fwd_head) */
+        cgi_attn_mm(nq, h->d, kend, 1, pb, ps, 1, w->rows, h->d, 0, o, h->os, CGI_UKR_FULL, diag(h, i0), CGI_UKR_FULL);
     else if (w) {
         cgi_ukr_pack_a(u, nq, kend, pb, ps, 1, w->a);
         cgi_ukr_gemm(u, nq, h->d, kend, 1, w->a, kend, w->kv2, h->tk, 0, o, h->os, 1, CGI_UKR_FULL, diag(h, i0));
@@ -470,8 +471,11 @@ static void fwd_head(const fwd_run *f, int64_t bh, int me) {
     if (packed) { /* K^T and V for every query block of the head */
         w = packs_at(t, s, u);
         w.direct = f->direct;
-        if (w.direct) cgi_attn_transpose(tk, d, h.k, h.ks, w.kv1, tk);
-        else {
+        if (w.direct) {
+            cgi_attn_transpose(tk, d, h.k, h.ks, w.kv1, tk);
+            int64_t vs = h.vs;
+            w.rows = cgi_attn_dense_rows(h.v, &vs, tk, d, w.kv2);
+        } else {
             cgi_ukr_pack_b(u, d, tk, h.k, 1, h.ks, w.kv1);
             cgi_ukr_pack_b(u, tk, d, h.v, h.vs, 1, w.kv2);
         }
@@ -618,7 +622,7 @@ CGI_CLONES static void bwd_packed(const head *h, const cgi_ukr *u, const packs *
     }
     if (g->bias || g->rel) bias_grads(h, g, i0, nq, 0, kend, dp);
     if (g->q && w->direct)
-        cgi_attn_mm(nq, d, kend, h->scale, dp, BK, 1, h->k, h->ks, 1, g->q + i0 * g->qr, g->qr, CGI_UKR_FULL, diag(h, i0),
+        cgi_attn_mm(nq, d, kend, h->scale, dp, BK, 1, w->rows, d, 1, g->q + i0 * g->qr, g->qr, CGI_UKR_FULL, diag(h, i0),
                     CGI_UKR_FULL);
     else if (g->q) { /* dQ += scale * dS K */
         cgi_ukr_pack_a(u, nq, kend, dp, BK, 1, w->a);
@@ -633,6 +637,19 @@ CGI_CLONES static void bwd_packed(const head *h, const cgi_ukr *u, const packs *
         cgi_ukr_pack_b(u, nq, d, h->q + i0 * h->qs, h->qs, 1, w->b);
         cgi_ukr_gemm(u, kend, d, nq, h->scale, w->a, nq, w->b, nq, 1, g->k, g->kr, g->kc, CGI_UKR_FULL, CGI_UKR_FULL);
     }
+}
+
+/* sum of x[e] y[e] in CGI_LANES partial sums, as the softmax's row reductions (graph/internal.h): a
+ * single running sum is a chain of dependent adds, 3 us of a 64 x 64 head's backward. */
+static cg_real row_dot(const cg_real *x, const cg_real *y, int64_t n) {
+    cg_real acc[CGI_LANES] = {0};
+    int64_t e = 0;
+    for (; e + CGI_LANES <= n; e += CGI_LANES)
+        for (int l = 0; l < CGI_LANES; l++) acc[l] += x[e + l] * y[e + l];
+    cg_real s = 0;
+    for (; e < n; e++) s += x[e] * y[e];
+    for (int l = 0; l < CGI_LANES; l++) s += acc[l];
+    return s;
 }
 
 void cgi_bwd_attention(cg_tensor *t) {
@@ -683,8 +700,11 @@ void cgi_bwd_attention(cg_tensor *t) {
         if (packed) { /* V^T and K for every query block of the head */
             w = packs_at(t, slot, &u);
             w.direct = direct;
-            if (direct) cgi_attn_transpose(tk, d, h.v, h.vs, w.kv1, tk);
-            else {
+            if (direct) {
+                cgi_attn_transpose(tk, d, h.v, h.vs, w.kv1, tk);
+                int64_t ks = h.ks;
+                w.rows = cgi_attn_dense_rows(h.k, &ks, tk, d, w.kv2);
+            } else {
                 cgi_ukr_pack_b(&u, d, tk, h.v, 1, h.vs, w.kv1);
                 cgi_ukr_pack_b(&u, tk, d, h.k, h.ks, 1, w.kv2);
             }
@@ -709,9 +729,7 @@ void cgi_bwd_attention(cg_tensor *t) {
                     __builtin_prefetch(dO + (i0 + r + 4) * os + e);
                     __builtin_prefetch(o + (i0 + r + 4) * os + e);
                 }
-                cg_real s = 0;
-                for (int64_t e = 0; e < d; e++) s += dO[(i0 + r) * os + e] * o[(i0 + r) * os + e];
-                di[r] = s;
+                di[r] = row_dot(dO + (i0 + r) * os, o + (i0 + r) * os, d);
             }
             const cg_real *pk = probs ? probs + (bh * tq + i0) * tk : NULL; /* this block's kept P */
             int64_t pks = tk;

@@ -39,6 +39,8 @@ void cgi_attn_direct_force(bool on);
 void cgi_attn_mm(int64_t m, int64_t n, int64_t k, cg_real alpha, const cg_real *a, int64_t ars, int64_t acs,
                  const cg_real *b, int64_t bs, cg_real beta, cg_real *c, int64_t cs, int64_t n_diag, int64_t k_diag,
                  int64_t k_first);
+/* x's rows x d (rows *rs apart), or their dense copy in dst (then *rs = d) when they lie apart. */
+const cg_real *cgi_attn_dense_rows(const cg_real *x, int64_t *rs, int64_t rows, int64_t d, cg_real *dst);
 /* dst[c ds + r] = src[r ss + c] for r < rows, c < cols. */
 void cgi_attn_transpose(int64_t rows, int64_t cols, const cg_real *src, int64_t ss, cg_real *dst, int64_t ds);
 

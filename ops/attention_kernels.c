@@ -8,6 +8,7 @@
  * caller keeps the micro-kernel path. */
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "ops/attention_internal.h"
 
@@ -176,4 +177,16 @@ void cgi_attn_transpose(int64_t rows, int64_t cols, const cg_real *src, int64_t 
     for (int64_t r = 0; r < rows; r++)
         for (int64_t c = 0; c < cols; c++) dst[c * ds + r] = src[r * ss + c];
 #endif
+}
+
+/* rows x d of x (rows *rs apart) as a B operand of cgi_attn_mm, copied densely into dst when its rows
+ * lie apart (head views of a fused q/k/v tensor): rows 6 kB apart share a few L1 sets. Done for the
+ * head's V (forward) and K (backward), which every query block reads: encdec's full head on views
+ * 5.5 -> 5.3 ms fwd + bwd. The same for a block's dO and Q (read by one product each) lost more to
+ * the copy than it won (backward 3.2 -> 3.3 ms). */
+const cg_real *cgi_attn_dense_rows(const cg_real *x, int64_t *rs, int64_t rows, int64_t d, cg_real *dst) {
+    if (*rs == d) return x;
+    for (int64_t r = 0; r < rows; r++) memcpy(dst + r * d, x + r * *rs, (size_t)d * sizeof *dst);
+    *rs = d;
+    return dst;
 }
