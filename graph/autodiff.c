@@ -55,6 +55,21 @@ bool cgi_grad_begin(cg_tensor *x) {
     return false;
 }
 
+/* cgi_grad_begin, and also true for a view holding all of a node's gradient once (a reshape or a
+ * transpose of it) that nothing has written this pass: the out-projection reads attention's output
+ * through a reshape, and assigning there saves zeroing it (a parallel region, a wake of the second
+ * thread). Only for a rule that writes x's gradient before any other input's that may alias it
+ * (linear's dX): another view of the same node holds other inputs' terms, which an assignment
+ * after them would overwrite. */
+bool cgi_grad_begin_whole(cg_tensor *x) {
+    cg_tensor *r = x->root;
+    if (x != r && r->op != CGI_OP_PARAM && !r->grad_in_value && r->grad_epoch != r->graph->epoch && covers_root(x)) {
+        r->grad_epoch = r->graph->epoch;
+        return true;
+    }
+    return cgi_grad_begin(x);
+}
+
 void cgi_grad_prepare(cg_tensor *x) {
     if (cgi_grad_begin(x)) cgi_zero(x->grad, (size_t)cgi_numel(x->ndim, x->shape) * sizeof(cg_real));
 }

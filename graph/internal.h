@@ -281,6 +281,9 @@ static inline bool cgi_par(int64_t work) { return work > CGI_PAR_MIN && cgi_nthr
  * assign rather than add (x owns its storage and nothing has written it in this pass), which saves
  * zeroing it; otherwise the gradient is zeroed if this pass has not done so yet, and the rule adds. */
 bool cgi_grad_begin(cg_tensor *x);
+/* cgi_grad_begin, and also true for a view holding all of a node's gradient that nothing wrote this
+ * pass; for a rule that writes x's gradient before any other input's that may share its storage. */
+bool cgi_grad_begin_whole(cg_tensor *x);
 /* As cgi_grad_begin for a rule that only adds into x's gradient: zeroes it if nothing has written it. */
 void cgi_grad_prepare(cg_tensor *x);
 /* cgi_grad_begin when the rule can assign, else cgi_grad_prepare: true when it may write, not add. */

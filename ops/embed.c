@@ -55,16 +55,22 @@ cg_status cgi_fwd_embedding(cg_tensor *t) {
     return CG_OK;
 }
 
+/* The op claims the table (ops.def): as its first writer (a parameter after cg_params_zero_grad),
+ * each thread zeroes its own columns of the table inside the scatter's region, which saves the
+ * graph's separate zeroing region (a wake of a passively waiting thread, graph/threads.c) and gives
+ * the same bits: every element is zeroed before its column's adds, in the same order. */
 void cgi_bwd_embedding(cg_tensor *t) {
     cg_tensor *w = t->src[0], *ids = t->src[1];
     if (!w->requires_grad) return;
+    const bool assign = cgi_grad_begin(w);
     const int32_t *id = ids->data;
-    const int64_t n = cgi_numel(ids->ndim, ids->shape), d = w->shape[1];
+    const int64_t n = cgi_numel(ids->ndim, ids->shape), v = w->shape[0], d = w->shape[1];
     const int64_t r0 = w->stride[0], c0 = w->stride[1];
     const cg_real *DY = t->grad;
     cg_real *DW = w->grad;
     const int nt = cgi_nthreads();
-#pragma omp parallel num_threads(nt) if (n * d > CGI_PAR_MIN)
+    /* a second thread for the scatter's size, or for the zeroing's alone where cgi_zero would use one */
+#pragma omp parallel num_threads(nt) if (n * d > CGI_PAR_MIN || (assign && v * d * (int64_t)sizeof(cg_real) > 3 * (1 << 18)))
     {
         int me = 0, all = 1;
 #ifdef _OPENMP
@@ -72,6 +78,12 @@ void cgi_bwd_embedding(cg_tensor *t) {
         all = omp_get_num_threads();
 #endif
         const int64_t lo = d * me / all, hi = d * (me + 1) / all;
+        if (assign)
+            for (int64_t r = 0; r < v; r++) {
+                cg_real *row = DW + r * r0;
+                if (c0 == 1) memset(row + lo, 0, (size_t)(hi - lo) * sizeof *row);
+                else for (int64_t j = lo; j < hi; j++) row[j * c0] = 0;
+            }
         for (int64_t i = 0; i < n; i++) {
             cg_real *row = DW + id[id_offset(ids, i)] * r0;
             const cg_real *dy = DY + i * d;

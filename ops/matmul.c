@@ -292,9 +292,12 @@ static void linear_bwd(cg_tensor *t, const cg_real *dy, bool with_bias) {
      * product across all threads in turn, and one team serves both. When x's and w's gradients
      * share storage, the two products write the same memory and run one after the other
      * (linear(z, z), a Gram matrix), where side by side they would race. */
-    const bool assign = x->requires_grad && cgi_grad_begin(x); /* dX's first writer: beta 0, no zeroing */
-    /* the op claims every input (CGI_GRAD_CLAIMS_ALL): dW's first writer since zero_grad assigns too */
     const bool lp_on = cgi_lp_on(t) && t->op == CGI_OP_LINEAR;
+    /* dX's first writer: beta 0, no zeroing; also through a view holding all of x's node, as dX is
+     * written before the gradients claimed after it that may share its storage (dW follows dX when
+     * they alias, the bias's sums are added after the products), except in bf16, whose bias goes first */
+    const bool assign = x->requires_grad && (lp_on ? cgi_grad_begin(x) : cgi_grad_begin_whole(x));
+    /* the op claims every input (CGI_GRAD_CLAIMS_ALL): dW's first writer since zero_grad assigns too */
     bool w_assign = w->requires_grad && cgi_grad_claim(w, !lp_on); /* bf16's products add into dW */
     if (bias && bias->requires_grad) cgi_grad_prepare(bias);
     /* bf16: the bias first, as the products may turn dY into bf16 in place; then both products */
