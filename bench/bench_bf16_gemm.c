@@ -24,13 +24,15 @@ int main(int argc, char **argv) {
         printf("bench_bf16_gemm: bf16 unavailable: %s\n", cg_bf16_unavailable());
         return 0;
     }
-    printf("# bf16 kernel in use: %s (%s; vdpbf16ps / fp32 FMA rate %.2f), %d thread(s), %d reps\n", cg_bf16_kernel(),
-           cg_bf16_kernel_why(), cg_bf16_dot_ratio(), threads, reps);
+    printf("# bf16 kernel in use: %s (%s; vdpbf16ps / fp32 FMA rate %.2f, AMX tdpbf16ps / fp32 FMA %.2f), %d thread(s), "
+           "%d reps\n",
+           cg_bf16_kernel(), cg_bf16_kernel_why(), cg_bf16_dot_ratio(), cg_bf16_amx_ratio(), threads, reps);
     for (int r = 0; r < 3; r++) { /* the peaks behind the choice, per core, again */
-        double f, h;
-        cgi_lp_peaks(&f, &h);
-        printf("# register-only peaks, one core: vfmadd231ps %.1f GFLOP/s, vdpbf16ps %.1f GFLOP/s, ratio %.2f\n", f / 1e9,
-               h / 1e9, h / f);
+        double f, h, x;
+        cgi_lp_peaks(&f, &h, &x);
+        printf("# register-only peaks, one core: vfmadd231ps %.1f GFLOP/s, vdpbf16ps %.1f (ratio %.2f), AMX tdpbf16ps %.1f "
+               "(ratio %.2f)\n",
+               f / 1e9, h / 1e9, h / f, x / 1e9, x / f);
     }
     const shape shapes[] = {
         {"2048^3", 2048, 2048, 2048, 2048, 1, 2048, 1, false},

@@ -241,9 +241,14 @@ void cli_print_bf16_kernel(const char *prefix) {
         printf("%sbf16 products: unavailable (%s)\n", prefix, cg_bf16_unavailable());
         return;
     }
-    printf("%sbf16 products: %s (%s; vdpbf16ps rate / fp32 FMA rate %.2f)\n", prefix,
-           !strcmp(kn, "onednn") ? "oneDNN's vdpbf16ps matmul" : "the fp32 FMA units, operands widened as packed",
+    const double amx = cg_bf16_amx_ratio();
+    printf("%sbf16 products: %s (%s; vdpbf16ps rate / fp32 FMA rate %.2f", prefix,
+           strcmp(kn, "onednn")  ? "the fp32 FMA units, operands widened as packed"
+           : isfinite(amx) && amx >= 1 ? "oneDNN's matmul on AMX tiles"
+                                  : "oneDNN's vdpbf16ps matmul",
            cg_bf16_kernel_why(), cg_bf16_dot_ratio());
+    if (isfinite(amx)) printf(", AMX tdpbf16ps / fp32 FMA %.2f", amx);
+    printf(")\n");
 }
 
 void cli_print_opts(FILE *f, const char *cmd, const cli_opt *o) {

@@ -349,10 +349,13 @@ static int train_child(const void *arg, int threads, double sgemm) {
            "\"checkpoint_activations\":%d, \"ms_per_step\":%.3f, \"tokens_per_s\":%.1f, \"gflops\":%.3f, \"sgemm_fraction\":%.4f, ",
            c->name, threads, cg_precision_name(cg_default_precision()), (long long)c->batch, (long long)c->t,
            opts.checkpoint, med * 1e3, tokens / med, gflops, gflops / sgemm);
-    if (bf16)
-        printf("\"bf16_kernel\":\"%s\", \"bf16_dot_ratio\":%.3f, \"bf16_gemm_fraction\":%.4f, \"bf16_gemm_gflops\":%.1f, "
-               "\"onednn_gemm_gflops\":%.1f, ",
-               cg_bf16_kernel(), cg_bf16_dot_ratio(), gflops / bf16_ref, bf16_ref, onednn_ref);
+    if (bf16) {
+        char amx[32] = "null"; /* no AMX: JSON has no NaN */
+        if (isfinite(cg_bf16_amx_ratio())) snprintf(amx, sizeof amx, "%.3f", cg_bf16_amx_ratio());
+        printf("\"bf16_kernel\":\"%s\", \"bf16_dot_ratio\":%.3f, \"bf16_amx_ratio\":%s, \"bf16_gemm_fraction\":%.4f, "
+               "\"bf16_gemm_gflops\":%.1f, \"onednn_gemm_gflops\":%.1f, ",
+               cg_bf16_kernel(), cg_bf16_dot_ratio(), amx, gflops / bf16_ref, bf16_ref, onednn_ref);
+    }
     printf("\"peak_rss_mb\":%.1f, \"plan_mb\":%.1f, \"cpu_ms_per_step\":%.3f}\n", rss,
            (double)cg_graph_plan_bytes(g) / 1048576.0, med_cpu * 1e3);
     free(times);

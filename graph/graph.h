@@ -167,11 +167,13 @@ const char *cg_bf16_unavailable(void);
 double cg_bf16_gemm_gflops(int64_t n, int reps);
 /* The same for oneDNN's bf16 matmul whatever the kernel in use (NAN without avx512_bf16). */
 double cg_bf16_onednn_gemm_gflops(int64_t n, int reps);
-/* The kernel bf16 products run on: "onednn" (vdpbf16ps) or "fp32" (the fp32 FMA units, operands
- * widened as they are packed); NULL when bf16 is unavailable. Decided once per process. */
+/* The kernel bf16 products run on: "onednn" (vdpbf16ps or AMX tiles) or "fp32" (the fp32 FMA units,
+ * operands widened as they are packed); NULL when bf16 is unavailable. Decided once per process. */
 const char *cg_bf16_kernel(void);
 /* The measured rate of vdpbf16ps over the fp32 FMA's that decided the kernel (NAN if not measured). */
 double cg_bf16_dot_ratio(void);
+/* The measured rate of AMX's tdpbf16ps over the fp32 FMA's (NAN where AMX is absent or not allowed). */
+double cg_bf16_amx_ratio(void);
 /* Why that kernel ("vdpbf16ps slower than the fp32 FMA (measured)", "CGRAD_BF16_GEMM=fp32", ...). */
 const char *cg_bf16_kernel_why(void);
 /* Parses "fp32" or "bf16"; CG_ERR_ARG otherwise. */

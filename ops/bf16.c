@@ -10,6 +10,7 @@
  *  - results are written as float straight into the op's output or gradient (beta = 1 adds).
  * oneDNN's primitives are made on first use and cached per graph, keyed by shapes, strides and
  * scales, so a graph rebuilt each step of the same shape reuses them. */
+#define _DEFAULT_SOURCE /* syscall: AMX's permission (arch_prctl) */
 #include <omp.h>
 #include <stdlib.h>
 
@@ -114,7 +115,8 @@ bool cgi_lp_product(int which, int64_t m, int64_t n, int64_t k, const cgi_bf16 *
     return false;
 }
 double cg_bf16_dot_ratio(void) { return NAN; }
-void cgi_lp_peaks(double *fp32, double *bf16) { *fp32 = *bf16 = NAN; }
+void cgi_lp_peaks(double *fp32, double *bf16, double *amx) { *fp32 = *bf16 = *amx = NAN; }
+double cg_bf16_amx_ratio(void) { return NAN; }
 const char *cg_bf16_kernel_why(void) { return cg_bf16_unavailable(); }
 bool cgi_lp_linear_bwd(cg_tensor *t, bool assign) { return false; }
 bool cgi_lp_lce_bwd(cg_tensor *t, int64_t m, int64_t v, int64_t d, cg_real *dlogits, const cg_real *xs, cg_real *dxs,
@@ -143,23 +145,49 @@ static bool cpu_has_bf16(void) {
 
 /* ---- which kernel runs the products: oneDNN's bf16 one, or the fp32 units ---- */
 
-/* A bf16 product can run on vdpbf16ps (oneDNN), or on the fp32 FMA units with the operands
- * widened to float as they are packed (cgi_gemm_bf16: exact, the values stay stored in bf16). On
- * Zen 4/5 and Cooper Lake vdpbf16ps does twice an FMA's flops at the FMA's rate; on some Xeons it
- * issues at a quarter of it (half the fp32 peak). So the choice is measured, once per process,
- * when bf16 is first asked for: two register-only loops (cgi_lp_peaks), interleaved, seven repetitions each in thread CPU time, the ratio of their medians (~5 ms). Below
- * 1 the fp32 units win; the machines seen give 0.49 or about 2, far from the threshold. */
+/* A bf16 product can run on oneDNN's matmul (vdpbf16ps, or AMX tiles where the CPU has them and
+ * the OS allows them), or on the fp32 FMA units with the operands widened to float as they are
+ * packed (cgi_gemm_bf16: exact, the values stay stored in bf16). On Zen 4/5 and Cooper Lake
+ * vdpbf16ps does twice an FMA's flops at the FMA's rate; on some Xeons it issues at a quarter of
+ * it (half the fp32 peak); AMX's tdpbf16ps does 16 x 16 x 32 products per instruction, which
+ * oneDNN runs at 2.8x the fp32 units' GEMM on a Xeon with AMX. So the choice is measured, once per
+ * process, when bf16 is first asked for: register-only loops of each instruction the CPU has
+ * (cgi_lp_peaks), interleaved, seven repetitions each in thread CPU time, the ratio of the best
+ * bf16 rate's median to the FMA's (~6 ms). Below 1 the fp32 units win; the machines seen give
+ * 0.49, about 2 (vdpbf16ps at full rate) or above 10 (AMX), far from the threshold. */
 enum { K_ONEDNN, K_FP32 };
 static int kernel = K_FP32;
 int cgi_lp_force_kernel;
 
-static double kernel_ratio = NAN;
+static double kernel_ratio = NAN, amx_ratio = NAN;
 static const char *kernel_why = "";
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
+#include <sys/syscall.h>
 #include <time.h>
-enum { PEAK_ACC = 24, PEAK_ROUNDS = 1 << 15, PEAK_REPS = 7 };
+#include <unistd.h>
+enum { PEAK_ACC = 24, PEAK_ROUNDS = 1 << 15, PEAK_REPS = 7, AMX_ROUNDS = 1 << 13 };
+
+/* AMX with bf16 products: CPUID leaf 7 EDX bits 22 (AMX-BF16) and 24 (AMX-TILE), the OS saving
+ * the tile state (XCR0 bits 17 and 18), and Linux's per-process permission for it (arch_prctl
+ * ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, which oneDNN requests too). A guest may hide it;
+ * without all three a tile instruction faults, so none runs. */
+static bool amx_usable(void) {
+    static int usable = -1;
+    if (usable < 0) {
+        unsigned a, b, c, d;
+        usable = 0;
+        if (__get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 22 & 1) && (d >> 24 & 1) && __get_cpuid(1, &a, &b, &c, &d) &&
+            (c >> 27 & 1)) { /* OSXSAVE: xgetbv may run */
+            unsigned lo, hi;
+            __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+            enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+            usable = (lo >> 17 & 3) == 3 && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+        }
+    }
+    return usable;
+}
 
 static double thread_s(void) {
     struct timespec t;
@@ -203,39 +231,82 @@ __attribute__((target("avx512f"))) static double peak_fp32(void) {
     return (double)PEAK_ROUNDS * PEAK_ACC * 32 / dt;
 }
 
+/* the same for tdpbf16ps: AMX_ROUNDS rounds of 4 independent tile products, each 16 x 16 outputs
+ * over 32 bf16 pairs (16384 flops); tiles 0-3 accumulate, 4-7 hold the operands */
+__attribute__((target("amx-tile,amx-bf16"))) static double peak_amx(void) {
+    struct {
+        uint8_t palette, start_row, reserved[14];
+        uint16_t colsb[16];
+        uint8_t rows[16];
+    } cfg = {.palette = 1};
+    for (int i = 0; i < 8; i++) cfg.colsb[i] = 64, cfg.rows[i] = 16;
+    static cgi_bf16 ones[16 * 32];
+    static float out[16 * 16];
+    for (int i = 0; i < 16 * 32; i++) ones[i] = 0x3f80;
+    _tile_loadconfig(&cfg);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_loadd(4, ones, 64);
+    _tile_loadd(5, ones, 64);
+    _tile_loadd(6, ones, 64);
+    _tile_loadd(7, ones, 64);
+    const double t = thread_s();
+    for (long r = 0; r < AMX_ROUNDS; r++) {
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    const double dt = thread_s() - t;
+    _tile_stored(0, out, 64);
+    _tile_release();
+    __asm__ volatile("" ::"m"(out));
+    return (double)AMX_ROUNDS * 4 * 16384 / dt;
+}
+
 static int cmp_double(const void *x, const void *y) {
     const double a = *(const double *)x, b = *(const double *)y;
     return (a > b) - (a < b);
 }
 
+static double median(double *v) {
+    qsort(v, PEAK_REPS, sizeof *v, cmp_double);
+    return v[PEAK_REPS / 2];
+}
+
 /* Medians of interleaved runs, after one of each untimed (the AVX-512 units may be powered down
- * until used); NaN without avx512_bf16 */
-void cgi_lp_peaks(double *fp32, double *bf16) {
-    double f[PEAK_REPS], h[PEAK_REPS];
-    *fp32 = *bf16 = NAN;
+ * until used; the first tile instruction makes the kernel enlarge the thread's saved state): the
+ * FMA's, vdpbf16ps's (NaN without avx512_bf16) and tdpbf16ps's (NaN where AMX is not usable) */
+void cgi_lp_peaks(double *fp32, double *bf16, double *amx) {
+    double f[PEAK_REPS], h[PEAK_REPS], x[PEAK_REPS];
+    *fp32 = *bf16 = *amx = NAN;
     if (!cpu_has_bf16()) return;
+    const bool tiles = amx_usable();
     peak_fp32(), peak_bf16();
-    for (int r = 0; r < PEAK_REPS; r++) f[r] = peak_fp32(), h[r] = peak_bf16();
-    qsort(f, PEAK_REPS, sizeof *f, cmp_double);
-    qsort(h, PEAK_REPS, sizeof *h, cmp_double);
-    *fp32 = f[PEAK_REPS / 2], *bf16 = h[PEAK_REPS / 2];
+    if (tiles) peak_amx();
+    for (int r = 0; r < PEAK_REPS; r++) f[r] = peak_fp32(), h[r] = peak_bf16(), x[r] = tiles ? peak_amx() : NAN;
+    *fp32 = median(f), *bf16 = median(h);
+    if (tiles) *amx = median(x);
 }
 #else
-void cgi_lp_peaks(double *fp32, double *bf16) { *fp32 = *bf16 = NAN; }
+static bool amx_usable(void) { return false; }
+void cgi_lp_peaks(double *fp32, double *bf16, double *amx) { *fp32 = *bf16 = *amx = NAN; }
 #endif
 
-/* bf16 dot-product rate over fp32 FMA rate */
-static double measure_ratio(void) {
-    double f, h;
-    cgi_lp_peaks(&f, &h);
-    return h / f;
+/* kernel_ratio = vdpbf16ps rate / fp32 FMA rate, amx_ratio = tdpbf16ps rate / fp32 FMA rate */
+static void measure_ratios(void) {
+    double f, h, x;
+    cgi_lp_peaks(&f, &h, &x);
+    kernel_ratio = h / f, amx_ratio = x / f;
 }
 
 /* Sets kernel, kernel_ratio and kernel_why; returns why bf16 cannot run, or NULL. */
 static const char *decide_kernel(void) {
     const bool has = cpu_has_bf16();
     const char *env = getenv("CGRAD_BF16_GEMM");
-    if (has) kernel_ratio = measure_ratio();
+    if (has) measure_ratios();
     if (env && *env) {
         if (!strcmp(env, "onednn")) {
             kernel = K_ONEDNN, kernel_why = "CGRAD_BF16_GEMM=onednn";
@@ -247,8 +318,11 @@ static const char *decide_kernel(void) {
             return "CGRAD_BF16_GEMM must be onednn or fp32";
     } else if (!has)
         kernel = K_FP32, kernel_why = "this CPU lacks avx512_bf16";
+    else if (amx_ratio >= 1)
+        kernel = K_ONEDNN, kernel_why = "AMX tiles faster than the fp32 FMA (measured)";
     else if (kernel_ratio < 1)
-        kernel = K_FP32, kernel_why = "vdpbf16ps slower than the fp32 FMA (measured)";
+        kernel = K_FP32, kernel_why = amx_usable() ? "vdpbf16ps and AMX tiles slower than the fp32 FMA (measured)"
+                                                   : "vdpbf16ps slower than the fp32 FMA (measured)";
     else
         kernel = K_ONEDNN, kernel_why = "vdpbf16ps faster than the fp32 FMA (measured)";
     return NULL;
@@ -274,6 +348,10 @@ const char *cg_bf16_kernel(void) {
 double cg_bf16_dot_ratio(void) {
     cg_bf16_unavailable();
     return kernel_ratio;
+}
+double cg_bf16_amx_ratio(void) {
+    cg_bf16_unavailable();
+    return amx_ratio;
 }
 const char *cg_bf16_kernel_why(void) {
     cg_bf16_unavailable();
@@ -382,6 +460,16 @@ struct cgi_lp {
 /* The kernel a product of this context runs on: forced by the context or the tests, else the choice */
 static int kernel_of(const cgi_lp *lp) {
     return lp && lp->force ? lp->force - 1 : cgi_lp_force_kernel ? cgi_lp_force_kernel - 1 : kernel;
+}
+
+/* The kernel an m x n product runs on. One row or one column of C (a generated token's products)
+ * reads each weight once and is bound by memory, not by the instruction: it stays on the fp32
+ * units' line path, which a generation's thread team shares (graph/team.c), unless a kernel is
+ * forced. On oneDNN with AMX, gpt-tiny's cached bf16 generation read 2130 / 2014 tokens/s on 1 / 2
+ * threads against 2570 / 3068 on that path. */
+static int kernel_for(const cgi_lp *lp, int64_t m, int64_t n) {
+    if ((lp && lp->force) || cgi_lp_force_kernel || (m != 1 && n != 1)) return kernel_of(lp);
+    return K_FP32;
 }
 
 void cgi_lp_free(cgi_lp *lp) {
@@ -507,7 +595,7 @@ static bool run(cgi_lp *lp, int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, 
      * generation step kept on one thread (graph/threads.c) woke the second thread in every product
      * here, and bf16 cached generation fell from 1795 to 594 tokens/s on two threads */
     const int want = cgi_nthreads(), was = omp_get_max_threads();
-    if (kernel_of(lp) == K_FP32) {
+    if (kernel_for(lp, m, n) == K_FP32) {
         cgi_lp_exec_threads = want;
         return cgi_gemm_bf16(m, n, k, a, rsa, csa, b, rsb, csb, alpha, out & OUT_BF16 ? 0 : beta, c, rsc,
                              out & OUT_BIAS ? bias : NULL, out & OUT_BF16, want);
@@ -687,8 +775,9 @@ double cg_bf16_gemm_gflops(int64_t n, int reps) { return gemm_ref(n, reps, false
 bool cgi_lp_product(int which, int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, int64_t rsa, int64_t csa,
                     const cgi_bf16 *b, int64_t rsb, int64_t csb, float alpha, float beta, void *c, int64_t rsc,
                     int64_t csc, const float *bias, bool c_bf16) {
-    static cgi_lp lp[2]; /* primitives kept for the process, one context per forced kernel */
-    if (which < 0 || which > 2 || cg_bf16_unavailable() || (which == 1 && (!cpu_has_bf16() || !engine_ready())))
+    static cgi_lp lp[3]; /* primitives kept for the process, one context per forced kernel and one unforced */
+    if (which < 0 || which > 3 || cg_bf16_unavailable() ||
+        ((which == 1 || (which == 3 && kernel == K_ONEDNN)) && (!cpu_has_bf16() || !engine_ready())))
         return false;
     if (which == 0) {
         ref_gemm(m, n, k, a, rsa, csa, b, rsb, csb, alpha, c_bf16 ? 0 : beta, bias, c_bf16 ? NULL : c,
@@ -699,7 +788,7 @@ bool cgi_lp_product(int which, int64_t m, int64_t n, int64_t k, const cgi_bf16 *
 #pragma omp critical(cgi_lp_product)
     {
         cgi_lp *l = &lp[which - 1];
-        l->force = which == 1 ? 1 + K_ONEDNN : 1 + K_FP32;
+        l->force = which == 1 ? 1 + K_ONEDNN : which == 2 ? 1 + K_FP32 : 0;
         if (!bias && !c_bf16) ok = gemm_bf16(l, m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, c, rsc, csc);
         else ok = csc == 1 && k > 0 && m > 0 && n > 0 &&
                   run(l, m, n, k, a, rsa, csa, b, rsb, csb, alpha, c_bf16 ? 0 : beta, c, rsc, bias,

@@ -93,15 +93,17 @@ bool cgi_lp_lce_bwd(cg_tensor *t, int64_t m, int64_t v, int64_t d, cg_real *dlog
  * 2n bf16), so no scratch is needed; the floats are gone after. */
 void cgi_lp_to_bf16_inplace(cg_real *x, int64_t m, int64_t n);
 /* C[m,n] = alpha A B (+ a contiguous bias row) + beta C from bf16 operands on kernel `which`: 0 the
- * reference loops, 1 oneDNN, 2 the fp32 units, through the entry the products use (with a bias or
+ * reference loops, 1 oneDNN, 2 the fp32 units, 3 whichever a graph's product of this shape runs on,
+ * through the entry the products use (with a bias or
  * c_bf16 (C bf16, rounded once; beta ignored): C by rows, k > 0). False when that kernel cannot run
  * here (tests and bench/bench_bf16_gemm.c). */
 bool cgi_lp_product(int which, int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, int64_t rsa, int64_t csa,
                     const cgi_bf16 *b, int64_t rsb, int64_t csb, float alpha, float beta, void *c, int64_t rsc,
                     int64_t csc, const float *bias, bool c_bf16);
-/* The core's peak rates in flop/s, register-only loops of 24 independent vfmadd231ps and of 24
- * vdpbf16ps (medians of 7, thread CPU time): what decides the bf16 kernel. NaN without the instruction. */
-void cgi_lp_peaks(double *fp32, double *bf16);
+/* The core's peak rates in flop/s, register-only loops of 24 independent vfmadd231ps, of 24
+ * vdpbf16ps and of 4 AMX tdpbf16ps (medians of 7, thread CPU time): what decides the bf16 kernel.
+ * NaN without the instruction (AMX: also where the OS does not allow it). */
+void cgi_lp_peaks(double *fp32, double *bf16, double *amx);
 /* Tests: 0 runs bf16 products on the process's kernel choice; 1 forces oneDNN (the CPU must have
  * avx512_bf16), 2 the fp32 units (set between graphs' runs, not during one). */
 extern int cgi_lp_force_kernel;

@@ -8,9 +8,13 @@
  * Accumulating k such products (plus the bias) in float adds at most (k+1) 2^-24 sum|ab| in any
  * order. Per element, |c - c_exact| <= (2u + u^2 + (k+1) 2^-24 (1 + u)^2) sum_p |a_p||b_p| + |bias|
  * terms; against the exact product of the already-rounded operands only the float part remains. */
+#define _DEFAULT_SOURCE /* syscall: AMX's permission */
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "../cgrad.h"
 #include "../models/zoo.h"
@@ -927,6 +931,31 @@ static void test_gpt_step(bool bf16_ok) {
     free(unset.grads), free(unset.values), free(fp.grads), free(fp.values), free(back.grads), free(back.values);
 }
 
+/* Whether /proc/cpuinfo's first flags line lists `flag` (false where there is no such file). */
+static bool cpuinfo_flag(const char *flag) {
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[8192];
+    bool found = false;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "flags", 5)) {
+            for (char *w = strtok(strchr(line, ':') ? strchr(line, ':') + 1 : line, " \t\n"); w && !found;
+                 w = strtok(NULL, " \t\n"))
+                found = !strcmp(w, flag);
+            break;
+        }
+    if (f) fclose(f);
+    return found;
+}
+
+/* Whether Linux grants this process AMX's tile data (arch_prctl ARCH_REQ_XCOMP_PERM, 18). */
+static bool amx_permitted(void) {
+#if defined(__linux__) && defined(__x86_64__)
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+#else
+    return false;
+#endif
+}
+
 /* ---- the product kernels themselves (oneDNN's; the fp32 units with widened operands) ---- */
 
 /* One product on kernel `which` (1 oneDNN, 2 fp32 units) against the exact product of the bf16
@@ -1015,10 +1044,29 @@ static void test_kernels(void) {
     const char *kn = cg_bf16_kernel();
     CHECK(kn && (!strcmp(kn, "onednn") || !strcmp(kn, "fp32")) && cg_bf16_kernel_why()[0], "bf16 kernel '%s' (%s)",
           kn ? kn : "(null)", cg_bf16_kernel_why());
-    const double ratio = cg_bf16_dot_ratio();
-    if (!getenv("CGRAD_BF16_GEMM") && isfinite(ratio))
-        CHECK(!strcmp(kn, ratio < 1 ? "fp32" : "onednn"), "kernel %s chosen with a measured ratio of %.2f", kn, ratio);
-    printf("test_bf16: bf16 kernel %s (%s, vdpbf16ps / FMA %.2f)\n", kn, cg_bf16_kernel_why(), ratio);
+    const double ratio = cg_bf16_dot_ratio(), amx = cg_bf16_amx_ratio();
+    const double best = isfinite(amx) && amx > ratio ? amx : ratio;
+    if (!getenv("CGRAD_BF16_GEMM") && isfinite(best))
+        CHECK(!strcmp(kn, best < 1 ? "fp32" : "onednn"), "kernel %s chosen with measured ratios of %.2f (vdpbf16ps) and "
+              "%.2f (AMX)", kn, ratio, amx);
+    /* AMX is measured exactly where Linux lists it (/proc/cpuinfo) and grants the process its tiles */
+    const bool listed = cpuinfo_flag("amx_bf16") && cpuinfo_flag("amx_tile");
+    CHECK(listed ? !amx_permitted() || isfinite(amx) : !isfinite(amx),
+          "AMX %s in /proc/cpuinfo but its measured rate is %.2f of the FMA's", listed ? "listed" : "not listed", amx);
+    printf("test_bf16: bf16 kernel %s (%s, vdpbf16ps / FMA %.2f, AMX / FMA %.2f)\n", kn, cg_bf16_kernel_why(), ratio, amx);
+    /* a product runs on the kernel chosen, but one row or column of C (a token's products, bound by
+     * memory) on the fp32 units' line path: the same bits as that kernel forced */
+    static const int64_t routed[][3] = {{1, 600, 40}, {1, 70, 33}, {530, 1, 24}, {37, 50, 70}, {256, 384, 192}};
+    for (int d = 0; d < 5; d++) {
+        const int64_t m = routed[d][0], n = routed[d][1], k = routed[d][2];
+        const int expect = m == 1 || n == 1 || !strcmp(kn, "fp32") ? 2 : 1;
+        float *got = malloc((size_t)(m * n) * sizeof *got), *want = malloc((size_t)(m * n) * sizeof *want);
+        if (kernel_case(3, 1, m, n, k, false, true, 0, 1, 0, true, false, got, m * n) &&
+            kernel_case(expect, 1, m, n, k, false, true, 0, 1, 0, true, false, want, m * n))
+            CHECK(!memcmp(got, want, (size_t)(m * n) * sizeof *got), "[%lld,%lld]x[%lld,%lld] did not run on %s",
+                  (long long)m, (long long)k, (long long)k, (long long)n, expect == 2 ? "the fp32 units" : "oneDNN");
+        free(got), free(want);
+    }
 }
 
 /* In-place conversion of float rows to bf16 rows at the same starts: every element as cgi_to_bf16
