@@ -198,6 +198,7 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) return cmd_help(argc - 2, argv + 2);
     if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        wait_passively(argv); /* so the line shows the policy the commands run under */
         printf("%s\n", cg_runtime_info());
         cli_print_bf16_kernel("");
         return 0;

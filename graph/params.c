@@ -45,7 +45,7 @@ static bool grow(cg_params *ps, int64_t need) {
     int64_t cap = ps->capacity ? ps->capacity : 1 << 14;
     while (cap < ps->used + need) cap = cap > MAX_ELEMS / 2 ? MAX_ELEMS : cap * 2; /* need <= MAX_ELEMS - used */
     size_t bytes = (size_t)cap * sizeof(cg_real);
-    cg_real *v = aligned_alloc(CGI_ALIGN, bytes), *gr = aligned_alloc(CGI_ALIGN, bytes);
+    cg_real *v = cgi_alloc_large(bytes), *gr = cgi_alloc_large(bytes);
     if (!v || !gr) {
         free(v);
         free(gr);

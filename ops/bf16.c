@@ -421,7 +421,7 @@ static const cgi_bf16 *param_bf16(cg_tensor *p) {
     const int64_t n = cgi_numel(p->ndim, p->shape);
     if (!s) {
         s = cgi_lp_fail_param_copy ? NULL : calloc(1, sizeof *s);
-        if (!s || !(s->v = aligned_alloc(CGI_ALIGN, ((size_t)n * sizeof(cgi_bf16) + CGI_ALIGN - 1) / CGI_ALIGN * CGI_ALIGN))) {
+        if (!s || !(s->v = cgi_alloc_large((size_t)n * sizeof(cgi_bf16)))) {
             free(s);
             return NULL;
         }
@@ -497,7 +497,7 @@ static cgi_bf16 *slot(cgi_lp *lp, int i, int64_t n) {
     if ((size_t)n > lp->slot_n[i]) {
         free(lp->slot[i]);
         lp->slot_n[i] = 0;
-        lp->slot[i] = aligned_alloc(CGI_ALIGN, ((size_t)n * sizeof(cgi_bf16) + CGI_ALIGN - 1) / CGI_ALIGN * CGI_ALIGN);
+        lp->slot[i] = cgi_alloc_large((size_t)n * sizeof(cgi_bf16));
         if (!lp->slot[i]) return NULL;
         lp->slot_n[i] = (size_t)n;
     }

@@ -519,7 +519,7 @@ static pack_bufs *pack_bufs_get(void) {
 static cg_real *pack_buf_get(pack_buf *b, size_t n) {
     if (b->n >= n) return b->p;
     free(b->p);
-    b->p = aligned_alloc(64, (n * sizeof(cg_real) + 63) / 64 * 64);
+    b->p = cgi_alloc_large(n * sizeof(cg_real));
     b->n = b->p ? n : 0;
     return b->p;
 }

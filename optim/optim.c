@@ -112,7 +112,7 @@ static cg_status check_config(const cg_optim_config *c) {
 }
 
 static cg_real *moment_block(int64_t span) {
-    cg_real *b = aligned_alloc(CGI_ALIGN, (size_t)span * sizeof(cg_real)); /* span is 64-byte padded */
+    cg_real *b = cgi_alloc_large((size_t)span * sizeof(cg_real)); /* span is 64-byte padded */
     if (b) memset(b, 0, (size_t)span * sizeof(cg_real));
     return b;
 }
@@ -331,7 +331,7 @@ cg_status cg_optim_shard(cg_optim *o, int64_t lo, int64_t hi) {
     cg_real *nb[2] = {NULL, NULL}, *old[2] = {o->m, o->v};
     for (int k = 0; k < 2; k++) {
         if (!old[k]) continue;
-        if (!(nb[k] = aligned_alloc(CGI_ALIGN, (size_t)(bytes ? bytes : CGI_ALIGN)))) {
+        if (!(nb[k] = cgi_alloc_large((size_t)(bytes ? bytes : CGI_ALIGN)))) {
             free(nb[0]);
             return cgi_fail(CG_ERR_NOMEM, "[optim_shard] cannot allocate moments for %lld elements", (long long)n);
         }

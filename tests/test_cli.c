@@ -672,6 +672,8 @@ static void test_precision(void) {
     /* --version names the bf16 kernel and why (or why bf16 cannot run) */
     r = cgrad("--version", NULL);
     CHECK(r.rc == 0 && strstr(r.out, "bf16 products: "), "--version: rc %d, '%s'", r.rc, r.out);
+    if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT")) /* the policy the commands run under */
+        CHECK(strstr(r.out, "OMP_WAIT_POLICY=passive"), "--version does not show the commands' wait policy: '%s'", r.out);
     if (!cg_bf16_unavailable())
         CHECK(strstr(r.out, !strcmp(cg_bf16_kernel(), "fp32") ? "the fp32 FMA units" : "oneDNN's"),
               "--version does not name the kernel in use (%s): '%s'", cg_bf16_kernel(), r.out);

@@ -3,6 +3,8 @@
  * packs the GPT's buffers within 5% of the exact placement, and the planner's steps grow as
  * n log n, not n² (counted, not timed). */
 #include <math.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -177,8 +179,46 @@ static void test_residual_gradients_share_a_buffer(void) {
     }
 }
 
+
+/* Large blocks (the plan, parameters, moments, packs) are 2 MB aligned and advised to use huge
+ * pages: their mapping in /proc/self/smaps says THPeligible 1 wherever the kernel's THP setting is
+ * not "never" (under "madvise" only advised memory is eligible); a small block keeps 64-byte alignment. */
+static bool thp_eligible(const void *p) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    char line[512];
+    bool in = false, yes = false;
+    while (f && fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) in = lo <= (uintptr_t)p && (uintptr_t)p < hi;
+        else if (in && !strncmp(line, "THPeligible:", 12)) yes = atoi(line + 12) == 1;
+    }
+    if (f) fclose(f);
+    return yes;
+}
+
+static void test_large_blocks_use_huge_pages(void) {
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    char mode[128] = "";
+    if (f) {
+        if (!fgets(mode, sizeof mode, f)) mode[0] = 0;
+        fclose(f);
+    }
+    const size_t big = 5 << 20;
+    char *p = cgi_alloc_large(big), *q = cgi_alloc_large(4096);
+    CHECK(p && q && (uintptr_t)p % (2 << 20) == 0 && (uintptr_t)q % CGI_ALIGN == 0, "large block %p, small %p", (void *)p,
+          (void *)q);
+    memset(p, 1, big);
+    memset(q, 1, 4096);
+    if (!strstr(mode, "[never]") && mode[0]) {
+        CHECK(thp_eligible(p), "a 5 MB block is not eligible for huge pages (THP mode '%.40s')", mode);
+    } else printf("test_plan: transparent huge pages are off here (%s): only alignment checked\n", mode[0] ? mode : "no THP");
+    free(p);
+    free(q);
+}
+
 int main(void) {
     cg_set_threads(2);
+    test_large_blocks_use_huge_pages();
     test_placements_agree_on_gpt();
     test_placements_agree_on_recurrence();
     test_plan_steps_grow_n_log_n();
