@@ -116,31 +116,66 @@ static double peak_rss_mb(void) {
     return (double)ru.ru_maxrss / 1024.0; /* Linux reports kilobytes */
 }
 
-/* Best GFLOP/s of an n^3 bli_sgemm over reps timed runs after one warm-up. */
-static double sgemm_gflops(int64_t n, int reps) {
-    float *a = malloc((size_t)(n * n) * sizeof *a), *b = malloc((size_t)(n * n) * sizeof *b),
-          *c = malloc((size_t)(n * n) * sizeof *c);
-    if (!a || !b || !c) {
-        free(a), free(b), free(c);
-        return NAN;
+/* An n^3 product's operands, made once, so that the product can also run between training steps. */
+typedef struct {
+    int64_t n;
+    float *a, *b, *c;
+} sgemm_ref;
+
+static bool sgemm_ref_init(sgemm_ref *s, int64_t n) {
+    *s = (sgemm_ref){n, malloc((size_t)(n * n) * sizeof(float)), malloc((size_t)(n * n) * sizeof(float)),
+                     malloc((size_t)(n * n) * sizeof(float))};
+    if (!s->a || !s->b || !s->c) {
+        free(s->a), free(s->b), free(s->c);
+        *s = (sgemm_ref){0};
+        return false;
     }
     cg_rng r;
     cg_rng_seed(&r, 7);
-    for (int64_t i = 0; i < n * n; i++) a[i] = (float)cg_rng_uniform(&r) - 0.5f, b[i] = (float)cg_rng_uniform(&r) - 0.5f;
+    for (int64_t i = 0; i < n * n; i++) s->a[i] = (float)cg_rng_uniform(&r) - 0.5f, s->b[i] = (float)cg_rng_uniform(&r) - 0.5f;
+    return true;
+}
+
+static void sgemm_ref_free(sgemm_ref *s) {
+    free(s->a), free(s->b), free(s->c);
+    *s = (sgemm_ref){0};
+}
+
+/* GFLOP/s of one product C = A B */
+static double sgemm_ref_run(const sgemm_ref *s) {
+    const int64_t n = s->n;
     float one = 1.0f, zero = 0.0f;
-    double best = INFINITY;
-    for (int k = 0; k <= reps; k++) {
-        double t0 = now_s();
+    double t0 = now_s();
 #ifdef CGRAD_DOUBLE
-        bli_sgemm(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, n, n, n, &one, a, n, 1, b, n, 1, &zero, c, n, 1);
+    bli_sgemm(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, n, n, n, &one, s->a, n, 1, s->b, n, 1, &zero, s->c, n, 1);
 #else /* threaded as cgrad threads its own products */
-        cgi_gemm(n, n, n, a, n, 1, b, n, 1, one, zero, c, n, 1, cg_threads());
+    cgi_gemm(n, n, n, s->a, n, 1, s->b, n, 1, one, zero, s->c, n, 1, cg_threads());
 #endif
-        double dt = now_s() - t0;
-        if (k > 0 && dt < best) best = dt;
+    return 2.0 * (double)n * (double)n * (double)n / (now_s() - t0) / 1e9;
+}
+
+/* Best GFLOP/s of an n^3 bli_sgemm over reps timed runs after one warm-up. */
+static double sgemm_gflops(int64_t n, int reps) {
+    sgemm_ref s;
+    if (!sgemm_ref_init(&s, n)) return NAN;
+    double best = 0;
+    for (int k = 0; k <= reps; k++) {
+        const double g = sgemm_ref_run(&s);
+        if (k > 0 && g > best) best = g;
     }
-    free(a), free(b), free(c);
-    return 2.0 * (double)n * (double)n * (double)n / best / 1e9;
+    sgemm_ref_free(&s);
+    return best;
+}
+
+/* Resident memory now, in MB (/proc/self/statm's second field, in pages). */
+static double rss_now_mb(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    long size = 0, res = 0;
+    if (f) {
+        if (fscanf(f, "%ld %ld", &size, &res) != 2) res = 0;
+        fclose(f);
+    }
+    return (double)res * (double)sysconf(_SC_PAGESIZE) / 1048576.0;
 }
 
 /* Runs fn(arg) in a child process; the child's stdout follows the parent's. Returns false (and
@@ -315,8 +350,18 @@ static int train_child(const void *arg, int threads, double sgemm) {
     const int total = opts.warmup + opts.steps;
     double *times = malloc((size_t)(opts.steps > 0 ? opts.steps : 1) * sizeof *times);
     double *cpu = malloc((size_t)(opts.steps > 0 ? opts.steps : 1) * sizeof *cpu);
-    double first_loss = NAN, last_loss = NAN;
+    double *refs = malloc((size_t)(opts.steps > 0 ? opts.steps : 1) * sizeof *refs);
+    double first_loss = NAN, last_loss = NAN, rss = 0;
+    int nrefs = 0;
+    sgemm_ref ref = {0};
     for (int k = 0; k < total; k++) {
+        /* The reference product runs after each timed step too, so that it sees the machine the steps
+         * see (the speed of these shared machines drifts). Its 48 MB come after the first step, which has made every buffer a step uses: the
+         * peak is read before them (and checked against what stays resident after the last step). */
+        if (k == (opts.warmup > 0 ? opts.warmup : 1) && !ref.a) {
+            rss = peak_rss_mb();
+            if (sgemm_ref_init(&ref, 2048)) sgemm_ref_run(&ref); /* its warm-up */
+        }
         double t0 = now_s(), c0 = cpu_s();
         cg_params_zero_grad(ps);
         cg_status st = cg_graph_forward(g);
@@ -328,11 +373,19 @@ static int train_child(const void *arg, int threads, double sgemm) {
         if (k == 0) first_loss = last_loss;
         if (!isfinite(last_loss)) return fail(c->name, threads, "loss is not finite");
         if (k >= opts.warmup) times[k - opts.warmup] = dt, cpu[k - opts.warmup] = dc;
+        /* twice: the first finds its operands evicted by the step (12% slower for encdec-base here),
+         * the second runs warm, as the best of 3 before the config does */
+        if (k >= opts.warmup && ref.a) sgemm_ref_run(&ref), refs[nrefs++] = sgemm_ref_run(&ref);
     }
+    sgemm_ref_free(&ref);
+    if (!rss) rss = peak_rss_mb(); /* no reference ran: the peak is the step's */
+    else if (rss_now_mb() > rss) rss = rss_now_mb();
+    const double sgemm_best = sgemm; /* best of 3 before the config, in a child of its own */
+    if (nrefs) sgemm = median(refs, nrefs);
     double med = median(times, opts.steps), med_cpu = median(cpu, opts.steps);
     int64_t n_matmul;
     double flops = step_flops(c, ps, d, attn, &n_matmul);
-    double tokens = (double)(c->batch * c->t), gflops = flops / med / 1e9, rss = peak_rss_mb();
+    double tokens = (double)(c->batch * c->t), gflops = flops / med / 1e9;
     printf("%-12s batch %lld x %lld%s, %.2fM params (%.2fM in matmuls), graph %d nodes / %.0f MB (plan %.0f MB%s), "
            "build %.2f s\n",
            c->name, (long long)c->batch, (long long)c->t, c->arch == CG_ARCH_ENCDEC ? " (+ source 64)" : "",
@@ -343,12 +396,17 @@ static int train_child(const void *arg, int threads, double sgemm) {
            "%.1f GFLOP/s = %.2f of sgemm, peak RSS %.0f MB\n",
            c->name, first_loss, last_loss, total, med * 1e3, times[0] * 1e3, times[opts.steps - 1] * 1e3,
            tokens / med, gflops, gflops / sgemm, rss);
+    if (nrefs)
+        printf("%-12s sgemm between the timed steps: median %.1f GFLOP/s of %d (min %.1f, max %.1f); against the best of 3 "
+               "before the config, %.1f: %.2f\n",
+               c->name, sgemm, nrefs, refs[0], refs[nrefs - 1], sgemm_best, gflops / sgemm_best);
     const bool bf16 = cg_default_precision() == CG_BF16;
     if (bf16) printf("%-12s %.2f of the bf16 GEMM reference (%.1f GFLOP/s)\n", c->name, gflops / bf16_ref, bf16_ref);
     printf("{\"config\":\"%s\", \"threads\":%d, \"precision\":\"%s\", \"batch\":%lld, \"context\":%lld, "
-           "\"checkpoint_activations\":%d, \"ms_per_step\":%.3f, \"tokens_per_s\":%.1f, \"gflops\":%.3f, \"sgemm_fraction\":%.4f, ",
+           "\"checkpoint_activations\":%d, \"ms_per_step\":%.3f, \"tokens_per_s\":%.1f, \"gflops\":%.3f, \"sgemm_fraction\":%.4f, "
+           "\"sgemm_gflops\":%.1f, \"sgemm_fraction_best_before\":%.4f, \"sgemm_gflops_best_before\":%.1f, ",
            c->name, threads, cg_precision_name(cg_default_precision()), (long long)c->batch, (long long)c->t,
-           opts.checkpoint, med * 1e3, tokens / med, gflops, gflops / sgemm);
+           opts.checkpoint, med * 1e3, tokens / med, gflops, gflops / sgemm, sgemm, gflops / sgemm_best, sgemm_best);
     if (bf16) {
         char amx[32] = "null"; /* no AMX: JSON has no NaN */
         if (isfinite(cg_bf16_amx_ratio())) snprintf(amx, sizeof amx, "%.3f", cg_bf16_amx_ratio());
@@ -360,6 +418,7 @@ static int train_child(const void *arg, int threads, double sgemm) {
            (double)cg_graph_plan_bytes(g) / 1048576.0, med_cpu * 1e3);
     free(times);
     free(cpu);
+    free(refs);
     cg_optim_free(opt);
     cg_graph_free(g);
     cg_model_free(m);
@@ -456,8 +515,9 @@ int cmd_bench(int argc, char **argv) {
     printf("# model FLOPs/step = (6*N + 12*d*sum_attn(keys)) * tokens  (nanoGPT estimate_mfu: 6N + 12*L*H*Q*T per token)\n"
            "#   N = parameters used in matmuls (position/segment tables and untied input embeddings excluded),\n"
            "#   sum_attn(keys) = key length summed over attention blocks (L*T; encdec: Le*S + Ld*(T+S)), tokens = B*T\n");
-    printf("# sgemm fraction = model GFLOP/s / GFLOP/s of a 2048^3 bli_sgemm (best of 3 after warm-up), measured\n"
-           "#   just before each config, so both see the same machine load\n");
+    printf("# sgemm fraction = model GFLOP/s / GFLOP/s of a 2048^3 product on the kernel set in use, the median of one\n"
+           "#   warm run after each timed step (interleaved, so both see the same machine; the run before it, with\n"
+           "#   operands the step evicted, is not counted); the best of 3 just before the config is shown beside it\n");
     for (int i = 0; i < N_CONFIGS; i++) {
         if (strcmp(name, "all") && strcmp(name, configs[i].name)) continue;
         const double sgemm = measure_sgemm(2048, threads, false);
@@ -468,7 +528,7 @@ int cmd_bench(int argc, char **argv) {
             printf("%-12s bf16 GEMM reference (the kernel in use, %s: bf16 in, float out, 2048^3) %.1f GFLOP/s; oneDNN's "
                    "matmul %.1f\n", configs[i].name, onednn ? "oneDNN's matmul" : "the fp32 units", bf16_ref, onednn_ref);
         }
-        printf("%-12s sgemm reference %.1f GFLOP/s (%d threads); load average %s", configs[i].name, sgemm, threads,
+        printf("%-12s sgemm reference %.1f GFLOP/s before (best of 3, %d threads); load average %s", configs[i].name, sgemm, threads,
                loadavg());
         ok &= in_child(train_child, &configs[i], threads, sgemm, configs[i].name);
     }

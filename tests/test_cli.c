@@ -24,6 +24,27 @@
 
 static const char *tiny = "--layers 1 --heads 2 --dim 16 --batch 2 --eval-every 4 --eval-batches 2 --samples 0 --warmup 2 --threads 2";
 
+/* cgrad bench's sgemm reference runs beside the steps: a warm 2048^3 product after each timed step
+ * (two steps: two products), whose median the fraction divides by; the best of 3 before the config
+ * stays beside it, and each fraction is the model's GFLOP/s over its own reference. */
+static void test_bench_reference(void) {
+    result r = cgrad("bench --config gpt-tiny --steps 2 --warmup 1 --batch 1 --context 16 --threads 1", NULL);
+    const char *line = strstr(r.out, "{\"config\":\"gpt-tiny\"");
+    cJSON *j = line ? cJSON_Parse(line) : NULL;
+    const cJSON *g = cJSON_GetObjectItem(j, "gflops"), *f = cJSON_GetObjectItem(j, "sgemm_fraction"),
+                *s = cJSON_GetObjectItem(j, "sgemm_gflops"), *fb = cJSON_GetObjectItem(j, "sgemm_fraction_best_before"),
+                *sb = cJSON_GetObjectItem(j, "sgemm_gflops_best_before");
+    CHECK(r.rc == 0 && j && cJSON_IsNumber(g) && cJSON_IsNumber(f) && cJSON_IsNumber(s) && cJSON_IsNumber(fb) &&
+              cJSON_IsNumber(sb) && s->valuedouble > 0 && sb->valuedouble > 0 &&
+              fabs(f->valuedouble - g->valuedouble / s->valuedouble) < 1e-3 * f->valuedouble + 1e-4 &&
+              fabs(fb->valuedouble - g->valuedouble / sb->valuedouble) < 1e-3 * fb->valuedouble + 1e-4,
+          "bench's JSON line: rc %d, '%s'", r.rc, line ? line : r.out);
+    CHECK(strstr(r.out, "sgemm between the timed steps: median") && strstr(r.out, " of 2 ("),
+          "bench does not say how many products ran between the steps: '%s'", r.out);
+    cJSON_Delete(j);
+    result_free(&r);
+}
+
 /* N + M steps equal N steps, a checkpoint, and M resumed steps: tensors, state and the log. */
 static void test_resume(const char *name, const char *arch_args) {
     char a[2048];
@@ -708,6 +729,7 @@ int main(void) {
     test_inference();
     test_hostile();
     test_sigint();
+    test_bench_reference();
     if (!test_failed) {
         char cmd[PATH_MAX + 16];
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
