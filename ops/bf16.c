@@ -174,19 +174,13 @@ enum { PEAK_ACC = 24, PEAK_ROUNDS = 1 << 15, PEAK_REPS = 7, AMX_ROUNDS = 1 << 13
  * ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, which oneDNN requests too). A guest may hide it;
  * without all three a tile instruction faults, so none runs. */
 static bool amx_usable(void) {
-    static int usable = -1;
-    if (usable < 0) {
-        unsigned a, b, c, d;
-        usable = 0;
-        if (__get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 22 & 1) && (d >> 24 & 1) && __get_cpuid(1, &a, &b, &c, &d) &&
-            (c >> 27 & 1)) { /* OSXSAVE: xgetbv may run */
-            unsigned lo, hi;
-            __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-            enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
-            usable = (lo >> 17 & 3) == 3 && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-        }
-    }
-    return usable;
+    unsigned a, b, c, d, lo, hi;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d >> 22 & 1) || !(d >> 24 & 1) || !__get_cpuid(1, &a, &b, &c, &d) ||
+        !(c >> 27 & 1)) /* OSXSAVE: xgetbv may run */
+        return false;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 }; /* asking again is harmless */
+    return (lo >> 17 & 3) == 3 && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
 }
 
 static double thread_s(void) {
@@ -240,8 +234,8 @@ __attribute__((target("amx-tile,amx-bf16"))) static double peak_amx(void) {
         uint8_t rows[16];
     } cfg = {.palette = 1};
     for (int i = 0; i < 8; i++) cfg.colsb[i] = 64, cfg.rows[i] = 16;
-    static cgi_bf16 ones[16 * 32];
-    static float out[16 * 16];
+    cgi_bf16 ones[16 * 32] __attribute__((aligned(64)));
+    float out[16 * 16] __attribute__((aligned(64)));
     for (int i = 0; i < 16 * 32; i++) ones[i] = 0x3f80;
     _tile_loadconfig(&cfg);
     _tile_zero(0);
@@ -466,7 +460,7 @@ static int kernel_of(const cgi_lp *lp) {
  * reads each weight once and is bound by memory, not by the instruction: it stays on the fp32
  * units' line path, which a generation's thread team shares (graph/team.c), unless a kernel is
  * forced. On oneDNN with AMX, gpt-tiny's cached bf16 generation read 2130 / 2014 tokens/s on 1 / 2
- * threads against 2570 / 3068 on that path. */
+ * threads against 2461-2575 / 3032-3153 on that path. */
 static int kernel_for(const cgi_lp *lp, int64_t m, int64_t n) {
     if ((lp && lp->force) || cgi_lp_force_kernel || (m != 1 && n != 1)) return kernel_of(lp);
     return K_FP32;
