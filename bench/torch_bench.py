@@ -425,6 +425,11 @@ def main():
         sys.exit(f"unknown config {a.config} (all, {', '.join(CONFIGS)})")
     fixed = (a.threads, a.blas_threads) if a.threads and a.blas_threads else None
     variants = [f"fp32 {b}" for b in BLAS_DIRS if os.path.isdir(BLAS_DIRS[b])] + ["bf16"]
+    for b in BLAS_DIRS:  # a BLAS that is not installed is not PyTorch's best: say so, loudly
+        if not os.path.isdir(BLAS_DIRS[b]):
+            print(f"# WARNING: {b} is not installed ({BLAS_DIRS[b]} missing), so PyTorch is not measured on it; "
+                  f"apt-get install -y {'libopenblas0-pthread' if b == 'openblas' else 'libblis4-openmp'}",
+                  file=sys.stderr, flush=True)
     import torch
     print(f"# torch {torch.__version__}; variants {', '.join(variants)}; BLIS kernels "
           f"{BLIS_KERNELS or 'BLIS own choice'}; {a.warmup} warm-up + {a.steps} timed steps, median"
