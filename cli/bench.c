@@ -154,7 +154,7 @@ static double sgemm_ref_run(const sgemm_ref *s) {
     return 2.0 * (double)n * (double)n * (double)n / (now_s() - t0) / 1e9;
 }
 
-/* Best GFLOP/s of an n^3 bli_sgemm over reps timed runs after one warm-up. */
+/* Best GFLOP/s of an n^3 product over reps timed runs after one warm-up. */
 static double sgemm_gflops(int64_t n, int reps) {
     sgemm_ref s;
     if (!sgemm_ref_init(&s, n)) return NAN;
@@ -355,9 +355,10 @@ static int train_child(const void *arg, int threads, double sgemm) {
     int nrefs = 0;
     sgemm_ref ref = {0};
     for (int k = 0; k < total; k++) {
-        /* The reference product runs after each timed step too, so that it sees the machine the steps
-         * see (the speed of these shared machines drifts). Its 48 MB come after the first step, which has made every buffer a step uses: the
-         * peak is read before them (and checked against what stays resident after the last step). */
+        /* The reference product runs after each timed step too, so that it sees the machine the
+         * steps see (the speed of these shared machines drifts). Its 48 MB come after the first
+         * step, which has made every buffer a step uses: the peak is read before them (and checked
+         * against what stays resident after the last step). */
         if (k == (opts.warmup > 0 ? opts.warmup : 1) && !ref.a) {
             rss = peak_rss_mb();
             if (sgemm_ref_init(&ref, 2048)) sgemm_ref_run(&ref); /* its warm-up */
@@ -379,7 +380,10 @@ static int train_child(const void *arg, int threads, double sgemm) {
     }
     sgemm_ref_free(&ref);
     if (!rss) rss = peak_rss_mb(); /* no reference ran: the peak is the step's */
-    else if (rss_now_mb() > rss) rss = rss_now_mb();
+    else {
+        const double now = rss_now_mb();
+        if (now > rss) rss = now;
+    }
     const double sgemm_best = sgemm; /* best of 3 before the config, in a child of its own */
     if (nrefs) sgemm = median(refs, nrefs);
     double med = median(times, opts.steps), med_cpu = median(cpu, opts.steps);

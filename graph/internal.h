@@ -128,11 +128,12 @@ typedef struct {
 } cgi_arena;
 
 void *cgi_arena_alloc(cgi_arena *a, size_t bytes); /* 64-byte aligned, uninitialised */
-/* A large block (plan, parameters, moments, packs): 64-byte aligned, uninitialised, free() frees it;
- * from 2 MB up aligned to 2 MB and advised to use transparent huge pages. */
-void *cgi_alloc_large(size_t bytes);
 void cgi_arena_reset(cgi_arena *a);                /* rewinds; merges chunks into one */
 void cgi_arena_free(cgi_arena *a);
+/* A large block (plan chunks, parameters, moments, packs, bf16 copies): 64-byte aligned,
+ * uninitialised, free() frees it; from 2 MB up aligned to 2 MB and advised to use transparent huge
+ * pages. */
+void *cgi_alloc_large(size_t bytes);
 
 struct cg_graph {
     cg_mode mode;

@@ -315,8 +315,8 @@ static const char *decide_kernel(void) {
     else if (amx_ratio >= 1)
         kernel = K_ONEDNN, kernel_why = "AMX tiles faster than the fp32 FMA (measured)";
     else if (kernel_ratio < 1)
-        kernel = K_FP32, kernel_why = amx_usable() ? "vdpbf16ps and AMX tiles slower than the fp32 FMA (measured)"
-                                                   : "vdpbf16ps slower than the fp32 FMA (measured)";
+        kernel = K_FP32, kernel_why = isfinite(amx_ratio) ? "vdpbf16ps and AMX tiles slower than the fp32 FMA (measured)"
+                                                          : "vdpbf16ps slower than the fp32 FMA (measured)";
     else
         kernel = K_ONEDNN, kernel_why = "vdpbf16ps faster than the fp32 FMA (measured)";
     return NULL;

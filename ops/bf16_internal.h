@@ -94,9 +94,8 @@ bool cgi_lp_lce_bwd(cg_tensor *t, int64_t m, int64_t v, int64_t d, cg_real *dlog
 void cgi_lp_to_bf16_inplace(cg_real *x, int64_t m, int64_t n);
 /* C[m,n] = alpha A B (+ a contiguous bias row) + beta C from bf16 operands on kernel `which`: 0 the
  * reference loops, 1 oneDNN, 2 the fp32 units, 3 whichever a graph's product of this shape runs on,
- * through the entry the products use (with a bias or
- * c_bf16 (C bf16, rounded once; beta ignored): C by rows, k > 0). False when that kernel cannot run
- * here (tests and bench/bench_bf16_gemm.c). */
+ * through the entry the products use (with a bias or c_bf16 (C bf16, rounded once; beta ignored):
+ * C by rows, k > 0). False when that kernel cannot run here (tests and bench/bench_bf16_gemm.c). */
 bool cgi_lp_product(int which, int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, int64_t rsa, int64_t csa,
                     const cgi_bf16 *b, int64_t rsb, int64_t csb, float alpha, float beta, void *c, int64_t rsc,
                     int64_t csc, const float *bias, bool c_bf16);
