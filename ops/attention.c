@@ -400,11 +400,14 @@ static void drop_grads(const head *h, int64_t i, int64_t j0, int64_t n, const cg
  * O is made of the dropped weights, put in pt [nq, BK]; P stays whole for backward. */
 CGI_CLONES static void fwd_kept(const head *h, int64_t i0, int64_t nq, int64_t kend, cg_real *pb, int64_t ps, cg_real *o,
                      cg_real *lse, const cgi_ukr *u, const packs *w, cg_real *pt, cgi_bf16 *lp) {
-    bool any = kend > 0;
+    bool any = kend > 0, normalised = false;
     if (any && w && w->direct) {
         cgi_attn_mm(nq, kend, h->d, h->scale, h->q + i0 * h->qs, h->qs, 1, w->kv1, h->tk, 0, pb, ps, diag(h, i0),
                     CGI_UKR_FULL, CGI_UKR_FULL);
-        any = mask(h, i0, nq, 0, kend, pb, ps);
+        /* masks that hide a tail of each row or single keys go into the vector softmax */
+        normalised = !h->rel && !h->bias && !h->window;
+        if (normalised) any = cgi_attn_softmax(pb, ps, nq, kend, h->causal, i0 + h->shift + 1, h->keep, h->keep_s, lse);
+        else any = mask(h, i0, nq, 0, kend, pb, ps);
     } else if (any && w) {
         cgi_ukr_pack_a(u, nq, h->d, h->q + i0 * h->qs, h->qs, 1, w->a);
         cgi_ukr_gemm(u, nq, kend, h->d, h->scale, w->a, h->d, w->kv1, h->d, 0, pb, ps, 1, diag(h, i0), CGI_UKR_FULL);
@@ -419,7 +422,7 @@ CGI_CLONES static void fwd_kept(const head *h, int64_t i0, int64_t nq, int64_t k
         }
         return;
     }
-    for (int64_t r = 0; r < nq; r++) {
+    for (int64_t r = 0; !normalised && r < nq; r++) {
         cg_real *pr = pb + r * ps, mx = cgi_row_max(pr, kend);
         if (mx == -INFINITY) {
             memset(pr, 0, (size_t)kend * sizeof *pr);

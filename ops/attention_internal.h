@@ -39,6 +39,12 @@ void cgi_attn_direct_force(bool on);
 void cgi_attn_mm(int64_t m, int64_t n, int64_t k, cg_real alpha, const cg_real *a, int64_t ars, int64_t acs,
                  const cg_real *b, int64_t bs, cg_real beta, cg_real *c, int64_t cs, int64_t n_diag, int64_t k_diag,
                  int64_t k_first);
+/* The softmax of nq rows of scores s (rows ss apart) over keys [0, kend), kend <= 256, in place: row r
+ * sees the keys below vis0 + r when causal (all otherwise) whose keep[c keep_s] is not 0 (keep may be
+ * NULL); hidden keys get 0, lse[r] the row's log-sum-exp, a row with no key all zeros and lse
+ * infinity. False when no row sees a key. Only when cgi_attn_direct(). */
+bool cgi_attn_softmax(cg_real *s, int64_t ss, int64_t nq, int64_t kend, bool causal, int64_t vis0, const int32_t *keep,
+                      int64_t keep_s, cg_real *lse);
 /* x's rows x d (rows *rs apart), or their dense copy in dst (then *rs = d) when they lie apart. */
 const cg_real *cgi_attn_dense_rows(const cg_real *x, int64_t *rs, int64_t rows, int64_t d, cg_real *dst);
 /* dst[c ds + r] = src[r ss + c] for r < rows, c < cols. */

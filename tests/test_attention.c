@@ -358,6 +358,62 @@ static void direct_products(void) {
     free(a), free(b), free(c), free(want);
 }
 
+/* cgi_attn_softmax against a double softmax: row lengths off its 16 lanes (1..256 keys), causal rows
+ * starting before the first key (vis0 < 0: leading rows see nothing), key padding by a strided
+ * keep vector, a fully padded block, and a NaN score, which must reach its row (and only it). */
+static void direct_softmax(void) {
+    if (!cgi_attn_direct()) {
+        printf("direct softmax: not on this CPU (no AVX-512 or a double build), skipped\n");
+        return;
+    }
+    enum { NQ = 9, SS = 260 };
+    const int64_t kends[] = {1, 15, 16, 17, 64, 100, 256};
+    cg_rng r;
+    cg_rng_seed(&r, 11);
+    static cg_real s[NQ * SS], x[NQ * SS];
+    int32_t keep[2 * 256];
+    int cases = 0;
+    for (size_t ki = 0; ki < sizeof kends / sizeof *kends; ki++)
+        for (int variant = 0; variant < 5; variant++) {
+            const int64_t kend = kends[ki];
+            const bool causal = variant & 1, padded = variant >= 2, none_kept = variant == 4;
+            const int64_t vis0 = causal ? kend / 2 - 3 : 0;
+            for (int64_t c = 0; c < 2 * kend; c++) keep[c] = !none_kept && (c % 2 || cg_rng_next(&r) % 3 != 0);
+            for (int64_t i = 0; i < NQ * SS; i++) x[i] = s[i] = (cg_real)(8 * cg_rng_uniform(&r) - 4);
+            if (variant == 3) keep[2 * (kend - 1)] = 1, x[4 * SS + kend - 1] = s[4 * SS + kend - 1] = NAN; /* a kept key of row 4 */
+            cg_real lse[NQ];
+            const bool any = cgi_attn_softmax(s, SS, NQ, kend, causal, vis0, padded ? keep : NULL, 2, lse);
+            bool want_any = false;
+            double worst = 0;
+            for (int64_t q = 0; q < NQ; q++) {
+                const int64_t vis = causal ? (vis0 + q < 0 ? 0 : vis0 + q > kend ? kend : vis0 + q) : kend;
+                double mx = -INFINITY, l = 0;
+                for (int64_t c = 0; c < vis; c++)
+                    if (!padded || keep[2 * c]) mx = fmax(mx, (double)x[q * SS + c]);
+                for (int64_t c = 0; c < vis; c++)
+                    if (!padded || keep[2 * c]) l += exp((double)x[q * SS + c] - mx);
+                /* a NaN is passed over by the max (as cgi_row_max), so a row of it alone sees nothing */
+                const bool seen = mx > -INFINITY, nan_row = variant == 3 && q == 4 && vis == kend && seen;
+                want_any |= seen;
+                for (int64_t c = 0; c < kend; c++) {
+                    const bool on = seen && c < vis && (!padded || keep[2 * c]);
+                    const double want = on ? exp((double)x[q * SS + c] - mx) / l : 0, got = s[q * SS + c];
+                    if (nan_row) CHECK(isnan(got), "kend %lld variant %d: row 4 key %lld is %g, want NaN", (long long)kend, variant, (long long)c, got);
+                    else worst = fmax(worst, fabs(got - want));
+                }
+                CHECK(s[q * SS + kend] == x[q * SS + kend], "kend %lld variant %d: wrote past the row", (long long)kend, variant);
+                if (!nan_row)
+                    CHECK(seen ? fabs(lse[q] - (mx + log(l))) < 1e-5 : lse[q] == INFINITY,
+                          "kend %lld variant %d row %lld: lse %g, want %g", (long long)kend, variant, (long long)q,
+                          (double)lse[q], seen ? mx + log(l) : INFINITY);
+            }
+            CHECK(worst < 1e-6 && any == want_any, "kend %lld variant %d: off by %g, any %d want %d", (long long)kend,
+                  variant, worst, any, want_any);
+            cases++;
+        }
+    CHECK(cases == 35, "%d cases", cases);
+}
+
 /* The shapes of the direct products' path (kept probabilities, Tq >= 16) at feature sizes and
  * lengths off its tiles, with every option that goes through it, on the direct kernels and on
  * BLIS's micro-kernel. */
@@ -379,6 +435,7 @@ static void direct_cases(void) {
 int main(void) {
     packing_fallback();
     direct_products();
+    direct_softmax();
     direct_cases();
     compare("causal 150x150", &(cfg){2, 3, 150, 150, 16, true, false, false, false, 0, 0, false, 0, 0, 0});
     compare("causal 600x600 (several 256-key blocks)", &(cfg){1, 2, 600, 600, 8, true, false, false, false, 0, 0, false, 0, 0, 0});
