@@ -62,7 +62,7 @@ static int64_t target_offset(const cg_tensor *tg, int64_t i) {
         EACH;                                                                                               \
     }
 
-cg_status cgi_fwd_cross_entropy(cg_tensor *t) {
+CGI_WIDE cg_status cgi_fwd_cross_entropy(cg_tensor *t) {
     cg_tensor *lg = t->src[0], *tg = t->src[1];
     const int64_t c = lg->shape[lg->ndim - 1], rows = cgi_numel(tg->ndim, tg->shape);
     const int32_t *T = tg->data, ignore = (int32_t)t->iarg[0];
@@ -91,7 +91,7 @@ cg_status cgi_fwd_cross_entropy(cg_tensor *t) {
     return CG_OK;
 }
 
-void cgi_bwd_cross_entropy(cg_tensor *t) {
+CGI_WIDE void cgi_bwd_cross_entropy(cg_tensor *t) {
     cg_tensor *lg = t->src[0], *tg = t->src[1];
     if (!lg->requires_grad) return;
     /* The planner may give the gradient the logits' own memory: then write, do not add. */
