@@ -419,10 +419,40 @@ static void pack_panel(int64_t rows, int64_t w, int64_t k, const cg_real *src, i
     }
 }
 
+/* Panels of width w = t when the source's panel rows are contiguous (si 1): a copy of w reals per
+ * depth. Panel by panel, every depth starts a new source line (rows are a matrix's width apart) and
+ * a 12-wide panel reads 48 bytes of each 64; here DB depths go across all the panels before the
+ * next DB, so the lines a panel leaves half read are still in L1 for the next one. The last panel
+ * may be partial: its missing rows are zero. */
+enum { DB = 16 };
+static void pack_across(int64_t w, int64_t count, int64_t k, const cg_real *src, int64_t sp, cg_real *dst) {
+    for (int64_t p0 = 0; p0 < k; p0 += DB) {
+        const int64_t p1 = k - p0 < DB ? k : p0 + DB;
+        for (int64_t i = 0; i < count; i += w) {
+            const int64_t rows = count - i < w ? count - i : w;
+            cg_real *d = dst + i * k;
+            const cg_real *sr = src + i;
+            if (rows == 32 && w == 32) /* the tile widths here, as constants: the copies inline */
+                for (int64_t p = p0; p < p1; p++) memcpy(d + p * 32, sr + p * sp, 32 * sizeof(cg_real));
+            else if (rows == 12 && w == 12)
+                for (int64_t p = p0; p < p1; p++) memcpy(d + p * 12, sr + p * sp, 12 * sizeof(cg_real));
+            else
+                for (int64_t p = p0; p < p1; p++) {
+                    memcpy(d + p * w, sr + p * sp, (size_t)rows * sizeof(cg_real));
+                    memset(d + p * w + rows, 0, (size_t)(w - rows) * sizeof(cg_real));
+                }
+        }
+    }
+}
+
 /* Panels of width w (tile t) over `count` rows of src (strides si along them, sp along depth k). */
 static void pack_panels(const cgi_ukr *u, void *kernel, pack_t schema, int64_t t, int64_t w, int64_t count, int64_t k,
                         const cg_real *src, int64_t si, int64_t sp, cg_real *dst) {
     cg_real one = 1;
+    if (si == 1 && w == t) {
+        pack_across(w, count, k, src, sp, dst);
+        return;
+    }
     for (int64_t i = 0; i < count; i += t, dst += w * k) {
         const int64_t rows = count - i < t ? count - i : t;
         if (kernel)
