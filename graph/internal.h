@@ -364,8 +364,6 @@ void cgi_gemm(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, in
 /* Whether float products with row-major C run through cgrad's blocked driver (ops/gemm.c) rather
  * than BLIS's (the kernel set and CGRAD_GEMM_BLIS decide). */
 bool cgi_gemm_blocked_on(void);
-/* Blocks of B the blocked driver has packed so far (tests: a job's row pieces share them on threads). */
-long long cgi_gemm_b_packs(void);
 /* C[m,n] (rows rsc, columns contiguous) = alpha A B (+ a contiguous bias row) + beta C from
  * bfloat16 operands (uint16_t, any strides) with float accumulation on the fp32 FMA units: cgrad's
  * blocked driver on BLIS's float micro-kernel, the operands widened to float (exact) as they are

@@ -6,7 +6,6 @@
 #include <blis.h>
 #include <omp.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,15 +17,7 @@ static void blis_ready(void);
  * bfloat16 (uint16_t) elements, strides in them (cgi_gemm_bf16); F_CBF16, C is bfloat16 too,
  * rounded once from the float sum plus the bias (beta 0). */
 enum { F_BF16 = 1, F_CBF16 = 2 };
-/* A job's B packed once for all its row pieces (threads > 1): block (pass, column block) b lies at
- * buf + b * blk_reals once state[b] reads SHARED_READY; see gemm_blocked. */
-typedef struct {
-    cg_real *buf;
-    atomic_int *state;
-    size_t blk_reals;
-} shared_b;
-enum { SHARED_FREE, SHARED_PACKING, SHARED_READY };
-static bool gemm_blocked(const cgi_gemm_job *j, unsigned fl, const shared_b *sh, int64_t rot);
+static bool gemm_blocked(const cgi_gemm_job *j, unsigned fl);
 static void gemm_bf16_1(const cgi_gemm_job *j, unsigned fl);
 
 /* C[m,n] = alpha * A[m,k] @ B[k,n] + beta * C (or + bias) on the calling thread, all
@@ -86,13 +77,13 @@ static void gemm_blis(const cgi_gemm_job *j) {
 #undef GEMM
 }
 
-static void gemm1(const cgi_gemm_job *j, unsigned fl, const shared_b *sh, int64_t rot) {
+static void gemm1(const cgi_gemm_job *j, unsigned fl) {
     if (j->m == 0 || j->n == 0) return;
     if (fl & F_BF16) {
         gemm_bf16_1(j, fl);
         return;
     }
-    if (gemm_blocked(j, 0, sh, rot)) return;
+    if (gemm_blocked(j, 0)) return;
     gemm_blis(j);
     if (j->relu) /* after BLIS's product: a pass over this piece of C */
         for (int64_t i = 0; i < j->m; i++)
@@ -111,14 +102,11 @@ static void gemm1(const cgi_gemm_job *j, unsigned fl, const shared_b *sh, int64_
  * once per piece, under 3% of a piece's work at the sizes allowed below. */
 enum { MAX_PIECES = 256 };
 typedef struct {
-    int job, nth;   /* the job, and which of its pieces this is */
+    int job;
     int64_t lo, hi; /* the rows (cut_rows) or columns of C the piece computes */
 } piece;
 
 static bool cut_rows(const cgi_gemm_job *j) { return j->m >= j->n; }
-
-enum { MAX_SHARED_JOBS = 4 }; /* jobs of one call whose B share_b shares (a linear's dX and dW, ...) */
-static bool share_b(const cgi_gemm_job *jobs, int njobs, const piece *pcs, int np, shared_b *sh);
 
 /* How many pieces job j can be cut into: at most want, each with at least 2^23 multiply-adds (a
  * matrix-vector product: 2^16) and 32 rows or columns (vector: 256 elements). A [64, 256] x
@@ -144,9 +132,8 @@ static const void *ahead(const void *p, int64_t by, bool bf16) {
     return (const char *)p + by * (bf16 ? (int64_t)sizeof(uint16_t) : (int64_t)sizeof(cg_real));
 }
 
-static void run_piece(const cgi_gemm_job *jobs, const piece *pc, unsigned fl, const shared_b *sh) {
+static void run_piece(const cgi_gemm_job *jobs, const piece *pc, unsigned fl) {
     cgi_gemm_job j = jobs[pc->job];
-    const shared_b *mine = sh && sh[pc->job].buf ? &sh[pc->job] : NULL;
     if (cut_rows(&j)) {
         j.a = ahead(j.a, pc->lo * j.rsa, fl & F_BF16);
         j.c = (cg_real *)ahead(j.c, pc->lo * j.rsc, fl & F_CBF16);
@@ -157,7 +144,7 @@ static void run_piece(const cgi_gemm_job *jobs, const piece *pc, unsigned fl, co
         if (j.bias) j.bias += pc->lo * j.bias_stride;
         j.n = pc->hi - pc->lo;
     }
-    gemm1(&j, fl, mine, pc->nth);
+    gemm1(&j, fl);
 }
 
 typedef struct {
@@ -168,7 +155,7 @@ typedef struct {
 
 static void run_team_piece(void *ctx, int q) {
     const team_task *t = ctx;
-    run_piece(t->jobs, &t->pcs[q], t->fl, NULL);
+    run_piece(t->jobs, &t->pcs[q], t->fl);
 }
 
 /* A job's pieces inside a team, at most: tapered, half for thread 0 and two quarters, the second
@@ -232,7 +219,7 @@ static void gemm_many(const cgi_gemm_job *jobs, int njobs, int threads, unsigned
                           ct = taper ? cut_weight(p, p) : p;
             int64_t lo = q == 0 ? 0 : len * c0 / ct / 32 * 32, hi = q == p - 1 ? len : len * c1 / ct / 32 * 32;
             if (p > 1 && len < 32 * p) lo = len * q / p, hi = len * (q + 1) / p;
-            if (hi > lo) pcs[np++] = (piece){i, q, lo, hi};
+            if (hi > lo) pcs[np++] = (piece){i, lo, hi};
         }
     }
     const int nx = ex ? ex->n : 0;
@@ -244,16 +231,14 @@ static void gemm_many(const cgi_gemm_job *jobs, int njobs, int threads, unsigned
     }
     if (np <= 1 || threads <= 1) {
         for (int q = 0; q < np + nx; q++)
-            if (q < np) run_piece(jobs, &pcs[q], fl, NULL);
+            if (q < np) run_piece(jobs, &pcs[q], fl);
             else ex->task(ex->ctx, q - np);
         return;
     }
-    shared_b sh[MAX_SHARED_JOBS];
-    const bool shared = fl == 0 && share_b(jobs, njobs, pcs, np, sh);
     /* the extra tasks go last, to whichever thread runs out of product pieces first */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads < np + nx ? threads : np + nx)
     for (int q = 0; q < np + nx; q++)
-        if (q < np) run_piece(jobs, &pcs[q], fl, shared ? sh : NULL);
+        if (q < np) run_piece(jobs, &pcs[q], fl);
         else ex->task(ex->ctx, q - np);
 }
 
@@ -541,9 +526,6 @@ typedef struct {
 } pack_buf;
 typedef struct {
     pack_buf a, b, s; /* s: a block of C in float, for a bf16 C */
-    pack_buf shared;  /* the calling thread's: the B of jobs cut into row pieces (share_b) */
-    atomic_int *state;
-    size_t nstate;
 } pack_bufs;
 /* Each thread's packing buffers: grown once, then reused; freed when the thread ends. */
 static pthread_key_t pack_key;
@@ -551,7 +533,7 @@ static bool pack_key_ok;
 
 static void pack_bufs_free(void *v) {
     pack_bufs *b = v;
-    free(b->a.p), free(b->b.p), free(b->s.p), free(b->shared.p), free(b->state), free(b);
+    free(b->a.p), free(b->b.p), free(b->s.p), free(b);
 }
 
 static pack_bufs *pack_bufs_get(void) {
@@ -659,63 +641,10 @@ static void pack_b_bf16(const cgi_ukr *u, int64_t k, int64_t n, const cgi_bf16 *
 }
 #endif
 
-/* A product's passes over the depth and blocks of B's columns: sizes balanced, so no thin
- * remainder pass or block; nbc blocks of nc0 columns (the last may be narrower). */
-static void blocking(const cgi_ukr *u, int64_t n, int64_t k, int64_t *kc0, int64_t *nc0, int64_t *nbc) {
-    const int64_t passes = (k + BLK_KC - 1) / BLK_KC, nblk = (n + BLK_NC - 1) / BLK_NC;
-    *kc0 = (k + passes - 1) / passes;
-    *nc0 = ((n + nblk - 1) / nblk + u->nr - 1) / u->nr * u->nr;
-    *nbc = (n + *nc0 - 1) / *nc0;
-}
-
-/* Threads cut a product with more rows than columns into row pieces, and each piece packs all of B:
- * a linear's forward packs its weight (a transpose) as often as it has pieces, four times on two
- * threads. Here each such job gets a buffer for its whole packed B, one block (pass, columns) at a
- * time: the first piece to need a block packs it there and marks it ready, and the pieces after
- * read it. A piece that finds its block being packed by the other thread packs its own copy rather
- * than wait for it (a waiting thread is what collapsed BLIS's threads beside a busy process), and
- * the pieces of a job start at different blocks (gemm_blocked's rot), so the two threads pack
- * different blocks at first instead of racing for the same. The blocks hold the same values
- * whoever packs them, so results do not change. False when no job qualifies or without memory. */
-static atomic_llong b_packs; /* blocks of B packed by the blocked driver, for tests */
-long long cgi_gemm_b_packs(void) { return atomic_load(&b_packs); }
-
-static bool share_b(const cgi_gemm_job *jobs, int njobs, const piece *pcs, int np, shared_b *sh) {
-    if (njobs > MAX_SHARED_JOBS || !cgi_gemm_blocked_on()) return false;
-    const cgi_ukr *u = &blk_ukr;
-    size_t reals = 0, states = 0, at[MAX_SHARED_JOBS], st[MAX_SHARED_JOBS];
-    for (int i = 0; i < njobs; i++) {
-        const cgi_gemm_job *j = &jobs[i];
-        int pieces = 0;
-        for (int q = 0; q < np; q++) pieces += pcs[q].job == i;
-        sh[i] = (shared_b){NULL, NULL, 0};
-        if (pieces < 2 || !cut_rows(j) || j->csc != 1 || j->n < 32 || j->k < 32) continue;
-        int64_t kc0, nc0, nbc;
-        blocking(u, j->n, j->k, &kc0, &nc0, &nbc);
-        sh[i].blk_reals = (cgi_ukr_packed_b(u, kc0, j->n < nc0 ? j->n : nc0) + 15) / 16 * 16;
-        at[i] = reals, st[i] = states;
-        reals += sh[i].blk_reals * (size_t)(nbc * ((j->k + kc0 - 1) / kc0));
-        states += (size_t)(nbc * ((j->k + kc0 - 1) / kc0));
-    }
-    if (!states) return false;
-    pack_bufs *bufs = pack_bufs_get();
-    cg_real *buf = bufs ? pack_buf_get(&bufs->shared, reals) : NULL;
-    if (buf && bufs->nstate < states) {
-        free(bufs->state);
-        bufs->state = malloc(states * sizeof *bufs->state);
-        bufs->nstate = bufs->state ? states : 0;
-    }
-    if (!buf || !bufs->state) return false;
-    for (size_t b = 0; b < states; b++) atomic_init(&bufs->state[b], SHARED_FREE);
-    for (int i = 0; i < njobs; i++)
-        if (sh[i].blk_reals) sh[i].buf = buf + at[i], sh[i].state = bufs->state + st[i];
-    return true;
-}
-
 /* Runs j through the driver above where it applies (see blk_init; C row-major, no dimension
  * below 32); false: the caller runs BLIS. A bf16 job (cgi_gemm_bf16) always applies (any sizes,
  * C row-major); false only without memory for the packs. */
-static bool gemm_blocked(const cgi_gemm_job *j, unsigned fl, const shared_b *sh, int64_t rot) {
+static bool gemm_blocked(const cgi_gemm_job *j, unsigned fl) {
     if (fl & F_BF16) pthread_once(&blk_once, blk_init);
     else if (!cgi_gemm_blocked_on() || j->csc != 1 || j->m < 32 || j->n < 32 || j->k < 32) return false;
     const cgi_ukr *u = &blk_ukr;
@@ -724,8 +653,9 @@ static bool gemm_blocked(const cgi_gemm_job *j, unsigned fl, const shared_b *sh,
      * float block (at most BLK_MC16 x BLK_NC, per thread) first, so A blocks are smaller */
     const bool c16 = fl & F_CBF16;
     const int64_t mc_max = c16 ? BLK_MC16 : BLK_MC;
-    int64_t kc0, nc0, nbc;
-    blocking(u, n, k, &kc0, &nc0, &nbc);
+    /* pass and block sizes balanced, so no thin remainder pass or block */
+    const int64_t passes = (k + BLK_KC - 1) / BLK_KC, kc0 = (k + passes - 1) / passes;
+    const int64_t nblk = (n + BLK_NC - 1) / BLK_NC, nc0 = ((n + nblk - 1) / nblk + u->nr - 1) / u->nr * u->nr;
     const int64_t mblk = (m + mc_max - 1) / mc_max, mc0 = ((m + mblk - 1) / mblk + u->mr - 1) / u->mr * u->mr;
     pack_bufs *bufs = pack_bufs_get();
     if (!bufs) return false;
@@ -735,40 +665,24 @@ static bool gemm_blocked(const cgi_gemm_job *j, unsigned fl, const shared_b *sh,
     if (!ap || !bp || (c16 && !acc)) return false;
     for (int64_t jc = 0; jc < m; jc += mc0) {
         const int64_t mc = m - jc < mc0 ? m - jc : mc0;
-        /* float C: the passes outermost, one packed A per pass, the blocks of B from the piece's
-         * own (rot); bf16 C: the passes innermost, into acc */
+        /* float C: the passes outermost, one packed A per pass; bf16 C: the passes innermost, into acc */
         for (int64_t o = 0; o < (c16 ? n : k); o += c16 ? nc0 : kc0)
             for (int64_t q = 0; q < (c16 ? k : n); q += c16 ? kc0 : nc0) {
-                const int64_t blk = c16 ? 0 : (q / nc0 + rot) % nbc;
-                const int64_t pc = c16 ? q : o, ic = c16 ? o : blk * nc0;
+                const int64_t pc = c16 ? q : o, ic = c16 ? o : q;
                 const int64_t kc = k - pc < kc0 ? k - pc : kc0, nb = n - ic < nc0 ? n - ic : nc0;
-                if (c16 || q == 0) {
+                if (c16 || ic == 0) {
 #ifndef CGRAD_DOUBLE
                     if (fl & F_BF16) pack_a_bf16(u, mc, kc, ahead(j->a, jc * j->rsa + pc * j->csa, true), j->rsa, j->csa, ap);
                     else
 #endif
                         cgi_ukr_pack_a(u, mc, kc, j->a + jc * j->rsa + pc * j->csa, j->rsa, j->csa, ap);
                 }
-                const cg_real *b = bp;
-                int got = SHARED_FREE;
-                atomic_int *st = sh ? &sh->state[pc / kc0 * nbc + blk] : NULL;
-                cg_real *slot = sh ? sh->buf + (size_t)(pc / kc0 * nbc + blk) * sh->blk_reals : NULL;
-                if (st && (got = atomic_load_explicit(st, memory_order_acquire)) == SHARED_READY) b = slot;
-                else {
-                    const bool mine = st && got == SHARED_FREE &&
-                                      atomic_compare_exchange_strong_explicit(st, &got, SHARED_PACKING, memory_order_acquire,
-                                                                              memory_order_relaxed);
-                    cg_real *dst = mine ? slot : bp;
 #ifndef CGRAD_DOUBLE
-                    if (fl & F_BF16) pack_b_bf16(u, kc, nb, ahead(j->b, pc * j->rsb + ic * j->csb, true), j->rsb, j->csb, dst);
-                    else
+                if (fl & F_BF16) pack_b_bf16(u, kc, nb, ahead(j->b, pc * j->rsb + ic * j->csb, true), j->rsb, j->csb, bp);
+                else
 #endif
-                        cgi_ukr_pack_b(u, kc, nb, j->b + pc * j->rsb + ic * j->csb, j->rsb, j->csb, dst);
-                    if (mine) atomic_store_explicit(st, SHARED_READY, memory_order_release);
-                    atomic_fetch_add_explicit(&b_packs, 1, memory_order_relaxed);
-                    b = dst;
-                }
-                blk_macro(u, mc, nb, kc, j->alpha, ap, b, pc == 0 ? j->beta : 1,
+                    cgi_ukr_pack_b(u, kc, nb, j->b + pc * j->rsb + ic * j->csb, j->rsb, j->csb, bp);
+                blk_macro(u, mc, nb, kc, j->alpha, ap, bp, pc == 0 ? j->beta : 1,
                           pc == 0 && j->bias ? j->bias + ic * j->bias_stride : NULL, j->bias_stride,
                           j->relu && pc + kc >= k, c16 ? acc : j->c + jc * j->rsc + ic, c16 ? nb : j->rsc);
 #ifndef CGRAD_DOUBLE
@@ -849,7 +763,7 @@ static void gemm_bf16_direct(const cgi_gemm_job *j, unsigned fl) {
 }
 
 static void gemm_bf16_1(const cgi_gemm_job *j, unsigned fl) {
-    if (j->m == 1 || j->n == 1 || j->k == 0 || j->csc != 1 || !gemm_blocked(j, fl, NULL, 0)) gemm_bf16_direct(j, fl);
+    if (j->m == 1 || j->n == 1 || j->k == 0 || j->csc != 1 || !gemm_blocked(j, fl)) gemm_bf16_direct(j, fl);
 }
 
 bool cgi_gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t rsa, int64_t csa, const uint16_t *b,

@@ -203,40 +203,6 @@ static void test_blocked(void) {
     }
 }
 
-/* A product cut into row pieces on threads packs each block of B once for all its pieces (share_b
- * in ops/gemm.c) and gives the one-thread bits. [1000, 600] at depth 1100, B a linear's weight seen
- * transposed: 3 passes x 2 blocks of B = 6 blocks; 2 threads cut it into 4 pieces (24 packs if each
- * packed its own B), 3 threads into 6 (36). A piece that finds its block being packed packs a copy,
- * so a few more than 6 may happen; half the unshared count is the bound. */
-static void test_shared_packs(void) {
-    if (!cgi_gemm_blocked_on()) return;
-    const int64_t m = 1000, n = 600, k = 1100;
-    cg_rng r;
-    cg_rng_seed(&r, 9);
-    cg_real *a = malloc(sizeof(cg_real) * (size_t)(m * k)), *b = malloc(sizeof(cg_real) * (size_t)(n * k)),
-            *c1 = malloc(sizeof(cg_real) * (size_t)(m * n)), *c = malloc(sizeof(cg_real) * (size_t)(m * n));
-    for (int64_t i = 0; i < m * k; i++) a[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
-    for (int64_t i = 0; i < n * k; i++) b[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
-    cgi_gemm_job j = {m, n, k, a, k, 1, b, 1, k, 1, 0, c1, n, 1, NULL, 0, false};
-    long long before = cgi_gemm_b_packs();
-    cgi_gemm_many(&j, 1, 1);
-    CHECK(cgi_gemm_b_packs() - before == 6, "one thread packed %lld blocks of B, want 6", cgi_gemm_b_packs() - before);
-    double s = 0;
-    for (int64_t p = 0; p < k; p++) s += (double)a[7 * k + p] * b[5 * k + p];
-    CHECK(fabs(c1[7 * n + 5] - s) < 1e-4, "C[7,5] = %g, want %g", (double)c1[7 * n + 5], s);
-    for (int th = 2; th <= 3; th++) {
-        j.c = c;
-        for (int64_t i = 0; i < m * n; i++) c[i] = NAN;
-        before = cgi_gemm_b_packs();
-        cgi_gemm_many(&j, 1, th);
-        const long long packs = cgi_gemm_b_packs() - before, unshared = 6 * 2 * th;
-        CHECK(packs >= 6 && packs <= unshared / 2, "%d threads packed %lld blocks of B (unshared: %lld)", th, packs,
-              unshared);
-        CHECK(memcmp(c, c1, sizeof(cg_real) * (size_t)(m * n)) == 0, "%d threads: C differs from one thread's", th);
-    }
-    free(a), free(b), free(c1), free(c);
-}
-
 /* A thread that runs a product and ends frees its packing buffers (the sanitizer build's leak
  * check fails otherwise); its result is right. */
 static void *product_on_thread(void *arg) {
@@ -336,7 +302,6 @@ int main(void) {
     test_pieces();
     test_then_tasks();
     test_blocked();
-    test_shared_packs();
     test_thread_buffers();
     test_pack12();
     test_ukr_pack();
