@@ -4,8 +4,9 @@
  * its 12-row strips wasted 11% of the tiles at 64 rows. Here C = alpha A B + beta C is computed in
  * register tiles of up to 6 rows x 64 columns that broadcast A's elements (any strides: A may be a
  * transposed view) against B's rows (contiguous along C's columns), so only K^T (forward) and V^T
- * (backward) are transposed, once per head. Float builds on a CPU with AVX-512 only; elsewhere the
- * caller keeps the micro-kernel path. */
+ * (backward) are transposed, once per head. The softmax of a block of kept probabilities between the
+ * two forward products runs here too, in whole vectors (cgi_attn_softmax). Float builds on a CPU
+ * with AVX-512 only; elsewhere the caller keeps the micro-kernel path and the generic softmax. */
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
