@@ -16,6 +16,8 @@
 
 #if !defined(CGRAD_DOUBLE) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
+
+#include "ops/exp16.h"
 #define ATTN_DIRECT 1
 
 enum { TR = 6, TV = 4 }; /* a tile: up to TR rows x TV vectors of 16 columns (24 accumulators) */
@@ -135,23 +137,12 @@ static AVX512 void transpose(int64_t rows, int64_t cols, const float *src, int64
         for (int64_t c = 0; c < cols; c++) dst[c * ds + r] = src[r * ss + c];
 }
 
-/* e^x on 16 lanes: cgi_exp's polynomial (graph/internal.h), scaled by 2^n with vscalefps */
+/* e^x on 16 lanes for any x <= 0 (a score less its row's maximum): cgi_exp16 on x clamped at -87, 0
+ * below -103.97 and for -inf as cgi_exp gives, NaN kept */
 static inline __attribute__((always_inline)) AVX512 __m512 exp16(__m512 x) {
-    const __m512 xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.3762626647949f));
-    const __m512 fx = _mm512_roundscale_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(CGI_EXP_LOG2E), _mm512_set1_ps(0.5f)),
-                                           _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(CGI_EXP_LN2_HI), xc);
-    r = _mm512_fmadd_ps(fx, _mm512_set1_ps(CGI_EXP_LN2_LO), r);
-    __m512 y = _mm512_set1_ps(CGI_EXP_P0);
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(CGI_EXP_P1));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(CGI_EXP_P2));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(CGI_EXP_P3));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(CGI_EXP_P4));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(CGI_EXP_P5));
-    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    y = _mm512_scalef_ps(y, fx);
-    y = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-103.97f), _CMP_NLT_UQ), y); /* e^-inf = 0 */
-    return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);                 /* NaN stays */
+    const __m512 y = cgi_exp16(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)));
+    const __m512 z = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-103.97f), _CMP_NLT_UQ), y);
+    return _mm512_mask_mov_ps(z, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
 }
 
 /* Lanes [0, n) of a 16-lane mask (n may be outside [0, 16]). */

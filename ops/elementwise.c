@@ -306,23 +306,8 @@ UNARY(gelu_tanh, GELU_TANH, (cg_real)0.5 * x * (1 + gelu_tanh_t(x)), dy * gelu_t
 /* y[i, j] = gelu(c[i, j] + b[j]) over the product c[m, n] (b NULL: no bias), one pass while the
  * product's rows are fresh, instead of a bias fill before the product and a GELU pass after. */
 #if defined(__AVX512F__) && !defined(CGRAD_DOUBLE)
-#include <immintrin.h>
+#include "ops/exp16.h"
 #define GELU_AVX512 1
-/* cgi_exp on 16 lanes (its constants, CGI_EXP_*), for arguments already inside [-87, 88]. */
-static inline __m512 exp16(__m512 x) {
-    const __m512 fx = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(CGI_EXP_LOG2E), _mm512_set1_ps(0.5f)),
-                                           _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    const __m512 r = _mm512_fmadd_ps(fx, _mm512_set1_ps(CGI_EXP_LN2_LO), _mm512_fnmadd_ps(fx, _mm512_set1_ps(CGI_EXP_LN2_HI), x));
-    __m512 y = _mm512_set1_ps(CGI_EXP_P0);
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(CGI_EXP_P1));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(CGI_EXP_P2));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(CGI_EXP_P3));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(CGI_EXP_P4));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(CGI_EXP_P5));
-    y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(y, r), r, r), _mm512_set1_ps(1.0f));
-    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
-}
 /* 1 / d: the 14-bit estimate and one Newton step (about 2^-28 relative), a third of vdivps's time. */
 static inline __m512 recip16(__m512 d) {
     const __m512 r = _mm512_rcp14_ps(d);
@@ -335,7 +320,7 @@ static inline __m512 gelu_tanh16(__m512 x) {
     const __m512 x3 = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
     __m512 a = _mm512_mul_ps(_mm512_set1_ps(-2 * (float)GELU_K), _mm512_fmadd_ps(x3, _mm512_set1_ps(0.044715f), x));
     a = _mm512_max_ps(_mm512_min_ps(a, _mm512_set1_ps(80.0f)), _mm512_set1_ps(-87.0f));
-    return _mm512_mul_ps(x, recip16(_mm512_add_ps(exp16(a), _mm512_set1_ps(1.0f))));
+    return _mm512_mul_ps(x, recip16(_mm512_add_ps(cgi_exp16(a), _mm512_set1_ps(1.0f))));
 }
 /* GELU (erf) on 16 lanes: 0.5 x (1 + erf(x / sqrt 2)), erf as fast_erf with its division by the
  * reciprocal; e^-z^2 clamped at e^-87 (there erf is 1 to working precision). */
@@ -347,7 +332,7 @@ static inline __m512 gelu_erf16(__m512 x) {
     p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-0.284496736f));
     p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(0.254829592f));
     p = _mm512_mul_ps(p, t);
-    const __m512 e = exp16(_mm512_max_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), z), z), _mm512_set1_ps(-87.0f)));
+    const __m512 e = cgi_exp16(_mm512_max_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), z), z), _mm512_set1_ps(-87.0f)));
     const __m512 r = _mm512_fnmadd_ps(p, e, _mm512_set1_ps(1.0f)); /* erf(|z|) */
     const __m512 erf = _mm512_mask_sub_ps(r, _mm512_cmp_ps_mask(z, _mm512_setzero_ps(), _CMP_LT_OQ), _mm512_setzero_ps(), r);
     return _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), x), _mm512_add_ps(erf, _mm512_set1_ps(1.0f)));
@@ -415,7 +400,7 @@ static const cg_real *act_row_grad(void *ctx, int64_t r) {
                                                 _mm512_fmadd_ps(x2, _mm512_set1_ps(3 * 0.044715f), _mm512_set1_ps(1.0f)));
                 g = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(x, s), _mm512_sub_ps(_mm512_set1_ps(1.0f), s)), du, s);
             } else { /* s + x phi(x), phi(x) = e^(-x^2 / 2) / sqrt(2 pi) */
-                const __m512 e = exp16(_mm512_max_ps(_mm512_mul_ps(_mm512_set1_ps(-0.5f), x2), _mm512_set1_ps(-87.0f)));
+                const __m512 e = cgi_exp16(_mm512_max_ps(_mm512_mul_ps(_mm512_set1_ps(-0.5f), x2), _mm512_set1_ps(-87.0f)));
                 g = _mm512_fmadd_ps(_mm512_mul_ps(x, e), _mm512_set1_ps((float)INV_SQRT2PI), s);
             }
             _mm512_storeu_ps(c + j0, _mm512_mul_ps(_mm512_loadu_ps(dy + j0), g));
