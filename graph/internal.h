@@ -471,8 +471,8 @@ void cgi_bias_act_bwd(cg_real *c, const cg_real *b, const cg_real *y, const cg_r
                       cgi_act act, cg_real *db, cg_real *scratch);
 
 /* The constants of cgi_exp's Cephes polynomial: log2(e), ln 2 split in a high and a low part, and
- * the polynomial's coefficients from the highest power down. Named once, so the hand-vectorised
- * copies (GELU's 16-lane form in ops/elementwise.c) compute the same function. */
+ * the polynomial's coefficients from the highest power down. Named once, so the hand-vectorised copy
+ * (cgi_exp16 in ops/exp16.h: GELU's passes, attention's softmax) computes the same function. */
 #define CGI_EXP_LOG2E 1.44269504088896341f
 #define CGI_EXP_LN2_HI 0.693359375f
 #define CGI_EXP_LN2_LO 2.12194440e-4f
