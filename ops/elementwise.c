@@ -332,7 +332,8 @@ static inline __m512 gelu_erf16(__m512 x) {
     p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-0.284496736f));
     p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(0.254829592f));
     p = _mm512_mul_ps(p, t);
-    const __m512 e = cgi_exp16(_mm512_max_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), z), z), _mm512_set1_ps(-87.0f)));
+    const __m512 e =
+        cgi_exp16(_mm512_max_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), z), z), _mm512_set1_ps(-87.0f)));
     const __m512 r = _mm512_fnmadd_ps(p, e, _mm512_set1_ps(1.0f)); /* erf(|z|) */
     const __m512 erf = _mm512_mask_sub_ps(r, _mm512_cmp_ps_mask(z, _mm512_setzero_ps(), _CMP_LT_OQ), _mm512_setzero_ps(), r);
     return _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), x), _mm512_add_ps(erf, _mm512_set1_ps(1.0f)));
@@ -400,7 +401,8 @@ static const cg_real *act_row_grad(void *ctx, int64_t r) {
                                                 _mm512_fmadd_ps(x2, _mm512_set1_ps(3 * 0.044715f), _mm512_set1_ps(1.0f)));
                 g = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(x, s), _mm512_sub_ps(_mm512_set1_ps(1.0f), s)), du, s);
             } else { /* s + x phi(x), phi(x) = e^(-x^2 / 2) / sqrt(2 pi) */
-                const __m512 e = cgi_exp16(_mm512_max_ps(_mm512_mul_ps(_mm512_set1_ps(-0.5f), x2), _mm512_set1_ps(-87.0f)));
+                const __m512 e =
+                    cgi_exp16(_mm512_max_ps(_mm512_mul_ps(_mm512_set1_ps(-0.5f), x2), _mm512_set1_ps(-87.0f)));
                 g = _mm512_fmadd_ps(_mm512_mul_ps(x, e), _mm512_set1_ps((float)INV_SQRT2PI), s);
             }
             _mm512_storeu_ps(c + j0, _mm512_mul_ps(_mm512_loadu_ps(dy + j0), g));

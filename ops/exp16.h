@@ -13,7 +13,8 @@
 static inline __attribute__((always_inline, target("avx512f"))) __m512 cgi_exp16(__m512 x) {
     const __m512 fx = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(CGI_EXP_LOG2E), _mm512_set1_ps(0.5f)),
                                            _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    const __m512 r = _mm512_fmadd_ps(fx, _mm512_set1_ps(CGI_EXP_LN2_LO), _mm512_fnmadd_ps(fx, _mm512_set1_ps(CGI_EXP_LN2_HI), x));
+    const __m512 r =
+        _mm512_fmadd_ps(fx, _mm512_set1_ps(CGI_EXP_LN2_LO), _mm512_fnmadd_ps(fx, _mm512_set1_ps(CGI_EXP_LN2_HI), x));
     __m512 y = _mm512_set1_ps(CGI_EXP_P0);
     y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(CGI_EXP_P1));
     y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(CGI_EXP_P2));

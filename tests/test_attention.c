@@ -380,7 +380,8 @@ static void direct_softmax(void) {
             const int64_t vis0 = causal ? kend / 2 - 3 : 0;
             for (int64_t c = 0; c < 2 * kend; c++) keep[c] = !none_kept && (c % 2 || cg_rng_next(&r) % 3 != 0);
             for (int64_t i = 0; i < NQ * SS; i++) x[i] = s[i] = (cg_real)(8 * cg_rng_uniform(&r) - 4);
-            if (variant == 3) keep[2 * (kend - 1)] = 1, x[4 * SS + kend - 1] = s[4 * SS + kend - 1] = NAN; /* a kept key of row 4 */
+            if (variant == 3) /* a NaN at a kept key of row 4 */
+                keep[2 * (kend - 1)] = 1, x[4 * SS + kend - 1] = s[4 * SS + kend - 1] = NAN;
             cg_real lse[NQ];
             const bool any = cgi_attn_softmax(s, SS, NQ, kend, causal, vis0, padded ? keep : NULL, 2, lse);
             bool want_any = false;
@@ -398,10 +399,13 @@ static void direct_softmax(void) {
                 for (int64_t c = 0; c < kend; c++) {
                     const bool on = seen && c < vis && (!padded || keep[2 * c]);
                     const double want = on ? exp((double)x[q * SS + c] - mx) / l : 0, got = s[q * SS + c];
-                    if (nan_row) CHECK(isnan(got), "kend %lld variant %d: row 4 key %lld is %g, want NaN", (long long)kend, variant, (long long)c, got);
+                    if (nan_row)
+                        CHECK(isnan(got), "kend %lld variant %d: row 4 key %lld is %g, want NaN", (long long)kend,
+                              variant, (long long)c, got);
                     else worst = fmax(worst, fabs(got - want));
                 }
-                CHECK(s[q * SS + kend] == x[q * SS + kend], "kend %lld variant %d: wrote past the row", (long long)kend, variant);
+                CHECK(s[q * SS + kend] == x[q * SS + kend], "kend %lld variant %d: wrote past the row", (long long)kend,
+                      variant);
                 if (!nan_row)
                     CHECK(seen ? fabs(lse[q] - (mx + log(l))) < 1e-5 : lse[q] == INFINITY,
                           "kend %lld variant %d row %lld: lse %g, want %g", (long long)kend, variant, (long long)q,

@@ -275,7 +275,8 @@ static void test_ukr_pack_n(int64_t N) {
                 const cg_real want = j < N ? src[p * rs + j * cs] : 0;
                 bad += got[j / u.nr * u.pnr * K + p * u.pnr + j % u.nr] != want;
             }
-        CHECK(bad == 0, "B panels (N %lld, order %d, width %lld): %d elements differ", (long long)N, order, (long long)u.pnr, bad);
+        CHECK(bad == 0, "B panels (N %lld, order %d, width %lld): %d elements differ", (long long)N, order,
+              (long long)u.pnr, bad);
         cgi_ukr_pack_a(&u, N, K, src, cs, rs, got); /* A [N, K] = B^T */
         bad = 0;
         for (int64_t i = 0; i < (N + u.mr - 1) / u.mr * u.mr; i++)
@@ -283,7 +284,8 @@ static void test_ukr_pack_n(int64_t N) {
                 const cg_real want = i < N ? src[p * rs + i * cs] : 0;
                 bad += got[i / u.mr * u.pmr * K + p * u.pmr + i % u.mr] != want;
             }
-        CHECK(bad == 0, "A panels (N %lld, order %d, width %lld): %d elements differ", (long long)N, order, (long long)u.pmr, bad);
+        CHECK(bad == 0, "A panels (N %lld, order %d, width %lld): %d elements differ", (long long)N, order,
+              (long long)u.pmr, bad);
     }
     free(got);
 }
