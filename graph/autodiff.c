@@ -70,6 +70,37 @@ bool cgi_grad_begin_whole(cg_tensor *x) {
     return cgi_grad_begin(x);
 }
 
+/* No element of x reached twice: dims by increasing stride, each stride past the span of those before. */
+static bool one_to_one(const cg_tensor *x) {
+    int64_t span = 1; /* elements the smaller-stride dims reach: the next stride must be at least this */
+    bool used[CG_MAX_DIMS] = {false};
+    for (int n = 0; n < x->ndim; n++) {
+        int d = -1;
+        for (int e = 0; e < x->ndim; e++)
+            if (!used[e] && x->shape[e] > 1 && (d < 0 || x->stride[e] < x->stride[d])) d = e;
+        if (d < 0) break;
+        used[d] = true;
+        if (x->stride[d] < span) return false;
+        span = x->stride[d] * x->shape[d];
+    }
+    return true;
+}
+
+bool cgi_grad_begin_views(cg_tensor *const *v, int n) {
+    cg_tensor *r = v[0]->root;
+    if (r->op == CGI_OP_PARAM || r->grad_in_value || r->grad_epoch == r->graph->epoch) return false;
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        if (v[i]->root != r || !one_to_one(v[i])) return false;
+        for (int j = 0; j < i; j++)
+            if (cgi_grads_alias(v[i], v[j])) return false;
+        total += cgi_numel(v[i]->ndim, v[i]->shape);
+    }
+    if (total != cgi_numel(r->ndim, r->shape)) return false; /* within the root, disjoint: they tile it */
+    r->grad_epoch = r->graph->epoch;
+    return true;
+}
+
 void cgi_grad_prepare(cg_tensor *x) {
     if (cgi_grad_begin(x)) cgi_zero(x->grad, (size_t)cgi_numel(x->ndim, x->shape) * sizeof(cg_real));
 }

@@ -296,6 +296,10 @@ bool cgi_grad_begin(cg_tensor *x);
 /* cgi_grad_begin, and also true for a view holding all of a node's gradient that nothing wrote this
  * pass; for a rule that writes x's gradient before any other input's that may share its storage. */
 bool cgi_grad_begin_whole(cg_tensor *x);
+/* cgi_grad_begin for n views of one node that together hold each element of its gradient once (q, k
+ * and v cut from one projection), for a rule that writes all of them in full before anything adds to
+ * them: true when nothing has written that gradient this pass (they may assign). */
+bool cgi_grad_begin_views(cg_tensor *const *v, int n);
 /* As cgi_grad_begin for a rule that only adds into x's gradient: zeroes it if nothing has written it. */
 void cgi_grad_prepare(cg_tensor *x);
 /* cgi_grad_begin when the rule can assign, else cgi_grad_prepare: true when it may write, not add. */
@@ -329,6 +333,8 @@ bool cgi_grads_alias(const cg_tensor *a, const cg_tensor *b);
 bool cgi_same_view(const cg_tensor *a, const cg_tensor *b);
 /* memset to zero, split over the threads when large (a lone memset leaves the others spinning) */
 void cgi_zero(void *p, size_t bytes);
+/* Bytes cgi_zero has cleared so far (tests: gradients a rule writes first are not zeroed). */
+long long cgi_zeroed_bytes(void);
 
 /* ---- strided iteration: shape split into rows x inner, dims collapsed where possible ---- */
 /* Inner runs are cut into chunks so that one long contiguous row still spreads over threads. */

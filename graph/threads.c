@@ -4,6 +4,7 @@
 #include <blis.h>
 #include <math.h>
 #include <omp.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,7 +95,11 @@ double cg_rng_normal(cg_rng *r) {
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
+static atomic_llong zeroed; /* bytes cgi_zero has cleared, for tests */
+long long cgi_zeroed_bytes(void) { return atomic_load(&zeroed); }
+
 void cgi_zero(void *p, size_t bytes) {
+    atomic_fetch_add_explicit(&zeroed, (long long)bytes, memory_order_relaxed);
     enum { PART = 1 << 18 }; /* bytes */
     const int64_t parts = (int64_t)((bytes + PART - 1) / PART);
     if (parts < 4 || cgi_nthreads() < 2) {

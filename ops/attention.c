@@ -569,6 +569,7 @@ cg_status cgi_fwd_attention(cg_tensor *t) {
 typedef struct {
     cg_real *q, *k, *v, *bias, *rel;
     int64_t qr, qc, kr, kc, vr, vc, bias_si, bias_sj;
+    cg_real bq, bk, bv; /* beta of dQ's, dK's and dV's products: 0 where this op writes them first (claim_qkv) */
 } grads;
 
 /* Adds dS [nq, nk] (row stride BK) of query rows i0.. against keys j0.. into the bias gradients:
@@ -615,30 +616,30 @@ CGI_CLONES static void bwd_packed(const head *h, const cgi_ukr *u, const packs *
             for (int64_t c = 0; c < vis; c++) dr[c] = pr[c] * (dr[c] - dr_i);
         if (ds) for (int64_t c = vis; c < kend; c++) dr[c] = 0;
     }
-    if (g->v && w->direct) cgi_attn_mm(kend, d, nq, 1, h->drop ? pt : p, 1, h->drop ? BK : ps, dO, h->os, 1, g->v, g->vr,
-                                       CGI_UKR_FULL, CGI_UKR_FULL, first);
+    if (g->v && w->direct) cgi_attn_mm(kend, d, nq, 1, h->drop ? pt : p, 1, h->drop ? BK : ps, dO, h->os, g->bv, g->v,
+                                       g->vr, CGI_UKR_FULL, CGI_UKR_FULL, first);
     else if (g->v) { /* dV += P^T dO, of the dropped weights */
         if (h->drop) cgi_ukr_pack_a(u, kend, nq, pt, 1, BK, w->a);
         else cgi_ukr_pack_a(u, kend, nq, p, 1, ps, w->a);
         cgi_ukr_pack_b(u, nq, d, dO, h->os, 1, w->b);
-        cgi_ukr_gemm(u, kend, d, nq, 1, w->a, nq, w->b, nq, 1, g->v, g->vr, g->vc, CGI_UKR_FULL, CGI_UKR_FULL);
+        cgi_ukr_gemm(u, kend, d, nq, 1, w->a, nq, w->b, nq, g->bv, g->v, g->vr, g->vc, CGI_UKR_FULL, CGI_UKR_FULL);
     }
     if (g->bias || g->rel) bias_grads(h, g, i0, nq, 0, kend, dp);
     if (g->q && w->direct)
-        cgi_attn_mm(nq, d, kend, h->scale, dp, BK, 1, w->rows, d, 1, g->q + i0 * g->qr, g->qr, CGI_UKR_FULL, diag(h, i0),
-                    CGI_UKR_FULL);
+        cgi_attn_mm(nq, d, kend, h->scale, dp, BK, 1, w->rows, d, g->bq, g->q + i0 * g->qr, g->qr, CGI_UKR_FULL,
+                    diag(h, i0), CGI_UKR_FULL);
     else if (g->q) { /* dQ += scale * dS K */
         cgi_ukr_pack_a(u, nq, kend, dp, BK, 1, w->a);
-        cgi_ukr_gemm(u, nq, d, kend, h->scale, w->a, kend, w->kv2, tk, 1, g->q + i0 * g->qr, g->qr, g->qc, CGI_UKR_FULL,
-                     diag(h, i0));
+        cgi_ukr_gemm(u, nq, d, kend, h->scale, w->a, kend, w->kv2, tk, g->bq, g->q + i0 * g->qr, g->qr, g->qc,
+                     CGI_UKR_FULL, diag(h, i0));
     }
     if (g->k && w->direct)
-        cgi_attn_mm(kend, d, nq, h->scale, dp, 1, BK, h->q + i0 * h->qs, h->qs, 1, g->k, g->kr, CGI_UKR_FULL, CGI_UKR_FULL,
-                    first);
+        cgi_attn_mm(kend, d, nq, h->scale, dp, 1, BK, h->q + i0 * h->qs, h->qs, g->bk, g->k, g->kr, CGI_UKR_FULL,
+                    CGI_UKR_FULL, first);
     else if (g->k) { /* dK += scale * dS^T Q */
         cgi_ukr_pack_a(u, kend, nq, dp, 1, BK, w->a);
         cgi_ukr_pack_b(u, nq, d, h->q + i0 * h->qs, h->qs, 1, w->b);
-        cgi_ukr_gemm(u, kend, d, nq, h->scale, w->a, nq, w->b, nq, 1, g->k, g->kr, g->kc, CGI_UKR_FULL, CGI_UKR_FULL);
+        cgi_ukr_gemm(u, kend, d, nq, h->scale, w->a, nq, w->b, nq, g->bk, g->k, g->kr, g->kc, CGI_UKR_FULL, CGI_UKR_FULL);
     }
 }
 
@@ -653,6 +654,30 @@ static cg_real row_dot(const cg_real *x, const cg_real *y, int64_t n) {
     for (; e < n; e++) s += x[e] * y[e];
     for (int l = 0; l < CGI_LANES; l++) s += acc[l];
     return s;
+}
+
+/* With one query block a head (and one query head a key head), each head's dQ, dK and dV rows come
+ * from one product each, written in full (rows that see no key get zeros). Where q, k and v that
+ * share a node (self-attention's split projection; cross-attention's q alone and its split k and v)
+ * hold all of its gradient and nothing has written it this pass, those products assign (beta 0)
+ * instead of adding into a gradient zeroed first: encdec-base zeroed 63 MB a step for them. Others
+ * are zeroed as before (cgi_grad_prepare). */
+static void claim_qkv(cg_tensor *t, bool one_write, bool assign[3]) {
+    for (int i = 0; i < 3; i++) {
+        cg_tensor *x = t->src[i], *views[3];
+        bool seen = false;
+        for (int j = 0; j < i; j++) seen |= t->src[j]->requires_grad && t->src[j]->root == x->root;
+        if (!x->requires_grad || seen) continue; /* done with the first input of its node */
+        int n = 0;
+        for (int j = i; j < 3; j++)
+            if (t->src[j]->requires_grad && t->src[j]->root == x->root) views[n++] = t->src[j];
+        const bool first = one_write && cgi_grad_begin_views(views, n);
+        for (int j = i; j < 3; j++)
+            if (t->src[j]->requires_grad && t->src[j]->root == x->root) {
+                assign[j] = first;
+                if (!first) cgi_grad_prepare(t->src[j]);
+            }
+    }
 }
 
 void cgi_bwd_attention(cg_tensor *t) {
@@ -686,6 +711,11 @@ void cgi_bwd_attention(cg_tensor *t) {
      * and is broadcast over batches (or heads) widens the unit to every batch (or head) sharing a
      * slice of it. */
     const int64_t hkv = k->shape[1], group = hq / hkv;
+    /* The gradients' first writes (the op claims every input, ops.def): see claim_qkv */
+    bool assign[3] = {false, false, false};
+    claim_qkv(t, packed && !p->past && tq <= (p->causal ? BQ / 2 : BQ) && group == 1 && !serial, assign);
+    if (gb) cgi_grad_prepare(bias);
+    if (table && table->requires_grad) cgi_grad_prepare(table);
     const bool all_b = gb && p->bias_st[0] == 0 && B > 1, all_h = gb && p->bias_st[1] == 0 && hq > 1;
     const int64_t bunits = all_b ? 1 : B, hunits = all_h ? 1 : hkv, units = bunits * hunits;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(slots) if (units > 1 && slots > 1 && !serial)
@@ -718,7 +748,8 @@ void cgi_bwd_attention(cg_tensor *t) {
             gv ? v->grad + b * v->stride[0] + kh * v->stride[1] : NULL,
             gb ? bias->grad + b * p->bias_st[0] + hh * p->bias_st[1] : NULL,
             drel ? drel + bh * p->nrel : NULL,
-            q->stride[2], q->stride[3], k->stride[2], k->stride[3], v->stride[2], v->stride[3], p->bias_st[2], p->bias_st[3]};
+            q->stride[2], q->stride[3], k->stride[2], k->stride[3], v->stride[2], v->stride[3], p->bias_st[2], p->bias_st[3],
+            assign[0] ? 0 : 1, assign[1] ? 0 : 1, assign[2] ? 0 : 1};
         const bool ds = gq || gk || gb || drel;
         const int64_t os = h.os, at = b * t->stride[0] + hh * t->stride[1];
         const cg_real *o = out + at, *dO = dout + at, *L = lse + bh * tq;

@@ -418,6 +418,43 @@ static void direct_softmax(void) {
     CHECK(cases == 35, "%d cases", cases);
 }
 
+/* Self-attention on q, k and v cut from one [B, T, 3 H D] node, one query block a head: its backward
+ * writes that node's gradient first, in full, instead of adding into a zeroed one (claim_qkv in
+ * ops/attention.c). A second backward zeroes less than the node's gradient (the rest of the graph
+ * zeroes a third of it at most), and the gradient equals the first pass's bit for bit (the graph's
+ * memory is reused, so stale values would show). With 200 queries (two blocks) it is zeroed again. */
+static void first_writer(void) {
+    for (int64_t t = 100; t <= 200; t += 100) {
+        cg_graph *g = cg_graph_new(CG_TRAIN);
+        cg_rng r;
+        cg_rng_seed(&r, 21);
+        const int64_t b = 2, h = 2, d = 16, s3[3] = {b, t, 3 * h * d}, so[4] = {b, h, t, d};
+        cg_tensor *qkv = cg_requires_grad(cg_input(g, "qkv", CG_REAL, 3, s3)), *p[3];
+        cg_fill_uniform(qkv, &r, -2, 2);
+        cg_split(g, qkv, -1, 3, NULL, p);
+        cg_tensor *o = cg_sdpa(g, cg_split_heads(g, p[0], (int)h), cg_split_heads(g, p[1], (int)h),
+                               cg_split_heads(g, p[2], (int)h), 0.25, false, NULL);
+        cg_tensor *w = cg_input(g, "w", CG_REAL, 4, so);
+        cg_fill_uniform(w, &r, -1, 1);
+        cg_tensor *loss = cg_sum_all(g, cg_mul(g, o, w));
+        const size_t n = (size_t)(b * t * 3 * h * d);
+        cg_real *g1 = malloc(n * sizeof *g1), *g2 = malloc(n * sizeof *g2);
+        CHECK(loss && !cg_graph_forward(g) && !cg_graph_backward(g, loss), "%s", cg_last_error());
+        cg_read_grad(qkv, g1);
+        CHECK(!cg_graph_forward(g), "%s", cg_last_error());
+        const long long before = cgi_zeroed_bytes();
+        CHECK(!cg_graph_backward(g, loss), "%s", cg_last_error());
+        const long long zeroed = cgi_zeroed_bytes() - before, node = (long long)(n * sizeof(cg_real));
+        cg_read_grad(qkv, g2);
+        CHECK(memcmp(g1, g2, n * sizeof *g1) == 0, "T %lld: the second pass's gradient differs", (long long)t);
+        if (t == 100)
+            CHECK(zeroed < node, "T 100: backward zeroed %lld bytes, the q/k/v node alone %lld", zeroed, node);
+        if (t == 200) CHECK(zeroed >= node, "T 200: backward zeroed %lld bytes, want the node's %lld", zeroed, node);
+        free(g1), free(g2);
+        cg_graph_free(g);
+    }
+}
+
 /* The shapes of the direct products' path (kept probabilities, Tq >= 16) at feature sizes and
  * lengths off its tiles, with every option that goes through it, on the direct kernels and on
  * BLIS's micro-kernel. */
@@ -426,6 +463,10 @@ static void direct_cases(void) {
         cgi_attn_direct_force(on);
         compare("encdec's head: full 64, D 64, padding", &(cfg){.b = 2, .h = 2, .tq = 64, .tk = 64, .d = 64, .padding = true});
         compare("causal 70, D 48, head views", &(cfg){.b = 2, .h = 2, .tq = 70, .tk = 70, .d = 48, .causal = true, .views = true});
+        /* one query block a head: the products write q, k and v's gradients first (claim_qkv) */
+        compare("full 100, D 32, head views, padding", &(cfg){.b = 2, .h = 2, .tq = 100, .tk = 100, .d = 32, .views = true, .padding = true});
+        compare("causal 64, D 16, head views, dropout 0.2",
+                &(cfg){.b = 2, .h = 3, .tq = 64, .tk = 64, .d = 16, .causal = true, .views = true, .dropout = 0.2});
         compare("cross 64x50, D 80, bias [1,H,Tq,Tk] + ALiBi",
                 &(cfg){.b = 1, .h = 2, .tq = 64, .tk = 50, .d = 80, .alibi = true, .bias = 1});
         compare("causal 129, D 32, dropout 0.2", &(cfg){.b = 1, .h = 2, .tq = 129, .tk = 129, .d = 32, .causal = true, .dropout = 0.2});
@@ -440,6 +481,7 @@ int main(void) {
     packing_fallback();
     direct_products();
     direct_softmax();
+    first_writer();
     direct_cases();
     compare("causal 150x150", &(cfg){2, 3, 150, 150, 16, true, false, false, false, 0, 0, false, 0, 0, 0});
     compare("causal 600x600 (several 256-key blocks)", &(cfg){1, 2, 600, 600, 8, true, false, false, false, 0, 0, false, 0, 0, 0});
