@@ -23,22 +23,27 @@ static void zero_once(cg_tensor *t) {
     r->grad_epoch = r->graph->epoch;
 }
 
-/* Whether view x holds every element of its root exactly once (the root itself, or a transpose:
- * GPT-2's Conv1D weights are read as one), so a rule writing all of x writes all of the root. */
-static bool covers_root(const cg_tensor *x) {
-    const cg_tensor *r = x->root;
-    if (x->offset != 0 || cgi_numel(x->ndim, x->shape) != cgi_numel(r->ndim, r->shape)) return false;
-    int64_t next = 1; /* the dims by increasing stride must tile [0, numel) */
+/* No element of x reached twice: dims by increasing stride, each stride past the span of those before. */
+static bool one_to_one(const cg_tensor *x) {
+    int64_t span = 1; /* elements the smaller-stride dims reach: the next stride must be at least this */
     bool used[CG_MAX_DIMS] = {false};
     for (int n = 0; n < x->ndim; n++) {
         int d = -1;
         for (int e = 0; e < x->ndim; e++)
-            if (!used[e] && x->shape[e] > 1 && x->stride[e] == next) d = e;
+            if (!used[e] && x->shape[e] > 1 && (d < 0 || x->stride[e] < x->stride[d])) d = e;
         if (d < 0) break;
         used[d] = true;
-        next *= x->shape[d];
+        if (x->stride[d] < span) return false;
+        span = x->stride[d] * x->shape[d];
     }
-    return next == cgi_numel(x->ndim, x->shape);
+    return true;
+}
+
+/* Whether view x holds every element of its root exactly once (the root itself, or a transpose:
+ * GPT-2's Conv1D weights are read as one), so a rule writing all of x writes all of the root: as
+ * many elements as the root, none reached twice (a view lies inside its root's storage). */
+static bool covers_root(const cg_tensor *x) {
+    return cgi_numel(x->ndim, x->shape) == cgi_numel(x->root->ndim, x->root->shape) && one_to_one(x);
 }
 
 bool cgi_grad_begin(cg_tensor *x) {
@@ -68,22 +73,6 @@ bool cgi_grad_begin_whole(cg_tensor *x) {
         return true;
     }
     return cgi_grad_begin(x);
-}
-
-/* No element of x reached twice: dims by increasing stride, each stride past the span of those before. */
-static bool one_to_one(const cg_tensor *x) {
-    int64_t span = 1; /* elements the smaller-stride dims reach: the next stride must be at least this */
-    bool used[CG_MAX_DIMS] = {false};
-    for (int n = 0; n < x->ndim; n++) {
-        int d = -1;
-        for (int e = 0; e < x->ndim; e++)
-            if (!used[e] && x->shape[e] > 1 && (d < 0 || x->stride[e] < x->stride[d])) d = e;
-        if (d < 0) break;
-        used[d] = true;
-        if (x->stride[d] < span) return false;
-        span = x->stride[d] * x->shape[d];
-    }
-    return true;
 }
 
 bool cgi_grad_begin_views(cg_tensor *const *v, int n) {

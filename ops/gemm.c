@@ -407,10 +407,6 @@ static void pack_panel(int64_t rows, int64_t w, int64_t k, const cg_real *src, i
             for (int64_t i = rows; i < w; i++) dst[p * w + i] = 0;
         return;
     }
-    if (si == 1 && rows == w) { /* a plain copy per depth: the loop vectorises only when told so */
-        for (int64_t p = 0; p < k; p++) memcpy(dst + p * w, src + p * sp, (size_t)w * sizeof(cg_real));
-        return;
-    }
     for (int64_t p = 0; p < k; p++) {
         cg_real *d = dst + p * w;
         const cg_real *s = src + p * sp;
