@@ -400,6 +400,12 @@ static int train_child(const void *arg, int threads, double sgemm) {
            "%.1f GFLOP/s = %.2f of sgemm, peak RSS %.0f MB\n",
            c->name, first_loss, last_loss, total, med * 1e3, times[0] * 1e3, times[opts.steps - 1] * 1e3,
            tokens / med, gflops, gflops / sgemm, rss);
+    long long runs_all, runs_one, probes;
+    cgi_cores_counts(&runs_all, &runs_one, &probes);
+    if (runs_one)
+        printf("%-12s cores guard: %lld of %lld runs on one thread, %lld probe(s): the other threads waited for a CPU "
+               "(another process held the cores; CGRAD_CORES_GUARD=off keeps every thread)\n",
+               c->name, runs_one, runs_all + runs_one, probes);
     if (nrefs)
         printf("%-12s sgemm between the timed steps: median %.1f GFLOP/s of %d (min %.1f, max %.1f); against the best of 3 "
                "before the config, %.1f: %.2f\n",
@@ -418,8 +424,8 @@ static int train_child(const void *arg, int threads, double sgemm) {
                "\"bf16_gemm_gflops\":%.1f, \"onednn_gemm_gflops\":%.1f, ",
                cg_bf16_kernel(), cg_bf16_dot_ratio(), amx, gflops / bf16_ref, bf16_ref, onednn_ref);
     }
-    printf("\"peak_rss_mb\":%.1f, \"plan_mb\":%.1f, \"cpu_ms_per_step\":%.3f}\n", rss,
-           (double)cg_graph_plan_bytes(g) / 1048576.0, med_cpu * 1e3);
+    printf("\"peak_rss_mb\":%.1f, \"plan_mb\":%.1f, \"cpu_ms_per_step\":%.3f, \"runs_one_thread\":%lld}\n", rss,
+           (double)cg_graph_plan_bytes(g) / 1048576.0, med_cpu * 1e3, runs_one);
     free(times);
     free(cpu);
     free(refs);

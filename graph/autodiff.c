@@ -237,7 +237,7 @@ cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
     if (g->ready_fn) ready_plan(g, loss);
     zero_once(loss);
     loss->grad[0] += 1;
-    const int was = cgi_run_begin(cgi_run_threads(g->work));
+    const cgi_run run = cgi_run_open(g->work, false);
     int seg_lo = -1, seg_hi = -1; /* the checkpoint segment whose recomputed values are swapped in */
     for (int i = loss->id; i >= 0; i--) {
         cg_tensor *t = g->nodes[i];
@@ -251,7 +251,7 @@ cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
                 if (s) {
                     cgi_ckpt_restore(g, lo, i);
                     g->ran_forward = false;
-                    cgi_run_end(was);
+                    cgi_run_close(&run);
                     return s;
                 }
                 seg_lo = lo, seg_hi = i;
@@ -274,7 +274,7 @@ cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
             t->grad_epoch = g->epoch;
         }
     }
-    cgi_run_end(was);
+    cgi_run_close(&run);
     /* Gradients took the memory of values that backward had finished reading, so another
      * backward needs a fresh forward. */
     g->ran_forward = false;

@@ -390,14 +390,14 @@ cg_status cg_graph_forward(cg_graph *g) {
     g->fwd_step = g->step;
     /* inside a team (cg_run_with_team) only the products are shared, through the team's pieces */
     const bool team = cgi_team_on();
-    const int was = cgi_run_begin(team ? 1 : cgi_run_threads(g->work));
+    const cgi_run run = cgi_run_open(g->work, team);
     if (team) cgi_team_run_begin();
     for (int i = 0; i < g->n && !s; i++) {
         cg_tensor *t = g->nodes[i];
         if (cgi_ops[t->op].kind == CGI_KIND_COMPUTE) s = cgi_run_forward(g, t);
     }
     if (team) cgi_team_run_end(g->work);
-    cgi_run_end(was);
+    cgi_run_close(&run);
     if (s) return s;
     if (g->mode == CG_TRAIN) g->step++;
     g->ran_forward = true;

@@ -232,14 +232,54 @@ void cgi_broadcast_strides(const cg_tensor *t, int ndim, const int64_t *shape, i
 cg_tensor *cgi_lora_linear(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *y);
 
 /* ---- threads ---- */
-/* Threads a kernel may use: the run's count (cgi_run_begin) inside a graph run, else cg_threads(). */
+/* Threads a kernel may use: the run's count (cgi_run_begin) inside a graph run, else cg_threads() (1 while
+ * the cores guard holds one thread). */
 int cgi_nthreads(void);
 #define CGI_RUN_PAR_MIN 1073741824.0 /* estimated multiply-adds below which a graph run stays on one thread */
-/* Threads a graph run of this much work (cgi_graph_work) uses: 1 below CGI_RUN_PAR_MIN, else all. */
+/* Threads a graph run of this much work (cgi_graph_work) uses: 1 below CGI_RUN_PAR_MIN or while the cores
+ * guard holds one thread, else all. */
 int cgi_run_threads(double work);
 /* Sets the calling thread's count for a graph run; returns the previous one for cgi_run_end. */
 int cgi_run_begin(int threads);
 void cgi_run_end(int was);
+/* The work below which a graph run stays on one thread: CGI_RUN_PAR_MIN or CGRAD_RUN_PAR_MIN. */
+double cgi_run_par_min(void);
+
+/* ---- the cores guard (graph/cores.c): one thread when the others get no core ---- */
+enum { CGI_CORES_WATCH, CGI_CORES_PROBE, CGI_CORES_HOLD, CGI_CORES_RETRY }; /* PROBE, HOLD: one thread */
+enum { CGI_CORES_WINDOW = 4 }; /* runs timed per side */
+typedef struct {
+    int phase, runs, settle, contended;
+    bool started;
+    int hold_len, quiet_len, quiet;                       /* runs one thread is held / the watch rests */
+    double t[2][CGI_CORES_WINDOW], w[2][CGI_CORES_WINDOW]; /* the last runs' seconds and work: [0] every thread, [1] one */
+    int filled[2];
+    long long runs_all, runs_one, switches;
+} cgi_cores_guard;
+/* True while g holds (or probes) one thread. */
+bool cgi_cores_one(const cgi_cores_guard *g);
+/* One finished run into g: its wall seconds, the run delay of the process's threads over it, its work. */
+void cgi_cores_feed(cgi_cores_guard *g, double seconds, double delay, double work);
+/* True while the process's guard has large runs (and the kernels outside runs) on one thread. */
+bool cgi_cores_holding_one(void);
+/* The guard's setting in words, for cg_runtime_info. */
+const char *cgi_cores_describe(void);
+/* Tests: 0 off, 1 on, 2 on and printing; resets the process's guard. */
+void cgi_cores_set_mode(int mode);
+/* Tests: 1 holds one thread, 0 every thread, whatever the guard measures; -1 lets it decide again. */
+void cgi_cores_force(int one);
+/* Large runs so far on every thread and on one, and the probes of either side. */
+void cgi_cores_counts(long long *runs_all, long long *runs_one, long long *switches);
+/* A graph run in progress: its thread count (cgi_run_begin) and, when the guard times it, its start. */
+typedef struct {
+    int was;
+    double work, t0, d0;
+    bool timed;
+} cgi_run;
+/* Opens a run of this much work (one: on one thread whatever it is, as inside a team). */
+cgi_run cgi_run_open(double work, bool one);
+/* Closes it, and feeds the guard when it was timed. */
+void cgi_run_close(const cgi_run *r);
 /* Estimated multiply-adds (or element operations) of one forward of g's compute nodes. */
 double cgi_graph_work(const cg_graph *g);
 /* True on the thread running cg_run_with_team's body: its products are cut into team pieces. */

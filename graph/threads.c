@@ -33,7 +33,7 @@ int cg_threads(void) {
 /* The thread count of the graph run in progress on this thread (0: none), see cgi_run_threads. */
 static _Thread_local int run_threads;
 
-int cgi_nthreads(void) { return run_threads > 0 ? run_threads : cg_threads(); }
+int cgi_nthreads(void) { return run_threads > 0 ? run_threads : cgi_cores_holding_one() ? 1 : cg_threads(); }
 
 /* Under OMP_WAIT_POLICY=passive (the CLI's choice, cli/main.c) a waiting thread sleeps at once and
  * each parallel region pays for waking it. In this KVM guest that costs far more than the 3.6 us of
@@ -47,13 +47,15 @@ int cgi_nthreads(void) { return run_threads > 0 ? run_threads : cg_threads(); }
  * busy process (67 tokens/s), which the passive policy exists to avoid. */
 static double run_par_min = -1; /* CGRAD_RUN_PAR_MIN, read once; the tests set 0 to keep every run parallel */
 
-int cgi_run_threads(double work) {
+double cgi_run_par_min(void) {
     if (run_par_min < 0) {
         const char *env = getenv("CGRAD_RUN_PAR_MIN");
         run_par_min = env && atof(env) >= 0 ? atof(env) : CGI_RUN_PAR_MIN;
     }
-    return work < run_par_min ? 1 : cg_threads();
+    return run_par_min;
 }
+
+int cgi_run_threads(double work) { return work < cgi_run_par_min() || cgi_cores_holding_one() ? 1 : cg_threads(); }
 
 int cgi_run_begin(int threads) {
     const int was = run_threads;
@@ -71,10 +73,12 @@ const char *cg_version(void) { return CGRAD_VERSION; }
 const char *cg_runtime_info(void) {
     static _Thread_local char line[512];
     const char *wp = getenv("OMP_WAIT_POLICY"), *spin = getenv("GOMP_SPINCOUNT");
-    snprintf(line, sizeof line, "cgrad %s, BLIS %s (%s threading), kernels %s (%s), %d thread(s), OMP_WAIT_POLICY=%s%s%s",
+    snprintf(line, sizeof line, "cgrad %s, BLIS %s (%s threading), kernels %s (%s), %d thread(s), OMP_WAIT_POLICY=%s%s%s, "
+             "cores guard %s",
              cg_version(), bli_info_get_version_str(), bli_info_get_enable_openmp() ? "OpenMP" : bli_info_get_enable_pthreads() ? "pthreads" : "no",
              cg_blas_kernels(), cg_blas_kernels_reason(), cg_threads(), wp ? wp : "unset (libgomp spins, then sleeps)",
-             spin ? ", GOMP_SPINCOUNT=" : "", spin ? spin : "");
+             spin ? ", GOMP_SPINCOUNT=" : "", spin ? spin : "",
+             cgi_cores_describe());
     return line;
 }
 
