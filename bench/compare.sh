@@ -106,8 +106,9 @@ print("ms per step, medians over rounds (range); speed-up = PyTorch / cgrad; mem
 print()
 print("| config | threads | cgrad | PyTorch fp32 best | speed-up | PyTorch's winner | PyTorch bf16 | vs bf16 "
       "| cgrad bf16 | cgrad bf16 vs PyTorch bf16 | cgrad sgemm fraction (against the best of 3 before) "
+      "| against BLIS's own sgemm "
       "| peak MB cgrad / PyTorch | cgrad bf16 peak MB |")
-print("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+print("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 for (name, b) in sorted(c, key=lambda k: (k[1], k[0])):
     if name.endswith("-gen"):  # generation rows have their own table
         continue
@@ -119,7 +120,7 @@ for (name, b) in sorted(c, key=lambda k: (k[1], k[0])):
     cbf = med(cb.get((name, b)), "ms_per_step")
     print(f"| {name} | {b} | {show(ca)} | {show(pf)} | {ratio(pf, ca)} | {win} | {bf} | {ratio(pb, ca)} | "
           f"{show(cbf)} | {ratio(pb, cbf)} | {show(med(a, 'sgemm_fraction'), '{:.2f}')} "
-          f"({show(med(a, 'sgemm_fraction_best_before'), '{:.2f}')}) | {mem} | "
+          f"({show(med(a, 'sgemm_fraction_best_before'), '{:.2f}')}) | {show(med(a, 'blis_sgemm_fraction'), '{:.2f}')} | {mem} | "
           f"{show(med(cb.get((name, b)), 'peak_rss_mb'))} |")
 print()
 print("| generation (gpt-tiny, 16 + 200 tokens, greedy), tokens/s | threads | cgrad | PyTorch fp32 best | ratio | PyTorch bf16 | cgrad bf16 |")

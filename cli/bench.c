@@ -5,11 +5,13 @@
  * high-water mark, and one process running every config would report the largest for all. The
  * parent never enters an OpenMP region (libgomp's pool does not survive fork), so the sgemm
  * reference is measured in a child too. */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #include <blis.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -122,12 +124,27 @@ typedef struct {
     float *a, *b, *c;
 } sgemm_ref;
 
+/* The operands are mapped, not malloc'ed, so that freeing them gives their pages back whatever
+ * malloc did in between (BLIS's pool lands after them on the heap): the peak memory read after
+ * the last step must not count them. */
+static float *ref_map(int64_t n) {
+    void *p = mmap(NULL, (size_t)(n * n) * sizeof(float), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static void ref_unmap(float *p, int64_t n) {
+    if (p) munmap(p, (size_t)(n * n) * sizeof(float));
+}
+
+static void sgemm_ref_free(sgemm_ref *s) {
+    ref_unmap(s->a, s->n), ref_unmap(s->b, s->n), ref_unmap(s->c, s->n);
+    *s = (sgemm_ref){0};
+}
+
 static bool sgemm_ref_init(sgemm_ref *s, int64_t n) {
-    *s = (sgemm_ref){n, malloc((size_t)(n * n) * sizeof(float)), malloc((size_t)(n * n) * sizeof(float)),
-                     malloc((size_t)(n * n) * sizeof(float))};
+    *s = (sgemm_ref){n, ref_map(n), ref_map(n), ref_map(n)};
     if (!s->a || !s->b || !s->c) {
-        free(s->a), free(s->b), free(s->c);
-        *s = (sgemm_ref){0};
+        sgemm_ref_free(s);
         return false;
     }
     cg_rng r;
@@ -136,20 +153,19 @@ static bool sgemm_ref_init(sgemm_ref *s, int64_t n) {
     return true;
 }
 
-static void sgemm_ref_free(sgemm_ref *s) {
-    free(s->a), free(s->b), free(s->c);
-    *s = (sgemm_ref){0};
-}
-
-/* GFLOP/s of one product C = A B */
-static double sgemm_ref_run(const sgemm_ref *s) {
+/* GFLOP/s of one product C = A B: through cgrad's driver, threaded as cgrad threads its own
+ * products (the reference the fraction is taken against), or (blis) BLIS's own threaded sgemm on
+ * the same kernels, which is what a plain call of BLIS gets */
+static double sgemm_ref_run(const sgemm_ref *s, bool blis) {
     const int64_t n = s->n;
     float one = 1.0f, zero = 0.0f;
     double t0 = now_s();
 #ifdef CGRAD_DOUBLE
-    bli_sgemm(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, n, n, n, &one, s->a, n, 1, s->b, n, 1, &zero, s->c, n, 1);
-#else /* threaded as cgrad threads its own products */
-    cgi_gemm(n, n, n, s->a, n, 1, s->b, n, 1, one, zero, s->c, n, 1, cg_threads());
+    blis = true;
+#endif
+    if (blis) bli_sgemm(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, n, n, n, &one, s->a, n, 1, s->b, n, 1, &zero, s->c, n, 1);
+#ifndef CGRAD_DOUBLE
+    else cgi_gemm(n, n, n, s->a, n, 1, s->b, n, 1, one, zero, s->c, n, 1, cg_threads());
 #endif
     return 2.0 * (double)n * (double)n * (double)n / (now_s() - t0) / 1e9;
 }
@@ -160,7 +176,7 @@ static double sgemm_gflops(int64_t n, int reps) {
     if (!sgemm_ref_init(&s, n)) return NAN;
     double best = 0;
     for (int k = 0; k <= reps; k++) {
-        const double g = sgemm_ref_run(&s);
+        const double g = sgemm_ref_run(&s, false);
         if (k > 0 && g > best) best = g;
     }
     sgemm_ref_free(&s);
@@ -351,9 +367,11 @@ static int train_child(const void *arg, int threads, double sgemm) {
     double *times = malloc((size_t)(opts.steps > 0 ? opts.steps : 1) * sizeof *times);
     double *cpu = malloc((size_t)(opts.steps > 0 ? opts.steps : 1) * sizeof *cpu);
     double *refs = malloc((size_t)(opts.steps > 0 ? opts.steps : 1) * sizeof *refs);
+    double *blis_refs = malloc((size_t)(opts.steps > 0 ? opts.steps : 1) * sizeof *blis_refs);
     double first_loss = NAN, last_loss = NAN, rss = 0;
     int nrefs = 0;
     sgemm_ref ref = {0};
+    double blis_pool_mb = 0;
     for (int k = 0; k < total; k++) {
         /* The reference product runs after each timed step too, so that it sees the machine the
          * steps see (the speed of these shared machines drifts). Its 48 MB come after the first
@@ -361,7 +379,13 @@ static int train_child(const void *arg, int threads, double sgemm) {
          * against what stays resident after the last step). */
         if (k == (opts.warmup > 0 ? opts.warmup : 1) && !ref.a) {
             rss = peak_rss_mb();
-            if (sgemm_ref_init(&ref, 2048)) sgemm_ref_run(&ref); /* its warm-up */
+            if (sgemm_ref_init(&ref, 2048)) {
+                sgemm_ref_run(&ref, false); /* the warm-ups */
+                /* BLIS keeps the packing blocks of its own driver in a pool for good: not the step's */
+                const double before = rss_now_mb();
+                sgemm_ref_run(&ref, true);
+                blis_pool_mb = rss_now_mb() - before;
+            }
         }
         double t0 = now_s(), c0 = cpu_s();
         cg_params_zero_grad(ps);
@@ -376,16 +400,21 @@ static int train_child(const void *arg, int threads, double sgemm) {
         if (k >= opts.warmup) times[k - opts.warmup] = dt, cpu[k - opts.warmup] = dc;
         /* twice: the first finds its operands evicted by the step (12% slower for encdec-base here),
          * the second runs warm, as the best of 3 before the config does */
-        if (k >= opts.warmup && ref.a) sgemm_ref_run(&ref), refs[nrefs++] = sgemm_ref_run(&ref);
+        if (k >= opts.warmup && ref.a) {
+            sgemm_ref_run(&ref, false);
+            refs[nrefs] = sgemm_ref_run(&ref, false);
+            blis_refs[nrefs++] = sgemm_ref_run(&ref, true);
+        }
     }
     sgemm_ref_free(&ref);
     if (!rss) rss = peak_rss_mb(); /* no reference ran: the peak is the step's */
     else {
-        const double now = rss_now_mb();
+        const double now = rss_now_mb() - blis_pool_mb;
         if (now > rss) rss = now;
     }
     const double sgemm_best = sgemm; /* best of 3 before the config, in a child of its own */
     if (nrefs) sgemm = median(refs, nrefs);
+    const double blis_sgemm = nrefs ? median(blis_refs, nrefs) : NAN;
     double med = median(times, opts.steps), med_cpu = median(cpu, opts.steps);
     int64_t n_matmul;
     double flops = step_flops(c, ps, d, attn, &n_matmul);
@@ -410,6 +439,10 @@ static int train_child(const void *arg, int threads, double sgemm) {
         printf("%-12s sgemm between the timed steps: median %.1f GFLOP/s of %d (min %.1f, max %.1f); against the best of 3 "
                "before the config, %.1f: %.2f\n",
                c->name, sgemm, nrefs, refs[0], refs[nrefs - 1], sgemm_best, gflops / sgemm_best);
+    if (nrefs)
+        printf("%-12s BLIS's own threaded sgemm on the same kernels (bli_sgemm), after each of those: median %.1f GFLOP/s "
+               "(min %.1f, max %.1f); against it: %.2f\n",
+               c->name, blis_sgemm, blis_refs[0], blis_refs[nrefs - 1], gflops / blis_sgemm);
     const bool bf16 = cg_default_precision() == CG_BF16;
     if (bf16) printf("%-12s %.2f of the bf16 GEMM reference (%.1f GFLOP/s)\n", c->name, gflops / bf16_ref, bf16_ref);
     printf("{\"config\":\"%s\", \"threads\":%d, \"precision\":\"%s\", \"batch\":%lld, \"context\":%lld, "
@@ -424,11 +457,13 @@ static int train_child(const void *arg, int threads, double sgemm) {
                "\"bf16_gemm_gflops\":%.1f, \"onednn_gemm_gflops\":%.1f, ",
                cg_bf16_kernel(), cg_bf16_dot_ratio(), amx, gflops / bf16_ref, bf16_ref, onednn_ref);
     }
+    if (nrefs) printf("\"blis_sgemm_gflops\":%.1f, \"blis_sgemm_fraction\":%.4f, ", blis_sgemm, gflops / blis_sgemm);
     printf("\"peak_rss_mb\":%.1f, \"plan_mb\":%.1f, \"cpu_ms_per_step\":%.3f, \"runs_one_thread\":%lld}\n", rss,
            (double)cg_graph_plan_bytes(g) / 1048576.0, med_cpu * 1e3, runs_one);
     free(times);
     free(cpu);
     free(refs);
+    free(blis_refs);
     cg_optim_free(opt);
     cg_graph_free(g);
     cg_model_free(m);
@@ -527,7 +562,8 @@ int cmd_bench(int argc, char **argv) {
            "#   sum_attn(keys) = key length summed over attention blocks (L*T; encdec: Le*S + Ld*(T+S)), tokens = B*T\n");
     printf("# sgemm fraction = model GFLOP/s / GFLOP/s of a 2048^3 product on the kernel set in use, the median of one\n"
            "#   warm run after each timed step (interleaved, so both see the same machine; the run before it, with\n"
-           "#   operands the step evicted, is not counted); the best of 3 just before the config is shown beside it\n");
+           "#   operands the step evicted, is not counted); the best of 3 just before the config is shown beside it;\n"
+           "#   BLIS's own threaded sgemm of the same operands and kernels (bli_sgemm) runs after each, for comparison\n");
     for (int i = 0; i < N_CONFIGS; i++) {
         if (strcmp(name, "all") && strcmp(name, configs[i].name)) continue;
         const double sgemm = measure_sgemm(2048, threads, false);
