@@ -9,8 +9,9 @@
  *
  * So each large run (the ones that use every thread, cgi_run_threads) reads how long the process's
  * threads waited for a CPU while it ran: the run delay of /proc/self/task/N/schedstat, time spent
- * runnable but not running. On an idle machine that is a few percent of a run (the vCPU wakes);
- * past a quarter of the run in two runs in a row, the next runs probe one thread. The faster side
+ * runnable but not running, which the guard takes per thread of the run. On an idle machine that
+ * is under 1% of a run (the vCPU wakes); past an eighth of the run in two runs in a row, the next
+ * runs probe one thread. The faster side
  * per unit of work (cgi_graph_work) is then held: one thread for HOLD_MIN runs, doubling while it
  * keeps winning, before every thread is timed again; or every thread, with the watch paused for
  * HOLD_MIN runs, doubling. Each side is timed over WINDOW runs (two forwards and two backwards)
@@ -31,7 +32,7 @@
 #include "graph/internal.h"
 
 enum { WINDOW = CGI_CORES_WINDOW, HOLD_MIN = 16, HOLD_MAX = 1024 };
-#define DELAY_SHARE 0.25 /* run delay summed over the threads, as a share of the run's wall time */
+#define DELAY_SHARE 0.125 /* run delay per thread of the run, as a share of its wall time */
 #define ONE_KEEPS 1.02   /* one thread wins unless every thread is this much faster */
 
 static const char *phase_name[] = {"watch", "probe one thread", "hold one thread", "retry every thread"};
@@ -162,7 +163,7 @@ static double now_s(void) {
 
 cgi_run cgi_run_open(double work, bool one) {
     const int threads = one ? 1 : cgi_run_threads(work);
-    cgi_run r = {cgi_run_begin(threads), work, 0, 0, false};
+    cgi_run r = {cgi_run_begin(threads), threads, work, 0, 0, false};
     /* the outermost run of one that every thread could take: timed for the guard */
     if (!one && r.was == 0 && cg_threads() > 1 && work >= cgi_run_par_min() && guard_mode()) {
         r.d0 = run_delay();
@@ -180,14 +181,14 @@ void cgi_run_close(const cgi_run *r) {
     pthread_mutex_lock(&guard_lock);
     const int before = guard.phase;
     const bool one = cgi_cores_one(&guard);
-    cgi_cores_feed(&guard, dt, d1 - r->d0, r->work);
+    cgi_cores_feed(&guard, dt, (d1 - r->d0) / r->threads, r->work);
     atomic_store_explicit(&holding, cgi_cores_one(&guard), memory_order_relaxed);
     if (guard_mode() == 3)
-        fprintf(stderr, "cores guard: %s run of %.1f ms, run delay %.0f%% of it\n", one ? "one-thread" : "all-thread",
-                1e3 * dt, 100 * (d1 - r->d0) / dt);
+        fprintf(stderr, "cores guard: %s run of %.1f ms, run delay %.0f%% of it a thread\n", one ? "one-thread" : "all-thread",
+                1e3 * dt, 100 * (d1 - r->d0) / r->threads / dt);
     if (guard_mode() >= 2 && guard.phase != before)
-        fprintf(stderr, "cores guard: %s -> %s (run of %.1f ms, run delay %.0f%% of it; per unit of work: every "
-                "thread %.3g, one %.3g)\n", phase_name[before], phase_name[guard.phase], 1e3 * dt,
-                100 * (d1 - r->d0) / dt, rate(&guard, 0), rate(&guard, 1));
+        fprintf(stderr, "cores guard: %s -> %s (run of %.1f ms, run delay %.0f%% of it a thread; per unit of work: "
+                "every thread %.3g, one %.3g)\n", phase_name[before], phase_name[guard.phase], 1e3 * dt,
+                100 * (d1 - r->d0) / r->threads / dt, rate(&guard, 0), rate(&guard, 1));
     pthread_mutex_unlock(&guard_lock);
 }

@@ -258,13 +258,14 @@ typedef struct {
 } cgi_cores_guard;
 /* True while g holds (or probes) one thread. */
 bool cgi_cores_one(const cgi_cores_guard *g);
-/* One finished run into g: its wall seconds, the run delay of the process's threads over it, its work. */
+/* One finished run into g: its wall seconds, the run delay of the process's threads over it per thread
+ * of the run, its work. */
 void cgi_cores_feed(cgi_cores_guard *g, double seconds, double delay, double work);
 /* True while the process's guard has large runs (and the kernels outside runs) on one thread. */
 bool cgi_cores_holding_one(void);
 /* The guard's setting in words, for cg_runtime_info. */
 const char *cgi_cores_describe(void);
-/* Tests: 0 off, 1 on, 2 on and printing; resets the process's guard. */
+/* Tests: 0 off, 1 on, 2 printing decisions, 3 and every run; resets the process's guard. */
 void cgi_cores_set_mode(int mode);
 /* Tests: 1 holds one thread, 0 every thread, whatever the guard measures; -1 lets it decide again. */
 void cgi_cores_force(int one);
@@ -272,7 +273,7 @@ void cgi_cores_force(int one);
 void cgi_cores_counts(long long *runs_all, long long *runs_one, long long *switches);
 /* A graph run in progress: its thread count (cgi_run_begin) and, when the guard times it, its start. */
 typedef struct {
-    int was;
+    int was, threads;
     double work, t0, d0;
     bool timed;
 } cgi_run;
