@@ -11,16 +11,16 @@
  * threads waited for a CPU while it ran: the run delay of /proc/self/task/N/schedstat, time spent
  * runnable but not running, which the guard takes per thread of the run. On an idle machine that
  * is under 1% of a run (the vCPU wakes); past an eighth of the run in two runs in a row, the next
- * runs probe one thread. The faster side
- * per unit of work (cgi_graph_work) is then held: one thread for HOLD_MIN runs, doubling while it
- * keeps winning, before every thread is timed again; or every thread, with the watch paused for
- * HOLD_MIN runs, doubling. Each side is timed over WINDOW runs (two forwards and two backwards)
- * after one run that lets a switch settle. One thread keeps ties within 2%: it wins the same speed
- * on half the CPU.
+ * runs probe one thread. The faster side per unit of work (cgi_graph_work) is then held: one thread
+ * for HOLD_MIN runs, doubling while it keeps winning, before every thread is timed again; or every
+ * thread, with the watch paused for HOLD_MIN runs, doubling. Each side is timed over WINDOW runs
+ * (two forwards and two backwards) after one run that lets a switch settle. One thread keeps ties
+ * within 2%: it wins the same speed on half the CPU.
  *
- * Results do not depend on the thread count (every reduction has fixed partitions; test_threads
+ * Results do not depend on the thread count (every reduction has fixed partitions; test_cores
  * trains across forced switches bit for bit), so a switch changes the speed only.
- * CGRAD_CORES_GUARD=off keeps every large run on every thread; =stats prints each decision, =trace each run too. */
+ * CGRAD_CORES_GUARD=off keeps every large run on every thread; =stats prints each decision, =trace
+ * each run too. */
 #include <dirent.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -99,7 +99,7 @@ static cgi_cores_guard guard;                /* under guard_lock */
 static pthread_mutex_t guard_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic bool holding;                 /* cgi_cores_one(&guard), for readers without the lock */
 static _Atomic int forced = -1;              /* tests: 1 one thread, 0 every thread, -1 the guard decides */
-static int mode = -1; /* 0 off, 1 on, 2 printing decisions, 3 and every run; CGRAD_CORES_GUARD, read once */
+static _Atomic int mode = -1; /* 0 off, 1 on, 2 printing decisions, 3 and every run; CGRAD_CORES_GUARD, read once */
 
 static int guard_mode(void) {
     if (mode < 0) {
