@@ -116,7 +116,8 @@ const char *cgi_cores_describe(void) {
 
 void cgi_cores_set_mode(int m) {
     pthread_mutex_lock(&guard_lock);
-    mode = m, guard = (cgi_cores_guard){0};
+    atomic_store(&mode, m);
+    guard = (cgi_cores_guard){0};
     atomic_store(&holding, false);
     pthread_mutex_unlock(&guard_lock);
 }
