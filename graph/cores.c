@@ -135,6 +135,17 @@ void cgi_cores_counts(long long *runs_all, long long *runs_one, long long *switc
     pthread_mutex_unlock(&guard_lock);
 }
 
+const char *cgi_cores_summary(void) {
+    static _Thread_local char line[256];
+    long long all, one, probes;
+    cgi_cores_counts(&all, &one, &probes);
+    if (!one) return NULL;
+    snprintf(line, sizeof line, "cores guard: %lld of %lld graph runs on one thread, %lld probe(s): the other threads "
+             "waited for a CPU (another process held the cores; CGRAD_CORES_GUARD=off keeps every thread)", one, all + one,
+             probes);
+    return line;
+}
+
 /* Seconds the process's threads have spent runnable but not running, summed; negative where
  * /proc/self/task/N/schedstat cannot be read (the guard then stays out of the way). */
 static double run_delay(void) {

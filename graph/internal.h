@@ -271,6 +271,8 @@ void cgi_cores_set_mode(int mode);
 void cgi_cores_force(int one);
 /* Large runs so far on every thread and on one, and the probes of either side. */
 void cgi_cores_counts(long long *runs_all, long long *runs_one, long long *switches);
+/* A sentence on the runs the guard held on one thread, for a command's summary; NULL when it held none. */
+const char *cgi_cores_summary(void);
 /* A graph run in progress: its thread count (cgi_run_begin) and, when the guard times it, its start. */
 typedef struct {
     int was, threads;
