@@ -21,13 +21,19 @@
  * trains across forced switches bit for bit), so a switch changes the speed only.
  * CGRAD_CORES_GUARD=off keeps every large run on every thread; =stats prints each decision, =trace
  * each run too. */
-#include <dirent.h>
+#define _DEFAULT_SOURCE /* syscall */
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <omp.h>
 
 #include "graph/internal.h"
 
@@ -147,30 +153,44 @@ const char *cgi_cores_summary(void) {
 }
 
 /* Seconds the process's threads have spent runnable but not running, summed; negative where
- * /proc/self/task/N/schedstat cannot be read (the guard then stays out of the way). */
+ * /proc/self/task/N/schedstat cannot be read (the guard then stays out of the way). With file
+ * descriptors and buffers on the stack: no allocation in a training loop (opendir and stdio's FILE
+ * would take some on every run). */
+typedef struct { /* the kernel's record from getdents64 */
+    uint64_t ino;
+    int64_t off;
+    unsigned short reclen;
+    unsigned char type;
+    char name[];
+} linux_dirent64;
+
 static double run_delay(void) {
-    DIR *d = opendir("/proc/self/task");
-    if (!d) return -1;
+    const int dir = open("/proc/self/task", O_RDONLY | O_DIRECTORY);
+    if (dir < 0) return -1;
     double sum = 0;
     bool any = false;
-    for (struct dirent *e; (e = readdir(d));) {
-        if (e->d_name[0] == '.') continue;
-        char path[64];
-        snprintf(path, sizeof path, "/proc/self/task/%.20s/schedstat", e->d_name);
-        FILE *f = fopen(path, "r");
-        if (!f) continue;
-        unsigned long long cpu, wait;
-        if (fscanf(f, "%llu %llu", &cpu, &wait) == 2) sum += (double)wait * 1e-9, any = true;
-        fclose(f);
-    }
-    closedir(d);
+    char ents[4096];
+    for (long got; (got = syscall(SYS_getdents64, dir, ents, sizeof ents)) > 0;)
+        for (long at = 0; at < got;) {
+            unsigned short reclen;
+            memcpy(&reclen, ents + at + offsetof(linux_dirent64, reclen), sizeof reclen);
+            const char *name = ents + at + offsetof(linux_dirent64, name);
+            at += reclen;
+            if (name[0] == '.') continue;
+            char path[64], text[128];
+            snprintf(path, sizeof path, "%.20s/schedstat", name);
+            const int f = openat(dir, path, O_RDONLY);
+            if (f < 0) continue;
+            const ssize_t n = read(f, text, sizeof text - 1);
+            close(f);
+            if (n <= 0) continue;
+            text[n] = 0;
+            char *end;
+            strtoull(text, &end, 10); /* the thread's CPU time, then its run delay, in ns */
+            sum += (double)strtoull(end, NULL, 10) * 1e-9, any = true;
+        }
+    close(dir);
     return any ? sum : -1;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 cgi_run cgi_run_open(double work, bool one) {
@@ -180,7 +200,7 @@ cgi_run cgi_run_open(double work, bool one) {
     if (!one && r.was == 0 && cg_threads() > 1 && work >= cgi_run_par_min() && guard_mode()) {
         r.d0 = run_delay();
         r.timed = r.d0 >= 0;
-        r.t0 = now_s();
+        r.t0 = omp_get_wtime();
     }
     return r;
 }
@@ -188,7 +208,7 @@ cgi_run cgi_run_open(double work, bool one) {
 void cgi_run_close(const cgi_run *r) {
     cgi_run_end(r->was);
     if (!r->timed) return;
-    const double dt = now_s() - r->t0, d1 = run_delay();
+    const double dt = omp_get_wtime() - r->t0, d1 = run_delay();
     if (d1 < 0) return;
     pthread_mutex_lock(&guard_lock);
     const int before = guard.phase;

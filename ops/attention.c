@@ -662,18 +662,23 @@ static cg_real row_dot(const cg_real *x, const cg_real *y, int64_t n) {
  * hold all of its gradient and nothing has written it this pass, those products assign (beta 0)
  * instead of adding into a gradient zeroed first: encdec-base zeroed 63 MB a step for them. Others
  * are zeroed as before (cgi_grad_prepare). */
+/* Whether input j of t needs a gradient and is a view of root. */
+static bool grad_of(const cg_tensor *t, int j, const cg_tensor *root) {
+    return t->src[j]->requires_grad && t->src[j]->root == root;
+}
+
 static void claim_qkv(cg_tensor *t, bool one_write, bool assign[3]) {
     for (int i = 0; i < 3; i++) {
-        cg_tensor *x = t->src[i], *views[3];
+        cg_tensor *root = t->src[i]->root, *views[3];
         bool seen = false;
-        for (int j = 0; j < i; j++) seen |= t->src[j]->requires_grad && t->src[j]->root == x->root;
-        if (!x->requires_grad || seen) continue; /* done with the first input of its node */
+        for (int j = 0; j < i; j++) seen |= grad_of(t, j, root);
+        if (!t->src[i]->requires_grad || seen) continue; /* done with the first input of its node */
         int n = 0;
         for (int j = i; j < 3; j++)
-            if (t->src[j]->requires_grad && t->src[j]->root == x->root) views[n++] = t->src[j];
+            if (grad_of(t, j, root)) views[n++] = t->src[j];
         const bool first = one_write && cgi_grad_begin_views(views, n);
         for (int j = i; j < 3; j++)
-            if (t->src[j]->requires_grad && t->src[j]->root == x->root) {
+            if (grad_of(t, j, root)) {
                 assign[j] = first;
                 if (!first) cgi_grad_prepare(t->src[j]);
             }
