@@ -291,6 +291,9 @@ bool cgi_team_on(void);
 bool cgi_team_sharing(void);
 /* fn(ctx, 0 .. pieces-1), shared with the team's helpers when they are awake; returns when all are done. */
 void cgi_team_pieces(void (*fn)(void *ctx, int piece), void *ctx, int pieces);
+/* Whether thread 0's wait of `waited` s for the helpers' last pieces, after `own` s on its own
+ * pieces, means a helper was switched out mid-piece (a stall), not an uneven split. */
+bool cgi_team_stalled(double waited, double own);
 /* Around each graph run inside a team: the guard times it per unit of work (graph/team.c). */
 void cgi_team_run_begin(void);
 void cgi_team_run_end(double work);

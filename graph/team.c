@@ -34,7 +34,7 @@ enum {
 };
 #define SPIN_S 200e-6   /* a helper spins this long after its last piece, then yields */
 #define YIELD_S 2e-3    /* ... yields this long, then sleeps in short naps */
-#define STALL_S 300e-6  /* thread 0 waiting this long for a started piece: the helper was switched out */
+#define STALL_S 300e-6  /* thread 0 waiting this long (see cgi_team_stalled): the helper was switched out */
 
 typedef struct {
     _Atomic uint64_t claim; /* task number << 32 | pieces << 16 | next piece to take */
@@ -142,7 +142,9 @@ void cgi_team_pieces(void (*fn)(void *ctx, int piece), void *ctx, int pieces) {
         for (const double t0 = omp_get_wtime();
              !(atomic_load_explicit(&tm->claim, memory_order_acquire) & 0xffff) && omp_get_wtime() - t0 < 0.1;)
             sched_yield();
+    const double t_own = omp_get_wtime();
     const int mine = take_pieces(tm, task);
+    const double own = omp_get_wtime() - t_own; /* thread 0's pieces: at least the first, the largest */
     atomic_fetch_add_explicit(&stat_pieces, pieces, memory_order_relaxed);
     if (mine < pieces) atomic_fetch_add_explicit(&stat_helper_pieces, pieces - mine, memory_order_relaxed);
     if (atomic_load_explicit(&tm->finished, memory_order_acquire) >= pieces) return;
@@ -150,8 +152,13 @@ void cgi_team_pieces(void (*fn)(void *ctx, int piece), void *ctx, int pieces) {
     while (atomic_load_explicit(&tm->finished, memory_order_acquire) < pieces) spin_pause();
     const double waited = omp_get_wtime() - t0; /* the tail: what an uneven split costs thread 0 */
     atomic_fetch_add_explicit(&stat_wait_ns, (long long)(1e9 * waited), memory_order_relaxed);
-    if (waited > STALL_S) tm->stalled = true;
+    if (cgi_team_stalled(waited, own)) tm->stalled = true;
 }
+
+/* A helper's piece takes no longer than thread 0's first, the largest: a wait over twice thread
+ * 0's own pieces is no uneven split. Without that bound a matrix product's pieces (uncached
+ * generation), which can run longer than STALL_S, would read as stalls and rest the helpers. */
+bool cgi_team_stalled(double waited, double own) { return waited > STALL_S && waited > 2 * own; }
 
 /* ---- the guard: helpers or not, by time per unit of work over windows of runs ---- */
 

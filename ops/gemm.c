@@ -113,12 +113,12 @@ static bool cut_rows(const cgi_gemm_job *j) { return j->m >= j->n; }
  * [256, 768] product (12.6M) took as long on two threads as on one here, a [128, 256] one 1.28x
  * less: below some 8M a piece, packing and waking the other thread eat the gain. A team's helpers
  * (graph/team.c) are awake already: there a vector piece of 64 outputs (2^15 multiply-adds, 128 kB
- * of gpt-tiny's weights, ~5 us) pays. A team cuts no other product: uncached generation steps
- * (16-216 rows) lost 8% on one thread to pieces of 2^23 and gained nothing on two. */
+ * of gpt-tiny's weights, ~5 us) pays. Matrix products are cut in a team as outside one: uncached
+ * gpt-tiny generation (steps of 16-216 rows, 89% in products) ran 171-173 tokens/s on two threads
+ * with them whole, as on one, and 229-236 with them cut. */
 static int pieces_of(const cgi_gemm_job *j, int want, bool team) {
     const int64_t len = cut_rows(j) ? j->m : j->n;
     const bool vec = j->m == 1 || j->n == 1;
-    if (team && !vec) return 1;
     const double work = (double)j->m * (double)j->n * (double)j->k;
     const double min_work = vec ? (team ? 1 << 15 : 1 << 16) : 1 << 23;
     const int64_t min_len = vec ? (team ? 64 : 256) : 32;
@@ -162,7 +162,8 @@ static void run_team_piece(void *ctx, int q) {
  * to whichever thread is free first. Each piece is one stream through a slab of the weight, and
  * short streams lose to the hardware prefetcher's ramp and the claims' cache-line traffic: cached
  * gpt-tiny generation on two threads read 2122-2169 tokens/s with up to 16 pieces against
- * 2487-2510 with 3 (2459-2503 with 2: nothing left for the faster thread to balance with). */
+ * 2487-2510 with 3 (2459-2503 with 2: nothing left for the faster thread to balance with).
+ * Matrix products (uncached generation) read the same at 3, 4, 6 and 8 pieces: 3 serves both. */
 enum { TEAM_PIECES = 3 };
 
 /* Inside a team a product's pieces taper: the first half weigh 2, the rest 1. Pieces are claimed in
@@ -191,11 +192,12 @@ typedef struct {
 
 static void gemm_many(const cgi_gemm_job *jobs, int njobs, int threads, unsigned fl, const extra_tasks *ex) {
     blis_ready();
-    /* Inside a team, matrix-vector products are cut into pieces of whole 32-row blocks while the
-     * helpers are awake, and not at all while they rest or at one thread: a cut cost ~4% of a
-     * cached token on one thread (1730-1747 -> 1616-1686 tokens/s). BLIS's sgemv runs its fused
-     * 8-row dot kernel on row groups from the first row, so a cut on multiples of 32 gives the
-     * same bits as the whole (test_threads checks the tokens at 1 and 2 threads). */
+    /* Inside a team, products are cut into pieces of whole 32-row blocks while the helpers are
+     * awake, and not at all while they rest or at one thread: a cut cost ~4% of a cached token on
+     * one thread (1730-1747 -> 1616-1686 tokens/s). BLIS's sgemv runs its fused 8-row dot kernel
+     * on row groups from the first row, and a matrix product's cut never splits the depth, so a
+     * cut on multiples of 32 gives the same bits as the whole (test_threads checks the tokens at
+     * 1 and 2 threads). */
     const bool team = cgi_team_on(), share = team && cgi_team_sharing();
     if (team || (threads > 1 && omp_in_parallel())) threads = 1; /* never nest a team inside a team */
     double total = 0;

@@ -105,23 +105,24 @@ typedef struct {
     cg_tensor *w[3];
     cg_real *y; /* the last run's output, copied out */
     int runs;
+    int64_t rows; /* tokens a run: 1 as a cached generation step, more as an uncached one */
 } chain;
 
-/* `runs` graph runs of one token through three gpt-tiny-sized linears (768, 1024 and 256 outputs),
- * the way a generation step streams its weights; the last output is kept. */
+/* `runs` graph runs of `rows` tokens through three gpt-tiny-sized linears (768, 1024 and 256
+ * outputs), the way a generation step streams its weights; the last output is kept. */
 static cg_status chain_runs(void *ctx) {
     chain *c = ctx;
     cg_graph *g = cg_graph_new(CG_EVAL);
     cg_status st = CG_OK;
     for (int r = 0; r < c->runs && !st; r++) {
         cg_graph_reset(g);
-        cg_tensor *x = cg_input(g, "x", CG_REAL, 2, S(1, 256));
-        for (int i = 0; i < 256; i++) cg_data(x)[i] = (cg_real)sin(0.37 * i + r);
-        cg_tensor *h = cg_gelu_tanh(g, cg_linear(g, x, c->w[0], NULL)); /* [1, 768] */
-        h = cg_linear(g, cg_slice(g, h, 1, 0, 256), c->w[1], NULL);    /* [1, 1024] */
-        h = cg_linear(g, h, c->w[2], NULL);                              /* [1, 256] */
+        cg_tensor *x = cg_input(g, "x", CG_REAL, 2, S(c->rows, 256));
+        for (int64_t i = 0; i < c->rows * 256; i++) cg_data(x)[i] = (cg_real)sin(0.37 * (double)i + r);
+        cg_tensor *h = cg_gelu_tanh(g, cg_linear(g, x, c->w[0], NULL)); /* [rows, 768] */
+        h = cg_linear(g, cg_slice(g, h, 1, 0, 256), c->w[1], NULL);    /* [rows, 1024] */
+        h = cg_linear(g, h, c->w[2], NULL);                              /* [rows, 256] */
         if (!h || (st = cg_graph_forward(g))) break;
-        memcpy(c->y, cg_data(h), 256 * sizeof(cg_real));
+        memcpy(c->y, cg_data(h), (size_t)(c->rows * 256) * sizeof(cg_real));
     }
     cg_graph_free(g);
     return st ? st : g ? CG_OK : CG_ERR_NOMEM;
@@ -189,15 +190,21 @@ static cgi_team_counts team_delta(const cgi_team_counts *a) {
                              b.wait_ns - a->wait_ns};
 }
 
-static void test_team_products_match_one_thread(void) {
+/* Products in a team: matrix-vector (rows 1) and matrix (rows 96: every product over 2^23
+ * multiply-adds, so cut as outside a team) alike give one thread's bits, and the helpers take
+ * pieces of them. */
+static void test_team_products_match_one_thread(int64_t rows) {
     cg_params *ps = cg_params_new();
     chain c = {{cg_params_add(ps, "w0", 2, S(768, 256)), cg_params_add(ps, "w1", 2, S(1024, 256)),
                 cg_params_add(ps, "w2", 2, S(256, 1024))},
-               NULL, 60};
+               NULL, rows > 1 ? 10 : 60, rows};
     cg_rng r;
     cg_rng_seed(&r, 3);
     for (int i = 0; i < 3; i++) cg_fill_normal(c.w[i], &r, 0, 0.05);
-    cg_real one[256], team[256];
+    enum { MAX_ROWS = 96 };
+    CHECK(rows <= MAX_ROWS, "rows %lld", (long long)rows);
+    static cg_real one[MAX_ROWS * 256], team[MAX_ROWS * 256];
+    const int n = (int)rows * 256;
     cg_set_threads(1);
     c.y = one;
     CHECK(cg_run_with_team(chain_runs, &c) == CG_OK, "%s", cg_last_error());
@@ -213,11 +220,12 @@ static void test_team_products_match_one_thread(void) {
         CHECK(cg_run_with_team(chain_runs, &c) == CG_OK, "%s", cg_last_error());
         pieces = team_delta(&before).helper_pieces;
         int diff = -1;
-        for (int i = 0; i < 256 && diff < 0; i++)
+        for (int i = 0; i < n && diff < 0; i++)
             if (memcmp(&one[i], &team[i], sizeof one[i])) diff = i;
-        CHECK(diff < 0, "team output %d: %.9g, one thread %.9g", diff, diff < 0 ? 0 : team[diff], diff < 0 ? 0 : one[diff]);
+        CHECK(diff < 0, "rows %lld: team output %d: %.9g, one thread %.9g", (long long)rows, diff,
+              diff < 0 ? 0 : team[diff], diff < 0 ? 0 : one[diff]);
     }
-    CHECK(pieces > 0, "the helpers took no piece in 100 spans of 60 runs");
+    CHECK(pieces > 0, "rows %lld: the helpers took no piece in 100 spans of %d runs", (long long)rows, c.runs);
     cgi_team_set_guard(CGI_TEAM_GUARD_AUTO);
     cgi_team_wait_for_helpers(false);
     cg_set_threads(0);
@@ -305,6 +313,14 @@ static void test_team_attention(void) {
     }
 }
 
+/* A stall is a long wait after short pieces of thread 0's own, not a long wait after long ones. */
+static void test_team_stall(void) {
+    CHECK(cgi_team_stalled(500e-6, 10e-6), "a 500 us wait after 10 us pieces (a cached token's) is a stall");
+    CHECK(!cgi_team_stalled(200e-6, 10e-6), "a 200 us wait is no stall");
+    CHECK(!cgi_team_stalled(500e-6, 400e-6), "a 500 us wait after 400 us of thread 0's own pieces is an uneven split");
+    CHECK(cgi_team_stalled(900e-6, 400e-6), "900 us after 400 us is a stall");
+}
+
 /* Sampled generation of a two-layer gpt-tiny: the same tokens on 1 thread, on 2 with the team's
  * helpers, and on 2 with the guard forced to rest them (which must happen after its first probe). */
 static void test_team_generation(void) {
@@ -357,8 +373,10 @@ int main(void) {
     test_small_runs_stay_on_one_thread();
     test_bf16_products_follow_the_run();
     test_team_pieces();
-    test_team_products_match_one_thread();
+    test_team_products_match_one_thread(1);
+    test_team_products_match_one_thread(96);
     test_team_attention();
+    test_team_stall();
     test_team_generation();
     TEST_END();
 }
