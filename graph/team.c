@@ -144,7 +144,7 @@ void cgi_team_pieces(void (*fn)(void *ctx, int piece), void *ctx, int pieces) {
             sched_yield();
     const double t_own = omp_get_wtime();
     const int mine = take_pieces(tm, task);
-    const double own = omp_get_wtime() - t_own; /* thread 0's pieces: at least the first, the largest */
+    const double own = omp_get_wtime() - t_own; /* thread 0's own pieces (it claims until none is left) */
     atomic_fetch_add_explicit(&stat_pieces, pieces, memory_order_relaxed);
     if (mine < pieces) atomic_fetch_add_explicit(&stat_helper_pieces, pieces - mine, memory_order_relaxed);
     if (atomic_load_explicit(&tm->finished, memory_order_acquire) >= pieces) return;
@@ -155,9 +155,11 @@ void cgi_team_pieces(void (*fn)(void *ctx, int piece), void *ctx, int pieces) {
     if (cgi_team_stalled(waited, own)) tm->stalled = true;
 }
 
-/* A helper's piece takes no longer than thread 0's first, the largest: a wait over twice thread
- * 0's own pieces is no uneven split. Without that bound a matrix product's pieces (uncached
- * generation), which can run longer than STALL_S, would read as stalls and rest the helpers. */
+/* Thread 0 claims pieces until none is left, so an uneven split makes it wait at most for the rest
+ * of one helper's piece, and no piece weighs more than twice another (ops/gemm.c tapers 2:1): a
+ * wait over twice thread 0's own pieces is a helper switched out. Without that bound a matrix
+ * product's pieces (uncached generation), which can run longer than STALL_S, would read as stalls
+ * and rest the helpers. */
 bool cgi_team_stalled(double waited, double own) { return waited > STALL_S && waited > 2 * own; }
 
 /* ---- the guard: helpers or not, by time per unit of work over windows of runs ---- */
