@@ -431,7 +431,8 @@ static int train_child(const void *arg, int threads, double sgemm) {
            tokens / med, gflops, gflops / sgemm, rss);
     long long runs_all, runs_one, probes;
     cgi_cores_counts(&runs_all, &runs_one, &probes);
-    if (cgi_cores_summary()) printf("%-12s %s\n", c->name, cgi_cores_summary());
+    const char *guard_line = cgi_cores_summary();
+    if (guard_line) printf("%-12s %s\n", c->name, guard_line);
     if (nrefs)
         printf("%-12s sgemm between the timed steps: median %.1f GFLOP/s of %d (min %.1f, max %.1f); against the best of 3 "
                "before the config, %.1f: %.2f\n",

@@ -560,7 +560,8 @@ int cmd_train(int argc, char **argv) {
     if (interrupted) printf("interrupted at step %lld; continue with: cgrad train --resume %s\n", (long long)r.step,
                             o.checkpoint);
     else if (!st && r.rank == 0) cli_task_show(stdout, &r.task, r.model, (int)o.samples, o.seed);
-    if (cgi_cores_summary()) printf("%s\n", cgi_cores_summary()); /* why steps may have run at one thread's speed */
+    const char *guard_line = cgi_cores_summary(); /* why steps may have run at one thread's speed */
+    if (guard_line) printf("%s\n", guard_line);
     const double train_loss = r.win_n ? r.win_sum / (double)r.win_n : r.last_train;
     printf("final step=%lld train_loss=%.4f val_loss=%.4f tokens_per_s=%.1f\n", (long long)r.step, train_loss, r.last_val,
            r.train_s > 0 ? (double)r.tokens_run / r.train_s : 0.0);

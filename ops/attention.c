@@ -656,16 +656,17 @@ static cg_real row_dot(const cg_real *x, const cg_real *y, int64_t n) {
     return s;
 }
 
+/* Whether input j of t needs a gradient and is a view of root. */
+static bool grad_of(const cg_tensor *t, int j, const cg_tensor *root) {
+    return t->src[j]->requires_grad && t->src[j]->root == root;
+}
+
 /* With one query block a head (and one query head a key head), each head's dQ, dK and dV rows come
  * from one product each, written in full (rows that see no key get zeros). Where q, k and v that
  * share a node (self-attention's split projection; cross-attention's q alone and its split k and v)
  * hold all of its gradient and nothing has written it this pass, those products assign (beta 0)
  * instead of adding into a gradient zeroed first: encdec-base zeroed 63 MB a step for them. Others
  * are zeroed as before (cgi_grad_prepare). */
-/* Whether input j of t needs a gradient and is a view of root. */
-static bool grad_of(const cg_tensor *t, int j, const cg_tensor *root) {
-    return t->src[j]->requires_grad && t->src[j]->root == root;
-}
 
 static void claim_qkv(cg_tensor *t, bool one_write, bool assign[3]) {
     for (int i = 0; i < 3; i++) {
