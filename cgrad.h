@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* cgrad umbrella header: includes the module headers, nothing else. */
 #ifndef CGRAD_H
 #define CGRAD_H

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Installs what cgrad needs on Debian 12 and is missing, nothing else; safe to run again.
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libblis-dev zlib1g-dev libcjson-dev libdnnl-dev nodejs doxygen graphviz clang-14 libclang-rt-14-dev libomp-14-dev libopenmpi-dev openmpi-bin)

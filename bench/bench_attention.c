@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* bench_attention: the fused attention's options against plain cg_sdpa, forward + backward, side by
  * side: ALiBi, T5's relative bias table, a given [1, H, T, T] bias tensor, dropout, and the composite
  * (matmul -> masked softmax -> dropout -> matmul) that attention dropout used before. Each variant is

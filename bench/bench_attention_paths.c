@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* bench_attention_paths: the fused attention's own forward and backward (cgi_fwd_attention,
  * cgi_bwd_attention; nothing else of the graph) on its two product paths for heads that keep their
  * probabilities (Tk <= 256): the direct AVX-512 tiles (ops/attention_kernels.c) and BLIS's micro-

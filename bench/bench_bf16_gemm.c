@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* bench_bf16_gemm: the two bf16 product kernels (oneDNN's vdpbf16ps matmul and the fp32 units with
  * the operands widened as they are packed) beside cgrad's fp32 product (BLIS's micro-kernel, the
  * same driver) on 2048^3 and the zoo's linear shapes, laid out as linear lays them (forward

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* bench_head: a language model's loss head, fused (cg_linear_cross_entropy) against the composite
  * (cg_linear, then cg_cross_entropy on the full [rows, vocab] logits), forward + backward, 1 chunk
  * or many, interleaved repetitions. Usage: bench_head [reps] [rows] [d] [vocab] [threads] [bias 0/1].

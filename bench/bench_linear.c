@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* bench_linear: an encdec-base layer's linears, forward + backward, against the same run's 2048^3
  * product (issue 11: the model's FLOPs against a large sgemm). The chain x[1024, 512] -> linear
  * 512 -> 512 (attention's output) -> linear_relu 512 -> 2048 -> linear 2048 -> 512 (the FFN) ->

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* bench_ops: fused ops against their composed twins, forward + backward, side by side.
  * Each variant is a graph built once over x[rows, d] (and gain [d]); one repetition runs every
  * variant once in turn (interleaved, so machine load hits all alike); the median over the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* bench_optim: the AdamW step with gradient clipping, unfused (cg_clip_grad_norm: a norm pass,
  * then a pass that rescales every gradient, then the update) against fused (cg_grad_norm, then
  * cg_optim_step_scaled, which applies the factor as it reads each gradient), and the step alone.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Memory-plan time against node count: an unrolled recurrence h = tanh(h W^T + x_t), summed into a
  * loss, built for T steps (about 5 nodes a step). The first forward plans, the second reuses the
  * plan, so their difference is the planning time. Usage: bench_plan [max_nodes] (default 48000). */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Timing shared by the op benchmarks: every variant's graph runs forward + backward once per
  * repetition, in turn (interleaved, so machine load hits all alike), and the per-repetition wall
  * and CPU times are sorted for medians. Also how a variant's graph is set up: inputs that need a

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Gradient checkpointing on and off, side by side and interleaved: for each config, REPEATS rounds
 # of `cgrad bench` without and then with --checkpoint-activations, each under /usr/bin/time -v.
 # Per run: median ms per training step (bench's own timing after its warm-up) in wall time and in

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # cgrad against PyTorch on the same cores: builds cgrad if needed, runs `cgrad bench` and
 # bench/torch_bench.py on every config (and generation), prints a Markdown table side by side.
 #

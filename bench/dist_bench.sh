@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Data-parallel training on one machine, side by side and interleaved:
 #   A  1 process x 2 threads, batch 2B          (the same global batch as B and C)
 #   B  mpirun -n 2, 1 thread each, batch B, buckets started during backward (--overlap 1)

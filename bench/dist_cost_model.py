@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """Cost model for data-parallel training on N nodes (README "Training on several machines").
 
 Each node is assumed to be this 2-core machine running the per-node batch of the benchmark config

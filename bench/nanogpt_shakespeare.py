@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """nanoGPT's CPU recipe for tiny-shakespeare (character level) in PyTorch, to time beside
 examples/shakespeare_char.sh: 4 layers, 4 heads, d 128, context 64, batch 12, 2000 iterations,
 AdamW lr 1e-3 (betas 0.9/0.99, weight decay 0.1 on matrices), 100 warmup steps then cosine to

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """Parallel regions per training step on two threads, with their call sites (README "Fewer parallel
 regions per step (issue 11)"). Runs `cgrad bench` under the region_count.so preload (bench/preload)
 with --steps 1 and --steps 3 and prints half the difference, per function.

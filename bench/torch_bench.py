@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: MIT
 """The cgrad benchmark configs in PyTorch (torch 1.13, Debian's python3-torch), for bench/compare.sh.
 
 Same shapes, AdamW, dropout 0, random token data; a timed step is zero_grad + forward + loss +

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Command-line values: every subcommand declares its flags in a table (kind and range), and one
  * parser checks each value in full before any work starts: a number must be the whole argument,
  * finite and in range; an input file must exist; an output path must be writable. A bad value is

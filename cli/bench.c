@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* cgrad bench: times full training steps (zero grads, forward, loss, backward, AdamW update) of
  * zoo models on random token data, and greedy generation with and without the KV cache.
  *

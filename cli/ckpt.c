@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Loading what `cgrad train` saves: a gzip safetensors image whose metadata holds the arch, the
  * model config, the tokenizer, the training options and position, and whose tensors are the
  * parameters (by their own names) and the optimizer moments ("optim.m1", "optim.m2"). */

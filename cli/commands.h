@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Subcommands of the cgrad tool; each returns the process exit code. */
 #ifndef CGRAD_CLI_COMMANDS_H
 #define CGRAD_CLI_COMMANDS_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The Hugging Face layout, in and out: `cgrad export CKPT DIR` writes model.safetensors (weights
  * only, transformers' names), config.json and the tokenizer files, the way save_pretrained lays
  * out a model; and every command that takes a checkpoint also takes such a directory (or its

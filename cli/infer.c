@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* cgrad sample, translate, fill-mask, classify, eval and info: using what `cgrad train` saved. */
 #include <float.h>
 #include <inttypes.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The cgrad command: one binary, one subcommand per job. Every subcommand is one row of the table
  * below (its usage line, what it does, its option table), so `--help`, `cgrad help` and the README's
  * command table all come from the same place. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Training curves as a standalone SVG, written by hand: one or several runs (metrics CSV or JSON
  * lines) against the step, in stacked panels with a shared step axis: loss (training, raw and
  * smoothed, and held-out), learning rate, and throughput. Each run has one colour. Reads the

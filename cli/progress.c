@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Training progress figures: throughput and ETA from the last CLI_RATE_WINDOW steps only. A
  * cumulative average counts start-up, the step-0 evaluation and every saved checkpoint as training
  * time, and on a loaded machine it lags the present by minutes; a window follows what the run does

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Internal to the cgrad command: what `train` and the inference commands share. A task is one
  * architecture's data (tokenized once), the way it fills a batch into a model graph's named int32
  * inputs, and its held-out evaluation; a loaded checkpoint is a model, its tokenizer and the

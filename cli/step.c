@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* cgrad step: one forward and backward of a zoo model on a batch file, every output dumped to a
  * safetensors file for comparison with any framework; optionally N AdamW steps on the batch. */
 #include <float.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The cgrad command's tasks: per architecture, the data that feeds a training graph, held-out
  * evaluation, and a few worked examples. Batches are written straight into the graph's named
  * int32 inputs, so a step copies nothing and allocates nothing. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* cgrad train: trains a zoo model from a text or TSV file. One training graph is built once and
  * re-run each step on new batch data; a second, CG_EVAL graph of the same shape measures the
  * held-out loss. Everything a run depends on (parameters, optimizer moments and step, data draws,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Internal to `cgrad train`, shared by its files: the options (train_opts.c), the checkpoint it
  * writes and resumes from (train_ckpt.c), its metrics and progress lines (train_log.c) and the
  * training loop (train.c). */

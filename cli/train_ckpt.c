@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The checkpoint of a cgrad train run: the model it starts from, and everything a resumed run
  * needs to continue bit for bit (parameters, optimizer moments and step, data and dropout streams,
  * options, timings). */

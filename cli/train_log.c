@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* What a cgrad train run shows and leaves beside its checkpoint: the progress bar or lines, the
  * evaluation lines, the metrics (CSV and JSON lines), the loss plot and the resolved options. */
 #include <math.h>

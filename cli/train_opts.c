@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* cgrad train's options: one table (TRAIN_OPTS in cli/train.h) gives each flag its kind, range,
  * help, field and whether a resumed run may change it; from it come the command line's parsing,
  * --config's JSON, the per-arch defaults and the checkpoint's "train" object. */

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 # Finds BLIS as Debian's libblis-dev ships it (no pkg-config file): blis.h and libblis itself,
 # never whichever libblas.so.3 the system alternatives point to. Defines the target BLIS::BLIS.
 # Installed with cgrad's CMake package, whose static libraries link BLIS.

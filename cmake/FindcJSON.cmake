@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 # Finds cJSON (Debian libcjson-dev) and defines the target cJSON::cJSON. Debian's own
 # cJSONConfig.cmake defines a plain `cjson` target with no include directory, so cgrad and its
 # installed CMake package use this module instead.

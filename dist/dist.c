@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Data parallelism over MPI: a world handle with bounded waits, and the gradient reducer that
  * starts its buckets from the backward sweep. Built without MPI, the world has one rank. */
 #include <stdio.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* cgrad dist module: data-parallel training over MPI (Open MPI through CMake's FindMPI).
  *
  * Every rank holds the whole model. A step runs each rank's micro-batches, then a reducer sums

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # Doxygen input filter: cgrad's headers comment each declaration with a plain /* */ line above it
 # (or after it, for enum members and fields). This turns those into Doxygen comments as it reads
 # them, so the headers stay in the house style: the top comment becomes the file's description,

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # BERT pre-training (masked LM + next-sentence prediction) on Moby Dick with bert-base-uncased's
 # WordPiece vocabulary: a small model, a few hundred steps. The held-out masked-LM loss starts at
 # about ln(30522) = 10.3 and should fall well below it; the run ends with fill-mask examples on

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* graph_dot: what a graph looks like, drawn by Graphviz. A small network (linear, GELU, residual
  * add, layer norm, linear, cross-entropy) runs one training step under CGRAD_PROFILE, then
  * cg_graph_dot writes it: ops and shapes, the nodes a gradient flows through (blue), the memory

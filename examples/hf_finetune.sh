@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Through the Hugging Face layout and back: pretrain a small BERT (masked LM + next sentence) on
 # Amazon and IMDb review texts, export it as a transformers model directory, start a sentiment
 # classifier from that directory (--init-from DIR --head classify: the encoder loads, a new head

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # LoRA fine-tuning of a small character-level GPT: pretrain on Moby Dick, then adapt it to Yelp
 # reviews three ways for the same number of steps, and compare held-out loss on the reviews and
 # the size of what each run saves:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* lstm_lm: a new architecture defined in C from public ops alone, an LSTM (Jurafsky & Martin,
  * SLP chapter 9), with no backward written by hand.
  *

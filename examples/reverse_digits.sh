@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # An encoder-decoder learns to reverse digit strings. Training pairs and held-out pairs come from
 # two awk streams with different seeds (held-out sources that also occur in training are dropped),
 # 4 to 12 digits each. Measured: greedy exact match over all held-out pairs, once by the training

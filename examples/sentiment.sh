@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Sentence sentiment (IMDb, Amazon and Yelp sentences, 0 = negative, 1 = positive) with the
 # classification transformer and WordPiece tokens. Every 10th line of data/sentiment/all.tsv is
 # held out, so all three sources are in both splits (the file is sorted by source: its last 10%

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* spirals: two interleaved spirals classified by a 2 -> 64 -> 64 -> 2 MLP built from ops alone.
  *
  * The point of this example is the training-loop pattern: the graph is built ONCE with input

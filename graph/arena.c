@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Bump arenas in 64-byte-aligned chunks. Reset keeps the memory: if the last build needed
  * several chunks they are merged into one, so the next build of the same graph mallocs nothing.
  * Also the allocation of every large block (cgi_alloc_large). */

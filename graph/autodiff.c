@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Reverse mode: the backward sweep over a built graph, and the bookkeeping of who writes a gradient
  * first (assigns it) and who adds into it, including which views of one buffer can alias. */
 #include "graph/internal.h"

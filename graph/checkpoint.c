@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Gradient checkpointing. The nodes built between cg_checkpoint_begin and cg_checkpoint_end form a
  * segment (a transformer block, say). With checkpointing on, the memory plan keeps across forward
  * only what a segment reads from outside itself, its inputs; the values inside die at their last

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The cores guard: a graph run on more threads than one only pays when those threads get cores.
  *
  * Why: beside one other busy process, Linux (autogroups: each session its share) gives this

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* cg_graph_dot: the graph as Graphviz DOT, for looking at what a model built and how the memory
  * plan packed it. One box per node (op, shape, build position), an edge per input, parameters as
  * ellipses; blue fill for everything a gradient flows through. After a forward the plan is known:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Errors are values: a status code plus a thread-local message naming the op and the shapes. */
 #include <stdio.h>
 #include <string.h>

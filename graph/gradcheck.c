@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Central differences against backward, for any small graph. */
 #include <math.h>
 #include <stdlib.h>

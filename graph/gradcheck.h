@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Gradient checking: analytic gradients from backward against central finite differences. */
 #ifndef CGRAD_GRADCHECK_H
 #define CGRAD_GRADCHECK_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Graphs, tensors and parameters; forward runs nodes in build order, backward sweeps them in
  * reverse, skipping every node that does not lead from a trainable leaf to the loss. */
 #include <math.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* cgrad graph module: tensors, computation graphs, parameters, errors, threads, RNG.
  *
  * Ownership in one paragraph: a cg_graph owns every tensor built on it (nodes, their values,

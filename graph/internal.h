@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Internals shared by graph/ and ops/: node layout, the op table, arenas, strided iteration,
  * and the shared kernels that undo broadcasting. Not installed; prefix cgi_. */
 #ifndef CGRAD_INTERNAL_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Strided iteration and the few shared kernels every op family leans on: strided copy,
  * axis reduction, and undoing broadcasting in backward (tinygrad's rule: once, here). */
 #include <stdlib.h>

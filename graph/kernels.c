@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* BLIS's kernel set, chosen once before BLIS's first use.
  *
  * Debian's BLIS 0.9 is a fat build (skx, haswell, zen3, ..., generic) that picks a set from cpuid

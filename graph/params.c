@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Parameters: named leaves whose values and gradients sit in two contiguous blocks, so an
  * optimizer or a checkpoint walks one array. Each tensor starts on a 64-byte boundary. */
 #include <stddef.h>

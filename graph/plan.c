@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The memory plan. On one time axis (forward of node i at time i, its backward at 2n-1-i; with
  * checkpoint segments, recomputes slot in before each segment's backward, graph/checkpoint.c) every
  * value, gradient and op scratch buffer lives from its first write to its last read; buffers whose

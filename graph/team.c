@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A thread team held open across many small graph runs (token-by-token generation).
  *
  * Why: a cached gpt-tiny token streams 12.9 MB of weights through matrix-vector products, and one

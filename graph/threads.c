@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* One thread setting for the OpenMP kernels and BLIS. BLIS here is the OpenMP build, so both
  * draw on libgomp's pool; cgrad runs every BLIS call single-threaded inside its own parallel
  * loops (ops/gemm.c), so teams never nest. The global BLIS count serves callers of BLIS itself. */

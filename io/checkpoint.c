@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Checkpoints: the safetensors image streamed through deflate (gzip wrapper) into a temp file that
  * replaces the old checkpoint only once it is complete and on disk. Reading streams the file
  * through inflate, which checks the gzip CRC-32 and length trailer before we parse anything. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Checkpoints: a gzip-compressed safetensors image, so `gunzip` plus any safetensors reader opens
  * one. Saving is atomic (a crash leaves the previous checkpoint intact); opening verifies the gzip
  * CRC and length, so a damaged file is rejected rather than read as garbage. */

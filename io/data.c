@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Data loaders, shared part: text files, id checks, draws, splits, epoch orders, TSV lines. */
 #include <errno.h>
 #include <math.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* cgrad data loaders: token streams and example files -> int32 batch arrays named as the model zoo
  * expects (models/zoo.h). Every random choice is drawn from a caller-owned cg_rng, so a run is
  * reproducible and resumable. What a checkpoint must store to resume exactly:

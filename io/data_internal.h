@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Internals shared by the data loaders (io/data*.c): sequence lists, unbiased draws, splits,
  * epoch orders and the TSV reader. Not installed; prefix cgi_. */
 #ifndef CGRAD_DATA_INTERNAL_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Language-model windows over one token stream, split into a training head and a held-out tail. */
 #include <stdlib.h>
 #include <string.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* BERT pre-training rows: sentence pairs for next-sentence prediction, masked-LM corruption. */
 #include <math.h>
 #include <stdio.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Example files with one tab-separated pair a line: seq2seq ("source\ttarget") and text
  * classification ("label\ttext"), served in shuffled epochs. */
 #include <stdlib.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* safetensors files: an 8-byte little-endian header length N, N bytes of JSON header
  * {"name": {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {str: str}}, then the
  * byte buffer the offsets point into. Readers validate the whole header when they open a file, so

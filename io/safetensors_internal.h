@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* What the safetensors reader (io/safetensors_read.c) and writer (io/safetensors_write.c) share,
  * and lend the rest of io/ (the gzip checkpoint reads and writes the same image); not part of the
  * public API. */

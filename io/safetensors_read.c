@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* safetensors reading. A reader validates the whole header once at open (dtypes, shapes, offsets
  * against the buffer, duplicate names), so a read only checks what the caller asks for. Files are
  * memory-mapped; element loads go through memcpy because the format does not promise aligned

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* safetensors writing. The writer streams its image through a sink, so a plain file, a memory
  * image and a gzip checkpoint share one serialiser and none needs a second copy of the data. The
  * reader is io/safetensors_read.c. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Tokenizers: the shared token table and hash index, UTF-8, the character tokenizer, and the
  * kind-independent API (encode/decode dispatch, lookups, load/save, JSON serialisation). The
  * byte-level BPE lives in io/tokenizer_bpe.c, WordPiece in io/tokenizer_wordpiece.c. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* cgrad tokenizers: text <-> token ids. Three kinds behind one opaque handle:
  *   char       one token per Unicode code point seen in a training text (ids in code point order);
  *   bpe        GPT-2's byte-level BPE (encoder.json + vocab.bpe), loadable or trained here;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Byte-level BPE as GPT-2: the pre-tokenizer, encoding by merge rank, loading and saving
  * encoder.json + vocab.bpe, and training on a corpus.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Internals shared by the tokenizer files (io/tokenizer*.c): the handle, the token table with its
  * hash index, UTF-8 decoding and the Unicode classes. Not installed; prefix cgi_. */
 #ifndef CGRAD_TOKENIZER_INTERNAL_H

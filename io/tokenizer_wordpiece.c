@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* WordPiece as bert-base-uncased, following google-research/bert tokenization.py:
  * BasicTokenizer: drop NUL, U+FFFD and control characters, turn whitespace into spaces, put
  * spaces around CJK ideographs, split on whitespace, lower-case and strip accents (NFD, drop Mn;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* BERT, composed from ops. */
 #include <math.h>
 #include <stdio.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* BERT-style encoder (Hugging Face BertForPreTraining layout): token, position and segment
  * embeddings with LayerNorm, post-LN encoder with exact GELU, masked-LM head tied to the word
  * embeddings, next-sentence head on the tanh pooler over [CLS]; or, with num_labels > 0, a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The classification transformer, composed from ops. */
 #include <math.h>
 #include <stdio.h>

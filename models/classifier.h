@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Classification transformer (Bloem, "Transformers from scratch"): token + learned position
  * embeddings, post-LN encoder blocks, mean pooling over the unpadded positions, a linear layer to
  * class logits. Parameters: token_emb.weight, pos_emb.weight, blocks.{i}.attn.{q,k,v,o}.*,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Internal: reading model configs from JSON (cJSON). Unknown fields are ignored; a missing
  * required field is an error naming the field and the config. */
 #ifndef CGRAD_CONFIG_JSON_H

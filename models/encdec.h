@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Encoder-decoder transformer (Vaswani et al. 2017) laid out as torch.nn.Transformer
  * (batch_first, post-LN, ReLU): embeddings scaled by sqrt(d_model), sinusoidal positions, final
  * LayerNorm on each stack, a generator projection. Parameter names are src_emb.weight,

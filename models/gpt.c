@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* GPT-2, composed from ops. The optional key/value cache lets generation feed one token at a
  * time: each layer's keys and values for earlier positions are read in place from the cache. */
 #include <math.h>

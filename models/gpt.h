@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* GPT-style decoder (GPT-2 layout): learned positions, pre-LN blocks with tanh-GELU, causal
  * attention, final LayerNorm, LM head tied to the token embedding. Parameters carry Hugging
  * Face GPT-2 names and layouts (Conv1D weights [in, out]): wte.weight, h.0.attn.c_attn.weight... */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Composite layers: attention is the fused cg_sdpa (its dropout included), with the heads split
  * and merged by views, so it needs no backward of its own. */
 #include <math.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Building blocks of the model zoo. Everything here is composed from ops (no backward of its
  * own): parameter declaration helpers, attention over head-split tensors, positions, sampling. */
 #ifndef CGRAD_LAYERS_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* LLaMA, composed from ops: rmsnorm, rope, sdpa_ex (grouped-query heads), swiglu, linear. As in
  * Hugging Face's LlamaForCausalLM, rotary embeddings use the half-split (GPT-NeoX) pairing, so its
  * checkpoints load without permuting q_proj and k_proj rows. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* LLaMA-style decoder (Touvron et al. 2023): RMSNorm pre-norm blocks, SwiGLU feed-forward, rotary
  * positions (RoPE) on queries and keys, grouped-query attention (fewer key/value heads than query
  * heads), final RMSNorm and an untied LM head. Parameters carry Hugging Face LlamaForCausalLM names

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The zoo's common interface: dispatch by arch, and the weight-name rules of each family. */
 #include <stdio.h>
 #include <stdlib.h>

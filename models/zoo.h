@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* One interface over the model zoo, for tools that handle every architecture alike (the cgrad
  * command, benchmarks, parity tests): a model from its config.json, weights by Hugging Face /
  * torch names, and a training graph whose inputs carry the batch tensor names. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Fused scaled dot-product attention (the FlashAttention schedule on a CPU): per (batch, head),
  * query blocks of BQ rows visit key blocks of BK keys; scores, the running max and the running
  * sum live in a small per-thread scratch, and the products are BLIS calls on strided blocks.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The relative position biases of the fused attention (ops/attention.c): T5's bucketed table and
  * ALiBi's per-head slopes, both functions of the key's offset from the query only. */
 #include <math.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Attention for one query row at a time: token-by-token generation with a KV cache, where each
  * step's single new query meets every cached key. The fused attention (ops/attention.c) calls these
  * for a block of one query row. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Helpers of the fused attention (ops/attention.c) kept in files of their own: the one-query-row
  * kernels (ops/attention_decode.c), which it calls for a block of a single query row (cached
  * generation), the relative position biases (ops/attention_bias.c) and the checks of the

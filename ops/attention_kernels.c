@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Attention's small products on AVX-512 straight from the head's rows (README, "Attention's small
  * products (issue 11)"). A head of 64 queries x 64 keys x 64 features is a few products of 64 x 64
  * x 64 whose operands sit in L1: packing each for BLIS's micro-kernel took a third of the time, and

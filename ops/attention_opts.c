@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The checks of cg_sdpa_ex's inputs and options (ops/attention.c builds the node once they pass):
  * shapes of q, k, v (grouped-query heads), the key padding, the run-time past, a bias tensor and
  * T5's table, each failure a message naming the offending shapes or option. */

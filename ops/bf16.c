@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* bf16 mixed precision: the products of a CG_BF16 graph take bfloat16 operands and accumulate in
  * float, on oneDNN's matmul primitive (vdpbf16ps) or on the fp32 FMA units with the operands
  * widened as they are packed (cgi_gemm_bf16), whichever this CPU runs faster (decide_kernel);

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* bf16 mixed precision (ops/bf16.c): the hooks the product ops call when their graph computes in
  * bf16. Each returns false when it did nothing (fp32 graph, or scratch could not be had), and the
  * caller then runs its own fp32 path, so an fp32 graph never enters this code. Not installed. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Elementwise ops: binary with NumPy broadcasting (arithmetic, minimum, maximum), unary maps and
  * activations, the fused SwiGLU gate, where, masked_fill, dropout. */
 #include <math.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Embedding lookup. Forward checks every id against the vocabulary (ids are data, so this is
  * the one place the check can happen); backward scatter-adds rows, each thread owning a slice
  * of the columns so no two threads touch one element and the order never changes. */

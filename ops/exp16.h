@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* e^x on 16 lanes for the AVX-512 kernels (GELU's passes in ops/elementwise.c, attention's softmax in
  * ops/attention_kernels.c): cgi_exp's polynomial and constants (graph/internal.h), so every path
  * computes the same function. Float builds on x86-64 only; callers are AVX-512 code. Not installed. */

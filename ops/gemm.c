@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The product engine under matmul, linear and attention: strided products on BLIS's micro-kernel
  * (a transposed or sliced operand is passed as it lies in memory, never copied), cut into pieces
  * for the threads or a generation team; the register-transposing packs; cgrad's blocked driver,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Indexing by int32 data along one axis: index_select (the same indices for every lane) and
  * gather (torch.gather: an index per output element). x is read as [outer, n, inner] (contiguous),
  * the output as [outer, k, inner]. Indices are data, so forward checks them on every run and keeps

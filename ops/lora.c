@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The forward of a low-rank adapter (LoRA, Hu et al. 2021), composed from ops, so it needs no
  * backward of its own. A parameter P[R, C] with an adapter acts as P + s B A, B[R, r], A[r, C],
  * s = alpha / r. Every cg_linear whose weight reads P takes the adapter's path too, so the model

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Fused cross-entropy: log-softmax and negative log-likelihood in one pass, mean over the
  * targets that are not ignored, with optional label smoothing. Forward saves each row's
  * log-sum-exp for backward. Also the fused linear + cross-entropy, cross-entropy against soft

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Matrix-product ops: matmul (batched, broadcast), linear and the fused linear + GELU or ReLU, forward
  * and backward side by side. Operands are passed to the product engine (ops/gemm.c) with their
  * strides; batches run in parallel when there are enough of them, otherwise each product is cut

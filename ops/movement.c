@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Views (reshape, permute, slice, detach, squeeze, unsqueeze) and the ops that copy: contiguous,
  * concat (and stack through it), pad.
  * A view shares its root's value and gradient storage, so its backward is nothing: gradients

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Fused layer norm and RMS norm over the last axis: one pass for the statistics, one for the
  * output; backward in one pass per row plus a blocked, thread-count-independent sum for gain and
  * bias. RMS norm is layer norm without centring (mean taken as 0, no bias), so both share the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The gradient check of every op: one line per case, several shapes per op, covering
  * broadcasting, masks, ignored targets and strided views. cg_gradcheck_ops walks this table
  * and also fails any op of ops.def that has no case here. */

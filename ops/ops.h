@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* cgrad ops: every function adds one node to graph g and returns it, or returns NULL and sets
  * cg_last_error() to a message naming the op and the shapes. A NULL input makes the op return
  * NULL without overwriting the first message, so a whole model can be built and checked once.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Reductions: sum and mean over one axis or over all (backward broadcasts the gradient back);
  * max, min, argmax, logsumexp, var and the L2 norm over one axis. */
 #include <math.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Rotary position embedding (RoPE, Su et al. 2021) over the last axis of x[..., T, D]: feature
  * pairs are rotated by angle (offset + t) * f_i, f_i = theta^(-2i / dims) as LLaMA's scaling
  * settings adjust it. The op computes its table of cosines and sines in double precision on each

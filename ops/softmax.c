@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Softmax, log-softmax and the fused scaled, masked softmax of attention over the last axis of a
  * contiguous input (the constructors ask for contiguity); softmax and log-softmax also over any
  * other axis, reading it in place with its stride. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* LoRA adapters: two small parameters per adapted weight, linked from the base parameter so
  * that cg_linear finds them (ops/lora.c), and folded back into it for export. */
 #include <math.h>

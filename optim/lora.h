@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* cgrad LoRA: low-rank adapters (Hu et al. 2021) for fine-tuning with the base weights frozen.
  *
  * An adapter on a 2-D parameter P[R, C] adds two parameters to the set, "<P>.lora_A" [r, C]

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* SGD, Adam and AdamW over the contiguous blocks of a cg_params set, plus gradient clipping and
  * scaling. The blocks are cut into a fixed number of chunks that depend only on the span, and
  * each chunk walks the parameters that overlap it; an update is elementwise, and the norm sums

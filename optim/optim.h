@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* cgrad optim module: SGD, Adam, AdamW over a cg_params set, gradient clipping and accumulation,
  * learning-rate schedules.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Learning-rate schedules as pure functions of the step, so a resumed run only needs the step. */
 #include <math.h>
 

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # The float32 and float64 libraries cannot be mixed up at link time: a program compiled without
 # -DCGRAD_DOUBLE must fail to link against libcgrad_f64 (and the reverse), naming the guard symbol;
 # the matching pairs link and compute. Usage: abi_guard.sh CC SRC_DIR LIB_F32 LIB_F64 "LINK FLAGS"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Built by abi_guard.sh with and without -DCGRAD_DOUBLE against both libraries: a mismatched pair
  * must fail to link; a matched one links and reads 1.5 back. */
 #include <stdio.h>

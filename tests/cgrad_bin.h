@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Where the tests that drive the cgrad command find it: $CGRAD_BIN, else ../cgrad beside the test
  * program (the build tree's layout). */
 #ifndef CGRAD_TEST_CGRAD_BIN_H

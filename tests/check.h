@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A tiny test harness: CHECK prints the failing expression and values and counts failures;
  * each test file ends with TEST_END, which prints "N passed, N failed". */
 #ifndef CGRAD_TEST_CHECK_H

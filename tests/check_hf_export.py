@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: MIT
 """Checks a directory written by `cgrad export` against the torch reference models of
 tests/make_model_fixtures.py and tests/make_llama_fixtures.py, the way transformers'
 from_pretrained would read it:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Compares two checkpoints tensor by tensor (same names, shapes; real tensors only) and prints the
  * largest difference relative to the tensor's largest magnitude, over all tensors:
  *   ckpt_max_diff [-v] A B  ->  "max relative difference R in TENSOR (of N tensors)"; -v: each tensor

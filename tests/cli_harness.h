@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* What tests/test_cli.c drives the cgrad command with: a scratch directory, a runner that captures
  * the exit code, stdout and stderr, readers of the files a run leaves (final line, metrics CSV,
  * checkpoints), a checkpoint rewriter for damaged files, and the small data sets the tests train

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* One check for every decoder's generation (GPT-2, LLaMA): with and without the KV cache, in four
  * sampling modes, the tokens are the same and sampling does not collapse to a constant; a request
  * past the context and a prompt id outside the vocabulary (13 must be one) fail. Include after

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # The Hugging Face round trip through the cgrad command:
 #  - train a GPT-2 (byte-level BPE), a BERT (WordPiece) and a LLaMA a few steps, `cgrad export` them; the
 #    directories hold model.safetensors, config.json and the tokenizer under the hub's names;

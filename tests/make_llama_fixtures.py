@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: MIT
 """Parity fixtures for cgrad's LLaMA decoder (models/llama.c), in plain torch.
 
 Rerun:  /usr/bin/python3 tests/make_llama_fixtures.py      (from the repository root or anywhere)

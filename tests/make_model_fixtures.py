@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: MIT
 """Parity fixtures for the cgrad model zoo (gpt2, bert, encdec, classifier).
 
 Rerun:  /usr/bin/python3 tests/make_model_fixtures.py      (from the repository root or anywhere)

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: MIT
 """Makes tests/fixtures/optim/optim.txt: torch 1.13 SGD / Adam / AdamW runs that tests/test_optim.c
 replays through cg_optim_step.
 

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: MIT
 """Writes the safetensors fixtures read by tests/test_safetensors.c.
 
 No safetensors package here, so the format is written by hand (struct + json), the way the

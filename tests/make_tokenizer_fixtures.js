@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT
 // Reference data for the tokenizer tests, run by tests/make_tokenizer_fixtures.py (or alone):
 //   node tests/make_tokenizer_fixtures.js fixtures   GPT-2 ids from gpt-3-encoder's encode()
 //   node tests/make_tokenizer_fixtures.js tables     io/tokenizer_unicode.c from Node's Unicode data

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: MIT
 """Writes tests/fixtures/tokenizer/*: run from anywhere with /usr/bin/python3 after ./setup.sh.
 
 1. Runs tests/make_tokenizer_fixtures.js (node), which writes sample.txt and the GPT-2 ids that the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Data-parallel training under mpirun (2 ranks on this machine), against one process:
 #  - 2 ranks x batch 4 equal 1 process x --grad-accum 2 x batch 4 bit for bit (parameters and
 #    AdamW moments: `cgrad info` digests), dropout on, and the logged losses match;

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Faults in a 2-rank mpirun job: the job must end with a clear error within a bounded time, never
 # hang, and the last checkpoint on disk must stay whole and resumable.
 #  1. rank 1 killed (SIGKILL) between saves;

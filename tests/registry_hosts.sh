@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # No message, comment or doc names a package registry's host ("the npm registry" says enough).
 # The patterns are split so that this file does not match itself.
 set -euo pipefail

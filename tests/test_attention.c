@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The fused attention (cg_sdpa) against its composite twin, matmul -> masked softmax -> matmul,
  * forward and backward, at sizes that span several query blocks and several 256-key blocks, with causal masks (Tq == Tk,
  * Tq < Tk, Tq > Tk), key padding, rows with every key hidden, and strided head views; the biases

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* bf16 mixed precision: each product against references computed in double, within bounds derived
  * from bf16's 8-bit significand; a whole GPT step against fp32; fp32 untouched by the setting; a
  * parameter converted once per optimizer step. Without avx512_bf16 (or oneDNN) the bf16 checks

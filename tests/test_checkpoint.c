@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Checkpoints: round trip, the gzip stream is standard (zlib's own gz reader inflates it to the
  * safetensors image), damaged files are rejected with a message naming them, and a save killed
  * half way leaves the previous checkpoint intact. */

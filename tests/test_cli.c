@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The cgrad command end to end, through the built binary (../cgrad next to this test, or
  * $CGRAD_BIN): resuming is exact for every arch (parameters, optimizer moments, data and dropout
  * state, logged losses), damaged or mismatched checkpoints are refused with the file named, the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Hostile command-line values: every subcommand x every flag x every kind of bad value, from the
  * CLI's own option tables (`cgrad flags`), so a new flag is swept without a line here. Each bad
  * value must end in a clean usage error: exit 2, a message naming the flag, no sanitizer report,

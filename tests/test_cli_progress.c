@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The progress figures of cgrad train (cli/progress.c) on hand-made step times: tokens per second
  * over the last CLI_RATE_WINDOW steps only, and an ETA from those steps plus the evaluations left,
  * so a slow start (start-up, the step-0 evaluation, a first step that faults its pages in) stops

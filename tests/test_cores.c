@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The cores guard (graph/cores.c): its decisions on hand-made run times and delays; the runs that
  * feed it; and the premise it rests on, that training gives the same bits whichever runs are on one
  * thread and which on two (a GPT, a BERT, an encoder-decoder and a llama, three AdamW steps each,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Data loaders: text files, id checks, LM windows, BERT masked-LM/next-sentence rows, seq2seq and
  * classification TSVs (hand-checked tensors from tests/fixtures/data), errors, resumable state. */
 #include <stdio.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The pieces of data-parallel training that run in one process: the backward sweep's
  * gradient-ready callback (each parameter reported once, only when its gradient is final, tied
  * weights included) and the reducer's micro-batch sum (in order, bit for bit). The multi-rank

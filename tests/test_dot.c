@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* cg_graph_dot: the DOT text names every node with its op and shape, fills exactly the nodes a
  * gradient flows through, reports each planned buffer at its true offset in the graph's block,
  * draws a reuse edge only between buffers that really overlap, carries the profiled times, and

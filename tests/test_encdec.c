@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Encoder-decoder decoding: greedy decoding equals an argmax loop over the full teacher-forced
  * forward, beam search with one beam equals greedy, and a wider beam never finds a worse
  * length-normalised score than greedy (scores recomputed independently from full forwards). */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Bad input of every kind returns NULL or a status, with a message that names the op and the
  * offending shapes or values; NULL inputs pass through without hiding the first message; nothing
  * crashes. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The LSTM example (examples/lstm_lm.c) as a test: its forward against a plain-C LSTM written
  * from SLP chapter 9's equations, its gradients against finite differences in every variant
  * (1 and 2 layers, one and two directions, a given initial state), and the bidirectional

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The spirals example, run as a test: it must keep reaching 100% training accuracy and >= 95%
  * on held-out points, so an API change or a wrong gradient that breaks it fails here. */
 #include "check.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Every fused op against its composite twin built from simpler ops, forward and backward with
  * respect to every real input: cross_entropy, layernorm, rmsnorm, swiglu, silu, masked_softmax,
  * linear, linear_gelu, linear_relu, add_layernorm. Both versions

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* GPT: gradients of the whole model against finite differences, generation with the key/value
  * cache equal to generation without it, and a learning sanity check. */
 #include <math.h>

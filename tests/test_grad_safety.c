@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Gradients that must be right whatever the caller does: inputs whose gradients share storage
  * (2 threads bit for bit as 1), inputs the loss does not reach (exactly zero), and misuse that
  * must be an error with a message rather than a silent zero or NaN. */

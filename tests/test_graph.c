@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The engine against hand-derived numbers and its own promises: forward values of small graphs,
  * gradients that accumulate only where they should, pruning, detach, re-running a built graph
  * without allocating, reset, eval mode, bit-for-bit determinism, and views sharing storage. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* BLIS's kernel set as cgrad chooses it, and products cut into pieces over threads. */
 #include <stdlib.h>
 #include <string.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Lazy parameter-gradient zeroing (graph/params.c): cg_params_zero_grad marks gradients stale and
  * their first writer in the next backward assigns them. Hand-derived gradients, accumulation over
  * backward calls, stale gradients that must read as zero (cg_read_grad, clipping's norm, a pointer

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The fused linear + cross-entropy against its composite twin cross_entropy(linear(x, w, b)),
  * forward and backward, over several row chunks, with ignored rows and strided weights. */
 #include <math.h>

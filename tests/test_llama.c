@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* LLaMA: gradients of the whole model against finite differences (grouped-query heads, RoPE with
  * LLaMA 3 scaling), logits with the key/value cache equal to the full forward at every position,
  * generation with and without the cache, Hugging Face loading (rotary buffers, tied head), config

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* LoRA adapters: a linear through an adapted weight equals one through the merged weight, for
  * every way a model reads a weight (itself, a block of rows, transposed); the adapter's
  * gradients match finite differences; the base stays frozen while a GPT fine-tunes; merging

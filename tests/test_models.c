@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Parity with PyTorch for every model family (fixtures from tests/make_model_fixtures.py):
  * `cgrad step` on the committed batch must give PyTorch's logits and loss to 1e-4, every
  * gradient to 1e-4 relative to its tensor's norm, and the parameters after 3 AdamW steps to 1e-3.

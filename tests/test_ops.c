@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Every op's gradient against central differences (the table in ops/op_checks.c), and the GELU
  * derivatives at the edges of their range against the closed forms in double precision. */
 #include <math.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Optimizers against torch 1.13 (fixtures from tests/make_optim_fixtures.py), checkpoint
  * restore, frozen parameters and padding, thread-count determinism, clipping, gradient
  * accumulation through a real graph, and the schedules against hand-computed values. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The memory plan: both placements (largest-first and the O(n log n) sweep over time) give
  * bit-identical results to each other on a GPT training step and an unrolled recurrence, the sweep
  * packs the GPT's buffers within 5% of the exact placement, and the planner's steps grow as

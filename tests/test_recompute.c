@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Gradient checkpointing (graph/checkpoint.c): every zoo model marks its blocks as segments, and
  * with checkpointing on, backward recomputes each segment's values. The reference is the same
  * model trained without it: loss and every parameter gradient must be equal bit for bit, with

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Parallel regions a backward pass enters (issue 11). Under OMP_WAIT_POLICY=passive every region
  * that uses a second thread wakes it (140-180 us in a KVM guest, graph/threads.c), so rules that
  * can write a gradient in their own region should not leave a separate zeroing region before it.

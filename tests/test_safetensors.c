@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* safetensors: fixtures written by tests/make_safetensors_fixtures.py (torch does the f16/bf16
  * rounding), every kind of corrupt header, the writer's layout, and byte-exact round trips. */
 #include <stdlib.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The per-run thread decision (graph/threads.c): a graph run whose estimated work is below
  * CGI_RUN_PAR_MIN keeps every op on one thread, since waking a second thread for each of its
  * small ops cost more than it saved (a cached generation step ran slower on 2 threads than on 1);

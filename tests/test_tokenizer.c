@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Tokenizers against references: GPT-2 ids from the npm package gpt-3-encoder, WordPiece ids from
  * a transcription of google-research/bert tokenization.py (tests/make_tokenizer_fixtures.py),
  * hand-derived vocabularies and BPE merges, a naive BPE trainer, and round trips. The GPT-2 and

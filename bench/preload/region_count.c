@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Counts the OpenMP parallel regions that start more than one thread, per call site (an LD_PRELOAD
  * helper). Under OMP_WAIT_POLICY=passive each such region wakes a sleeping thread (140-180 us in a
  * KVM guest, graph/threads.c), so their number per training step is worth counting (README "Fewer

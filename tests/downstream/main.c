@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A downstream program, built against an installed cgrad: d/dx sum(x * x) = 2x, checked by
  * value, in whichever precision the library was built (CGRAD_DOUBLE comes from the package). */
 #include <cgrad/cgrad.h>

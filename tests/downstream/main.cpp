@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 // The same check from C++: the headers' extern "C" guards let a C++ program link the C API.
 #include <cgrad/cgrad.h>
 

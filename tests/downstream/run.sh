@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # Installs the build in BUILD_DIR to a temporary prefix and builds a downstream project against it
 # three ways: CMake find_package (C and C++), pkg-config (cgrad and cgrad_f64), and a C++ program.
 # Each program checks a gradient by value. Usage: run.sh BUILD_DIR

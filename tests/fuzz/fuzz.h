@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Shared by the libFuzzer harnesses (one per loader, tests/fuzz/fuzz_*.c): fuzz input as a file,
  * the sanitizer settings and the oracles every loader must satisfy beyond "no crash":
  *   - a failed load leaves a message (cg_last_error) that names the file or label it read;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* GPT-2 BPE loader and encoder. Input: encoder.json, SEP, vocab.bpe, SEP, text. The loader either
  * fails with a message naming the file or gives a tokenizer; the text is then encoded by it and by
  * GPT-2's own vocabulary (data/gpt2, when setup.sh fetched it): ids stay in the vocabulary and, for

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Checkpoint loader, as `cgrad info`, `sample` and `train --resume` run it (cli/ckpt.c): gunzip,
  * parse the safetensors image, check format and version, rebuild tokenizer and model from the
  * metadata and read the parameters. An input that starts with the gzip magic is the file itself;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Model config parser (config.json, and the "config" a checkpoint stores): every architecture's
  * parser on the same text. A config one of them accepts must survive the library's own save and
  * load (config -> JSON -> config gives the same JSON), since checkpoints store it that way; then

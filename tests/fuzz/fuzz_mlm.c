@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Masked-LM loader (`cgrad train --arch bert`): the text split into documents and sentences and
  * tokenized with bert-base-uncased's WordPiece (data/bert, else a test fixture), then BERT
  * pre-training batches. Loading either fails with a message or gives sentences whose rows are

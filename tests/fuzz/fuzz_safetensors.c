@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* safetensors reader: any bytes either open with every tensor readable (values and ids, within
  * the buffer) or fail with a message naming the label. */
 #include "fuzz.h"

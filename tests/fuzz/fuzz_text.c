@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Plain-text corpus loader (`cgrad train --data` for gpt2 and bert): cg_read_text_file on the
  * input as a file, then what training does with it: a character tokenizer, a small BPE trained on
  * it, encoding, language-model windows. A file that loads is non-empty UTF-8 without NUL; both

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Serialised tokenizer (the "tokenizer" a checkpoint stores, or a cg_tokenizer.json): any text
  * either fails with a message or gives a tokenizer that serialises to JSON it reads back the same,
  * and that encodes and decodes its own vocabulary. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* TSV loaders (`cgrad train --arch classifier|encdec --data F --val-data G`): input = training
  * file, SEP, held-out file (no SEP: no held-out file, the last quarter of lines is held out).
  * Classification lines are tokenized with WordPiece, sequence pairs with a character tokenizer of

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* WordPiece loader and encoder. Input: vocab.txt, SEP, text. The loader either fails with a
  * message naming the file or gives a tokenizer; the text is then encoded by it and by
  * bert-base-uncased's vocabulary (data/bert, when setup.sh fetched it; else a test fixture):

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Runs every libFuzzer harness (or those named) for a bounded time, starting from its committed
 # seed corpus (tests/fuzz/corpus/<target>), and fails on any finding: a crash, a sanitizer report,
 # a leak, a broken oracle, an input slower than -timeout or memory past -rss_limit_mb.
