@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli/commands.h"
 #include "cli/session.h"
@@ -299,17 +300,35 @@ static cJSON *tokenizer_config(const cli_ckpt *ck) {
     } else if (cg_tokenizer_kind(ck->tok) == CG_TOK_WORDPIECE) {
         cJSON_AddStringToObject(t, "tokenizer_class", "BertTokenizer");
         cJSON_AddBoolToObject(t, "do_lower_case", true);
-    } else {
-        cJSON_AddStringToObject(t, "tokenizer_class", "cgrad char (cg_tokenizer.json: one token per code point)");
-    }
+    } /* a char tokenizer has no transformers class: no tokenizer_class rather than an invalid one
+       * (cg_tokenizer.json beside it is cgrad's own file) */
     if (cJSON_IsNumber(ctx)) cJSON_AddNumberToObject(t, "model_max_length", ctx->valuedouble);
     return t;
+}
+
+/* True when dir is a writable directory, or can be made in a writable one; else says why. */
+static bool export_dir_usable(const char *dir) {
+    char parent[4096];
+    const char *slash = strrchr(dir, '/');
+    while (slash && slash > dir && !slash[1]) /* "out/": the slash ends the name */
+        for (slash--; slash > dir && *slash != '/'; slash--) {}
+    if (!slash || *slash != '/') snprintf(parent, sizeof parent, ".");
+    else snprintf(parent, sizeof parent, "%.*s", slash == dir ? 1 : (int)(slash - dir), dir);
+    const char *why = NULL;
+    if (!*dir) why = "empty name";
+    else if (is_dir(dir)) why = access(dir, W_OK | X_OK) ? "not writable" : NULL;
+    else if (!access(dir, F_OK)) why = "exists and is not a directory";
+    else if (!is_dir(parent)) why = "its parent directory does not exist";
+    else if (access(parent, W_OK | X_OK)) why = "its parent directory is not writable";
+    if (why) fprintf(stderr, "cgrad export: DIR '%s': cannot write it: %s\n", dir, why);
+    return !why;
 }
 
 int cmd_export(int argc, char **argv) {
     cli_args a;
     if (!cli_parse("export", cli_export_opts, argc, argv, &a) || !cli_words(&a, 2, 2, "CKPT and DIR")) return 2;
     const char *ckpt = a.words[0], *dir = a.words[1];
+    if (!export_dir_usable(dir)) return 2; /* an output that cannot be made is a usage error, as for --out */
     cli_ckpt ck;
     if (cli_ckpt_load(ckpt, 0.0, &ck)) return cli_fail("export", "cannot load the checkpoint");
     int rc = 1;
