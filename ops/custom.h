@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "graph/graph.h"
+#include "../graph/graph.h"
 
 #ifdef __cplusplus
 extern "C" {

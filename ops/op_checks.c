@@ -409,8 +409,6 @@ static cg_tensor *custom_composite(ctx *c) {
 }
 
 static const check_case cases[] = {
-    {"custom", "[3,5]*sig([5,3]^T) own bwd", custom_kernel},
-    {"custom", "[4,3]^T*sig([3,4]) composite", custom_composite},
     {"add", "[3,4] + [3,4]", add_same},
     {"add", "[2,3,4] + [4]", add_bias},
     {"add", "[3,1] + [1,4]", add_outer},
@@ -568,6 +566,8 @@ static const check_case cases[] = {
     {"add_layernorm", "[4,6] + [4,6] gain bias", aln_affine},
     {"add_layernorm", "[2,5,3] 1<->2 + [2,3,5] gain", aln_view},
     {"add_layernorm", "x[3,5] + x^T^T bias", aln_self},
+    {"custom", "[3,5]*sig([5,3]^T) own bwd", custom_kernel},
+    {"custom", "[4,3]^T*sig([3,4]) composite", custom_composite},
 };
 
 int cg_gradcheck_ops(FILE *out, double tol, const char *filter) {
