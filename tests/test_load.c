@@ -7,9 +7,12 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "../cgrad.h"
+#include "cgrad_bin.h"
 #include "check.h"
 
 #include <cjson/cJSON.h>
@@ -171,16 +174,19 @@ static void load_step(void) {
 
 /* ---- Hugging Face files through cg_model_load ---- */
 
+/* The fixture config.json of arch with the first `from` replaced by `to` (NULL: unedited); malloc'd. */
 static char *fixture_config(const char *arch, const char *from, const char *to) {
     char p[512];
     snprintf(p, sizeof p, FIX "%s/config.json", arch);
-    char *c = test_slurp(p, NULL), *at = c ? strstr(c, from) : NULL;
-    if (at && to) { /* same length or shorter: edit in place */
-        size_t a = strlen(from), b = strlen(to);
-        memcpy(at, to, b);
-        memmove(at + b, at + a, strlen(at + a) + 1);
-    }
-    return c;
+    char *c = test_slurp(p, NULL), *at = c && to ? strstr(c, from) : NULL;
+    if (!at) return c;
+    const size_t a = strlen(from), b = strlen(to), n = strlen(c);
+    char *e = malloc(n - a + b + 1);
+    memcpy(e, c, (size_t)(at - c));
+    memcpy(e + (at - c), to, b);
+    memcpy(e + (at - c) + b, at + a, n - (size_t)(at - c) - a + 1);
+    free(c);
+    return e;
 }
 
 /* The project's own GPT-2 files whose lm_head.weight is [97, 32], loaded into a model of 50 tokens:
@@ -385,6 +391,155 @@ static void nul_bytes(void) {
     cg_tokenizer_free(t);
 }
 
+/* ---- through the command: what a user sees ---- */
+
+static char bin[PATH_MAX + 16];
+
+/* Runs `cgrad ARGS` in the scratch directory; its exit code, stderr into err (static). */
+static int run(const char *args, const char **err) {
+    char cmd[2 * PATH_MAX + 2048];
+    snprintf(cmd, sizeof cmd, "cd '%s' && timeout -s KILL 120 '%s' %s < /dev/null > out.txt 2> err.txt", dir, bin, args);
+    const int st = system(cmd);
+    static char *e;
+    free(e);
+    e = test_slurp(path_in("err.txt"), NULL);
+    *err = e ? e : "";
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static void spit(const char *name, const char *text, size_t len) {
+    FILE *f = fopen(path_in(name), "wb");
+    if (f) fwrite(text, 1, len, f), fclose(f);
+}
+
+static void copy_file(const char *from, const char *to) {
+    size_t n;
+    char *s = test_slurp(from, &n);
+    CHECK(s != NULL, "cannot read %s", from);
+    if (s) spit(to, s, n);
+    free(s);
+}
+
+/* A char tokenizer of n code points (from 32 up) as cg_tokenizer.json into directory d. */
+static void char_tokenizer(const char *d, int n) {
+    char json[8192] = "{\"kind\": \"char\", \"codepoints\": [", name[256];
+    for (int i = 0; i < n; i++) snprintf(json + strlen(json), sizeof json - strlen(json), "%s%d", i ? ", " : "", 32 + i);
+    strcat(json, "]}");
+    snprintf(name, sizeof name, "%s/cg_tokenizer.json", d);
+    spit(name, json, strlen(json));
+}
+
+/* A vocab.txt of n tokens ([UNK], [CLS], [SEP], [MASK], [PAD], then words) into directory d. */
+static void vocab_txt(const char *d, int n) {
+    static const char *const special[] = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "sea", "ship"};
+    char text[8192] = "", name[256];
+    for (int i = 0; i < n; i++)
+        if (i < 8) snprintf(text + strlen(text), sizeof text - strlen(text), "%s\n", special[i]);
+        else snprintf(text + strlen(text), sizeof text - strlen(text), "w%d\n", i);
+    snprintf(name, sizeof name, "%s/vocab.txt", d);
+    spit(name, text, strlen(text));
+}
+
+/* The model directory d: config.json (the fixture's, edited from -> to), weights, tokenizer. */
+static void model_dir(const char *d, const char *arch, const char *from, const char *to, const char *weights) {
+    char name[256], *cfg = fixture_config(arch, from ? from : "", to);
+    mkdir(path_in(d), 0777);
+    snprintf(name, sizeof name, "%s/config.json", d);
+    spit(name, cfg, strlen(cfg));
+    snprintf(name, sizeof name, "%s/model.safetensors", d);
+    copy_file(weights, name);
+    free(cfg);
+}
+
+static void expect_cli_refusal(const char *args, const char *what, const char *n1, const char *n2, const char *n3) {
+    const char *err;
+    const int rc = run(args, &err);
+    CHECK(rc == 1, "%s: `cgrad %s` exited %d (1 expected): %s", what, args, rc, err);
+    const char *needles[3] = {n1, n2, n3};
+    for (int i = 0; i < 3; i++)
+        if (needles[i]) CHECK(strstr(err, needles[i]) != NULL, "%s: stderr lacks '%s': %s", what, needles[i], err);
+}
+
+/* The heap overflow's four doors (info, sample, fill-mask, train --init-from), the vocabulary
+ * checks of a Hugging Face directory and of a .ckpt, and a config.json key given twice. */
+static void cli_checks(void) {
+    if (!test_find_cgrad(bin, sizeof bin, "test_load")) {
+        CHECK(false, "no cgrad binary");
+        return;
+    }
+    const char *err;
+    spit("text.txt", "the sea and the ship\n", 21);
+    /* a good GPT-2 directory loads */
+    model_dir("gdir", "gpt2", NULL, NULL, FIX "gpt2/weights.safetensors");
+    char_tokenizer("gdir", 97);
+    CHECK(run("info gdir", &err) == 0, "a good directory: %s", err);
+    /* the project's own tied fixtures into a model of 50 tokens */
+    const char *tied[2] = {"weights_bad_tied", "weights_hf_prefixed"};
+    for (int k = 0; k < 2; k++) {
+        char w[512];
+        snprintf(w, sizeof w, FIX "gpt2/%s.safetensors", tied[k]);
+        model_dir("small", "gpt2", "\"vocab_size\": 97", "\"vocab_size\": 50", w);
+        char_tokenizer("small", 50);
+        expect_cli_refusal("info small", tied[k], "small/model.safetensors", "lm_head.weight", "[97,32]");
+        expect_cli_refusal("sample --checkpoint small --length 4", tied[k], "lm_head.weight", "[97,32]", "[50,32]");
+        expect_cli_refusal("train --init-from small --data text.txt --steps 1", tied[k], "lm_head.weight", "[97,32]",
+                           "[50,32]");
+    }
+    /* BERT: a decoder twin larger than the word embeddings, through fill-mask */
+    cg_params *ps;
+    cg_model *m = fixture_model("bert", CG_ARCH_BERT, "weights.safetensors", &ps);
+    cg_st_writer *wr = hf_writer(m, "", NULL);
+    cg_real *big = calloc(120 * 32, sizeof *big);
+    cg_st_add(wr, "cls.predictions.decoder.weight", 2, (int64_t[]){120, 32}, big);
+    free(big);
+    model_dir("bdir", "bert", NULL, NULL, FIX "bert/weights.safetensors");
+    vocab_txt("bdir", 89);
+    CHECK(run("fill-mask --checkpoint bdir the [MASK] ship", &err) == 0, "a good BERT directory: %s", err);
+    const char *out = test_slurp(path_in("out.txt"), NULL);
+    CHECK(out && !strstr(out, "(null)"), "fill-mask printed a token without a spelling: %s", out ? out : "");
+    free((void *)out);
+    CHECK(cg_st_write(wr, path_in("bdir/model.safetensors")) == CG_OK, "%s", cg_last_error());
+    cg_st_writer_free(wr);
+    expect_cli_refusal("fill-mask --checkpoint bdir the [MASK] ship", "a larger BERT decoder", "bdir/model.safetensors",
+                       "cls.predictions.decoder.weight", "[120,32]");
+    /* a vocab.txt cut short (88 of 89 tokens): fill-mask used to print (null) rows at exit 0 */
+    model_dir("bdir", "bert", NULL, NULL, FIX "bert/weights.safetensors");
+    vocab_txt("bdir", 88);
+    expect_cli_refusal("fill-mask --checkpoint bdir the [MASK] ship", "a trimmed vocab.txt", "bdir/vocab.txt", "88 tokens",
+                       "89");
+    /* a tokenizer with more tokens than the model embeds */
+    char_tokenizer("gdir", 98);
+    expect_cli_refusal("sample --checkpoint gdir --length 4", "a larger tokenizer", "gdir/cg_tokenizer.json", "98 tokens",
+                       "97");
+    char_tokenizer("gdir", 97);
+    /* a .ckpt whose tokenizer metadata is cut short */
+    for (int n = 97; n >= 96; n--) {
+        cg_params *gps;
+        cg_model *gm = fixture_model("gpt2", CG_ARCH_GPT2, "weights.safetensors", &gps);
+        cg_st_writer *w = hf_writer(gm, "", NULL);
+        char *cfg = fixture_config("gpt2", "", NULL), tok[8192] = "{\"kind\": \"char\", \"codepoints\": [";
+        for (int i = 0; i < n; i++) snprintf(tok + strlen(tok), sizeof tok - strlen(tok), "%s%d", i ? ", " : "", 32 + i);
+        strcat(tok, "]}");
+        cg_st_set_metadata(w, "arch", "gpt2");
+        cg_st_set_metadata(w, "config", cfg);
+        cg_st_set_metadata(w, "tokenizer", tok);
+        CHECK(cg_checkpoint_save(w, path_in("short.ckpt")) == CG_OK, "%s", cg_last_error());
+        cg_st_writer_free(w);
+        free(cfg);
+        cg_model_free(gm);
+        cg_params_free(gps);
+        if (n == 97) CHECK(run("info short.ckpt", &err) == 0, "a whole tokenizer: %s", err);
+        else expect_cli_refusal("info short.ckpt", "tokenizer metadata cut short", "short.ckpt", "96 tokens", "97");
+    }
+    /* a key twice in config.json: the first one (32) was read and the model loaded, silently */
+    char *cfg = fixture_config("gpt2", "\"torch_dtype\": \"float32\"", "\"torch_dtype\": \"float32\",\n  \"n_embd\": 64");
+    spit("gdir/config.json", cfg, strlen(cfg));
+    free(cfg);
+    expect_cli_refusal("info gdir", "a duplicate key", "gdir/config.json", "\"n_embd\"", "twice");
+    cg_model_free(m);
+    cg_params_free(ps);
+}
+
 int main(void) {
     if (!mkdtemp(dir)) {
         perror("mkdtemp");
@@ -395,6 +550,7 @@ int main(void) {
     hf_checks();
     lora_checks();
     nul_bytes();
+    cli_checks();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd)) fprintf(stderr, "cannot remove %s\n", dir);
