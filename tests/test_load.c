@@ -347,6 +347,20 @@ static void lora_checks(void) {
     free(img);
     expect_refusal(cg_lora_load(ps, bad), CG_ERR_FORMAT, "a NaN adapter", "adapters_nan.safetensors", "lora_", "finite");
     CHECK(cg_params_count(ps) == count && unchanged(ps, before), "a refused adapter load added adapters or changed values");
+    /* adapters of the wrong shapes: both named, with the shapes they must have */
+    cg_st_writer *w = cg_st_writer_new();
+    cg_real *zeros = calloc(96 * 2, sizeof *zeros);
+    cg_st_add(w, "h.0.attn.c_attn.weight.lora_A", 2, (int64_t[]){2, 16}, zeros);
+    cg_st_add(w, "h.0.attn.c_attn.weight.lora_B", 2, (int64_t[]){96, 2}, zeros);
+    cg_st_set_metadata(w, "format", "cgrad-lora");
+    cg_st_set_metadata(w, "scale:h.0.attn.c_attn.weight", "2");
+    const char *ft = path_in("ft.safetensors");
+    CHECK(cg_st_write(w, ft) == CG_OK, "%s", cg_last_error());
+    cg_st_writer_free(w);
+    free(zeros);
+    expect_refusal(cg_lora_load(ps, ft), CG_ERR_SHAPE, "misshapen adapters", "ft.safetensors", "lora_A is [2,16] and lora_B [96,2]",
+                   "[r, 96] and [32, r]");
+    CHECK(cg_params_count(ps) == count && unchanged(ps, before), "a refused adapter load added adapters or changed values");
     /* the good file loads */
     CHECK(cg_lora_load(ps, good) == CG_OK && cg_params_count(ps) == count + 4, "good adapters: %s", cg_last_error());
     free(before);
