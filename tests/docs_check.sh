@@ -2,8 +2,10 @@
 # SPDX-License-Identifier: MIT
 # Tested documentation: a doc that drifts from the code fails ctest.
 #   docs_check.sh c SRC BUILD CC LIB "FLAGS"   every ```c block of README.md and docs/*.md compiles
-#       against the library; a block holding `main(` is a whole program, linked and run (exit 0
-#       within 120 s), any other block is compiled alone at file scope after <cgrad/cgrad.h>.
+#       against the library. The blocks of a page are one C file, read in order after
+#       <cgrad/cgrad.h>, <stdio.h>, <stdlib.h> and <string.h>: a block without `main(` is compiled
+#       (-c) with the page's blocks before it; a block holding `main(` is a whole program, compiled
+#       with them, linked and run (exit 0 within 120 s), and the next block starts a new file.
 #   docs_check.sh sh SRC BUILD                  every ```sh block right after a `<!-- run -->` line
 #       runs under bash -e in a scratch folder where build/, data/, tests/ and examples/ are the
 #       real ones (exit 0 within 300 s). Unmarked blocks (minutes-long runs, mpirun) are not run.
@@ -20,14 +22,14 @@ docs=("$src/README.md" "$src"/docs/*.md)
 fail=0
 
 # Writes every ```LANG block of the docs to $tmp/blocks/NAME-N.EXT (NAME: the doc, N: the block's
-# line); with marked=1 only blocks whose fence follows a `<!-- run -->` line.
+# line, zero-padded so that names sort in page order); with marked=1 only blocks whose fence follows a `<!-- run -->` line.
 extract() { # lang ext marked
     mkdir -p "$tmp/blocks"
     for doc in "${docs[@]}"; do
         awk -v lang="$1" -v ext="$2" -v marked="$3" -v out="$tmp/blocks/$(basename "$doc" .md)" '
             inside && /^```/ { inside = 0; close(file); next }
             inside { print > file; next }
-            $0 == "```" lang && (!marked || prev == "<!-- run -->") { inside = 1; file = out "-" NR "." ext; printf "" > file }
+            $0 == "```" lang && (!marked || prev == "<!-- run -->") { inside = 1; file = sprintf("%s-%05d.%s", out, NR, ext); printf "" > file }
             NF { prev = $0 }' "$doc"
     done
 }
@@ -37,25 +39,31 @@ check_c() {
     mkdir -p "$tmp/inc" "$tmp/run"
     ln -s "$src" "$tmp/inc/cgrad"
     extract c c 0
-    local n=0
+    local n=0 prev_doc="" warn="-std=c11 -Wall -Wextra -Werror -Wno-unused-function -Wno-unused-parameter"
+    warn="$warn -Wno-unused-variable -Wno-unused-but-set-variable"
+    # Blocks in page order (the names carry zero-padded line numbers): a page's fragments accumulate
+    # into one file, so a tutorial can define a function in one block and call it in a later one.
     for f in "$tmp"/blocks/*.c; do
         [ -e "$f" ] || continue
         n=$((n + 1))
-        local name
-        name=$(basename "$f" .c)
-        local warn="-std=c11 -Wall -Wextra -Werror -Wno-unused-function -Wno-unused-parameter -Wno-unused-variable -Wno-unused-but-set-variable"
+        local name doc
+        name=$(basename "$f" .c) doc=${name%-*}
+        [ "$doc" = "$prev_doc" ] || : >"$tmp/acc-$doc.c"
+        prev_doc=$doc
+        { echo '#include <cgrad/cgrad.h>'; echo '#include <stdio.h>'; echo '#include <stdlib.h>'
+          echo '#include <string.h>'; cat "$tmp/acc-$doc.c"; echo "#line 1 \"$name\""; cat "$f"; } >"$tmp/$name.full.c"
         if grep -q 'main(' "$f"; then
+            : >"$tmp/acc-$doc.c" # a whole program ends the page's file; the next block starts a new one
             # shellcheck disable=SC2086
-            if ! $cc $warn -I"$tmp/inc" "$f" "$lib" $flags -o "$tmp/$name" 2>"$tmp/$name.err"; then
+            if ! $cc $warn -I"$tmp/inc" "$tmp/$name.full.c" "$lib" $flags -o "$tmp/$name" 2>"$tmp/$name.err"; then
                 echo "FAIL $name: does not compile and link"; cat "$tmp/$name.err"; fail=1; continue
             fi
             if (cd "$tmp/run" && timeout 120 "$tmp/$name" >"$tmp/$name.out" 2>&1); then echo "ok   $name: runs"
-            else echo "FAIL $name: exit $? when run"; cat "$tmp/$name.out"; fail=1; fi
+            else echo "FAIL $name: exit status $? when run"; cat "$tmp/$name.out"; fail=1; fi
         else
-            { echo '#include <cgrad/cgrad.h>'; echo '#include <stdio.h>'; echo '#include <stdlib.h>'
-              echo '#include <string.h>'; echo "#line 1 \"$name\""; cat "$f"; } >"$tmp/$name.frag.c"
+            { echo "#line 1 \"$name\""; cat "$f"; } >>"$tmp/acc-$doc.c"
             # shellcheck disable=SC2086
-            if $cc $warn -I"$tmp/inc" -c "$tmp/$name.frag.c" -o "$tmp/$name.o" 2>"$tmp/$name.err"; then echo "ok   $name: compiles"
+            if $cc $warn -I"$tmp/inc" -c "$tmp/$name.full.c" -o "$tmp/$name.o" 2>"$tmp/$name.err"; then echo "ok   $name: compiles"
             else echo "FAIL $name: does not compile"; cat "$tmp/$name.err"; fail=1; fi
         fi
     done
@@ -63,7 +71,8 @@ check_c() {
 }
 
 check_sh() {
-    local build=$3
+    local build
+    build=$(cd "$3" && pwd)
     extract sh sh 1
     local n=0
     for f in "$tmp"/blocks/*.sh; do
