@@ -148,10 +148,11 @@ static void overview(FILE *f) {
                "outruns the fp32 FMA units, else on those units with the operands widened: cgrad --version says which).\n");
 }
 
-/* Markdown of text: a table cell's bars escaped, angle brackets as entities (help says <TAB>). */
+/* Markdown of text: a table cell's bars and backslashes escaped, angle brackets as entities (help
+ * says <TAB>). */
 static void md_text(FILE *f, const char *s) {
     for (; *s; s++) {
-        if (*s == '|') fputs("\\|", f);
+        if (*s == '|' || *s == '\\') fputc('\\', f), fputc(*s, f);
         else if (*s == '<' || *s == '>') fputs(*s == '<' ? "&lt;" : "&gt;", f);
         else fputc(*s, f);
     }
@@ -167,7 +168,7 @@ static void markdown(FILE *f) {
                "Exit codes: 0 done; 1 the work failed (a damaged file, a diverged run); 2 a usage error (a bad flag\n"
                "value, a missing input, an unwritable output); 130 interrupted by Ctrl-C.\n\n"
                "| command | what it does |\n|---|---|\n");
-    for (int i = 0; i < N_COMMANDS; i++) fprintf(f, "| [`%s`](#%s) | %s |\n", commands[i].name, commands[i].name, commands[i].summary);
+    for (int i = 0; i < N_COMMANDS; i++) fprintf(f, "| `%s` | %s |\n", commands[i].name, commands[i].summary);
     for (int i = 0; i < N_COMMANDS; i++) {
         const command *c = &commands[i];
         fprintf(f, "\n## %s\n\n```\n", c->name);

@@ -104,7 +104,7 @@ check_generated() {
     # shellcheck disable=SC2086
     cat $headers >"$tmp/api.h"
     for doc in "${docs[@]}"; do
-        grep -o 'cg_[A-Za-z0-9_]*[.]\{0,1\}[a-z]*' "$doc" | grep -v '\.' | sort -u | while read -r name; do
+        grep -o 'cg_[A-Za-z0-9_]\+[.]\{0,1\}[a-z]*' "$doc" | grep -v '\.' | sort -u | while read -r name; do
             grep -qw "$name" "$tmp/api.h" || { echo "FAIL $(basename "$doc"): $name is not in any public header"; echo x >>"$tmp/unknown"; }
         done
     done
