@@ -149,12 +149,16 @@ static void overview(FILE *f) {
 }
 
 /* Markdown of text: a table cell's bars and backslashes escaped, angle brackets as entities (help
- * says <TAB>). */
+ * says <TAB>), and each --flag in backticks, so that no renderer turns its dashes into a dash. */
 static void md_text(FILE *f, const char *s) {
-    for (; *s; s++) {
-        if (*s == '|' || *s == '\\') fputc('\\', f), fputc(*s, f);
-        else if (*s == '<' || *s == '>') fputs(*s == '<' ? "&lt;" : "&gt;", f);
-        else fputc(*s, f);
+    for (const char *p = s; *p; p++) {
+        if (p[0] == '-' && p[1] == '-' && p[2] >= 'a' && p[2] <= 'z' && (p == s || p[-1] == ' ' || p[-1] == '(')) {
+            size_t n = 2 + strspn(p + 2, "abcdefghijklmnopqrstuvwxyz0123456789-");
+            fprintf(f, "`%.*s`", (int)n, p);
+            p += n - 1;
+        } else if (*p == '|' || *p == '\\') fputc('\\', f), fputc(*p, f);
+        else if (*p == '<' || *p == '>') fputs(*p == '<' ? "&lt;" : "&gt;", f);
+        else fputc(*p, f);
     }
 }
 
@@ -168,13 +172,18 @@ static void markdown(FILE *f) {
                "Exit codes: 0 done; 1 the work failed (a damaged file, a diverged run); 2 a usage error (a bad flag\n"
                "value, a missing input, an unwritable output); 130 interrupted by Ctrl-C.\n\n"
                "| command | what it does |\n|---|---|\n");
-    for (int i = 0; i < N_COMMANDS; i++) fprintf(f, "| `%s` | %s |\n", commands[i].name, commands[i].summary);
+    for (int i = 0; i < N_COMMANDS; i++) {
+        fprintf(f, "| `%s` | ", commands[i].name);
+        md_text(f, commands[i].summary);
+        fprintf(f, " |\n");
+    }
     for (int i = 0; i < N_COMMANDS; i++) {
         const command *c = &commands[i];
         fprintf(f, "\n## %s\n\n```\n", c->name);
         usage_line(f, c);
-        fprintf(f, "```\n\n%c%s.\n", c->summary[0] >= 'a' && c->summary[0] <= 'z' ? c->summary[0] - 'a' + 'A' : c->summary[0],
-                c->summary + 1);
+        fprintf(f, "```\n\n%c", c->summary[0] >= 'a' && c->summary[0] <= 'z' ? c->summary[0] - 'a' + 'A' : c->summary[0]);
+        md_text(f, c->summary + 1);
+        fprintf(f, ".\n");
         bool defaults = c->fn == cmd_train; /* train's defaults depend on --arch: gpt2's are shown */
         if (c->opts[0].flag)
             fprintf(f, defaults ? "\n| option | default (gpt2) | what it does |\n|---|---|---|\n" : "\n| option | what it does |\n|---|---|\n");
