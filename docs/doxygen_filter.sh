@@ -11,9 +11,10 @@ case $1 in
 */graph/*.h) group=graph ;; */ops/*.h) group=ops ;; */models/*.h) group=models ;;
 */optim/*.h) group=optim ;; */io/*.h) group=io ;; */dist/*.h) group=dist ;; *) group= ;;
 esac
-if [ -n "$group" ]; then open="/** @addtogroup $group */ /** @{ */" ingroup="\\n * @ingroup $group"; else open="" ingroup=""; fi
+open=""
+[ -n "$group" ] && open="/** @addtogroup $group */ /** @{ */"
 sed -e "1s|^/\* SPDX-License-Identifier: MIT \*/\$|$open|" \
-    -e "2s|^/\* |/** @file$ingroup\n * |" -e '2b' \
+    -e "2s|^/\* |/** @file\n * |" -e '2b' \
     -e '/^[[:space:]]*\/\* --/b' -e 's|^\([[:space:]]*\)/\* |\1/** |' \
     -e 's|\([^[:space:]/*][^/]*\)/\* |\1/**< |' "$1"
 [ -n "$group" ] && echo '/** @} */'
