@@ -10,8 +10,8 @@
 #       runs under bash -e in a scratch folder where build/, data/, tests/ and examples/ are the
 #       real ones (exit 0 within 300 s). Unmarked blocks (minutes-long runs, mpirun) are not run.
 #   docs_check.sh generated SRC CGRAD           docs/ops.md's table is docs/gen_ops.sh's output,
-#       docs/cli.md is `cgrad help --markdown`, and every cg_ name the docs mention is declared
-#       in a public header.
+#       docs/cli.md is `cgrad help --markdown`, every cg_ name the docs mention is declared in a
+#       public header, and every relative link names a file that exists.
 #   docs_check.sh regen SRC CGRAD               rewrites the two generated parts.
 # Programs see `#include <cgrad/cgrad.h>` through a folder whose cgrad/ is the source tree.
 set -u
@@ -109,6 +109,13 @@ check_generated() {
         done
     done
     [ -e "$tmp/unknown" ] && fail=1 || echo "ok   every cg_ name in the docs is declared in a public header"
+    # Every relative link and image of a page names a file that exists (anchors and URLs aside).
+    for doc in "${docs[@]}"; do
+        grep -o '](\([^)#]*\)' "$doc" | sed 's/^](//' | grep -v -e '^[a-z]*:' -e '^$' | sort -u | while read -r target; do
+            [ -e "$(dirname "$doc")/$target" ] || { echo "FAIL $(basename "$doc"): link to $target, which does not exist"; echo x >>"$tmp/broken"; }
+        done
+    done
+    [ -e "$tmp/broken" ] && fail=1 || echo "ok   every relative link in the docs names a file that exists"
 }
 
 regen() {
