@@ -60,7 +60,7 @@ cg_status cg_st_read_params(const cg_st *f, cg_params *ps);
  * are the values converted into the parameters; a refused load leaves every parameter as it was.
  * A new source of weights (several shard files, an adapter format) plugs in by opening its files
  * with cg_st_open and adding one entry per parameter, each naming its own file. */
-typedef struct cg_st_load cg_st_load;
+typedef struct cg_st_load cg_st_load; /* a planned weight load: its entries are checked together, then written */
 
 /* A new empty load; NULL on allocation failure. Free with cg_st_load_free. */
 cg_st_load *cg_st_load_new(void);
