@@ -181,20 +181,33 @@ static cg_status check_across(load_entry **by, int n) {
     return CG_OK;
 }
 
-cg_status cg_st_load_run(cg_st_load *l) {
+/* Checks every entry; *scratch gets the largest strided parameter's size (converted through one
+ * buffer, allocated before anything is written). */
+static cg_status check_all(cg_st_load *l, int64_t *scratch) {
     if (!l) return cgi_fail(CG_ERR_ARG, "[load] NULL load");
     load_entry **by = malloc(((size_t)l->n + 1) * sizeof *by);
     if (!by) return cgi_fail(CG_ERR_NOMEM, "[load] out of memory");
     cg_status s = CG_OK;
-    int64_t scratch = 0; /* the largest strided parameter: converted through one buffer */
+    *scratch = 0;
     for (int i = 0; !s && i < l->n; i++) {
         by[i] = &l->e[i];
         s = check_entry(&l->e[i]);
-        if (!l->e[i].tie && !cg_is_contiguous(l->e[i].param) && cg_numel(l->e[i].param) > scratch)
-            scratch = cg_numel(l->e[i].param);
+        if (!l->e[i].tie && !cg_is_contiguous(l->e[i].param) && cg_numel(l->e[i].param) > *scratch)
+            *scratch = cg_numel(l->e[i].param);
     }
     if (!s) s = check_across(by, l->n);
     free(by);
+    return s;
+}
+
+cg_status cg_st_load_check(cg_st_load *l) {
+    int64_t scratch;
+    return check_all(l, &scratch);
+}
+
+cg_status cg_st_load_run(cg_st_load *l) {
+    int64_t scratch;
+    cg_status s = check_all(l, &scratch);
     cg_real *tmp = !s && scratch ? malloc((size_t)scratch * sizeof *tmp) : NULL;
     if (!s && scratch && !tmp) s = cgi_fail(CG_ERR_NOMEM, "[load] out of memory for a %lld-value parameter", (long long)scratch);
     /* Everything is checked: only now does a parameter change. */
