@@ -109,10 +109,9 @@ static int64_t first_difference(const cgi_st_desc *a, const cgi_st_desc *b, doub
 /* One entry on its own: present, floating, the parameter's shape, in bounds, finite. */
 static cg_status check_entry(load_entry *x) {
     cg_tensor *p = x->param;
-    if (!cgi_st_describe(x->file, x->name, &x->d)) {
+    if (!cgi_st_describe(x->file, x->name, &x->d))
         return cgi_fail(CG_ERR_ARG, "[load] %s: no tensor '%s' for parameter '%s' %s", cgi_st_label(x->file), x->name,
                         cg_name(p), cgi_shp(p));
-    }
     const st_dtype *dt = &cgi_st_dtypes[x->d.dtype];
     if (dt->kind != K_REAL)
         return entry_fail(x, CG_ERR_ARG, "has dtype %s: parameter '%s' needs a floating type (F32, F64, F16, BF16, F8)",
@@ -125,9 +124,9 @@ static cg_status check_entry(load_entry *x) {
     uint64_t bytes;
     if (x->d.end < x->d.begin || x->d.end > x->d.data_len ||
         __builtin_mul_overflow((uint64_t)cg_numel(p), (uint64_t)dt->size, &bytes) || bytes != x->d.end - x->d.begin)
-        return entry_fail(x, CG_ERR_FORMAT, "has byte range [%llu, %llu), not the %s bytes of %s %s inside the %llu-byte data",
-                          (unsigned long long)x->d.begin, (unsigned long long)x->d.end, "expected", dt->name,
-                          cgi_shp(p), (unsigned long long)x->d.data_len);
+        return entry_fail(x, CG_ERR_FORMAT, "has byte range [%llu, %llu), not the bytes of %s %s inside the %llu-byte data",
+                          (unsigned long long)x->d.begin, (unsigned long long)x->d.end, dt->name, cgi_shp(p),
+                          (unsigned long long)x->d.data_len);
     double bad; /* a NaN weight makes every output NaN: refuse it here, naming it */
     const int64_t at = first_nonfinite(&x->d, &bad);
     if (at >= 0)
