@@ -2,6 +2,7 @@
 /* The cgrad command: one binary, one subcommand per job. Every subcommand is one row of the table
  * below (its usage line, what it does, its option table), so `--help`, `cgrad help` and the README's
  * command table all come from the same place. */
+#include <errno.h>
 #include <float.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -214,5 +215,13 @@ int main(int argc, char **argv) {
         return 0;
     }
     wait_passively(argv);
-    return c->fn(argc - 2, argv + 2);
+    cli_ignore_sigxfsz();
+    int rc = c->fn(argc - 2, argv + 2);
+    /* what a command printed (samples, evaluations, tables) is its result: a lost write is a failure */
+    errno = 0;
+    if (fflush(stdout) || ferror(stdout)) {
+        fprintf(stderr, "cgrad %s: cannot write the output (stdout): %s\n", argv[1], strerror(errno ? errno : EIO));
+        if (!rc) rc = 1;
+    }
+    return rc;
 }
