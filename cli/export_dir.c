@@ -19,15 +19,33 @@
 #include "cgrad.h"
 #include "cli/commands.h"
 
-/* The names an export writes; a target holding anything else is not an export to replace. */
+/* The names exports write (any arch, any tokenizer): with the files the new export wrote, what a
+ * target may hold to be replaced; anything else is the user's and is not thrown away. */
 static const char *const export_names[] = {"model.safetensors", "config.json",  "tokenizer_config.json", "vocab.json",
                                            "merges.txt",        "vocab.txt",    "cg_tokenizer.json",     "encoder.json",
                                            "vocab.bpe",         NULL};
 
-static bool export_name(const char *name) {
+static bool export_name(const char *name, const char *stage) {
     for (const char *const *n = export_names; *n; n++)
         if (!strcmp(name, *n)) return true;
-    return false;
+    if (!stage) return false;
+    char p[4400];
+    struct stat sb;
+    snprintf(p, sizeof p, "%s/%s", stage, name);
+    return !lstat(p, &sb) && S_ISREG(sb.st_mode); /* a file this export writes too */
+}
+
+/* The first entry of dir that is neither an export's file nor one the stage (if any) holds,
+ * copied into name; false when there is none. */
+static bool foreign_file(const char *dir, const char *stage, char *name, size_t n) {
+    DIR *d = opendir(dir);
+    if (!d) return false;
+    bool found = false;
+    for (struct dirent *de; !found && (de = readdir(d));)
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..") && !export_name(de->d_name, stage))
+            found = true, snprintf(name, n, "%s", de->d_name);
+    closedir(d);
+    return found;
 }
 
 /* The parent directory of dir and dir's last component (trailing slashes dropped), into buffers. */
@@ -99,20 +117,16 @@ bool cli_export_stage(const char *dir, char *tmp, size_t n) {
             fprintf(stderr, "cgrad export: %s exists and is not a directory\n", dir);
             return false;
         }
-        DIR *d = opendir(dir);
-        if (!d) {
-            fprintf(stderr, "cgrad export: cannot read the directory %s: %s\n", dir, strerror(errno));
+        if (access(dir, R_OK | W_OK | X_OK)) {
+            fprintf(stderr, "cgrad export: cannot replace the directory %s: %s\n", dir, strerror(errno));
             return false;
         }
-        struct dirent *de;
-        const char *foreign = NULL;
-        while (!foreign && (de = readdir(d)))
-            if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..") && !export_name(de->d_name)) foreign = de->d_name;
-        if (foreign)
+        char name[256];
+        if (foreign_file(dir, NULL, name, sizeof name)) { /* refused before the work; checked again at the swap */
             fprintf(stderr, "cgrad export: %s holds %s, which an export does not write: export replaces the whole "
-                            "directory, so give a new or empty directory, or one an earlier export wrote\n", dir, foreign);
-        closedir(d);
-        if (foreign) return false;
+                            "directory, so give a new or empty directory, or one an earlier export wrote\n", dir, name);
+            return false;
+        }
     }
     remove_stale(parent, base);
     static atomic_uint counter;
@@ -138,6 +152,12 @@ bool cli_export_commit(const char *tmp, const char *dir) {
     }
     if (d) closedir(d);
     if (!err && fsync_path(tmp, O_DIRECTORY) && errno != EINVAL) err = errno;
+    char name[256];
+    if (!err && foreign_file(dir, tmp, name, sizeof name)) { /* a file of the user's appeared meanwhile */
+        fprintf(stderr, "cgrad export: %s now holds %s, which an export does not write: left as it was\n", dir, name);
+        remove_flat_dir(tmp);
+        return false;
+    }
     bool swapped = false;
     if (!err && rename(tmp, dir)) { /* a new name or an empty directory: one rename */
         if (errno != ENOTEMPTY && errno != EEXIST) err = errno;
