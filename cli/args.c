@@ -47,12 +47,35 @@ static void dir_of(const char *path, char *buf, size_t n) {
     else snprintf(buf, n, "%.*s", (int)(slash - path), path);
 }
 
+bool cli_decimal(const char *v, bool whole) {
+    const char *p = v;
+    if (*p == '+' || *p == '-') p++;
+    size_t digits = strspn(p, "0123456789");
+    p += digits;
+    if (!whole && *p == '.') {
+        const size_t frac = strspn(p + 1, "0123456789");
+        p += 1 + frac;
+        digits += frac;
+    }
+    if (!digits) return false;
+    if (!whole && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (*p == '+' || *p == '-') p++;
+        const size_t exp = strspn(p, "0123456789");
+        if (!exp) return false;
+        p += exp;
+    }
+    return *p == 0;
+}
+
 bool cli_check_value(const char *cmd, const cli_opt *o, const char *v, cli_value *out) {
     char *end = NULL, range[96];
     struct stat sb;
     errno = 0;
     switch (o->kind) {
-    case CLI_BARE: return true;
+    case CLI_BARE: /* present: on (a value is never read for it) */
+        out->i = 1;
+        return true;
     case CLI_STR:
         out->s = v;
         return true;
@@ -81,7 +104,7 @@ bool cli_check_value(const char *cmd, const cli_opt *o, const char *v, cli_value
     }
     case CLI_INT: {
         long long x = strtoll(v, &end, 10);
-        if (!errno && end != v && !*end && (double)x >= o->lo && (double)x <= o->hi) {
+        if (cli_decimal(v, true) && !errno && end != v && !*end && (double)x >= o->lo && (double)x <= o->hi) {
             out->i = x;
             return true;
         }
@@ -91,9 +114,8 @@ bool cli_check_value(const char *cmd, const cli_opt *o, const char *v, cli_value
     }
     case CLI_U64: {
         const char *p = v;
-        while (*p == ' ' || *p == '\t') p++;
         unsigned long long x = strtoull(p, &end, 10);
-        if (*p != '-' && *p != '+' && !errno && end != p && !*end) {
+        if (*p != '-' && *p != '+' && cli_decimal(p, true) && !errno && end != p && !*end) {
             out->u = x;
             return true;
         }
@@ -102,12 +124,12 @@ bool cli_check_value(const char *cmd, const cli_opt *o, const char *v, cli_value
     }
     case CLI_NUM: {
         double x = strtod(v, &end);
-        if (end != v && !*end && isfinite(x) && x >= o->lo && x <= o->hi) {
+        if (cli_decimal(v, false) && end != v && !*end && isfinite(x) && x >= o->lo && x <= o->hi) {
             out->d = x;
             return true;
         }
         range_str(o, range, sizeof range);
-        fprintf(stderr, "cgrad %s: %s wants a finite number %s, got '%s'\n", cmd, o->flag, range, v);
+        fprintf(stderr, "cgrad %s: %s wants a finite decimal number %s, got '%s'\n", cmd, o->flag, range, v);
         return false;
     }
     }

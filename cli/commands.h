@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "cgrad.h"
+
 /* cgrad step: one forward/backward (and optional AdamW steps) on a batch file, outputs dumped. */
 int cmd_step(int argc, char **argv);
 /* cgrad bench: training-step and generation timings of the zoo configs, one JSON line per config. */
@@ -71,6 +73,37 @@ typedef struct {
     const char **words; /* positional arguments (argv reused; "--" ends the options) */
     int n_words;
 } cli_args;
+
+/* An output file being written beside its final name (cli_out_open, then cli_out_close). */
+typedef struct {
+    FILE *f;          /* where the text goes */
+    const char *path; /* the final name */
+    char tmp[4200];   /* path.tmp.PID.N, renamed to path when whole */
+} cli_out;
+/* Creates path's temporary file; false with "[write] path: reason" in cg_last_error(). */
+bool cli_out_open(cli_out *o, const char *path);
+/* Flushes, syncs and renames the temporary file into place; on any failure removes it and returns
+ * an error "[write] path: reason" (ENOSPC, EFBIG, ...). */
+cg_status cli_out_close(cli_out *o);
+/* Closes and removes the temporary file (an error before the text was whole). */
+void cli_out_abort(cli_out *o);
+/* Makes a write past `ulimit -f` fail with EFBIG instead of ending the process, so temporary files
+ * are removed on that error path too. */
+void cli_ignore_sigxfsz(void);
+
+/* Checks that dir is new, empty or an earlier export (nothing of the user's would be replaced) and
+ * creates the temporary directory tmp beside it that the export is written into; false (said on
+ * stderr) when it cannot. */
+bool cli_export_stage(const char *dir, char *tmp, size_t n);
+/* Syncs tmp's files and puts tmp in dir's place in one rename, then removes the old export; false
+ * (said on stderr, tmp removed) when it cannot. */
+bool cli_export_commit(const char *tmp, const char *dir);
+/* Removes the temporary directory of an export that failed. */
+void cli_export_discard(const char *tmp);
+
+/* Whether v is written as a decimal number: [+-]digits, and (whole false) a fraction and an
+ * exponent: no hex, inf, nan, blanks or trailing bytes. */
+bool cli_decimal(const char *v, bool whole);
 
 /* Checks one value against its option (the whole string must be the number; finite; in range;
  * files as the kind says); prints "cgrad CMD: --flag wants ..., got 'v'" and returns false if bad. */

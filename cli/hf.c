@@ -12,6 +12,7 @@
 
 #include "cli/commands.h"
 #include "cli/session.h"
+#include "io/file_internal.h"
 #include "optim/lora.h"
 
 static bool is_dir(const char *p) {
@@ -46,8 +47,8 @@ static void dir_of(const char *path, char *out, size_t n) {
 
 bool cli_hf_layout(const char *path) {
     if (is_dir(path)) return true;
-    FILE *f = fopen(path, "rb");
-    if (!f) return false;
+    FILE *f = cgi_fopen_bounded(path, CGI_LIMIT_WEIGHTS, "checkpoint", NULL);
+    if (!f) return false; /* a device or a pipe: the checkpoint reader refuses it, naming it */
     unsigned char b[2] = {0, 0};
     const size_t n = fread(b, 1, 2, f);
     fclose(f);
@@ -218,7 +219,7 @@ cg_status cli_hf_load(const char *path, double dropout, bool partial, cli_ckpt *
     /* config.json beside the weights; a file cg_model_save wrote carries its config in the metadata */
     char *text = NULL;
     size_t text_len = 0;
-    if (is_file(config) && cg_read_text_file(config, &text, &text_len)) return cli_ckpt_fail(ck, CG_ERR_FORMAT);
+    if (is_file(config) && cgi_read_text_bounded(config, CGI_LIMIT_JSON, "hf", &text, &text_len)) return cli_ckpt_fail(ck, CG_ERR_FORMAT);
     const char *meta_cfg = cg_st_metadata(ck->st, "config");
     cJSON *cfg = text ? cJSON_Parse(text) : meta_cfg ? cJSON_Parse(meta_cfg) : NULL;
     const char *cfg_name = text || !meta_cfg ? config : weights;
@@ -418,23 +419,22 @@ int cmd_export(int argc, char **argv) {
         cli_fail("export", "cannot merge the LoRA adapters");
         goto done;
     }
-    if (!is_dir(dir) && mkdir(dir, 0777)) {
-        fprintf(stderr, "cgrad export: cannot create the directory %s: %s\n", dir, strerror(errno));
-        goto done;
-    }
-    char path[4200];
-    path_join(path, sizeof path, dir, "model.safetensors");
+    char stage[4400], path[4500]; /* written into stage, beside dir, then swapped in whole */
+    if (!cli_export_stage(dir, stage, sizeof stage)) goto done;
+    path_join(path, sizeof path, stage, "model.safetensors");
     cJSON *cfg = hf_config(&ck), *tcfg = tokenizer_config(&ck);
     cg_status st = cg_model_save_hf(ck.model, path);
-    if (!st) st = write_json(dir, "config.json", cfg);
-    if (!st) st = cg_tokenizer_save_hf(ck.tok, dir);
-    if (!st) st = write_json(dir, "tokenizer_config.json", tcfg);
+    if (!st) st = write_json(stage, "config.json", cfg);
+    if (!st) st = cg_tokenizer_save_hf(ck.tok, stage);
+    if (!st) st = write_json(stage, "tokenizer_config.json", tcfg);
     cJSON_Delete(cfg);
     cJSON_Delete(tcfg);
     if (st) {
         cli_fail("export", dir);
+        cli_export_discard(stage);
         goto done;
     }
+    if (!cli_export_commit(stage, dir)) goto done;
     static const char *const tok_files[] = {"cg_tokenizer.json (cgrad's own: transformers has no char tokenizer)",
                                             "vocab.json + merges.txt", "vocab.txt"};
     printf("exported %s (%s, %lld parameters%s) to %s: model.safetensors, config.json, %s, tokenizer_config.json\n",

@@ -2,6 +2,7 @@
 /* The cgrad command: one binary, one subcommand per job. Every subcommand is one row of the table
  * below (its usage line, what it does, its option table), so `--help`, `cgrad help` and the CLI
  * reference (docs/cli.md, `cgrad help --markdown`) all come from the same place. */
+#include <errno.h>
 #include <float.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -268,5 +269,13 @@ int main(int argc, char **argv) {
         return 0;
     }
     wait_passively(full_argv);
-    return c->fn(argc, argv);
+    cli_ignore_sigxfsz();
+    int rc = c->fn(argc, argv);
+    /* what a command printed (samples, evaluations, tables) is its result: a lost write is a failure */
+    errno = 0;
+    if (fflush(stdout) || ferror(stdout)) {
+        fprintf(stderr, "cgrad %s: cannot write the output (stdout): %s\n", c->name, strerror(errno ? errno : EIO));
+        if (!rc) rc = 1;
+    }
+    return rc;
 }

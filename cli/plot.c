@@ -7,11 +7,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "cli/commands.h"
 #include "cli/session.h"
+#include "io/file_internal.h"
 
-enum { STEP, TRAIN, VAL, LR, TOK, NCOL }; /* the columns a run's rows have (NAN: none) */
+enum { STEP, TRAIN, VAL, LR, TOK, NCOL };
+enum { PLOT_LINE_MAX = 4096 }; /* bytes of a metrics line, its newline included (docs/limits.md) */ /* the columns a run's rows have (NAN: none) */
 
 typedef struct {
     double *v[NCOL];
@@ -54,18 +57,28 @@ static int column(const char *header, const char *name, bool prefix) {
     return -1;
 }
 
-/* Field col of a CSV line as a number; NAN when empty or missing (col < 0 included). */
-static double field_num(const char *line, int col) {
+/* Field col of a CSV line as a number into *v (NAN when empty or missing, col < 0 included);
+ * false when the field holds something else than a decimal number, inf or nan ("0x10", "1.5abc"). */
+static bool field_num(const char *line, int col, double *v) {
     const char *p = line;
-    if (col < 0) return NAN;
+    *v = NAN;
+    if (col < 0) return true;
     for (int c = 0; c < col; c++) {
         p = strpbrk(p, ",\n");
-        if (!p || *p != ',') return NAN;
+        if (!p || *p != ',') return true;
         p++;
     }
-    char *end;
-    double v = strtod(p, &end);
-    return end == p ? NAN : v;
+    const size_t w = strcspn(p, ",\r\n");
+    if (w == 0) return true;
+    char num[64];
+    if (w >= sizeof num) return false;
+    memcpy(num, p, w);
+    num[w] = 0;
+    const char *bare = num + (*num == '-' || *num == '+');
+    const bool special = !strcasecmp(bare, "inf") || !strcasecmp(bare, "nan"); /* a diverged loss, as written */
+    if (!special && !cli_decimal(num, false)) return false;
+    *v = strtod(num, NULL);
+    return true;
 }
 
 /* A JSON line's number under key (prefix: the first key starting with it); NAN when absent. */
@@ -76,17 +89,38 @@ static double json_num(const cJSON *o, const char *key, bool prefix) {
     return NAN;
 }
 
+/* Reads line no of f into line; false at the end of the file or on an error (*st set: a read
+ * error, or a line longer than PLOT_LINE_MAX, which is refused rather than split into two rows). */
+static bool next_line(FILE *f, const char *path, long no, char *line, size_t n, cg_status *st) {
+    if (!fgets(line, (int)n, f)) {
+        if (ferror(f)) *st = cg_set_error(CG_ERR_IO, "[plot] %s line %ld: read error", path, no);
+        return false;
+    }
+    const size_t len = strlen(line);
+    if (len + 1 == n && line[len - 1] != '\n') {
+        *st = cg_set_error(CG_ERR_FORMAT, "[plot] %s line %ld: longer than %d bytes (not a metrics file?)", path, no,
+                           PLOT_LINE_MAX);
+        return false;
+    }
+    if ((len == 0 || line[len - 1] != '\n') && !feof(f)) { /* fgets stopped short of the newline: a NUL */
+        *st = cg_set_error(CG_ERR_FORMAT, "[plot] %s line %ld: holds a NUL byte (not a metrics file?)", path, no);
+        return false;
+    }
+    return true;
+}
+
 /* Reads a metrics file: CSV with a header (step, train_loss, val_loss; lr and a tok... column if
  * there), or JSON lines (one object a line with the same keys). */
 static cg_status read_metrics(const char *path, series *s) {
-    FILE *f = fopen(path, "r");
-    if (!f) return cg_set_error(CG_ERR_IO, "[plot] cannot open %s", path);
-    char line[4096];
+    FILE *f = cgi_fopen_bounded(path, CGI_LIMIT_METRICS, "plot", NULL);
+    if (!f) return cg_last_status();
+    char line[PLOT_LINE_MAX + 2]; /* a line, its newline and the NUL */
     int col[NCOL] = {-1, -1, -1, -1, -1};
     cg_status st = CG_OK;
-    bool jsonl = false;
+    bool jsonl = false, any = false;
     long no = 1;
-    if (fgets(line, sizeof line, f)) {
+    if (next_line(f, path, no, line, sizeof line, &st)) {
+        any = true;
         jsonl = line[strspn(line, " \t")] == '{';
         if (!jsonl) {
             col[STEP] = column(line, "step", false), col[TRAIN] = column(line, "train_loss", false);
@@ -94,10 +128,10 @@ static cg_status read_metrics(const char *path, series *s) {
             col[TOK] = column(line, "tok", true); /* tok_per_s_last20, or an older file's tokens_per_s */
             if (col[STEP] < 0 || col[TRAIN] < 0 || col[VAL] < 0)
                 st = cg_set_error(CG_ERR_FORMAT, "[plot] %s: the header needs step, train_loss and val_loss", path);
-            if (!st && !fgets(line, sizeof line, f)) line[0] = 0;
-            no = 2;
+            if (!st && !next_line(f, path, ++no, line, sizeof line, &st)) line[0] = 0;
         }
     } else line[0] = 0;
+    if (!st && !any) st = cg_set_error(CG_ERR_FORMAT, "[plot] %s: empty file: no header and no rows", path);
     for (; !st && line[0]; no++) {
         double row[NCOL];
         if (jsonl) {
@@ -110,13 +144,16 @@ static cg_status read_metrics(const char *path, series *s) {
             else row[STEP] = NAN;
             cJSON_Delete(o);
         } else
-            for (int c = 0; c < NCOL; c++) row[c] = field_num(line, col[c]);
+            for (int c = 0; !st && c < NCOL; c++)
+                if (!field_num(line, col[c], &row[c]))
+                    st = cg_set_error(CG_ERR_FORMAT, "[plot] %s line %ld, column %d: not a decimal number", path, no,
+                                      col[c] + 1);
         if (!st && !isnan(row[STEP])) {
             if (!isfinite(row[STEP])) /* an axis to infinity has no ticks to draw */
                 st = cg_set_error(CG_ERR_FORMAT, "[plot] %s line %ld: step %g is not a finite number", path, no, row[STEP]);
             else if (!push(s, row)) st = cg_set_error(CG_ERR_NOMEM, "[plot] out of memory");
         }
-        if (!fgets(line, sizeof line, f)) line[0] = 0;
+        if (!st && !next_line(f, path, no + 1, line, sizeof line, &st)) line[0] = 0;
     }
     fclose(f);
     return st;
@@ -233,8 +270,9 @@ cg_status cli_plot_runs(const char *const *paths, const char *const *labels, int
         runs[r].label = labels && labels[r] ? labels[r] : paths[r];
         st = read_metrics(paths[r], &runs[r]);
     }
-    FILE *f = st ? NULL : fopen(svg_path, "w");
-    if (!st && !f) st = cg_set_error(CG_ERR_IO, "[plot] cannot write %s", svg_path);
+    cli_out out = {0};
+    if (!st && !cli_out_open(&out, svg_path)) st = cg_last_status();
+    FILE *f = out.f; /* a temporary file beside svg_path, renamed into place when whole */
     /* Ranges over every run; an exponential moving average over about 1/50 of each run. */
     double x0 = INFINITY, x1 = -INFINITY, lo[NCOL], hi[NCOL];
     for (int c = 0; c < NCOL; c++) lo[c] = INFINITY, hi[c] = -INFINITY;
@@ -255,7 +293,7 @@ cg_status cli_plot_runs(const char *const *paths, const char *const *labels, int
         }
     }
     if (st) {
-        if (f) fclose(f);
+        if (f) cli_out_abort(&out);
         for (int r = 0; runs && r < n_runs; r++) series_free(&runs[r]);
         free(runs);
         return st;
@@ -332,8 +370,7 @@ cg_status cli_plot_runs(const char *const *paths, const char *const *labels, int
         legend_row(f, lx, ly + 16 + 18 * n_runs, "#555", "stroke-width=\"2\" stroke-dasharray=\"6 3\"", true,
                    "solid: train (moving average); dashed: held-out");
     fprintf(f, "</g>\n</svg>\n");
-    bool bad = ferror(f);
-    if (fclose(f) || bad) st = cg_set_error(CG_ERR_IO, "[plot] error writing %s", svg_path);
+    st = cli_out_close(&out);
     for (int r = 0; r < n_runs; r++) series_free(&runs[r]);
     free(runs);
     return st;

@@ -95,6 +95,12 @@ int cmd_step(int argc, char **argv) {
         rc = fail("the batch needs 2-D input tensors");
         goto done;
     }
+    if (shape[0] < 1 || shape[1] < 1 || (arch == CG_ARCH_ENCDEC && src_shape[1] < 1)) { /* a loss of 0 over nothing */
+        fprintf(stderr, "cgrad step: %s: %s is [%lld, %lld]: a batch needs at least one row of at least one token\n",
+                b_path, main_name, (long long)shape[0], (long long)shape[1]);
+        rc = 1;
+        goto done;
+    }
     g = cg_graph_new(CG_TRAIN);
     cg_model_graph mg;
     if (!g || cg_model_build(g, m, shape[0], shape[1], src_shape[1], &mg) || fill_inputs(&mg, batch)) {

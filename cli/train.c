@@ -18,6 +18,7 @@
 
 #include "cli/train.h"
 #include "graph/internal.h"
+#include "io/file_internal.h"
 
 static volatile sig_atomic_t interrupted;
 
@@ -35,14 +36,16 @@ double train_now_s(void) {
 
 /* crc32 and size of a file, so a resumed run can tell its data changed. */
 static bool file_crc(const char *path, uint32_t *crc, int64_t *bytes) {
-    FILE *f = fopen(path, "rb");
+    FILE *f = cgi_fopen_bounded(path, CGI_LIMIT_DATA, "data", NULL);
     if (!f) return false;
     unsigned char buf[1 << 15];
     uLong c = crc32(0L, Z_NULL, 0);
     int64_t n = 0;
     size_t k;
     while ((k = fread(buf, 1, sizeof buf, f)) > 0) c = crc32(c, buf, (uInt)k), n += (int64_t)k;
+    const bool failed = ferror(f);
     fclose(f);
+    if (failed) return cg_set_error(CG_ERR_IO, "[data] %s: read error", path), false;
     *crc = (uint32_t)c;
     *bytes = n;
     return true;
@@ -241,12 +244,12 @@ int cmd_train(int argc, char **argv) {
 
     /* Tokenizer: restored, or made from the data. */
     if (!file_crc(o.data, &r.data_crc, &r.data_bytes)) {
-        fprintf(stderr, "cgrad train: cannot read --data %s: %s\n", o.data, strerror(errno));
+        fprintf(stderr, "cgrad train: cannot read --data %s: %s\n", o.data, cg_last_error());
         goto done;
     }
     int64_t vb = 0;
     if (*o.val_data && !file_crc(o.val_data, &r.val_crc, &vb)) {
-        fprintf(stderr, "cgrad train: cannot read --val-data %s: %s\n", o.val_data, strerror(errno));
+        fprintf(stderr, "cgrad train: cannot read --val-data %s: %s\n", o.val_data, cg_last_error());
         goto done;
     }
     if (resume) { /* resuming exactly needs the very same data */
@@ -400,7 +403,7 @@ int cmd_train(int argc, char **argv) {
         goto done;
     }
     if (r.rank == 0 && train_write_run_json(&r)) {
-        fprintf(stderr, "cgrad train: cannot write %s: %s\n", r.run_path, strerror(errno));
+        fprintf(stderr, "cgrad train: cannot write %s: %s\n", r.run_path, cg_last_error());
         goto done;
     }
 
@@ -450,25 +453,31 @@ int cmd_train(int argc, char **argv) {
     r.t_start = train_now_s();
     const int64_t first = r.step;
     int64_t last_eval = -1;
+    cg_status st = CG_OK;
     if (r.step == 0 && o.eval_every > 0 && o.eval_batches > 0) { /* where a fresh model starts */
         evaluate(&r, false);
         if (!interrupted) {
-            train_metrics_row(&r, 0, 0, NULL, r.last_val, NAN, train_now_s() - r.t_start);
+            train_metrics_row(&r, 0, 0, NULL, r.last_val, NAN, train_now_s() - r.t_start); /* a failure: r.write_failed */
             last_eval = 0;
         }
     }
-    cg_status st = CG_OK;
     bool diverged = false;
     /* The loop allocates nothing: batches go into the graphs' inputs, the optimizer works in place. */
+    bool write_stop = false; /* some rank failed a write: all stop together */
     while (r.step < o.steps && !interrupted) {
         const double t0 = train_now_s(), lr = cg_schedule_lr(&r.sched, cg_optim_steps(r.opt));
         double loss = 0;
         for (int64_t a = 0; a < o.grad_accum && !st; a++) st = shard_step(&r, a, &loss);
         /* the mean over every micro-batch of every rank; ranks stop together on a signal */
-        double agree[2] = {loss, interrupted ? 1 : 0};
+        double agree[3] = {loss, interrupted ? 1 : 0, r.write_failed ? 1 : 0};
         if (!st) st = cg_dist_reducer_finish(r.red);
-        if (!st) st = cg_dist_sum(r.d, agree, 2);
+        if (!st) st = cg_dist_sum(r.d, agree, 3);
         if (st) break;
+        if (agree[2] > 0) { /* a lost metrics row or plot: stop before this step's update, on every rank */
+            st = CG_ERR_IO;
+            write_stop = true;
+            break;
+        }
         r.drop_step += (uint64_t)(r.world * o.grad_accum);
         cg_graph_set_rng(r.g, r.dropout_seed, r.drop_step);
         loss = agree[0] / (double)(r.world * o.grad_accum);
@@ -525,7 +534,7 @@ int cmd_train(int argc, char **argv) {
             evaluate(&r, r.step == o.steps);
             if (!interrupted) val = r.last_val, last_eval = r.step;
         }
-        train_metrics_row(&r, r.step, lr, &loss, val, tok_s, r.elapsed0 + train_now_s() - r.t_start);
+        train_metrics_row(&r, r.step, lr, &loss, val, tok_s, r.elapsed0 + train_now_s() - r.t_start); /* see write_stop */
         if (r.world > 1 && o.log_every > 0 && r.step % o.log_every == 0) {
             const cg_dist_stats ds = cg_dist_reducer_stats(r.red);
             printf("  all-reduce: %lld buckets, %.2f MB a step; per step %.1f ms from first start to last end, %.1f ms of "
@@ -541,7 +550,7 @@ int cmd_train(int argc, char **argv) {
                 train_clear_bar(&r);
                 fprintf(stderr, "cgrad train: cannot save: %s\n", cg_last_error());
             }
-            if (r.rank == 0) train_finish_files(&r);
+            if (r.rank == 0) train_finish_files(&r); /* a failure stops the run at the next step (write_stop) */
         }
     }
     sigaction(SIGINT, &old_sa, NULL);
@@ -553,7 +562,10 @@ int cmd_train(int argc, char **argv) {
         cg_dist_abort(r.d, 1);
         goto done;
     }
-    if (st && !diverged) {
+    if (write_stop || (!st && r.write_failed)) { /* a full disk: the metrics would be silently short */
+        if (r.write_failed) fprintf(stderr, "cgrad train: %s; stopping at step %lld\n", r.write_error, (long long)r.step);
+        if (!st) st = CG_ERR_IO;
+    } else if (st && !diverged) {
         cli_fail("train", "training step failed");
         /* keep what was learned: the last good state is still worth a checkpoint */
     }
@@ -567,10 +579,9 @@ int cmd_train(int argc, char **argv) {
         fprintf(stderr, "cgrad train: cannot save the checkpoint: %s\n", cg_last_error());
         if (!st) st = CG_ERR_IO;
     } else if (!saved) printf("saved %s (step %lld)\n", o.checkpoint, (long long)r.step);
-    fclose(r.metrics);
-    fclose(r.jsonl);
-    r.metrics = r.jsonl = NULL;
-    if (r.rank == 0) train_finish_files(&r);
+    const bool said = r.write_failed; /* said once, where it happened */
+    if (!train_close_metrics(&r) && !said) fprintf(stderr, "cgrad train: %s\n", r.write_error);
+    else if (r.rank == 0 && !r.write_failed) train_finish_files(&r);
     if (!interrupted && !st && r.rank == 0) cli_task_show(stdout, &r.task, r.model, (int)o.samples, o.seed);
     const char *guard_line = cgi_cores_summary(); /* why steps may have run at one thread's speed */
     if (guard_line) printf("%s\n", guard_line);
@@ -582,7 +593,7 @@ int cmd_train(int argc, char **argv) {
         printf("final step=%lld train_loss=%.4f val_loss=%.4f tokens_per_s=%.1f\n", (long long)r.step, train_loss,
                r.last_val, r.train_s > 0 ? (double)r.tokens_run / r.train_s : 0.0);
     fflush(stdout);
-    rc = interrupted ? 130 : st ? 1 : 0;
+    rc = interrupted ? 130 : st || r.write_failed ? 1 : 0;
 done:
     if (rc && r.world > 1 && !all_failed) cg_dist_abort(r.d, rc); /* the others would wait for this rank */
     cg_dist_reducer_free(r.red);

@@ -131,6 +131,8 @@ typedef struct {
     uint64_t drop_step; /* dropout stream position at the start of the step, the same on every rank */
     cli_rate rate;      /* the last steps' seconds and tokens: tok/s and ETA */
     double eval_s;      /* seconds the last evaluation took (for the ETA) */
+    bool write_failed;  /* a metrics, JSON lines or plot write failed: every rank stops, exit 1 */
+    char write_error[600]; /* "[write] path: reason" of the first failed write */
 } run;
 
 #define STR_(x) #x
@@ -177,9 +179,10 @@ cg_status train_restore(run *r, const cli_ckpt *ck, const char *path);
 /* Rewrites a metrics file (header NULL: JSON lines) keeping the rows up to the resumed step, then
  * appends to it. */
 FILE *train_open_metrics(const char *path, int64_t keep_upto, const char *header);
-/* One metrics row, in the CSV and as a JSON line (see train_log.c for the empty values). */
-void train_metrics_row(run *r, int64_t step, double lr, const double *train, double val, double tok_s, double elapsed);
-/* Writes the run's resolved options to r->run_path; 0 or -1 (errno says why). */
+/* One metrics row, in the CSV and as a JSON line (see train_log.c for the empty values); false
+ * (cg_last_error: "[write] path: reason", r->write_failed set) when a write failed. */
+bool train_metrics_row(run *r, int64_t step, double lr, const double *train, double val, double tok_s, double elapsed);
+/* Writes the run's resolved options to r->run_path (whole, or not at all); 0 or -1 (cg_last_error says why). */
 int train_write_run_json(run *r);
 /* Clears the progress bar from the terminal line, if one is shown. */
 void train_clear_bar(run *r);
@@ -187,8 +190,10 @@ void train_clear_bar(run *r);
 void train_progress(run *r, double loss, double lr);
 /* The evaluation line. */
 void train_log_eval(run *r, const cli_eval *e, double exact, int64_t tried);
-/* Flushes the metrics and draws the loss plot. */
-void train_finish_files(run *r);
+/* Flushes the metrics and draws the loss plot; false (said on stderr, r->write_failed set) on a failed write. */
+bool train_finish_files(run *r);
+/* Flushes and closes the metrics files; false (cg_last_error: "[write] path: reason") if a write failed. */
+bool train_close_metrics(run *r);
 /* Derived file names: next to the checkpoint when one was named, else in the working directory. */
 void train_derive_paths(run *r, const char *run_dir);
 

@@ -1,11 +1,15 @@
 /* SPDX-License-Identifier: MIT */
 /* What a cgrad train run shows and leaves beside its checkpoint: the progress bar or lines, the
  * evaluation lines, the metrics (CSV and JSON lines), the loss plot and the resolved options. */
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli/train.h"
+#include "io/file_internal.h"
 
 /* The step a metrics row is about: a CSV row's first field, a JSON line's leading "step"; -1 if neither. */
 static int64_t row_step(const char *line) {
@@ -18,17 +22,12 @@ static int64_t row_step(const char *line) {
 FILE *train_open_metrics(const char *path, int64_t keep_upto, const char *header) {
     char *old = NULL;
     size_t len = 0;
-    if (keep_upto > 0) {
-        FILE *f = fopen(path, "rb");
-        if (f) {
-            fseek(f, 0, SEEK_END);
-            long n = ftell(f);
-            fseek(f, 0, SEEK_SET);
-            old = n > 0 ? malloc((size_t)n + 1) : NULL;
-            len = old ? fread(old, 1, (size_t)n, f) : 0;
-            if (old) old[len] = 0;
-            fclose(f);
-        }
+    struct stat sb; /* rows to keep are in a regular file (a rank's /dev/null has none) */
+    if (keep_upto > 0 && !stat(path, &sb) && S_ISREG(sb.st_mode) &&
+        !(old = cgi_read_bounded(path, CGI_LIMIT_METRICS, "metrics", &len))) {
+        fprintf(stderr, "cgrad train: %s\n", cg_last_error());
+        errno = EINVAL;
+        return NULL;
     }
     FILE *f = fopen(path, "w");
     if (!f) {
@@ -44,13 +43,29 @@ FILE *train_open_metrics(const char *path, int64_t keep_upto, const char *header
         line = nl + 1;
     }
     free(old);
-    fflush(f);
+    errno = 0;
+    if (fflush(f) || ferror(f)) { /* the kept rows must be there before the run adds to them */
+        const int err = errno ? errno : EIO;
+        fclose(f);
+        errno = err;
+        return NULL;
+    }
     return f;
+}
+
+/* False, with "[write] path: reason" as the error, when stream f failed a write. */
+static bool stream_ok(run *r, FILE *f, const char *path) {
+    errno = 0;
+    if (!f || (!fflush(f) && !ferror(f))) return true;
+    cg_set_error(CG_ERR_IO, "[write] %s: %s", path, strerror(errno ? errno : EIO));
+    if (!r->write_failed) snprintf(r->write_error, sizeof r->write_error, "%s", cg_last_error());
+    r->write_failed = true;
+    return false;
 }
 
 /* One metrics row, in the CSV and as a JSON line. NAN lr, val_loss or tok_s: no value (an empty
  * field, an absent key); train NULL: none (a skipped step's non-finite loss is written as it is). */
-void train_metrics_row(run *r, int64_t step, double lr, const double *train, double val, double tok_s, double elapsed) {
+bool train_metrics_row(run *r, int64_t step, double lr, const double *train, double val, double tok_s, double elapsed) {
     const struct { const char *key, *fmt; double v; bool any; } col[] = {
         {"lr", "%.6g", lr, false}, {"train_loss", "%.9g", train ? *train : NAN, train != NULL},
         {"val_loss", "%.9g", val, false}, {TOK_COLUMN, "%.1f", tok_s, false}, {"elapsed_s", "%.3f", elapsed, false}};
@@ -67,6 +82,24 @@ void train_metrics_row(run *r, int64_t step, double lr, const double *train, dou
     }
     fputc('\n', r->metrics);
     if (r->jsonl) fputs("}\n", r->jsonl);
+    /* a row a step: one write each, so a full disk stops the run at the row it lost */
+    return stream_ok(r, r->metrics, r->metrics_path) && stream_ok(r, r->jsonl, r->jsonl_path);
+}
+
+bool train_close_metrics(run *r) {
+    bool ok = stream_ok(r, r->metrics, r->metrics_path) && stream_ok(r, r->jsonl, r->jsonl_path);
+    if (r->metrics && fclose(r->metrics) && ok) {
+        cg_set_error(CG_ERR_IO, "[write] %s: %s", r->metrics_path, strerror(errno));
+        ok = false;
+    }
+    if (r->jsonl && fclose(r->jsonl) && ok) {
+        cg_set_error(CG_ERR_IO, "[write] %s: %s", r->jsonl_path, strerror(errno));
+        ok = false;
+    }
+    r->metrics = r->jsonl = NULL;
+    if (!ok && !r->write_failed) snprintf(r->write_error, sizeof r->write_error, "%s", cg_last_error());
+    if (!ok) r->write_failed = true;
+    return ok;
 }
 
 /* The run's resolved options as one JSON object (the checkpoint's "train" object, pretty): the file
@@ -75,11 +108,15 @@ int train_write_run_json(run *r) {
     cJSON *j = train_opts_json(&r->o);
     char *text = j ? cJSON_Print(j) : NULL;
     cJSON_Delete(j);
-    FILE *f = text ? fopen(r->run_path, "w") : NULL;
-    bool ok = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF;
-    if (f && fclose(f)) ok = false;
+    cli_out out;
+    if (!text || !cli_out_open(&out, r->run_path)) {
+        free(text);
+        return -1;
+    }
+    fputs(text, out.f);
+    fputc('\n', out.f);
     free(text);
-    return ok ? 0 : -1;
+    return cli_out_close(&out) ? -1 : 0;
 }
 
 static void fmt_time(char *buf, size_t n, double s) {
@@ -135,9 +172,11 @@ void train_log_eval(run *r, const cli_eval *e, double exact, int64_t tried) {
     fflush(stdout);
 }
 
-void train_finish_files(run *r) {
-    if (r->metrics) fflush(r->metrics);
-    if (r->jsonl) fflush(r->jsonl);
+bool train_finish_files(run *r) {
+    if (!stream_ok(r, r->metrics, r->metrics_path) || !stream_ok(r, r->jsonl, r->jsonl_path)) {
+        fprintf(stderr, "cgrad train: %s\n", cg_last_error());
+        return false;
+    }
     char title[256];
     snprintf(title, sizeof title, "cgrad train %s: %lld layers, d %lld, context %lld, batch %lld", cg_arch_name(r->arch),
              (long long)r->o.layers, (long long)r->o.dim, (long long)r->task.t, (long long)(r->o.batch * r->o.grad_accum));
@@ -145,8 +184,13 @@ void train_finish_files(run *r) {
                                          "loss (nats per target token)", "loss (nats per example)",
                                          "loss (nats per token)"};
     _Static_assert(sizeof ylabel / sizeof *ylabel == CG_ARCH_LLAMA + 1, "a loss label per arch");
-    if (cli_plot_metrics(r->metrics_path, r->plot_path, title, ylabel[r->arch]))
+    if (cli_plot_metrics(r->metrics_path, r->plot_path, title, ylabel[r->arch])) {
         fprintf(stderr, "cgrad train: cannot draw %s: %s\n", r->plot_path, cg_last_error());
+        if (!r->write_failed) snprintf(r->write_error, sizeof r->write_error, "%s", cg_last_error());
+        r->write_failed = true;
+        return false;
+    }
+    return true;
 }
 
 /* Derived file names: in the run directory when there is one, else next to the checkpoint. */

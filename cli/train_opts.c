@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cli/train.h"
+#include "io/file_internal.h"
 
 #define OPT(f, k, field, fixed, lo, hi, help) {f, k, lo, hi, help},
 const cli_opt cli_train_opts[] = {TRAIN_OPTS(OPT){"--resume", CLI_IN, 0, 0, "continue from CKPT (the value is optional)"},
@@ -185,7 +186,10 @@ cJSON *train_opts_json(topts *o) {
         char buf[32];
         switch (type_of(i)) {
         case T_STR: cJSON_AddStringToObject(j, key_of(i), *(const char **)f ? *(const char **)f : ""); break;
-        case T_INT: cJSON_AddNumberToObject(j, key_of(i), (double)*(int64_t *)f); break;
+        case T_INT:
+            if (defs[i].kind == CLI_BARE) cJSON_AddBoolToObject(j, key_of(i), *(int64_t *)f != 0); /* a flag: true/false */
+            else cJSON_AddNumberToObject(j, key_of(i), (double)*(int64_t *)f);
+            break;
         case T_NUM: cJSON_AddNumberToObject(j, key_of(i), *(double *)f); break;
         case T_U64:
             snprintf(buf, sizeof buf, "%" PRIu64, *(uint64_t *)f);
@@ -259,7 +263,7 @@ bool train_merge_saved(topts *o, bool *set, const cJSON *saved, const char *path
 static bool load_config(const char *path, topts *o, bool *set, cJSON **doc) {
     char *text = NULL;
     size_t len = 0;
-    if (cg_read_text_file(path, &text, &len)) {
+    if (cgi_read_text_bounded(path, CGI_LIMIT_JSON, "config", &text, &len)) {
         fprintf(stderr, "cgrad train: --config %s: %s\n", path, cg_last_error());
         return false;
     }
@@ -280,6 +284,17 @@ static bool load_config(const char *path, topts *o, bool *set, cJSON **doc) {
             fprintf(stderr, "cgrad train: --config %s: unknown key \"%s\" (the keys are train's flags without the "
                             "dashes: cgrad train --help)\n", path, v->string);
             return false;
+        }
+        if (defs[k].kind == CLI_BARE) { /* a flag is on or off: JSON's true or false, nothing else */
+            if (!cJSON_IsBool(v)) {
+                char *shown = cJSON_PrintUnformatted(v);
+                fprintf(stderr, "cgrad train: --config %s: key \"%s\" wants true or false, got %.60s\n", path, v->string,
+                        shown ? shown : "another JSON value");
+                free(shown);
+                return false;
+            }
+            if (!set[k]) *(int64_t *)field(o, k) = cJSON_IsTrue(v), set[k] = true;
+            continue;
         }
         char num[64];
         const char *value = NULL;

@@ -17,6 +17,7 @@
 #include <zlib.h>
 
 #include "graph/internal.h"
+#include "io/file_internal.h"
 #include "io/safetensors_internal.h"
 
 /* Float weights have no repeated strings for LZ77 to find; only their byte statistics (sign and
@@ -205,11 +206,8 @@ cg_st *cg_checkpoint_open(const char *path) {
         cgi_fail(CG_ERR_ARG, "[checkpoint] open: NULL path");
         return NULL;
     }
-    FILE *fp = fopen(path, "rb");
-    if (!fp) {
-        ck_fail(path, CG_ERR_IO, "cannot open: %s", strerror(errno));
-        return NULL;
-    }
+    FILE *fp = cgi_fopen_bounded(path, CGI_LIMIT_WEIGHTS, "checkpoint", NULL); /* a regular file: no device */
+    if (!fp) return NULL;
     unsigned char *in = malloc(CKPT_CHUNK), *out = NULL;
     size_t cap = 0;
     z_stream z = {0};
@@ -275,6 +273,10 @@ cg_st *cg_checkpoint_open(const char *path) {
             done = (size_t)(z.next_out - out);
             if (done == cap) {
                 size_t ncap = cap * 2;
+                if (ncap > CGI_LIMIT_INFLATED) {
+                    s = ck_fail(path, CG_ERR_RANGE, "inflates to more than %s (docs/limits.md)", cgi_bytes_str(CGI_LIMIT_INFLATED));
+                    goto fail;
+                }
                 unsigned char *o = realloc(out, ncap + 1);
                 if (!o) {
                     s = ck_fail(path, CG_ERR_NOMEM, "cannot allocate %zu bytes", ncap);

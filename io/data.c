@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "io/data_internal.h"
+#include "io/file_internal.h"
 
 size_t cgi_data_utf8_check(const char *s, size_t len) {
     const unsigned char *u = (const unsigned char *)s;
@@ -34,41 +35,22 @@ size_t cgi_data_utf8_check(const char *s, size_t len) {
     return len;
 }
 
-cg_status cg_read_text_file(const char *path, char **text, size_t *len) {
-    if (!path || !text || !len) return cgi_fail(CG_ERR_ARG, "[data] read_text_file: NULL argument");
+cg_status cgi_read_text_bounded(const char *path, uint64_t limit, const char *what, char **text, size_t *len) {
+    if (!path || !text || !len) return cgi_fail(CG_ERR_ARG, "[%s] read_text_file: NULL argument", what);
     *text = NULL;
     *len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return cgi_fail(CG_ERR_IO, "[data] %s: cannot open: %s", path, strerror(errno));
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    for (;;) {
-        if (!buf) {
-            fclose(f);
-            return cgi_fail(CG_ERR_NOMEM, "[data] %s: out of memory after %zu bytes", path, n);
-        }
-        n += fread(buf + n, 1, cap - n - 1, f);
-        if (n < cap - 1) break;
-        char *grown = realloc(buf, cap * 2);
-        if (!grown) free(buf);
-        buf = grown;
-        cap *= 2;
-    }
-    int err = ferror(f) ? errno : 0;
-    fclose(f);
-    if (err) {
-        free(buf);
-        return cgi_fail(CG_ERR_IO, "[data] %s: read error: %s", path, strerror(err));
-    }
+    size_t n = 0;
+    char *buf = cgi_read_bounded(path, limit, what, &n);
+    if (!buf) return cg_last_status();
     size_t start = (n >= 3 && memcmp(buf, "\xEF\xBB\xBF", 3) == 0) ? 3 : 0; /* byte-order mark */
     cg_status s = CG_OK;
-    if (n == start) s = cgi_fail(CG_ERR_FORMAT, "[data] %s: empty file", path);
+    if (n == start) s = cgi_fail(CG_ERR_FORMAT, "[%s] %s: empty file", what, path);
     size_t bad = s ? 0 : cgi_data_utf8_check(buf, n);
     if (!s && bad < n)
-        s = cgi_fail(CG_ERR_FORMAT, "[data] %s: invalid UTF-8 at byte offset %zu (byte 0x%02X)", path, bad,
+        s = cgi_fail(CG_ERR_FORMAT, "[%s] %s: invalid UTF-8 at byte offset %zu (byte 0x%02X)", what, path, bad,
                      (unsigned char)buf[bad]);
     const char *nul = s ? NULL : memchr(buf, 0, n);
-    if (nul) s = cgi_fail(CG_ERR_FORMAT, "[data] %s: NUL byte at offset %zu (binary file?)", path, (size_t)(nul - buf));
+    if (nul) s = cgi_fail(CG_ERR_FORMAT, "[%s] %s: NUL byte at offset %zu (binary file?)", what, path, (size_t)(nul - buf));
     if (s) {
         free(buf);
         return s;
@@ -78,6 +60,10 @@ cg_status cg_read_text_file(const char *path, char **text, size_t *len) {
     *text = buf;
     *len = n - start;
     return CG_OK;
+}
+
+cg_status cg_read_text_file(const char *path, char **text, size_t *len) {
+    return cgi_read_text_bounded(path, CGI_LIMIT_DATA, "data", text, len);
 }
 
 cg_status cg_check_ids(const char *what, const int32_t *ids, int64_t n, int32_t vocab_size, int64_t row_len,

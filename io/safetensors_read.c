@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "graph/internal.h"
+#include "io/file_internal.h"
 #include "io/safetensors_internal.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -322,35 +323,12 @@ cg_st *cg_st_open_memory(const void *bytes, size_t len, const char *label) {
     return cgi_st_adopt(copy, len, label);
 }
 
-/* Reads a stream that cannot be mapped (a pipe, /dev/stdin) into malloc'd memory. */
-static void *slurp(int fd, size_t *len) {
-    size_t cap = 1 << 16, n = 0;
-    unsigned char *buf = malloc(cap);
-    while (buf) {
-        if (n == cap) {
-            unsigned char *b = realloc(buf, cap *= 2);
-            if (!b) break;
-            buf = b;
-        }
-        ssize_t r = read(fd, buf + n, cap - n);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) break;
-        if (r == 0) {
-            *len = n;
-            return buf;
-        }
-        n += (size_t)r;
-    }
-    free(buf);
-    return NULL;
-}
-
 cg_st *cg_st_open(const char *path) {
     if (!path) {
         cgi_fail(CG_ERR_ARG, "[safetensors] open: NULL path");
         return NULL;
     }
-    int fd = open(path, O_RDONLY);
+    int fd = open(path, O_RDONLY | O_NONBLOCK); /* a FIFO without a writer must not block here */
     if (fd < 0) {
         cgi_st_fail(path, CG_ERR_IO, "cannot open: %s", strerror(errno));
         return NULL;
@@ -398,13 +376,10 @@ cg_st *cg_st_open(const char *path) {
         }
         return f;
     }
-    void *buf = slurp(fd, &len);
-    int err = errno;
+    /* not mappable: a pipe is read with a bound; a device (/dev/zero) is refused, it never ends */
     close(fd);
-    if (!buf) {
-        cgi_st_fail(path, CG_ERR_IO, "cannot read: %s", strerror(err));
-        return NULL;
-    }
+    void *buf = cgi_read_bounded(path, CGI_LIMIT_STREAM, "safetensors", &len);
+    if (!buf) return NULL;
     return cgi_st_adopt(buf, len, path);
 }
 

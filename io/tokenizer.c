@@ -8,9 +8,11 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
+#include "io/file_internal.h"
 #include "io/tokenizer_internal.h"
 
 /* ---------------------------------------------------------------- token table and index */
@@ -262,39 +264,11 @@ cg_status cgi_utf8_fail(const char *what, const char *s, size_t len, size_t at) 
 /* ---------------------------------------------------------------- files */
 
 char *cgi_read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
+    if (access(path, R_OK)) { /* the message the tokenizer loaders have always given */
         cgi_fail(CG_ERR_IO, "[tokenizer] cannot open %s: %s", path, strerror(errno));
         return NULL;
     }
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (cap - n < 65536) {
-            cap = cap ? 2 * cap : 1 << 20;
-            char *b = realloc(buf, cap + 1);
-            if (!b) {
-                free(buf);
-                fclose(f);
-                cgi_fail(CG_ERR_NOMEM, "[tokenizer] out of memory reading %s", path);
-                return NULL;
-            }
-            buf = b;
-        }
-        size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (got == 0) break;
-    }
-    if (ferror(f)) {
-        free(buf);
-        fclose(f);
-        cgi_fail(CG_ERR_IO, "[tokenizer] cannot read %s", path);
-        return NULL;
-    }
-    fclose(f);
-    buf[n] = 0;
-    if (len) *len = n;
-    return buf;
+    return cgi_read_bounded(path, CGI_LIMIT_TOKENIZER, "tokenizer", len);
 }
 
 cg_status cgi_write_file(const char *path, const char *data, size_t len) {

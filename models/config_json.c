@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "io/file_internal.h"
 #include "models/config_json.h"
 
 cJSON *cgi_json_object(const char *text, const char *what) {
@@ -70,34 +71,5 @@ bool cgi_json_num(const cJSON *o, const char *key, bool required, double dflt, d
 }
 
 char *cgi_read_text(const char *path, size_t *len) {
-    FILE *f = path ? fopen(path, "rb") : NULL;
-    if (!f) {
-        cg_set_error(CG_ERR_IO, "[%s] cannot open for reading", path ? path : "(null)");
-        return NULL;
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    for (size_t got; buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0;) {
-        n += got;
-        if (cap - n - 1 == 0) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-    }
-    bool err = ferror(f);
-    fclose(f);
-    if (!buf || err) {
-        free(buf);
-        cg_set_error(CG_ERR_IO, "[%s] read failed", path);
-        return NULL;
-    }
-    buf[n] = 0;
-    if (len) *len = n;
-    return buf;
+    return cgi_read_bounded(path ? path : "(null)", CGI_LIMIT_JSON, "config", len);
 }
