@@ -135,9 +135,9 @@ static bool json_bool(const cJSON *o, const char *key, bool dflt, bool *out, con
     return true;
 }
 
-/* Qwen's layer_types, when given: full attention on the first layers and the window on the rest is
- * what use_sliding_window and max_window_layers express (and transformers derives when it is absent);
- * another pattern is refused. */
+/* Qwen's layer_types, when given (it overrides max_window_layers): full attention on the first layers
+ * and the window on the rest is what use_sliding_window and max_window_layers express (and
+ * transformers derives when it is absent); another pattern is refused. */
 static bool parse_layer_types(const cJSON *o, cg_llama_config *c, const char *what) {
     const cJSON *lt = cJSON_GetObjectItemCaseSensitive(o, "layer_types");
     if (!lt || cJSON_IsNull(lt)) return true;
@@ -157,8 +157,10 @@ static bool parse_layer_types(const cJSON *o, cg_llama_config *c, const char *wh
                                 "implements full attention on the first layers and the window on the rest", what,
                                 (long long)i), false;
     }
-    if (first_sliding < 0 || c->sliding_window <= 0) c->use_sliding_window = false;
-    else c->use_sliding_window = true, c->max_window_layers = first_sliding;
+    /* transformers keeps sliding_window only with use_sliding_window: without it a "sliding_attention"
+     * layer has no window */
+    if (first_sliding < 0) c->use_sliding_window = false;
+    else if (c->use_sliding_window) c->max_window_layers = first_sliding;
     return true;
 }
 
@@ -306,8 +308,12 @@ char *cg_llama_config_json(const cg_llama_config *c) {
     if (f == CG_LLAMA_FAMILY_QWEN2 || f == CG_LLAMA_FAMILY_QWEN3) {
         cJSON_AddBoolToObject(o, "use_sliding_window", c->use_sliding_window);
         add_int(o, "max_window_layers", c->max_window_layers);
+        cJSON *types = cJSON_AddArrayToObject(o, "layer_types"); /* as transformers saves it */
+        for (int64_t i = 0; types && i < c->num_hidden_layers && i < 1 << 20; i++)
+            cJSON_AddItemToArray(types, cJSON_CreateString(cg_llama_layer_window(c, i) ? "sliding_attention" : "full_attention"));
     }
-    const size_t cap = 4096; /* the longest config, every number at its widest, is about 1300 bytes */
+    /* the longest config, every number at its widest, is about 1300 bytes and 21 a layer type */
+    const size_t cap = 2048 + 24 * (size_t)(c->num_hidden_layers > 0 && c->num_hidden_layers < 1 << 20 ? c->num_hidden_layers : 0);
     size_t n = 0;
     char *s = malloc(cap);
     if (s && !print_spaced(o, s, cap, &n)) free(s), s = NULL;

@@ -23,7 +23,8 @@ typedef enum {
     CG_ARCH_BERT,      /* BERT encoder, masked LM and next sentence (or a classification head) */
     CG_ARCH_ENCDEC,    /* encoder-decoder, sequence to sequence */
     CG_ARCH_CLASSIFIER, /* encoder with mean pooling, text classification */
-    CG_ARCH_LLAMA       /* LLaMA decoder (RMSNorm, SwiGLU, RoPE, grouped-query attention), language modelling */
+    CG_ARCH_LLAMA       /* LLaMA decoder (RMSNorm, SwiGLU, RoPE, grouped-query attention), language modelling;
+                           also Mistral, Qwen2 and Qwen3, by config.json's model_type (cg_llama_family) */
 } cg_arch;
 
 /* Arch named "gpt2", "bert", "encdec", "classifier" or "llama"; CG_ERR_ARG otherwise. */

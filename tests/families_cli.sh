@@ -41,9 +41,9 @@ for fam in mistral:MistralForCausalLM qwen2:Qwen2ForCausalLM qwen3:Qwen3ForCausa
   check 'grep -q "\"$class\"" "out_$name/config.json" && flat "out_$name/config.json" | grep -q "$mt" &&
          [ -n "$(digest "$name")" ] && [ "$(digest "$name")" = "$(digest "out_$name")" ]' \
         "$name: export DIR writes $mt, $class and the same parameters ($(digest "$name"))"
-  for field in sliding_window use_sliding_window max_window_layers attention_bias mlp_bias head_dim tie_word_embeddings rope_scaling; do
-    want=$(flat "$here/fixtures/models/$name/config.json" | grep -o "\"$field\":[^,}]*" | head -1)
-    got=$(flat "out_$name/config.json" | grep -o "\"$field\":[^,}]*" | head -1)
+  for field in sliding_window use_sliding_window attention_bias mlp_bias head_dim tie_word_embeddings rope_scaling layer_types; do
+    want=$(flat "$here/fixtures/models/$name/config.json" | grep -o "\"$field\":\(\[[^]]*\]\|[^,}]*\)" | head -1)
+    got=$(flat "out_$name/config.json" | grep -o "\"$field\":\(\[[^]]*\]\|[^,}]*\)" | head -1)
     [ -z "$want" ] && continue
     check '[ "${want/.0/}" = "$got" ] || [ "$want" = "$got" ]' "$name: export keeps $want (wrote $got)"
   done
@@ -62,6 +62,14 @@ for fam in mistral:MistralForCausalLM qwen2:Qwen2ForCausalLM qwen3:Qwen3ForCausa
   check 'grep -q "\"$class\"" "ft_$name/config.json" && grep -q "^arch        llama" info2.out &&
          [ "$(digest "$name.ckpt")" = "$(digest "ft_$name")" ]' "$name: the fine-tune exports as $class and loads back"
 done
+
+# LoRA on a family with biases (Qwen2): the adapters train on the projections, export merges them
+run "$bin" train "${tune[@]}" --init-from qwen2 --context 8 --lora-rank 2 --checkpoint lora.ckpt
+check 'grep -q "LoRA: 21 adapters" run.out' "qwen2 LoRA: $(grep -o 'LoRA: [0-9]* adapters[^:]*' run.out)"
+run "$bin" export lora.ckpt lora_hf
+"$bin" info lora_hf > info3.out 2>&1
+check 'grep -q "Qwen2ForCausalLM" lora_hf/config.json && grep -q "^arch        llama" info3.out && grep -q "LoRA merged" run.out' \
+      "qwen2 LoRA fine-tune exports merged as Qwen2ForCausalLM and loads back"
 
 # a mixture-of-experts directory is refused by name
 mkdir moe && cp mistral/model.safetensors mistral/cg_tokenizer.json moe/

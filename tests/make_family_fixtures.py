@@ -17,7 +17,8 @@ what each family's modelling file adds, following transformers' code:
   - Qwen3ForCausalLM (modeling_qwen3.py): q_norm and k_norm, RMSNorm(head_dim, eps=rms_norm_eps),
     applied to q_proj(x).view(B, T, heads, head_dim) and k_proj(x).view(...) -- each head over its
     head_dim features -- before the transpose and RoPE; bias = attention_bias on q/k/v/o; an explicit
-    head_dim.
+    head_dim; its windows as Qwen2's (an explicit layer_types overrides max_window_layers, and without
+    use_sliding_window there is no window at all: transformers sets sliding_window to None).
   - LlamaForCausalLM's optional fields: attention_bias (q/k/v/o biases), mlp_bias
     (gate/up/down biases), head_dim, tie_word_embeddings (lm_head is embed_tokens: one parameter whose
     gradient holds both uses).
@@ -257,10 +258,11 @@ FAMILIES = [
     # Qwen2: q/k/v biases, the tied head, layer 0 full and layers 1.. windowed (use_sliding_window)
     ("qwen2", base("qwen2", "Qwen2ForCausalLM", num_hidden_layers=3, use_sliding_window=True, sliding_window=4,
                    max_window_layers=1, tie_word_embeddings=True, rope_theta=1000000.0), 602),
-    # Qwen3: per-head q/k RMSNorm, head_dim 16 against hidden / heads = 8, no biases, no window
-    ("qwen3", base("qwen3", "Qwen3ForCausalLM", head_dim=16, attention_bias=False, use_sliding_window=False,
-                   sliding_window=None, max_window_layers=2, rms_norm_eps=1e-5,
-                   rope_scaling={"rope_type": "linear", "factor": 2.0}), 603),
+    # Qwen3: per-head q/k RMSNorm, head_dim 16 against hidden / heads = 8, no biases; layer_types (which
+    # overrides max_window_layers) puts a window of 4 on layer 1
+    ("qwen3", base("qwen3", "Qwen3ForCausalLM", head_dim=16, attention_bias=False, use_sliding_window=True,
+                   sliding_window=4, max_window_layers=28, layer_types=["full_attention", "sliding_attention"],
+                   rms_norm_eps=1e-5, rope_scaling={"rope_type": "linear", "factor": 2.0}), 603),
     # LLaMA's optional fields: attention_bias, mlp_bias, head_dim, a tied head
     ("llama_ext", base("llama", "LlamaForCausalLM", head_dim=12, attention_bias=True, mlp_bias=True,
                        tie_word_embeddings=True, pretraining_tp=1, rope_theta=500000.0), 604),

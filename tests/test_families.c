@@ -53,7 +53,7 @@ static double max_diff(const cg_st *ours, const cg_st *ref, const char *name, do
 
 /* Tolerances, a few times what float32 achieves against the float64 references (CGRAD_THREADS=2):
  * logits max |diff| 4.8e-7 .. 8.0e-7 (scale ~3), the loss to its last float bit, gradients 1.9e-7 ..
- * 4.2e-7 of the model's largest |gradient| (mistral, qwen2, qwen3, llama_ext; printed on each run). */
+ * 5.6e-7 of the model's largest |gradient| (mistral, qwen2, qwen3, llama_ext; printed on each run). */
 #define LOGITS_TOL 5e-6
 #define LOSS_TOL 5e-6
 #define GRAD_TOL 5e-6   /* of the largest |gradient| in the model */
@@ -227,10 +227,14 @@ static void config_fields(void) {
     CHECK(parse("qwen2", "\"sliding_window\": 64, \"use_sliding_window\": true, \"max_window_layers\": 1", &c) == CG_OK &&
               cg_llama_layer_window(&c, 0) == 0 && cg_llama_layer_window(&c, 1) == 64,
           "qwen2: layers from max_window_layers on are windowed: %s", cg_last_error());
+    CHECK(parse("qwen3", "\"layer_types\": [\"full_attention\", \"sliding_attention\"], \"sliding_window\": 16, "
+                         "\"use_sliding_window\": true, \"max_window_layers\": 28", &c) == CG_OK && c.qk_norm && !c.qkv_bias &&
+              c.head_dim == 128 && cg_llama_layer_window(&c, 0) == 0 && cg_llama_layer_window(&c, 1) == 16,
+          "qwen3: q/k norm, head_dim 128 by default, layer_types over max_window_layers: %s", cg_last_error());
+    /* transformers drops sliding_window without use_sliding_window: a "sliding_attention" layer then has none */
     CHECK(parse("qwen3", "\"layer_types\": [\"full_attention\", \"sliding_attention\"], \"sliding_window\": 16", &c) ==
-                  CG_OK && c.qk_norm && !c.qkv_bias && c.head_dim == 128 && cg_llama_layer_window(&c, 0) == 0 &&
-              cg_llama_layer_window(&c, 1) == 16,
-          "qwen3: q/k norm, head_dim 128 by default, layer_types: %s", cg_last_error());
+                  CG_OK && cg_llama_layer_window(&c, 1) == 0,
+          "qwen3: no window without use_sliding_window: %s", cg_last_error());
     CHECK(parse("qwen3", "\"attention_bias\": true", &c) == CG_OK && c.qkv_bias && c.o_bias, "qwen3 attention_bias");
     CHECK(parse(NULL, "\"attention_bias\": true, \"mlp_bias\": true, \"pretraining_tp\": 4, \"torch_dtype\": \"bfloat16\", "
                       "\"transformers_version\": \"4.44.0\", \"use_cache\": true, \"bos_token_id\": 128000",
