@@ -93,6 +93,19 @@ static bool family_of(const cJSON *o, cg_llama_family *f, const char *what) {
                         "qwen2, qwen3)", what, mt->valuestring), false;
 }
 
+/* architectures, when given, names the family's causal LM: another head (ForSequenceClassification,
+ * ForTokenClassification, ...) holds other tensors and computes other outputs. */
+static bool architectures_ok(const cJSON *o, cg_llama_family f, const char *what) {
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, "architectures");
+    if (!a || cJSON_IsNull(a)) return true;
+    if (!cJSON_IsArray(a)) return cg_set_error(CG_ERR_FORMAT, "[%s] architectures must be an array of class names", what), false;
+    for (const cJSON *v = a->child; v; v = v->next)
+        if (!cJSON_IsString(v) || strcmp(v->valuestring, family_classes[f]))
+            return cg_set_error(CG_ERR_FORMAT, "[%s] architectures names %s, but cgrad builds %s for model_type %s", what,
+                                cJSON_IsString(v) ? v->valuestring : "a non-string", family_classes[f], family_names[f]), false;
+    return true;
+}
+
 /* rope_scaling: null, or {"rope_type" (or the older "type"): "linear" | "llama3" | "default", ...}. */
 static bool parse_rope_scaling(const cJSON *o, cg_rope_config *r, const char *what) {
     const cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "rope_scaling");
@@ -186,7 +199,8 @@ cg_status cg_llama_config_parse(const char *json, cg_llama_config *c) {
     bool attn_bias = false, mlp_bias = false;
     const cJSON *win = cJSON_GetObjectItemCaseSensitive(o, "sliding_window");
     c->family = f;
-    ok = ok && fields_known(o, f, what) && cgi_json_int(o, "vocab_size", true, 0, &c->vocab_size, what) &&
+    ok = ok && architectures_ok(o, f, what) && fields_known(o, f, what) &&
+         cgi_json_int(o, "vocab_size", true, 0, &c->vocab_size, what) &&
          cgi_json_int(o, "hidden_size", true, 0, &c->hidden_size, what) &&
          cgi_json_int(o, "intermediate_size", true, 0, &c->intermediate_size, what) &&
          cgi_json_int(o, "num_hidden_layers", true, 0, &c->num_hidden_layers, what) &&

@@ -3,8 +3,8 @@
  * fields): `cgrad step --arch llama` on each committed fixture (tests/make_family_fixtures.py, plain
  * torch written from transformers' modelling code) gives PyTorch's logits, loss and every gradient;
  * the sliding window holds through the KV cache (a replayed decode graph and generation, past the
- * window and past 256 keys); config.json fields are honoured, defaulted as transformers does, written
- * back unchanged, or refused by name. */
+ * window and past 256 keys); --checkpoint-activations changes no bit; config.json fields are honoured,
+ * defaulted as transformers does, written back unchanged, or refused by name. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,6 +116,29 @@ static void parity(const char *name) {
     cg_st_close(ref);
     cg_st_close(adam);
     unlink(out);
+}
+
+/* `cgrad step --checkpoint-activations` (each block recomputed in backward, the q/k norms, biases and
+ * the window with it) writes the same file, byte for byte, as without. */
+static void checkpointed(const char *name) {
+    char cfg[512], w[512], b[512], out[2][256];
+    snprintf(cfg, sizeof cfg, FIX "%s/config.json", name);
+    snprintf(w, sizeof w, FIX "%s/weights.safetensors", name);
+    snprintf(b, sizeof b, FIX "%s/batch.safetensors", name);
+    char *files[2] = {NULL, NULL};
+    size_t len[2] = {0, 0};
+    for (int on = 0; on < 2; on++) {
+        snprintf(out[on], sizeof out[on], "/tmp/cgrad_test_family_ckpt%d_%s_%d.safetensors", on, name, (int)getpid());
+        char *argv[] = {"--arch", "llama", "--config", cfg, "--weights", w, "--batch", b, "--out", out[on],
+                        "--steps", "2", "--checkpoint-activations"};
+        CHECK(cmd_step((int)(sizeof argv / sizeof argv[0]) - !on, argv) == 0, "%s: %s", name, cg_last_error());
+        files[on] = test_slurp(out[on], &len[on]);
+        unlink(out[on]);
+    }
+    CHECK(files[0] && files[1] && len[0] == len[1] && len[0] > 1000 && !memcmp(files[0], files[1], len[0]),
+          "%s: cgrad step with and without --checkpoint-activations wrote different files", name);
+    free(files[0]);
+    free(files[1]);
 }
 
 /* A small model of the family for the cache checks: vocabulary 13, the window shorter than the run. */
@@ -258,6 +281,8 @@ static void config_fields(void) {
         {"qwen2", "\"layer_types\": [\"sliding_attention\", \"full_attention\"], \"sliding_window\": 8", "layer_types"},
         {"qwen2", "\"layer_types\": [\"full_attention\"]", "layer_types"},
         {"llama", "\"attention_dropout\": 1.5", "attention_dropout"},
+        {"llama", "\"architectures\": [\"LlamaForSequenceClassification\"]", "LlamaForSequenceClassification"},
+        {"qwen2", "\"architectures\": [\"LlamaForCausalLM\"]", "Qwen2ForCausalLM"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         cg_clear_error();
@@ -319,5 +344,6 @@ int main(void) {
     window_cache(CG_LLAMA_FAMILY_QWEN3);
     const char *fixtures[4] = {"mistral", "qwen2", "qwen3", "llama_ext"};
     for (int i = 0; i < 4; i++) parity(fixtures[i]);
+    for (int i = 0; i < 3; i++) checkpointed(fixtures[i]);
     TEST_END();
 }
