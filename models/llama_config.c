@@ -172,8 +172,9 @@ static bool parse_layer_types(const cJSON *o, cg_llama_config *c, const char *wh
     }
     /* transformers keeps sliding_window only with use_sliding_window: without it a "sliding_attention"
      * layer has no window */
-    if (first_sliding < 0) c->use_sliding_window = false;
-    else if (c->use_sliding_window) c->max_window_layers = first_sliding;
+    if (first_sliding >= 0 && c->use_sliding_window) c->max_window_layers = first_sliding;
+    else if (first_sliding < 0 && c->max_window_layers < c->num_hidden_layers)
+        c->max_window_layers = c->num_hidden_layers; /* every layer full: none from max_window_layers on */
     return true;
 }
 

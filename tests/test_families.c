@@ -289,6 +289,16 @@ static void config_fields(void) {
         CHECK(parse(bad[i].type, bad[i].extra, &c) == CG_ERR_FORMAT && strstr(cg_last_error(), bad[i].needle),
               "%s %s: %s", bad[i].type, bad[i].extra, cg_last_error());
     }
+    /* found by fuzzing (tests/fuzz/corpus/config/qwen2_no_window_layer.json): use_sliding_window with no layer
+     * from max_window_layers on wrote layer_types all full, which read back as use_sliding_window false */
+    char *j1 = NULL, *j2 = NULL;
+    cg_llama_config c2;
+    CHECK(parse("qwen2", "\"use_sliding_window\": true, \"sliding_window\": 4, \"max_window_layers\": 2", &c) == CG_OK &&
+              (j1 = cg_llama_config_json(&c)) && cg_llama_config_parse(j1, &c2) == CG_OK &&
+              (j2 = cg_llama_config_json(&c2)) && !strcmp(j1, j2) && cg_llama_layer_window(&c2, 1) == 0,
+          "no windowed layer, round trip:\n%s\n%s", j1 ? j1 : cg_last_error(), j2 ? j2 : "");
+    free(j1);
+    free(j2);
     /* every fixture's config: written back in its family's layout, and stable through a second trip */
     const char *names[4] = {"mistral", "qwen2", "qwen3", "llama_ext"};
     const char *types[4] = {"\"model_type\": \"mistral\"", "\"model_type\": \"qwen2\"", "\"model_type\": \"qwen3\"",
