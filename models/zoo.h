@@ -35,7 +35,8 @@ const char *cg_arch_name(cg_arch arch);
 typedef struct cg_model cg_model; /* any zoo model behind one interface (opaque) */
 
 /* Model from a config.json text of the arch; declares its parameters in ps (seeded init);
- * dropout applies everywhere (the config's own dropout fields are ignored). */
+ * dropout applies everywhere (the config's own dropout fields are ignored, but for the LLaMA families'
+ * attention_dropout, which takes the attention weights' when set). */
 cg_model *cg_model_new(cg_arch arch, const char *config_json, double dropout, cg_params *ps, uint64_t seed);
 /* Frees the model (not its parameters). */
 void cg_model_free(cg_model *m);

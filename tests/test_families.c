@@ -284,6 +284,35 @@ static void window_matters(void) {
     cg_params_free(ps2);
 }
 
+/* config.json's attention_dropout is honoured: it drops attention weights in a training graph (other
+ * logits than without it), and an evaluation graph is unchanged. */
+static void attention_dropout(void) {
+    cg_llama_config c = tiny(CG_LLAMA_FAMILY_QWEN2), d = c;
+    d.attention_dropout = 0.5;
+    double diff[2] = {0, 0};
+    for (int train = 0; train < 2; train++) {
+        cg_params *ps = cg_params_new(), *ps2 = cg_params_new();
+        cg_llama *m = cg_llama_new(&c, ps, 3), *m2 = cg_llama_new(&d, ps2, 3);
+        spread(ps, 9);
+        spread(ps2, 9);
+        cg_graph *g = cg_graph_new(train ? CG_TRAIN : CG_EVAL);
+        cg_graph_set_rng(g, 5, 0);
+        cg_tensor *ids = cg_input(g, "ids", CG_INT32, 2, (int64_t[]){1, 8});
+        for (int i = 0; i < 8; i++) cg_idata(ids)[i] = (i * 5 + 1) % 13;
+        cg_tensor *a = cg_llama_logits(g, m, ids), *b = cg_llama_logits(g, m2, ids);
+        cg_retain(a), cg_retain(b);
+        CHECK(a && b && cg_graph_forward(g) == CG_OK, "%s", cg_last_error());
+        for (int i = 0; a && b && i < 8 * 13; i++) diff[train] = fmax(diff[train], fabs((double)cg_data(a)[i] - cg_data(b)[i]));
+        cg_graph_free(g);
+        cg_llama_free(m);
+        cg_llama_free(m2);
+        cg_params_free(ps);
+        cg_params_free(ps2);
+    }
+    CHECK(diff[0] == 0 && diff[1] > 1e-3, "attention_dropout 0.5: eval logits differ by %g (want 0), training by %g",
+          diff[0], diff[1]);
+}
+
 static const char *base = "\"vocab_size\": 10, \"hidden_size\": 8, \"intermediate_size\": 16, \"num_hidden_layers\": 2, "
                           "\"num_attention_heads\": 2";
 
@@ -409,6 +438,7 @@ int main(void) {
     config_fields();
     family_params();
     window_matters();
+    attention_dropout();
     window_cache(CG_LLAMA_FAMILY_MISTRAL);
     window_cache(CG_LLAMA_FAMILY_QWEN2);
     window_cache(CG_LLAMA_FAMILY_QWEN3);
