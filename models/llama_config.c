@@ -47,7 +47,13 @@ static const char *const inert_fields[] = {
     "top_p", "typical_p", "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
     "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences", "output_scores",
     "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
-    "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens", "tf_legacy_loss", NULL};
+    "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens", "tf_legacy_loss",
+    "is_llama_config", NULL};
+/* Fields transformers' config classes keep without reading (nanotron's is_llama_config and
+ * rope_interleaved in SmolLM's LLaMA configs; Qwen2.5's use_mrope), accepted while they say false,
+ * refused when they would ask for something else: interleaved rotary pairs, Qwen2-VL's multimodal
+ * rotary positions. */
+static const char *const false_only_fields[] = {"rope_interleaved", "use_mrope", NULL};
 /* Mixture-of-experts fields (Mixtral, Qwen2-MoE, Qwen3-MoE): a layer cgrad does not have. */
 static const char *const moe_fields[] = {"num_local_experts", "num_experts", "num_experts_per_tok",
                                          "moe_intermediate_size", "shared_expert_intermediate_size",
@@ -66,6 +72,13 @@ static bool fields_known(const cJSON *o, cg_llama_family f, const char *what) {
     for (const cJSON *v = o->child; v; v = v->next) {
         const char *k = v->string;
         if (listed(common_fields, k) || listed(family_fields[f], k) || listed(inert_fields, k)) continue;
+        if (listed(false_only_fields, k)) {
+            if (cJSON_IsFalse(v) || cJSON_IsNull(v)) continue;
+            return cg_set_error(CG_ERR_FORMAT, "[%s] field \"%s\" other than false is not implemented (%s): it would "
+                                "change the model's numbers, so it is refused", what, k,
+                                !strcmp(k, "use_mrope") ? "Qwen2-VL's multimodal rotary positions"
+                                                        : "cgrad rotates half-split pairs, as transformers does"), false;
+        }
         if (listed(moe_fields, k))
             return cg_set_error(CG_ERR_FORMAT, "[%s] field \"%s\" belongs to a mixture-of-experts model (Mixtral, "
                                 "Qwen-MoE): cgrad has no MoE layer, so model_type %s with it is refused", what, k, mt), false;

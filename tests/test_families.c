@@ -408,6 +408,65 @@ static void config_fields(void) {
     }
 }
 
+/* config.json files of released models (tests/fixtures/models/hf_configs/, as published): each loads
+ * with the family's reading of it, or is refused naming what cgrad lacks. */
+static void released_configs(void) {
+    struct {
+        const char *file, *refused;
+        cg_llama_family f;
+        int64_t kv, head_dim, window_last, positions;
+        bool tied, qkv_bias, qk_norm;
+    } want[] = {
+        {"tinyllama-1.1b", NULL, CG_LLAMA_FAMILY_LLAMA, 4, 0, 0, 2048, false, false, false},
+        {"llama-2-7b", NULL, CG_LLAMA_FAMILY_LLAMA, 32, 0, 0, 4096, false, false, false},
+        {"llama-3.2-1b", NULL, CG_LLAMA_FAMILY_LLAMA, 8, 64, 0, 131072, true, false, false},
+        {"llama-3.1-8b-instruct", NULL, CG_LLAMA_FAMILY_LLAMA, 8, 0, 0, 131072, false, false, false},
+        {"smollm2-135m", NULL, CG_LLAMA_FAMILY_LLAMA, 3, 0, 0, 8192, true, false, false},
+        {"mistral-7b-v0.1", NULL, CG_LLAMA_FAMILY_MISTRAL, 8, 0, 4096, 32768, false, false, false},
+        {"mistral-7b-instruct-v0.3", NULL, CG_LLAMA_FAMILY_MISTRAL, 8, 0, 0, 32768, false, false, false},
+        {"mistral-nemo-12b", NULL, CG_LLAMA_FAMILY_MISTRAL, 8, 128, 0, 1024000, false, false, false},
+        {"qwen2.5-0.5b", NULL, CG_LLAMA_FAMILY_QWEN2, 2, 0, 0, 32768, true, true, false},
+        {"qwen2-7b-instruct", NULL, CG_LLAMA_FAMILY_QWEN2, 4, 0, 0, 32768, false, true, false},
+        {"qwen3-0.6b", NULL, CG_LLAMA_FAMILY_QWEN3, 8, 128, 0, 40960, true, false, true},
+        {"qwen2.5-7b-instruct-yarn", "yarn", CG_LLAMA_FAMILY_QWEN2, 0, 0, 0, 0, false, false, false},
+        {"mixtral-8x7b", "mixture-of-experts", CG_LLAMA_FAMILY_LLAMA, 0, 0, 0, 0, false, false, false},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        char path[512];
+        snprintf(path, sizeof path, FIX "hf_configs/%s.json", want[i].file);
+        char *text = cgi_read_text(path, NULL), *j1 = NULL, *j2 = NULL;
+        cg_llama_config c, c2;
+        cg_clear_error();
+        const cg_status st = text ? cg_llama_config_parse(text, &c) : CG_ERR_IO;
+        if (want[i].refused) {
+            CHECK(st == CG_ERR_FORMAT && strstr(cg_last_error(), want[i].refused), "%s: %s", want[i].file, cg_last_error());
+            free(text);
+            continue;
+        }
+        CHECK(st == CG_OK, "%s: %s", want[i].file, cg_last_error());
+        if (st == CG_OK)
+            CHECK(c.family == want[i].f && c.num_key_value_heads == want[i].kv && c.head_dim == want[i].head_dim &&
+                      cg_llama_layer_window(&c, c.num_hidden_layers - 1) == want[i].window_last &&
+                      c.max_position_embeddings == want[i].positions && c.tie_word_embeddings == want[i].tied &&
+                      c.qkv_bias == want[i].qkv_bias && !c.o_bias && !c.mlp_bias && c.qk_norm == want[i].qk_norm,
+                  "%s: family %d, kv %lld, head_dim %lld, window %lld, positions %lld, tied %d, qkv bias %d, qk norm %d",
+                  want[i].file, (int)c.family, (long long)c.num_key_value_heads, (long long)c.head_dim,
+                  (long long)cg_llama_layer_window(&c, c.num_hidden_layers - 1), (long long)c.max_position_embeddings,
+                  c.tie_word_embeddings, c.qkv_bias, c.qk_norm);
+        CHECK(st == CG_OK && (j1 = cg_llama_config_json(&c)) && cg_llama_config_parse(j1, &c2) == CG_OK &&
+                  (j2 = cg_llama_config_json(&c2)) && !strcmp(j1, j2),
+              "%s: round trip: %s", want[i].file, cg_last_error());
+        free(text);
+        free(j1);
+        free(j2);
+    }
+    cg_llama_config c;
+    CHECK(parse("qwen2", "\"use_mrope\": true", &c) == CG_ERR_FORMAT && strstr(cg_last_error(), "use_mrope"), "%s",
+          cg_last_error());
+    CHECK(parse("llama", "\"rope_interleaved\": true", &c) == CG_ERR_FORMAT && strstr(cg_last_error(), "rope_interleaved"),
+          "%s", cg_last_error());
+}
+
 /* The parameters each family declares, by Hugging Face name. */
 static void family_params(void) {
     struct { cg_llama_family f; const char *has[3], *lacks[3]; } want[] = {
@@ -436,6 +495,7 @@ static void family_params(void) {
 int main(void) {
     gradcheck();
     config_fields();
+    released_configs();
     family_params();
     window_matters();
     attention_dropout();
