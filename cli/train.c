@@ -411,7 +411,9 @@ int cmd_train(int argc, char **argv) {
                       : r.task.s2s ? cg_seq2seq_data_count(r.task.s2s, true) : cg_textcls_data_count(r.task.cls, true);
         const char *unit = r.task.lm ? "tokens" : r.task.mlm ? "sentences" : r.task.s2s ? "pairs" : "examples";
         const char *kinds[] = {"char", "bpe", "wordpiece"};
-        printf("cgrad train: %s, %lld layers, %lld heads, d %lld, context %lld: %.2fM parameters\n", cg_arch_name(r.arch),
+        const cg_llama *fam = cg_model_llama(r.model); /* the LLaMA arch's family: llama, mistral, qwen2, qwen3 */
+        printf("cgrad train: %s, %lld layers, %lld heads, d %lld, context %lld: %.2fM parameters\n",
+               fam ? cg_llama_family_name(cg_llama_cfg(fam)->family) : cg_arch_name(r.arch),
                (long long)o.layers, (long long)o.heads, (long long)o.dim, (long long)r.task.t,
                (double)cg_params_numel(r.ps) / 1e6);
         printf("  data %s: %lld training / %lld held-out %s; %s tokenizer, %d ids\n", o.data, (long long)ntr,

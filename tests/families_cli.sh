@@ -49,7 +49,8 @@ for fam in mistral:MistralForCausalLM qwen2:Qwen2ForCausalLM qwen3:Qwen3ForCausa
   done
 
   run "$bin" train "${tune[@]}" --init-from "$name" --context 8 --checkpoint "$name.ckpt"
-  check 'grep -q "context 8" run.out' "$name: --init-from DIR --context 8 trains on rows of 8 ($(grep -o 'context [0-9]*' run.out | head -1))"
+  check 'grep -q "cgrad train: $(echo "$mt" | cut -d\" -f4), .*context 8" run.out' \
+        "$name: --init-from DIR --context 8 trains on rows of 8 ($(grep '^cgrad train:' run.out | cut -d: -f2))"
   "$bin" train "${tune[@]}" --init-from "$name" --context 64 --checkpoint "bad_$name.ckpt" > bad.out 2>&1
   rc=$?
   check '[ $rc -ne 0 ] && grep -q "max_position_embeddings" bad.out && [ ! -f "bad_$name.ckpt" ]' \
