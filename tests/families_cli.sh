@@ -9,7 +9,8 @@
 #    (32), and a --context past it is refused naming the field;
 #  - `sample` generates from the fine-tune through the KV cache, the same tokens as without it;
 #  - the fine-tune exports in the family's layout again, and that directory loads.
-# Usage: families_cli.sh CGRAD
+#  - with torch at hand, each exported directory read by the torch reference gives cgrad's logits.
+# Usage: families_cli.sh CGRAD [PYTHON]
 set -uo pipefail
 bin=$1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -71,6 +72,15 @@ run "$bin" export lora.ckpt lora_hf
 "$bin" info lora_hf > info3.out 2>&1
 check 'grep -q "Qwen2ForCausalLM" lora_hf/config.json && grep -q "^arch        llama" info3.out && grep -q "LoRA merged" run.out' \
       "qwen2 LoRA fine-tune exports merged as Qwen2ForCausalLM and loads back"
+
+# with torch at hand: the exported directories read by the torch references (built from config.json
+# alone, as from_pretrained would) have the files' tensors and give cgrad's logits
+py=${2:-/usr/bin/python3}
+if "$py" -c "import torch, numpy" 2>/dev/null; then
+  "$py" "$here/check_hf_export.py" "$bin" out_mistral out_qwen2 out_qwen3 out_llama_ext ft_qwen3 lora_hf || fail=1
+else
+  echo "skip: no torch in $py, the exported directories were not read by the torch references"
+fi
 
 # a mixture-of-experts directory is refused by name
 mkdir moe && cp mistral/model.safetensors mistral/cg_tokenizer.json moe/
