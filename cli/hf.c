@@ -348,7 +348,9 @@ int cmd_export(int argc, char **argv) {
     static const char *const tok_files[] = {"cg_tokenizer.json (cgrad's own: transformers has no char tokenizer)",
                                             "vocab.json + merges.txt", "vocab.txt"};
     printf("exported %s (%s, %lld parameters%s) to %s: model.safetensors, config.json, %s, tokenizer_config.json\n",
-           ckpt, cg_arch_name(ck.arch), (long long)cg_params_numel(ck.ps), lora ? ", LoRA merged" : "", dir,
+           ckpt, cg_model_llama(ck.model) ? cg_llama_family_class(cg_llama_cfg(cg_model_llama(ck.model))->family)
+                                           : cg_arch_name(ck.arch),
+           (long long)cg_params_numel(ck.ps), lora ? ", LoRA merged" : "", dir,
            tok_files[cg_tokenizer_kind(ck.tok)]);
     rc = 0;
 done:
