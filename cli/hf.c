@@ -55,13 +55,18 @@ bool cli_hf_layout(const char *path) {
     return !(n == 2 && b[0] == 0x1f && b[1] == 0x8b); /* gzip: a cgrad checkpoint */
 }
 
-/* Architecture a config.json describes: model_type gpt2, bert or llama, or a cgrad arch name. */
+/* Architecture a config.json describes: model_type gpt2, bert, llama or one of LLaMA's families
+ * (mistral, qwen2, qwen3: the llama arch reads which), or a cgrad arch name. */
 static cg_status arch_of(const cJSON *cfg, const char *path, cg_arch *arch) {
     const char *mt = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(cfg, "model_type"));
-    if (!mt) return cg_set_error(CG_ERR_FORMAT, "[hf] %s: no \"model_type\" (gpt2, bert, encdec, classifier or llama)", path);
+    static const char *const have = "gpt2, bert, encdec, classifier, llama, mistral, qwen2, qwen3";
+    if (!mt) return cg_set_error(CG_ERR_FORMAT, "[hf] %s: no \"model_type\" (%s)", path, have);
+    if (!strcmp(mt, "mistral") || !strcmp(mt, "qwen2") || !strcmp(mt, "qwen3")) return *arch = CG_ARCH_LLAMA, CG_OK;
+    if (!strcmp(mt, "mixtral") || strstr(mt, "_moe"))
+        return cg_set_error(CG_ERR_FORMAT, "[hf] %s: model_type \"%s\" is a mixture-of-experts model: cgrad has no MoE "
+                            "layer yet (%s load)", path, mt, have);
     if (cg_arch_parse(mt, arch))
-        return cg_set_error(CG_ERR_FORMAT, "[hf] %s: model_type \"%s\" is not one cgrad has (gpt2, bert, encdec, classifier, llama)",
-                        path, mt);
+        return cg_set_error(CG_ERR_FORMAT, "[hf] %s: model_type \"%s\" is not one cgrad has (%s)", path, mt, have);
     return CG_OK;
 }
 
@@ -331,13 +336,17 @@ static cJSON *hf_config(cli_ckpt *ck) {
         const int32_t pad = cg_tokenizer_token_id(tok, "[PAD]");
         cJSON_AddNumberToObject(c, "pad_token_id", pad >= 0 ? pad : 0);
     } else if (ck->arch == CG_ARCH_LLAMA) { /* its config has the rest, tie_word_embeddings included */
-        cJSON_AddNumberToObject(c, "attention_dropout", drop);
+        const cJSON *ad = cJSON_GetObjectItemCaseSensitive(c, "attention_dropout");
+        if (cJSON_IsNumber(ad) && ad->valuedouble == 0) /* the config's own, else the run's dropout */
+            cJSON_SetNumberValue(cJSON_GetObjectItemCaseSensitive(c, "attention_dropout"), drop);
         cJSON_AddNullToObject(c, "bos_token_id"); /* LlamaConfig's 1 and 2 name no token of a cgrad vocabulary */
         cJSON_AddNullToObject(c, "eos_token_id");
     }
-    /* LLaMA's config and names are transformers' already (LlamaForCausalLM); classifier and encdec
-     * are cgrad's own (torch nn.Transformer names): no transformers class */
-    if (ck->arch == CG_ARCH_LLAMA) cJSON_AddItemToArray(archs, cJSON_CreateString("LlamaForCausalLM"));
+    /* The LLaMA families' configs and names are transformers' already (LlamaForCausalLM,
+     * MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM); classifier and encdec are cgrad's own
+     * (torch nn.Transformer names): no transformers class */
+    if (ck->arch == CG_ARCH_LLAMA)
+        cJSON_AddItemToArray(archs, cJSON_CreateString(cg_llama_family_class(cg_llama_cfg(cg_model_llama(ck->model))->family)));
     cJSON_AddNumberToObject(c, "initializer_range", 0.02);
     if (!cJSON_GetObjectItemCaseSensitive(c, "tie_word_embeddings"))
         cJSON_AddBoolToObject(c, "tie_word_embeddings", ck->arch == CG_ARCH_GPT2 || ck->arch == CG_ARCH_BERT);
@@ -438,7 +447,9 @@ int cmd_export(int argc, char **argv) {
     static const char *const tok_files[] = {"cg_tokenizer.json (cgrad's own: transformers has no char tokenizer)",
                                             "vocab.json + merges.txt", "vocab.txt"};
     printf("exported %s (%s, %lld parameters%s) to %s: model.safetensors, config.json, %s, tokenizer_config.json\n",
-           ckpt, cg_arch_name(ck.arch), (long long)cg_params_numel(ck.ps), lora ? ", LoRA merged" : "", dir,
+           ckpt, cg_model_llama(ck.model) ? cg_llama_family_class(cg_llama_cfg(cg_model_llama(ck.model))->family)
+                                           : cg_arch_name(ck.arch),
+           (long long)cg_params_numel(ck.ps), lora ? ", LoRA merged" : "", dir,
            tok_files[cg_tokenizer_kind(ck.tok)]);
     rc = 0;
 done:

@@ -189,6 +189,18 @@ int cmd_train(int argc, char **argv) {
             for (size_t i = 0; i < sizeof shape_keys / sizeof *shape_keys; i++) keep |= !strcmp(v->string, shape_keys[i]);
             if (!keep) cJSON_DeleteItemFromObjectCaseSensitive(ck.train, v->string);
         }
+        /* a fine-tune may train on shorter rows than the model's longest context (its positions are
+         * the model's either way): --context N up to it; without the flag, the whole context */
+        const int64_t longest = cg_model_max_len(ck.model);
+        if (set[idx_context] && longest > 0 && o.context > longest) {
+            const cg_arch a = cg_model_arch(ck.model);
+            fprintf(stderr, "cgrad train: --context %lld is longer than %s's %s (%lld)\n", (long long)o.context,
+                    o.init_from, a == CG_ARCH_GPT2 ? "n_positions"
+                                 : a == CG_ARCH_LLAMA || a == CG_ARCH_BERT ? "max_position_embeddings" : "max_len",
+                    (long long)longest);
+            goto done;
+        }
+        if (set[idx_context]) cJSON_DeleteItemFromObjectCaseSensitive(ck.train, "context");
         if (!train_merge_saved(&o, set, ck.train, init_abs)) goto done; /* its strings live as long as ck */
         if (cg_model_num_classes(ck.model) > 0 && cg_model_arch(ck.model) == CG_ARCH_BERT && !set[idx_head])
             o.head = "classify", set[idx_head] = true; /* a BERT classifier goes on classifying */
@@ -415,7 +427,9 @@ int cmd_train(int argc, char **argv) {
                       : r.task.s2s ? cg_seq2seq_data_count(r.task.s2s, true) : cg_textcls_data_count(r.task.cls, true);
         const char *unit = r.task.lm ? "tokens" : r.task.mlm ? "sentences" : r.task.s2s ? "pairs" : "examples";
         const char *kinds[] = {"char", "bpe", "wordpiece"};
-        printf("cgrad train: %s, %lld layers, %lld heads, d %lld, context %lld: %.2fM parameters\n", cg_arch_name(r.arch),
+        const cg_llama *fam = cg_model_llama(r.model); /* the LLaMA arch's family: llama, mistral, qwen2, qwen3 */
+        printf("cgrad train: %s, %lld layers, %lld heads, d %lld, context %lld: %.2fM parameters\n",
+               fam ? cg_llama_family_name(cg_llama_cfg(fam)->family) : cg_arch_name(r.arch),
                (long long)o.layers, (long long)o.heads, (long long)o.dim, (long long)r.task.t,
                (double)cg_params_numel(r.ps) / 1e6);
         printf("  data %s: %lld training / %lld held-out %s; %s tokenizer, %d ids\n", o.data, (long long)ntr,

@@ -50,7 +50,8 @@ typedef struct {
     X("--kv-heads", CLI_INT, kv_heads, true, 0, 1024, "llama: key/value heads, dividing --heads (grouped-query; 0: --heads)") \
     X("--dim", CLI_INT, dim, true, 1, 1 << 16, "model width")                                                              \
     X("--ffn", CLI_INT, ffn, true, 1, 1 << 18, "feed-forward width (4 * dim; llama: 8/3 * dim)")                                             \
-    X("--context", CLI_INT, context, true, 2, 1 << 20, "tokens per row (encdec, classifier: the cap)")                     \
+    X("--context", CLI_INT, context, true, 2, 1 << 20,                                                                     \
+      "tokens per row (encdec, classifier: the cap; --init-from: up to the model's positions, which it defaults to)")   \
     X("--batch", CLI_INT, batch, true, 1, 1 << 20, "rows per micro-batch")                                                 \
     X("--grad-accum", CLI_INT, grad_accum, true, 1, 1 << 20, "micro-batches per step (1)")                                 \
     X("--steps", CLI_INT, steps, false, 0, COUNT_MAX, "optimizer steps")                                                   \

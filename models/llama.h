@@ -1,10 +1,13 @@
 /* SPDX-License-Identifier: MIT */
-/* LLaMA-style decoder (Touvron et al. 2023): RMSNorm pre-norm blocks, SwiGLU feed-forward, rotary
- * positions (RoPE) on queries and keys, grouped-query attention (fewer key/value heads than query
- * heads), final RMSNorm and an untied LM head. Parameters carry Hugging Face LlamaForCausalLM names
- * and layouts (nn.Linear weights [out, in], no biases): model.embed_tokens.weight,
- * model.layers.0.self_attn.q_proj.weight, model.layers.0.mlp.gate_proj.weight, ..., model.norm.weight,
- * lm_head.weight (absent when tie_word_embeddings: the head is then the token embedding). */
+/* LLaMA-style decoders (Touvron et al. 2023) and the Hugging Face families built on them: RMSNorm
+ * pre-norm blocks, SwiGLU feed-forward, rotary positions (RoPE) on queries and keys, grouped-query
+ * attention (fewer key/value heads than query heads), final RMSNorm and an LM head. The family
+ * (config.json's model_type) adds what sets it apart: Mistral's sliding-window attention, Qwen2's
+ * q/k/v biases, Qwen3's per-head q/k RMSNorm. Parameters carry Hugging Face names and layouts
+ * (nn.Linear weights [out, in]): model.embed_tokens.weight, model.layers.0.self_attn.q_proj.weight
+ * (and .bias when the family has one), model.layers.0.self_attn.q_norm.weight (Qwen3),
+ * model.layers.0.mlp.gate_proj.weight, ..., model.norm.weight, lm_head.weight (absent when
+ * tie_word_embeddings: the head is then the token embedding). */
 #ifndef CGRAD_LLAMA_H
 #define CGRAD_LLAMA_H
 
@@ -16,8 +19,17 @@
 extern "C" {
 #endif
 
+/* The Hugging Face families this decoder implements, by config.json's model_type. */
+typedef enum {
+    CG_LLAMA_FAMILY_LLAMA,   /* "llama": LlamaForCausalLM (LLaMA 1, 2, 3) */
+    CG_LLAMA_FAMILY_MISTRAL, /* "mistral": MistralForCausalLM, sliding-window attention on every layer */
+    CG_LLAMA_FAMILY_QWEN2,   /* "qwen2": Qwen2ForCausalLM, biases on q/k/v (not o) */
+    CG_LLAMA_FAMILY_QWEN3    /* "qwen3": Qwen3ForCausalLM, per-head RMSNorm of q and k before RoPE */
+} cg_llama_family;
+
 /* LLaMA's hyperparameters, named as in Hugging Face's config.json. */
 typedef struct {
+    cg_llama_family family;          /* model_type; decides the class and which fields exist */
     int64_t vocab_size;              /* token embedding rows and output logits */
     int64_t hidden_size;             /* model width */
     int64_t intermediate_size;       /* SwiGLU width */
@@ -30,19 +42,34 @@ typedef struct {
     cg_rope_config rope;             /* rope_theta and rope_scaling ("linear" or "llama3"); the model rotates
                                         all of head_dim in HF's half-split pairing (dims, interleaved ignored) */
     bool tie_word_embeddings;        /* the LM head is the token embedding (no lm_head.weight) */
-    double dropout;                  /* embedding, residual and attention dropout (HF LLaMA: attention_dropout, 0) */
+    bool qkv_bias;                   /* q/k/v projections have biases (Qwen2 always; attention_bias in LLaMA, Qwen3) */
+    bool o_bias;                     /* o_proj has a bias (attention_bias in LLaMA and Qwen3) */
+    bool mlp_bias;                   /* gate/up/down projections have biases (LLaMA's mlp_bias) */
+    bool qk_norm;                    /* RMSNorm of each query and key head over head_dim before RoPE (Qwen3) */
+    int64_t sliding_window;          /* key j is seen by query i iff i - window < j <= i (0: every earlier key) */
+    bool use_sliding_window;         /* Qwen2/3: the window applies, on layers max_window_layers.. */
+    int64_t max_window_layers;       /* Qwen2/3: the first layers, which keep full attention */
+    double attention_dropout;        /* dropout of the attention weights in training (config.json's) */
+    double dropout;                  /* embedding and residual dropout, and attention's when attention_dropout is 0 */
 } cg_llama_config;
-
 typedef struct cg_llama cg_llama; /* a LLaMA: config and parameters (opaque) */
 
-/* Reads a Hugging Face LLaMA config.json text: vocab_size, hidden_size, intermediate_size,
- * num_hidden_layers, num_attention_heads are required; num_key_value_heads, head_dim,
- * max_position_embeddings (2048), rms_norm_eps (1e-6), rope_theta (10000), rope_scaling (null,
- * {"rope_type"|"type": "linear"|"llama3", "factor", ...}), tie_word_embeddings (false) are
- * optional; hidden_act must be "silu" and attention_bias / mlp_bias false; other fields ignored. */
+/* Reads a Hugging Face config.json text of model_type "llama" (also when absent), "mistral", "qwen2" or
+ * "qwen3": vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads are
+ * required, the family's other fields optional with transformers' defaults. A field that would change
+ * the numbers and that cgrad does not implement (a rope_scaling type other than linear and llama3, a
+ * hidden_act other than silu, MoE fields, a field the family does not know) is an error naming it;
+ * fields without effect on the numbers (torch_dtype, bos_token_id, use_cache, ...) are accepted. */
 cg_status cg_llama_config_parse(const char *json, cg_llama_config *cfg);
-/* Writes cfg as a LLaMA config.json text (model_type "llama"); malloc'd, caller frees. */
+/* Writes cfg as config.json text of its family (model_type, architectures, the family's fields);
+ * malloc'd, caller frees. */
 char *cg_llama_config_json(const cg_llama_config *cfg);
+/* The family's model_type ("llama", "mistral", "qwen2", "qwen3"). */
+const char *cg_llama_family_name(cg_llama_family family);
+/* The family's transformers class ("LlamaForCausalLM", "MistralForCausalLM", ...). */
+const char *cg_llama_family_class(cg_llama_family family);
+/* Keys visible to each query at layer i: the sliding window there, or 0 for every earlier key. */
+int64_t cg_llama_layer_window(const cg_llama_config *cfg, int64_t layer);
 /* Declares the parameters in ps (normal(0, 0.02) matrices, unit norms, seeded); the model borrows ps. */
 cg_llama *cg_llama_new(const cg_llama_config *cfg, cg_params *ps, uint64_t seed);
 /* Frees the model (not its parameter set). */

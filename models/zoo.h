@@ -23,7 +23,8 @@ typedef enum {
     CG_ARCH_BERT,      /* BERT encoder, masked LM and next sentence (or a classification head) */
     CG_ARCH_ENCDEC,    /* encoder-decoder, sequence to sequence */
     CG_ARCH_CLASSIFIER, /* encoder with mean pooling, text classification */
-    CG_ARCH_LLAMA       /* LLaMA decoder (RMSNorm, SwiGLU, RoPE, grouped-query attention), language modelling */
+    CG_ARCH_LLAMA       /* LLaMA decoder (RMSNorm, SwiGLU, RoPE, grouped-query attention), language modelling;
+                           also Mistral, Qwen2 and Qwen3, by config.json's model_type (cg_llama_family) */
 } cg_arch;
 
 /* Arch named "gpt2", "bert", "encdec", "classifier" or "llama"; CG_ERR_ARG otherwise. */
@@ -34,7 +35,8 @@ const char *cg_arch_name(cg_arch arch);
 typedef struct cg_model cg_model; /* any zoo model behind one interface (opaque) */
 
 /* Model from a config.json text of the arch; declares its parameters in ps (seeded init);
- * dropout applies everywhere (the config's own dropout fields are ignored). */
+ * dropout applies everywhere (the config's own dropout fields are ignored, but for the LLaMA families'
+ * attention_dropout, which takes the attention weights' when set). */
 cg_model *cg_model_new(cg_arch arch, const char *config_json, double dropout, cg_params *ps, uint64_t seed);
 /* Frees the model (not its parameters). */
 void cg_model_free(cg_model *m);

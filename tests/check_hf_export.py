@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: MIT
 """Checks a directory written by `cgrad export` against the torch reference models of
-tests/make_model_fixtures.py and tests/make_llama_fixtures.py, the way transformers'
-from_pretrained would read it:
+tests/make_model_fixtures.py, tests/make_llama_fixtures.py and tests/make_family_fixtures.py (Mistral,
+Qwen2, Qwen3), the way transformers' from_pretrained would read it:
 
   - model.safetensors has "format": "pt" metadata (from_pretrained refuses a file without it);
   - config.json names the class (architectures) and model_type, and the reference model built from
@@ -25,6 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import make_model_fixtures as ref  # noqa: E402  (torch, numpy and the reference models)
 import make_llama_fixtures as llama_ref  # noqa: E402  (the LlamaForCausalLM reference)
+import make_family_fixtures as family_ref  # noqa: E402  (Mistral, Qwen2, Qwen3, LLaMA's optional fields)
 
 torch, np = ref.torch, ref.np
 
@@ -62,6 +63,11 @@ class BertSeqCls(torch.nn.Module):
         return self.classifier(torch.tanh(self.bert.pooler.dense(x[:, 0])))
 
 
+# model_type -> the transformers class of the LLaMA-style families
+FAMILIES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+            "qwen3": "Qwen3ForCausalLM"}
+
+
 def check(cond, what):
     print(("ok: " if cond else "FAIL: ") + what)
     return bool(cond)
@@ -82,11 +88,12 @@ def check_dir(cgrad, d):
         t = min(cfg["n_positions"], 12)
         ids = rng.integers(0, cfg["vocab_size"], size=(2, t))
         batch = {"input_ids": ids, "targets": np.roll(ids, -1, axis=1)}
-    elif mt == "llama":
-        ok &= check(arch == "LlamaForCausalLM", "%s: architectures %s" % (d, arch))
+    elif mt in FAMILIES:
+        ok &= check(arch == FAMILIES[mt], "%s: architectures %s" % (d, arch))
         ok &= check(("lm_head.weight" in w) == (not cfg.get("tie_word_embeddings")),
                     "%s: lm_head.weight stored exactly when the head is untied" % d)
-        model = llama_ref.LlamaForCausalLM(cfg).double()
+        plain = mt == "llama" and not (cfg.get("tie_word_embeddings") or cfg.get("attention_bias") or cfg.get("mlp_bias"))
+        model = (llama_ref.LlamaForCausalLM(cfg) if plain else family_ref.ForCausalLM(cfg)).double()
         sd = dict(w)
         t = min(cfg["max_position_embeddings"], 12)
         ids = rng.integers(0, cfg["vocab_size"], size=(2, t))
@@ -125,7 +132,7 @@ def check_dir(cgrad, d):
     with tempfile.TemporaryDirectory() as tmp:
         bp, op = os.path.join(tmp, "batch.safetensors"), os.path.join(tmp, "out.safetensors")
         ref.st_write(bp, batch)
-        r = subprocess.run([cgrad, "step", "--arch", mt, "--config", os.path.join(d, "config.json"), "--weights",
+        r = subprocess.run([cgrad, "step", "--arch", "llama" if mt in FAMILIES else mt, "--config", os.path.join(d, "config.json"), "--weights",
                             os.path.join(d, "model.safetensors"), "--batch", bp, "--out", op, "--threads", "1"],
                            capture_output=True, text=True)
         if not check(r.returncode == 0, "%s: cgrad step on the exported files %s" % (d, r.stderr.strip())):
@@ -133,7 +140,7 @@ def check_dir(cgrad, d):
         _, out = read_st(op)
     tb = {k: torch.from_numpy(np.asarray(v)) for k, v in batch.items()}
     with torch.no_grad():
-        if mt in ("gpt2", "llama"):
+        if mt == "gpt2" or mt in FAMILIES:
             logits = model(tb["input_ids"]).numpy()
         elif arch == "BertForSequenceClassification":
             logits = model(tb["input_ids"], tb["attention_mask"]).numpy()

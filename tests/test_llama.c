@@ -271,7 +271,7 @@ static void test_config(void) {
         {"\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 4, \"high_freq_factor\": 1, "
          "\"original_max_position_embeddings\": 8192}", "llama3"},
         {"\"hidden_act\": \"gelu\"", "hidden_act"},
-        {"\"attention_bias\": true", "attention_bias"},
+        {"\"attention_bias\": 1", "attention_bias"},
         {"\"tie_word_embeddings\": 1", "tie_word_embeddings"},
         {"\"rope_theta\": 1e999", "rope_theta"},
     };
