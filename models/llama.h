@@ -12,9 +12,7 @@
 #include "../ops/ops.h"
 #include "layers.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+CG_BEGIN_DECLS
 
 /* LLaMA's hyperparameters, named as in Hugging Face's config.json. */
 typedef struct {
@@ -61,7 +59,5 @@ cg_tensor *cg_llama_logits_cached(cg_graph *g, const cg_llama *m, cg_tensor *ids
 cg_status cg_llama_generate(const cg_llama *m, const int32_t *prompt, int64_t n_prompt, int64_t n_new,
                             const cg_sampling *s, uint64_t seed, bool use_cache, int32_t *out);
 
-#ifdef __cplusplus
-}
-#endif
+CG_END_DECLS
 #endif
