@@ -12,6 +12,12 @@ headers=$(cd "$inc" && find cgrad -name '*.h' | sort)
 [ -n "$headers" ] || { echo "FAIL no headers under $inc/cgrad"; exit 1; }
 for h in $headers; do
     n=$((n + 1))
+    # declarations go between CG_BEGIN_DECLS and CG_END_DECLS (graph/export.h), which export them
+    case $h in cgrad/cgrad.h | cgrad/graph/export.h) ;; *)
+        if ! grep -q '^CG_BEGIN_DECLS' "$inc/$h" || ! grep -q '^CG_END_DECLS' "$inc/$h" || grep -q 'extern "C"' "$inc/$h"; then
+            echo "FAIL $h: wrap its declarations in CG_BEGIN_DECLS ... CG_END_DECLS instead of extern \"C\""; fail=1
+        fi ;;
+    esac
     printf '#include <%s>\nint main(void) { return 0; }\n' "$h" >"$tmp/t.c"
     cp "$tmp/t.c" "$tmp/t.cpp"
     for def in "" -DCGRAD_DOUBLE; do
