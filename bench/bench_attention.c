@@ -11,7 +11,7 @@
 #include <stdlib.h>
 
 #include "bench_timing.h"
-#include "cgrad.h"
+#include <cgrad/cgrad.h>
 
 typedef enum { PLAIN, ALIBI, T5, BIAS, DROPOUT, ALIBI_DROPOUT, COMPOSITE_DROPOUT } kind;
 

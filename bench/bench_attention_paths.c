@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "cgrad.h"
+#include <cgrad/cgrad.h>
 #include "graph/internal.h"
 #include "ops/attention_internal.h"
 

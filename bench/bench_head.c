@@ -7,7 +7,7 @@
 #include <stdlib.h>
 
 #include "bench_timing.h"
-#include "cgrad.h"
+#include <cgrad/cgrad.h>
 
 int main(int argc, char **argv) {
     const int reps = argc > 1 ? atoi(argv[1]) : 7;

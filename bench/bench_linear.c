@@ -10,7 +10,7 @@
 #include <stdlib.h>
 
 #include "bench_timing.h"
-#include "cgrad.h"
+#include <cgrad/cgrad.h>
 
 static double gflops(double flop, double ms) { return flop / (ms * 1e6); }
 

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 
 #include "bench_timing.h"
-#include "cgrad.h"
+#include <cgrad/cgrad.h>
 
 typedef cg_tensor *(*build_fn)(cg_graph *g, cg_tensor *x, cg_tensor *x2, cg_tensor *gain);
 

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "bench_timing.h"
-#include "cgrad.h"
+#include <cgrad/cgrad.h>
 
 enum { UNFUSED, FUSED, STEP_ONLY, NV };
 

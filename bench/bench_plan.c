@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "cgrad.h"
+#include <cgrad/cgrad.h>
 
 static double now(void) {
     struct timespec ts;

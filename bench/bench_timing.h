@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "cgrad.h"
+#include <cgrad/cgrad.h>
 
 /* CPU time of the whole process (every thread): unlike wall time, it barely moves when other jobs
  * share the machine, so A/B comparisons on a loaded machine read it. */

@@ -217,7 +217,8 @@ static bool in_child(int (*fn)(const void *, int, double), const void *arg, int 
     if (waitpid(pid, &status, 0) < 0) return false;
     if (WIFSIGNALED(status)) {
         fprintf(stderr, "cgrad bench: %s crashed with signal %d (%s)\n", what, WTERMSIG(status), strsignal(WTERMSIG(status)));
-        printf("{\"config\":\"%s\", \"threads\":%d, \"error\":\"crashed with signal %d\"}\n", what, threads, WTERMSIG(status));
+        /* the JSON's GFLOP/s carry three decimals, so its fractions can be recomputed from it within 1e-3 */
+    printf("{\"config\":\"%s\", \"threads\":%d, \"error\":\"crashed with signal %d\"}\n", what, threads, WTERMSIG(status));
         fflush(stdout);
         return false;
     }
@@ -446,7 +447,7 @@ static int train_child(const void *arg, int threads, double sgemm) {
     if (bf16) printf("%-12s %.2f of the bf16 GEMM reference (%.1f GFLOP/s)\n", c->name, gflops / bf16_ref, bf16_ref);
     printf("{\"config\":\"%s\", \"threads\":%d, \"precision\":\"%s\", \"batch\":%lld, \"context\":%lld, "
            "\"checkpoint_activations\":%d, \"ms_per_step\":%.3f, \"tokens_per_s\":%.1f, \"gflops\":%.3f, \"sgemm_fraction\":%.4f, "
-           "\"sgemm_gflops\":%.1f, \"sgemm_fraction_best_before\":%.4f, \"sgemm_gflops_best_before\":%.1f, ",
+           "\"sgemm_gflops\":%.3f, \"sgemm_fraction_best_before\":%.4f, \"sgemm_gflops_best_before\":%.3f, ",
            c->name, threads, cg_precision_name(cg_default_precision()), (long long)c->batch, (long long)c->t,
            opts.checkpoint, med * 1e3, tokens / med, gflops, gflops / sgemm, sgemm, gflops / sgemm_best, sgemm_best);
     if (bf16) {
@@ -456,7 +457,7 @@ static int train_child(const void *arg, int threads, double sgemm) {
                "\"bf16_gemm_gflops\":%.1f, \"onednn_gemm_gflops\":%.1f, ",
                cg_bf16_kernel(), cg_bf16_dot_ratio(), amx, gflops / bf16_ref, bf16_ref, onednn_ref);
     }
-    if (nrefs) printf("\"blis_sgemm_gflops\":%.1f, \"blis_sgemm_fraction\":%.4f, ", blis_sgemm, gflops / blis_sgemm);
+    if (nrefs) printf("\"blis_sgemm_gflops\":%.3f, \"blis_sgemm_fraction\":%.4f, ", blis_sgemm, gflops / blis_sgemm);
     printf("\"peak_rss_mb\":%.1f, \"plan_mb\":%.1f, \"cpu_ms_per_step\":%.3f, \"runs_one_thread\":%lld}\n", rss,
            (double)cg_graph_plan_bytes(g) / 1048576.0, med_cpu * 1e3, runs_one);
     free(times);

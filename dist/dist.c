@@ -329,7 +329,7 @@ struct cg_dist_reducer {
 };
 
 /* Offset of a parameter's gradient in the block. */
-static int64_t grad_off(cg_dist_reducer *r, int i) { return cg_params_at(r->ps, i)->grad - cgi_params_grads(r->ps); }
+static int64_t grad_off(cg_dist_reducer *r, int i) { return cg_params_at(r->ps, i)->grad - cg_params_grads_settled(r->ps, 0, 0); }
 
 /* Index of the parameter whose gradient starts at element off (parameters lie in index order). */
 static int param_at(cg_dist_reducer *r, int64_t off) {
@@ -407,8 +407,7 @@ void cg_dist_reducer_free(cg_dist_reducer *r) {
 /* Starts bucket k: adds the earlier micro-batches into it, then the in-place all-reduce. */
 static cg_status start(cg_dist_reducer *r, int k) {
     bucket *bk = &r->b[k];
-    cgi_params_settle(r->ps, bk->first, bk->n); /* its frozen or unused parameters read as zero */
-    cg_real *gr = cgi_params_grads(r->ps);
+    cg_real *gr = cg_params_grads_settled(r->ps, bk->first, bk->n); /* its frozen or unused parameters read as zero */
     if (r->acc) /* g_last + acc: addition commutes, so this is the in-order sum */
         for (int64_t i = bk->lo; i < bk->hi; i++) gr[i] += r->acc[i];
     bk->start = now_s();
@@ -424,7 +423,7 @@ static cg_status start(cg_dist_reducer *r, int k) {
 static void on_ready(cg_tensor *p, void *ctx) {
     cg_dist_reducer *r = ctx;
     if (r->m != r->micro - 1) return; /* earlier micro-batches only accumulate */
-    const int i = param_at(r, p->grad - cgi_params_grads(r->ps)), k = r->bucket_of[i];
+    const int i = param_at(r, p->grad - cg_params_grads_settled(r->ps, 0, 0)), k = r->bucket_of[i];
     if (!r->reordered && r->nready < r->np) r->ready[r->nready++] = i;
     if (r->b[k].pending > 0 && --r->b[k].pending == 0 && k > r->next) r->st.held++;
     while (r->next < r->nb && r->b[r->next].pending == 0) {
@@ -476,8 +475,7 @@ void cg_dist_reducer_attach(cg_dist_reducer *r, cg_graph *g) {
 cg_status cg_dist_reducer_begin(cg_dist_reducer *r, int64_t m) {
     if (!r || m < 0 || m >= r->micro) return cgi_fail(CG_ERR_ARG, "[dist] micro-batch %lld of %lld", (long long)m,
                                                       r ? (long long)r->micro : 0LL);
-    cgi_params_settle(r->ps, 0, -1);
-    cg_real *gr = cgi_params_grads(r->ps);
+    cg_real *gr = cg_params_grads_settled(r->ps, 0, -1);
     if (m == 1) memcpy(r->acc, gr, (size_t)r->span * sizeof(cg_real));
     else if (m > 1)
         for (int64_t i = 0; i < r->span; i++) r->acc[i] += gr[i];
@@ -500,8 +498,7 @@ cg_status cg_dist_reducer_finish(cg_dist_reducer *r) {
     cg_status st = CG_OK;
     if (cg_dist_size(r->d) == 1) {
         if (r->acc) {
-            cgi_params_settle(r->ps, 0, -1);
-            cg_real *gr = cgi_params_grads(r->ps);
+            cg_real *gr = cg_params_grads_settled(r->ps, 0, -1);
             for (int64_t i = 0; i < r->span; i++) gr[i] += r->acc[i];
         }
     } else {

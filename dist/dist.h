@@ -22,9 +22,7 @@
 
 #include "../graph/graph.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+CG_BEGIN_DECLS
 
 /* The ranks of an MPI job (or a world of one): opaque, from cg_dist_init. */
 typedef struct cg_dist cg_dist;
@@ -98,8 +96,6 @@ cg_status cg_dist_reducer_finish(cg_dist_reducer *r);
 /* Timings and sizes so far. */
 cg_dist_stats cg_dist_reducer_stats(const cg_dist_reducer *r);
 
-#ifdef __cplusplus
-}
-#endif
+CG_END_DECLS
 
 #endif

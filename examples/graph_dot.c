@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "cgrad.h"
+#include <cgrad/cgrad.h>
 
 int main(int argc, char **argv) {
     const char *path = argc > 1 ? argv[1] : "graph.dot";

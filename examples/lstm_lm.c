@@ -26,7 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cgrad.h"
+#include <cgrad/cgrad.h>
 
 typedef struct {
     int vocab, embed, hidden, layers;

@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cgrad.h"
+#include <cgrad/cgrad.h>
 
 /* ---- the op ---- */
 

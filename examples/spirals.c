@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "cgrad.h"
+#include <cgrad/cgrad.h>
 
 enum { PER_CLASS = 200, N = 2 * PER_CLASS, HIDDEN = 64, BATCH = 80, MAX_STEPS = 20000, EVAL_EVERY = 50 };
 

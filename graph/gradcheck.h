@@ -8,9 +8,7 @@
 
 #include "graph.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+CG_BEGIN_DECLS
 
 /* One input's gradient check: how far the analytic gradient is from the finite differences. */
 typedef struct {
@@ -66,7 +64,5 @@ const char *cg_op_name(int i);
  * values leave float32 differences less exact). Returns the number of failed rows. */
 int cg_gradcheck_ops_aliased(FILE *out, double tol, int runs, const char *filter);
 
-#ifdef __cplusplus
-}
-#endif
+CG_END_DECLS
 #endif

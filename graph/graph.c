@@ -7,6 +7,7 @@
 
 /* fills the op table: refers to the kernels, whose clones live in their own files */
 #define CGI_OP_TABLE_FILE
+#include "graph/gradcheck.h" /* declares cg_op_name, which this file defines: the declaration exports it */
 #include "graph/internal.h"
 #include "ops/bf16_internal.h"
 

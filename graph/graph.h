@@ -11,9 +11,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+#include "export.h"
+
+CG_BEGIN_DECLS
 
 #ifdef CGRAD_DOUBLE
 typedef double cg_real; /* element type of real tensors: double in the f64 build */
@@ -26,11 +26,11 @@ typedef float cg_real; /* element type of real tensors: float in the default bui
 /* The element type is fixed when the library is compiled, so a program compiled for the other one
  * would link and then read garbage: every file that includes this header references a symbol that
  * only the matching library defines, and a mismatch fails to link ("undefined reference to
- * cgrad_abi_f64": compile with -DCGRAD_DOUBLE, or link libcgrad instead of libcgrad_f64). */
+ * cg_abi_f64": compile with -DCGRAD_DOUBLE, or link libcgrad instead of libcgrad_f64). */
 #ifdef CGRAD_DOUBLE
-#define CGRAD_ABI cgrad_abi_f64 /* the symbol libcgrad_f64 defines */
+#define CGRAD_ABI cg_abi_f64 /* the symbol libcgrad_f64 defines */
 #else
-#define CGRAD_ABI cgrad_abi_f32 /* the symbol libcgrad (float32) defines */
+#define CGRAD_ABI cg_abi_f32 /* the symbol libcgrad (float32) defines */
 #endif
 /* Defined only by the library whose cg_real matches this header's. */
 extern const int CGRAD_ABI;
@@ -294,6 +294,10 @@ int64_t cg_params_span(const cg_params *ps);
 void cg_params_touch(cg_params *ps);
 /* Zeroes every gradient of the set (lazily: the next backward overwrites instead of adding). */
 void cg_params_zero_grad(cg_params *ps);
+/* For gradient reducers (libcgrad_dist): zeroes the gradients cg_params_zero_grad left stale in
+ * parameters first .. first + n - 1 (n < 0: all, 0: none) and returns the gradient block without
+ * handing it out as cg_params_grads does, so zeroing stays lazy. Valid until the next zero_grad. */
+cg_real *cg_params_grads_settled(cg_params *ps, int first, int n);
 /* Freezes (false) or unfreezes (true) a parameter; call before building graphs that use it: backward
  * on a graph built while it was frozen fails with a message (rebuild it). */
 void cg_param_set_trainable(cg_tensor *p, bool trainable);
@@ -309,7 +313,5 @@ void cg_fill_normal(cg_tensor *t, cg_rng *r, double mean, double std);
 /* Fills with uniform draws in [lo, hi) from r, in row-major order. */
 void cg_fill_uniform(cg_tensor *t, cg_rng *r, double lo, double hi);
 
-#ifdef __cplusplus
-}
-#endif
+CG_END_DECLS
 #endif

@@ -169,6 +169,11 @@ void cgi_params_settle(cg_params *ps, int first, int n) {
     const int end = n < 0 || first + n > ps->n ? ps->n : first + n;
     for (int i = first < 0 ? 0 : first; i < end; i++) cgi_param_settle(ps->list[i]);
 }
+cg_real *cg_params_grads_settled(cg_params *ps, int first, int n) {
+    if (!ps) return NULL;
+    cgi_params_settle(ps, first, n);
+    return ps->grads;
+}
 int64_t cg_params_span(const cg_params *ps) { return ps ? ps->used : 0; } /* optimizers size their moment blocks by it */
 
 void cg_params_touch(cg_params *ps) {

@@ -8,9 +8,7 @@
 #include "../graph/graph.h"
 #include "safetensors.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+CG_BEGIN_DECLS
 
 #define CG_CHECKPOINT_FORMAT "cgrad-checkpoint" /* __metadata__ "format" of a checkpoint */
 #define CG_CHECKPOINT_VERSION "1"               /* __metadata__ "version" of a checkpoint */
@@ -25,7 +23,5 @@ cg_status cg_checkpoint_save(cg_st_writer *w, const char *path);
  * version; NULL + cg_last_error() (naming path) otherwise. Close with cg_st_close. */
 cg_st *cg_checkpoint_open(const char *path);
 
-#ifdef __cplusplus
-}
-#endif
+CG_END_DECLS
 #endif

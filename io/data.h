@@ -19,9 +19,7 @@
 #include "../graph/graph.h"
 #include "tokenizer.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+CG_BEGIN_DECLS
 
 #define CG_IGNORE_INDEX (-100) /* label value the losses skip */
 
@@ -193,7 +191,5 @@ cg_status cg_textcls_example(const cg_textcls_data *d, bool val, int64_t i, cons
 cg_status cg_textcls_batch(cg_textcls_data *d, bool val, cg_data_cursor *c, int64_t batch, int32_t *input_ids,
                            int32_t *attention_mask, int32_t *labels, int64_t *seq_len);
 
-#ifdef __cplusplus
-}
-#endif
+CG_END_DECLS
 #endif

@@ -12,9 +12,7 @@
 
 #include "../graph/graph.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+CG_BEGIN_DECLS
 
 /* ---- reading ---- */
 
@@ -107,7 +105,5 @@ cg_status cg_st_serialize(cg_st_writer *w, void **bytes, size_t *len);
 /* Frees the writer and its copies of the data. NULL is a no-op. */
 void cg_st_writer_free(cg_st_writer *w);
 
-#ifdef __cplusplus
-}
-#endif
+CG_END_DECLS
 #endif

@@ -13,9 +13,7 @@
 
 #include "../graph/graph.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+CG_BEGIN_DECLS
 
 typedef struct cg_tokenizer cg_tokenizer; /* text <-> ids, of one of the kinds below (opaque) */
 
@@ -92,7 +90,5 @@ int32_t cg_tokenizer_token_id(const cg_tokenizer *tok, const char *token);
 /* Vocabulary spelling of token id (owned by tok), or NULL if out of range. */
 const char *cg_tokenizer_token_str(const cg_tokenizer *tok, int32_t id);
 
-#ifdef __cplusplus
-}
-#endif
+CG_END_DECLS
 #endif

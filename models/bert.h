@@ -8,9 +8,7 @@
 
 #include "../graph/graph.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+CG_BEGIN_DECLS
 
 /* BERT's hyperparameters, named as in Hugging Face's config.json. */
 typedef struct {
@@ -65,7 +63,5 @@ cg_tensor *cg_bert_pretraining_loss(cg_graph *g, const cg_bert_outputs *o, cg_te
 cg_status cg_bert_fill_mask(const cg_bert *m, const int32_t *ids, int64_t n, int32_t mask_id, int top_k,
                             int32_t *top_ids, double *top_probs);
 
-#ifdef __cplusplus
-}
-#endif
+CG_END_DECLS
 #endif

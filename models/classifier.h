@@ -8,9 +8,7 @@
 
 #include "../graph/graph.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+CG_BEGIN_DECLS
 
 /* The classifier's hyperparameters (an encoder with mean pooling and a linear head). */
 typedef struct {
@@ -41,7 +39,5 @@ const cg_classifier_config *cg_classifier_cfg(const cg_classifier *m);
 /* Adds the model to g: ids [B, T] int32, attention_mask [B, T] (1 keep, 0 pad; may be NULL) -> logits [B, C]. */
 cg_tensor *cg_classifier_logits(cg_graph *g, const cg_classifier *m, cg_tensor *ids, cg_tensor *attention_mask);
 
-#ifdef __cplusplus
-}
-#endif
+CG_END_DECLS
 #endif

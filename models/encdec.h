@@ -8,9 +8,7 @@
 
 #include "../graph/graph.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+CG_BEGIN_DECLS
 
 /* The encoder-decoder's hyperparameters, with torch.nn.Transformer's names. */
 typedef struct {
@@ -57,7 +55,5 @@ cg_tensor *cg_encdec_loss(cg_graph *g, const cg_encdec *m, cg_tensor *src, cg_te
 cg_status cg_encdec_translate(const cg_encdec *m, const int32_t *src, int64_t n_src, int beam, int64_t max_len,
                               int32_t *out, int64_t *n_out);
 
-#ifdef __cplusplus
-}
-#endif
+CG_END_DECLS
 #endif

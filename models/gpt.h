@@ -8,9 +8,7 @@
 #include "../graph/graph.h"
 #include "layers.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+CG_BEGIN_DECLS
 
 /* GPT-2's hyperparameters, named as in Hugging Face's config.json. */
 typedef struct {
@@ -47,7 +45,5 @@ cg_tensor *cg_gpt_logits_cached(cg_graph *g, const cg_gpt *m, cg_tensor *ids, cg
 cg_status cg_gpt_generate(const cg_gpt *m, const int32_t *prompt, int64_t n_prompt, int64_t n_new,
                           const cg_sampling *s, uint64_t seed, bool use_cache, int32_t *out);
 
-#ifdef __cplusplus
-}
-#endif
+CG_END_DECLS
 #endif

@@ -6,9 +6,7 @@
 
 #include "../graph/graph.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+CG_BEGIN_DECLS
 
 /* Adds parameter NAME (printf-style) drawn from normal(0, std) (std 0: zeros); NULL on error. */
 cg_tensor *cg_param_normal(cg_params *ps, cg_rng *r, double std, int ndim, const int64_t *shape, const char *fmt, ...)
@@ -99,7 +97,5 @@ cg_status cg_decoder_generate(cg_decoder_forward fwd, const void *model, const c
                               const int32_t *prompt, int64_t n_prompt, int64_t n_new, const cg_sampling *s,
                               uint64_t seed, bool use_cache, int32_t *out);
 
-#ifdef __cplusplus
-}
-#endif
+CG_END_DECLS
 #endif

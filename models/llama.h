@@ -15,9 +15,7 @@
 #include "../ops/ops.h"
 #include "layers.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+CG_BEGIN_DECLS
 
 /* The Hugging Face families this decoder implements, by config.json's model_type. */
 typedef enum {
@@ -88,7 +86,5 @@ cg_tensor *cg_llama_logits_cached(cg_graph *g, const cg_llama *m, cg_tensor *ids
 cg_status cg_llama_generate(const cg_llama *m, const int32_t *prompt, int64_t n_prompt, int64_t n_new,
                             const cg_sampling *s, uint64_t seed, bool use_cache, int32_t *out);
 
-#ifdef __cplusplus
-}
-#endif
+CG_END_DECLS
 #endif

@@ -13,9 +13,7 @@
 #include "gpt.h"
 #include "llama.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+CG_BEGIN_DECLS
 
 /* The zoo's model families. */
 typedef enum {
@@ -115,7 +113,5 @@ cg_tensor *cg_model_class_logits(cg_graph *g, cg_model *m, cg_tensor *ids, cg_te
 /* The input of that name, or NULL. */
 cg_tensor *cg_model_graph_input(const cg_model_graph *mg, const char *name);
 
-#ifdef __cplusplus
-}
-#endif
+CG_END_DECLS
 #endif

@@ -19,9 +19,7 @@
 
 #include "../graph/graph.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+CG_BEGIN_DECLS
 
 #define CG_CUSTOM_MAX_INPUTS 8 /* most tensor inputs a custom op can take */
 
@@ -99,7 +97,5 @@ const char *cg_custom_name(const cg_custom_ctx *c);
  * thread, so teams never nest. Pieces are contiguous and in order per thread. */
 void cg_parallel_for(int64_t n, int64_t grain, void (*body)(int64_t lo, int64_t hi, void *ctx), void *ctx);
 
-#ifdef __cplusplus
-}
-#endif
+CG_END_DECLS
 #endif

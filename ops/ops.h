@@ -8,9 +8,7 @@
 
 #include "../graph/graph.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+CG_BEGIN_DECLS
 
 /* ---- elementwise, NumPy broadcasting ---- */
 
@@ -258,7 +256,5 @@ cg_tensor *cg_bce_with_logits(cg_graph *g, cg_tensor *logits, cg_tensor *target)
 cg_tensor *cg_linear_cross_entropy(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias, cg_tensor *targets,
                                    int ignore_index);
 
-#ifdef __cplusplus
-}
-#endif
+CG_END_DECLS
 #endif

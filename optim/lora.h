@@ -12,9 +12,7 @@
 #include "../graph/graph.h"
 #include "optim.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+CG_BEGIN_DECLS
 
 /* Adds a rank-`rank` adapter with scale alpha / rank to 2-D parameter p of ps and freezes p;
  * CG_ERR_ARG if p is not a 2-D parameter of ps, already has one, or rank is not in [1, min(R, C)]. */
@@ -43,7 +41,5 @@ bool cg_lora_is_adapter(const cg_tensor *p);
 /* The base parameter an adapter belongs to, or NULL when p is not an adapter. */
 cg_tensor *cg_lora_base(const cg_params *ps, const cg_tensor *p);
 
-#ifdef __cplusplus
-}
-#endif
+CG_END_DECLS
 #endif

@@ -12,9 +12,7 @@
 
 #include "../graph/graph.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+CG_BEGIN_DECLS
 
 /* The update rules. */
 typedef enum {
@@ -128,7 +126,5 @@ cg_status cg_schedule_check(const cg_schedule *s);
 /* Kind named "constant", "cosine", "linear" or "noam" into *kind; CG_ERR_ARG otherwise. */
 cg_status cg_schedule_parse(const char *name, cg_sched_kind *kind);
 
-#ifdef __cplusplus
-}
-#endif
+CG_END_DECLS
 #endif

@@ -3,7 +3,7 @@
  * must fail to link; a matched one links and reads 1.5 back. */
 #include <stdio.h>
 
-#include "cgrad.h"
+#include <cgrad/cgrad.h>
 
 int main(void) {
     cg_graph *g = cg_graph_new(CG_TRAIN);

@@ -105,7 +105,8 @@ check_generated() {
     cat $headers >"$tmp/api.h"
     for doc in "${docs[@]}"; do
         grep -o 'cg_[A-Za-z0-9_]\+[.]\{0,1\}[a-z]*' "$doc" | grep -v '\.' | sort -u | while read -r name; do
-            grep -qw "$name" "$tmp/api.h" || { echo "FAIL $(basename "$doc"): $name is not in any public header"; echo x >>"$tmp/unknown"; }
+            # a family written as cg_dist_* only needs some declared name that starts with it
+            case $name in *_) grep -q "\b$name" "$tmp/api.h" ;; *) grep -qw "$name" "$tmp/api.h" ;; esac || { echo "FAIL $(basename "$doc"): $name is not in any public header"; echo x >>"$tmp/unknown"; }
         done
     done
     [ -e "$tmp/unknown" ] && fail=1 || echo "ok   every cg_ name in the docs is declared in a public header"

@@ -16,7 +16,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "cgrad.h"
+#include <cgrad/cgrad.h>
 #include "check.h"
 #include "cgrad_bin.h"
 #include "cli_harness.h"

@@ -8,7 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "cgrad.h"
+#include <cgrad/cgrad.h>
 
 #include "check.h"
 #include "cgrad_bin.h"

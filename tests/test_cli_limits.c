@@ -14,7 +14,7 @@
 #include <unistd.h>
 #include <dirent.h>
 
-#include "cgrad.h"
+#include <cgrad/cgrad.h>
 #include "check.h"
 #include "cgrad_bin.h"
 #pragma GCC diagnostic ignored "-Wunused-function" /* the harness serves several test files */

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cgrad.h"
+#include <cgrad/cgrad.h>
 #include "check.h"
 
 typedef struct {

@@ -5,7 +5,7 @@
  * runs are tests/mpi_exact.sh and tests/mpi_fault.sh under mpirun. */
 #include <string.h>
 
-#include "cgrad.h"
+#include <cgrad/cgrad.h>
 #include "check.h"
 
 enum { B = 2, T = 8, V = 11 };

@@ -14,7 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "cgrad.h"
+#include <cgrad/cgrad.h>
 #include "check.h"
 #include "io/file_internal.h"
 

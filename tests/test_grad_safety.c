@@ -4,7 +4,7 @@
  * must be an error with a message rather than a silent zero or NaN. */
 #include <string.h>
 
-#include "cgrad.h"
+#include <cgrad/cgrad.h>
 #include "check.h"
 
 /* ---- aliasing: two gradient writes into one storage ---- */

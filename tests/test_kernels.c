@@ -4,7 +4,7 @@
 #include <string.h>
 #include <pthread.h>
 
-#include "cgrad.h"
+#include <cgrad/cgrad.h>
 #include "check.h"
 #include "graph/internal.h"
 

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "cgrad.h"
+#include <cgrad/cgrad.h>
 
 enum { R = 6, C = 5, RANK = 2, N = 3 };
 

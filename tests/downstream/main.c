@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* A downstream program, built against an installed cgrad: d/dx sum(x * x) = 2x, checked by
- * value, in whichever precision the library was built (CGRAD_DOUBLE comes from the package). */
+/* A downstream program, built against cgrad installed, embedded or fetched: d/dx sum(x * x) = 2x, checked by
+ * value, in whichever precision the library was built (CGRAD_DOUBLE comes from the package).
+ * With WITH_DIST it also joins a world of one through libcgrad_dist. */
 #include <cgrad/cgrad.h>
 #include <stdio.h>
 
@@ -23,5 +24,13 @@ int main(void) {
     printf("downstream C (%zu-byte reals): loss %g, dx %g %g %g: %s\n", sizeof(cg_real), cg_item(loss),
            (double)dx[0], (double)dx[1], (double)dx[2], ok ? "ok" : "WRONG");
     cg_graph_free(g);
+#ifdef WITH_DIST /* libcgrad_dist: outside mpirun the world has one rank */
+    cg_dist *d = cg_dist_init(0);
+    double one = 1;
+    int dist_ok = d && cg_dist_size(d) == 1 && cg_dist_rank(d) == 0 && cg_dist_sum(d, &one, 1) == CG_OK && one == 1;
+    printf("downstream C, libcgrad_dist: world of %d: %s\n", cg_dist_size(d), dist_ok ? "ok" : "WRONG");
+    cg_dist_free(d);
+    ok = ok && dist_ok;
+#endif
     return ok ? 0 : 1;
 }
