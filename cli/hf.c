@@ -73,7 +73,7 @@ static void default_labels(cJSON *cfg) {
 
 /* The training shape of a model, as `cgrad train` names its options, so --init-from takes it. */
 static cJSON *shape_json(cg_model *m, const cg_tokenizer *tok, const char *tok_dir) {
-    static const char *const kinds[] = {"char", "bpe", "wordpiece"};
+    static const char *const kinds[] = {"char", "bpe", "wordpiece", "hf"};
     long long l = 0, h = 0, d = 0, f = 0, t = 0;
     const cg_gpt_config *g = cg_gpt_cfg(cg_model_gpt(m));
     const cg_bert_config *b = cg_bert_cfg(cg_model_bert(m));
@@ -299,6 +299,8 @@ static cJSON *tokenizer_config(const cli_ckpt *ck) {
     } else if (cg_tokenizer_kind(ck->tok) == CG_TOK_WORDPIECE) {
         cJSON_AddStringToObject(t, "tokenizer_class", "BertTokenizer");
         cJSON_AddBoolToObject(t, "do_lower_case", true);
+    } else if (cg_tokenizer_kind(ck->tok) == CG_TOK_HF) {
+        cJSON_AddStringToObject(t, "tokenizer_class", "PreTrainedTokenizerFast");
     } else {
         cJSON_AddStringToObject(t, "tokenizer_class", "cgrad char (cg_tokenizer.json: one token per code point)");
     }
@@ -337,7 +339,7 @@ int cmd_export(int argc, char **argv) {
         goto done;
     }
     static const char *const tok_files[] = {"cg_tokenizer.json (cgrad's own: transformers has no char tokenizer)",
-                                            "vocab.json + merges.txt", "vocab.txt"};
+                                            "vocab.json + merges.txt", "vocab.txt", "tokenizer.json"};
     printf("exported %s (%s, %lld parameters%s) to %s: model.safetensors, config.json, %s, tokenizer_config.json\n",
            ckpt, cg_arch_name(ck.arch), (long long)cg_params_numel(ck.ps), lora ? ", LoRA merged" : "", dir,
            tok_files[cg_tokenizer_kind(ck.tok)]);

@@ -44,6 +44,8 @@ struct cg_tokenizer {
     cgi_pairmap ranks;     /* (a, b) -> rank << 32 | merged id */
     /* wordpiece */
     int32_t unk;
+    /* a Hugging Face tokenizer.json pipeline (io/tokenizer_hf/) */
+    struct cgi_hf *hf;
 };
 
 /* ---- token table ---- */
