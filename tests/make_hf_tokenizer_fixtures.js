@@ -98,6 +98,9 @@ const HAND = [
   "▁ already has the metaspace ▁▁ twice ▁",
   "Ā ā Ă ă Ą ą Ć ć ÿ Ÿ ǅ ǆ ﬀ ﬃ ℃ ℉ Ω Å ㎏ ㍿ ① ⑳ ⅷ",
   "  ends with spaces and a newline   ",
+  // letters and digits of Unicode 15-17 (Cyrillic, Kawi, Nag Mundari, CJK Ext. H, Garay digits):
+  // cgrad's regexes take \\p{L} and \\p{N} from its own tables, of the reference's Unicode version
+  "New letters: a\u1C89b \u{11F04}\u{11F05} \u{1E4D0}\u{1E4D1}x \u{31350}\u{31351} digits \u{10D40}\u{10D41}7 end",
 ];
 
 function buildCorpus() {

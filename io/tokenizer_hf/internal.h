@@ -40,7 +40,8 @@ typedef struct {
 } cgi_hf_pattern;
 
 /* Compiles a {"String": s} or {"Regex": r} object; src and what name it in messages. The regex is
- * read as the reference (ECMAScript with the u flag) reads it: \s is ECMAScript's white space. */
+ * read as the reference (ECMAScript with the u flag) reads it: \s is ECMAScript's white space, and
+ * \p{L}, \p{N} take cgrad's Unicode tables (the reference's version) rather than PCRE2's. */
 cg_status cgi_hf_pattern_parse(cgi_hf_pattern *p, const void *json, const char *src, const char *what);
 /* Compiles a regex given as text (the built-in patterns). */
 cg_status cgi_hf_pattern_regex(cgi_hf_pattern *p, const char *regex, const char *src, const char *what);
@@ -59,7 +60,7 @@ cg_status cgi_hf_pattern_replace(const cgi_hf_pattern *p, pcre2_match_data *md, 
 bool cgi_hf_js_space(uint32_t cp);
 /* Unicode general category P* (punctuation) or an ASCII punctuation character. */
 bool cgi_hf_is_punct(uint32_t cp);
-/* Letter, number or mark, or '_' (Unicode \w, as Rust's regex has it). */
+/* Letter, number or mark, or connector punctuation such as '_' (Unicode \w, as Rust's regex has it). */
 bool cgi_hf_is_word(uint32_t cp);
 
 /* ---- stages ---- */

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* What the tokenizer.json stages share: lists of pieces, patterns (PCRE2, read with the reference's
  * ECMAScript meaning of \s), Unicode classes from utf8proc, GPT-2's byte map and lossy UTF-8. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,16 +55,18 @@ bool cgi_hf_js_space(uint32_t cp) {
            cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000 || cp == 0xFEFF;
 }
 
+/* Letters, numbers and punctuation come from cgrad's Unicode tables (io/tokenizer_unicode.c, the
+ * reference's Unicode version), marks from utf8proc. */
 bool cgi_hf_is_punct(uint32_t cp) {
     if (cp < 128) return (cp >= 33 && cp <= 47) || (cp >= 58 && cp <= 64) || (cp >= 91 && cp <= 96) || (cp >= 123 && cp <= 126);
-    utf8proc_category_t c = utf8proc_category((utf8proc_int32_t)cp);
-    return c >= UTF8PROC_CATEGORY_PC && c <= UTF8PROC_CATEGORY_PO;
+    return cgi_uc_is_punct(cp);
 }
 
 bool cgi_hf_is_word(uint32_t cp) {
     if (cp < 128) return (cp >= '0' && cp <= '9') || (cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z') || cp == '_';
+    if (cgi_uc_is_letter(cp) || cgi_uc_is_number(cp)) return true;
     utf8proc_category_t c = utf8proc_category((utf8proc_int32_t)cp);
-    return (c >= UTF8PROC_CATEGORY_LU && c <= UTF8PROC_CATEGORY_NO) || c == UTF8PROC_CATEGORY_PC;
+    return (c >= UTF8PROC_CATEGORY_MN && c <= UTF8PROC_CATEGORY_ME) || c == UTF8PROC_CATEGORY_PC;
 }
 
 /* ---------------------------------------------------------------- GPT-2's byte map */
@@ -121,6 +124,20 @@ bool cgi_hf_add_lossy(cgi_buf *out, const char *str, size_t len) {
 static const char JS_SPACE[] = "\\t\\n\\x{0B}\\f\\r \\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}"
                                "\\x{205F}\\x{3000}\\x{FEFF}";
 
+/* The ranges of \p{L} or \p{N} as the inside of a character class, from cgrad's Unicode tables
+ * (the reference's Unicode version; PCRE2's own data may be older). */
+static bool add_class(cgi_buf *b, bool letter) {
+    const uint32_t(*r)[2];
+    size_t n = letter ? cgi_uc_letter_ranges(&r) : cgi_uc_number_ranges(&r);
+    char item[40];
+    for (size_t i = 0; i < n; i++) {
+        int k = r[i][0] == r[i][1] ? snprintf(item, sizeof item, "\\x{%X}", (unsigned)r[i][0])
+                                   : snprintf(item, sizeof item, "\\x{%X}-\\x{%X}", (unsigned)r[i][0], (unsigned)r[i][1]);
+        if (!cgi_buf_add(b, item, (size_t)k)) return false;
+    }
+    return true;
+}
+
 /* The reference rewrites a few Python-only spellings before compiling (createPattern); the same
  * rewrites here keep (?i:'s|...) from also matching U+017F and U+212A as PCRE2's caseless mode would. */
 static char *rewrite_regex(const char *re) {
@@ -151,6 +168,14 @@ static char *rewrite_regex(const char *re) {
                     ok = cgi_buf_add(&b, d == 's' ? "[" : "[^", d == 's' ? 1 : 2) &&
                          cgi_buf_add(&b, JS_SPACE, sizeof JS_SPACE - 1) && cgi_buf_add(&b, "]", 1);
                 }
+            } else if ((d == 'p' || d == 'P') && (!strncmp(re + i + 2, "{L}", 3) || !strncmp(re + i + 2, "{N}", 3)) &&
+                       !(in_class && d == 'P')) {
+                bool letter = re[i + 3] == 'L';
+                if (in_class) ok = add_class(&b, letter);
+                else ok = cgi_buf_add(&b, d == 'p' ? "[" : "[^", d == 'p' ? 1 : 2) && add_class(&b, letter) &&
+                          cgi_buf_add(&b, "]", 1);
+                i += 5;
+                continue;
             } else if (d == '#' || d == '&' || d == '~') ok = cgi_buf_add(&b, &re[i + 1], 1);
             else ok = cgi_buf_add(&b, re + i, 2);
             i += 2;
