@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include <cjson/cJSON.h>
 
@@ -19,6 +20,7 @@ const cli_opt cli_tokenize_opts[] = {
     {"--decode", CLI_BARE, 0, 0, "read a JSON array of ids, print their text"},
     {"--no-special", CLI_BARE, 0, 0, "leave out the post-processor's special tokens (LLaMA-2's BOS <s>)"},
     {"--lines", CLI_BARE, 0, 0, "encode each line alone (without its line end): one JSON array a line"},
+    {"--time", CLI_BARE, 0, 0, "print load_s=... encode_s=... (wall seconds) to stderr"},
     {NULL, CLI_BARE, 0, 0, NULL}};
 
 /* All of stdin, NUL-terminated; NULL with a message. */
@@ -116,12 +118,20 @@ static int decode_json(const cg_tokenizer *t, const char *s, size_t len) {
     return rc;
 }
 
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 int cmd_tokenize(int argc, char **argv) {
     cli_args a;
     if (!cli_parse("tokenize", cli_tokenize_opts, argc, argv, &a) || !cli_words(&a, 0, 0, NULL) ||
         !cli_require(&a, "--tokenizer", "PATH"))
         return 2;
+    double t0 = now();
     cg_tokenizer *t = open_tokenizer(cli_str(&a, "--tokenizer", NULL));
+    double t1 = now();
     if (!t) {
         fprintf(stderr, "cgrad tokenize: %s\n", cg_last_error());
         return 1;
@@ -129,6 +139,7 @@ int cmd_tokenize(int argc, char **argv) {
     size_t len = 0;
     char *in = read_stdin(&len);
     int rc = in ? 0 : 1;
+    double t2 = now();
     bool special = !cli_has(&a, "--no-special");
     if (in && cli_has(&a, "--decode")) rc = decode_json(t, in, len);
     else if (in && cli_has(&a, "--lines"))
@@ -140,6 +151,8 @@ int cmd_tokenize(int argc, char **argv) {
         }
     else if (in) rc = encode_text(t, in, len, special);
     if (!rc && fflush(stdout)) rc = 1;
+    if (!rc && cli_has(&a, "--time")) /* encode_s holds writing the ids, as the reference's does */
+        fprintf(stderr, "load_s=%.6f encode_s=%.6f\n", t1 - t0, now() - t2);
     free(in);
     cg_tokenizer_free(t);
     return rc;

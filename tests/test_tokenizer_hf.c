@@ -205,6 +205,17 @@ static void hand_cases(void) {
               strstr(cg_last_error(), "\"WordLevel\""), "an unknown model: %s", cg_last_error());
     CHECK(enc("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": [\"a b\"]}}", "a", dummy, 4) < 0 &&
               strstr(cg_last_error(), "merges[0]"), "a merge making no token: %s", cg_last_error());
+    /* files a checkpoint could not carry, or whose strings would not be UTF-8, are refused */
+    static const char trailing[] = "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}} x";
+    static const char nul[] = "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\0b\": 0}, \"merges\": []}}";
+    static const char latin1[] = "{\"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": \"\xe9\"}, "
+                                 "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}";
+    CHECK(!cg_tokenizer_hf_from_memory(trailing, sizeof trailing - 1, "t.json") && strstr(cg_last_error(), "after"),
+          "trailing bytes: %s", cg_last_error());
+    CHECK(!cg_tokenizer_hf_from_memory(nul, sizeof nul - 1, "t.json") && strstr(cg_last_error(), "NUL"),
+          "a NUL byte: %s", cg_last_error());
+    CHECK(!cg_tokenizer_hf_from_memory(latin1, sizeof latin1 - 1, "t.json") && strstr(cg_last_error(), "UTF-8"),
+          "not UTF-8: %s", cg_last_error());
     /* decoders: Metaspace + ByteFallback + Fuse, WordPiece */
     const char *sp = "{\"decoder\": {\"type\": \"Sequence\", \"decoders\": [{\"type\": \"ByteFallback\"}, {\"type\": "
                      "\"Metaspace\", \"replacement\": \"\xe2\x96\x81\", \"prepend_scheme\": \"always\"}, {\"type\": "

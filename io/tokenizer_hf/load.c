@@ -263,7 +263,8 @@ static cg_status special_id(const cg_tokenizer *t, const cJSON *specials, const 
     *count = 0;
     if (cJSON_IsArray(list)) {
         for (const cJSON *v = list->child; v; v = v->next) {
-            if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble >= t->n || *count == 8)
+            if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble >= t->n || *count == 8 ||
+                h->is_hole[(int32_t)v->valuedouble])
                 return cgi_fail(CG_ERR_FORMAT, "[tokenizer] %s: post_processor: special token \"%s\" has an id outside "
                                 "the vocabulary", h->src, name);
             ids[(*count)++] = (int32_t)v->valuedouble;
@@ -333,7 +334,8 @@ static cg_status add_post(cg_tokenizer *t, const cJSON *o, int depth) {
         const cJSON *cls = item(o, "cls"), *sep = item(o, "sep");
         const cJSON *ci = cJSON_GetArrayItem(cls, 1), *si = cJSON_GetArrayItem(sep, 1);
         if (!cJSON_IsNumber(ci) || !cJSON_IsNumber(si) || ci->valuedouble < 0 || ci->valuedouble >= t->n ||
-            si->valuedouble < 0 || si->valuedouble >= t->n)
+            si->valuedouble < 0 || si->valuedouble >= t->n || h->is_hole[(int32_t)ci->valuedouble] ||
+            h->is_hole[(int32_t)si->valuedouble])
             return cgi_fail(CG_ERR_FORMAT, "[tokenizer] %s: post_processor %s: \"cls\" and \"sep\" must be [token, id] "
                             "with an id in the vocabulary", src, type);
         if (!push_list(&h->pre_ids, &h->n_pre_ids, (int32_t)ci->valuedouble) ||
@@ -566,10 +568,25 @@ static cg_status read_unk(cg_tokenizer *t, const cJSON *model, const vocab_table
 }
 
 cg_tokenizer *cgi_hf_load(const char *json, size_t json_len, const char *src) {
+    const char *nul = memchr(json, 0, json_len);
+    if (nul) { /* JSON has no raw NUL; cJSON would keep one inside a string, which C strings then cut */
+        cgi_fail(CG_ERR_FORMAT, "[tokenizer] %s: a NUL byte at byte %zu", src, (size_t)(nul - json));
+        return NULL;
+    }
+    size_t bad = cgi_utf8_check(json, json_len); /* every string the stages use is then UTF-8 too */
+    if (bad < json_len) {
+        cgi_fail(CG_ERR_FORMAT, "[tokenizer] %s: not UTF-8 at byte %zu", src, bad);
+        return NULL;
+    }
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(json, json_len, &end, false);
-    if (!root) {
-        cgi_fail(CG_ERR_FORMAT, "[tokenizer] %s: malformed JSON near byte %zu", src, end ? (size_t)(end - json) : (size_t)0);
+    size_t stop = end ? (size_t)(end - json) : 0;
+    while (root && stop < json_len && (json[stop] == ' ' || json[stop] == '\n' || json[stop] == '\r' || json[stop] == '\t'))
+        stop++;
+    if (!root || stop < json_len) {
+        cgi_fail(CG_ERR_FORMAT, "[tokenizer] %s: malformed JSON near byte %zu%s", src, stop,
+                 root ? " (bytes after the object)" : "");
+        cJSON_Delete(root);
         return NULL;
     }
     cg_tokenizer *t = cgi_tok_new(CG_TOK_HF);

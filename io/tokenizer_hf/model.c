@@ -93,8 +93,9 @@ static uint64_t heap_pop(bpe_work *w) {
 
 /* Queues the merge of symbol i with the one after it, if the pair has a rank. */
 static void bpe_offer(const cg_tokenizer *t, bpe_work *w, int32_t i) {
+    if (i < 0) return;
     int32_t j = w->next[i];
-    if (i < 0 || j < 0 || w->id[i] < 0 || w->id[j] < 0) return;
+    if (j < 0 || w->id[i] < 0 || w->id[j] < 0) return;
     const int64_t *v = cgi_pairmap_get(&t->ranks, w->id[i], w->id[j]);
     if (v) heap_push(w, (uint64_t)(*v >> 32) << 32 | (uint32_t)i);
 }
@@ -289,20 +290,22 @@ cg_status cgi_hf_model_finish(cg_tokenizer *t) {
     }
     if (h->model != HF_MODEL_BPE) return CG_OK;
     if (!cgi_pairmap_init(&t->ranks, (size_t)t->nmerges)) return CG_ERR_NOMEM;
-    for (int32_t r = 0; r < t->nmerges; r++) {
+    cgi_buf cat = {0};
+    cg_status st = CG_OK;
+    for (int32_t r = 0; r < t->nmerges && !st; r++) {
         int32_t a = t->merge[2 * r], b = t->merge[2 * r + 1];
-        size_t la = (size_t)t->len[a], lb = (size_t)t->len[b];
-        char *s = malloc(la + lb + 1);
-        if (!s) return cgi_fail(CG_ERR_NOMEM, "[tokenizer] out of memory");
-        memcpy(s, cgi_tok_str(t, a), la);
-        memcpy(s + la, cgi_tok_str(t, b), lb);
-        int32_t m = cgi_tokmap_get(t, s, la + lb);
-        free(s);
+        cat.n = 0;
+        if (!cgi_buf_add(&cat, cgi_tok_str(t, a), (size_t)t->len[a]) || !cgi_buf_add(&cat, cgi_tok_str(t, b), (size_t)t->len[b])) {
+            st = CG_ERR_NOMEM;
+            break;
+        }
+        int32_t m = cgi_tokmap_get(t, cat.s, cat.n);
         if (m < 0)
-            return cgi_fail(CG_ERR_FORMAT, "[tokenizer] %s: merges[%d] (\"%s\" + \"%s\") makes a token not in the vocab",
-                            h->src, (int)r, cgi_tok_str(t, a), cgi_tok_str(t, b));
+            st = cgi_fail(CG_ERR_FORMAT, "[tokenizer] %s: merges[%d] (\"%s\" + \"%s\") makes a token not in the vocab",
+                          h->src, (int)r, cgi_tok_str(t, a), cgi_tok_str(t, b));
         /* a repeated merge takes its last rank, as the reference's Map does */
-        if (!cgi_pairmap_put(&t->ranks, a, b, (int64_t)r << 32 | (uint32_t)m)) return CG_ERR_NOMEM;
+        else if (!cgi_pairmap_put(&t->ranks, a, b, (int64_t)r << 32 | (uint32_t)m)) st = CG_ERR_NOMEM;
     }
-    return CG_OK;
+    free(cat.s);
+    return st;
 }
