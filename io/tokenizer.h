@@ -106,7 +106,8 @@ cg_status cg_tokenizer_decode(const cg_tokenizer *tok, const int32_t *ids, int64
                               size_t *len);
 /* Id of a token given as spelled in the vocabulary ("[MASK]", "##ing", "Ġthe", "é"), or -1. */
 int32_t cg_tokenizer_token_id(const cg_tokenizer *tok, const char *token);
-/* Vocabulary spelling of token id (owned by tok), or NULL if out of range. */
+/* Vocabulary spelling of token id (owned by tok), or NULL if out of range ("" for an id of a
+ * tokenizer.json that no token has). */
 const char *cg_tokenizer_token_str(const cg_tokenizer *tok, int32_t id);
 
 #ifdef __cplusplus

@@ -155,57 +155,71 @@ static bool clean_up(const char *s, size_t len, cgi_buf *out) {
     return ok;
 }
 
+/* ByteLevel: every token's characters back to bytes (a token with a character outside the map,
+ * as an added token, stands for its own UTF-8), all of it one string, ill-formed parts U+FFFD. */
+static cg_status dec_byte_level(const cgi_hf_pieces *in, cgi_hf_pieces *out) {
+    cgi_buf b = {0};
+    cg_status st = CG_OK;
+    for (size_t i = 0; i < in->n && !st; i++) {
+        const char *s = cgi_hf_piece(in, i);
+        size_t len = in->len[i], mark = b.n;
+        bool mapped = true;
+        for (size_t j = 0; j < len && mapped;) {
+            uint32_t cp;
+            j += (size_t)cgi_utf8_next((const unsigned char *)s + j, &cp);
+            int byte = cgi_hf_char_byte(cp);
+            if (byte < 0) mapped = false;
+            else if (!cgi_buf_add(&b, &(char){(char)byte}, 1)) st = CG_ERR_NOMEM;
+        }
+        if (!mapped) {
+            b.n = mark;
+            if (!cgi_buf_add(&b, s, len)) st = CG_ERR_NOMEM;
+        }
+    }
+    if (!st) {
+        cgi_buf l = {0};
+        if (!cgi_hf_add_lossy(&l, b.s ? b.s : "", b.n) || !cgi_hf_pieces_add(out, l.s ? l.s : "", l.n, 0)) st = CG_ERR_NOMEM;
+        free(l.s);
+    }
+    free(b.s);
+    return st;
+}
+
+/* ByteFallback: runs of <0xXX> tokens become their bytes when those are UTF-8, else one U+FFFD per
+ * token (as tokenizers does). */
+static cg_status dec_byte_fallback(const cgi_hf_pieces *in, cgi_hf_pieces *out) {
+    cgi_buf b = {0};
+    cg_status st = CG_OK;
+    for (size_t i = 0; i < in->n && !st;) {
+        int byte;
+        if (!is_byte_token(cgi_hf_piece(in, i), in->len[i], &byte)) {
+            if (!cgi_hf_pieces_add(out, cgi_hf_piece(in, i), in->len[i], 0)) st = CG_ERR_NOMEM;
+            i++;
+            continue;
+        }
+        b.n = 0;
+        size_t j = i;
+        while (!st && j < in->n && is_byte_token(cgi_hf_piece(in, j), in->len[j], &byte))
+            if (!cgi_buf_add(&b, &(char){(char)byte}, 1)) st = CG_ERR_NOMEM;
+            else j++;
+        if (st) break;
+        if (cgi_utf8_check(b.s, b.n) == b.n) {
+            if (!cgi_hf_pieces_add(out, b.s, b.n, 0)) st = CG_ERR_NOMEM;
+        } else
+            for (size_t k = i; k < j && !st; k++) /* as tokenizers: one U+FFFD per byte token */
+                if (!cgi_hf_pieces_add(out, "\xEF\xBF\xBD", 3, 0)) st = CG_ERR_NOMEM;
+        i = j;
+    }
+    free(b.s);
+    return st;
+}
+
 static cg_status dec_one(const cgi_hf_dec *d, pcre2_match_data *md, const cgi_hf_pieces *in, cgi_hf_pieces *out) {
     cgi_buf b = {0};
     cg_status st = CG_OK;
     switch (d->type) {
-    case HF_DEC_BYTE_LEVEL:
-        /* every token's characters back to bytes (a token with a character outside the map, as an
-         * added token, stands for its own UTF-8), all of it one string, ill-formed parts U+FFFD */
-        for (size_t i = 0; i < in->n && !st; i++) {
-            const char *s = cgi_hf_piece(in, i);
-            size_t len = in->len[i], mark = b.n;
-            bool mapped = true;
-            for (size_t j = 0; j < len && mapped;) {
-                uint32_t cp;
-                j += (size_t)cgi_utf8_next((const unsigned char *)s + j, &cp);
-                int byte = cgi_hf_char_byte(cp);
-                if (byte < 0) mapped = false;
-                else if (!cgi_buf_add(&b, &(char){(char)byte}, 1)) st = CG_ERR_NOMEM;
-            }
-            if (!mapped) {
-                b.n = mark;
-                if (!cgi_buf_add(&b, s, len)) st = CG_ERR_NOMEM;
-            }
-        }
-        if (!st) {
-            cgi_buf l = {0};
-            if (!cgi_hf_add_lossy(&l, b.s ? b.s : "", b.n) || !cgi_hf_pieces_add(out, l.s ? l.s : "", l.n, 0)) st = CG_ERR_NOMEM;
-            free(l.s);
-        }
-        break;
-    case HF_DEC_BYTE_FALLBACK:
-        for (size_t i = 0; i < in->n && !st;) {
-            int byte;
-            if (!is_byte_token(cgi_hf_piece(in, i), in->len[i], &byte)) {
-                if (!cgi_hf_pieces_add(out, cgi_hf_piece(in, i), in->len[i], 0)) st = CG_ERR_NOMEM;
-                i++;
-                continue;
-            }
-            b.n = 0;
-            size_t j = i;
-            while (j < in->n && is_byte_token(cgi_hf_piece(in, j), in->len[j], &byte))
-                if (!cgi_buf_add(&b, &(char){(char)byte}, 1)) st = CG_ERR_NOMEM;
-                else j++;
-            if (st) break;
-            if (cgi_utf8_check(b.s, b.n) == b.n) {
-                if (!cgi_hf_pieces_add(out, b.s, b.n, 0)) st = CG_ERR_NOMEM;
-            } else
-                for (size_t k = i; k < j && !st; k++) /* as tokenizers: one U+FFFD per byte token */
-                    if (!cgi_hf_pieces_add(out, "\xEF\xBF\xBD", 3, 0)) st = CG_ERR_NOMEM;
-            i = j;
-        }
-        break;
+    case HF_DEC_BYTE_LEVEL: return dec_byte_level(in, out);
+    case HF_DEC_BYTE_FALLBACK: return dec_byte_fallback(in, out);
     case HF_DEC_FUSE:
         for (size_t i = 0; i < in->n && !st; i++)
             if (!cgi_buf_add(&b, cgi_hf_piece(in, i), in->len[i])) st = CG_ERR_NOMEM;
