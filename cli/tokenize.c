@@ -53,11 +53,20 @@ static char *read_stdin(size_t *len) {
     return buf;
 }
 
-/* The tokenizer at path: a checkpoint file holds it in its metadata; anything else is for
- * cg_tokenizer_load. */
+/* The tokenizer at path: a checkpoint file holds it in its metadata; a Hugging Face model's
+ * .safetensors file has it beside it; anything else is for cg_tokenizer_load. */
 static cg_tokenizer *open_tokenizer(const char *path) {
     struct stat sb;
     size_t n = strlen(path);
+    if (n > 12 && !strcmp(path + n - 12, ".safetensors")) {
+        char *dir = strdup(path);
+        if (!dir) return NULL;
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = 0;
+        cg_tokenizer *t = cg_tokenizer_load(slash ? (*dir ? dir : "/") : ".");
+        free(dir);
+        return t;
+    }
     bool plain = stat(path, &sb) == 0 && S_ISREG(sb.st_mode) && !(n > 5 && !strcmp(path + n - 5, ".json")) &&
                  !(n > 4 && (!strcmp(path + n - 4, ".txt") || !strcmp(path + n - 4, ".bpe")));
     if (!plain) return cg_tokenizer_load(path);

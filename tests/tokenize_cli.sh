@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # `cgrad tokenize` end to end: ids as the reference's fixtures have them (a tokenizer.json given
-# as a file and as its directory, GPT-2's vocab pair), --no-special, --lines, --decode back to the
-# text, and an unsupported component refused by name. Needs ./setup.sh's data/ (else SKIP, 77).
+# as a file and as its directory, GPT-2's vocab pair, a checkpoint and its export), --no-special,
+# --lines, --decode back to the text, and an unsupported component refused by name. Needs ./setup.sh's data/ (else SKIP, 77).
 #   tests/tokenize_cli.sh CGRAD
 set -uo pipefail
 cgrad=${1:?usage: tokenize_cli.sh CGRAD}
@@ -36,6 +36,10 @@ if "$cgrad" train --arch llama --tokenizer-path "$data/llama2" --data "$tmp/text
      --context 8 --batch 1 --steps 1 --warmup 0 --eval-every 1 --eval-batches 1 --save-every 0 --samples 0 \
      --checkpoint "$tmp/run.ckpt" > "$tmp/train.log" 2>&1; then
   check "checkpoint" "$(printf '%s' "$line1" | "$cgrad" tokenize --tokenizer "$tmp/run.ckpt")" "$want"
+  # exported as a Hugging Face directory: the directory and its .safetensors file
+  "$cgrad" export "$tmp/run.ckpt" "$tmp/hf" > /dev/null 2>&1
+  check "exported directory" "$(printf '%s' "$line1" | "$cgrad" tokenize --tokenizer "$tmp/hf")" "$want"
+  check "exported .safetensors" "$(printf '%s' "$line1" | "$cgrad" tokenize --tokenizer "$tmp/hf/model.safetensors")" "$want"
 else
   echo "FAIL: cgrad train for the checkpoint case: $(tail -2 "$tmp/train.log")"; fail=1
 fi

@@ -131,7 +131,7 @@ typedef struct cgi_hf {
     int32_t byte_id[256];         /* <0xXX> tokens for byte_fallback, -1 when absent */
     double *score;                /* Unigram: per id */
     double unk_score;
-    int32_t max_piece_chars;      /* Unigram: the longest piece, in bytes */
+    int32_t max_piece_bytes;      /* Unigram: the longest piece, in bytes */
     bool *is_piece;               /* Unigram: ids of the model's vocabulary (not added tokens) */
     /* stages */
     cgi_hf_norm *norm;

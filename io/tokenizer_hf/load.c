@@ -551,7 +551,7 @@ static cg_status read_unk(cg_tokenizer *t, const cJSON *model, const vocab_table
             h->score[i] = vt->score[i];
             h->is_piece[i] = true;
             if (vt->score[i] < lo) lo = vt->score[i];
-            if (t->len[i] > h->max_piece_chars) h->max_piece_chars = t->len[i];
+            if (t->len[i] > h->max_piece_bytes) h->max_piece_bytes = t->len[i];
         }
         h->unk_score = lo - 10.0;
         return CG_OK;

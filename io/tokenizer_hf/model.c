@@ -215,7 +215,7 @@ static cg_status unigram_piece(const cg_tokenizer *t, uni_work *w, const char *s
         size_t first = (size_t)cgi_utf8_next((const unsigned char *)s + a, &cp);
         bool single = false;
         if (w->best[a] > -INFINITY) {
-            for (size_t b = a + first; b <= len && b - a <= (size_t)h->max_piece_chars;) {
+            for (size_t b = a + first; b <= len && b - a <= (size_t)h->max_piece_bytes;) {
                 int32_t id = cgi_tokmap_get(t, s + a, b - a);
                 if (id >= 0 && h->is_piece[id]) {
                     double c = w->best[a] + (id == h->unk ? h->unk_score : h->score[id]);
