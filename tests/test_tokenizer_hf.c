@@ -188,12 +188,15 @@ static void hand_cases(void) {
              "\"Replace\", \"pattern\": {\"Regex\": \"a+\"}, \"content\": \"_\"}, {\"type\": \"Prepend\", \"prepend\": "
              "\"x\"}]}, %s}", bpe);
     EXPECT_IDS(j, "\xef\xac\x81" "aaa", 0, 6, 5); /* the ligature fi -> "fi" merged */
-    /* added tokens: lstrip/rstrip eat the spaces beside them; single_word matches only alone */
+    /* added tokens: lstrip/rstrip eat the spaces beside them; single_word matches only alone
+     * (no pre-tokenizer: every other character, space included, is its own token) */
     snprintf(j, sizeof j, "{\"added_tokens\": [{\"id\": 9, \"content\": \"<m>\", \"lstrip\": true, \"rstrip\": true, "
-             "\"special\": true}, {\"id\": 10, \"content\": \"ab\", \"single_word\": true}], \"pre_tokenizer\": {\"type\": "
-             "\"WhitespaceSplit\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \" \": 2, \"x\": 3, "
-             "\"<m>\": 9, \"ab\": 10}, \"merges\": []}}");
-    EXPECT_IDS(j, "x  <m>  x ab xab", 3, 9, 3, 10, 3, 0, 1);
+             "\"special\": true}, {\"id\": 10, \"content\": \"ab\", \"single_word\": true}], \"model\": {\"type\": "
+             "\"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \" \": 2, \"x\": 3, \"<m>\": 9, \"ab\": 10}, \"merges\": []}}");
+    EXPECT_IDS(j, "x  <m>  x ab xab", 3, 9, 3, 2, 10, 2, 3, 0, 1);
+    /* Unigram ties: the path whose last piece starts first wins, as the reference's lattice */
+    EXPECT_IDS("{\"model\": {\"type\": \"Unigram\", \"unk_id\": 0, \"vocab\": [[\"<unk>\", 0], [\"a\", -1], [\"b\", -1], "
+               "[\"ab\", -2]]}}", "ab", 3);
     /* unknown component types are refused by name */
     int32_t dummy[4];
     CHECK(enc("{\"normalizer\": {\"type\": \"Precompiled\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, "
