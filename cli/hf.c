@@ -82,7 +82,7 @@ static void default_labels(cJSON *cfg) {
 
 /* The training shape of a model, as `cgrad train` names its options, so --init-from takes it. */
 static cJSON *shape_json(cg_model *m, const cg_tokenizer *tok, const char *tok_dir) {
-    static const char *const kinds[] = {"char", "bpe", "wordpiece"};
+    static const char *const kinds[] = {"char", "bpe", "wordpiece", "hf"};
     long long l = 0, h = 0, d = 0, f = 0, t = 0;
     const cg_gpt_config *g = cg_gpt_cfg(cg_model_gpt(m));
     const cg_bert_config *b = cg_bert_cfg(cg_model_bert(m));
@@ -140,6 +140,9 @@ cg_status cli_check_vocab(const cg_model *m, const cg_tokenizer *tok, const char
     model_vocab(m, &src, &tgt);
     const int64_t n = cg_tokenizer_vocab_size(tok);
     if (src == n && tgt == n) return CG_OK;
+    /* a tokenizer.json may leave rows of the embedding unused: Qwen pads its 151,669 ids to 151,936
+     * rows, and a generated id past the tokenizer's is dropped when the text is decoded */
+    if (cg_tokenizer_kind(tok) == CG_TOK_HF && n > 0 && n <= src && n <= tgt) return CG_OK;
     const bool ed = cg_model_arch(m) == CG_ARCH_ENCDEC;
     return cg_set_error(CG_ERR_FORMAT,
                         "[load] %s: the tokenizer has %lld tokens but %s says the model's vocabulary has %lld%s: the "
@@ -151,6 +154,8 @@ cg_status cli_check_vocab(const cg_model *m, const cg_tokenizer *tok, const char
 /* The file the tokenizer of dir was read from, as cg_tokenizer_load chooses it. */
 static void tokenizer_file(const char *dir, const cg_tokenizer *tok, char *out, size_t n) {
     static const char *const names[] = {"cg_tokenizer.json", "encoder.json", "vocab.json", "vocab.txt"};
+    path_join(out, n, dir, "tokenizer.json"); /* read first when it is there (cg_tokenizer_load) */
+    if (cg_tokenizer_kind(tok) == CG_TOK_HF && is_file(out)) return;
     for (int k = 0; k < 4; k++) {
         path_join(out, n, dir, names[k]);
         if (is_file(out) && (k == 0 || (k < 3) == (cg_tokenizer_kind(tok) == CG_TOK_BPE))) return;
@@ -390,6 +395,8 @@ static cJSON *tokenizer_config(const cli_ckpt *ck) {
     } else if (cg_tokenizer_kind(ck->tok) == CG_TOK_WORDPIECE) {
         cJSON_AddStringToObject(t, "tokenizer_class", "BertTokenizer");
         cJSON_AddBoolToObject(t, "do_lower_case", true);
+    } else if (cg_tokenizer_kind(ck->tok) == CG_TOK_HF) {
+        cJSON_AddStringToObject(t, "tokenizer_class", "PreTrainedTokenizerFast");
     } /* a char tokenizer has no transformers class: no tokenizer_class rather than an invalid one
        * (cg_tokenizer.json beside it is cgrad's own file) */
     if (cJSON_IsNumber(ctx)) cJSON_AddNumberToObject(t, "model_max_length", ctx->valuedouble);
@@ -445,7 +452,7 @@ int cmd_export(int argc, char **argv) {
     }
     if (!cli_export_commit(stage, dir)) goto done;
     static const char *const tok_files[] = {"cg_tokenizer.json (cgrad's own: transformers has no char tokenizer)",
-                                            "vocab.json + merges.txt", "vocab.txt"};
+                                            "vocab.json + merges.txt", "vocab.txt", "tokenizer.json"};
     printf("exported %s (%s, %lld parameters%s) to %s: model.safetensors, config.json, %s, tokenizer_config.json\n",
            ckpt, cg_model_llama(ck.model) ? cg_llama_family_class(cg_llama_cfg(cg_model_llama(ck.model))->family)
                                            : cg_arch_name(ck.arch),

@@ -512,7 +512,7 @@ int cmd_info(int argc, char **argv) {
     const char *path = a.n_words ? a.words[0] : cli_str(&a, "--checkpoint", NULL);
     cli_ckpt ck;
     if (cli_ckpt_load(path, 0.0, &ck)) return cli_fail("info", "cannot load the checkpoint");
-    const char *kinds[] = {"char", "bpe", "wordpiece"};
+    const char *kinds[] = {"char", "bpe", "wordpiece", "hf"};
     char *cfg = cg_model_config_json(ck.model);
     printf("checkpoint  %s (%lld bytes)\n", path, ck.file_bytes);
     printf("arch        %s\n", cg_arch_name(ck.arch));

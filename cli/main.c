@@ -84,6 +84,11 @@ static const command commands[] = {
      "a checkpoint as a Hugging Face model directory: model.safetensors, config.json, tokenizer files",
      "DIR loads in transformers (gpt2: GPT2LMHeadModel, bert: BertForPreTraining) and back into cgrad:\n"
      "every CKPT argument (--checkpoint, --init-from, info) also takes such a DIR or its .safetensors file."},
+    {"tokenize", cmd_tokenize, cli_tokenize_opts, "--tokenizer PATH [--decode] [--no-special] [--lines] [--time] < INPUT",
+     "text on stdin -> its ids as a JSON array (--decode: a JSON array of ids -> text)",
+     "PATH: a tokenizer.json, a directory holding one (or vocab.json + merges.txt, vocab.txt, ...), a checkpoint,\n"
+     "or a Hugging Face model's .safetensors file (its directory's tokenizer).\n"
+     "Ids include the special tokens the tokenizer's post-processor adds (LLaMA-2's <s>) unless --no-special."},
     {"plot", cmd_plot, cli_plot_opts, "METRICS [METRICS...] [--out FILE.svg] [--labels A,B,...] [options]",
      "draw runs' metrics as SVG panels: loss, learning rate, tokens/s; several runs overlaid",
      "Each METRICS is a run's metrics CSV or JSON lines (NAME_metrics.csv, NAME_metrics.jsonl). One colour a run;\n"

@@ -105,7 +105,8 @@ bool cli_hf_layout(const char *path);
  * skipped, both listed on stdout (a fine-tune's new head); otherwise every name must match. */
 cg_status cli_hf_load(const char *path, double dropout, bool partial, cli_ckpt *ck);
 /* Fails (naming tok_file, config and both sizes) unless tok's vocabulary is the one model m
- * embeds: a smaller tokenizer leaves ids without a token, a larger one ids without an embedding. */
+ * embeds: a smaller tokenizer leaves ids without a token, a larger one ids without an embedding.
+ * A tokenizer.json may be smaller (Qwen pads its embedding past its last id). */
 cg_status cli_check_vocab(const cg_model *m, const cg_tokenizer *tok, const char *tok_file, const char *config);
 /* Reads a Hugging Face-layout model's weights into m (every name must match). */
 cg_status cli_hf_read_weights(const char *path, cg_model *m);

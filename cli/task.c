@@ -24,7 +24,7 @@ cg_tokenizer *cli_tokenizer_make(const char *kind, const char *path, int64_t voc
     if (path && *path) {
         tok = cg_tokenizer_load(path);
         if (!tok) return NULL;
-        const char *names[] = {"char", "bpe", "wordpiece"};
+        const char *names[] = {"char", "bpe", "wordpiece", "hf"};
         const char *got = names[cg_tokenizer_kind(tok)];
         if (kind && strcmp(kind, got)) {
             cg_set_error(CG_ERR_ARG, "[tokenizer] %s holds a %s tokenizer, --tokenizer says %s", path, got, kind);

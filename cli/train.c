@@ -295,7 +295,7 @@ int cmd_train(int argc, char **argv) {
             cli_fail("train", "cannot make the tokenizer");
             goto done;
         }
-        static const char *const kinds[] = {"char", "bpe", "wordpiece"};
+        static const char *const kinds[] = {"char", "bpe", "wordpiece", "hf"};
         r.o.tokenizer = kinds[cg_tokenizer_kind(r.tok)];
     }
     if (cg_tokenizer_serialize(r.tok, &r.tok_json)) {
@@ -426,7 +426,7 @@ int cmd_train(int argc, char **argv) {
         int64_t nva = r.task.lm ? cg_lm_data_count(r.task.lm, true) : r.task.mlm ? cg_mlm_data_count(r.task.mlm, true)
                       : r.task.s2s ? cg_seq2seq_data_count(r.task.s2s, true) : cg_textcls_data_count(r.task.cls, true);
         const char *unit = r.task.lm ? "tokens" : r.task.mlm ? "sentences" : r.task.s2s ? "pairs" : "examples";
-        const char *kinds[] = {"char", "bpe", "wordpiece"};
+        const char *kinds[] = {"char", "bpe", "wordpiece", "hf"};
         const cg_llama *fam = cg_model_llama(r.model); /* the LLaMA arch's family: llama, mistral, qwen2, qwen3 */
         printf("cgrad train: %s, %lld layers, %lld heads, d %lld, context %lld: %.2fM parameters\n",
                fam ? cg_llama_family_name(cg_llama_cfg(fam)->family) : cg_arch_name(r.arch),

@@ -65,7 +65,7 @@ void cgi_reduce(cg_real *dst, const int64_t *dst_stride, const cg_real *src, con
                 int ndim, const int64_t *shape, unsigned reduce_mask, double scale, bool accumulate) {
     /* Kept axes index the output elements (the parallel loop); reduced axes are summed in a
      * fixed order per element, so the result does not depend on the thread count. */
-    int64_t kshape[CG_MAX_DIMS], kst_src[CG_MAX_DIMS], kst_dst[CG_MAX_DIMS];
+    int64_t kshape[CG_MAX_DIMS] = {0}, kst_src[CG_MAX_DIMS] = {0}, kst_dst[CG_MAX_DIMS] = {0}; /* zero: no kept axis */
     int64_t rshape[CG_MAX_DIMS], rst[CG_MAX_DIMS];
     int nk = 0, nr = 0;
     for (int d = 0; d < ndim; d++) {

@@ -14,6 +14,7 @@
 
 #include "io/file_internal.h"
 #include "io/tokenizer_internal.h"
+#include "io/tokenizer_hf/internal.h"
 
 /* ---------------------------------------------------------------- token table and index */
 
@@ -398,6 +399,7 @@ void cg_tokenizer_free(cg_tokenizer *t) {
     free(t->raw_off);
     free(t->merge);
     cgi_pairmap_free(&t->ranks);
+    cgi_hf_free(t->hf);
     free(t);
 }
 
@@ -413,8 +415,8 @@ const char *cg_tokenizer_token_str(const cg_tokenizer *t, int32_t id) {
     return t && id >= 0 && id < t->n ? cgi_tok_str(t, id) : NULL;
 }
 
-cg_status cg_tokenizer_encode(const cg_tokenizer *t, const char *text, size_t len, int32_t **ids,
-                              int64_t *n) {
+static cg_status encode(const cg_tokenizer *t, const char *text, size_t len, bool add_special, int32_t **ids,
+                        int64_t *n) {
     if (!t || !ids || !n || (!text && len))
         return cgi_fail(CG_ERR_ARG, "[tokenizer] encode: NULL argument");
     *ids = NULL;
@@ -423,11 +425,13 @@ cg_status cg_tokenizer_encode(const cg_tokenizer *t, const char *text, size_t le
     if (bad < len) return cgi_utf8_fail("encode", text, len, bad);
     cgi_ids out = {0};
     cg_status st = CG_OK;
-    if (len) {
+    if (t->kind == CG_TOK_HF) st = cgi_hf_encode(t, text, len, add_special, &out);
+    else if (len) {
         switch (t->kind) {
         case CG_TOK_CHAR: st = char_encode(t, text, len, &out); break;
         case CG_TOK_BPE: st = cgi_bpe_encode(t, text, len, &out.v, &out.n); break;
         case CG_TOK_WORDPIECE: st = cgi_wordpiece_encode(t, text, len, &out.v, &out.n); break;
+        case CG_TOK_HF: break;
         }
     }
     if (st == CG_OK && !out.v) { /* never hand back NULL on success */
@@ -443,6 +447,15 @@ cg_status cg_tokenizer_encode(const cg_tokenizer *t, const char *text, size_t le
     return CG_OK;
 }
 
+cg_status cg_tokenizer_encode(const cg_tokenizer *t, const char *text, size_t len, int32_t **ids, int64_t *n) {
+    return encode(t, text, len, false, ids, n);
+}
+
+cg_status cg_tokenizer_encode_special(const cg_tokenizer *t, const char *text, size_t len, int32_t **ids,
+                                      int64_t *n) {
+    return encode(t, text, len, true, ids, n);
+}
+
 cg_status cg_tokenizer_decode(const cg_tokenizer *t, const int32_t *ids, int64_t n, char **text,
                               size_t *len) {
     if (!t || !text || n < 0 || (!ids && n))
@@ -456,19 +469,37 @@ cg_status cg_tokenizer_decode(const cg_tokenizer *t, const int32_t *ids, int64_t
     switch (t->kind) {
     case CG_TOK_BPE: return cgi_bpe_decode(t, ids, n, text, len);
     case CG_TOK_WORDPIECE: return cgi_wordpiece_decode(t, ids, n, text, len);
+    case CG_TOK_HF: return cgi_hf_decode(t, ids, n, text, len);
     default: return concat_decode(t, ids, n, text, len);
     }
 }
 
 /* ---------------------------------------------------------------- serialisation */
 
-static const char *kind_name(cg_tok_kind k) {
-    return k == CG_TOK_BPE ? "bpe" : k == CG_TOK_WORDPIECE ? "wordpiece" : "char";
+const char *cg_tokenizer_kind_name(cg_tok_kind k) {
+    static const char *const names[] = {"char", "bpe", "wordpiece", "hf"};
+    return (unsigned)k < sizeof names / sizeof *names ? names[k] : "?";
+}
+
+static const char *kind_name(cg_tok_kind k) { return cg_tokenizer_kind_name(k); }
+
+/* An hf tokenizer is its file: {"kind": "hf", "tokenizer": <the tokenizer.json as it was read>}. */
+static cg_status serialize_hf(const cg_tokenizer *t, char **json) {
+    static const char head[] = "{\"kind\":\"hf\",\"tokenizer\":";
+    size_t n = sizeof head - 1 + t->hf->json_len + 2;
+    char *s = malloc(n);
+    if (!s) return cgi_fail(CG_ERR_NOMEM, "[tokenizer] serialize: out of memory");
+    memcpy(s, head, sizeof head - 1);
+    memcpy(s + sizeof head - 1, t->hf->json, t->hf->json_len);
+    memcpy(s + n - 2, "}", 2);
+    *json = s;
+    return CG_OK;
 }
 
 cg_status cg_tokenizer_serialize(const cg_tokenizer *t, char **json) {
     if (!t || !json) return cgi_fail(CG_ERR_ARG, "[tokenizer] serialize: NULL argument");
     *json = NULL;
+    if (t->kind == CG_TOK_HF) return serialize_hf(t, json);
     cJSON *root = cJSON_CreateObject();
     bool ok = root && cJSON_AddStringToObject(root, "kind", kind_name(t->kind));
     if (ok && t->kind == CG_TOK_CHAR) {
@@ -546,11 +577,22 @@ static cg_tokenizer *from_json(const cJSON *root, const char *src) {
         free(cps);
         return t;
     }
+    if (strcmp(kind->valuestring, "hf") == 0) {
+        const cJSON *tj = cJSON_GetObjectItemCaseSensitive(root, "tokenizer");
+        char *text = cJSON_IsObject(tj) ? cJSON_PrintUnformatted(tj) : NULL;
+        if (!text) {
+            cgi_fail(CG_ERR_FORMAT, "[tokenizer] %s: kind hf: \"tokenizer\" is not a tokenizer.json object", src);
+            return NULL;
+        }
+        cg_tokenizer *t = cgi_hf_load(text, strlen(text), src);
+        free(text);
+        return t;
+    }
     cg_tok_kind k;
     if (strcmp(kind->valuestring, "bpe") == 0) k = CG_TOK_BPE;
     else if (strcmp(kind->valuestring, "wordpiece") == 0) k = CG_TOK_WORDPIECE;
     else {
-        cgi_fail(CG_ERR_FORMAT, "[tokenizer] %s: unknown kind \"%s\" (char, bpe or wordpiece)", src,
+        cgi_fail(CG_ERR_FORMAT, "[tokenizer] %s: unknown kind \"%s\" (char, bpe, wordpiece or hf)", src,
                  kind->valuestring);
         return NULL;
     }
@@ -648,15 +690,42 @@ static char *join(const char *dir, const char *name) {
     return p;
 }
 
+/* A .json file: cgrad's own serialised form ("kind"), or a Hugging Face tokenizer.json ("model"). */
 static cg_tokenizer *load_serialized(const char *path) {
-    char *s = cgi_read_file(path, NULL);
+    size_t len = 0;
+    char *s = cgi_read_file(path, &len);
     if (!s) return NULL;
-    cJSON *root = parse_json(s, path);
+    cg_tokenizer *t = NULL;
+    if (ends_with(path, "tokenizer.json") && !ends_with(path, "cg_tokenizer.json")) t = cgi_hf_load(s, len, path);
+    else {
+        cJSON *root = parse_json(s, path);
+        if (root && !cJSON_GetObjectItemCaseSensitive(root, "kind") && cJSON_GetObjectItemCaseSensitive(root, "model"))
+            t = cgi_hf_load(s, len, path);
+        else if (root) t = from_json(root, path);
+        cJSON_Delete(root);
+    }
     free(s);
-    if (!root) return NULL;
-    cg_tokenizer *t = from_json(root, path);
-    cJSON_Delete(root);
     return t;
+}
+
+cg_tokenizer *cg_tokenizer_hf_load(const char *path) {
+    if (!path) {
+        cgi_fail(CG_ERR_ARG, "[tokenizer] load: NULL path");
+        return NULL;
+    }
+    size_t len = 0;
+    char *s = cgi_read_file(path, &len);
+    cg_tokenizer *t = s ? cgi_hf_load(s, len, path) : NULL;
+    free(s);
+    return t;
+}
+
+cg_tokenizer *cg_tokenizer_hf_from_memory(const char *json, size_t len, const char *name) {
+    if (!json) {
+        cgi_fail(CG_ERR_ARG, "[tokenizer] tokenizer.json: NULL text");
+        return NULL;
+    }
+    return cgi_hf_load(json, len, name ? name : "tokenizer.json");
 }
 
 /* The BPE pair in dir under either naming: GPT-2's release (encoder.json + vocab.bpe) or the
@@ -716,17 +785,19 @@ cg_tokenizer *cg_tokenizer_load(const char *path) {
         cgi_fail(CG_ERR_ARG, "[tokenizer] load: %s: expected a directory, a vocab .txt or a .json file", path);
         return NULL;
     }
-    char *ser = join(path, "cg_tokenizer.json"), *txt = join(path, "vocab.txt");
-    if (ser && txt) {
-        if (is_file(ser)) t = load_serialized(ser);
+    char *ser = join(path, "cg_tokenizer.json"), *txt = join(path, "vocab.txt"), *hf = join(path, "tokenizer.json");
+    if (ser && txt && hf) {
+        if (is_file(hf)) t = cg_tokenizer_hf_load(hf);
+        else if (is_file(ser)) t = load_serialized(ser);
         else if ((t = load_bpe_pair(path, &found)) || found) {
         } else if (is_file(txt)) t = cg_tokenizer_wordpiece_load(txt);
         else
-            cgi_fail(CG_ERR_IO, "[tokenizer] load: %s holds no cg_tokenizer.json, encoder.json + vocab.bpe, "
-                     "vocab.json + merges.txt or vocab.txt", path);
+            cgi_fail(CG_ERR_IO, "[tokenizer] load: %s holds no cg_tokenizer.json, tokenizer.json, encoder.json + "
+                     "vocab.bpe, vocab.json + merges.txt or vocab.txt", path);
     }
     free(ser);
     free(txt);
+    free(hf);
     return t;
 }
 
@@ -737,6 +808,12 @@ static cg_status save_as(const cg_tokenizer *t, const char *dir, bool hub) {
         return cgi_fail(CG_ERR_IO, "[tokenizer] save: cannot create directory %s: %s", dir, strerror(errno));
     if (t->kind == CG_TOK_BPE)
         return cgi_bpe_save(t, dir, hub ? "vocab.json" : "encoder.json", hub ? "merges.txt" : "vocab.bpe");
+    if (t->kind == CG_TOK_HF) {
+        char *p = join(dir, "tokenizer.json");
+        cg_status st = p ? cgi_write_file(p, t->hf->json, t->hf->json_len) : CG_ERR_NOMEM;
+        free(p);
+        return st;
+    }
     char *path = join(dir, t->kind == CG_TOK_WORDPIECE ? "vocab.txt" : "cg_tokenizer.json");
     if (!path) return CG_ERR_NOMEM;
     cg_status st;

@@ -44,6 +44,8 @@ struct cg_tokenizer {
     cgi_pairmap ranks;     /* (a, b) -> rank << 32 | merged id */
     /* wordpiece */
     int32_t unk;
+    /* a Hugging Face tokenizer.json pipeline (io/tokenizer_hf/) */
+    struct cgi_hf *hf;
 };
 
 /* ---- token table ---- */
@@ -95,6 +97,10 @@ bool cgi_uc_is_punct(uint32_t cp);   /* \p{P} */
 bool cgi_uc_is_zs(uint32_t cp);      /* Zs */
 bool cgi_uc_is_control(uint32_t cp); /* Cc or Cf */
 bool cgi_uc_is_mn(uint32_t cp);      /* Mn */
+/* The \p{L} and \p{N} tables as sorted inclusive ranges (*r) and their count: tokenizer.json's
+ * regexes use them in place of PCRE2's own (older) Unicode data. */
+size_t cgi_uc_letter_ranges(const uint32_t (**r)[2]);
+size_t cgi_uc_number_ranges(const uint32_t (**r)[2]);
 /* Unicode White_Space (what \s matches in GPT-2's regex). */
 static inline bool cgi_uc_is_space(uint32_t cp) {
     return (cp >= 9 && cp <= 13) || cp == 32 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||

@@ -994,6 +994,8 @@ bool cgi_uc_is_punct(uint32_t cp) { return in_ranges(cgi_uc_punct, N_(cgi_uc_pun
 bool cgi_uc_is_zs(uint32_t cp) { return in_ranges(cgi_uc_zs, N_(cgi_uc_zs), cp); }
 bool cgi_uc_is_control(uint32_t cp) { return in_ranges(cgi_uc_control, N_(cgi_uc_control), cp); }
 bool cgi_uc_is_mn(uint32_t cp) { return in_ranges(cgi_uc_mn, N_(cgi_uc_mn), cp); }
+size_t cgi_uc_letter_ranges(const uint32_t (**r)[2]) { *r = cgi_uc_letter; return N_(cgi_uc_letter); }
+size_t cgi_uc_number_ranges(const uint32_t (**r)[2]) { *r = cgi_uc_number; return N_(cgi_uc_number); }
 
 int cgi_uc_fold(uint32_t cp, uint32_t out[3]) {
     if (cp < 0x80) {
