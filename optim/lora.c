@@ -246,16 +246,37 @@ cg_status cg_lora_load_optim(cg_optim *o, cg_params *ps, const char *path) {
     const char *suffix[2] = {"exp_avg", "exp_avg_sq"};
     cg_status st = steps && m[0] ? CG_OK
                                  : cgi_fail(CG_ERR_FORMAT, "[lora load] %s: no optimizer state to restore", path);
+    char *end = NULL;
+    const long long n_steps = st ? 0 : strtoll(steps, &end, 10);
+    if (!st && (end == steps || *end || n_steps < 0))
+        st = cgi_fail(CG_ERR_FORMAT, "[lora load] %s: metadata optim_steps '%s' is not a step count", path, steps);
     char key[600];
+    /* The moments pass the checks of every weight load (shape, dtype, byte range, finite) into
+     * stand-ins first, so a refused file leaves the optimizer as it was. */
+    cg_params *scratch = st ? NULL : cg_params_new();
+    cg_st_load *l = scratch ? cg_st_load_new() : NULL;
+    if (!st && !l) st = cgi_fail(CG_ERR_NOMEM, "[lora load] out of memory");
     for (int i = 0; !st && i < cg_params_count(ps); i++) {
         cg_tensor *t = cg_params_at(ps, i);
         if (!cg_lora_is_adapter(t)) continue;
         for (int k = 0; !st && k < 2 && m[k]; k++) {
             snprintf(key, sizeof key, "%s.%s", t->name, suffix[k]);
-            st = cg_st_read(f, key, moment_of(m[k], ps, t), 2, t->shape);
+            cg_tensor *stand_in = cg_params_add(scratch, key, 2, t->shape);
+            st = stand_in ? cg_st_load_add(l, stand_in, f, key) : CG_ERR_NOMEM;
         }
     }
-    if (!st) st = cg_optim_set_steps(o, strtoll(steps, NULL, 10));
+    if (!st) st = cg_st_load_run(l);
+    for (int i = 0; !st && i < cg_params_count(ps); i++) {
+        cg_tensor *t = cg_params_at(ps, i);
+        if (!cg_lora_is_adapter(t)) continue;
+        for (int k = 0; k < 2 && m[k]; k++) {
+            snprintf(key, sizeof key, "%s.%s", t->name, suffix[k]);
+            memcpy(moment_of(m[k], ps, t), cg_data(cg_params_find(scratch, key)), (size_t)cg_numel(t) * sizeof(cg_real));
+        }
+    }
+    if (!st) st = cg_optim_set_steps(o, n_steps);
+    cg_st_load_free(l);
+    cg_params_free(scratch);
     cg_st_close(f);
     return st;
 }

@@ -34,7 +34,8 @@ cg_status cg_lora_save(cg_params *ps, const cg_optim *o, const char *path);
  * Errors name the file and the tensor; on an error no adapter has been added. */
 cg_status cg_lora_load(cg_params *ps, const char *path);
 /* Restores the moments and step count that cg_lora_save stored into o, an optimizer made over ps
- * after cg_lora_load (resuming a fine-tune exactly); CG_ERR_FORMAT if the file has none. */
+ * after cg_lora_load (resuming a fine-tune exactly); CG_ERR_FORMAT if the file has none. The
+ * moments pass the checks of cg_st_load_run first: on an error o is unchanged. */
 cg_status cg_lora_load_optim(cg_optim *o, cg_params *ps, const char *path);
 /* True when p is an adapter parameter (lora_A or lora_B) of some base parameter. */
 bool cg_lora_is_adapter(const cg_tensor *p);

@@ -373,6 +373,41 @@ static void lora_checks(void) {
     CHECK(cg_params_count(ps) == count && unchanged(ps, before), "a refused adapter load added adapters or changed values");
     /* the good file loads */
     CHECK(cg_lora_load(ps, good) == CG_OK && cg_params_count(ps) == count + 4, "good adapters: %s", cg_last_error());
+
+    /* the optimizer moments: a NaN among them is refused and the optimizer keeps its state */
+    cg_optim_config oc = cg_optim_defaults(CG_OPT_ADAMW);
+    cg_optim *opt = cg_optim_new(ps, &oc);
+    const size_t nv = (size_t)cg_params_numel(ps);
+    for (size_t i = 0; i < nv; i++) cg_optim_moment1(opt)[i] = 0.5f, cg_optim_moment2(opt)[i] = 0.25f;
+    CHECK(cg_optim_set_steps(opt, 7) == CG_OK, "%s", cg_last_error());
+    const char *with_moments = path_in("adapters_optim.safetensors");
+    CHECK(cg_lora_save(ps, opt, with_moments) == CG_OK, "%s", cg_last_error());
+    cg_optim *fresh = cg_optim_new(ps, &oc);
+    img = (unsigned char *)test_slurp(with_moments, &len);
+    memcpy(img + len - 4, &nan, 4); /* the last tensor (h.1's lora_B.exp_avg_sq), its last value */
+    const char *bad_moments = path_in("adapters_optim_nan.safetensors");
+    fp = fopen(bad_moments, "wb");
+    fwrite(img, 1, len, fp);
+    fclose(fp);
+    free(img);
+    expect_refusal(cg_lora_load_optim(fresh, ps, bad_moments), CG_ERR_FORMAT, "a NaN moment", "adapters_optim_nan.safetensors",
+                   "lora_B.exp_avg_sq", "finite");
+    bool zero = cg_optim_steps(fresh) == 0;
+    for (size_t i = 0; i < nv; i++) zero &= cg_optim_moment1(fresh)[i] == 0 && cg_optim_moment2(fresh)[i] == 0;
+    CHECK(zero, "a refused moment load changed the optimizer");
+    CHECK(cg_lora_load_optim(fresh, ps, with_moments) == CG_OK && cg_optim_steps(fresh) == 7, "good moments: %s",
+          cg_last_error());
+    bool restored = true; /* the adapters' moments come back; the frozen base has none saved */
+    for (int i = 0; i < cg_params_count(ps); i++) {
+        cg_tensor *t = cg_params_at(ps, i);
+        if (!cg_lora_is_adapter(t)) continue;
+        const size_t at = (size_t)(cg_data(t) - cg_params_values(ps));
+        for (int64_t k = 0; k < cg_numel(t); k++)
+            restored &= cg_optim_moment1(fresh)[at + k] == 0.5f && cg_optim_moment2(fresh)[at + k] == 0.25f;
+    }
+    CHECK(restored, "the adapters' moments did not come back");
+    cg_optim_free(fresh);
+    cg_optim_free(opt);
     free(before);
     cg_model_free(m);
     cg_params_free(ps);
