@@ -449,24 +449,22 @@ static void first_writer(void) {
 }
 
 /* The shapes of the direct products' path (kept probabilities, Tq >= 16) at feature sizes and
- * lengths off its tiles, with every option that goes through it, on the direct kernels and on
- * BLIS's micro-kernel. */
+ * lengths off its tiles, with every option that goes through it, on the direct kernels (on; their
+ * own ctest entry) or on BLIS's micro-kernel. */
 static void direct_cases(bool on) {
-    {
-        cgi_attn_direct_force(on);
-        compare("encdec's head: full 64, D 64, padding", &(cfg){.b = 2, .h = 2, .tq = 64, .tk = 64, .d = 64, .padding = true});
-        compare("causal 70, D 48, head views", &(cfg){.b = 2, .h = 2, .tq = 70, .tk = 70, .d = 48, .causal = true, .views = true});
-        /* one query block a head: the products write q, k and v's gradients first (claim_qkv) */
-        compare("full 100, D 32, head views, padding", &(cfg){.b = 2, .h = 2, .tq = 100, .tk = 100, .d = 32, .views = true, .padding = true});
-        compare("causal 64, D 16, head views, dropout 0.2",
-                &(cfg){.b = 2, .h = 3, .tq = 64, .tk = 64, .d = 16, .causal = true, .views = true, .dropout = 0.2});
-        compare("cross 64x50, D 80, bias [1,H,Tq,Tk] + ALiBi",
-                &(cfg){.b = 1, .h = 2, .tq = 64, .tk = 50, .d = 80, .alibi = true, .bias = 1});
-        compare("causal 129, D 32, dropout 0.2", &(cfg){.b = 1, .h = 2, .tq = 129, .tk = 129, .d = 32, .causal = true, .dropout = 0.2});
-        compare("causal Tq 37 < Tk 101, D 128, T5 16, grouped",
-                &(cfg){.b = 1, .h = 2, .tq = 37, .tk = 101, .d = 128, .causal = true, .hk = 1, .t5 = 16});
-        compare("window 30 both sides, D 24, padding, 100", &(cfg){.b = 2, .h = 2, .tq = 100, .tk = 100, .d = 24, .padding = true, .window = 30});
-    }
+    cgi_attn_direct_force(on);
+    compare("encdec's head: full 64, D 64, padding", &(cfg){.b = 2, .h = 2, .tq = 64, .tk = 64, .d = 64, .padding = true});
+    compare("causal 70, D 48, head views", &(cfg){.b = 2, .h = 2, .tq = 70, .tk = 70, .d = 48, .causal = true, .views = true});
+    /* one query block a head: the products write q, k and v's gradients first (claim_qkv) */
+    compare("full 100, D 32, head views, padding", &(cfg){.b = 2, .h = 2, .tq = 100, .tk = 100, .d = 32, .views = true, .padding = true});
+    compare("causal 64, D 16, head views, dropout 0.2",
+            &(cfg){.b = 2, .h = 3, .tq = 64, .tk = 64, .d = 16, .causal = true, .views = true, .dropout = 0.2});
+    compare("cross 64x50, D 80, bias [1,H,Tq,Tk] + ALiBi",
+            &(cfg){.b = 1, .h = 2, .tq = 64, .tk = 50, .d = 80, .alibi = true, .bias = 1});
+    compare("causal 129, D 32, dropout 0.2", &(cfg){.b = 1, .h = 2, .tq = 129, .tk = 129, .d = 32, .causal = true, .dropout = 0.2});
+    compare("causal Tq 37 < Tk 101, D 128, T5 16, grouped",
+            &(cfg){.b = 1, .h = 2, .tq = 37, .tk = 101, .d = 128, .causal = true, .hk = 1, .t5 = 16});
+    compare("window 30 both sides, D 24, padding, 100", &(cfg){.b = 2, .h = 2, .tq = 100, .tk = 100, .d = 24, .padding = true, .window = 30});
     cgi_attn_direct_force(true);
 }
 

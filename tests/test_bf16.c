@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /* bf16 mixed precision: each product against references computed in double, within bounds derived
  * from bf16's 8-bit significand; a whole GPT step against fp32; fp32 untouched by the setting; a
- * parameter converted once per optimizer step. Without avx512_bf16 (or oneDNN) the bf16 checks
- * are skipped with a message and only the refusal is tested.
+ * parameter converted once per optimizer step. The products run as their own ctest entries
+ * (test_bf16_products, test_bf16_onednn: see main), which report skipped without oneDNN or
+ * avx512_bf16; test_bf16 itself tests the API, the refusal and the conversions everywhere.
  *
  * The bound: rounding a float to bf16 (8 significant bits, round to nearest even) has relative
  * error at most u = 2^-8, so a product of two rounded operands is off by at most (2u + u^2)|ab|.
