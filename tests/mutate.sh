@@ -14,7 +14,8 @@
 #   MUTATE_EXCLUDE='mpi_|hf_roundtrip' tests/mutate.sh   # all but the tests ctest -E selects
 #   MUTATE_DIR=/tmp/m tests/mutate.sh    # scratch directory (default: a fresh one under /tmp)
 #   MUTATE_BASELINE=0 tests/mutate.sh    # no unmutated run first (when the suite is known to pass)
-# The table goes to stdout and to $MUTATE_DIR/result.md; exit status 1 if any mutation is not CAUGHT.
+# The table goes to stdout and to $MUTATE_DIR/result.md, each mutation's ctest output to
+# ctest-NAME.log beside it; exit status 1 if any mutation is not CAUGHT.
 set -u
 src=$(cd "$(dirname "$0")/.." && pwd)
 dir=${MUTATE_DIR:-$(mktemp -d /tmp/cgrad-mutate.XXXXXX)}
@@ -39,8 +40,15 @@ selected() {
 }
 
 echo "copying $src to $dir"
-mkdir -p "$dir/tree"
-(cd "$src" && tar --exclude='./build*' --exclude=./.git -cf - .) | (cd "$dir/tree" && tar -xf -)
+rm -rf "$dir/incoming" && mkdir -p "$dir/incoming" "$dir/tree"
+(cd "$src" && tar --exclude='./build*' --exclude=./.git -cf - .) | (cd "$dir/incoming" && tar -xf -)
+# Into the tree only the files whose bytes differ, each with a fresh time, so that make rebuilds them;
+# the others keep the tree's time. (An extracted file keeps the source's older time, and a reused
+# build directory would then keep objects compiled from a mutation of it.)
+(cd "$dir/incoming" && find . -type f) | while read -r f; do
+  cmp -s "$dir/incoming/$f" "$dir/tree/$f" || { mkdir -p "$(dirname "$dir/tree/$f")" && cp "$dir/incoming/$f" "$dir/tree/$f"; }
+done
+rm -rf "$dir/incoming"
 export CCACHE_BASEDIR="$dir/tree"
 cmake -S "$dir/tree" -B "$dir/build" -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
   >"$dir/cmake.log" 2>&1 || { echo "cmake failed: $dir/cmake.log"; exit 2; }
@@ -89,6 +97,7 @@ for m in "${mutations[@]}"; do
   echo "mutation $name: $what"
   run_suite "$dir/failed.txt"
   cp "$dir/orig" "$f"
+  cp "$dir/ctest.log" "$dir/ctest-$name.log" 2>/dev/null
   caught=$(grep -vxF -f "$dir/baseline.txt" "$dir/failed.txt" 2>/dev/null || cat "$dir/failed.txt")
   [ -s "$dir/baseline.txt" ] || caught=$(cat "$dir/failed.txt")
   n=$(printf '%s' "$caught" | grep -c . || true)
