@@ -183,6 +183,10 @@ cg_status cg_checkpoint_save(cg_st_writer *w, const char *path) {
     if (zinit) deflateEnd(&g->z);
     if (s == CG_OK && fsync(g->fd) != 0) s = ck_fail(path, CG_ERR_IO, "fsync of %s failed: %s", tmp, strerror(errno));
     if (close(g->fd) != 0 && s == CG_OK) s = ck_fail(path, CG_ERR_IO, "close of %s failed: %s", tmp, strerror(errno));
+    /* Test hook (tests/mpi_fault.sh): with CGRAD_TEST_STOP_BEFORE_RENAME set, the writer stops itself
+     * (SIGSTOP) once the temporary file is whole and not yet renamed, so that a test kills it during
+     * a save deterministically, without timing. */
+    if (s == CG_OK && getenv("CGRAD_TEST_STOP_BEFORE_RENAME")) raise(SIGSTOP);
     if (s == CG_OK && rename(tmp, path) != 0)
         s = ck_fail(path, CG_ERR_IO, "cannot rename %s into place: %s", tmp, strerror(errno));
     if (s != CG_OK) {

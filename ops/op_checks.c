@@ -356,6 +356,28 @@ static cg_tensor *mse_(ctx *c) { return cg_mse_loss(G, X3(2, 3, 4), X3(2, 3, 4))
 static cg_tensor *mse_view(ctx *c) { return cg_mse_loss(G, T(X2(4, 3)), X2(3, 4)); }
 static cg_tensor *bce_(ctx *c) { return cg_bce_with_logits(G, leaf(c, -4, 4, false, 2, 3, 5, 0, 0), leaf(c, 0, 1, false, 2, 3, 5, 0, 0)); }
 static cg_tensor *bce_view(ctx *c) { return cg_bce_with_logits(G, T(leaf(c, -30, 30, false, 2, 5, 3, 0, 0)), leaf(c, 0, 1, false, 2, 3, 5, 0, 0)); }
+/* Sizes that reach both the 16-lane main loops and the scalar tails (graph/internal.h's row
+ * reductions, norm_bwd, attention's row_dot and one-query-row kernels): rows of 21, 45, 50 ... */
+static cg_tensor *ln_wide(ctx *c) { return cg_layernorm(G, X2(3, 45), leaf(c, 0.5, 1.5, false, 1, 45, 0, 0, 0), X1(45), 1e-5); }
+static cg_tensor *ln_wide_plain(ctx *c) { return cg_layernorm(G, X2(2, 50), NULL, NULL, 1e-5); }
+static cg_tensor *rms_wide(ctx *c) { return cg_rmsnorm(G, X2(3, 41), leaf(c, 0.5, 1.5, false, 1, 41, 0, 0, 0), 1e-5); }
+static cg_tensor *rms_wide_plain(ctx *c) { return cg_rmsnorm(G, X2(2, 46), NULL, 1e-6); }
+static cg_tensor *aln_wide(ctx *c) {
+    return cg_add_layernorm(G, X2(3, 43), X2(3, 43), leaf(c, 0.5, 1.5, false, 1, 43, 0, 0, 0), X1(43), 1e-5);
+}
+static cg_tensor *softmax_wide(ctx *c) { return cg_softmax(G, leaf(c, -2, 2, false, 2, 3, 21, 0, 0)); }
+static cg_tensor *log_softmax_wide(ctx *c) { return cg_log_softmax(G, leaf(c, -2, 2, false, 2, 3, 37, 0, 0)); }
+static cg_tensor *msm_wide(ctx *c) { return cg_masked_softmax(G, X4(1, 2, 3, 21), 0.8, NULL, true, NULL); }
+static cg_tensor *ce_wide(ctx *c) { return cg_cross_entropy(G, leaf(c, -2, 2, false, 2, 4, 21, 0, 0), ids(c, 0, 21, 1, 4, 0), -100); }
+static cg_tensor *ce_smooth_wide(ctx *c) {
+    return cg_cross_entropy_smooth(G, leaf(c, -2, 2, false, 2, 3, 37, 0, 0), ids(c, 0, 37, 1, 3, 0), -100, 0.1);
+}
+static cg_tensor *ce_soft_wide(ctx *c) { return cg_cross_entropy_soft(G, leaf(c, -2, 2, false, 2, 3, 21, 0, 0), leaf(c, 0, 0.1, false, 2, 3, 21, 0, 0)); }
+static cg_tensor *lce_wide(ctx *c) { return cg_linear_cross_entropy(G, X2(3, 4), X2(21, 4), X1(21), ids(c, 0, 21, 1, 3, 0), -100); }
+/* head dim 20 (row_dot: 16 lanes + 4), 21 keys */
+static cg_tensor *sdpa_wide(ctx *c) { return cg_sdpa(G, X4(1, 2, 5, 20), X4(1, 2, 21, 20), X4(1, 2, 21, 20), 0.3, true, NULL); }
+/* one query row, head dim 70: the row kernels' 16-lane scores (4 x 16 + 6) and 64-wide products + 6 */
+static cg_tensor *sdpa_row(ctx *c) { return cg_sdpa(G, X4(1, 1, 1, 70), X4(1, 1, 3, 70), X4(1, 1, 3, 70), 0.2, false, NULL); }
 #undef G
 
 /* slice's case wraps the view in an op so the check covers a strided read */
@@ -566,6 +588,21 @@ static const check_case cases[] = {
     {"add_layernorm", "[4,6] + [4,6] gain bias", aln_affine},
     {"add_layernorm", "[2,5,3] 1<->2 + [2,3,5] gain", aln_view},
     {"add_layernorm", "x[3,5] + x^T^T bias", aln_self},
+    /* vector main loops and their scalar tails */
+    {"layernorm", "[3,45] gain bias", ln_wide},
+    {"layernorm", "[2,50] plain", ln_wide_plain},
+    {"rmsnorm", "[3,41] gain", rms_wide},
+    {"rmsnorm", "[2,46] plain", rms_wide_plain},
+    {"add_layernorm", "[3,43] + [3,43] gain bias", aln_wide},
+    {"softmax", "[3,21]", softmax_wide},
+    {"log_softmax", "[3,37]", log_softmax_wide},
+    {"masked_softmax", "[1,2,3,21] causal", msm_wide},
+    {"cross_entropy", "[4,21]", ce_wide},
+    {"cross_entropy", "[3,37] smoothing 0.1", ce_smooth_wide},
+    {"cross_entropy_soft", "[3,21] probs [3,21] in [0,0.1)", ce_soft_wide},
+    {"linear_cross_entropy", "x[3,4] w[21,4] b[21]", lce_wide},
+    {"attention", "[1,2,5,20] kv 21, causal", sdpa_wide},
+    {"attention", "one query row, head dim 70", sdpa_row},
     {"custom", "[3,5]*sig([5,3]^T) own bwd", custom_kernel},
     {"custom", "[4,3]^T*sig([3,4]) composite", custom_composite},
 };

@@ -39,6 +39,18 @@ static inline char *test_slurp(const char *path, size_t *len) {
     CHECK(fabs((double)(a) - (double)(b)) <= (tol), "%s = %.9g, %s = %.9g, |diff| %.3g > %.3g", #a, \
           (double)(a), #b, (double)(b), fabs((double)(a) - (double)(b)), (double)(tol))
 
+/* ctest's SKIP_RETURN_CODE (tests/CMakeLists.txt): a part of a test that cannot run on this machine
+ * (no AVX-512, no avx512_bf16, no oneDNN) says why and returns this, so ctest shows it as skipped,
+ * never as passed. Such parts are their own ctest entries: the binary run with the part's name. */
+#define TEST_SKIPPED 77
+static inline int test_skip(const char *test, const char *why) {
+    printf("%s: skipped: %s\n", test, why);
+    return TEST_SKIPPED;
+}
+
+/* The part a test binary was asked for (argv[1]), or "" for its main part. */
+static inline const char *test_part(int argc, char **argv) { return argc > 1 ? argv[1] : ""; }
+
 #define TEST_END()                                                    \
     do {                                                              \
         printf("%d passed, %d failed\n", test_passed, test_failed);   \

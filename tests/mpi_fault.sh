@@ -3,7 +3,9 @@
 # Faults in a 2-rank mpirun job: the job must end with a clear error within a bounded time, never
 # hang, and the last checkpoint on disk must stay whole and resumable.
 #  1. rank 1 killed (SIGKILL) between saves;
-#  2. rank 0 killed while it writes a checkpoint (the temp file exists): the previous one survives;
+#  2. rank 0 killed while it writes a checkpoint: the checkpoint writer's test hook
+#     (CGRAD_TEST_STOP_BEFORE_RENAME) stops it once the temp file is whole, before the rename; it is
+#     killed there, and the previous checkpoint survives;
 #  3. rank 1 stopped (SIGSTOP, a hang): rank 0 gives up after --dist-timeout and ends the job.
 # Usage: mpi_fault.sh CGRAD MPIRUN
 set -uo pipefail
@@ -23,6 +25,8 @@ fail=0
 ok() { echo "ok: $1"; }
 bad() { echo "FAIL: $1"; fail=1; }
 
+# Every wait below is for a condition (a file, a log line, a process state), bounded only so that a
+# broken build fails instead of hanging; none is a fixed sleep.
 # rank_pid RANK: the pid of that rank among mpirun's children
 rank_pid() {
     local p
@@ -66,20 +70,26 @@ else bad "no checkpoint within 120 s: $(tail -c 400 one.out)"; fi
 s1=$(saved_step)
 [ -n "$s1" ] && [ $((s1 % 4)) -eq 0 ] && ok "checkpoint intact at step $s1" || bad "checkpoint unreadable after the kill"
 
-# 2. rank 0 dies while it writes a checkpoint; the job resumes from the surviving one first
-"${run2[@]}" "$bin" train --resume f.ckpt --save-every 2 > two.out 2>&1 & mp=$!
-if wait_for 'grep -q "resuming at step" two.out && ls f.ckpt.tmp.* >/dev/null 2>&1' 120; then
+# stopped PID: that process is stopped (state T in /proc/PID/stat)
+stopped() { [ -n "$1" ] && [ "$(sed 's/^[^)]*) \(.\).*/\1/' "/proc/$1/stat" 2>/dev/null)" = T ]; }
+
+# 2. rank 0 dies while it writes a checkpoint; the job resumes from the surviving one first. The
+#    hook stops rank 0 between writing the temp file and renaming it: the kill lands there, always.
+"${run2[@]}" -x CGRAD_TEST_STOP_BEFORE_RENAME=1 "$bin" train --resume f.ckpt --save-every 2 > two.out 2>&1 & mp=$!
+if wait_for 'stopped "$(rank_pid 0)"' 120; then
+    ls f.ckpt.tmp.* >/dev/null 2>&1 && ok "rank 0 stopped in a save, its temp file written ($(ls f.ckpt.tmp.* | head -1))" ||
+        bad "rank 0 stopped, but no temp file"
     signal_rank KILL 0 30 "rank 0 killed during a save"
     s2=$(saved_step)
-    [ -n "$s2" ] && [ "$s2" -ge "$s1" ] && ok "the previous checkpoint survived the killed save (step $s2, resumed from $s1)" \
+    [ -n "$s2" ] && [ "$s2" = "$s1" ] && ok "the previous checkpoint survived the killed save (step $s2, resumed from $s1)" \
         || bad "checkpoint unreadable after a killed save"
-else bad "no save began within 120 s: $(tail -c 400 two.out)"; fi
+else bad "rank 0 never stopped in a save: $(tail -c 400 two.out)"; fi
 rm -f f.ckpt.tmp.*
 
 # 3. rank 1 hangs: rank 0's bounded wait ends the job
 "${run2[@]}" "$bin" train --resume f.ckpt --dist-timeout 4 > three.out 2>&1 & mp=$!
-if wait_for 'grep -q "resuming at step" three.out && [ -n "$(rank_pid 1)" ]' 60; then
-    sleep 1
+s3=$(saved_step)
+if wait_for 'grep -q "resuming at step" three.out && grep -q " $((s3 + 1))/100000" three.out && [ -n "$(rank_pid 1)" ]' 60; then
     signal_rank STOP 1 40 "rank 1 stopped (--dist-timeout 4)" &&
         says three.out "no answer from the other ranks for 4 s" 'rank 0: no answer.*hangs'
 else bad "the resumed job did not start: $(tail -c 400 three.out)"; fi

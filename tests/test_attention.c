@@ -304,10 +304,6 @@ static void packing_fallback(void) {
  * hidden weights are), so skipping that depth must give the whole product, and the columns up
  * to row + n_diag must be right (those after may stay unwritten). */
 static void direct_products(void) {
-    if (!cgi_attn_direct()) {
-        printf("direct products: not on this CPU (no AVX-512 or a double build), skipped\n");
-        return;
-    }
     const int64_t ms[] = {1, 5, 6, 7, 13, 64, 70}, ns[] = {1, 15, 16, 17, 48, 64, 65, 80, 130}, ks[] = {1, 7, 64, 129};
     cg_rng r;
     cg_rng_seed(&r, 3);
@@ -363,10 +359,6 @@ static void direct_products(void) {
  * starting before the first key (vis0 < 0: leading rows see nothing), key padding by a strided
  * keep vector, a fully padded block, and a NaN score, which must reach its row (and only it). */
 static void direct_softmax(void) {
-    if (!cgi_attn_direct()) {
-        printf("direct softmax: not on this CPU (no AVX-512 or a double build), skipped\n");
-        return;
-    }
     enum { NQ = 9, SS = 260 };
     const int64_t kends[] = {1, 15, 16, 17, 64, 100, 256};
     cg_rng r;
@@ -457,33 +449,37 @@ static void first_writer(void) {
 }
 
 /* The shapes of the direct products' path (kept probabilities, Tq >= 16) at feature sizes and
- * lengths off its tiles, with every option that goes through it, on the direct kernels and on
- * BLIS's micro-kernel. */
-static void direct_cases(void) {
-    for (int on = 1; on >= 0; on--) {
-        cgi_attn_direct_force(on);
-        compare("encdec's head: full 64, D 64, padding", &(cfg){.b = 2, .h = 2, .tq = 64, .tk = 64, .d = 64, .padding = true});
-        compare("causal 70, D 48, head views", &(cfg){.b = 2, .h = 2, .tq = 70, .tk = 70, .d = 48, .causal = true, .views = true});
-        /* one query block a head: the products write q, k and v's gradients first (claim_qkv) */
-        compare("full 100, D 32, head views, padding", &(cfg){.b = 2, .h = 2, .tq = 100, .tk = 100, .d = 32, .views = true, .padding = true});
-        compare("causal 64, D 16, head views, dropout 0.2",
-                &(cfg){.b = 2, .h = 3, .tq = 64, .tk = 64, .d = 16, .causal = true, .views = true, .dropout = 0.2});
-        compare("cross 64x50, D 80, bias [1,H,Tq,Tk] + ALiBi",
-                &(cfg){.b = 1, .h = 2, .tq = 64, .tk = 50, .d = 80, .alibi = true, .bias = 1});
-        compare("causal 129, D 32, dropout 0.2", &(cfg){.b = 1, .h = 2, .tq = 129, .tk = 129, .d = 32, .causal = true, .dropout = 0.2});
-        compare("causal Tq 37 < Tk 101, D 128, T5 16, grouped",
-                &(cfg){.b = 1, .h = 2, .tq = 37, .tk = 101, .d = 128, .causal = true, .hk = 1, .t5 = 16});
-        compare("window 30 both sides, D 24, padding, 100", &(cfg){.b = 2, .h = 2, .tq = 100, .tk = 100, .d = 24, .padding = true, .window = 30});
-    }
+ * lengths off its tiles, with every option that goes through it, on the direct kernels (on; their
+ * own ctest entry) or on BLIS's micro-kernel. */
+static void direct_cases(bool on) {
+    cgi_attn_direct_force(on);
+    compare("encdec's head: full 64, D 64, padding", &(cfg){.b = 2, .h = 2, .tq = 64, .tk = 64, .d = 64, .padding = true});
+    compare("causal 70, D 48, head views", &(cfg){.b = 2, .h = 2, .tq = 70, .tk = 70, .d = 48, .causal = true, .views = true});
+    /* one query block a head: the products write q, k and v's gradients first (claim_qkv) */
+    compare("full 100, D 32, head views, padding", &(cfg){.b = 2, .h = 2, .tq = 100, .tk = 100, .d = 32, .views = true, .padding = true});
+    compare("causal 64, D 16, head views, dropout 0.2",
+            &(cfg){.b = 2, .h = 3, .tq = 64, .tk = 64, .d = 16, .causal = true, .views = true, .dropout = 0.2});
+    compare("cross 64x50, D 80, bias [1,H,Tq,Tk] + ALiBi",
+            &(cfg){.b = 1, .h = 2, .tq = 64, .tk = 50, .d = 80, .alibi = true, .bias = 1});
+    compare("causal 129, D 32, dropout 0.2", &(cfg){.b = 1, .h = 2, .tq = 129, .tk = 129, .d = 32, .causal = true, .dropout = 0.2});
+    compare("causal Tq 37 < Tk 101, D 128, T5 16, grouped",
+            &(cfg){.b = 1, .h = 2, .tq = 37, .tk = 101, .d = 128, .causal = true, .hk = 1, .t5 = 16});
+    compare("window 30 both sides, D 24, padding, 100", &(cfg){.b = 2, .h = 2, .tq = 100, .tk = 100, .d = 24, .padding = true, .window = 30});
     cgi_attn_direct_force(true);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    /* `test_attention direct`: the AVX-512 kernels (ctest test_attention_direct), skipped without them */
+    if (!strcmp(test_part(argc, argv), "direct")) {
+        if (!cgi_attn_direct()) return test_skip("test_attention direct", "no AVX-512 on this CPU, or a float64 build");
+        direct_products();
+        direct_softmax();
+        direct_cases(true);
+        TEST_END();
+    }
     packing_fallback();
-    direct_products();
-    direct_softmax();
     first_writer();
-    direct_cases();
+    direct_cases(false);
     compare("causal 150x150", &(cfg){2, 3, 150, 150, 16, true, false, false, false, 0, 0, false, 0, 0, 0});
     compare("causal 600x600 (several 256-key blocks)", &(cfg){1, 2, 600, 600, 8, true, false, false, false, 0, 0, false, 0, 0, 0});
     compare("full 300x700 with padding (several key blocks)", &(cfg){1, 2, 300, 700, 8, false, true, false, false, 0, 0, false, 0, 0, 0});

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /* bf16 mixed precision: each product against references computed in double, within bounds derived
  * from bf16's 8-bit significand; a whole GPT step against fp32; fp32 untouched by the setting; a
- * parameter converted once per optimizer step. Without avx512_bf16 (or oneDNN) the bf16 checks
- * are skipped with a message and only the refusal is tested.
+ * parameter converted once per optimizer step. The products run as their own ctest entries
+ * (test_bf16_products, test_bf16_onednn: see main), which report skipped without oneDNN or
+ * avx512_bf16; test_bf16 itself tests the API, the refusal and the conversions everywhere.
  *
  * The bound: rounding a float to bf16 (8 significant bits, round to nearest even) has relative
  * error at most u = 2^-8, so a product of two rounded operands is off by at most (2u + u^2)|ab|.
@@ -822,6 +823,9 @@ static void run_gpt(int prec, gpt_run *o) {
     cg_params_free(ps);
 }
 
+/* The product kernels test_gpt_step forces in turn: the fp32 units' in `products`, oneDNN's in `onednn`. */
+static int gpt_kernel_first = 2, gpt_kernel_last = 2;
+
 static void test_gpt_step(bool bf16_ok) {
     gpt_run unset, fp, back, lp;
     run_gpt(-1, &unset);
@@ -848,7 +852,7 @@ static void test_gpt_step(bool bf16_ok) {
         CHECK(sqrt(dn) <= 8 * U * sqrt(nn), "gpt gradients: |bf16 - fp32| / |fp32| = %.3g > %.3g", sqrt(dn / nn), 8 * U);
         CHECK(lp.loss[0] != fp.loss[0] || dn > 0, "the bf16 step equals fp32 exactly: the products did not run in bf16");
         /* the same step forced onto each product kernel: both within the same bounds of fp32 */
-        for (int kn = 1; kn <= 2; kn++) {
+        for (int kn = gpt_kernel_first; kn <= gpt_kernel_last; kn++) {
             if (kn == 1 && !cgi_lp_product(1, 1, 1, 1, (const cgi_bf16[]){0x3f80}, 1, 1, (const cgi_bf16[]){0x3f80}, 1,
                                            1, 1, 0, (float[]){0}, 1, 1, NULL, false))
                 continue; /* no oneDNN kernel on this CPU */
@@ -1009,13 +1013,15 @@ static bool kernel_case(int which, int threads, int64_t m, int64_t n, int64_t k,
     return ran;
 }
 
-static void test_kernels(void) {
+/* The products of kernels first..last (1 oneDNN's, 2 the fp32 units'); returns how many of kernel
+ * first's ran (0: this CPU cannot run it). */
+static int test_kernels(int first, int last) {
     static const int64_t dims[][3] = {{1, 1, 1},   {1, 70, 33},  {37, 1, 19},  {5, 13, 0},   {13, 45, 7},
                                       {37, 50, 70}, {64, 96, 513}, {100, 33, 1030}, {256, 384, 192},
                                       {1, 600, 40}, {530, 1, 24}}; /* one token's products, longer than a LINE */
     enum { ND = sizeof dims / sizeof *dims };
     int ran[3] = {0};
-    for (int which = 1; which <= 2; which++)
+    for (int which = first; which <= last; which++)
         for (int d = 0; d < ND; d++)
             for (int v = 0; v < 6; v++) {
                 const int64_t m = dims[d][0], n = dims[d][1], k = dims[d][2];
@@ -1023,14 +1029,14 @@ static void test_kernels(void) {
                 const float alpha = v == 1 ? -1.25f : v == 2 ? 0.5f : 1, beta = v == 0 || v == 2 ? 1 : 0;
                 ran[which] += kernel_case(which, 1, m, n, k, ta, tb, v == 5 ? 3 : 0, alpha, beta, bias, c16, NULL, 0);
             }
-    CHECK(ran[2] == ND * 6, "the fp32-units kernel refused %d of %d products", ND * 6 - ran[2], ND * 6);
-    if (!ran[1]) printf("test_bf16: oneDNN's kernel not checked (this CPU lacks avx512_bf16)\n");
+    if (last == 2) CHECK(ran[2] == ND * 6, "the fp32-units kernel refused %d of %d products", ND * 6 - ran[2], ND * 6);
+    if (!ran[first]) return 0;
     /* determinism: run to run, and (fp32 units: pieces cut along C's rows or columns only, every
      * element summed over k in one order) one thread against two */
     enum { DM = 256, DN = 384, DK = 192 };
     float *r[4];
     for (int i = 0; i < 4; i++) r[i] = malloc((size_t)(DM * DN) * sizeof(float));
-    for (int which = 1; which <= 2; which++) {
+    for (int which = first; which <= last; which++) {
         bool ok = kernel_case(which, 2, DM, DN, DK, false, true, 0, 1, 0, true, false, r[0], DM * DN);
         ok = ok && kernel_case(which, 2, DM, DN, DK, false, true, 0, 1, 0, true, false, r[1], DM * DN);
         ok = ok && kernel_case(which, 1, DM, DN, DK, false, true, 0, 1, 0, true, false, r[2], DM * DN);
@@ -1041,6 +1047,7 @@ static void test_kernels(void) {
         if (which == 2) CHECK(!memcmp(r[0], r[2], (size_t)(DM * DN) * 4), "fp32 units: one thread and two differ");
     }
     for (int i = 0; i < 4; i++) free(r[i]);
+    if (last != 2) return ran[first];
     /* the choice is shown and coherent */
     const char *kn = cg_bf16_kernel();
     CHECK(kn && (!strcmp(kn, "onednn") || !strcmp(kn, "fp32")) && cg_bf16_kernel_why()[0], "bf16 kernel '%s' (%s)",
@@ -1069,6 +1076,7 @@ static void test_kernels(void) {
                   (long long)m, (long long)k, (long long)k, (long long)n, expect == 2 ? "the fp32 units" : "oneDNN");
         free(got), free(want);
     }
+    return ran[first];
 }
 
 /* In-place conversion of float rows to bf16 rows at the same starts: every element as cgi_to_bf16
@@ -1110,14 +1118,22 @@ static void test_api(const char *why) {
     cg_graph_free(g);
 }
 
-int main(void) {
+/* Three ctest entries: test_bf16 (what runs everywhere: the API, refusals, conversions, fp32 steps),
+ * test_bf16_products (`test_bf16 products`: needs oneDNN) and test_bf16_onednn (`test_bf16 onednn`:
+ * oneDNN's own kernel, needs avx512_bf16); the last two report skipped where they cannot run. */
+int main(int argc, char **argv) {
     cg_set_threads(2);
-    const char *why = cg_bf16_unavailable();
-    test_api(why);
-    test_inplace();
-    if (why) printf("test_bf16: skipping the bf16 products: %s\n", why);
-    else {
-        test_kernels();
+    const char *why = cg_bf16_unavailable(), *part = test_part(argc, argv);
+    if (!strcmp(part, "onednn")) {
+        if (why) return test_skip("test_bf16 onednn", why);
+        if (!test_kernels(1, 1)) return test_skip("test_bf16 onednn", "this CPU lacks avx512_bf16");
+        gpt_kernel_first = gpt_kernel_last = 1;
+        test_gpt_step(true);
+        TEST_END();
+    }
+    if (!strcmp(part, "products")) {
+        if (why) return test_skip("test_bf16 products", why);
+        test_kernels(2, 2);
         test_linear();
         test_matmul();
         test_lce();
@@ -1126,7 +1142,11 @@ int main(void) {
         test_shadows();
         test_sdpa();
         test_qkv();
+        test_gpt_step(true);
+        TEST_END();
     }
-    test_gpt_step(!why);
+    test_api(why);
+    test_inplace();
+    test_gpt_step(false);
     TEST_END();
 }

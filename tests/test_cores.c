@@ -232,13 +232,10 @@ static void train(const model_case *c, int threads, bool switched, unsigned char
     cg_params_free(ps);
 }
 
-static void test_switches_keep_the_bits(void) {
+static void test_switches_keep_the_bits(bool bf16) {
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         const model_case *c = &cases[k];
-        if (c->precision == CG_BF16 && cg_bf16_unavailable()) {
-            printf("test_cores: skipping %s: %s\n", c->name, cg_bf16_unavailable());
-            continue;
-        }
+        if ((c->precision == CG_BF16) != bf16) continue;
         unsigned char *one, *two, *mixed;
         size_t n1, n2, nm;
         train(c, 1, false, &one, &n1);
@@ -255,11 +252,17 @@ static void test_switches_keep_the_bits(void) {
     cg_set_threads(0);
 }
 
-int main(void) {
+/* `test_cores bf16` (its own ctest entry, skipped without bf16 support): the bf16 model cases. */
+int main(int argc, char **argv) {
+    if (!strcmp(test_part(argc, argv), "bf16")) {
+        if (cg_bf16_unavailable()) return test_skip("test_cores bf16", cg_bf16_unavailable());
+        test_switches_keep_the_bits(true);
+        TEST_END();
+    }
     test_idle_machine_keeps_every_thread();
     test_busy_machine_holds_one_thread();
     test_shared_cores_keep_every_thread();
     test_runs_feed_the_guard();
-    test_switches_keep_the_bits();
+    test_switches_keep_the_bits(false);
     TEST_END();
 }

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* Parity with PyTorch for every model family (fixtures from tests/make_model_fixtures.py):
- * `cgrad step` on the committed batch must give PyTorch's logits and loss to 1e-4, every
- * gradient to 1e-4 relative to its tensor's norm, and the parameters after 3 AdamW steps to 1e-3.
+ * `cgrad step` on the committed batch must give PyTorch's logits and loss, every gradient relative
+ * to its tensor's norm, and the parameters after 3 AdamW steps within the bounds below.
  * Also: Hugging Face layouts (prefix, tied duplicates, buffers), round trips, bad files. */
 #include <fcntl.h>
 #include <math.h>
@@ -18,6 +18,19 @@
 #include "check.h"
 
 #define FIX CGRAD_TEST_DIR "/fixtures/models/"
+
+/* Bounds set from what the five families achieve (CGRAD_THREADS=2, as ctest runs; the worst family
+ * in brackets), so that a kernel off by a few units in the sixth digit fails:
+ *   logits, max abs            7.8e-7 (gpt2)   bound 1e-5, 13x margin
+ *   loss and AdamW losses      4.8e-7 (bert)   bound 1e-5, 21x
+ *   gradients, rel to norm     5.5e-6 (bert)   bound 1e-5, 1.8x (the fused LM head's, test below)
+ *   AdamW params after 3 steps 8.1e-6 (llama)  bound 1e-4, 12x (AdamW divides by sqrt(v): float noise
+ *                                              in small gradients is amplified, as PyTorch's own
+ *                                              float32 runs differ from its float64 ones) */
+#define LOGITS_TOL 1e-5
+#define LOSS_TOL 1e-5
+#define GRAD_TOL 1e-5
+#define ADAMW_TOL 1e-4
 
 static cg_real *read_all(const cg_st *f, const char *name, int64_t *n) {
     int ndim;
@@ -91,15 +104,15 @@ static void parity(const char *arch) {
     cg_st *ours = cg_st_open(out), *ref = cg_st_open(exp_path), *adam = cg_st_open(adam_path);
     CHECK(ours && ref && adam, "%s: %s", arch, cg_last_error());
     if (ours && ref && adam) {
-        CHECK(compare(ours, ref, "logits", "logits", false, NULL) <= 1e-4, "%s logits max abs diff %g", arch,
+        CHECK(compare(ours, ref, "logits", "logits", false, NULL) <= LOGITS_TOL, "%s logits max abs diff %g", arch,
               compare(ours, ref, "logits", "logits", false, NULL));
-        CHECK(compare(ours, ref, "loss", "loss", false, NULL) <= 1e-4, "%s loss diff %g", arch,
+        CHECK(compare(ours, ref, "loss", "loss", false, NULL) <= LOSS_TOL, "%s loss diff %g", arch,
               compare(ours, ref, "loss", "loss", false, NULL));
         if (!strcmp(arch, "bert"))
             for (int k = 0; k < 3; k++) {
                 const char *n = (const char *[]){"seq_relationship_logits", "mlm_loss", "nsp_loss"}[k];
                 double e = compare(ours, ref, n, n, false, NULL);
-                CHECK(e <= 1e-4, "bert %s diff %g", n, e);
+                CHECK(e <= LOSS_TOL, "bert %s diff %g", n, e);
             }
         int ngrad = 0;
         double worst = 0;
@@ -107,7 +120,7 @@ static void parity(const char *arch) {
             const char *n = cg_st_name(ref, i);
             if (strncmp(n, "grad.", 5)) continue;
             double e = compare(ours, ref, n, n, true, NULL);
-            CHECK(e <= 1e-4, "%s %s: relative error %g", arch, n, e);
+            CHECK(e <= GRAD_TOL, "%s %s: relative error %g", arch, n, e);
             worst = e > worst ? e : worst;
             ngrad++;
         }
@@ -123,7 +136,7 @@ static void parity(const char *arch) {
             free(gr);
         }
         double worst_adam = 0, loss_err = compare(ours, adam, "losses", "losses", false, NULL);
-        CHECK(loss_err <= 1e-4, "%s AdamW losses differ by %g", arch, loss_err);
+        CHECK(loss_err <= LOSS_TOL, "%s AdamW losses differ by %g", arch, loss_err);
         for (int i = 0; i < cg_st_count(adam); i++) {
             const char *n = cg_st_name(adam, i);
             if (!strcmp(n, "losses")) continue;
@@ -134,12 +147,15 @@ static void parity(const char *arch) {
             char *skip = calloc((size_t)(ng > 0 ? ng : 1), 1);
             for (int64_t k = 0; gr && skip && k < ng; k++) skip[k] = fabs((double)gr[k]) <= 1e-9 * model_gmax;
             double e = compare(ours, adam, n, n, true, skip);
-            CHECK(e <= 1e-3, "%s AdamW %s: relative error %g", arch, n, e);
+            CHECK(e <= ADAMW_TOL, "%s AdamW %s: relative error %g", arch, n, e);
             worst_adam = e > worst_adam ? e : worst_adam;
             free(skip);
             free(gr);
         }
-        printf("%-10s parity: worst gradient rel err %.2e, worst AdamW param rel err %.2e\n", arch, worst, worst_adam);
+        printf("%-10s parity: logits max abs err %.2e, loss %.2e, worst gradient rel err %.2e, AdamW losses %.2e, "
+               "worst AdamW param rel err %.2e\n",
+               arch, compare(ours, ref, "logits", "logits", false, NULL), compare(ours, ref, "loss", "loss", false, NULL),
+               worst, loss_err, worst_adam);
     }
     cg_st_close(ours);
     cg_st_close(ref);
@@ -310,7 +326,7 @@ static void fused_head(const char *arch) {
     }
     cg_real loss_ref;
     cg_st_read(ref, "loss", &loss_ref, -1, NULL);
-    CHECK_NEAR(loss, loss_ref, 1e-4);
+    CHECK_NEAR(loss, loss_ref, LOSS_TOL);
     /* both heads sum the same float terms in another order: a few float ulps of the loss */
     CHECK(fabs(loss - uloss) <= 1e-6 * fabs(uloss), "%s: fused loss %.9g, unfused %.9g", arch, loss, uloss);
     double worst = 0, worst_u = 0;
@@ -331,7 +347,7 @@ static void fused_head(const char *arch) {
         worst_u = fmax(worst_u, sqrt(n2) > 1e-6 ? sqrt(u2 / n2) : sqrt(u2));
         free(want);
     }
-    CHECK(worst <= 1e-4, "fused-head %s gradients: worst relative error %g", arch, worst);
+    CHECK(worst <= GRAD_TOL, "fused-head %s gradients: worst relative error %g", arch, worst);
     /* float rounding carried through the backward: 1e-5 relative per tensor is ~100 float ulps */
     CHECK(worst_u <= 1e-5, "fused-head %s gradients against the unfused head: worst relative error %g", arch, worst_u);
     printf("%s fused LM head: loss %.6f (PyTorch %.6f, unfused %.6f), worst gradient rel err %.2e (unfused %.2e)\n",

@@ -48,17 +48,13 @@ static double run_linear_at(int64_t rows, int64_t in, int64_t out, cg_precision 
 
 static double run_linear(int64_t rows, int64_t in, int64_t out) { return run_linear_at(rows, in, out, CG_FP32); }
 
-/* bf16 products (oneDNN opens its own OpenMP team) must follow the run's decision too */
-static void test_bf16_products_follow_the_run(void) {
-    const char *why = cg_bf16_unavailable();
-    if (why) {
-        printf("test_threads: skipping the bf16 check: %s\n", why);
-        return;
-    }
-    /* on each product kernel (1 oneDNN, where the CPU has it; 2 the fp32 units) */
-    const bool onednn = cgi_lp_product(1, 1, 1, 1, (const cgi_bf16[]){0x3f80}, 1, 1, (const cgi_bf16[]){0x3f80}, 1, 1, 1, 0,
-                                       (float[]){0}, 1, 1, NULL, false);
-    for (int kn = onednn ? 1 : 2; kn <= 2; kn++) {
+/* bf16 products (oneDNN opens its own OpenMP team) must follow the run's decision too, on product
+ * kernel kn (1 oneDNN's; 2 the fp32 units'). Returns false when this CPU cannot run kernel kn. */
+static bool test_bf16_products_follow_the_run(int kn) {
+    if (kn == 1 && !cgi_lp_product(1, 1, 1, 1, (const cgi_bf16[]){0x3f80}, 1, 1, (const cgi_bf16[]){0x3f80}, 1, 1, 1, 0,
+                                   (float[]){0}, 1, 1, NULL, false))
+        return false;
+    {
         cgi_lp_force_kernel = kn;
         cg_set_threads(2);
         cgi_lp_exec_threads = 0;
@@ -72,6 +68,7 @@ static void test_bf16_products_follow_the_run(void) {
         cg_set_threads(0);
     }
     cgi_lp_force_kernel = 0;
+    return true;
 }
 
 static void test_work_estimate(void) {
@@ -368,11 +365,19 @@ static void test_team_generation(void) {
     cg_params_free(ps);
 }
 
-int main(void) {
+/* `test_threads bf16` and `test_threads onednn` (their own ctest entries, skipped where they cannot
+ * run): the bf16 products on the fp32 units (needs oneDNN) and on oneDNN's kernel (avx512_bf16). */
+int main(int argc, char **argv) {
     unsetenv("CGRAD_RUN_PAR_MIN"); /* ctest sets 0 for the other tests: here the default is tested */
+    const char *part = test_part(argc, argv), *why = cg_bf16_unavailable();
+    if (!strcmp(part, "bf16") || !strcmp(part, "onednn")) {
+        if (why) return test_skip(argv[0], why);
+        if (!test_bf16_products_follow_the_run(!strcmp(part, "bf16") ? 2 : 1))
+            return test_skip("test_threads onednn", "this CPU lacks avx512_bf16");
+        TEST_END();
+    }
     test_work_estimate();
     test_small_runs_stay_on_one_thread();
-    test_bf16_products_follow_the_run();
     test_team_pieces();
     test_team_products_match_one_thread(1);
     test_team_products_match_one_thread(96);
