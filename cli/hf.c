@@ -152,14 +152,25 @@ static void tokenizer_file(const char *dir, const cg_tokenizer *tok, char *out, 
     snprintf(out, n, "%s", dir);
 }
 
-/* The first key that appears twice in one object of j (depth-first), its object's path in where;
- * NULL when none. cJSON keeps both and answers with the first, so "n_embd": 32, "n_embd": 64 would
- * silently read 32. */
+static int cmp_key(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
+/* A key that appears twice in one object of j (depth-first), its object's path in where; NULL when
+ * none. cJSON keeps both and answers with the first, so "n_embd": 32, "n_embd": 64 would silently
+ * read 32. Keys are sorted per object, so a config with many labels costs n log n, not n^2. */
 static const char *duplicate_key(const cJSON *j, char *where, size_t n) {
-    for (const cJSON *a = j ? j->child : NULL; a; a = a->next) {
-        if (cJSON_IsObject(j) && a->string)
-            for (const cJSON *b = a->next; b; b = b->next)
-                if (b->string && !strcmp(a->string, b->string)) return a->string;
+    const int count = cJSON_GetArraySize(j);
+    if (cJSON_IsObject(j) && count > 1) {
+        const char **keys = malloc((size_t)count * sizeof *keys);
+        int k = 0;
+        for (const cJSON *a = j->child; keys && a; a = a->next) keys[k++] = a->string ? a->string : "";
+        if (keys) qsort(keys, (size_t)k, sizeof *keys, cmp_key);
+        const char *dup = NULL;
+        for (int i = 1; keys && !dup && i < k; i++)
+            if (!strcmp(keys[i - 1], keys[i])) dup = keys[i];
+        free(keys);
+        if (dup) return dup;
+    }
+    for (const cJSON *a = j ? j->child : NULL; a; a = a->next)
         if (cJSON_IsObject(a) || cJSON_IsArray(a)) {
             const size_t at = strlen(where);
             if (a->string) snprintf(where + at, n - at, "%s%s", at ? "." : "", a->string);
@@ -167,7 +178,6 @@ static const char *duplicate_key(const cJSON *j, char *where, size_t n) {
             if (d) return d;
             where[at] = 0;
         }
-    }
     return NULL;
 }
 

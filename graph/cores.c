@@ -6,7 +6,7 @@
  * what a second thread adds (each product piece packs the uncut operand again, each parallel region
  * wakes a vCPU: 5-10% more CPU time in an encdec-base step) in that one core's time, and lose to one
  * thread: beside a `yes`, encdec-base took 1160-1185 ms a step on two threads against 1111-1147 on
- * one (README, "The cores guard").
+ * one (docs/performance.md, "Kernel sets and threads").
  *
  * So each large run (the ones that use every thread, cgi_run_threads) reads how long the process's
  * threads waited for a CPU while it ran: the run delay of /proc/self/task/N/schedstat, time spent

@@ -40,8 +40,8 @@ unsigned cgi_cpu_features(void) {
 
 const char *cgi_pick_kernels(const char *blis_pick, const char *blis_log, unsigned features, const char **why) {
     const bool avx512 = features & CGI_CPU_AVX512, avx2 = features & CGI_CPU_AVX2_FMA;
-    /* The set measured fastest per feature level (README, "Kernel sets"): skx wherever AVX-512 is
-     * whole; with AVX2 + FMA, zen3 on AMD and haswell elsewhere. */
+    /* The set measured fastest per feature level (docs/performance.md, "Kernel sets and threads"):
+     * skx wherever AVX-512 is whole; with AVX2 + FMA, zen3 on AMD and haswell elsewhere. */
     const char *best = avx512 ? "skx" : avx2 ? (features & CGI_CPU_AMD ? "zen3" : "haswell") : NULL;
     if (!blis_pick) {
         *why = best ? "cgrad's pick for this CPU's features (BLIS's own choice could not be read)"

@@ -59,8 +59,9 @@ cg_status cg_st_read_params(const cg_st *f, cg_params *ps);
  * twice, and a tied twin equals the tensor that fills its parameter in shape and value. Only then
  * are the values converted into the parameters; a refused load leaves every parameter as it was.
  * A new source of weights (several shard files, an adapter format) plugs in by opening its files
- * with cg_st_open and adding one entry per parameter, each naming its own file. */
-typedef struct cg_st_load cg_st_load;
+ * with cg_st_open and adding one entry per parameter, each naming its own file; one that reads
+ * the bytes in place calls cg_st_load_check instead of cg_st_load_run. */
+typedef struct cg_st_load cg_st_load; /* a planned weight load: its entries are checked together, then written */
 
 /* A new empty load; NULL on allocation failure. Free with cg_st_load_free. */
 cg_st_load *cg_st_load_new(void);
@@ -70,6 +71,9 @@ cg_status cg_st_load_add(cg_st_load *l, cg_tensor *p, const cg_st *f, const char
 /* Plans checking that the tensor called name in f (a tied duplicate, as GPT-2's lm_head.weight)
  * equals, in shape and value, the tensor the load fills p from; it is not written anywhere. */
 cg_status cg_st_load_tie(cg_st_load *l, cg_tensor *p, const cg_st *f, const char *name);
+/* Checks every entry (see above) and writes nothing: for a source that then uses the checked
+ * bytes in place (a memory-mapped file) instead of converting them. Errors as cg_st_load_run. */
+cg_status cg_st_load_check(cg_st_load *l);
 /* Checks every entry (see above), then writes the parameters. Errors name the file, the tensor,
  * the parameter and the offending shape, dtype, byte range or value; then nothing was written. */
 cg_status cg_st_load_run(cg_st_load *l);

@@ -109,10 +109,9 @@ static int64_t first_difference(const cgi_st_desc *a, const cgi_st_desc *b, doub
 /* One entry on its own: present, floating, the parameter's shape, in bounds, finite. */
 static cg_status check_entry(load_entry *x) {
     cg_tensor *p = x->param;
-    if (!cgi_st_describe(x->file, x->name, &x->d)) {
+    if (!cgi_st_describe(x->file, x->name, &x->d))
         return cgi_fail(CG_ERR_ARG, "[load] %s: no tensor '%s' for parameter '%s' %s", cgi_st_label(x->file), x->name,
                         cg_name(p), cgi_shp(p));
-    }
     const st_dtype *dt = &cgi_st_dtypes[x->d.dtype];
     if (dt->kind != K_REAL)
         return entry_fail(x, CG_ERR_ARG, "has dtype %s: parameter '%s' needs a floating type (F32, F64, F16, BF16, F8)",
@@ -125,9 +124,9 @@ static cg_status check_entry(load_entry *x) {
     uint64_t bytes;
     if (x->d.end < x->d.begin || x->d.end > x->d.data_len ||
         __builtin_mul_overflow((uint64_t)cg_numel(p), (uint64_t)dt->size, &bytes) || bytes != x->d.end - x->d.begin)
-        return entry_fail(x, CG_ERR_FORMAT, "has byte range [%llu, %llu), not the %s bytes of %s %s inside the %llu-byte data",
-                          (unsigned long long)x->d.begin, (unsigned long long)x->d.end, "expected", dt->name,
-                          cgi_shp(p), (unsigned long long)x->d.data_len);
+        return entry_fail(x, CG_ERR_FORMAT, "has byte range [%llu, %llu), not the bytes of %s %s inside the %llu-byte data",
+                          (unsigned long long)x->d.begin, (unsigned long long)x->d.end, dt->name, cgi_shp(p),
+                          (unsigned long long)x->d.data_len);
     double bad; /* a NaN weight makes every output NaN: refuse it here, naming it */
     const int64_t at = first_nonfinite(&x->d, &bad);
     if (at >= 0)
@@ -181,20 +180,33 @@ static cg_status check_across(load_entry **by, int n) {
     return CG_OK;
 }
 
-cg_status cg_st_load_run(cg_st_load *l) {
+/* Checks every entry; *scratch gets the largest strided parameter's size (converted through one
+ * buffer, allocated before anything is written). */
+static cg_status check_all(cg_st_load *l, int64_t *scratch) {
     if (!l) return cgi_fail(CG_ERR_ARG, "[load] NULL load");
     load_entry **by = malloc(((size_t)l->n + 1) * sizeof *by);
     if (!by) return cgi_fail(CG_ERR_NOMEM, "[load] out of memory");
     cg_status s = CG_OK;
-    int64_t scratch = 0; /* the largest strided parameter: converted through one buffer */
+    *scratch = 0;
     for (int i = 0; !s && i < l->n; i++) {
         by[i] = &l->e[i];
         s = check_entry(&l->e[i]);
-        if (!l->e[i].tie && !cg_is_contiguous(l->e[i].param) && cg_numel(l->e[i].param) > scratch)
-            scratch = cg_numel(l->e[i].param);
+        if (!l->e[i].tie && !cg_is_contiguous(l->e[i].param) && cg_numel(l->e[i].param) > *scratch)
+            *scratch = cg_numel(l->e[i].param);
     }
     if (!s) s = check_across(by, l->n);
     free(by);
+    return s;
+}
+
+cg_status cg_st_load_check(cg_st_load *l) {
+    int64_t scratch;
+    return check_all(l, &scratch);
+}
+
+cg_status cg_st_load_run(cg_st_load *l) {
+    int64_t scratch;
+    cg_status s = check_all(l, &scratch);
     cg_real *tmp = !s && scratch ? malloc((size_t)scratch * sizeof *tmp) : NULL;
     if (!s && scratch && !tmp) s = cgi_fail(CG_ERR_NOMEM, "[load] out of memory for a %lld-value parameter", (long long)scratch);
     /* Everything is checked: only now does a parameter change. */

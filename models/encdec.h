@@ -31,7 +31,7 @@ typedef struct {
 
 typedef struct cg_encdec cg_encdec; /* an encoder-decoder: config and parameters (opaque) */
 
-/* Reads a config.json text with torch.nn.Transformer's argument names (see README). */
+/* Reads a config.json text with torch.nn.Transformer's argument names (see docs/models.md). */
 cg_status cg_encdec_config_parse(const char *json, cg_encdec_config *cfg);
 /* Writes cfg as config.json text; malloc'd, caller frees. */
 char *cg_encdec_config_json(const cg_encdec_config *cfg);

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* Attention's small products on AVX-512 straight from the head's rows (README, "Attention's small
- * products (issue 11)"). A head of 64 queries x 64 keys x 64 features is a few products of 64 x 64
+/* Attention's small products on AVX-512 straight from the head's rows (docs/design.md,
+ * "Fused attention"). A head of 64 queries x 64 keys x 64 features is a few products of 64 x 64
  * x 64 whose operands sit in L1: packing each for BLIS's micro-kernel took a third of the time, and
  * its 12-row strips wasted 11% of the tiles at 64 rows. Here C = alpha A B + beta C is computed in
  * register tiles of up to 6 rows x 64 columns that broadcast A's elements (any strides: A may be a

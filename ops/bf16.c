@@ -2,7 +2,7 @@
 /* bf16 mixed precision: the products of a CG_BF16 graph take bfloat16 operands and accumulate in
  * float, on oneDNN's matmul primitive (vdpbf16ps) or on the fp32 FMA units with the operands
  * widened as they are packed (cgi_gemm_bf16), whichever this CPU runs faster (decide_kernel);
- * everything else stays cg_real (see the README's "Mixed precision (bf16)"). Conversions happen
+ * everything else stays cg_real (see docs/mixed-precision.md). Conversions happen
  * here and only here:
  *  - a parameter is converted once per change of its set's version (an optimizer step bumps it)
  *    into a bf16 copy that lives beside it, and every product that reads it reads the copy;

@@ -165,6 +165,16 @@ static void load_step(void) {
     cg_st_load_add(l, a, o, "twin");
     expect_refusal(cg_st_load_run(l), CG_ERR_FORMAT, "a parameter filled twice", "'a'", "twice", NULL);
     cg_st_load_free(l);
+    /* check alone writes nothing, and refuses what run refuses */
+    cg_data(a)[0] = 42;
+    l = cg_st_load_new();
+    cg_st_load_add(l, a, o, "a");
+    CHECK(cg_st_load_check(l) == CG_OK && cg_data(a)[0] == 42, "check wrote %g: %s", (double)cg_data(a)[0], cg_last_error());
+    CHECK(cg_st_load_run(l) == CG_OK && cg_data(a)[0] == 1, "run after check: %g", (double)cg_data(a)[0]);
+    cg_st_load_tie(l, a, h, "big");
+    expect_refusal(cg_st_load_check(l), CG_ERR_SHAPE, "check of a larger twin", "'big'", "[4,3]", "[2,3]");
+    cg_st_load_free(l);
+    CHECK(cg_st_load_check(NULL) == CG_ERR_ARG, "check of NULL");
     CHECK(cg_st_load_add(NULL, a, o, "a") == CG_ERR_ARG && cg_st_load_run(NULL) == CG_ERR_ARG, "NULL arguments");
     cg_st_load_free(NULL);
     cg_st_close(o), cg_st_close(h), cg_st_close(f);

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Two (or more) simulated hosts on one Linux machine, for trying multi-host training over TCP: each
+# host is a network namespace with one end of a veth pair on a private test subnet, and mpirun
+# reaches the others through a launch agent that runs its daemon with `ip netns exec` where Open
+# MPI would use ssh. Needs root (ip netns) and iproute2. Read it as a recipe for real hosts too:
+# the hostfile, the interface selection (btl_tcp_if_include, oob_tcp_if_include) and the agent
+# are what a cluster launch needs.
+#
+#   dist/netns_hosts.sh up PREFIX N        makes namespaces PREFIX1..PREFIXN on 10.77.0.0/24,
+#                                          joined by a bridge-less chain of veth pairs to host 1
+#   dist/netns_hosts.sh down PREFIX N      removes them (and their links)
+#   dist/netns_hosts.sh agent PREFIX       writes PREFIX.agent: the rsh stand-in for plm_rsh_agent
+#   dist/netns_hosts.sh mpirun PREFIX N -- PROGRAM ARGS...
+#                                          runs `mpirun -n N` from host 1, one rank a host, over TCP
+#   dist/netns_hosts.sh link PREFIX K up|down   takes host K's link (K >= 2) up or down (a partition)
+#
+# Host k has address 10.77.0.k. Each host k >= 2 has its own veth pair to host 1 (a star), so a
+# link can be cut for one host alone.
+set -euo pipefail
+cmd=${1:-}
+prefix=${2:-}
+[ -n "$cmd" ] && [ -n "$prefix" ] || { sed -n '3,21p' "$0"; exit 2; }
+addr() { echo "10.77.0.$1"; }
+
+case $cmd in
+up)
+    n=${3:?N}
+    for k in $(seq 1 "$n"); do
+        ip netns add "$prefix$k"
+        ip -n "$prefix$k" link set lo up
+    done
+    for k in $(seq 2 "$n"); do # host 1 <-> host k
+        ip link add "${prefix}a$k" type veth peer name "${prefix}b$k"
+        ip link set "${prefix}a$k" netns "${prefix}1"
+        ip link set "${prefix}b$k" netns "$prefix$k"
+        ip -n "${prefix}1" addr add "$(addr 1)/32" dev "${prefix}a$k" 2>/dev/null || true
+        ip -n "${prefix}1" link set "${prefix}a$k" up
+        ip -n "${prefix}1" route add "$(addr "$k")/32" dev "${prefix}a$k"
+        ip -n "$prefix$k" addr add "$(addr "$k")/32" dev "${prefix}b$k"
+        ip -n "$prefix$k" link set "${prefix}b$k" up
+        ip -n "$prefix$k" route add "$(addr 1)/32" dev "${prefix}b$k"
+    done
+    ;;
+down)
+    n=${3:?N}
+    for k in $(seq 1 "$n"); do ip netns del "$prefix$k" 2>/dev/null || true; done
+    ;;
+agent)
+    # Open MPI calls the agent as `agent HOST COMMAND...` (as it would call ssh); the host is an
+    # address of the hostfile, the command a shell line that starts orted.
+    cat > "$prefix.agent" <<EOF
+#!/bin/sh
+host=\$1; shift
+case \$host in 10.77.0.*) ns="$prefix\${host##*.}" ;; *) echo "netns agent: unknown host \$host" >&2; exit 1 ;; esac
+exec ip netns exec "\$ns" /bin/sh -c "\$*"
+EOF
+    chmod +x "$prefix.agent"
+    ;;
+mpirun)
+    n=${3:?N}
+    shift 3
+    [ "${1:-}" = "--" ] && shift
+    hostfile=$(mktemp)
+    for k in $(seq 1 "$n"); do echo "$(addr "$k") slots=1"; done > "$hostfile"
+    [ -x "$prefix.agent" ] || "$0" agent "$prefix"
+    root=()
+    [ "$(id -u)" -eq 0 ] && root=(--allow-run-as-root)
+    # TCP only (no shared memory between the "hosts"), on the test subnet for both the data (btl)
+    # and the runtime's own connections (oob).
+    set +e
+    ip netns exec "${prefix}1" mpirun "${root[@]}" --hostfile "$hostfile" -n "$n" --map-by node \
+        --mca plm_rsh_agent "$PWD/$prefix.agent" --mca btl tcp,self --mca btl_tcp_if_include 10.77.0.0/24 \
+        --mca oob_tcp_if_include 10.77.0.0/24 "$@"
+    rc=$?
+    rm -f "$hostfile"
+    exit $rc
+    ;;
+link)
+    k=${3:?K} state=${4:?up or down}
+    ip -n "${prefix}1" link set "${prefix}a$k" "$state"
+    ;;
+*)
+    sed -n '3,21p' "$0"
+    exit 2
+    ;;
+esac

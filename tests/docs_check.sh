@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Tested documentation: a doc that drifts from the code fails ctest.
+#   docs_check.sh c SRC BUILD CC LIB "FLAGS"   every ```c block of README.md and docs/*.md compiles
+#       against the library. The blocks of a page are one C file, read in order after
+#       <cgrad/cgrad.h>, <stdio.h>, <stdlib.h> and <string.h>: a block without `main(` is compiled
+#       (-c) with the page's blocks before it; a block holding `main(` is a whole program, compiled
+#       with them, linked and run (exit 0 within 120 s), and the next block starts a new file.
+#   docs_check.sh sh SRC BUILD                  every ```sh block right after a `<!-- run -->` line
+#       runs under bash -e in a scratch folder where build/, data/, tests/ and examples/ are the
+#       real ones (exit 0 within 300 s). Unmarked blocks (minutes-long runs, mpirun) are not run.
+#   docs_check.sh generated SRC CGRAD           docs/ops.md's table is docs/gen_ops.sh's output,
+#       docs/cli.md is `cgrad help --markdown`, every cg_ name the docs mention is declared in a
+#       public header, and every relative link names a file that exists.
+#   docs_check.sh regen SRC CGRAD               rewrites the two generated parts.
+# Programs see `#include <cgrad/cgrad.h>` through a folder whose cgrad/ is the source tree.
+set -u
+mode=$1 src=$(cd "$2" && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+docs=("$src/README.md" "$src"/docs/*.md)
+fail=0
+
+# Writes every ```LANG block of the docs to $tmp/blocks/NAME-N.EXT (NAME: the doc, N: the block's
+# line, zero-padded so that names sort in page order); with marked=1 only blocks whose fence follows a `<!-- run -->` line.
+extract() { # lang ext marked
+    mkdir -p "$tmp/blocks"
+    for doc in "${docs[@]}"; do
+        awk -v lang="$1" -v ext="$2" -v marked="$3" -v out="$tmp/blocks/$(basename "$doc" .md)" '
+            inside && /^```/ { inside = 0; close(file); next }
+            inside { print > file; next }
+            $0 == "```" lang && (!marked || prev == "<!-- run -->") { inside = 1; file = sprintf("%s-%05d.%s", out, NR, ext); printf "" > file }
+            NF { prev = $0 }' "$doc"
+    done
+}
+
+check_c() {
+    local cc=$4 lib=$5 flags=$6
+    mkdir -p "$tmp/inc" "$tmp/run"
+    ln -s "$src" "$tmp/inc/cgrad"
+    extract c c 0
+    local n=0 prev_doc="" warn="-std=c11 -Wall -Wextra -Werror -Wno-unused-function -Wno-unused-parameter"
+    warn="$warn -Wno-unused-variable -Wno-unused-but-set-variable"
+    # Blocks in page order (the names carry zero-padded line numbers): a page's fragments accumulate
+    # into one file, so a tutorial can define a function in one block and call it in a later one.
+    for f in "$tmp"/blocks/*.c; do
+        [ -e "$f" ] || continue
+        n=$((n + 1))
+        local name doc
+        name=$(basename "$f" .c) doc=${name%-*}
+        [ "$doc" = "$prev_doc" ] || : >"$tmp/acc-$doc.c"
+        prev_doc=$doc
+        { echo '#include <cgrad/cgrad.h>'; echo '#include <stdio.h>'; echo '#include <stdlib.h>'
+          echo '#include <string.h>'; cat "$tmp/acc-$doc.c"; echo "#line 1 \"$name\""; cat "$f"; } >"$tmp/$name.full.c"
+        if grep -q 'main(' "$f"; then
+            : >"$tmp/acc-$doc.c" # a whole program ends the page's file; the next block starts a new one
+            # shellcheck disable=SC2086
+            if ! $cc $warn -I"$tmp/inc" "$tmp/$name.full.c" "$lib" $flags -o "$tmp/$name" 2>"$tmp/$name.err"; then
+                echo "FAIL $name: does not compile and link"; cat "$tmp/$name.err"; fail=1; continue
+            fi
+            if (cd "$tmp/run" && timeout 120 "$tmp/$name" >"$tmp/$name.out" 2>&1); then echo "ok   $name: runs"
+            else echo "FAIL $name: exit status $? when run"; cat "$tmp/$name.out"; fail=1; fi
+        else
+            { echo "#line 1 \"$name\""; cat "$f"; } >>"$tmp/acc-$doc.c"
+            # shellcheck disable=SC2086
+            if $cc $warn -I"$tmp/inc" -c "$tmp/$name.full.c" -o "$tmp/$name.o" 2>"$tmp/$name.err"; then echo "ok   $name: compiles"
+            else echo "FAIL $name: does not compile"; cat "$tmp/$name.err"; fail=1; fi
+        fi
+    done
+    [ $n -gt 0 ] || { echo "FAIL: no C blocks found in the docs"; fail=1; }
+}
+
+check_sh() {
+    local build
+    build=$(cd "$3" && pwd)
+    extract sh sh 1
+    local n=0
+    for f in "$tmp"/blocks/*.sh; do
+        [ -e "$f" ] || continue
+        n=$((n + 1))
+        local name dir
+        name=$(basename "$f" .sh) dir="$tmp/run-$name"
+        mkdir -p "$dir"
+        ln -s "$build" "$dir/build"
+        for d in data tests examples; do ln -s "$src/$d" "$dir/$d"; done
+        if (cd "$dir" && timeout 300 bash -e -o pipefail "$f" >"$dir.out" 2>&1); then echo "ok   $name: runs"
+        else echo "FAIL $name: exit $?"; cat "$f"; tail -20 "$dir.out"; fail=1; fi
+    done
+    [ $n -gt 0 ] || { echo "FAIL: no <!-- run --> shell blocks found in the docs"; fail=1; }
+}
+
+begin='<!-- BEGIN generated by docs/gen_ops.sh -->' end='<!-- END generated -->'
+ops_table() { awk -v b="$begin" -v e="$end" '$0 == e { on = 0 } on { print } $0 == b { on = 1 }' "$src/docs/ops.md"; }
+
+check_generated() {
+    local cgrad=$3
+    if diff -u <(ops_table) <(sh "$src/docs/gen_ops.sh" "$src/ops/ops.def") >"$tmp/ops.diff"; then echo "ok   docs/ops.md: the table is ops/ops.def's"
+    else echo "FAIL docs/ops.md's table differs from docs/gen_ops.sh (run: tests/docs_check.sh regen . build/cgrad):"; cat "$tmp/ops.diff"; fail=1; fi
+    if diff -u "$src/docs/cli.md" <("$cgrad" help --markdown) >"$tmp/cli.diff"; then echo "ok   docs/cli.md: cgrad help --markdown"
+    else echo "FAIL docs/cli.md differs from cgrad help --markdown (run: tests/docs_check.sh regen . build/cgrad):"; cat "$tmp/cli.diff"; fail=1; fi
+    # Every cg_ name in the docs, except file names (cg_tokenizer.json), is declared in a public header.
+    local headers
+    headers=$(ls "$src"/cgrad.h "$src"/{graph,ops,models,optim,io,dist}/*.h | grep -v -e 'internal\.h$' -e 'config_json\.h$')
+    # shellcheck disable=SC2086
+    cat $headers >"$tmp/api.h"
+    for doc in "${docs[@]}"; do
+        grep -o 'cg_[A-Za-z0-9_]\+[.]\{0,1\}[a-z]*' "$doc" | grep -v '\.' | sort -u | while read -r name; do
+            grep -qw "$name" "$tmp/api.h" || { echo "FAIL $(basename "$doc"): $name is not in any public header"; echo x >>"$tmp/unknown"; }
+        done
+    done
+    [ -e "$tmp/unknown" ] && fail=1 || echo "ok   every cg_ name in the docs is declared in a public header"
+    # Every relative link and image of a page names a file that exists (anchors and URLs aside).
+    for doc in "${docs[@]}"; do
+        grep -o '](\([^)#]*\)' "$doc" | sed 's/^](//' | grep -v -e '^[a-z]*:' -e '^$' | sort -u | while read -r target; do
+            [ -e "$(dirname "$doc")/$target" ] || { echo "FAIL $(basename "$doc"): link to $target, which does not exist"; echo x >>"$tmp/broken"; }
+        done
+    done
+    [ -e "$tmp/broken" ] && fail=1 || echo "ok   every relative link in the docs names a file that exists"
+}
+
+regen() {
+    local cgrad=$3
+    "$cgrad" help --markdown >"$src/docs/cli.md"
+    sh "$src/docs/gen_ops.sh" "$src/ops/ops.def" >"$tmp/ops"
+    awk -v b="$begin" -v e="$end" -v gen="$tmp/ops" '$0 == b { print; while ((getline l < gen) > 0) print l; skip = 1; next }
+        $0 == e { skip = 0 } !skip { print }' "$src/docs/ops.md" >"$tmp/ops.md" && cp "$tmp/ops.md" "$src/docs/ops.md"
+}
+
+case $mode in
+c) check_c "$@" ;;
+sh) check_sh "$@" ;;
+generated) check_generated "$@" ;;
+regen) regen "$@" ;;
+*) echo "usage: $0 c|sh|generated|regen SRC ..."; exit 2 ;;
+esac
+exit $fail

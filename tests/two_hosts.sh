@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# `cgrad train` across two simulated hosts (network namespaces joined by a veth pair, TCP only,
+# mpirun reaching the second host through dist/netns_hosts.sh's launch agent):
+#  1. 2 hosts x batch 4 equal 1 process x --grad-accum 2 x batch 4, bit for bit;
+#  2. a 2-host run resumed from its last checkpoint continues exactly;
+#  3. the remote rank killed: the whole job ends with a nonzero status within a bounded time, and
+#     no process is left in either host;
+#  4. the link cut for longer than --dist-timeout: the ranks end with the documented message and
+#     status; whatever the launcher leaves is reported and removed.
+# Needs root, network namespaces and mpirun: exits 77 (skipped) without them.
+# Usage: two_hosts.sh CGRAD MPIRUN
+set -uo pipefail
+bin=$1 mpirun=$2
+here=$(cd "$(dirname "$0")" && pwd)
+hosts="$here/../dist/netns_hosts.sh"
+[ "$(id -u)" -eq 0 ] || { echo "skip: needs root for network namespaces"; exit 77; }
+command -v ip >/dev/null && command -v "$mpirun" >/dev/null || { echo "skip: needs iproute2 and mpirun"; exit 77; }
+prefix="cg$$"
+ip netns add "${prefix}probe" 2>/dev/null || { echo "skip: cannot make network namespaces here"; exit 77; }
+ip netns del "${prefix}probe"
+dir=$(mktemp -d)
+mp=
+cleanup() {
+    [ -n "$mp" ] && kill -KILL "$mp" 2>/dev/null
+    for ns in "${prefix}1" "${prefix}2"; do
+        for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
+    done
+    "$hosts" down "$prefix" 2 >/dev/null 2>&1
+    rm -rf "$dir"
+}
+trap cleanup EXIT
+"$hosts" up "$prefix" 2 || { echo "FAIL: could not set up the two hosts"; exit 1; }
+cd "$dir"
+for i in $(seq 1 400); do echo "line $i: the whale $((i * 7 % 13)) swims past ship $((i * 3 % 11)) at dawn."; done > text.txt
+args=(--data "$dir/text.txt" --layers 2 --dim 32 --heads 2 --context 16 --batch 4 --eval-every 2 --eval-batches 3
+      --samples 0 --dropout 0.1 --threads 1 --log-every 1 --decay-steps 8 --warmup 2)
+fail=0
+ok() { echo "ok: $1"; }
+bad() { echo "FAIL: $1"; fail=1; }
+digest() { "$bin" info "$1" | grep '^digest'; }
+two() { "$hosts" mpirun "$prefix" 2 -- "$bin" train "$@"; }
+wait_for() {
+    local end=$((SECONDS + $2))
+    while [ $SECONDS -lt $end ]; do eval "$1" && return 0; sleep 0.05; done
+    return 1
+}
+left() { echo "$(ip netns pids "${prefix}1" 2>/dev/null) $(ip netns pids "${prefix}2" 2>/dev/null)" | xargs; }
+
+# 1. exact against one process
+"$bin" train "${args[@]}" --steps 6 --grad-accum 2 --save-every 0 --checkpoint "$dir/one.ckpt" > one.out 2>&1 || { cat one.out; exit 1; }
+two "${args[@]}" --steps 6 --save-every 0 --checkpoint "$dir/two.ckpt" > two.out 2>&1 || { cat two.out; exit 1; }
+[ -n "$(digest one.ckpt)" ] && [ "$(digest one.ckpt)" = "$(digest two.ckpt)" ] &&
+    ok "2 hosts over TCP x batch 4 = 1 process x grad-accum 2, bit for bit ($(digest two.ckpt))" ||
+    bad "2 hosts differ from 1 process: $(digest one.ckpt) / $(digest two.ckpt)"
+grep -q "2 ranks (MPI)" two.out && ok "the job ran on 2 ranks: $(grep -o 'all-reduce:.*a step' two.out | head -1)" ||
+    bad "no 2-rank report: $(tail -c 400 two.out)"
+
+# 2. resume across hosts from the last checkpoint
+two "${args[@]}" --steps 4 --save-every 2 --checkpoint "$dir/r.ckpt" > r1.out 2>&1 || cat r1.out
+two --resume "$dir/r.ckpt" --steps 6 > r2.out 2>&1 || cat r2.out
+[ "$(digest r.ckpt)" = "$(digest two.ckpt)" ] && ok "a 2-host run resumed at step 4 of 6 = 6 steps straight" ||
+    bad "resume differs: $(digest r.ckpt) / $(digest two.ckpt)"
+
+# 3. the remote rank dies
+long=("${args[@]}" --steps 100000 --save-every 0 --checkpoint "$dir/k.ckpt")
+two "${long[@]}" > kill.out 2>&1 & mp=$!
+if wait_for 'grep -Eq " ([5-9]|[1-9][0-9]+)/100000" kill.out' 120; then
+    remote=$(for p in $(ip netns pids "${prefix}2"); do
+        tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1" && echo "$p"; done | head -1)
+    t0=$SECONDS
+    kill -KILL "$remote"
+    if wait_for '! kill -0 $mp 2>/dev/null' 30; then
+        wait "$mp"; rc=$?; mp=
+        [ $rc -ne 0 ] && ok "remote rank killed: the job ended in $((SECONDS - t0)) s with status $rc" ||
+            bad "remote rank killed, but the job ended with status 0"
+        wait_for '[ -z "$(left)" ]' 10 && ok "no process left on either host" || bad "processes left: $(left)"
+    else bad "the job still runs 30 s after the remote rank was killed"; fi
+else bad "no steps within 120 s: $(tail -c 400 kill.out)"; fi
+
+# 4. a partition longer than --dist-timeout
+two "${args[@]}" --steps 100000 --save-every 0 --dist-timeout 5 --checkpoint "$dir/p.ckpt" > part.out 2>&1 & mp=$!
+if wait_for 'grep -Eq " ([5-9]|[1-9][0-9]+)/100000" part.out' 120; then
+    "$hosts" link "$prefix" 2 down
+    t0=$SECONDS
+    # each rank gives up after its own --dist-timeout: rank 0 reports and the job must end
+    if wait_for 'grep -q "no answer from the other ranks" part.out' 30; then
+        ok "partition: the ranks gave up after $((SECONDS - t0)) s: $(grep -m1 -o 'no answer from the other ranks.*' part.out | cut -c1-120)"
+    else bad "partition: no rank reported the timeout within 30 s: $(tail -c 400 part.out)"; fi
+    if wait_for '! kill -0 $mp 2>/dev/null' 30; then
+        wait "$mp"; rc=$?; mp=
+        [ $rc -ne 0 ] && ok "partition: mpirun ended in $((SECONDS - t0)) s with status $rc" ||
+            bad "partition: mpirun ended with status 0"
+    else
+        echo "note: mpirun still runs $((SECONDS - t0)) s into the partition (it cannot reach the remote daemon); removed"
+    fi
+else bad "no steps within 120 s: $(tail -c 400 part.out)"; fi
+exit $fail
