@@ -118,14 +118,14 @@ cg_tensor *cg_unfold(cg_graph *g, cg_tensor *x, int64_t kh, int64_t kw, const cg
 }
 
 /* y[N, O, OH, OW] = w[G, O/G, C/G*kh*kw] @ columns[N, G, C/G*kh*kw, OH*OW] + bias, for x[N, C, H, W]
- * and w[O, C/G, kh, kw]. */
+ * and w[O, C/G, kh, kw]; messages show the caller's x0 and w0 (conv1d's, before their unsqueeze). */
 static cg_tensor *conv(cg_graph *g, const char *op, cg_tensor *x, cg_tensor *w, cg_tensor *bias, unfold_params *p,
-                       int64_t groups) {
+                       int64_t groups, const cg_tensor *x0, const cg_tensor *w0) {
     const int64_t C = x->shape[1], O = w->shape[0];
     if (groups < 1 || C % groups || O % groups || w->shape[1] != C / groups ||
         (bias && (bias->ndim != 1 || bias->shape[0] != O))) {
         cgi_fail(CG_ERR_SHAPE, "[%s] x%s, w%s, bias%s, groups %lld: need groups dividing C and O, w[O, C/groups, "
-                 "kernel...] and bias[O]", op, cgi_shp(x), cgi_shp(w), bias ? cgi_shp(bias) : "(none)", (long long)groups);
+                 "kernel...] and bias[O]", op, cgi_shp(x0), cgi_shp(w0), bias ? cgi_shp(bias) : "(none)", (long long)groups);
         return NULL;
     }
     cg_tensor *cols = unfold_node(g, op, x, p);
@@ -160,7 +160,7 @@ cg_tensor *cg_conv2d(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias, c
     unfold_params p = {{w->shape[2], w->shape[3]}, {or_default(o.stride[0], 1), or_default(o.stride[1], 1)},
                        {or_default(o.dilation[0], 1), or_default(o.dilation[1], 1)},
                        {o.padding[0], o.padding[1]}, {o.padding[0], o.padding[1]}, 0};
-    return conv(g, "conv2d", x, w, bias, &p, or_default(o.groups, 1));
+    return conv(g, "conv2d", x, w, bias, &p, or_default(o.groups, 1), x, w);
 }
 
 cg_tensor *cg_conv1d(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias, const cg_conv_opts *opts) {
@@ -177,7 +177,7 @@ cg_tensor *cg_conv1d(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias, c
     const int64_t ws[4] = {w->shape[0], w->shape[1], 1, k};
     cg_tensor *x4 = cg_unsqueeze(g, x, 2), *w4 = cg_reshape(g, w, 4, ws);
     if (!x4 || !w4) return NULL;
-    cg_tensor *y = conv(g, "conv1d", x4, w4, bias, &p, or_default(o.groups, 1));
+    cg_tensor *y = conv(g, "conv1d", x4, w4, bias, &p, or_default(o.groups, 1), x, w);
     return y ? cg_squeeze(g, y, 2) : NULL;
 }
 

@@ -341,6 +341,9 @@ static void test_conv_errors(void) {
     cg_tensor *big = cg_input(g, "w", CG_REAL, 4, (int64_t[]){2, 4, 7, 1});
     CHECK(cg_conv2d(g, x, big, NULL, NULL) == NULL && error_has("[conv2d]", "height window 7"), "kernel taller than x");
     CHECK(cg_conv1d(g, x, w, NULL, NULL) == NULL && error_has("[conv1d]", "3 dims"), "conv1d of 4-d x");
+    cg_tensor *x1 = cg_input(g, "x", CG_REAL, 3, (int64_t[]){1, 4, 9}), *w1 = cg_input(g, "w", CG_REAL, 3, (int64_t[]){6, 3, 3});
+    CHECK(cg_conv1d(g, x1, w1, NULL, NULL) == NULL && error_has("[conv1d] x[1,4,9], w[6,3,3]", NULL),
+          "conv1d's message shows the caller's shapes");
     CHECK(cg_max_pool2d(g, x, (int64_t[]){2, 2}, NULL, (int64_t[]){2, 0}) == NULL && error_has("[max_pool2d]", "padding 2"),
           "pool padding over half the kernel");
     cg_graph_free(g);
