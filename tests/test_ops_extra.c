@@ -175,6 +175,11 @@ static void test_scatter(void) {
         cg_tensor *where = cg_input(g, "ix", CG_INT32, 1, (int64_t[]){K});
         for (int k = 0; k < K; k++) cg_idata(where)[k] = (int32_t)(cg_rng_next(&rng) % N);
         cg_tensor *y = cg_retain(cg_index_add(g, base, 0, where, many));
+        /* scatter_add of the same rows, element by element: a transposed index of many repeats */
+        cg_tensor *eix = cg_input(g, "eix", CG_INT32, 2, (int64_t[]){D, K});
+        for (int k = 0; k < K * D; k++) cg_idata(eix)[k] = (int32_t)(cg_rng_next(&rng) % N);
+        y = cg_retain(cg_add(g, y, cg_transpose(g, cg_scatter_add(g, cg_transpose(g, base, 0, 1), 1, eix,
+                                                                    cg_transpose(g, many, 0, 1)), 0, 1)));
         cg_tensor *r = cg_input(g, "r", CG_REAL, 2, (int64_t[]){N, D});
         cg_fill_uniform(r, &rng, -1, 1);
         cg_tensor *loss = cg_sum_all(g, cg_mul(g, y, r));
@@ -183,8 +188,8 @@ static void test_scatter(void) {
         cg_graph_free(g);
     }
     cg_set_threads(0);
-    CHECK(memcmp(out[0], out[1], sizeof out[0]) == 0, "index_add: 2 threads differ from 1");
-    CHECK(memcmp(grad[0], grad[1], sizeof grad[0]) == 0, "index_add gradient: 2 threads differ from 1");
+    CHECK(memcmp(out[0], out[1], sizeof out[0]) == 0, "index_add + scatter_add: 2 threads differ from 1");
+    CHECK(memcmp(grad[0], grad[1], sizeof grad[0]) == 0, "their gradient: 2 threads differ from 1");
 }
 
 static void test_expand_bmm(void) {
