@@ -405,3 +405,28 @@ void cgi_bwd_linear_act(cg_tensor *t) {
                      db ? bias->grad : NULL, db ? t->bwd_aux : NULL);
     linear_bwd(t, dpre, false);
 }
+
+/* ---- batched products composed from matmul (its batched BLIS path and backward) ---- */
+
+cg_tensor *cg_bmm(cg_graph *g, cg_tensor *a, cg_tensor *b) {
+    cg_tensor *in[2] = {a, b};
+    if (!cgi_inputs_ok(g, "bmm", 2, in)) return NULL;
+    if (a->ndim != 3 || b->ndim != 3 || a->shape[0] != b->shape[0] || a->shape[2] != b->shape[1]) {
+        cgi_fail(CG_ERR_SHAPE, "[bmm] a%s @ b%s: need a[B, M, K] and b[B, K, N]", cgi_shp(a), cgi_shp(b));
+        return NULL;
+    }
+    return cg_matmul(g, a, b);
+}
+
+cg_tensor *cg_grouped_linear(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias) {
+    cg_tensor *in[3] = {x, w, bias};
+    if (!cgi_inputs_ok(g, "grouped_linear", bias ? 3 : 2, in)) return NULL;
+    if (x->ndim != 3 || w->ndim != 3 || x->shape[0] != w->shape[0] || x->shape[2] != w->shape[2] ||
+        (bias && (bias->ndim != 2 || bias->shape[0] != w->shape[0] || bias->shape[1] != w->shape[1]))) {
+        cgi_fail(CG_ERR_SHAPE, "[grouped_linear] x%s, w%s, bias%s: need x[E, T, in], w[E, out, in], bias[E, out] or none",
+                 cgi_shp(x), cgi_shp(w), bias ? cgi_shp(bias) : "(none)");
+        return NULL;
+    }
+    cg_tensor *y = cg_matmul(g, x, cg_transpose(g, w, 1, 2)); /* a strided view: BLIS reads w in place */
+    return bias ? cg_add(g, y, cg_unsqueeze(g, bias, 1)) : y;
+}

@@ -360,3 +360,55 @@ void cgi_bwd_pad(cg_tensor *t) {
     cg_tensor *x = t->src[0];
     if (x->requires_grad) cgi_copy(x->grad, x->stride, t->grad + t->iarg[0], t->stride, x->ndim, x->shape, 1.0, true);
 }
+
+/* ---- expand (torch's expand / broadcast_to): x's size-1 axes repeated, new leading axes added.
+ * A copy, not a zero-stride view: a view's gradient is the same view of its root's gradient, so
+ * rules writing through a zero-stride view would add into one element from several threads (a
+ * race, and an order that changes with the thread count). As a copy, backward sums the gradient
+ * back over the repeated axes in one deterministic reduction (cgi_unbroadcast_add), as the
+ * broadcasting ops do; ops that broadcast their operands need no expand at all. ---- */
+
+cg_tensor *cg_expand(cg_graph *g, cg_tensor *x, int ndim, const int64_t *shape) {
+    if (!cgi_inputs_ok(g, "expand", 1, &x)) return NULL;
+    if (ndim < x->ndim || ndim > CG_MAX_DIMS || (ndim > 0 && !shape)) {
+        cgi_fail(CG_ERR_SHAPE, "[expand] x%s to %d dims: need between %d and %d", cgi_shp(x), ndim, x->ndim, CG_MAX_DIMS);
+        return NULL;
+    }
+    int64_t s[CG_MAX_DIMS];
+    for (int d = 0; d < ndim; d++) {
+        const int xd = d - (ndim - x->ndim);
+        const int64_t have = xd >= 0 ? x->shape[xd] : 1;
+        s[d] = shape[d] == -1 && xd >= 0 ? have : shape[d];
+        if (s[d] < 0 || (have != 1 && have != s[d])) {
+            cgi_fail(CG_ERR_SHAPE, "[expand] x%s to %s: axis %d of size %lld cannot become %lld (only size-1 axes repeat; "
+                     "-1 keeps an existing axis)", cgi_shp(x), cgi_dims(ndim, shape), d, (long long)have, (long long)shape[d]);
+            return NULL;
+        }
+    }
+    return cgi_node(g, CGI_OP_EXPAND, x->dtype, ndim, s, 1, &x);
+}
+
+cg_status cgi_fwd_expand(cg_tensor *t) {
+    const cg_tensor *x = t->src[0];
+    int64_t sx[CG_MAX_DIMS];
+    cgi_broadcast_strides(x, t->ndim, t->shape, sx);
+    if (x->dtype == CG_REAL) {
+        cgi_copy(t->data, t->stride, x->data, sx, t->ndim, t->shape, 1.0, false);
+        return CG_OK;
+    }
+    const int64_t n = cgi_numel(t->ndim, t->shape);
+    for (int64_t i = 0; i < n; i++) { /* int32 masks: small, read through the zero strides */
+        int64_t off = 0, r = i;
+        for (int d = t->ndim - 1; d >= 0; d--) {
+            off += (r % t->shape[d]) * sx[d];
+            r /= t->shape[d];
+        }
+        ((int32_t *)t->data)[i] = ((const int32_t *)x->data)[off];
+    }
+    return CG_OK;
+}
+
+void cgi_bwd_expand(cg_tensor *t) {
+    cg_tensor *x = t->src[0];
+    if (x->requires_grad) cgi_unbroadcast_add(x, t->grad, t->ndim, t->shape, 1.0);
+}

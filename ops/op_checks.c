@@ -430,6 +430,72 @@ static cg_tensor *custom_composite(ctx *c) {
     return cg_custom(c->g, &gate_composite_op, in, NULL, 0);
 }
 
+/* comparisons, casts, scans, scatters, expand, convolution and pooling */
+#define G c->g
+/* A real input that needs no gradient, from the values -0.5, 0, 0.5, 1 (ties on purpose): compared
+ * values must not be checked inputs, since a finite difference flips a tie. Draws no random numbers. */
+static cg_tensor *fixed(ctx *c, int nd, int64_t d0, int64_t d1, int phase) {
+    int64_t s[2] = {d0, d1};
+    cg_tensor *t = cg_input(c->g, "fixed", CG_REAL, nd, s);
+    for (int64_t i = 0; t && i < cg_numel(t); i++) cg_data(t)[i] = (cg_real)(0.5 * (double)((i * phase) % 4) - 0.5);
+    return t;
+}
+static cg_tensor *eq_(ctx *c) { return cg_where(G, cg_eq(G, fixed(c, 2, 3, 4, 1), fixed(c, 1, 4, 0, 3)), X2(3, 4), X2(3, 4)); }
+static cg_tensor *eq_int(ctx *c) { return cg_masked_fill(G, X2(3, 4), cg_eq(G, ids(c, 0, 3, 2, 3, 4), ids(c, 0, 3, 2, 3, 1)), 2); }
+static cg_tensor *ne_(ctx *c) { return cg_masked_fill(G, T(X2(4, 3)), cg_ne(G, fixed(c, 2, 3, 4, 1), fixed(c, 2, 3, 1, 3)), 0.5); }
+static cg_tensor *lt_(ctx *c) { return cg_where(G, cg_lt(G, fixed(c, 2, 3, 4, 1), fixed(c, 1, 4, 0, 3)), X2(3, 4), X1(4)); }
+static cg_tensor *le_(ctx *c) { return cg_mul(G, X2(3, 4), cg_cast(G, cg_le(G, fixed(c, 2, 3, 4, 1), fixed(c, 1, 4, 0, 3)))); }
+static cg_tensor *gt_(ctx *c) { return cg_where(G, cg_gt(G, fixed(c, 2, 3, 4, 1), fixed(c, 2, 3, 1, 3)), X2(3, 4), T(X2(4, 3))); }
+static cg_tensor *ge_(ctx *c) { return cg_masked_fill(G, X2(3, 4), cg_ge(G, fixed(c, 2, 3, 4, 1), fixed(c, 1, 4, 0, 3)), -1); }
+static cg_tensor *to_int_(ctx *c) { /* -0.5 -> 0, 0.5 -> 0, 1 -> 1 */
+    return cg_mul(G, X2(3, 4), cg_to_real(G, cg_to_int(G, fixed(c, 2, 3, 4, 1))));
+}
+static cg_tensor *one_hot_real(ctx *c) { return cg_matmul(G, cg_one_hot(G, ids(c, 0, 5, 2, 2, 3), 5, CG_REAL), X2(5, 4)); }
+static cg_tensor *one_hot_int(ctx *c) { return cg_mul(G, X3(2, 3, 4), cg_cast(G, cg_one_hot(G, ids(c, 0, 4, 2, 2, 3), 4, CG_INT32))); }
+static cg_tensor *cumsum_(ctx *c) { return cg_cumsum(G, X3(2, 3, 4), 1, false); }
+static cg_tensor *cumsum_rev(ctx *c) { return cg_cumsum(G, T(X2(4, 3)), -1, true); }
+static cg_tensor *topk_(ctx *c) {
+    cg_tensor *v = NULL;
+    cg_topk(G, grid(c, 2, 2, 8, 0), 3, 1, true, &v, NULL);
+    return v;
+}
+static cg_tensor *topk_small(ctx *c) {
+    cg_tensor *v = NULL;
+    cg_topk(G, T(grid(c, 2, 8, 2, 0)), 8, -1, false, &v, NULL);
+    return v;
+}
+static cg_tensor *scatter_add_(ctx *c) { return cg_scatter_add(G, X2(3, 5), 1, ids(c, 0, 5, 2, 3, 4), X2(3, 4)); }
+static cg_tensor *scatter_add_view(ctx *c) { return cg_scatter_add(G, T(X2(3, 4)), 0, ids(c, 0, 4, 2, 6, 3), X2(6, 3)); }
+static cg_tensor *index_add_(ctx *c) { return cg_index_add(G, X2(5, 3), 0, ids(c, 0, 5, 1, 7, 0), X2(7, 3)); }
+static cg_tensor *index_add_mid(ctx *c) { return cg_index_add(G, X3(2, 4, 3), 1, ids(c, 0, 4, 1, 5, 0), T(X3(5, 2, 3))); }
+static cg_tensor *expand_(ctx *c) { return cg_expand(G, X2(3, 1), 3, (int64_t[]){2, -1, 4}); }
+static cg_tensor *expand_view(ctx *c) { return cg_expand(G, T(X2(1, 3)), 2, (int64_t[]){3, 5}); }
+static cg_tensor *bmm_(ctx *c) { return cg_bmm(G, X3(2, 3, 4), T(X3(4, 2, 5))); }
+static cg_tensor *grouped_linear_(ctx *c) { return cg_grouped_linear(G, X3(2, 3, 4), X3(2, 5, 4), X2(2, 5)); }
+static cg_tensor *conv2d_(ctx *c) {
+    cg_conv_opts o = {.stride = {2, 1}, .padding = {1, 1}, .groups = 2};
+    return cg_conv2d(G, X4(2, 4, 5, 5), X4(6, 2, 3, 3), X1(6), &o);
+}
+static cg_tensor *conv2d_dil(ctx *c) {
+    cg_conv_opts o = {.dilation = {2, 1}, .padding = {0, 2}};
+    return cg_conv2d(G, cg_transpose(G, X4(1, 2, 6, 5), 2, 3), X4(3, 2, 2, 3), NULL, &o);
+}
+static cg_tensor *conv1d_causal(ctx *c) {
+    cg_conv_opts o = {.dilation = {2}, .causal = true};
+    return cg_conv1d(G, X3(2, 3, 7), X3(4, 3, 3), X1(4), &o);
+}
+static cg_tensor *conv1d_depthwise(ctx *c) {
+    cg_conv_opts o = {.stride = {2}, .padding = {1}, .groups = 4};
+    return cg_conv1d(G, cg_transpose(G, X3(2, 8, 4), 1, 2), X3(4, 1, 3), X1(4), &o);
+}
+static cg_tensor *unfold_(ctx *c) { return cg_unfold(G, X4(1, 2, 4, 5), 2, 3, &(cg_conv_opts){.stride = {1, 2}, .padding = {1, 0}}); }
+static cg_tensor *max_pool_(ctx *c) {
+    return cg_max_pool2d(G, cg_reshape(G, grid(c, 3, 1, 4, 4), 4, (int64_t[]){1, 1, 4, 4}), (int64_t[]){2, 2}, NULL,
+                         (int64_t[]){1, 1});
+}
+static cg_tensor *avg_pool_(ctx *c) { return cg_avg_pool2d(G, X4(2, 2, 4, 5), (int64_t[]){3, 2}, (int64_t[]){1, 2}, (int64_t[]){1, 1}); }
+#undef G
+
 static const check_case cases[] = {
     {"add", "[3,4] + [3,4]", add_same},
     {"add", "[2,3,4] + [4]", add_bias},
@@ -605,6 +671,35 @@ static const check_case cases[] = {
     {"attention", "one query row, head dim 70", sdpa_row},
     {"custom", "[3,5]*sig([5,3]^T) own bwd", custom_kernel},
     {"custom", "[4,3]^T*sig([3,4]) composite", custom_composite},
+    {"eq", "where(eq(r[3,4], r[4])) [3,4] [3,4]", eq_},
+    {"eq", "masked_fill by eq(int[3,4], int[3,1])", eq_int},
+    {"ne", "masked_fill [4,3]^T by ne [3,4] [3,1]", ne_},
+    {"lt", "where(lt(r[3,4], r[4])) [3,4] [4]", lt_},
+    {"le", "[3,4] * cast(le(r[3,4], r[4]))", le_},
+    {"gt", "where(gt(r[3,4], r[3,1])) [3,4] [4,3]^T", gt_},
+    {"ge", "masked_fill [3,4] by ge [3,4] [4]", ge_},
+    {"to_int", "[3,4] * to_real(to_int(r[3,4]))", to_int_},
+    {"one_hot", "one_hot(int[2,3], 5) @ [5,4]", one_hot_real},
+    {"one_hot", "[2,3,4] * int one_hot(int[2,3], 4)", one_hot_int},
+    {"cumsum", "[2,3,4] axis 1", cumsum_},
+    {"cumsum", "[4,3]^T axis -1 reverse", cumsum_rev},
+    {"topk", "values of [2,8] k 3 largest", topk_},
+    {"topk", "values of [8,2]^T axis -1 all smallest", topk_small},
+    {"scatter_add", "[3,5] axis 1 += [3,4] at int[3,4]", scatter_add_},
+    {"scatter_add", "[3,4]^T axis 0 += [6,3] at int[6,3]", scatter_add_view},
+    {"index_add", "[5,3] axis 0 += [7,3] at int[7]", index_add_},
+    {"index_add", "[2,4,3] axis 1 += [5,2,3]^T at int[5]", index_add_mid},
+    {"expand", "[3,1] -> [2,3,4]", expand_},
+    {"expand", "[1,3]^T -> [3,5]", expand_view},
+    {"matmul", "bmm [2,3,4] @ [4,2,5]^T", bmm_},
+    {"matmul", "grouped linear [2,3,4] w[2,5,4] b[2,5]", grouped_linear_},
+    {"unfold", "conv2d [2,4,5,5] w[6,2,3,3] s2,1 p1 g2", conv2d_},
+    {"unfold", "conv2d [1,2,5,6]^T w[3,2,2,3] d2,1 p0,2", conv2d_dil},
+    {"unfold", "conv1d [2,3,7] w[4,3,3] d2 causal", conv1d_causal},
+    {"unfold", "conv1d [2,8,4]^T w[4,1,3] s2 p1 g4", conv1d_depthwise},
+    {"unfold", "unfold [1,2,4,5] 2x3 s1,2 p1,0", unfold_},
+    {"unfold", "max_pool2d [1,1,4,4] 2x2 p1", max_pool_},
+    {"unfold", "avg_pool2d [2,2,4,5] 3x2 s1,2 p1", avg_pool_},
 };
 
 int cg_gradcheck_ops(FILE *out, double tol, const char *filter) {

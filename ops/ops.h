@@ -256,5 +256,78 @@ cg_tensor *cg_bce_with_logits(cg_graph *g, cg_tensor *logits, cg_tensor *target)
 cg_tensor *cg_linear_cross_entropy(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias, cg_tensor *targets,
                                    int ignore_index);
 
+
+/* ---- comparisons, casts, one_hot: int32 results that carry no gradient ---- */
+
+/* int32 mask a == b (1 or 0), broadcast; a and b both real or both int32; NaN is unequal to all. */
+cg_tensor *cg_eq(cg_graph *g, cg_tensor *a, cg_tensor *b);
+/* int32 mask a != b, broadcast; true where either is NaN. */
+cg_tensor *cg_ne(cg_graph *g, cg_tensor *a, cg_tensor *b);
+/* int32 mask a < b, broadcast; false where either is NaN. */
+cg_tensor *cg_lt(cg_graph *g, cg_tensor *a, cg_tensor *b);
+/* int32 mask a <= b, broadcast; false where either is NaN. */
+cg_tensor *cg_le(cg_graph *g, cg_tensor *a, cg_tensor *b);
+/* int32 mask a > b, broadcast; false where either is NaN. */
+cg_tensor *cg_gt(cg_graph *g, cg_tensor *a, cg_tensor *b);
+/* int32 mask a >= b, broadcast; false where either is NaN. */
+cg_tensor *cg_ge(cg_graph *g, cg_tensor *a, cg_tensor *b);
+/* Real x to int32, truncated toward zero (torch's x.to(torch.int32)); forward fails on NaN, inf or a value outside int32. */
+cg_tensor *cg_to_int(cg_graph *g, cg_tensor *x);
+/* int32 x to real values: cg_cast under torch's name; no gradient flows into x. */
+cg_tensor *cg_to_real(cg_graph *g, cg_tensor *x);
+/* int32 ids[...] -> [..., num_classes] of dtype CG_REAL or CG_INT32, 1 at each id; forward fails on ids outside [0, num_classes). */
+cg_tensor *cg_one_hot(cg_graph *g, cg_tensor *ids, int64_t num_classes, cg_dtype dtype);
+
+/* ---- scans, selection and scatters along one axis ---- */
+
+/* Running sum along axis (reverse: from the end, torch.flip(cumsum(flip(x)))), summed in double. */
+cg_tensor *cg_cumsum(cg_graph *g, cg_tensor *x, int axis, bool reverse);
+/* The k largest (or smallest) entries along axis, best first; ties go to the lower index and NaN
+ * ranks above every number, as in torch. *values (real, may be NULL to skip) gathers x, so its
+ * gradient reaches the chosen positions; *indices (int32, may be NULL) holds their positions. */
+cg_status cg_topk(cg_graph *g, cg_tensor *x, int64_t k, int axis, bool largest, cg_tensor **values,
+                  cg_tensor **indices);
+/* torch.scatter_add: x with src[.., j, ..] added at x[.., index[.., j, ..], ..] along axis; int32 index
+ * shaped as src, src shaped as x except along axis; forward fails on indices out of range; repeated
+ * indices add in index order (deterministic on any thread count). */
+cg_tensor *cg_scatter_add(cg_graph *g, cg_tensor *x, int axis, cg_tensor *index, cg_tensor *src);
+/* torch.index_add: x with src's slice k added at slice index[k] along axis (int32 index [K], src
+ * shaped as x with K along axis); forward fails on indices out of range; deterministic. */
+cg_tensor *cg_index_add(cg_graph *g, cg_tensor *x, int axis, cg_tensor *index, cg_tensor *src);
+/* torch's expand / broadcast_to: x's size-1 axes repeated to shape (-1 keeps an axis; new axes go
+ * in front), as a contiguous copy whose backward sums the repeats back. */
+cg_tensor *cg_expand(cg_graph *g, cg_tensor *x, int ndim, const int64_t *shape);
+
+/* ---- batched products ---- */
+
+/* a[B, M, K] @ b[B, K, N] -> [B, M, N] (torch.bmm): cg_matmul's batched path, strided views read in place. */
+cg_tensor *cg_bmm(cg_graph *g, cg_tensor *a, cg_tensor *b);
+/* One linear per group (experts): x[E, T, in] @ w[E, out, in]^T + bias[E, out] (may be NULL) -> [E, T, out]. */
+cg_tensor *cg_grouped_linear(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias);
+
+/* ---- convolution and pooling ---- */
+
+/* Settings of the convolutions and cg_unfold; zero-initialise (or pass NULL) for stride 1, no
+ * padding, dilation 1, one group. Index 0 is height, 1 width; conv1d reads index 0 only. */
+typedef struct {
+    int64_t stride[2];   /* step between windows (0: 1) */
+    int64_t padding[2];  /* zeros added on both sides (conv1d: of the length) */
+    int64_t dilation[2]; /* spacing of the kernel's taps (0: 1) */
+    int64_t groups;      /* channels split into this many independent groups (0: 1); depthwise: groups = C */
+    bool causal;         /* conv1d: pad dilation * (k - 1) zeros on the left only, so out[t] sees x up to t */
+} cg_conv_opts;
+/* x[N, C, L] * w[O, C/groups, k] + bias[O] (may be NULL) -> [N, O, L'], as torch's conv1d (cross-correlation). */
+cg_tensor *cg_conv1d(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias, const cg_conv_opts *opts);
+/* x[N, C, H, W] * w[O, C/groups, kh, kw] + bias[O] (may be NULL) -> [N, O, H', W'], as torch's conv2d. */
+cg_tensor *cg_conv2d(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias, const cg_conv_opts *opts);
+/* torch's F.unfold (im2col): x[N, C, H, W] -> [N, C*kh*kw, H'*W'], every kh x kw window a column
+ * (opts: stride, padding, dilation; groups and causal unused). */
+cg_tensor *cg_unfold(cg_graph *g, cg_tensor *x, int64_t kh, int64_t kw, const cg_conv_opts *opts);
+/* Max over kernel[2] windows of x[N, C, H, W] (stride NULL or 0: the kernel; padding NULL: none, at
+ * most half the kernel); the gradient goes to each window's first maximum. */
+cg_tensor *cg_max_pool2d(cg_graph *g, cg_tensor *x, const int64_t *kernel, const int64_t *stride, const int64_t *padding);
+/* Mean over kernel[2] windows of x[N, C, H, W], padding counted as zeros (torch's count_include_pad=True). */
+cg_tensor *cg_avg_pool2d(cg_graph *g, cg_tensor *x, const int64_t *kernel, const int64_t *stride, const int64_t *padding);
+
 CG_END_DECLS
 #endif

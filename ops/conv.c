@@ -1,0 +1,215 @@
+/* SPDX-License-Identifier: MIT */
+/* Convolution and pooling over the last two axes of x[N, C, H, W]. One op does the work that
+ * depends on the window: unfold (im2col), which lays every window out as a column, padded with a
+ * given value. Convolution is then one matrix product of the weights with those columns (BLIS
+ * through matmul, whose backward gives the weight's gradient, and the columns' gradient that
+ * unfold folds back: col2im), pooling a max or mean over each column. conv1d is conv2d over a
+ * [N, C, 1, L] view. Unfold's output is [N, C, kh, kw, OH, OW], the memory order of torch's
+ * F.unfold, whose [N, C*kh*kw, OH*OW] is a reshape of it. */
+#include <math.h>
+
+#include "graph/internal.h"
+#include "ops/ops.h"
+
+typedef struct {
+    int64_t k[2], stride[2], dil[2], pad_lo[2], pad_hi[2]; /* height, width */
+    double pad_value;
+} unfold_params;
+
+/* The unfold node of x[N, C, H, W] (any strides) with the given window; NULL with a message
+ * naming op (the public op the caller builds) if the window does not fit. */
+static cg_tensor *unfold_node(cg_graph *g, const char *op, cg_tensor *x, const unfold_params *p) {
+    if (!cgi_inputs_ok(g, op, 1, &x) || !cgi_expect_real(op, x, "x")) return NULL;
+    if (x->ndim != 4) {
+        cgi_fail(CG_ERR_SHAPE, "[%s] x%s must be [N, C, H, W]", op, cgi_shp(x));
+        return NULL;
+    }
+    int64_t shape[6] = {x->shape[0], x->shape[1], p->k[0], p->k[1], 0, 0};
+    for (int d = 0; d < 2; d++) {
+        const int64_t span = p->dil[d] * (p->k[d] - 1) + 1, padded = x->shape[2 + d] + p->pad_lo[d] + p->pad_hi[d];
+        if (p->k[d] < 1 || p->stride[d] < 1 || p->dil[d] < 1 || p->pad_lo[d] < 0 || p->pad_hi[d] < 0 || padded < span) {
+            cgi_fail(CG_ERR_SHAPE, "[%s] x%s, %s window %lld (stride %lld, dilation %lld, padding %lld+%lld): need a "
+                     "positive kernel, stride and dilation, padding >= 0, and a window no wider than the padded input",
+                     op, cgi_shp(x), d ? "width" : "height", (long long)p->k[d], (long long)p->stride[d],
+                     (long long)p->dil[d], (long long)p->pad_lo[d], (long long)p->pad_hi[d]);
+            return NULL;
+        }
+        shape[4 + d] = (padded - span) / p->stride[d] + 1;
+    }
+    unfold_params *kept = cgi_node_params(g, op, sizeof *kept);
+    if (!kept) return NULL;
+    *kept = *p;
+    cg_tensor *t = cgi_node(g, CGI_OP_UNFOLD, CG_REAL, 6, shape, 1, &x);
+    if (t) t->params = kept;
+    return t;
+}
+
+/* For output row (n, c, i, j) and output column oh: the input row read, or -1 in the padding. */
+static inline int64_t window_row(const unfold_params *p, int64_t i, int64_t oh, int64_t h) {
+    const int64_t r = oh * p->stride[0] - p->pad_lo[0] + i * p->dil[0];
+    return r >= 0 && r < h ? r : -1;
+}
+
+/* Each output row (n, c, i, j) is one thread's. */
+cg_status cgi_fwd_unfold(cg_tensor *t) {
+    const unfold_params *p = t->params;
+    const cg_tensor *x = t->src[0];
+    const int64_t N = t->shape[0], C = t->shape[1], KH = t->shape[2], KW = t->shape[3], OH = t->shape[4],
+                  OW = t->shape[5], H = x->shape[2], W = x->shape[3];
+    const int64_t *xs = x->stride;
+    const cg_real *X = x->data, pad = (cg_real)p->pad_value;
+    cg_real *Y = t->data;
+    CGI_PAR_FOR(N * C * KH * KW * OH * OW,
+    for (int64_t row = 0; row < N * C * KH * KW; row++) {
+        const int64_t j = row % KW, i = row / KW % KH, c = row / (KW * KH) % C, n = row / (KW * KH * C);
+        const cg_real *xc = X + n * xs[0] + c * xs[1];
+        cg_real *y = Y + row * OH * OW;
+        for (int64_t oh = 0; oh < OH; oh++) {
+            const int64_t r = window_row(p, i, oh, H);
+            for (int64_t ow = 0; ow < OW; ow++) {
+                const int64_t col = ow * p->stride[1] - p->pad_lo[1] + j * p->dil[1];
+                y[oh * OW + ow] = r >= 0 && col >= 0 && col < W ? xc[r * xs[2] + col * xs[3]] : pad;
+            }
+        }
+    });
+    return CG_OK;
+}
+
+/* col2im: each (n, c) plane of x's gradient is one thread's and sums its windows in a fixed
+ * order, so overlapping windows add up the same way on any thread count. */
+void cgi_bwd_unfold(cg_tensor *t) {
+    cg_tensor *x = t->src[0];
+    if (!x->requires_grad) return;
+    const unfold_params *p = t->params;
+    const int64_t N = t->shape[0], C = t->shape[1], KH = t->shape[2], KW = t->shape[3], OH = t->shape[4],
+                  OW = t->shape[5], H = x->shape[2], W = x->shape[3];
+    const int64_t *xs = x->stride;
+    const cg_real *DY = t->grad;
+    cg_real *DX = x->grad;
+    CGI_PAR_FOR(N * C * KH * KW * OH * OW,
+    for (int64_t plane = 0; plane < N * C; plane++) {
+        cg_real *dx = DX + plane / C * xs[0] + plane % C * xs[1];
+        for (int64_t ij = 0; ij < KH * KW; ij++) {
+            const int64_t i = ij / KW, j = ij % KW;
+            const cg_real *dy = DY + (plane * KH * KW + ij) * OH * OW;
+            for (int64_t oh = 0; oh < OH; oh++) {
+                const int64_t r = window_row(p, i, oh, H);
+                if (r < 0) continue;
+                for (int64_t ow = 0; ow < OW; ow++) {
+                    const int64_t col = ow * p->stride[1] - p->pad_lo[1] + j * p->dil[1];
+                    if (col >= 0 && col < W) dx[r * xs[2] + col * xs[3]] += dy[oh * OW + ow];
+                }
+            }
+        }
+    });
+}
+
+static inline int64_t or_default(int64_t v, int64_t d) { return v ? v : d; }
+
+cg_tensor *cg_unfold(cg_graph *g, cg_tensor *x, int64_t kh, int64_t kw, const cg_conv_opts *opts) {
+    const cg_conv_opts o = opts ? *opts : (cg_conv_opts){0};
+    unfold_params p = {{kh, kw}, {or_default(o.stride[0], 1), or_default(o.stride[1], 1)},
+                       {or_default(o.dilation[0], 1), or_default(o.dilation[1], 1)},
+                       {o.padding[0], o.padding[1]}, {o.padding[0], o.padding[1]}, 0};
+    cg_tensor *t = unfold_node(g, "unfold", x, &p);
+    if (!t) return NULL;
+    const int64_t s[3] = {t->shape[0], t->shape[1] * kh * kw, t->shape[4] * t->shape[5]};
+    return cg_reshape(g, t, 3, s);
+}
+
+/* y[N, O, OH, OW] = w[G, O/G, C/G*kh*kw] @ columns[N, G, C/G*kh*kw, OH*OW] + bias, for x[N, C, H, W]
+ * and w[O, C/G, kh, kw]; messages show the caller's x0 and w0 (conv1d's, before their unsqueeze). */
+static cg_tensor *conv(cg_graph *g, const char *op, cg_tensor *x, cg_tensor *w, cg_tensor *bias, unfold_params *p,
+                       int64_t groups, const cg_tensor *x0, const cg_tensor *w0) {
+    const int64_t C = x->shape[1], O = w->shape[0];
+    if (groups < 1 || C % groups || O % groups || w->shape[1] != C / groups ||
+        (bias && (bias->ndim != 1 || bias->shape[0] != O))) {
+        cgi_fail(CG_ERR_SHAPE, "[%s] x%s, w%s, bias%s, groups %lld: need groups dividing C and O, w[O, C/groups, "
+                 "kernel...] and bias[O]", op, cgi_shp(x0), cgi_shp(w0), bias ? cgi_shp(bias) : "(none)", (long long)groups);
+        return NULL;
+    }
+    cg_tensor *cols = unfold_node(g, op, x, p);
+    if (!cols) return NULL;
+    const int64_t N = x->shape[0], OH = cols->shape[4], OW = cols->shape[5], ck = C / groups * p->k[0] * p->k[1];
+    const int64_t cs[4] = {N, groups, ck, OH * OW}, ws[3] = {groups, O / groups, ck}, ys[4] = {N, O, OH, OW};
+    cg_tensor *y = cg_reshape(g, cg_matmul(g, cg_reshape(g, w, 3, ws), cg_reshape(g, cols, 4, cs)), 4, ys);
+    if (!y || !bias) return y;
+    const int64_t bs[3] = {O, 1, 1};
+    return cg_add(g, y, cg_reshape(g, bias, 3, bs));
+}
+
+static bool real_inputs(cg_graph *g, const char *op, cg_tensor *x, cg_tensor *w, cg_tensor *bias, int ndim) {
+    cg_tensor *in[3] = {x, w, bias};
+    if (!cgi_inputs_ok(g, op, bias ? 3 : 2, in) || !cgi_expect_real(op, x, "x") || !cgi_expect_real(op, w, "w") ||
+        (bias && !cgi_expect_real(op, bias, "bias")))
+        return false;
+    if (x->ndim != ndim || w->ndim != ndim) {
+        cgi_fail(CG_ERR_SHAPE, "[%s] x%s and w%s must both have %d dims", op, cgi_shp(x), cgi_shp(w), ndim);
+        return false;
+    }
+    return true;
+}
+
+cg_tensor *cg_conv2d(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias, const cg_conv_opts *opts) {
+    if (!real_inputs(g, "conv2d", x, w, bias, 4)) return NULL;
+    const cg_conv_opts o = opts ? *opts : (cg_conv_opts){0};
+    if (o.causal) {
+        cgi_fail(CG_ERR_ARG, "[conv2d] x%s: causal padding is conv1d's", cgi_shp(x));
+        return NULL;
+    }
+    unfold_params p = {{w->shape[2], w->shape[3]}, {or_default(o.stride[0], 1), or_default(o.stride[1], 1)},
+                       {or_default(o.dilation[0], 1), or_default(o.dilation[1], 1)},
+                       {o.padding[0], o.padding[1]}, {o.padding[0], o.padding[1]}, 0};
+    return conv(g, "conv2d", x, w, bias, &p, or_default(o.groups, 1), x, w);
+}
+
+cg_tensor *cg_conv1d(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias, const cg_conv_opts *opts) {
+    if (!real_inputs(g, "conv1d", x, w, bias, 3)) return NULL;
+    const cg_conv_opts o = opts ? *opts : (cg_conv_opts){0};
+    const int64_t k = w->shape[2], dil = or_default(o.dilation[0], 1);
+    if (o.causal && o.padding[0]) {
+        cgi_fail(CG_ERR_ARG, "[conv1d] x%s: causal sets the padding itself, padding %lld given", cgi_shp(x),
+                 (long long)o.padding[0]);
+        return NULL;
+    }
+    const int64_t lo = o.causal ? dil * (k - 1) : o.padding[0], hi = o.causal ? 0 : o.padding[0];
+    unfold_params p = {{1, k}, {1, or_default(o.stride[0], 1)}, {1, dil}, {0, lo}, {0, hi}, 0};
+    const int64_t ws[4] = {w->shape[0], w->shape[1], 1, k};
+    cg_tensor *x4 = cg_unsqueeze(g, x, 2), *w4 = cg_reshape(g, w, 4, ws);
+    if (!x4 || !w4) return NULL;
+    cg_tensor *y = conv(g, "conv1d", x4, w4, bias, &p, or_default(o.groups, 1), x, w);
+    return y ? cg_squeeze(g, y, 2) : NULL;
+}
+
+/* Pooling: the window's columns of x, reduced by max (padding is -inf, never picked) or mean
+ * (padding counts as 0 in the mean: torch's count_include_pad=True default). */
+static cg_tensor *pool(cg_graph *g, const char *op, cg_tensor *x, const int64_t *kernel, const int64_t *stride,
+                       const int64_t *padding, bool max) {
+    if (!cgi_inputs_ok(g, op, 1, &x)) return NULL;
+    if (!kernel) {
+        cgi_fail(CG_ERR_ARG, "[%s] x%s: kernel is NULL", op, cgi_shp(x));
+        return NULL;
+    }
+    unfold_params p = {{kernel[0], kernel[1]},
+                       {stride ? or_default(stride[0], kernel[0]) : kernel[0], stride ? or_default(stride[1], kernel[1]) : kernel[1]},
+                       {1, 1}, {padding ? padding[0] : 0, padding ? padding[1] : 0},
+                       {padding ? padding[0] : 0, padding ? padding[1] : 0}, max ? -INFINITY : 0};
+    for (int d = 0; d < 2; d++)
+        if (2 * p.pad_lo[d] > p.k[d]) { /* else a window could hold only padding */
+            cgi_fail(CG_ERR_ARG, "[%s] x%s: padding %lld is more than half the kernel %lld", op, cgi_shp(x),
+                     (long long)p.pad_lo[d], (long long)p.k[d]);
+            return NULL;
+        }
+    cg_tensor *cols = unfold_node(g, op, x, &p);
+    if (!cols) return NULL;
+    const int64_t s[5] = {cols->shape[0], cols->shape[1], p.k[0] * p.k[1], cols->shape[4], cols->shape[5]};
+    cols = cg_reshape(g, cols, 5, s);
+    return max ? cg_max(g, cols, 2, false) : cg_mean(g, cols, 2, false);
+}
+
+cg_tensor *cg_max_pool2d(cg_graph *g, cg_tensor *x, const int64_t *kernel, const int64_t *stride, const int64_t *padding) {
+    return pool(g, "max_pool2d", x, kernel, stride, padding, true);
+}
+cg_tensor *cg_avg_pool2d(cg_graph *g, cg_tensor *x, const int64_t *kernel, const int64_t *stride, const int64_t *padding) {
+    return pool(g, "avg_pool2d", x, kernel, stride, padding, false);
+}
