@@ -26,6 +26,18 @@ cg_st *cg_st_open(const char *path);
 /* Validates a copy of the len bytes (the caller keeps bytes); label names it in messages, NULL
  * gives "<memory>". NULL + cg_last_error() if corrupt. */
 cg_st *cg_st_open_memory(const void *bytes, size_t len, const char *label);
+/* Opens a sharded model: the index (model.safetensors.index.json) and every shard its "weight_map"
+ * names, beside it, as one view (tensors from all shards; no metadata). Fails naming the index and
+ * the shard when a shard is missing, a tensor is not where the index says, sits in two shards or
+ * is listed twice. Close with cg_st_close. */
+cg_st *cg_st_open_index(const char *index);
+/* Opens the weights of a Hugging Face model directory: model.safetensors, else the sharded
+ * model.safetensors.index.json. */
+cg_st *cg_st_open_model(const char *dir);
+/* Makes frozen parameter p of ps read tensor name of f in place (cg_param_map): BF16 or F32 of
+ * p's shape, every value finite. f stays open until ps is freed. CG_ERR_ARG for another dtype
+ * (read it with cg_st_read instead). */
+cg_status cg_st_map_param(cg_st *f, const char *name, cg_tensor *p, cg_params *ps);
 /* Closes f and frees everything it holds (names from cg_st_name die with it). NULL is a no-op. */
 void cg_st_close(cg_st *f);
 /* Number of tensors (the __metadata__ entry is not one). */

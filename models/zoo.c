@@ -260,10 +260,17 @@ static cg_status load_named(cg_model *m, const cg_st *f, bool strict, char **kep
             else if (!list_add(kept, cg_name(cg_params_at(ps, k))))
                 st = cg_set_error(CG_ERR_NOMEM, "[model load] out of memory");
         }
-    /* Pass 2: read. Shapes were checked, so only a dtype the reader refuses can fail here. */
+    /* Pass 2: read. Shapes were checked, so only a dtype the reader refuses can fail here. A frozen
+     * parameter (LoRA's base) reads its bf16 or float32 tensor in place from the file's mapping. */
     for (int k = 0; !st && k < np; k++) {
         cg_tensor *p = cg_params_at(ps, k);
         if (source[k] < 0) continue;
+        if (!cg_param_trainable(p)) {
+            st = cg_st_map_param((cg_st *)f, cg_st_name(f, source[k]), p, ps);
+            if (st != CG_ERR_ARG) continue; /* mapped, or a bad value */
+            st = CG_OK;
+            cg_clear_error(); /* another dtype: read and converted below */
+        }
         cg_real *buf = malloc((size_t)cg_numel(p) * sizeof *buf);
         if (!buf) st = cg_set_error(CG_ERR_NOMEM, "[model load] out of memory");
         else if (!(st = cg_st_read(f, cg_st_name(f, source[k]), buf, cg_ndim(p), cg_shape(p)))) st = cg_write(p, buf);
