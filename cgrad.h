@@ -5,6 +5,7 @@
 #include "graph/graph.h"
 #include "graph/gradcheck.h"
 #include "ops/ops.h"
+#include "ops/custom.h"
 #include "models/layers.h"
 #include "models/zoo.h"
 #include "io/safetensors.h"

@@ -47,7 +47,7 @@ echo "# load average before: $(load) ($(nproc) cores); raw outputs in $out${NICE
 pre=()
 [ -z "${NICE:-}" ] || pre=(nice -n "$NICE")
 cgrad=("${pre[@]}" "$build/cgrad" bench)
-"$build/cgrad" --version | tee "$out/cgrad-version.txt"
+{ "$build/cgrad" --version; "$build/cgrad" info --system; } | tee "$out/cgrad-version.txt"
 kernels=$(sed -n 's/.*kernels \([a-z0-9]*\) .*/\1/p' "$out/cgrad-version.txt")
 torch=("${pre[@]}" /usr/bin/python3 "$root/bench/torch_bench.py" --steps "$steps" --warmup "$warmup"
        --blis-kernels "$kernels" --settings "$out/torch-settings.json")

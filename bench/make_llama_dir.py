@@ -3,8 +3,8 @@
 """Writes a LLaMA-shaped Hugging Face model directory with random weights from a fixed seed:
 config.json as transformers writes it, weights in bf16 (or f32/f16) split over N shards with
 model.safetensors.index.json (one file, model.safetensors, when --shards 1), and a tokenizer
-cgrad reads (cg_tokenizer.json: a character tokenizer over the text given, its ids below the
-model's vocabulary). The default shape is TinyLlama-1.1B's.
+cgrad reads (cg_tokenizer.json: a character tokenizer over the text given, padded with unused
+code points to the model's vocabulary: speed and memory do not depend on the tokenizer). The default shape is TinyLlama-1.1B's.
 
     /usr/bin/python3 bench/make_llama_dir.py OUT_DIR [--layers 22] [--shards 2] [--dtype bf16]
         [--hidden 2048] [--intermediate 5632] [--heads 32] [--kv-heads 4] [--vocab 32000]
@@ -64,6 +64,22 @@ def write_shard(path, items, a, gen):
     return off
 
 
+def write_tokenizer(a):
+    """cg_tokenizer.json: a character tokenizer with exactly the model's vocabulary (cgrad checks the
+    two agree): the text's characters, then CJK and Hangul code points the text does not use."""
+    text = open(a.text, encoding="utf-8").read()
+    cps = sorted({ord(c) for c in text})[: a.vocab]
+    used = set(cps)
+    for c in list(range(0x4E00, 0xA000)) + list(range(0xAC00, 0xD7A4)):
+        if len(cps) >= a.vocab:
+            break
+        if c not in used:
+            cps.append(c)
+    with open(os.path.join(a.out, "cg_tokenizer.json"), "w") as f:
+        json.dump({"kind": "char", "codepoints": cps}, f)
+    return cps
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -78,8 +94,12 @@ def main():
     ap.add_argument("--text", default="data/tinyshakespeare.txt")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-positions", type=int, default=2048)
+    ap.add_argument("--tokenizer-only", action="store_true", help="rewrite cg_tokenizer.json alone")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
+    if a.tokenizer_only:
+        write_tokenizer(a)
+        return
     gen = torch.Generator().manual_seed(a.seed)
     items = tensors(a)
     # shards cut by bytes, in order, as transformers' save_pretrained(max_shard_size) does
@@ -111,12 +131,9 @@ def main():
               "transformers_version": "4.35.0", "use_cache": True, "vocab_size": a.vocab}
     with open(os.path.join(a.out, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
-    text = open(a.text, encoding="utf-8").read()
-    cps = sorted({ord(c) for c in text})[: a.vocab]
-    with open(os.path.join(a.out, "cg_tokenizer.json"), "w") as f:
-        json.dump({"kind": "char", "codepoints": cps}, f)
+    cps = write_tokenizer(a)
     print(f"{a.out}: {a.layers} layers, {total / 1e9:.3f}B parameters, {nbytes / 2**30:.2f} GiB of {a.dtype} "
-          f"in {len(cut)} file(s), tokenizer of {len(cps)} characters")
+          f"in {len(cut)} file(s), a character tokenizer of {len(cps)} ids")
 
 
 if __name__ == "__main__":

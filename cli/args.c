@@ -16,8 +16,12 @@
 #include "cli/commands.h"
 
 const char *cli_arg(int argc, char **argv, const char *name) {
-    for (int i = 0; i + 1 < argc; i++)
-        if (!strcmp(argv[i], name)) return argv[i + 1];
+    const size_t n = strlen(name);
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--")) break;
+        if (!strncmp(argv[i], name, n) && argv[i][n] == '=') return argv[i] + n + 1;
+        if (i + 1 < argc && !strcmp(argv[i], name)) return argv[i + 1];
+    }
     return NULL;
 }
 
@@ -133,7 +137,7 @@ bool cli_parse(const char *cmd, const cli_opt *opts, int argc, char **argv, cli_
         int k = 0;
         while (k < a->n && strcmp(w, opts[k].flag)) k++;
         if (k == a->n) {
-            fprintf(stderr, "cgrad %s: unknown option %s (cgrad %s --help lists the options)\n", cmd, w, cmd);
+            cli_unknown_option(cmd, opts, w);
             return false;
         }
         if (a->set[k]) {
@@ -147,6 +151,127 @@ bool cli_parse(const char *cmd, const cli_opt *opts, int argc, char **argv, cli_
             return false;
         }
         if (!cli_check_value(cmd, &opts[k], argv[++i], &a->v[k])) return false;
+    }
+    return true;
+}
+
+/* Optimal string alignment distance (edits, with adjacent swaps) between a and b, stopping at 9. */
+static int edit_distance(const char *a, const char *b) {
+    enum { MAX = 64 };
+    size_t n = strlen(a), m = strlen(b);
+    if (n >= MAX || m >= MAX) return 9;
+    int d[MAX][MAX];
+    for (size_t i = 0; i <= n; i++) d[i][0] = (int)i;
+    for (size_t j = 0; j <= m; j++) d[0][j] = (int)j;
+    for (size_t i = 1; i <= n; i++)
+        for (size_t j = 1; j <= m; j++) {
+            int best = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            if (d[i - 1][j] + 1 < best) best = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < best) best = d[i][j - 1] + 1;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < best)
+                best = d[i - 2][j - 2] + 1;
+            d[i][j] = best;
+        }
+    return d[n][m] < 9 ? d[n][m] : 9;
+}
+
+const char *cli_closest(const char *word, const char *const *names, int n) {
+    /* at most a third of the word's letters (and at least one) may differ: "--lr" for "--rl",
+     * "train" for "trian", but nothing for a word that only shares its dashes */
+    const int len = (int)strlen(word), limit = len / 3 > 1 ? len / 3 : 1;
+    const char *best = NULL;
+    int best_d = limit + 1;
+    for (int i = 0; i < n; i++) {
+        const int d = edit_distance(word, names[i]);
+        if (d < best_d) best = names[i], best_d = d;
+    }
+    return best;
+}
+
+void cli_unknown_option(const char *cmd, const cli_opt *opts, const char *w) {
+    const char *names[CLI_MAX_OPTS + 4];
+    int n = 0;
+    for (; opts[n].flag && n < CLI_MAX_OPTS + 4; n++) names[n] = opts[n].flag;
+    const char *near = cli_closest(w, names, n);
+    if (near) fprintf(stderr, "cgrad %s: unknown option %s: did you mean %s? (cgrad %s --help lists the options)\n", cmd, w, near, cmd);
+    else fprintf(stderr, "cgrad %s: unknown option %s (cgrad %s --help lists the options)\n", cmd, w, cmd);
+}
+
+bool cli_split_equals(const char *cmd, const cli_opt *opts, int *argc, char ***argv) {
+    static char **split; /* kept for the process's life: the words point into it */
+    int n = *argc, extra = 0;
+    for (int i = 0; i < n; i++) {
+        if (!strcmp((*argv)[i], "--")) break;
+        if (!strncmp((*argv)[i], "--", 2) && strchr((*argv)[i], '=')) extra++;
+    }
+    if (!extra) return true;
+    char **out = malloc(sizeof *out * (size_t)(n + extra + 1));
+    if (!out) {
+        fprintf(stderr, "cgrad %s: out of memory reading the command line\n", cmd);
+        return false;
+    }
+    int k = 0;
+    bool value_next = false, rest = false;
+    for (int i = 0; i < n; i++) {
+        char *w = (*argv)[i], *eq = strchr(w, '=');
+        if (rest || value_next || strncmp(w, "--", 2) || !eq) { /* a value, a word, or text after "--" */
+            rest |= !value_next && !strcmp(w, "--");
+            if (value_next) value_next = false;
+            else {
+                const cli_opt *o = opts;
+                while (o->flag && strcmp(o->flag, w)) o++;
+                value_next = !rest && o->flag && o->kind != CLI_BARE && strcmp(w, "--resume");
+            }
+            out[k++] = w;
+            continue;
+        }
+        const cli_opt *o = opts; /* --flag=value: the flag must be a known one that takes a value */
+        while (o->flag && (strncmp(o->flag, w, (size_t)(eq - w)) || o->flag[eq - w])) o++;
+        if (!o->flag) {
+            *eq = 0;
+            cli_unknown_option(cmd, opts, w);
+            *eq = '=';
+            free(out);
+            return false;
+        }
+        if (o->kind == CLI_BARE) {
+            fprintf(stderr, "cgrad %s: %s takes no value, got '%s' (cgrad %s --help)\n", cmd, o->flag, w, cmd);
+            free(out);
+            return false;
+        }
+        out[k++] = (char *)o->flag; /* the table's own string: argv's stays whole for messages */
+        out[k++] = eq + 1;
+    }
+    out[k] = NULL;
+    free(split);
+    split = out;
+    *argc = k;
+    *argv = out;
+    return true;
+}
+
+bool cli_make_dirs(const char *cmd, const char *flag, const char *path) {
+    char buf[4096];
+    struct stat sb;
+    if (!*path || strlen(path) >= sizeof buf) {
+        fprintf(stderr, "cgrad %s: %s '%s': not a directory name\n", cmd, flag, path);
+        return false;
+    }
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1;; p++) { /* each parent in turn, then the path itself */
+        const char c = *p;
+        if (c && c != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0777) && errno != EEXIST) {
+            fprintf(stderr, "cgrad %s: %s '%s': cannot create %s: %s\n", cmd, flag, path, buf, strerror(errno));
+            return false;
+        }
+        *p = c;
+        if (!c) break;
+    }
+    if (stat(path, &sb) || !S_ISDIR(sb.st_mode) || access(path, W_OK | X_OK)) {
+        fprintf(stderr, "cgrad %s: %s '%s': not a writable directory\n", cmd, flag, path);
+        return false;
     }
     return true;
 }

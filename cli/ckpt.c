@@ -47,10 +47,14 @@ static cg_status load_lora(cli_ckpt *ck, const char *path) {
     if (cg_lora_apply(ck->ps, cli_json_str(ck->train, "lora_targets", ""), (int)cli_json_i64(ck->train, "lora_rank", 0),
                       cli_json_num(ck->train, "lora_alpha", 1), &r) < 0)
         return with_path(path, CG_ERR_FORMAT, "LoRA settings");
+    cg_st_load *l = cg_st_load_new(); /* the checks of every weight load, then the values */
+    st = l ? CG_OK : CG_ERR_NOMEM;
     for (int i = 0; !st && i < cg_params_count(ck->ps); i++) {
         cg_tensor *t = cg_params_at(ck->ps, i);
-        if (cg_lora_is_adapter(t)) st = cg_st_read(ck->st, cg_name(t), cg_data(t), cg_ndim(t), cg_shape(t));
+        if (cg_lora_is_adapter(t)) st = cg_st_load_add(l, t, ck->st, cg_name(t));
     }
+    if (!st) st = cg_st_load_run(l);
+    cg_st_load_free(l);
     return st ? with_path(path, st, "adapters") : CG_OK;
 }
 
@@ -82,9 +86,12 @@ cg_status cli_ckpt_load(const char *path, double dropout, cli_ckpt *ck) {
         if (dropout < 0) dropout = cli_json_num(ck->train, "dropout", 0.0);
         ck->ps = cg_params_new();
         ck->model = ck->ps ? cg_model_new(ck->arch, cfg, dropout, ck->ps, 0) : NULL;
+        char tok_file[4200];
+        snprintf(tok_file, sizeof tok_file, "%s (metadata \"tokenizer\")", path);
         if (!ck->model) st = with_path(path, CG_ERR_FORMAT, "metadata config");
-        else if (cli_json_i64(ck->train, "lora_rank", 0) > 0) st = load_lora(ck, path);
-        else if ((st = cg_st_read_params(ck->st, ck->ps))) st = with_path(path, st, "parameters");
+        else st = cli_check_vocab(ck->model, ck->tok, tok_file, "its metadata \"config\"");
+        if (!st && cli_json_i64(ck->train, "lora_rank", 0) > 0) st = load_lora(ck, path);
+        else if (!st && (st = cg_st_read_params(ck->st, ck->ps))) st = with_path(path, st, "parameters");
     }
     const char *labels = st ? NULL : cg_st_metadata(ck->st, "labels");
     cJSON *lj = labels ? cJSON_Parse(labels) : NULL;

@@ -31,7 +31,7 @@ int cmd_plot(int argc, char **argv);
 /* cgrad export: a checkpoint as a Hugging Face model directory (model.safetensors, config.json, tokenizer). */
 int cmd_export(int argc, char **argv);
 
-/* Value after flag name in argv (NULL if absent). */
+/* Value after flag name in argv, or of "name=value" (NULL if absent). */
 const char *cli_arg(int argc, char **argv, const char *name);
 /* True if the bare flag is present. */
 bool cli_flag(int argc, char **argv, const char *name);
@@ -79,6 +79,17 @@ bool cli_check_value(const char *cmd, const cli_opt *o, const char *v, cli_value
  * and repeated flags print a message naming the flag and return false (a usage error: exit 2).
  * Positional words are compacted to the front of argv (a->words). */
 bool cli_parse(const char *cmd, const cli_opt *opts, int argc, char **argv, cli_args *a);
+/* Splits every "--flag=value" before a "--" into "--flag" "value" (argv is replaced by a new array
+ * that lives as long as the process); an unknown flag, or a value given to a bare one, prints a
+ * message and returns false (a usage error: exit 2). */
+bool cli_split_equals(const char *cmd, const cli_opt *opts, int *argc, char ***argv);
+/* Prints "cgrad CMD: unknown option W", with "did you mean F?" when a flag of opts is close to W. */
+void cli_unknown_option(const char *cmd, const cli_opt *opts, const char *w);
+/* The name among names[0..n) closest to word (a few edits at most), or NULL when none is close. */
+const char *cli_closest(const char *word, const char *const *names, int n);
+/* Makes directory path and its parents (mkdir -p); false after "cgrad CMD: FLAG 'path': ..." when
+ * it cannot, or when path is not a writable directory. */
+bool cli_make_dirs(const char *cmd, const char *flag, const char *path);
 /* Checks the count of positional words is in [lo, hi]; otherwise prints "unexpected argument 'X'"
  * or "missing WHAT", pointing at --help, and returns false (a usage error: exit 2). */
 bool cli_words(const cli_args *a, int lo, int hi, const char *what);

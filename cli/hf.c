@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli/commands.h"
 #include "cli/session.h"
@@ -27,10 +28,12 @@ static void path_join(char *out, size_t n, const char *dir, const char *name) {
     snprintf(out, n, "%s%s%s", dir, *dir && dir[strlen(dir) - 1] == '/' ? "" : "/", name);
 }
 
-/* Fails with "[hf] file: " before the current message (copied first: it is the buffer written). */
+/* Fails with "[hf] file: " before the current message (copied first: it is the buffer written),
+ * unless the message names the file already. */
 static cg_status with_file(cg_status st, const char *file) {
     char msg[900];
     snprintf(msg, sizeof msg, "%s", cg_last_error());
+    if (strstr(msg, file)) return cg_set_error(st, "%s", msg);
     return cg_set_error(st, "[hf] %s: %s", file, msg);
 }
 
@@ -113,6 +116,61 @@ static void read_labels(const cJSON *cfg, cli_ckpt *ck) {
     }
 }
 
+/* Token ids the model embeds (encdec: source and target; cgrad's encdec puts its three special
+ * ids after the tokenizer's, so it embeds 3 more). */
+static void model_vocab(const cg_model *m, int64_t *src, int64_t *tgt) {
+    cg_model *mm = (cg_model *)m;
+    const cg_gpt_config *g = cg_gpt_cfg(cg_model_gpt(mm));
+    const cg_bert_config *b = cg_bert_cfg(cg_model_bert(mm));
+    const cg_encdec_config *e = cg_encdec_cfg(cg_model_encdec(mm));
+    const cg_classifier_config *c = cg_classifier_cfg(cg_model_classifier(mm));
+    const cg_llama_config *q = cg_llama_cfg(cg_model_llama(mm));
+    *src = *tgt = g ? g->vocab_size : b ? b->vocab_size : c ? c->vocab_size : q ? q->vocab_size : 0;
+    if (e) *src = e->src_vocab_size - 3, *tgt = e->tgt_vocab_size - 3;
+}
+
+cg_status cli_check_vocab(const cg_model *m, const cg_tokenizer *tok, const char *tok_file, const char *config) {
+    int64_t src, tgt;
+    model_vocab(m, &src, &tgt);
+    const int64_t n = cg_tokenizer_vocab_size(tok);
+    if (src == n && tgt == n) return CG_OK;
+    const bool ed = cg_model_arch(m) == CG_ARCH_ENCDEC;
+    return cg_set_error(CG_ERR_FORMAT,
+                        "[load] %s: the tokenizer has %lld tokens but %s says the model's vocabulary has %lld%s: the "
+                        "two belong to different models (or one was cut short)",
+                        tok_file, (long long)n, config, (long long)(src != n ? src : tgt) + (ed ? 3 : 0),
+                        ed ? " (the tokenizer's plus 3 special ids)" : "");
+}
+
+/* The file the tokenizer of dir was read from, as cg_tokenizer_load chooses it. */
+static void tokenizer_file(const char *dir, const cg_tokenizer *tok, char *out, size_t n) {
+    static const char *const names[] = {"cg_tokenizer.json", "encoder.json", "vocab.json", "vocab.txt"};
+    for (int k = 0; k < 4; k++) {
+        path_join(out, n, dir, names[k]);
+        if (is_file(out) && (k == 0 || (k < 3) == (cg_tokenizer_kind(tok) == CG_TOK_BPE))) return;
+    }
+    snprintf(out, n, "%s", dir);
+}
+
+/* The first key that appears twice in one object of j (depth-first), its object's path in where;
+ * NULL when none. cJSON keeps both and answers with the first, so "n_embd": 32, "n_embd": 64 would
+ * silently read 32. */
+static const char *duplicate_key(const cJSON *j, char *where, size_t n) {
+    for (const cJSON *a = j ? j->child : NULL; a; a = a->next) {
+        if (cJSON_IsObject(j) && a->string)
+            for (const cJSON *b = a->next; b; b = b->next)
+                if (b->string && !strcmp(a->string, b->string)) return a->string;
+        if (cJSON_IsObject(a) || cJSON_IsArray(a)) {
+            const size_t at = strlen(where);
+            if (a->string) snprintf(where + at, n - at, "%s%s", at ? "." : "", a->string);
+            const char *d = duplicate_key(a, where, n);
+            if (d) return d;
+            where[at] = 0;
+        }
+    }
+    return NULL;
+}
+
 /* Where the weights, config and tokenizer of path are: path a directory holding model.safetensors
  * and config.json, or a .safetensors file with config.json (and the tokenizer) beside it. */
 static cg_status locate(const char *path, char *weights, char *config, char *dir, size_t n) {
@@ -173,6 +231,14 @@ cg_status cli_hf_load_adapted(const char *path, double dropout, bool partial, cl
                         "directory or the file",
                         is_file(config) ? config : weights);
     }
+    char where[256] = "";
+    const char *dup = duplicate_key(cfg, where, sizeof where);
+    if (dup) {
+        st = cg_set_error(CG_ERR_FORMAT, "[hf] %s: key \"%s\" appears twice in %s%s%s", cfg_name, dup,
+                          *where ? "object \"" : "the top-level object", where, *where ? "\"" : "");
+        cJSON_Delete(cfg);
+        return cli_ckpt_fail(ck, st);
+    }
     if (!cJSON_GetObjectItemCaseSensitive(cfg, "model_type") && cg_st_metadata(ck->st, "arch"))
         cJSON_AddStringToObject(cfg, "model_type", cg_st_metadata(ck->st, "arch"));
     default_labels(cfg);
@@ -203,6 +269,11 @@ cg_status cli_hf_load_adapted(const char *path, double dropout, bool partial, cl
     if (!st && !(ck->tok = cg_tokenizer_load(dir)))
         st = cg_set_error(CG_ERR_FORMAT, "[hf] %s: no tokenizer beside the weights: %s (cgrad export writes one)", dir,
                       cg_last_error());
+    if (!st) {
+        char tok_file[4200];
+        tokenizer_file(dir, ck->tok, tok_file, sizeof tok_file);
+        st = cli_check_vocab(ck->model, ck->tok, tok_file, cfg_name);
+    }
     if (!st) {
         ck->train = shape_json(ck->model, ck->tok, dir);
         ck->state = cJSON_CreateObject();
@@ -321,17 +392,35 @@ static cJSON *tokenizer_config(const cli_ckpt *ck) {
     } else if (cg_tokenizer_kind(ck->tok) == CG_TOK_WORDPIECE) {
         cJSON_AddStringToObject(t, "tokenizer_class", "BertTokenizer");
         cJSON_AddBoolToObject(t, "do_lower_case", true);
-    } else {
-        cJSON_AddStringToObject(t, "tokenizer_class", "cgrad char (cg_tokenizer.json: one token per code point)");
-    }
+    } /* a char tokenizer has no transformers class: no tokenizer_class rather than an invalid one
+       * (cg_tokenizer.json beside it is cgrad's own file) */
     if (cJSON_IsNumber(ctx)) cJSON_AddNumberToObject(t, "model_max_length", ctx->valuedouble);
     return t;
+}
+
+/* True when dir is a writable directory, or can be made in a writable one; else says why. */
+static bool export_dir_usable(const char *dir) {
+    char parent[4096];
+    const char *slash = strrchr(dir, '/');
+    while (slash && slash > dir && !slash[1]) /* "out/": the slash ends the name */
+        for (slash--; slash > dir && *slash != '/'; slash--) {}
+    if (!slash || *slash != '/') snprintf(parent, sizeof parent, ".");
+    else snprintf(parent, sizeof parent, "%.*s", slash == dir ? 1 : (int)(slash - dir), dir);
+    const char *why = NULL;
+    if (!*dir) why = "empty name";
+    else if (is_dir(dir)) why = access(dir, W_OK | X_OK) ? "not writable" : NULL;
+    else if (!access(dir, F_OK)) why = "exists and is not a directory";
+    else if (!is_dir(parent)) why = "its parent directory does not exist";
+    else if (access(parent, W_OK | X_OK)) why = "its parent directory is not writable";
+    if (why) fprintf(stderr, "cgrad export: DIR '%s': cannot write it: %s\n", dir, why);
+    return !why;
 }
 
 int cmd_export(int argc, char **argv) {
     cli_args a;
     if (!cli_parse("export", cli_export_opts, argc, argv, &a) || !cli_words(&a, 2, 2, "CKPT and DIR")) return 2;
     const char *ckpt = a.words[0], *dir = a.words[1];
+    if (!export_dir_usable(dir)) return 2; /* an output that cannot be made is a usage error, as for --out */
     cli_ckpt ck;
     if (cli_ckpt_load(ckpt, 0.0, &ck)) return cli_fail("export", "cannot load the checkpoint");
     int rc = 1;

@@ -476,11 +476,21 @@ int cmd_eval(int argc, char **argv) {
 
 /* ---- info ---- */
 
-const cli_opt cli_info_opts[] = {CKPT, END};
+const cli_opt cli_info_opts[] = {CKPT, {"--system", CLI_BARE, 0, 0, "this machine instead: kernels, threads, bf16 products"}, END};
 
 int cmd_info(int argc, char **argv) {
     cli_args a;
-    if (!cli_parse("info", cli_info_opts, argc, argv, &a) ||
+    if (!cli_parse("info", cli_info_opts, argc, argv, &a)) return 2;
+    if (cli_has(&a, "--system")) {
+        if (cli_has(&a, "--checkpoint") || !cli_words(&a, 0, 0, NULL)) {
+            if (cli_has(&a, "--checkpoint")) fprintf(stderr, "cgrad info: --system takes no checkpoint\n");
+            return 2;
+        }
+        printf("%s\n%s\n", cg_build_info(), cg_runtime_info());
+        cli_print_bf16_kernel("");
+        return 0;
+    }
+    if (
         !cli_words(&a, cli_has(&a, "--checkpoint") ? 0 : 1, cli_has(&a, "--checkpoint") ? 0 : 1, "the checkpoint: CKPT or --checkpoint CKPT"))
         return 2;
     cli_value v;

@@ -76,7 +76,9 @@ static const command commands[] = {
      "gpt2, llama: loss, perplexity and bits per character over the whole text; bert: masked-LM loss over --batches\n"
      "batches (50); encdec: loss and greedy exact match (--exact pairs, all); classifier: loss, accuracy and\n"
      "the majority-class rate."},
-    {"info", cmd_info, cli_info_opts, "CKPT | --checkpoint CKPT", "what a checkpoint holds", NULL},
+    {"info", cmd_info, cli_info_opts, "CKPT | --checkpoint CKPT | --system", "what a checkpoint holds, or (--system) this machine's kernels and threads",
+     "--system: BLIS's version and kernel set and why, threads, the OpenMP wait policy, the cores guard, and the\n"
+     "kernel bf16 products run on (it times a few products to choose, so it takes a moment)."},
     {"export", cmd_export, cli_export_opts, "CKPT DIR",
      "a checkpoint as a Hugging Face model directory: model.safetensors, config.json, tokenizer files",
      "DIR loads in transformers (gpt2: GPT2LMHeadModel, bert: BertForPreTraining) and back into cgrad:\n"
@@ -140,7 +142,7 @@ static void command_help(FILE *f, const command *c, int argc, char **argv) {
 static void overview(FILE *f) {
     fprintf(f, "usage: cgrad COMMAND [ARGS]   (cgrad COMMAND --help, or cgrad help COMMAND: its options)\n");
     for (int i = 0; i < N_COMMANDS; i++) fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
-    fprintf(f, "  --version  cgrad's and BLIS's versions, BLIS's kernel set and why, threads, OpenMP wait policy, bf16 kernel\n");
+    fprintf(f, "  --version  cgrad's version and how it was built (cgrad info --system: kernels, threads, bf16)\n");
     fprintf(f, "Commands that run a model take --precision fp32|bf16 (default fp32): bf16 runs the matrix products\n"
                "on bfloat16 operands with float accumulation (needs a build with oneDNN; on vdpbf16ps where it\n"
                "outruns the fp32 FMA units, else on those units with the operands widened: cgrad --version says which).\n");
@@ -193,26 +195,36 @@ static void wait_passively(char **argv) {
 }
 
 int main(int argc, char **argv) {
+    char **full_argv = argv; /* what a re-exec repeats */
     if (argc < 2) {
         overview(stderr);
         return 2;
     }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) return cmd_help(argc - 2, argv + 2);
     if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
-        wait_passively(argv); /* so the line shows the policy the commands run under */
-        printf("%s\n", cg_runtime_info());
-        cli_print_bf16_kernel("");
+        if (argc > 2) {
+            fprintf(stderr, "cgrad --version: unexpected argument '%s' (cgrad info --system shows the kernels and threads)\n", argv[2]);
+            return 2;
+        }
+        printf("cgrad %s\n%s, distributed training %s\n", cg_version(), cg_build_info(), /* no timing, no probe */
+               cg_dist_built() ? "through MPI" : "not built (no MPI)");
         return 0;
     }
     const command *c = find_command(argv[1]);
     if (!c) {
-        fprintf(stderr, "cgrad: unknown command '%s' (cgrad help lists the commands)\n", argv[1]);
+        const char *names[N_COMMANDS];
+        for (int i = 0; i < N_COMMANDS; i++) names[i] = commands[i].name;
+        const char *near = cli_closest(argv[1], names, N_COMMANDS);
+        if (near) fprintf(stderr, "cgrad: unknown command '%s': did you mean '%s'? (cgrad help lists the commands)\n", argv[1], near);
+        else fprintf(stderr, "cgrad: unknown command '%s' (cgrad help lists the commands)\n", argv[1]);
         return 2;
     }
-    if (c->fn != cmd_help && cli_wants_help(c->opts, argc - 2, argv + 2)) {
-        command_help(stdout, c, argc - 2, argv + 2);
+    argc -= 2, argv += 2; /* the command's own arguments, with every --flag=value split in two */
+    if (!cli_split_equals(c->name, c->opts, &argc, &argv)) return 2;
+    if (c->fn != cmd_help && cli_wants_help(c->opts, argc, argv)) {
+        command_help(stdout, c, argc, argv);
         return 0;
     }
-    wait_passively(argv);
-    return c->fn(argc - 2, argv + 2);
+    wait_passively(full_argv);
+    return c->fn(argc, argv);
 }

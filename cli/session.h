@@ -118,6 +118,9 @@ typedef struct {
 /* cli_hf_load with adapters added before the weights load (lora may be NULL): the weights they
  * freeze are then read in place from the file (bf16 or float32) instead of copied. */
 cg_status cli_hf_load_adapted(const char *path, double dropout, bool partial, cli_lora *lora, cli_ckpt *ck);
+/* Fails (naming tok_file, config and both sizes) unless tok's vocabulary is the one model m
+ * embeds: a smaller tokenizer leaves ids without a token, a larger one ids without an embedding. */
+cg_status cli_check_vocab(const cg_model *m, const cg_tokenizer *tok, const char *tok_file, const char *config);
 /* Reads a Hugging Face-layout model's weights into m (every name must match). */
 cg_status cli_hf_read_weights(const char *path, cg_model *m);
 /* Integer field of a saved JSON object (numbers or decimal strings); dflt if absent or a number

@@ -233,12 +233,25 @@ int cmd_train(int argc, char **argv) {
         fprintf(stderr, "cgrad train: %s\n", cg_last_error());
         goto done;
     }
+    /* One directory for the run's files: --out, else runs/ARCH unless --checkpoint (or --resume)
+     * names the place; a resumed run directory's model.ckpt keeps its directory. */
+    static char run_dir[4096], ckpt_in_dir[4200];
+    const char *dir = *o.out ? o.out : NULL;
+    const char *base = strrchr(o.checkpoint, '/');
+    if (!dir && !set[idx_checkpoint]) snprintf(run_dir, sizeof run_dir, "runs/%s", o.arch), dir = run_dir;
+    else if (!dir && base && !strcmp(base + 1, "model.ckpt"))
+        snprintf(run_dir, sizeof run_dir, "%.*s", (int)(base - o.checkpoint), o.checkpoint), dir = run_dir;
+    if (dir && r.rank == 0 && !cli_make_dirs("train", "--out", dir)) goto done;
+    if (!set[idx_checkpoint]) snprintf(ckpt_in_dir, sizeof ckpt_in_dir, "%s/model.ckpt", dir), o.checkpoint = ckpt_in_dir;
+    (void)named_ckpt;
     rc = 1;
     r.o = o;
     if (o.threads > 0) cg_set_threads((int)o.threads);
     dist_threads(&r, set);
-    train_derive_paths(&r, named_ckpt || resume);
-    r.tty = isatty(STDOUT_FILENO);
+    train_derive_paths(&r, dir);
+    /* The bar redraws one line with \r and ESC[K: only for a terminal. Under a launcher, stdout is
+     * the launcher's pseudo-terminal even when the user pipes mpirun's output, so never there. */
+    r.tty = isatty(STDOUT_FILENO) && !cg_dist_launched() && !(getenv("TERM") && !strcmp(getenv("TERM"), "dumb"));
 
     /* Tokenizer: restored, or made from the data. */
     if (!file_crc(o.data, &r.data_crc, &r.data_bytes)) {
@@ -577,14 +590,16 @@ int cmd_train(int argc, char **argv) {
     fclose(r.jsonl);
     r.metrics = r.jsonl = NULL;
     if (r.rank == 0) train_finish_files(&r);
-    if (interrupted) printf("interrupted at step %lld; continue with: cgrad train --resume %s\n", (long long)r.step,
-                            o.checkpoint);
-    else if (!st && r.rank == 0) cli_task_show(stdout, &r.task, r.model, (int)o.samples, o.seed);
+    if (!interrupted && !st && r.rank == 0) cli_task_show(stdout, &r.task, r.model, (int)o.samples, o.seed);
     const char *guard_line = cgi_cores_summary(); /* why steps may have run at one thread's speed */
     if (guard_line) printf("%s\n", guard_line);
     const double train_loss = r.win_n ? r.win_sum / (double)r.win_n : r.last_train;
-    printf("final step=%lld train_loss=%.4f val_loss=%.4f tokens_per_s=%.1f\n", (long long)r.step, train_loss, r.last_val,
-           r.train_s > 0 ? (double)r.tokens_run / r.train_s : 0.0);
+    if (interrupted) /* the last line says what happened: a cut-short run has no final result */
+        printf("interrupted at step %lld, %s %s (continue with: cgrad train --resume %s)\n", (long long)r.step,
+               saved ? "not saved: the checkpoint on disk is" : "saved", o.checkpoint, o.checkpoint);
+    else
+        printf("final step=%lld train_loss=%.4f val_loss=%.4f tokens_per_s=%.1f\n", (long long)r.step, train_loss,
+               r.last_val, r.train_s > 0 ? (double)r.tokens_run / r.train_s : 0.0);
     fflush(stdout);
     rc = interrupted ? 130 : st ? 1 : 0;
 done:

@@ -22,7 +22,7 @@ typedef struct {
     uint64_t seed;
     /* run options: free to change on --resume */
     int64_t steps, eval_every, eval_batches, eval_exact, save_every, log_every, samples, threads, skip_nonfinite;
-    const char *checkpoint, *metrics, *plot, *precision;
+    const char *out, *checkpoint, *metrics, *plot, *precision;
     int64_t bucket_kb, overlap, zero; /* data-parallel runs (mpirun) */
     const char *init_from, *lora_targets, *head; /* fine-tuning */
     int64_t lora_rank;
@@ -69,10 +69,11 @@ typedef struct {
     X("--eval-every", CLI_INT, eval_every, false, 0, COUNT_MAX, "steps between held-out evaluations")                      \
     X("--eval-batches", CLI_INT, eval_batches, false, 0, COUNT_MAX, "held-out batches per evaluation")                     \
     X("--eval-exact", CLI_INT, eval_exact, false, 0, COUNT_MAX, "encdec: greedy exact match over this many held-out pairs at the end") \
-    X("--checkpoint", CLI_OUT, checkpoint, false, 0, 0, "checkpoint path (cgrad.ckpt; --resume: the resumed file)")        \
+    X("--out", CLI_STR, out, false, 0, 0, "run directory, created if missing: model.ckpt, metrics.csv/.jsonl, loss.svg, run.json (runs/ARCH)") \
+    X("--checkpoint", CLI_OUT, checkpoint, false, 0, 0, "checkpoint path (--out's model.ckpt; --resume: the resumed file)") \
     X("--save-every", CLI_INT, save_every, false, 0, COUNT_MAX, "steps between checkpoints, 0 for the end only")           \
     X("--log-every", CLI_INT, log_every, false, 0, COUNT_MAX, "steps between log lines when stdout is not a terminal")     \
-    X("--metrics", CLI_OUT, metrics, false, 0, 0, "metrics CSV (next to the checkpoint, else ./cgrad_metrics.csv)")        \
+    X("--metrics", CLI_OUT, metrics, false, 0, 0, "metrics CSV (in the run directory, or next to --checkpoint)")           \
     X("--plot", CLI_OUT, plot, false, 0, 0, "loss-curve SVG (next to the metrics)")                                        \
     X("--samples", CLI_INT, samples, false, 0, 1 << 20, "worked examples printed at the end (3)")                           \
     X("--threads", CLI_INT, threads, false, 0, 1024, "threads (0: CGRAD_THREADS or all cores; mpirun: cores / ranks here)") \
@@ -189,6 +190,6 @@ void train_log_eval(run *r, const cli_eval *e, double exact, int64_t tried);
 /* Flushes the metrics and draws the loss plot. */
 void train_finish_files(run *r);
 /* Derived file names: next to the checkpoint when one was named, else in the working directory. */
-void train_derive_paths(run *r, bool named_ckpt);
+void train_derive_paths(run *r, const char *run_dir);
 
 #endif

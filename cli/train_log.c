@@ -149,28 +149,23 @@ void train_finish_files(run *r) {
         fprintf(stderr, "cgrad train: cannot draw %s: %s\n", r->plot_path, cg_last_error());
 }
 
-/* Derived file names: next to the checkpoint when one was named, else in the working directory. */
-void train_derive_paths(run *r, bool named_ckpt) {
+/* Derived file names: in the run directory when there is one, else next to the checkpoint. */
+void train_derive_paths(run *r, const char *run_dir) {
+    const char *c = r->o.checkpoint, *dot = strrchr(c, '.'), *slash = strrchr(c, '/');
+    const int base = dot && (!slash || dot > slash) ? (int)(dot - c) : (int)strlen(c); /* the checkpoint's stem */
     if (*r->o.metrics) snprintf(r->metrics_path, sizeof r->metrics_path, "%s", r->o.metrics);
-    else if (named_ckpt) {
-        const char *c = r->o.checkpoint, *dot = strrchr(c, '.'), *slash = strrchr(c, '/');
-        int base = dot && (!slash || dot > slash) ? (int)(dot - c) : (int)strlen(c);
-        snprintf(r->metrics_path, sizeof r->metrics_path, "%.*s_metrics.csv", base, c);
-    } else snprintf(r->metrics_path, sizeof r->metrics_path, "cgrad_metrics.csv");
+    else if (run_dir) snprintf(r->metrics_path, sizeof r->metrics_path, "%s/metrics.csv", run_dir);
+    else snprintf(r->metrics_path, sizeof r->metrics_path, "%.*s_metrics.csv", base, c);
+    size_t n = strlen(r->metrics_path);
+    int mbase = n > 4 && !strcmp(r->metrics_path + n - 4, ".csv") ? (int)n - 4 : (int)n;
+    snprintf(r->jsonl_path, sizeof r->jsonl_path, "%.*s.jsonl", mbase, r->metrics_path); /* beside the CSV */
     if (*r->o.plot) snprintf(r->plot_path, sizeof r->plot_path, "%s", r->o.plot);
+    else if (run_dir && !*r->o.metrics) snprintf(r->plot_path, sizeof r->plot_path, "%s/loss.svg", run_dir);
     else {
-        size_t n = strlen(r->metrics_path);
-        int base = n > 4 && !strcmp(r->metrics_path + n - 4, ".csv") ? (int)n - 4 : (int)n;
-        if (base > 8 && !strncmp(r->metrics_path + base - 8, "_metrics", 8)) base -= 8;
-        snprintf(r->plot_path, sizeof r->plot_path, "%.*s_loss.svg", base, r->metrics_path);
+        if (mbase > 8 && !strncmp(r->metrics_path + mbase - 8, "_metrics", 8)) mbase -= 8;
+        snprintf(r->plot_path, sizeof r->plot_path, "%.*s_loss.svg", mbase, r->metrics_path);
     }
-    { /* the JSON lines beside the CSV; the resolved options beside the checkpoint */
-        size_t n = strlen(r->metrics_path);
-        int base = n > 4 && !strcmp(r->metrics_path + n - 4, ".csv") ? (int)n - 4 : (int)n;
-        snprintf(r->jsonl_path, sizeof r->jsonl_path, "%.*s.jsonl", base, r->metrics_path);
-        const char *c = r->o.checkpoint, *dot = strrchr(c, '.'), *slash = strrchr(c, '/');
-        base = dot && (!slash || dot > slash) ? (int)(dot - c) : (int)strlen(c);
-        snprintf(r->run_path, sizeof r->run_path, "%.*s_run.json", base, c);
-        if (!named_ckpt) snprintf(r->run_path, sizeof r->run_path, "cgrad_run.json");
-    }
+    /* the resolved options: in the run directory, else beside the checkpoint */
+    if (run_dir) snprintf(r->run_path, sizeof r->run_path, "%s/run.json", run_dir);
+    else snprintf(r->run_path, sizeof r->run_path, "%.*s_run.json", base, c);
 }

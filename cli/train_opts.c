@@ -90,7 +90,8 @@ void train_defaults(topts *o, const bool *set) {
     D(eval_every, gpt ? 250 : bert ? 50 : 100);
     D(eval_batches, gpt ? 20 : bert ? 10 : 100);
     D(eval_exact, ed ? 200 : 0);
-    D(checkpoint, "cgrad.ckpt");
+    D(out, "");
+    D(checkpoint, "");
     D(save_every, 500);
     D(log_every, gpt ? 50 : 25);
     D(metrics, "");
@@ -343,7 +344,7 @@ int train_parse(int argc, char **argv, topts *o, bool *set, const char **resume,
             if (strncmp(argv[i], "--", 2))
                 fprintf(stderr, "cgrad train: unexpected argument '%s' (train takes no positional arguments; cgrad train "
                                 "--help lists the options)\n", argv[i]);
-            else fprintf(stderr, "cgrad train: unknown option %s (cgrad train --help lists the options)\n", argv[i]);
+            else cli_unknown_option("train", defs, argv[i]);
             return 2;
         }
         if (defs[k].kind == CLI_BARE) {
@@ -366,8 +367,13 @@ int train_parse(int argc, char **argv, topts *o, bool *set, const char **resume,
         return 2;
     }
     if (want_resume && !*resume) {
+        static char in_out[4200];
+        if (!set[idx_checkpoint] && set[idx_out]) { /* the run directory's own checkpoint */
+            snprintf(in_out, sizeof in_out, "%s/model.ckpt", o->out);
+            o->checkpoint = in_out, set[idx_checkpoint] = true;
+        }
         if (!set[idx_checkpoint]) {
-            fprintf(stderr, "cgrad train: --resume needs a checkpoint: --resume CKPT or --checkpoint CKPT\n");
+            fprintf(stderr, "cgrad train: --resume needs a checkpoint: --resume CKPT, --checkpoint CKPT or --out DIR\n");
             cJSON_Delete(*config);
             *config = NULL;
             return 2;

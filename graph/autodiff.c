@@ -219,7 +219,7 @@ cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
         for (int k = 0; k < t->nsrc; k++)
             if (t->src[k]->op == CGI_OP_PARAM && t->src[k]->requires_grad && !t->requires_grad)
                 return cgi_fail(CG_ERR_STATE, "[backward] parameter '%s'%s was made trainable after %s%s was built on it: "
-                                "rebuild the graph", cg_name(t->src[k]), cgi_shp(t->src[k]), cgi_ops[t->op].name, cgi_shp(t));
+                                "rebuild the graph", cg_name(t->src[k]), cgi_shp(t->src[k]), cgi_op_name_of(t), cgi_shp(t));
     }
     if (!loss->requires_grad)
         return cgi_fail(CG_ERR_STATE, "[backward] loss depends on no trainable parameter or input");
@@ -235,9 +235,16 @@ cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
         for (int k = 0; k < t->nsrc; k++)
             if (t->src[k]->requires_grad) t->src[k]->mark = true;
     }
+    for (int i = loss->id; i >= 0; i--) { /* a gradient must not vanish into an op that has none */
+        const cg_tensor *t = g->nodes[i];
+        if (t->mark && t->requires_grad && t->op == CGI_OP_CUSTOM && !cgi_custom_differentiable(t))
+            return cgi_fail(CG_ERR_STATE, "[backward] custom op '%s'%s has no backward and no composite, so no gradient "
+                            "can flow through it: give it one, or detach its inputs", cgi_op_name_of(t), cgi_shp(t));
+    }
     if (g->ready_fn) ready_plan(g, loss);
     zero_once(loss);
     loss->grad[0] += 1;
+    g->bwd_status = CG_OK;
     const cgi_run run = cgi_run_open(g->work, false);
     int seg_lo = -1, seg_hi = -1; /* the checkpoint segment whose recomputed values are swapped in */
     for (int i = loss->id; i >= 0; i--) {
@@ -259,6 +266,12 @@ cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
             }
         }
         if (runs_backward(t)) backward_node(g, t, i);
+        if (g->bwd_status) { /* a custom rule failed: its message is the error; the gradients are partial */
+            if (seg_lo >= 0) cgi_ckpt_restore(g, seg_lo, seg_hi);
+            g->ran_forward = false;
+            cgi_run_close(&run);
+            return g->bwd_status;
+        }
         if (i == seg_lo) {
             cgi_ckpt_restore(g, seg_lo, seg_hi);
             seg_lo = -1;

@@ -55,11 +55,11 @@ void cgi_ckpt_decide(cg_graph *g, const int *consumers, const int *sole) {
         const cgi_op_desc *d = &cgi_ops[t->op];
         if (d->kind != CGI_KIND_COMPUTE) continue; /* a view's readers mark its root */
         if (t->root == t && !t->kept && !(d->bwd_grad & CGI_OUT_IN_SRC0) && !grad_over_value(g, t, consumers, sole))
-            t->recompute = t->mark || (t->requires_grad && (d->bwd_reads_out || t->aux_bytes));
+            t->recompute = t->mark || (t->requires_grad && (cgi_bwd_reads_out(t) || t->aux_bytes));
         for (int k = 0; k < t->nsrc; k++) {
             cg_tensor *r = t->src[k]->root;
             if (r->id < 0 || r->seg != t->seg) continue;
-            if (t->recompute || (t->requires_grad && k < 32 && (d->bwd_reads & (1u << k)))) r->mark = true;
+            if (t->recompute || (t->requires_grad && k < 32 && (cgi_bwd_reads(t) & (1u << k)))) r->mark = true;
         }
     }
     for (int i = 0; i < g->n; i++) g->nodes[i]->mark = false;

@@ -86,7 +86,7 @@ cg_status cg_graph_dot(const cg_graph *g, const char *path) {
     for (int i = 0; i < g->n; i++) {
         const cg_tensor *t = g->nodes[i];
         const cgi_kind kind = cgi_ops[t->op].kind;
-        fprintf(f, "  n%d [label=\"#%d %s", i, i, cgi_ops[t->op].name);
+        fprintf(f, "  n%d [label=\"#%d %s", i, i, cgi_op_name_of(t));
         if (t->name && *t->name) fputc(' ', f), put_escaped(f, t->name);
         fprintf(f, "\\n%s%s", cgi_shp(t), t->dtype == CG_INT32 ? " int32" : "");
         if (kind == CGI_KIND_VIEW) fprintf(f, "\\nview of #%d, offset %lld", t->root->id, (long long)t->offset);

@@ -15,36 +15,54 @@
 /* CGRAD_PROFILE=1 prints, when a graph is freed, the time spent in each op's kernels;
  * CGRAD_PROFILE=2 also prints every node's time as it runs. */
 static int profile = -1;
-static double prof_time[CGI_OP_COUNT][2];
-static int64_t prof_calls[CGI_OP_COUNT][2];
+/* Kernel seconds and calls per op and pass; custom ops by their own names after the table's
+ * (rows past CGI_OP_COUNT; a name past the last row is counted under "custom"). */
+enum { PROF_CUSTOM = 16 };
+static double prof_time[CGI_OP_COUNT + PROF_CUSTOM][2];
+static int64_t prof_calls[CGI_OP_COUNT + PROF_CUSTOM][2];
+static const char *prof_custom[PROF_CUSTOM];
 
 bool cgi_profiling(void) {
     if (profile < 0) profile = getenv("CGRAD_PROFILE") ? atoi(getenv("CGRAD_PROFILE")) : 0;
     return profile > 0;
 }
 
+/* t's row of the profile table. */
+static int prof_row(const cg_tensor *t) {
+    if (t->op != CGI_OP_CUSTOM) return t->op;
+    const char *name = cgi_op_name_of(t);
+    for (int k = 0; k < PROF_CUSTOM; k++) {
+        if (!prof_custom[k]) prof_custom[k] = name;
+        if (!strcmp(prof_custom[k], name)) return CGI_OP_COUNT + k;
+    }
+    return t->op;
+}
+
 void cgi_profile_node(cg_tensor *t, int pass, double t0) {
     const double dt = omp_get_wtime() - t0;
+    const int row = prof_row(t);
     t->prof_ms[pass] = (float)(dt * 1e3);
-    prof_time[t->op][pass] += dt, prof_calls[t->op][pass]++;
+    prof_time[row][pass] += dt, prof_calls[row][pass]++;
     if (profile > 1)
-        fprintf(stderr, "[profile] %s node %d %s%s: %.3f ms\n", pass ? "bwd" : "fwd", t->id, cgi_ops[t->op].name,
+        fprintf(stderr, "[profile] %s node %d %s%s: %.3f ms\n", pass ? "bwd" : "fwd", t->id, cgi_op_name_of(t),
                 cgi_shp(t), dt * 1e3);
 }
 
 static void profile_report(void) {
+    enum { ROWS = CGI_OP_COUNT + PROF_CUSTOM };
     double total = 0;
-    for (int i = 0; i < CGI_OP_COUNT; i++) total += prof_time[i][0] + prof_time[i][1];
+    for (int i = 0; i < ROWS; i++) total += prof_time[i][0] + prof_time[i][1];
     if (total <= 0) return;
     fprintf(stderr, "%-16s %10s %10s %8s %8s\n", "op", "fwd ms", "bwd ms", "calls", "share");
-    for (int i = 0; i < CGI_OP_COUNT; i++) {
+    for (int i = 0; i < ROWS; i++) {
         double t = prof_time[i][0] + prof_time[i][1];
         if (t <= 0) continue;
-        fprintf(stderr, "%-16s %10.1f %10.1f %8lld %7.1f%%\n", cgi_ops[i].name, prof_time[i][0] * 1e3,
-                prof_time[i][1] * 1e3, (long long)(prof_calls[i][0] + prof_calls[i][1]), 100 * t / total);
+        fprintf(stderr, "%-16s %10.1f %10.1f %8lld %7.1f%%\n", i < CGI_OP_COUNT ? cgi_ops[i].name : prof_custom[i - CGI_OP_COUNT],
+                prof_time[i][0] * 1e3, prof_time[i][1] * 1e3, (long long)(prof_calls[i][0] + prof_calls[i][1]), 100 * t / total);
     }
     memset(prof_time, 0, sizeof prof_time);
     memset(prof_calls, 0, sizeof prof_calls);
+    memset(prof_custom, 0, sizeof prof_custom);
 }
 
 const int CGRAD_ABI = (int)sizeof(cg_real); /* see graph.h: the link-time guard against mixing builds */
@@ -138,8 +156,33 @@ cg_graph *cg_graph_new(cg_mode mode) {
     return g;
 }
 
+/* One thing a graph frees with itself or its reset. */
+struct cgi_owned {
+    void (*free_fn)(void *);
+    void *p;
+    struct cgi_owned *next;
+};
+
+cg_status cgi_graph_own(cg_graph *g, void (*free_fn)(void *), void *p) {
+    struct cgi_owned *o = malloc(sizeof *o);
+    if (!o) return cgi_fail(CG_ERR_NOMEM, "[graph] out of memory");
+    *o = (struct cgi_owned){free_fn, p, g->owned};
+    g->owned = o;
+    return CG_OK;
+}
+
+static void free_owned(cg_graph *g) {
+    for (struct cgi_owned *o = g->owned, *next; o; o = next) {
+        next = o->next;
+        o->free_fn(o->p);
+        free(o);
+    }
+    g->owned = NULL;
+}
+
 void cg_graph_free(cg_graph *g) {
     if (!g) return;
+    free_owned(g);
     if (cgi_profiling()) profile_report();
     cgi_arena_free(&g->meta);
     cgi_arena_free(&g->bufs);
@@ -150,6 +193,7 @@ void cg_graph_free(cg_graph *g) {
 
 void cg_graph_reset(cg_graph *g) {
     if (!g) return;
+    free_owned(g);
     cgi_arena_reset(&g->meta);
     cgi_arena_reset(&g->bufs);
     g->n = 0;
@@ -318,7 +362,7 @@ cg_tensor *cg_requires_grad(cg_tensor *t) {
     if (!t) return NULL;
     if (t->op != CGI_OP_INPUT || t->dtype != CG_REAL || !cgi_contiguous(t)) {
         cgi_fail(CG_ERR_ARG, "[requires_grad] only contiguous real input leaves can require a gradient, not %s%s",
-                 cgi_ops[t->op].name, cgi_shp(t));
+                 cgi_op_name_of(t), cgi_shp(t));
         return NULL;
     }
     if (t->used && !t->requires_grad && t->graph->mode == CG_TRAIN) {
@@ -478,7 +522,7 @@ static cg_status read_strided(cg_tensor *t, const cg_real *base, cg_real *dst, c
 
 cg_status cg_read(cg_tensor *t, cg_real *dst) {
     if (t && !value_readable(t))
-        return cgi_fail(CG_ERR_STATE, "[read] %s%s is an intermediate value: cg_retain it before running", cgi_ops[t->op].name,
+        return cgi_fail(CG_ERR_STATE, "[read] %s%s is an intermediate value: cg_retain it before running", cgi_op_name_of(t),
                         cgi_shp(t));
     if (t && t->op == CGI_OP_PARAM) {
         cgi_param_run_fill(t);
@@ -519,22 +563,22 @@ cg_status cg_write_ids(cg_tensor *t, const int32_t *src) {
 double cg_item(cg_tensor *t) {
     if (!t) return NAN; /* keeps the message of the op that failed to build it */
     if (cgi_numel(t->ndim, t->shape) != 1) {
-        cgi_fail(CG_ERR_SHAPE, "[item] %s%s has %lld elements, not one", cgi_ops[t->op].name, cgi_shp(t),
+        cgi_fail(CG_ERR_SHAPE, "[item] %s%s has %lld elements, not one", cgi_op_name_of(t), cgi_shp(t),
                  (long long)cgi_numel(t->ndim, t->shape));
         return NAN;
     }
     const bool leaf = t->root->op == CGI_OP_INPUT || t->root->op == CGI_OP_PARAM;
     if (!leaf && !t->graph->planned && t->root->retain) {
-        cgi_fail(CG_ERR_STATE, "[item] %s%s has no value yet: run cg_graph_forward", cgi_ops[t->op].name, cgi_shp(t));
+        cgi_fail(CG_ERR_STATE, "[item] %s%s has no value yet: run cg_graph_forward", cgi_op_name_of(t), cgi_shp(t));
         return NAN;
     }
     if (!value_readable(t)) {
         cgi_fail(CG_ERR_STATE, "[item] %s%s is an intermediate value, gone after the run: cg_retain it before running",
-                 cgi_ops[t->op].name, cgi_shp(t));
+                 cgi_op_name_of(t), cgi_shp(t));
         return NAN;
     }
     if (!t->data) {
-        cgi_fail(CG_ERR_STATE, "[item] %s%s has no value yet: run cg_graph_forward", cgi_ops[t->op].name, cgi_shp(t));
+        cgi_fail(CG_ERR_STATE, "[item] %s%s has no value yet: run cg_graph_forward", cgi_op_name_of(t), cgi_shp(t));
         return NAN;
     }
     return t->dtype == CG_INT32 ? *(int32_t *)t->data : *(cg_real *)t->data;
@@ -545,7 +589,7 @@ void cg_print(cg_tensor *t) {
         fprintf(stderr, "tensor (null)\n");
         return;
     }
-    fprintf(stderr, "%s %s%s strides%s:", cgi_ops[t->op].name, cg_name(t), cgi_shp(t),
+    fprintf(stderr, "%s %s%s strides%s:", cgi_op_name_of(t), cg_name(t), cgi_shp(t),
             cgi_dims(t->ndim, t->stride));
     int64_t n = cgi_numel(t->ndim, t->shape);
     if (t->data && t->dtype == CG_REAL && n <= (1 << 20)) {

@@ -109,6 +109,9 @@ const char *cg_blas_kernels_reason(void);
 const char *cg_runtime_info(void);
 /* cgrad's version, "MAJOR.MINOR.PATCH". */
 const char *cg_version(void);
+/* How this library was built (precision, CPU target, compiler, OpenMP, BLIS, bf16), one line that
+ * never changes for a given binary: nothing is timed or probed. Static storage. */
+const char *cg_build_info(void);
 
 /* ---- random numbers (splitmix64: one word of state, so checkpoints can store it) ---- */
 

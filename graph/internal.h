@@ -219,7 +219,31 @@ struct cg_graph {
     cg_precision precision;
     struct cgi_lp *lp; /* bf16 primitives and scratch (ops/bf16.c), kept across resets */
     double work;       /* cgi_graph_work, found with the plan: decides each run's threads */
+    struct cgi_owned *owned; /* what the graph frees with itself or its reset (custom ops' composite graphs) */
+    cg_status bwd_status;    /* the first failure of a backward rule that can fail (custom ops) in this pass */
 };
+
+/* Has g free p with free_fn when g is freed or reset. CG_ERR_NOMEM (with a message) if it cannot. */
+cg_status cgi_graph_own(cg_graph *g, void (*free_fn)(void *), void *p);
+
+/* ---- custom ops (ops/custom.c): the description, not the table, says what backward reads ---- */
+unsigned cgi_custom_reads(const cg_tensor *t);
+bool cgi_custom_reads_out(const cg_tensor *t);
+const char *cgi_custom_name(const cg_tensor *t);
+/* Whether a gradient can flow through the custom node t (a backward kernel or a composite). */
+bool cgi_custom_differentiable(const cg_tensor *t);
+/* Bit k: backward of t reads its input k's value. */
+static inline unsigned cgi_bwd_reads(const cg_tensor *t) {
+    return t->op == CGI_OP_CUSTOM ? cgi_custom_reads(t) : cgi_ops[t->op].bwd_reads;
+}
+/* Whether backward of t reads t's own value. */
+static inline bool cgi_bwd_reads_out(const cg_tensor *t) {
+    return t->op == CGI_OP_CUSTOM ? cgi_custom_reads_out(t) : cgi_ops[t->op].bwd_reads_out;
+}
+/* The name of t's op: a custom op's own name, else the table's. */
+static inline const char *cgi_op_name_of(const cg_tensor *t) {
+    return t->op == CGI_OP_CUSTOM ? cgi_custom_name(t) : cgi_ops[t->op].name;
+}
 
 /* Assigns storage to every value, gradient and scratch buffer of g by liveness (graph/plan.c). */
 cg_status cgi_plan(cg_graph *g);

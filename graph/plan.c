@@ -387,12 +387,12 @@ cg_status cgi_plan(cg_graph *g) {
             LIVE_TO(vdeath, r->id, c);
             if (t->recompute) LIVE_TO(late, r->id, rt[c]);
             /* a linear's backward reads a shadowed input's bf16 copy, not its float value */
-            if (t->requires_grad && k < 32 && (d->bwd_reads & (1u << k)))
+            if (t->requires_grad && k < 32 && (cgi_bwd_reads(t) & (1u << k)))
                 LIVE_TO(r->lp_shadowed && t->op == CGI_OP_LINEAR && k == 0 ? sdeath : late, r->id, back);
             if (t->requires_grad && t->src[k]->requires_grad && d->kind == CGI_KIND_COMPUTE && gbirth[r->id] > back)
                 gbirth[r->id] = back;
         }
-        if (t->requires_grad && d->bwd_reads_out) LIVE_TO(t->recompute ? rdeath : vdeath, c, back);
+        if (t->requires_grad && cgi_bwd_reads_out(t)) LIVE_TO(t->recompute ? rdeath : vdeath, c, back);
     }
 #undef LIVE_TO
     for (int64_t i = 0; i < n; i++) {

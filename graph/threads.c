@@ -71,6 +71,32 @@ void cgi_run_end(int was) { run_threads = was; }
 #endif
 const char *cg_version(void) { return CGRAD_VERSION; }
 
+const char *cg_build_info(void) {
+    static char line[384];
+    snprintf(line, sizeof line, "build: %s, %s, %s, OpenMP %d, BLIS %s, bf16 products %s",
+             sizeof(cg_real) == 8 ? "float64" : "float32",
+#ifdef CGRAD_PORTABLE
+             "portable x86-64-v2 (AVX2/AVX-512 clones picked at load)",
+#else
+             "native (-march=native)",
+#endif
+#if defined(__clang__)
+             "clang " __clang_version__,
+#elif defined(__GNUC__)
+             "gcc " __VERSION__,
+#else
+             "an unknown compiler",
+#endif
+             _OPENMP, bli_info_get_version_str(),
+#if defined(CGRAD_DNNL) && !defined(CGRAD_DOUBLE)
+             "through oneDNN"
+#else
+             "not built (no oneDNN)"
+#endif
+    );
+    return line;
+}
+
 const char *cg_runtime_info(void) {
     static _Thread_local char line[512];
     const char *wp = getenv("OMP_WAIT_POLICY"), *spin = getenv("GOMP_SPINCOUNT");

@@ -34,10 +34,6 @@ cg_st *cg_st_open_index(const char *index);
 /* Opens the weights of a Hugging Face model directory: model.safetensors, else the sharded
  * model.safetensors.index.json. */
 cg_st *cg_st_open_model(const char *dir);
-/* Makes frozen parameter p of ps read tensor name of f in place (cg_param_map): BF16 or F32 of
- * p's shape, every value finite. f stays open until ps is freed. CG_ERR_ARG for another dtype
- * (read it with cg_st_read instead). */
-cg_status cg_st_map_param(cg_st *f, const char *name, cg_tensor *p, cg_params *ps);
 /* Closes f and frees everything it holds (names from cg_st_name die with it). NULL is a no-op. */
 void cg_st_close(cg_st *f);
 /* Number of tensors (the __metadata__ entry is not one). */
@@ -58,9 +54,38 @@ cg_status cg_st_read(const cg_st *f, const char *name, cg_real *dst, int ndim, c
 /* Reads an integer tensor (I64, I32, I16, I8, U64, U32, U16, U8, BOOL) into int32 dst, failing
  * (dst then partly written) on a value outside int32; shape check as cg_st_read. */
 cg_status cg_st_read_ids(const cg_st *f, const char *name, int32_t *dst, int ndim, const int64_t *shape);
-/* Reads every parameter of ps from the tensor of the same name; checks all names, shapes and
- * dtypes first, so on failure no parameter has changed. Tensors without a parameter are ignored. */
+/* Reads every parameter of ps from the tensor of the same name through one cg_st_load (every
+ * check below), so on failure no parameter has changed. Tensors without a parameter are ignored. */
 cg_status cg_st_read_params(const cg_st *f, cg_params *ps);
+
+/* ---- loading parameters: one set of checks for every source ----
+ * Every weight load (a .ckpt, a Hugging Face directory, a LoRA adapter file) lists which stored
+ * tensor fills which parameter, and which stored tensors are tied twins of a parameter, then runs
+ * the list. cg_st_load_run checks every entry before it writes a byte: the tensor exists, has a
+ * floating dtype and the parameter's exact shape, its byte range lies inside its file's data and
+ * overlaps no other entry's range in that file, its values are finite, no parameter is filled
+ * twice, and a tied twin equals the tensor that fills its parameter in shape and value. Only then
+ * are the values converted into the parameters; a refused load leaves every parameter as it was.
+ * A new source of weights (several shard files, an adapter format) plugs in by opening its files
+ * with cg_st_open and adding one entry per parameter, each naming its own file. */
+typedef struct cg_st_load cg_st_load;
+
+/* A new empty load; NULL on allocation failure. Free with cg_st_load_free. */
+cg_st_load *cg_st_load_new(void);
+/* Plans filling parameter p from the tensor called name in f (f must stay open until the run;
+ * name is copied). CG_ERR_ARG on a NULL argument, CG_ERR_NOMEM; nothing is checked yet. */
+cg_status cg_st_load_add(cg_st_load *l, cg_tensor *p, const cg_st *f, const char *name);
+/* Plans checking that the tensor called name in f (a tied duplicate, as GPT-2's lm_head.weight)
+ * equals, in shape and value, the tensor the load fills p from; it is not written anywhere. */
+cg_status cg_st_load_tie(cg_st_load *l, cg_tensor *p, const cg_st *f, const char *name);
+/* Checks every entry (see above), then writes the parameters. Errors name the file, the tensor,
+ * the parameter and the offending shape, dtype, byte range or value; then nothing was written.
+ * A frozen parameter (cg_param_set_trainable false) whose tensor is BF16, or F32 in the float32
+ * build, is not copied: it reads the file's mapping in place (cg_param_map), and its set keeps the
+ * file open until it is freed. */
+cg_status cg_st_load_run(cg_st_load *l);
+/* Frees the load (not the files or parameters). NULL is a no-op. */
+void cg_st_load_free(cg_st_load *l);
 
 /* ---- writing ---- */
 

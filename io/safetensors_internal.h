@@ -68,10 +68,28 @@ cg_status cgi_st_check_disjoint(const cg_st *f);
 void cgi_st_retain(cg_st *f);
 /* The bytes of tensor i in place (in f's mapping), its dtype name and byte count; NULL if out of range. */
 const void *cgi_st_bytes(const cg_st *f, int i, const char **dtype, uint64_t *nbytes);
-/* The file name (or label) f's messages use. */
-const char *cgi_st_label(const cg_st *f);
 /* One view over the tensors of n opened files (it takes them, and closes them when closed, also on
  * failure); FORMAT naming both files when a tensor is stored in two. Metadata: none. */
 cg_st *cgi_st_merge(cg_st **parts, int n, const char *label);
+/* A stored tensor as a load sees it: which file, its dtype (DT_*) and shape, and its byte range
+ * [begin, end) in the file's data buffer of data_len bytes (owned by the file). A source of
+ * weights that is not one cg_st could fill one of these and reuse the load's checks. */
+typedef struct {
+    const cg_st *file;
+    const char *label; /* the file's path (or memory label), for messages */
+    const char *name;
+    int dtype, ndim;
+    const int64_t *shape; /* ndim entries */
+    uint64_t begin, end;
+    const unsigned char *data;
+    uint64_t data_len;
+} cgi_st_desc;
+
+/* The path (or memory label) f was opened with. */
+const char *cgi_st_label(const cg_st *f);
+/* Describes the tensor called name of f into *d; false when f has none. */
+bool cgi_st_describe(const cg_st *f, const char *name, cgi_st_desc *d);
+/* Converts n values of a floating dtype (DT_*) at p into cg_real. */
+void cgi_st_decode(int dtype, const unsigned char *p, uint64_t n, cg_real *dst);
 
 #endif

@@ -52,6 +52,7 @@ typedef struct {
     int64_t *shape;   /* ndim entries; files may hold more dims than CG_MAX_DIMS */
     uint64_t begin, end;
     const unsigned char *base; /* the data buffer begin and end count from (a shard's, in a merged view) */
+    uint64_t base_len;         /* its length */
 } st_entry;
 
 struct cg_st {
@@ -204,6 +205,37 @@ cg_status cgi_st_check_disjoint(const cg_st *f) {
     return s;
 }
 
+/* cJSON turns a NUL inside a string ("\u0000", or a raw 0 byte) into a C string cut short, so
+ * "wte.weight\u0000x" would name tensor "wte.weight" and a metadata value would lose its tail.
+ * Refuses the header, quoting the string (up to 120 bytes) and the byte where the NUL is. */
+static cg_status check_no_nul(const cg_st *f, const char *h, size_t n) {
+    size_t open_at = 0;
+    bool in_string = false;
+    for (size_t i = 0; i < n; i++) {
+        const bool escaped_nul = h[i] == '\\' && n - i >= 6 && !memcmp(h + i + 1, "u0000", 5);
+        if (h[i] == '\\' && !escaped_nul) {
+            i++; /* an escaped character: never a quote that ends the string */
+            continue;
+        }
+        if (h[i] == '"') {
+            in_string = !in_string;
+            open_at = i;
+            continue;
+        }
+        if (!escaped_nul && h[i] != 0) continue;
+        size_t end = i + 1; /* the closing quote, for the quote in the message */
+        while (end < n && h[end] != '"') end += h[end] == '\\' ? 2 : 1;
+        char shown[128];
+        size_t k = 0;
+        for (size_t j = in_string ? open_at + 1 : i; j < end && j < n && k + 1 < sizeof shown - 8; j++)
+            shown[k++] = h[j] ? h[j] : '?';
+        shown[k] = 0;
+        return cgi_st_fail(f->label, CG_ERR_FORMAT, "header string \"%s\" holds a NUL character (%s at header byte %zu): "
+                           "tensor names and metadata cannot hold one", shown, escaped_nul ? "\\u0000" : "a 0 byte", i);
+    }
+    return CG_OK;
+}
+
 static cg_status parse(cg_st *f) {
     if (f->len < 8)
         return cgi_st_fail(f->label, CG_ERR_FORMAT, "file is %zu bytes, shorter than the 8-byte header length", f->len);
@@ -215,6 +247,8 @@ static cg_status parse(cg_st *f) {
     const char *h = (const char *)f->image + 8, *end = NULL;
     f->data = f->image + 8 + hlen;
     f->data_len = f->len - 8 - hlen;
+    cg_status nul = check_no_nul(f, h, (size_t)hlen);
+    if (nul != CG_OK) return nul;
     cJSON *root = cJSON_ParseWithLengthOpts(h, (size_t)hlen, &end, false);
     if (!root) {
         long at = end ? (long)(end - h) : -1;
@@ -256,7 +290,7 @@ static cg_status parse(cg_st *f) {
         }
         if ((s = parse_entry(f, item, e)) != CG_OK) goto done;
     }
-    for (int i = 0; i < f->n; i++) f->e[i].base = f->data;
+    for (int i = 0; i < f->n; i++) f->e[i].base = f->data, f->e[i].base_len = f->data_len;
     qsort(f->e, (size_t)f->n, sizeof *f->e, cmp_entry);
     for (int i = 1; i < f->n; i++)
         if (strcmp(f->e[i - 1].name, f->e[i].name) == 0) {
@@ -476,8 +510,8 @@ static float f8_e5m2_to_float(uint8_t b) {
 }
 
 /* n values of a floating tensor's bytes p, converted to cg_real. */
-static void decode(const st_entry *e, const unsigned char *p, uint64_t n, cg_real *dst) {
-    switch (e->dtype) {
+void cgi_st_decode(int dtype, const unsigned char *p, uint64_t n, cg_real *dst) {
+    switch (dtype) {
     case DT_F32:
 #ifdef CGRAD_DOUBLE
         for (uint64_t i = 0; i < n; i++) {
@@ -505,7 +539,7 @@ static void decode(const st_entry *e, const unsigned char *p, uint64_t n, cg_rea
         for (uint64_t i = 0; i < n; i++) {
             uint16_t h;
             memcpy(&h, p + 2 * i, 2);
-            dst[i] = e->dtype == DT_F16 ? half_to_float(h) : bf16_to_float(h);
+            dst[i] = dtype == DT_F16 ? half_to_float(h) : bf16_to_float(h);
         }
         break;
     case DT_F8_E4M3:
@@ -515,23 +549,6 @@ static void decode(const st_entry *e, const unsigned char *p, uint64_t n, cg_rea
         for (uint64_t i = 0; i < n; i++) dst[i] = f8_e5m2_to_float(p[i]);
         break;
     }
-}
-
-/* Index of the first value that is not finite once read as cg_real (NaN, inf, or a float64 beyond
- * float32's range in a float32 build), or -1; decoded in chunks, so nothing is allocated. */
-static int64_t first_nonfinite(const cg_st *f, const st_entry *e, double *bad) {
-    cg_real buf[1024];
-    const uint64_t n = numel_of(e), size = (uint64_t)cgi_st_dtypes[e->dtype].size;
-    for (uint64_t at = 0; at < n; at += 1024) {
-        const uint64_t k = n - at < 1024 ? n - at : 1024;
-        decode(e, e->base + e->begin + at * size, k, buf);
-        for (uint64_t i = 0; i < k; i++)
-            if (!isfinite(buf[i])) {
-                *bad = (double)buf[i];
-                return (int64_t)(at + i);
-            }
-    }
-    return -1;
 }
 
 cg_status cg_st_read(const cg_st *f, const char *name, cg_real *dst, int ndim, const int64_t *shape) {
@@ -545,7 +562,7 @@ cg_status cg_st_read(const cg_st *f, const char *name, cg_real *dst, int ndim, c
     uint64_t n = numel_of(e);
     if (n == 0) return CG_OK;
     if (!dst) return cgi_fail(CG_ERR_ARG, "[safetensors] read: NULL destination");
-    decode(e, e->base + e->begin, n, dst);
+    cgi_st_decode(e->dtype, e->base + e->begin, n, dst);
     return CG_OK;
 }
 
@@ -590,39 +607,26 @@ cg_status cg_st_read_ids(const cg_st *f, const char *name, int32_t *dst, int ndi
     return CG_OK;
 }
 
+const char *cgi_st_label(const cg_st *f) { return f->label; }
+
+bool cgi_st_describe(const cg_st *f, const char *name, cgi_st_desc *d) {
+    const int i = cg_st_find(f, name);
+    if (i < 0) return false;
+    const st_entry *e = &f->e[i];
+    *d = (cgi_st_desc){.file = f, .label = f->label, .name = e->name, .dtype = e->dtype, .ndim = e->ndim,
+                       .shape = e->shape, .begin = e->begin, .end = e->end, .data = e->base, .data_len = e->base_len};
+    return true;
+}
+
 cg_status cg_st_read_params(const cg_st *f, cg_params *ps) {
     if (!f || !ps) return cgi_fail(CG_ERR_ARG, "[safetensors] read_params: NULL argument");
-    int n = cg_params_count(ps);
-    for (int i = 0; i < n; i++) { /* validate everything before touching any value */
-        cg_tensor *p = cg_params_at(ps, i);
-        int k = cg_st_find(f, cg_name(p));
-        if (k < 0) return cgi_st_fail(f->label, CG_ERR_ARG, "no tensor '%s' for parameter %s", cg_name(p), cgi_shp(p));
-        cg_status s = check_shape(f, &f->e[k], cg_ndim(p), cg_shape(p));
-        if (s != CG_OK) return s;
-        if (cgi_st_dtypes[f->e[k].dtype].kind != K_REAL)
-            return cgi_st_fail(f->label, CG_ERR_ARG, "tensor '%s' has dtype %s, parameters need a floating type",
-                           cg_name(p), cgi_st_dtypes[f->e[k].dtype].name);
-        double bad; /* a NaN weight makes every output NaN: refuse it here, naming it */
-        int64_t at = first_nonfinite(f, &f->e[k], &bad);
-        if (at >= 0)
-            return cgi_st_fail(f->label, CG_ERR_FORMAT, "tensor '%s' holds %g at flat index %lld: parameters must be finite",
-                           cg_name(p), bad, (long long)at);
-    }
-    for (int i = 0; i < n; i++) {
-        cg_tensor *p = cg_params_at(ps, i);
-        if (cg_is_contiguous(p)) {
-            cg_status s = cg_st_read(f, cg_name(p), cg_data(p), -1, NULL);
-            if (s != CG_OK) return s;
-            continue;
-        }
-        cg_real *tmp = malloc((size_t)cg_numel(p) * sizeof *tmp + 1);
-        if (!tmp) return cgi_st_fail(f->label, CG_ERR_NOMEM, "out of memory for '%s'", cg_name(p));
-        cg_status s = cg_st_read(f, cg_name(p), tmp, -1, NULL);
-        if (s == CG_OK) s = cg_write(p, tmp);
-        free(tmp);
-        if (s != CG_OK) return s;
-    }
-    return CG_OK;
+    cg_st_load *l = cg_st_load_new();
+    cg_status s = l ? CG_OK : CG_ERR_NOMEM;
+    for (int i = 0; !s && i < cg_params_count(ps); i++)
+        s = cg_st_load_add(l, cg_params_at(ps, i), f, cg_name(cg_params_at(ps, i)));
+    if (!s) s = cg_st_load_run(l);
+    cg_st_load_free(l);
+    return s;
 }
 
 /* ---- in place and merged (io/safetensors_mmap.c, io/shards.c) ---- */
@@ -639,7 +643,6 @@ const void *cgi_st_bytes(const cg_st *f, int i, const char **dtype, uint64_t *nb
     return e->base + e->begin;
 }
 
-const char *cgi_st_label(const cg_st *f) { return f ? f->label : NULL; }
 
 cg_st *cgi_st_merge(cg_st **parts, int n, const char *label) {
     cg_st *f = calloc(1, sizeof *f);

@@ -39,6 +39,14 @@ cg_tokenizer *cg_tokenizer_wordpiece_from_memory(const char *s, size_t len, cons
         cgi_fail(CG_ERR_FORMAT, "[tokenizer] %s: empty vocabulary", path);
         return NULL;
     }
+    const char *nul = memchr(s, 0, len); /* saved one token a line, a NUL would split the token */
+    if (nul) {
+        int64_t line = 1;
+        for (const char *p = s; p < nul; p++) line += *p == '\n';
+        cgi_fail(CG_ERR_FORMAT, "[tokenizer] %s: line %lld holds a NUL byte (byte %zu): a token cannot hold one", path,
+                 (long long)line, (size_t)(nul - s));
+        return NULL;
+    }
     cg_tokenizer *t = cgi_tok_new(CG_TOK_WORDPIECE);
     if (!t) return NULL;
     /* One token a line, id = line number, surrounding whitespace stripped as in BERT's load_vocab. */

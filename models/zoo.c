@@ -157,15 +157,6 @@ static const char *strip(const name_rules *r, const char *name) {
     return name;
 }
 
-static bool tensors_equal(const cg_st *f, const char *a, const char *b, int64_t n) {
-    cg_real *x = malloc((size_t)n * sizeof *x), *y = malloc((size_t)n * sizeof *y);
-    bool eq = x && y && !cg_st_read(f, a, x, -1, NULL) && !cg_st_read(f, b, y, -1, NULL) &&
-              !memcmp(x, y, (size_t)n * sizeof *x);
-    free(x);
-    free(y);
-    return eq;
-}
-
 /* Appends ", name" (or "name" first) to a malloc'd list; false when out of memory. */
 static bool list_add(char **list, const char *name) {
     size_t a = *list ? strlen(*list) : 0, b = strlen(name);
@@ -189,19 +180,30 @@ static cg_tensor *find_param(cg_params *ps, const char *name) {
     return cg_params_find(ps, renamed);
 }
 
+/* The stored name of a tied duplicate's twin in f (with or without the arch's prefix), or NULL. */
+static const char *stored_twin(const name_rules *r, const cg_st *f, const char *twin) {
+    int j = cg_st_find(f, twin);
+    if (j < 0 && r->prefix) {
+        char full[256];
+        snprintf(full, sizeof full, "%s%s", r->prefix, twin);
+        j = cg_st_find(f, full);
+    }
+    return j < 0 ? NULL : cg_st_name(f, j);
+}
+
 /* strict: every parameter must be in f and every tensor of f a parameter (or a known buffer or
  * tied twin). Otherwise missing parameters keep their values and unknown tensors are listed in
- * *skipped, missing parameters in *kept (both malloc'd, NULL when none). */
+ * *skipped, missing parameters in *kept (both malloc'd, NULL when none). Names are mapped here;
+ * every check on the values (shapes, dtypes, byte ranges, finite values, tied twins) is the one
+ * load step of io/safetensors_load.c, which writes nothing unless all pass. */
 static cg_status load_named(cg_model *m, const cg_st *f, bool strict, char **kept, char **skipped) {
     if (!m || !f) return cg_set_error(CG_ERR_ARG, "[model load] NULL model or file");
     const name_rules *r = &rules[m->arch];
     cg_params *ps = m->ps;
     const int np = cg_params_count(ps);
-    int *source = malloc((size_t)(np ? np : 1) * sizeof *source);
-    if (!source) return cg_set_error(CG_ERR_NOMEM, "[model load] out of memory");
-    for (int i = 0; i < np; i++) source[i] = -1;
-    cg_status st = CG_OK;
-    /* Pass 1: map every stored tensor and check it, so a bad file changes nothing. */
+    bool *filled = calloc((size_t)np + 1, sizeof *filled);
+    cg_st_load *l = cg_st_load_new();
+    cg_status st = filled && l ? CG_OK : cg_set_error(CG_ERR_NOMEM, "[model load] out of memory");
     for (int i = 0; !st && i < cg_st_count(f); i++) {
         const char *stored = cg_st_name(f, i), *name = strip(r, stored);
         bool skip = false;
@@ -211,21 +213,17 @@ static cg_status load_named(cg_model *m, const cg_st *f, bool strict, char **kep
         for (int k = 0; k < 2 && r->tied[k][0]; k++)
             if (!strcmp(name, r->tied[k][0]) && !cg_params_find(ps, name)) twin = r->tied[k][1];
         if (twin) {
-            int j = cg_st_find(f, twin);
-            if (j < 0 && r->prefix) {
-                char full[256];
-                snprintf(full, sizeof full, "%s%s", r->prefix, twin);
-                j = cg_st_find(f, full);
-            }
+            const char *twin_stored = stored_twin(r, f, twin);
             cg_tensor *p = cg_params_find(ps, twin);
             if (!strict && !p) { /* the model has no such head (a classifier from a pretrained file) */
                 if (!list_add(skipped, stored)) st = cg_set_error(CG_ERR_NOMEM, "[model load] out of memory");
                 continue;
             }
-            if (j < 0 && !strict) continue; /* the twin is missing too: it keeps its value */
-            if (j < 0 || !p || !tensors_equal(f, stored, cg_st_name(f, j), cg_numel(p)))
-                st = cg_set_error(CG_ERR_FORMAT, "[model load] tied tensor %s differs from %s (or %s is missing)", stored,
-                              twin, twin);
+            if (!twin_stored && !strict) continue; /* the twin is missing too: it keeps its value */
+            if (!p || !twin_stored)
+                st = cg_set_error(CG_ERR_FORMAT, "[model load] tied tensor '%s' has no twin '%s' %s", stored, twin,
+                                  p ? "in the file" : "among the model's parameters");
+            else st = cg_st_load_tie(l, p, f, stored);
             continue;
         }
         cg_tensor *p = find_param(ps, name);
@@ -234,49 +232,25 @@ static cg_status load_named(cg_model *m, const cg_st *f, bool strict, char **kep
             continue;
         }
         if (!p) {
-            st = cg_set_error(CG_ERR_FORMAT, "[model load] tensor %s matches no %s parameter (is the config right?)",
-                          stored, cg_arch_name(m->arch));
-            break;
-        }
-        int ndim;
-        int64_t shape[CG_MAX_DIMS];
-        if ((st = cg_st_info(f, stored, NULL, &ndim, shape))) break;
-        if (ndim != cg_ndim(p) || memcmp(shape, cg_shape(p), (size_t)ndim * sizeof *shape)) {
-            st = cg_set_error(CG_ERR_SHAPE, "[model load] tensor %s has shape %s, the config wants %s", stored,
-                          cg_dims_str(ndim, shape), cg_shape_str(p));
+            st = cg_set_error(CG_ERR_FORMAT, "[model load] tensor '%s' matches no %s parameter (is the config right?)",
+                              stored, cg_arch_name(m->arch));
             break;
         }
         for (int k = 0; k < np; k++)
-            if (cg_params_at(ps, k) == p) {
-                if (source[k] >= 0) st = cg_set_error(CG_ERR_FORMAT, "[model load] parameter %s stored twice", name);
-                source[k] = i;
-            }
+            if (cg_params_at(ps, k) == p) filled[k] = true;
+        st = cg_st_load_add(l, p, f, stored);
     }
     for (int k = 0; !st && k < np; k++)
-        if (source[k] < 0 && (strict || !cg_lora_is_adapter(cg_params_at(ps, k)))) {
+        if (!filled[k] && (strict || !cg_lora_is_adapter(cg_params_at(ps, k)))) {
             if (strict)
-                st = cg_set_error(CG_ERR_FORMAT, "[model load] parameter %s is missing from the file",
-                              cg_name(cg_params_at(ps, k)));
+                st = cg_set_error(CG_ERR_FORMAT, "[model load] parameter '%s' %s is missing from the file",
+                                  cg_name(cg_params_at(ps, k)), cg_shape_str(cg_params_at(ps, k)));
             else if (!list_add(kept, cg_name(cg_params_at(ps, k))))
                 st = cg_set_error(CG_ERR_NOMEM, "[model load] out of memory");
         }
-    /* Pass 2: read. Shapes were checked, so only a dtype the reader refuses can fail here. A frozen
-     * parameter (LoRA's base) reads its bf16 or float32 tensor in place from the file's mapping. */
-    for (int k = 0; !st && k < np; k++) {
-        cg_tensor *p = cg_params_at(ps, k);
-        if (source[k] < 0) continue;
-        if (!cg_param_trainable(p)) {
-            st = cg_st_map_param((cg_st *)f, cg_st_name(f, source[k]), p, ps);
-            if (st != CG_ERR_ARG) continue; /* mapped, or a bad value */
-            st = CG_OK;
-            cg_clear_error(); /* another dtype: read and converted below */
-        }
-        cg_real *buf = malloc((size_t)cg_numel(p) * sizeof *buf);
-        if (!buf) st = cg_set_error(CG_ERR_NOMEM, "[model load] out of memory");
-        else if (!(st = cg_st_read(f, cg_st_name(f, source[k]), buf, cg_ndim(p), cg_shape(p)))) st = cg_write(p, buf);
-        free(buf);
-    }
-    free(source);
+    if (!st) st = cg_st_load_run(l);
+    cg_st_load_free(l);
+    free(filled);
     return st;
 }
 

@@ -64,9 +64,10 @@ cg_status cg_model_generate(const cg_model *m, const int32_t *prompt, int64_t n_
 
 /* Loads every parameter from f by the arch's names: GPT-2 names may carry a "transformer."
  * prefix, tied duplicates (lm_head.weight of GPT-2 and of a tied LLaMA, cls.predictions.decoder.*)
- * must equal their twin, known buffers (attn.bias masks, position_ids, rotary inv_freq) are skipped;
- * any other unknown tensor, a missing parameter or a wrong shape is an error naming it, and then no
- * parameter has changed. */
+ * must equal their twin in shape and value, known buffers (attn.bias masks, position_ids, rotary
+ * inv_freq) are skipped; any other unknown tensor or a missing parameter is an error naming it, and
+ * the values pass every check of cg_st_load_run (shapes, dtypes, byte ranges, finite values) before
+ * any parameter changes. */
 cg_status cg_model_load(cg_model *m, const cg_st *f);
 /* As cg_model_load, for starting from another model's weights: a parameter the file lacks keeps
  * its value (a new head stays initialised) and a tensor that matches no parameter is skipped (the

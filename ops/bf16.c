@@ -912,7 +912,7 @@ static void plan_shadows(cg_graph *g) {
             const cg_tensor *r = t->src[k]->root;
             if (r->id < 0) continue;
             if (d->kind == CGI_KIND_VIEW) other[r->id]++; /* a view may pass it to anything */
-            else if (t->requires_grad && k < 32 && (d->bwd_reads & (1u << k)))
+            else if (t->requires_grad && k < 32 && (cgi_bwd_reads(t) & (1u << k)))
                 (t->op == CGI_OP_LINEAR && k == 0 && t->src[0] == r ? lin : other)[r->id]++;
         }
     }
@@ -921,7 +921,7 @@ static void plan_shadows(cg_graph *g) {
         const cgi_op_desc *d = &cgi_ops[t->op];
         t->lp_shadowed = !t->lp_value && t->root == t && !t->kept && !t->retain && t->dtype == CG_REAL &&
                          d->kind == CGI_KIND_COMPUTE && !(d->bwd_grad & CGI_OUT_IN_SRC0) &&
-                         !(d->bwd_reads_out && t->requires_grad) && lin[i] > 0 && other[i] == 0;
+                         !(cgi_bwd_reads_out(t) && t->requires_grad) && lin[i] > 0 && other[i] == 0;
     }
     free(lin);
     free(other);

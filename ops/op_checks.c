@@ -7,6 +7,7 @@
 
 #include "graph/gradcheck.h"
 #include "graph/internal.h"
+#include "ops/custom.h"
 #include "ops/ops.h"
 
 #define MAX_IN 4
@@ -358,6 +359,55 @@ static cg_tensor *bce_view(ctx *c) { return cg_bce_with_logits(G, T(leaf(c, -30,
 #undef G
 
 /* slice's case wraps the view in an op so the check covers a strided read */
+/* custom ops: a gate y = a * sigmoid(b) over 2-D operands of any strides, once with its own
+ * backward kernel and once forward-only with a composite of built-in ops defining its gradient */
+static cg_status gate_shape(const cg_custom_tensor *in, int n, const void *params, void *user, cg_custom_shape *out) {
+    if (in[0].ndim != 2 || in[1].ndim != 2 || in[0].shape[0] != in[1].shape[0] || in[0].shape[1] != in[1].shape[1])
+        return cg_set_error(CG_ERR_SHAPE, "a%s and b%s must be the same 2-D shape", cg_dims_str(in[0].ndim, in[0].shape),
+                            cg_dims_str(in[1].ndim, in[1].shape));
+    out->ndim = 2, out->shape[0] = in[0].shape[0], out->shape[1] = in[0].shape[1];
+    out->saved_bytes = (size_t)(out->shape[0] * out->shape[1]) * sizeof(cg_real); /* sigmoid(b) */
+    return CG_OK;
+}
+#define AT(t, i, j) ((cg_real *)(t).data)[(i) * (t).stride[0] + (j) * (t).stride[1]]
+static cg_status gate_fwd(cg_custom_ctx *c) {
+    const cg_custom_tensor a = cg_custom_input(c, 0), b = cg_custom_input(c, 1), y = cg_custom_output(c);
+    cg_real *sig = cg_custom_saved(c);
+    for (int64_t i = 0; i < y.shape[0]; i++)
+        for (int64_t j = 0; j < y.shape[1]; j++) {
+            const cg_real s = (cg_real)(1 / (1 + exp(-(double)AT(b, i, j))));
+            sig[i * y.shape[1] + j] = s;
+            AT(y, i, j) = AT(a, i, j) * s;
+        }
+    return CG_OK;
+}
+static cg_status gate_bwd(cg_custom_ctx *c) {
+    const cg_custom_tensor a = cg_custom_input(c, 0), da = cg_custom_input_grad(c, 0), db = cg_custom_input_grad(c, 1),
+                           dy = cg_custom_output_grad(c);
+    const cg_real *sig = cg_custom_saved(c);
+    for (int64_t i = 0; i < dy.shape[0]; i++)
+        for (int64_t j = 0; j < dy.shape[1]; j++) {
+            const cg_real s = sig[i * dy.shape[1] + j], g = AT(dy, i, j);
+            if (da.data) AT(da, i, j) += g * s;
+            if (db.data) AT(db, i, j) += g * AT(a, i, j) * s * (1 - s);
+        }
+    return CG_OK;
+}
+#undef AT
+static cg_tensor *gate_composite(cg_graph *g, cg_tensor *const *in, const void *params, void *user) {
+    return cg_mul(g, in[0], cg_sigmoid(g, in[1]));
+}
+static const cg_custom_op gate_kernel_op = {"gate", 2, gate_shape, gate_fwd, gate_bwd, 1, false, NULL, NULL};
+static const cg_custom_op gate_composite_op = {"gate_composite", 2, gate_shape, gate_fwd, NULL, 0, false, gate_composite, NULL};
+static cg_tensor *custom_kernel(ctx *c) {
+    cg_tensor *in[2] = {X2(3, 5), T(X2(5, 3))};
+    return cg_custom(c->g, &gate_kernel_op, in, NULL, 0);
+}
+static cg_tensor *custom_composite(ctx *c) {
+    cg_tensor *in[2] = {T(X2(4, 3)), X2(3, 4)};
+    return cg_custom(c->g, &gate_composite_op, in, NULL, 0);
+}
+
 static const check_case cases[] = {
     {"add", "[3,4] + [3,4]", add_same},
     {"add", "[2,3,4] + [4]", add_bias},
@@ -516,6 +566,8 @@ static const check_case cases[] = {
     {"add_layernorm", "[4,6] + [4,6] gain bias", aln_affine},
     {"add_layernorm", "[2,5,3] 1<->2 + [2,3,5] gain", aln_view},
     {"add_layernorm", "x[3,5] + x^T^T bias", aln_self},
+    {"custom", "[3,5]*sig([5,3]^T) own bwd", custom_kernel},
+    {"custom", "[4,3]^T*sig([3,4]) composite", custom_composite},
 };
 
 int cg_gradcheck_ops(FILE *out, double tol, const char *filter) {

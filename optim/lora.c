@@ -188,10 +188,14 @@ cg_status cg_lora_load(cg_params *ps, const char *path) {
         if (!p || p->ndim != 2 || p->lora_a)
             st = cgi_fail(CG_ERR_FORMAT, "[lora load] %s: adapter '%s' has no free 2-D base parameter '%s'", path,
                           cg_st_name(f, i), base);
-        else if (cg_st_info(f, cg_st_name(f, i), NULL, &na, sa) || cg_st_info(f, key, NULL, &nb, sb) || na != 2 ||
-                 nb != 2 || sa[1] != p->shape[1] || sb[0] != p->shape[0] || sa[0] != sb[1])
-            st = cgi_fail(CG_ERR_FORMAT, "[lora load] %s: adapter of '%s'%s: lora_A and lora_B must be [r, %lld] and "
-                          "[%lld, r]", path, base, cgi_shp(p), (long long)p->shape[1], (long long)p->shape[0]);
+        else if (cg_st_info(f, key, NULL, &nb, sb))
+            st = cgi_fail(CG_ERR_FORMAT, "[lora load] %s: adapter '%s' has no '%s' beside it", path, cg_st_name(f, i), key);
+        else if (cg_st_info(f, cg_st_name(f, i), NULL, &na, sa) || na != 2 || nb != 2 || sa[1] != p->shape[1] ||
+                 sb[0] != p->shape[0] || sa[0] != sb[1] || sa[0] < 1 || sa[0] > p->shape[0] || sa[0] > p->shape[1])
+            st = cgi_fail(CG_ERR_SHAPE, "[lora load] %s: adapter of '%s'%s: lora_A is %s and lora_B %s, but they must be "
+                          "[r, %lld] and [%lld, r] with 1 <= r <= %lld", path, base, cgi_shp(p), cgi_dims(na, sa),
+                          cgi_dims(nb, sb), (long long)p->shape[1], (long long)p->shape[0],
+                          (long long)(p->shape[0] < p->shape[1] ? p->shape[0] : p->shape[1]));
         snprintf(key, sizeof key, "scale:%s", base);
         const char *sc = cg_st_metadata(f, key);
         if (!st && (!sc || !isfinite(strtod(sc, NULL)) || strtod(sc, NULL) == 0))
@@ -199,6 +203,22 @@ cg_status cg_lora_load(cg_params *ps, const char *path) {
         found++;
     }
     if (!st && !found) st = cgi_fail(CG_ERR_FORMAT, "[lora load] %s: holds no adapters", path);
+    /* The values go through the load step every weight load uses (dtype, byte range, finite), into
+     * stand-ins of the adapters' names and shapes: only once it passes are adapters added to ps. */
+    cg_params *scratch = st ? NULL : cg_params_new();
+    cg_st_load *l = scratch ? cg_st_load_new() : NULL;
+    if (!st && !l) st = CG_ERR_NOMEM;
+    for (int i = 0; !st && i < cg_st_count(f); i++) {
+        if (!base_name(cg_st_name(f, i), base, sizeof base)) continue;
+        for (int k = 0; !st && k < 2; k++) {
+            snprintf(key, sizeof key, "%s.lora_%c", base, "AB"[k]);
+            int64_t sh[CG_MAX_DIMS];
+            cg_tensor *t = cg_st_info(f, key, NULL, NULL, sh) ? NULL : cg_params_add(scratch, key, 2, sh);
+            st = t ? cg_st_load_add(l, t, f, key) : CG_ERR_NOMEM;
+        }
+    }
+    if (!st) st = cg_st_load_run(l);
+    cg_st_load_free(l);
     for (int i = 0; !st && i < cg_st_count(f); i++) {
         if (!base_name(cg_st_name(f, i), base, sizeof base)) continue;
         cg_tensor *p = cg_params_find(ps, base);
@@ -209,9 +229,10 @@ cg_status cg_lora_load(cg_params *ps, const char *path) {
         cg_rng r;
         cg_rng_seed(&r, 0);
         if ((st = cg_lora_add(ps, p, (int)sa[0], scale * (double)sa[0], &r))) break;
-        if ((st = cg_st_read(f, cg_name(p->lora_a), p->lora_a->data, 2, p->lora_a->shape))) break;
-        st = cg_st_read(f, cg_name(p->lora_b), p->lora_b->data, 2, p->lora_b->shape);
+        if ((st = cg_write(p->lora_a, cg_data(cg_params_find(scratch, cg_name(p->lora_a)))))) break;
+        st = cg_write(p->lora_b, cg_data(cg_params_find(scratch, cg_name(p->lora_b))));
     }
+    cg_params_free(scratch);
     if (!st) /* as cg_lora_apply: the fine-tune trains its adapters alone */
         for (int i = 0; i < cg_params_count(ps); i++)
             if (!cg_lora_is_adapter(cg_params_at(ps, i))) cg_param_set_trainable(cg_params_at(ps, i), false);

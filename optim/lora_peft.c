@@ -202,6 +202,8 @@ cg_status cg_lora_load_peft(cg_params *ps, const char *dir) {
         found += is_a;
     }
     if (!st && !found) st = cgi_fail(CG_ERR_FORMAT, "[lora peft] %s: holds no adapters", path);
+    cg_st_load *l = st ? NULL : cg_st_load_new(); /* values through the checks every load takes */
+    if (!st && !l) st = CG_ERR_NOMEM;
     for (int i = 0; !st && i < cg_st_count(f); i++) {
         const char *name = cg_st_name(f, i);
         if (!ends_with(name, ".lora_A.weight")) continue;
@@ -214,10 +216,10 @@ cg_status cg_lora_load_peft(cg_params *ps, const char *dir) {
         cg_rng_seed(&rng, 0);
         if ((st = cg_lora_add(ps, p, (int)r, add_alpha, &rng))) break;
         snprintf(key, sizeof key, PREFIX "%s.lora_B.weight", module);
-        if ((st = cg_st_read(f, name, p->lora_a->data, 2, p->lora_a->shape))) break;
-        st = cg_st_read(f, key, p->lora_b->data, 2, p->lora_b->shape);
-        cg_params_touch(ps);
+        if (!(st = cg_st_load_add(l, p->lora_a, f, name))) st = cg_st_load_add(l, p->lora_b, f, key);
     }
+    if (!st) st = cg_st_load_run(l);
+    cg_st_load_free(l);
     if (!st) /* as cg_lora_load: the fine-tune trains its adapters alone */
         for (int i = 0; i < cg_params_count(ps); i++)
             if (!cg_lora_is_adapter(cg_params_at(ps, i))) cg_param_set_trainable(cg_params_at(ps, i), false);

@@ -116,7 +116,7 @@ mkdir bare && cp gdir/model.safetensors bare/w.safetensors
 check 'grep -q "bare/w.safetensors" err.txt && grep -q "config.json" err.txt' "no config.json: says where it goes ($(tail -1 err.txt))"
 mkdir wrong && cp gdir/* wrong/ && sed -i 's/"n_embd":[[:space:]]*32/"n_embd": 48/' wrong/config.json
 "$bin" train "${tune[@]}" --init-from wrong > err.txt 2>&1
-check 'grep -q "wrong/model.safetensors" err.txt && grep -q "tensor transformer.h.0.attn.c_attn.bias has shape \[96\], the config wants \[144\]" err.txt' \
+check 'grep -q "wrong/model.safetensors" err.txt && grep -q "tensor '"'"'transformer.h.0.attn.c_attn.bias'"'"' has shape \[96\], but parameter '"'"'h.0.attn.c_attn.bias'"'"' is \[144\]" err.txt' \
       "a shape mismatch names the file, the tensor and both shapes ($(tail -1 err.txt))"
 "$bin" sample --checkpoint "$dir" > err.txt 2>&1
 check 'grep -q "no model.safetensors" err.txt' "a directory without model.safetensors says so ($(tail -1 err.txt))"
