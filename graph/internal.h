@@ -234,7 +234,15 @@ const char *cgi_custom_name(const cg_tensor *t);
 bool cgi_custom_differentiable(const cg_tensor *t);
 /* Bit k: backward of t reads its input k's value. */
 static inline unsigned cgi_bwd_reads(const cg_tensor *t) {
-    return t->op == CGI_OP_CUSTOM ? cgi_custom_reads(t) : cgi_ops[t->op].bwd_reads;
+    if (t->op == CGI_OP_CUSTOM) return cgi_custom_reads(t);
+    unsigned r = cgi_ops[t->op].bwd_reads;
+    /* a linear reads its input only for dW and its weight only for dX: a frozen weight's product
+     * keeps no input alive for backward (LoRA's bases), a constant input keeps no weight */
+    if (t->op == CGI_OP_LINEAR) {
+        if (!t->src[1]->requires_grad) r &= ~1u;
+        if (!t->src[0]->requires_grad) r &= ~2u;
+    }
+    return r;
 }
 /* Whether backward of t reads t's own value. */
 static inline bool cgi_bwd_reads_out(const cg_tensor *t) {

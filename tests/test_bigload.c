@@ -288,6 +288,36 @@ static void test_mapped_f32(void) {
     cg_st_close(f);
 }
 
+/* The plan keeps no activation that only a frozen weight's gradient would read: h = tanh(x W1) feeds
+ * a linear with a frozen W2, and h is kept for backward only when W2 trains. */
+static size_t plan_with(bool w2_trains) {
+    cg_params *ps = cg_params_new();
+    cg_tensor *w1 = cg_params_add(ps, "w1", 2, (int64_t[]){256, 64});
+    cg_tensor *w2 = cg_params_add(ps, "w2", 2, (int64_t[]){64, 256});
+    cg_rng r;
+    cg_rng_seed(&r, 2);
+    cg_fill_normal(w1, &r, 0, 0.1);
+    cg_fill_normal(w2, &r, 0, 0.1);
+    cg_param_set_trainable(w2, w2_trains);
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    cg_tensor *x = cg_input(g, "x", CG_REAL, 2, (int64_t[]){512, 64});
+    cg_fill(x, 0.5);
+    cg_tensor *h = cg_scale(g, cg_linear(g, x, w1, NULL), 2.0); /* its backward reads no value */
+    cg_tensor *loss = cg_mean_all(g, cg_square(g, cg_linear(g, h, w2, NULL)));
+    size_t bytes = 0;
+    if (cg_graph_forward(g) == CG_OK && cg_graph_backward(g, loss) == CG_OK) bytes = cg_graph_plan_bytes(g);
+    else CHECK(0, "%s", cg_last_error());
+    cg_graph_free(g);
+    cg_params_free(ps);
+    return bytes;
+}
+
+static void test_frozen_plan(void) {
+    const size_t trains = plan_with(true), frozen = plan_with(false);
+    /* h [512, 256] is kept through backward only for W2's gradient */
+    CHECK(frozen + 64 * 1024 <= trains, "plan %zu bytes with W2 frozen, %zu trained", frozen, trains);
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "/tmp/cgrad_bigload_%ld", (long)getpid());
     char cmd[300];
@@ -298,6 +328,7 @@ int main(void) {
     test_frozen_out_of_blocks();
     test_deferred_init();
     test_mapped_bf16();
+    test_frozen_plan();
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd)) return 1;
     TEST_END();
