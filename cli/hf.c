@@ -255,8 +255,8 @@ cg_status cli_hf_load_adapted(const char *path, double dropout, bool partial, cl
     else if (!st && lora) { /* adapters first: the weights they freeze are then read in place, not copied */
         cg_rng r;
         cg_rng_seed(&r, lora->seed);
-        char dflt[256]; /* the arch's default targets, as cgrad train would take them */
-        cli_train_default(cg_arch_name(ck->arch), "--lora-targets", dflt, sizeof dflt);
+        char dflt[256] = ""; /* the arch's default targets, as cgrad train would take them */
+        if (!lora->targets && lora->default_targets) lora->default_targets(ck->arch, dflt, sizeof dflt);
         lora->added = cg_lora_apply(ck->ps, lora->targets ? lora->targets : dflt, lora->rank, lora->alpha, &r);
         if (lora->added < 0) st = CG_ERR_ARG;
     }

@@ -109,7 +109,8 @@ bool cli_hf_layout(const char *path);
 cg_status cli_hf_load(const char *path, double dropout, bool partial, cli_ckpt *ck);
 /* LoRA adapters to add to a model before its weights load (cli_hf_load_adapted). */
 typedef struct {
-    const char *targets; /* comma-separated parts of weight names (NULL: the arch's default) */
+    const char *targets; /* comma-separated parts of weight names (NULL: default_targets's) */
+    void (*default_targets)(cg_arch arch, char *buf, size_t n); /* the arch's default targets */
     int rank;            /* 0: no adapters, every weight frozen (inference) */
     double alpha;
     uint64_t seed;       /* of the adapters' initialisation */

@@ -27,6 +27,11 @@ static void on_sigint(int sig) {
     signal(SIGINT, SIG_DFL); /* a second Ctrl-C ends the process at once */
 }
 
+/* --lora-targets' default for arch (cli_lora's default_targets). */
+static void default_lora_targets(cg_arch arch, char *buf, size_t n) {
+    cli_train_default(cg_arch_name(arch), "--lora-targets", buf, n);
+}
+
 double train_now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -175,7 +180,7 @@ int cmd_train(int argc, char **argv) {
             cli_train_default("llama", "--seed", dflt, sizeof dflt);
             cg_rng seeds;
             cg_rng_seed(&seeds, set[idx_seed] ? o.seed : strtoull(dflt, NULL, 10));
-            pre = (cli_lora){set[idx_lora_targets] ? o.lora_targets : NULL, (int)o.lora_rank, set[idx_lora_alpha] ? o.lora_alpha : (double)o.lora_rank,
+            pre = (cli_lora){set[idx_lora_targets] ? o.lora_targets : NULL, default_lora_targets, (int)o.lora_rank, set[idx_lora_alpha] ? o.lora_alpha : (double)o.lora_rank,
                              cg_rng_next(&seeds), 0};
         }
         const double load_t0 = train_now_s();
