@@ -66,8 +66,11 @@ two --resume "$dir/r.ckpt" --steps 6 > r2.out 2>&1 || cat r2.out
 long=("${args[@]}" --steps 100000 --save-every 0 --checkpoint "$dir/k.ckpt")
 two "${long[@]}" > kill.out 2>&1 & mp=$!
 if wait_for 'grep -Eq " ([5-9]|[1-9][0-9]+)/100000" kill.out' 120; then
-    remote=$(for p in $(ip netns pids "${prefix}2"); do
-        tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1" && echo "$p"; done | head -1)
+    # the rank on host 2: the cgrad process among that namespace's (its daemon, orted, is the other)
+    remote_rank() { for p in $(ip netns pids "${prefix}2"); do [ "$(readlink "/proc/$p/exe")" = "$(readlink -f "$bin")" ] && echo "$p"; done | head -1; }
+    wait_for '[ -n "$(remote_rank)" ]' 10
+    remote=$(remote_rank)
+    [ -n "$remote" ] || bad "no cgrad process on host 2: $(for p in $(ip netns pids "${prefix}2"); do cat "/proc/$p/comm"; done | xargs)"
     t0=$SECONDS
     kill -KILL "$remote"
     if wait_for '! kill -0 $mp 2>/dev/null' 30; then
