@@ -91,7 +91,7 @@ int32_t cg_tokenizer_vocab_size(const cg_tokenizer *tok);
 cg_status cg_tokenizer_encode(const cg_tokenizer *tok, const char *text, size_t len, int32_t **ids,
                               int64_t *n);
 /* As cg_tokenizer_encode, then, for an hf tokenizer, the special tokens its post-processor puts
- * around a single sequence (LLaMA-2's <s>, BERT's [CLS] ... [SEP]), as the reference encode() does
+ * around a single sequence (LLaMA-2's \<s\>, BERT's [CLS] ... [SEP]), as the reference encode() does
  * by default; the same as cg_tokenizer_encode for the other kinds. */
 cg_status cg_tokenizer_encode_special(const cg_tokenizer *tok, const char *text, size_t len, int32_t **ids,
                                       int64_t *n);

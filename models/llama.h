@@ -45,7 +45,7 @@ typedef struct {
     bool mlp_bias;                   /* gate/up/down projections have biases (LLaMA's mlp_bias) */
     bool qk_norm;                    /* RMSNorm of each query and key head over head_dim before RoPE (Qwen3) */
     int64_t sliding_window;          /* key j is seen by query i iff i - window < j <= i (0: every earlier key) */
-    bool use_sliding_window;         /* Qwen2/3: the window applies, on layers max_window_layers.. */
+    bool use_sliding_window;         /* Qwen2/3: the window applies, from layer max_window_layers on */
     int64_t max_window_layers;       /* Qwen2/3: the first layers, which keep full attention */
     double attention_dropout;        /* dropout of the attention weights in training (config.json's) */
     double dropout;                  /* embedding and residual dropout, and attention's when attention_dropout is 0 */
