@@ -186,8 +186,11 @@ static bool parse_layer_types(const cJSON *o, cg_llama_config *c, const char *wh
     /* transformers keeps sliding_window only with use_sliding_window: without it a "sliding_attention"
      * layer has no window */
     if (first_sliding >= 0 && c->use_sliding_window) c->max_window_layers = first_sliding;
-    else if (first_sliding < 0 && c->max_window_layers < c->num_hidden_layers)
+    else if (first_sliding < 0 && c->use_sliding_window && c->sliding_window > 0 &&
+             c->max_window_layers < c->num_hidden_layers)
         c->max_window_layers = c->num_hidden_layers; /* every layer full: none from max_window_layers on */
+    /* without a window max_window_layers changes nothing and is kept as given, so a config written
+     * back reads as the same config */
     return true;
 }
 
