@@ -190,7 +190,15 @@ cJSON *train_opts_json(topts *o) {
             if (defs[i].kind == CLI_BARE) cJSON_AddBoolToObject(j, key_of(i), *(int64_t *)f != 0); /* a flag: true/false */
             else cJSON_AddNumberToObject(j, key_of(i), (double)*(int64_t *)f);
             break;
-        case T_NUM: cJSON_AddNumberToObject(j, key_of(i), *(double *)f); break;
+        case T_NUM: { /* the shortest digits that read back as the same double (cJSON's own may not) */
+            char num[40];
+            for (int digits = 15; digits <= 17; digits++) {
+                snprintf(num, sizeof num, "%.*g", digits, *(double *)f);
+                if (strtod(num, NULL) == *(double *)f) break;
+            }
+            cJSON_AddRawToObject(j, key_of(i), num);
+            break;
+        }
         case T_U64:
             snprintf(buf, sizeof buf, "%" PRIu64, *(uint64_t *)f);
             cJSON_AddStringToObject(j, key_of(i), buf);
