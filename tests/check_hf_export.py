@@ -73,7 +73,12 @@ def check(cond, what):
     return bool(cond)
 
 
-def check_dir(cgrad, d):
+def reference(d):
+    """The torch side of a directory written by `cgrad export`: (ok, ref) where ref holds the
+    reference model built from config.json alone and loaded with the file's tensors (model), the
+    file's tensors (sd), a batch, the `cgrad step --arch` to run and the torch outputs on the batch
+    (outputs: logits, and the next-sentence logits for BertForPreTraining). ref is None when the
+    file's tensors are not the reference model's."""
     cfg = json.load(open(os.path.join(d, "config.json")))
     meta, w = read_st(os.path.join(d, "model.safetensors"))
     ok = check(meta.get("format") == "pt", "%s: metadata format = pt (%s)" % (d, meta))
@@ -121,34 +126,53 @@ def check_dir(cgrad, d):
         batch = {"input_ids": ids, "token_type_ids": np.zeros((2, t), dtype=np.int64), "attention_mask": mask,
                  "labels": labels, "next_sentence_label": np.array([0, 1])}
     else:
-        return check(False, "%s: model_type %s has no transformers class to check" % (d, mt))
+        return check(False, "%s: model_type %s has no transformers class to check" % (d, mt)), None
     want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     got = {k: tuple(v.shape) for k, v in sd.items()}
     ok &= check(want == got, "%s: the file's %d tensors are the reference model's, shape for shape%s" % (
         d, len(got), "" if want == got else " (differ: %s)" % sorted(set(want.items()) ^ set(got.items()))[:6]))
     if want != got:
-        return False
+        return False, None
     model.load_state_dict({k: torch.from_numpy(v) for k, v in sd.items()}, strict=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        bp, op = os.path.join(tmp, "batch.safetensors"), os.path.join(tmp, "out.safetensors")
-        ref.st_write(bp, batch)
-        r = subprocess.run([cgrad, "step", "--arch", "llama" if mt in FAMILIES else mt, "--config", os.path.join(d, "config.json"), "--weights",
-                            os.path.join(d, "model.safetensors"), "--batch", bp, "--out", op, "--threads", "1"],
-                           capture_output=True, text=True)
-        if not check(r.returncode == 0, "%s: cgrad step on the exported files %s" % (d, r.stderr.strip())):
-            return False
-        _, out = read_st(op)
     tb = {k: torch.from_numpy(np.asarray(v)) for k, v in batch.items()}
+    outputs = {}
     with torch.no_grad():
         if mt == "gpt2" or mt in FAMILIES:
-            logits = model(tb["input_ids"]).numpy()
+            outputs["logits"] = model(tb["input_ids"]).numpy()
         elif arch == "BertForSequenceClassification":
-            logits = model(tb["input_ids"], tb["attention_mask"]).numpy()
+            outputs["logits"] = model(tb["input_ids"], tb["attention_mask"]).numpy()
         else:
             logits, nsp = model(tb["input_ids"], tb["token_type_ids"], tb["attention_mask"])
-            logits = logits.numpy()
-            gap = np.abs(out["nsp_logits" if "nsp_logits" in out else "seq_relationship_logits"] - nsp.numpy()).max()
-            ok &= check(gap < 1e-4, "%s: next-sentence logits equal torch's (max gap %.1e)" % (d, gap))
+            outputs["logits"], outputs["nsp"] = logits.numpy(), nsp.numpy()
+    step_arch = "llama" if mt in FAMILIES else mt
+    return ok, {"model": model, "sd": sd, "batch": batch, "arch": step_arch, "outputs": outputs}
+
+
+def cgrad_step(cgrad, d, arch, batch, tmp):
+    """cgrad's own outputs ({name: float64 array}) on the batch, through `cgrad step` on the
+    exported files; None (with a FAIL line) when the command fails."""
+    bp, op = os.path.join(tmp, "batch.safetensors"), os.path.join(tmp, "out.safetensors")
+    ref.st_write(bp, batch)
+    r = subprocess.run([cgrad, "step", "--arch", arch, "--config", os.path.join(d, "config.json"), "--weights",
+                        os.path.join(d, "model.safetensors"), "--batch", bp, "--out", op, "--threads", "1"],
+                       capture_output=True, text=True)
+    if not check(r.returncode == 0, "%s: cgrad step on the exported files %s" % (d, r.stderr.strip())):
+        return None
+    return read_st(op)[1]
+
+
+def check_dir(cgrad, d):
+    ok, r = reference(d)
+    if r is None:
+        return False
+    with tempfile.TemporaryDirectory() as tmp:
+        out = cgrad_step(cgrad, d, r["arch"], r["batch"], tmp)
+    if out is None:
+        return False
+    if "nsp" in r["outputs"]:
+        gap = np.abs(out["nsp_logits" if "nsp_logits" in out else "seq_relationship_logits"] - r["outputs"]["nsp"]).max()
+        ok &= check(gap < 1e-4, "%s: next-sentence logits equal torch's (max gap %.1e)" % (d, gap))
+    logits = r["outputs"]["logits"]
     gap = np.abs(out["logits"] - logits).max() / max(1.0, np.abs(logits).max())
     ok &= check(gap < 1e-4, "%s: logits equal the torch reference's on the exported weights (max gap %.1e)" % (d, gap))
     return ok

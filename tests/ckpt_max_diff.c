@@ -3,13 +3,21 @@
  * largest difference relative to the tensor's largest magnitude, over all tensors:
  *   ckpt_max_diff [-v] A B  ->  "max relative difference R in TENSOR (of N tensors)"; -v: each tensor
  * Exit 0 if every tensor of A is in B with its shape, 1 otherwise. For the N > 2 ranks test,
- * where the sum of the ranks' gradients may run in another order than one process's. */
+ * where the sum of the ranks' gradients may run in another order than one process's; and for the
+ * export fixtures, where A and B are plain .safetensors files (read as such by their extension). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../cgrad.h"
+
+/* A gzip checkpoint, or a plain safetensors file by its extension. */
+static cg_st *open_tensors(const char *path) {
+    const size_t n = strlen(path), ext = strlen(".safetensors");
+    if (n >= ext && !strcmp(path + n - ext, ".safetensors")) return cg_st_open(path);
+    return cg_checkpoint_open(path);
+}
 
 int main(int argc, char **argv) {
     const int verbose = argc == 4 && !strcmp(argv[1], "-v");
@@ -19,7 +27,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: ckpt_max_diff [-v] A B\n");
         return 2;
     }
-    cg_st *a = cg_checkpoint_open(argv[1]), *b = cg_checkpoint_open(argv[2]);
+    cg_st *a = open_tensors(argv[1]), *b = open_tensors(argv[2]);
     if (!a || !b) {
         fprintf(stderr, "ckpt_max_diff: %s\n", cg_last_error());
         return 1;
