@@ -198,12 +198,11 @@ static cg_status locate(const char *path, char *weights, char *config, char *dir
     if (is_dir(path)) {
         snprintf(dir, n, "%s", path);
         path_join(weights, n, path, "model.safetensors");
-        if (!is_file(weights)) {
-            char sharded[4200];
-            path_join(sharded, sizeof sharded, path, "model.safetensors.index.json");
-            return cg_set_error(CG_ERR_IO, "[hf] %s: no model.safetensors in this directory%s", path,
-                            is_file(sharded) ? " (a sharded model: cgrad reads one file, not model-0000N-of-N shards)"
-                                             : " (a Hugging Face model directory holds model.safetensors + config.json)");
+        if (!is_file(weights)) { /* a sharded model: the index names the shards */
+            path_join(weights, n, path, "model.safetensors.index.json");
+            if (!is_file(weights))
+                return cg_set_error(CG_ERR_IO, "[hf] %s: no model.safetensors (or model.safetensors.index.json) in this "
+                                "directory (a Hugging Face model directory holds them + config.json)", path);
         }
     } else {
         snprintf(weights, n, "%s", path);
@@ -213,14 +212,23 @@ static cg_status locate(const char *path, char *weights, char *config, char *dir
     return CG_OK;
 }
 
+static bool ends_with_index(const char *path) {
+    const size_t n = strlen(path), k = strlen(".index.json");
+    return n >= k && !strcmp(path + n - k, ".index.json");
+}
+
 cg_status cli_hf_load(const char *path, double dropout, bool partial, cli_ckpt *ck) {
+    return cli_hf_load_adapted(path, dropout, partial, NULL, ck);
+}
+
+cg_status cli_hf_load_adapted(const char *path, double dropout, bool partial, cli_lora *lora, cli_ckpt *ck) {
     memset(ck, 0, sizeof *ck);
     char weights[4200], config[4200], dir[4200];
     cg_status st = locate(path, weights, config, dir, sizeof weights);
     if (st) return st;
     struct stat sb;
     if (!stat(weights, &sb)) ck->file_bytes = (long long)sb.st_size;
-    if (!(ck->st = cg_st_open(weights))) {
+    if (!(ck->st = ends_with_index(weights) ? cg_st_open_index(weights) : cg_st_open(weights))) {
         char msg[900];
         snprintf(msg, sizeof msg, "%s", cg_last_error());
         return cg_set_error(CG_ERR_FORMAT, "[checkpoint] %s: neither a cgrad checkpoint (gzip, written by cgrad train) nor a "
@@ -258,14 +266,26 @@ cg_status cli_hf_load(const char *path, double dropout, bool partial, cli_ckpt *
     if (!(st = arch_of(cfg, cfg_name, &ck->arch))) {
         char *cfg_text = cJSON_PrintUnformatted(cfg);
         ck->ps = cg_params_new();
+        cg_params_defer_init(ck->ps, true); /* the file overwrites them: draw only what it lacks, at the end */
         ck->model = ck->ps && cfg_text ? cg_model_new(ck->arch, cfg_text, dropout < 0 ? 0 : dropout, ck->ps, 0) : NULL;
         free(cfg_text);
         if (!ck->model) st = with_file(CG_ERR_FORMAT, cfg_name);
+    }
+    if (!st && lora && lora->rank == 0) /* inference: every weight frozen, so all are read in place */
+        for (int i = 0; i < cg_params_count(ck->ps); i++) cg_param_set_trainable(cg_params_at(ck->ps, i), false);
+    else if (!st && lora) { /* adapters first: the weights they freeze are then read in place, not copied */
+        cg_rng r;
+        cg_rng_seed(&r, lora->seed);
+        char dflt[256] = ""; /* the arch's default targets, as cgrad train would take them */
+        if (!lora->targets && lora->default_targets) lora->default_targets(ck->arch, dflt, sizeof dflt);
+        lora->added = cg_lora_apply(ck->ps, lora->targets ? lora->targets : dflt, lora->rank, lora->alpha, &r);
+        if (lora->added < 0) st = CG_ERR_ARG;
     }
     char *kept = NULL, *skipped = NULL;
     if (!st) {
         st = partial ? cg_model_load_partial(ck->model, ck->st, &kept, &skipped) : cg_model_load(ck->model, ck->st);
         if (st) st = with_file(st, weights);
+        cg_params_defer_init(ck->ps, false);
     }
     if (!st && !(ck->tok = cg_tokenizer_load(dir)))
         st = cg_set_error(CG_ERR_FORMAT, "[hf] %s: no tokenizer beside the weights: %s (cgrad export writes one)", dir,
@@ -292,7 +312,7 @@ cg_status cli_hf_read_weights(const char *path, cg_model *m) {
     char weights[4200], config[4200], dir[4200];
     cg_status st = locate(path, weights, config, dir, sizeof weights);
     if (st) return st;
-    cg_st *f = cg_st_open(weights);
+    cg_st *f = ends_with_index(weights) ? cg_st_open_index(weights) : cg_st_open(weights);
     if (!f) return CG_ERR_FORMAT;
     st = cg_model_load(m, f);
     cg_st_close(f);
@@ -301,7 +321,9 @@ cg_status cli_hf_read_weights(const char *path, cg_model *m) {
 
 /* ---- export ---- */
 
-const cli_opt cli_export_opts[] = {{NULL, CLI_BARE, 0, 0, NULL}};
+const cli_opt cli_export_opts[] = {
+    {"--peft", CLI_BARE, 0, 0, "a LoRA fine-tune's adapters alone, in PEFT's layout (adapter_model.safetensors + adapter_config.json)"},
+    {NULL, CLI_BARE, 0, 0, NULL}};
 
 /* config.json as transformers reads it: the model's own config plus the class and the fields the
  * class needs that cgrad does not keep (activation, tied embeddings, special token ids, dtype). */
@@ -431,6 +453,17 @@ int cmd_export(int argc, char **argv) {
     int rc = 1;
     bool lora = false;
     for (int i = 0; i < cg_params_count(ck.ps); i++) lora |= cg_lora_is_adapter(cg_params_at(ck.ps, i));
+    if (cli_has(&a, "--peft")) { /* the adapters as PEFT saves them; the base stays where it is */
+        const char *base = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(ck.train, "init_from"));
+        if (!lora) fprintf(stderr, "cgrad export --peft: %s holds no LoRA adapters (train with --lora-rank)\n", ckpt);
+        else if (cg_lora_save_peft(ck.ps, dir, base)) cli_fail("export", dir);
+        else {
+            printf("exported the LoRA adapters of %s to %s: adapter_model.safetensors, adapter_config.json (base %s)\n", ckpt,
+                   dir, base ? base : "unknown");
+            rc = 0;
+        }
+        goto done;
+    }
     if (lora && cg_lora_merge(ck.ps)) {
         cli_fail("export", "cannot merge the LoRA adapters");
         goto done;

@@ -97,6 +97,8 @@ cg_status cg_lora_merge(cg_params *ps) {
     for (int i = 0; i < cg_params_count(ps); i++) {
         cg_tensor *p = cg_params_at(ps, i);
         if (!p->lora_a) continue;
+        cg_status ws = cgi_param_writable(p); /* a base read in place from its file gets a float copy */
+        if (ws) return ws;
         const int64_t R = p->shape[0], C = p->shape[1], k = p->lora_a->shape[0];
         cg_real *w = p->data, *a = p->lora_a->data, *b = p->lora_b->data;
         /* P += s B A in double per element, so the merge adds no more rounding than one update */
@@ -108,6 +110,7 @@ cg_status cg_lora_merge(cg_params *ps) {
                 w[i * C + j] = (cg_real)(w[i * C + j] + p->lora_scale * acc);
             }
         memset(b, 0, (size_t)(R * k) * sizeof *b);
+        cg_params_touch(ps);
     }
     return CG_OK;
 }
