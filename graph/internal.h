@@ -129,7 +129,8 @@ struct cg_tensor {
     /* parameters (graph/params_store.c): where the value lives, and an initialisation deferred by
      * cg_params_defer_init (the rng state it starts from, so that running it later draws the same) */
     uint8_t store;       /* CGI_STORE_*: the set's block, or outside it with no gradient */
-    int64_t block_off;   /* CGI_STORE_BLOCK: elements from the start of the value and gradient blocks */
+    int64_t block_off;   /* elements from the start of the value and gradient blocks; out of them (no elements
+                          * there), where it would be: offsets rise with the index, for walks over the blocks */
     const void *mapped;  /* CGI_STORE_BF16: the value's bf16 elements in a file mapping */
     size_t own_bytes;    /* CGI_STORE_OWN / BF16: bytes of the float storage the parameter owns (data) */
     bool widened;        /* CGI_STORE_BF16: data holds the widened float value */

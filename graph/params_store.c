@@ -77,6 +77,7 @@ cg_status cg_param_map(cg_tensor *p, const void *data, cg_map_dtype dtype) {
     cgi_lp_param_free(p); /* a bf16 copy of the old value */
     p->init_kind = CGI_INIT_NONE;
     p->grad = NULL;
+    p->grad_stale = false; /* nothing left to settle */
     p->requires_grad = false;
     if (dtype == CG_MAP_F32) {
         p->store = CGI_STORE_F32MAP;
@@ -150,6 +151,7 @@ cg_status cg_params_compact(cg_params *ps) {
         memcpy(q, p->data, bytes);
         p->data = q;
         p->grad = NULL;
+        p->grad_stale = false;
         p->requires_grad = false;
         p->own_bytes = pages(bytes);
         p->store = CGI_STORE_OWN;
@@ -164,7 +166,10 @@ cg_status cg_params_compact(cg_params *ps) {
     int64_t at = 0;
     for (int i = 0; i < n; i++) {
         cg_tensor *p = cg_params_at(ps, i);
-        if (p->store != CGI_STORE_BLOCK) continue;
+        if (p->store != CGI_STORE_BLOCK) { /* no elements here, but its offset keeps the set's order for block walks */
+            p->block_off = at;
+            continue;
+        }
         const int64_t k = cgi_numel(p->ndim, p->shape);
         cgi_param_settle(p);
         memcpy(v + at, p->data, (size_t)k * sizeof(cg_real));

@@ -117,8 +117,9 @@ cg_status cg_lora_merge(cg_params *ps) {
 
 /* ---- adapters on disk ---- */
 
-static cg_real *moment_of(cg_real *block, cg_params *ps, const cg_tensor *p) {
-    return block ? block + ((const cg_real *)p->data - cg_params_values(ps)) : NULL;
+/* An adapter's moments sit at its offset in the blocks. */
+static cg_real *moment_of(cg_real *block, const cg_tensor *p) {
+    return block ? block + p->block_off : NULL;
 }
 
 cg_status cg_lora_save(cg_params *ps, const cg_optim *o, const char *path) {
@@ -137,9 +138,9 @@ cg_status cg_lora_save(cg_params *ps, const cg_optim *o, const char *path) {
             cg_tensor *t = (cg_tensor *)ab[k];
             st = cg_st_add(w, t->name, 2, t->shape, t->data);
             snprintf(name, sizeof name, "%s.exp_avg", t->name);
-            if (!st && m1) st = cg_st_add(w, name, 2, t->shape, moment_of(m1, ps, t));
+            if (!st && m1) st = cg_st_add(w, name, 2, t->shape, moment_of(m1, t));
             snprintf(name, sizeof name, "%s.exp_avg_sq", t->name);
-            if (!st && m2) st = cg_st_add(w, name, 2, t->shape, moment_of(m2, ps, t));
+            if (!st && m2) st = cg_st_add(w, name, 2, t->shape, moment_of(m2, t));
         }
         snprintf(name, sizeof name, "scale:%s", p->name);
         snprintf(num, sizeof num, "%.17g", p->lora_scale);
@@ -274,7 +275,7 @@ cg_status cg_lora_load_optim(cg_optim *o, cg_params *ps, const char *path) {
         if (!cg_lora_is_adapter(t)) continue;
         for (int k = 0; k < 2 && m[k]; k++) {
             snprintf(key, sizeof key, "%s.%s", t->name, suffix[k]);
-            memcpy(moment_of(m[k], ps, t), cg_data(cg_params_find(scratch, key)), (size_t)cg_numel(t) * sizeof(cg_real));
+            memcpy(moment_of(m[k], t), cg_data(cg_params_find(scratch, key)), (size_t)cg_numel(t) * sizeof(cg_real));
         }
     }
     if (!st) st = cg_optim_set_steps(o, n_steps);

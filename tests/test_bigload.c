@@ -2,8 +2,10 @@
 /* Loading large models: sharded safetensors (and the ways an index can be wrong), frozen weights
  * read in place from a file (bf16 and float32), frozen parameters out of the gradient and optimizer
  * blocks, and deferred initialisation drawing exactly what an immediate one draws. */
+#define _GNU_SOURCE /* MAP_ANONYMOUS */
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cgrad/cgrad.h>
@@ -220,6 +222,74 @@ static void test_frozen_out_of_blocks(void) {
     cg_params_free(ps);
 }
 
+/* The optimizer and the gradient norm walk the blocks by each parameter's offset in them. Frozen
+ * weights read in place lie anywhere in memory: with their values above the blocks (place 0) or
+ * below them (place 1), every adapter still gets its share of the norm and its step. Placed above,
+ * offsets taken from data pointers sent the walk past the adapters: a LoRA fine-tune (weights first,
+ * adapters after them, compacted) never moved its B adapters. */
+static void test_adapters_step_beside_mapped(void) {
+    enum { NW = 3, WN = 48, WK = 64, WR = 4, NB = NW * WN * WR };
+    for (int place = 0; place < 2; place++) {
+        cg_params *ps = cg_params_new();
+        cg_tensor *w[NW], *a[NW], *b[NW];
+        char name[32];
+        for (int k = 0; k < NW; k++) snprintf(name, sizeof name, "w%d", k), w[k] = cg_params_add(ps, name, 2, (int64_t[]){WN, WK});
+        cg_rng r;
+        cg_rng_seed(&r, 21);
+        CHECK(cg_lora_apply(ps, "w", WR, WR, &r) == NW, "%s", cg_last_error());
+        const size_t bytes = (NW * WN * WK * sizeof(cg_real) + 4095) / 4096 * 4096;
+        char *values = (char *)cg_params_values(ps), *hint = place == 0 ? values + (1ull << 32) : values - (1ull << 32);
+        void *m = mmap(hint, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        CHECK(m != MAP_FAILED, "mmap: %zu bytes", bytes);
+        if (m == MAP_FAILED) return;
+        cg_real *wv = m;
+        for (int i = 0; i < NW * WN * WK; i++) wv[i] = (cg_real)(0.1 * cg_rng_normal(&r));
+        for (int k = 0; k < NW; k++) {
+            CHECK(cg_param_map(w[k], wv + k * WN * WK, CG_MAP_F32) == CG_OK, "%s", cg_last_error());
+            snprintf(name, sizeof name, "w%d.lora_A", k), a[k] = cg_params_find(ps, name);
+            snprintf(name, sizeof name, "w%d.lora_B", k), b[k] = cg_params_find(ps, name);
+        }
+        CHECK(cg_params_compact(ps) == CG_OK, "%s", cg_last_error());
+        values = (char *)cg_params_values(ps);
+        CHECK(place == 0 ? (char *)m > values : (char *)m < values, "the frozen values are not %s the blocks (%p, blocks at %p)",
+              place == 0 ? "above" : "below", m, (void *)values);
+        cg_optim_config oc = cg_optim_defaults(CG_OPT_ADAMW);
+        oc.weight_decay = 0;
+        cg_optim *o = cg_optim_new(ps, &oc);
+        cg_graph *g = cg_graph_new(CG_TRAIN);
+        cg_tensor *x = cg_input(g, "x", CG_REAL, 2, (int64_t[]){8, WK}), *y = NULL;
+        for (int k = 0; k < NW; k++) y = k ? cg_add(g, y, cg_linear(g, x, w[k], NULL)) : cg_linear(g, x, w[k], NULL);
+        cg_tensor *loss = cg_mean_all(g, cg_square(g, y));
+        cg_fill_normal(x, &r, 0, 1);
+        cg_params_zero_grad(ps);
+        CHECK(o && cg_graph_forward(g) == CG_OK && cg_graph_backward(g, loss) == CG_OK, "%s", cg_last_error());
+        static cg_real ga[NW][WR * WK], gb[NW][WN * WR], a0[NW][WR * WK], b0[NW][WN * WR], a1[NW][WR * WK], b1[NW][WN * WR];
+        double want = 0; /* B starts at zero, so A's gradient is zero and B's is not */
+        for (int k = 0; k < NW; k++) {
+            cg_read_grad(a[k], ga[k]), cg_read_grad(b[k], gb[k]), cg_read(a[k], a0[k]), cg_read(b[k], b0[k]);
+            for (int i = 0; i < WR * WK; i++) want += (double)ga[k][i] * ga[k][i];
+            for (int i = 0; i < WN * WR; i++) want += (double)gb[k][i] * gb[k][i];
+        }
+        want = sqrt(want);
+        const double norm = cg_grad_norm(ps);
+        CHECK(want > 0 && fabs(norm - want) <= 1e-6 * want, "place %d: gradient norm %.9g, the adapters' %.9g", place, norm, want);
+        CHECK(cg_optim_step(o, 0.01) == CG_OK, "%s", cg_last_error());
+        int moved = 0, wrong = 0; /* AdamW's first step moves each element by lr * sign(g) (eps aside) */
+        for (int k = 0; k < NW; k++) {
+            cg_read(a[k], a1[k]), cg_read(b[k], b1[k]);
+            for (int i = 0; i < WN * WR; i++)
+                if (gb[k][i] != 0) moved++, wrong += fabs((double)b1[k][i] - b0[k][i] + 0.01 * (gb[k][i] > 0 ? 1 : -1)) > 1e-4;
+        }
+        CHECK(moved > NB / 2 && wrong == 0, "place %d: %d of %d B elements with a gradient took no step or a wrong one", place,
+              wrong, moved);
+        CHECK(!memcmp(a0, a1, sizeof a0), "place %d: an A moved with a zero gradient and no decay", place);
+        cg_graph_free(g);
+        cg_optim_free(o);
+        cg_params_free(ps);
+        munmap(m, bytes);
+    }
+}
+
 /* Values drawn with initialisation deferred and then run equal those drawn at once. */
 static void test_deferred_init(void) {
     cg_real v[2][3][50];
@@ -326,6 +396,7 @@ int main(void) {
     test_shards();
     test_mapped_f32();
     test_frozen_out_of_blocks();
+    test_adapters_step_beside_mapped();
     test_deferred_init();
     test_mapped_bf16();
     test_frozen_plan();
