@@ -3,13 +3,15 @@
 # A TinyLlama-1.1B-shaped model on this machine, cgrad beside PyTorch: LoRA rank 16 on every
 # projection (q, k, v, o, gate, up, down), context 256, batch 1, 2 threads, AdamW; then greedy
 # generation with the KV cache. Writes the model directory first when it is missing
-# (bench/make_llama_dir.py: bf16 weights in two shards, random from seed 0).
+# (bench/make_llama_dir.py: bf16 weights in two shards, random from seed 0, LLaMA-2's 32k
+# tokenizer.json from data/llama2 when ./setup.sh has fetched it).
 #
 #   bench/bigload_bench.sh [DIR]        (default runs/tinyllama)
 #
 # Environment: CGRAD (build/cgrad), LAYERS (22), STEPS (4 timed steps after 1 warm-up), ROUNDS (1:
 # the frameworks alternate round by round), GEN (32 generated tokens), TORCH (fp32,bf16: PyTorch
-# variants), TEXT (data/tinyshakespeare.txt: the training text; copy it into data/ first).
+# variants), TEXT (data/tinyshakespeare.txt when present, else data/moby-dick.txt), TOKENIZER
+# (data/llama2/tokenizer.json).
 # Prints each run's tokens/s, load seconds and peak RSS (/usr/bin/time -v), the time to read the
 # weight files (direct I/O, then from the page cache) and the load average.
 set -euo pipefail
@@ -20,15 +22,23 @@ STEPS=${STEPS:-4}
 ROUNDS=${ROUNDS:-1}
 GEN=${GEN:-32}
 TORCH=${TORCH:-fp32,bf16}
-TEXT=${TEXT:-data/tinyshakespeare.txt}
+if [ -z "${TEXT:-}" ]; then # tinyshakespeare when present; the step's speed does not depend on the text
+  TEXT=data/tinyshakespeare.txt
+  [ -f "$TEXT" ] || TEXT=data/moby-dick.txt
+fi
+TOKENIZER=${TOKENIZER:-data/llama2/tokenizer.json}
 PY=/usr/bin/python3
 TARGETS=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
-[ -f "$TEXT" ] || { echo "no $TEXT: copy tinyshakespeare.txt into data/ (or set TEXT)" >&2; exit 2; }
+[ -f "$TEXT" ] || { echo "no $TEXT: run ./setup.sh, or copy tinyshakespeare.txt into data/ (or set TEXT)" >&2; exit 2; }
+echo "training text: $TEXT"
 if [ ! -f "$DIR/config.json" ]; then
   # context 256 is what the runs use; the layout is transformers' (config.json, shards, index)
-  "$PY" bench/make_llama_dir.py "$DIR" --layers "$LAYERS" --shards 2 --dtype bf16 --max-positions 256 --text "$TEXT"
+  "$PY" bench/make_llama_dir.py "$DIR" --layers "$LAYERS" --shards 2 --dtype bf16 --max-positions 256 --text "$TEXT" \
+    --tokenizer-json "$TOKENIZER"
+elif [ -f "$TOKENIZER" ] && [ ! -f "$DIR/tokenizer.json" ]; then # a directory written before: the real tokenizer now
+  "$PY" bench/make_llama_dir.py "$DIR" --tokenizer-only --tokenizer-json "$TOKENIZER" --text "$TEXT"
 fi
 shards=("$DIR"/model*.safetensors)
 bytes=$(cat "${shards[@]}" | wc -c)

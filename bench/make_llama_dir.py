@@ -2,19 +2,23 @@
 # SPDX-License-Identifier: MIT
 """Writes a LLaMA-shaped Hugging Face model directory with random weights from a fixed seed:
 config.json as transformers writes it, weights in bf16 (or f32/f16) split over N shards with
-model.safetensors.index.json (one file, model.safetensors, when --shards 1), and a tokenizer
-cgrad reads (cg_tokenizer.json: a character tokenizer over the text given, padded with unused
-code points to the model's vocabulary: speed and memory do not depend on the tokenizer). The default shape is TinyLlama-1.1B's.
+model.safetensors.index.json (one file, model.safetensors, when --shards 1), and a tokenizer:
+LLaMA-2's 32k tokenizer.json (with its tokenizer_config.json) when --tokenizer-json names one and the
+vocabulary is 32000 (./setup.sh fetches it into data/llama2), else cg_tokenizer.json, a character
+tokenizer over the text given, padded with unused code points to the model's vocabulary. The
+default shape is TinyLlama-1.1B's.
 
     /usr/bin/python3 bench/make_llama_dir.py OUT_DIR [--layers 22] [--shards 2] [--dtype bf16]
         [--hidden 2048] [--intermediate 5632] [--heads 32] [--kv-heads 4] [--vocab 32000]
         [--text data/tinyshakespeare.txt] [--seed 0] [--max-positions 2048]
+        [--tokenizer-json data/llama2/tokenizer.json]
 
 Values are normal(0, 0.02) (norm weights 1), drawn tensor by tensor, so peak memory is one tensor.
 """
 import argparse
 import json
 import os
+import shutil
 import struct
 
 import torch
@@ -65,6 +69,22 @@ def write_shard(path, items, a, gen):
 
 
 def write_tokenizer(a):
+    """LLaMA-2's tokenizer.json and tokenizer_config.json when given and the vocabulary is theirs; else
+    the character tokenizer. Returns a description."""
+    src = a.tokenizer_json
+    if src and os.path.isfile(src) and a.vocab == 32000:
+        shutil.copy(src, os.path.join(a.out, "tokenizer.json"))
+        cfg = os.path.join(os.path.dirname(src), "tokenizer_config.json")
+        if os.path.isfile(cfg):
+            shutil.copy(cfg, os.path.join(a.out, "tokenizer_config.json"))
+        stale = os.path.join(a.out, "cg_tokenizer.json")
+        if os.path.exists(stale):
+            os.remove(stale)
+        return f"the tokenizer of {src}"
+    return f"a character tokenizer of {len(write_char_tokenizer(a))} ids"
+
+
+def write_char_tokenizer(a):
     """cg_tokenizer.json: a character tokenizer with exactly the model's vocabulary (cgrad checks the
     two agree): the text's characters, then CJK and Hangul code points the text does not use."""
     text = open(a.text, encoding="utf-8").read()
@@ -94,7 +114,8 @@ def main():
     ap.add_argument("--text", default="data/tinyshakespeare.txt")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-positions", type=int, default=2048)
-    ap.add_argument("--tokenizer-only", action="store_true", help="rewrite cg_tokenizer.json alone")
+    ap.add_argument("--tokenizer-json", default="", help="a 32k tokenizer.json to copy (LLaMA-2's)")
+    ap.add_argument("--tokenizer-only", action="store_true", help="rewrite the tokenizer alone")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     if a.tokenizer_only:
@@ -131,9 +152,9 @@ def main():
               "transformers_version": "4.35.0", "use_cache": True, "vocab_size": a.vocab}
     with open(os.path.join(a.out, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
-    cps = write_tokenizer(a)
+    tok = write_tokenizer(a)
     print(f"{a.out}: {a.layers} layers, {total / 1e9:.3f}B parameters, {nbytes / 2**30:.2f} GiB of {a.dtype} "
-          f"in {len(cut)} file(s), a character tokenizer of {len(cps)} ids")
+          f"in {len(cut)} file(s), {tok}")
 
 
 if __name__ == "__main__":

@@ -221,8 +221,58 @@ cg_status cli_hf_load(const char *path, double dropout, bool partial, cli_ckpt *
     return cli_hf_load_adapted(path, dropout, partial, NULL, ck);
 }
 
+/* True when dir holds PEFT's adapter_config.json and no config.json: adapters, not a model. */
+static bool peft_dir(const char *dir) {
+    char p[4200];
+    path_join(p, sizeof p, dir, "adapter_config.json");
+    if (!is_dir(dir) || !is_file(p)) return false;
+    path_join(p, sizeof p, dir, "config.json");
+    return !is_file(p);
+}
+
+/* A PEFT adapter directory as a model: its base (base_model_name_or_path, a directory: as given, or
+ * relative to the adapters' directory) loaded as lora asks (rank 0: frozen, read in place), then the
+ * adapters on it (cg_lora_load_peft). The result is a LoRA fine-tune: sample and eval run it, export
+ * merges it; training on it starts from its merged export. */
+static cg_status load_peft(const char *path, double dropout, bool partial, cli_lora *lora, cli_ckpt *ck) {
+    char cfg_path[4200], base[4200];
+    path_join(cfg_path, sizeof cfg_path, path, "adapter_config.json");
+    if (lora && lora->rank > 0)
+        return cg_set_error(CG_ERR_ARG, "[hf] %s holds PEFT adapters: new ones go on its merged export (cgrad export %s DIR)",
+                            path, path);
+    char *text = NULL;
+    size_t len = 0;
+    if (cgi_read_text_bounded(cfg_path, CGI_LIMIT_JSON, "hf", &text, &len)) return CG_ERR_FORMAT;
+    cJSON *c = cJSON_ParseWithLength(text, len);
+    free(text);
+    const char *b = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(c, "base_model_name_or_path"));
+    if (!b || !*b) {
+        cJSON_Delete(c);
+        return cg_set_error(CG_ERR_FORMAT, "[hf] %s: no \"base_model_name_or_path\" naming the base model's directory", cfg_path);
+    }
+    if (b[0] != '/' && !is_dir(b)) path_join(base, sizeof base, path, b);
+    else snprintf(base, sizeof base, "%s", b);
+    cJSON_Delete(c);
+    if (!is_dir(base))
+        return cg_set_error(CG_ERR_IO, "[hf] %s: base_model_name_or_path '%s' is not a directory here (give the base model's "
+                            "directory)", cfg_path, base);
+    cg_status st = cli_hf_load_adapted(base, dropout, partial, lora, ck);
+    if (st) return st;
+    if ((st = cg_lora_load_peft(ck->ps, path))) return cli_ckpt_fail(ck, st);
+    int64_t rank = 0;
+    for (int i = 0; i < cg_params_count(ck->ps) && !rank; i++) { /* lora_A is [r, in] */
+        const char *name = cg_name(cg_params_at(ck->ps, i));
+        const size_t n = strlen(name);
+        if (n > 7 && !strcmp(name + n - 7, ".lora_A")) rank = cg_shape(cg_params_at(ck->ps, i))[0];
+    }
+    cJSON_AddNumberToObject(ck->train, "lora_rank", (double)rank); /* a fine-tune: cgrad train does not build on it */
+    cJSON_AddStringToObject(ck->train, "init_from", base);
+    return CG_OK;
+}
+
 cg_status cli_hf_load_adapted(const char *path, double dropout, bool partial, cli_lora *lora, cli_ckpt *ck) {
     memset(ck, 0, sizeof *ck);
+    if (peft_dir(path)) return load_peft(path, dropout, partial, lora, ck);
     char weights[4200], config[4200], dir[4200];
     cg_status st = locate(path, weights, config, dir, sizeof weights);
     if (st) return st;
