@@ -66,7 +66,7 @@ cgrad_train() {
   local tps load
   tps=$(grep -o '[0-9.]* tok/s' "$OUT/cgrad.txt" | awk 'NR > 1 {print $1}' | sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')
   load=$(sed -n 's/.*loaded .* in \([0-9.]*\) s/\1/p' "$OUT/cgrad.txt")
-  printf '| cgrad LoRA, bf16 base read in place | %s | %s | %s |\n' "$tps" "$load" "$(rss "$OUT/cgrad.time")"
+  row "cgrad LoRA train, bf16 base read in place" "$tps" "$load" "$(rss "$OUT/cgrad.time")"
 }
 
 torch_run() { # mode precision
@@ -81,20 +81,35 @@ torch_run() { # mode precision
   fi
   env "${env[@]}" /usr/bin/time -v "$PY" bench/bigload_torch.py "$DIR" --mode "$1" --precision "$2" --steps "$STEPS" \
     --tokens "$GEN" --threads 2 > "$OUT/torch.txt" 2> "$OUT/torch.time"
-  "$PY" -c "import json; j = json.load(open('$OUT/torch.txt')); print('| PyTorch %s, %s | %.2f | %.2f | %s |' % ('$1', '$2', j['tokens_per_s'], j['load_s'], '$(rss "$OUT/torch.time")'))"
+  local name
+  name="PyTorch LoRA $1, $([ "$2" = fp32 ] && echo fp32 || echo bf16 autocast)"
+  [ "$1" = generate ] && name="PyTorch generate, KV cache, $([ "$2" = fp32 ] && echo fp32 || echo bf16 autocast)"
+  row "$name" $("$PY" -c "import json; j = json.load(open('$OUT/torch.txt')); print('%.2f %.2f' % (j['tokens_per_s'], j['load_s']))") \
+    "$(rss "$OUT/torch.time")"
 }
 
 cgrad_gen() {
-  local t0 t1 t2
-  t0=$(date +%s.%N)
-  "$CGRAD" sample --checkpoint "$DIR" --precision bf16 --length 1 --temperature 0 --threads 2 > /dev/null
-  t1=$(date +%s.%N)
-  /usr/bin/time -v "$CGRAD" sample --checkpoint "$DIR" --precision bf16 --length $((GEN + 1)) --temperature 0 --threads 2 \
-    > /dev/null 2> "$OUT/gen.time"
-  t2=$(date +%s.%N)
-  # the tokens after the first, from the difference of the two runs (each loads the model once)
-  printf '| cgrad generate, bf16 in place | %.2f | %.2f | %s |\n' "$(echo "$GEN / (($t2 - $t1) - ($t1 - $t0))" | bc -l)" \
-    "$(echo "$t1 - $t0" | bc -l)" "$(rss "$OUT/gen.time")"
+  # one process, three greedy samples of GEN tokens with the KV cache, stdout line-buffered: the
+  # "--- sample N ---" lines' arrival times give the load (to the first) and each sample's duration;
+  # tokens/s is GEN over the median of samples 2 and 3 (the model warm)
+  local times
+  times=$(/usr/bin/time -v stdbuf -oL "$CGRAD" sample --checkpoint "$DIR" --precision bf16 --length "$GEN" --count 3 \
+    --temperature 0 --threads 2 2> "$OUT/gen.time" | "$PY" -c '
+import sys, time
+t0, marks = time.time(), []
+for line in sys.stdin:
+    if line.startswith("--- sample "):
+        marks.append(time.time())
+marks.append(time.time())
+d = sorted(marks[k + 1] - marks[k] for k in (1, 2))
+print("%.2f %.2f" % (int(sys.argv[1]) / d[0], marks[0] - t0))' "$GEN")
+  row "cgrad generate, KV cache, bf16 in place" ${times% *} ${times#* } "$(rss "$OUT/gen.time")"
+}
+
+# a table row, kept for the summary: name tokens/s load-s peak-GiB
+row() {
+  printf '| %s | %s | %s | %s |\n' "$1" "$2" "$3" "$4"
+  printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >> "$OUT/rows.tsv"
 }
 
 echo "| run | tokens/s | load s | peak RSS GiB |"
@@ -106,3 +121,28 @@ for ((r = 0; r < ROUNDS; r++)); do
   for p in ${TORCH//,/ }; do torch_run generate "$p"; done
 done
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) cores"
+# the targets, from the medians over rounds: step tokens/s against PyTorch's best, peak against
+# PyTorch fp32's, load against the time to read the files
+"$PY" - "$OUT/rows.tsv" "$read_cache" "$read_disk" <<'PYEOF'
+import statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    name, tps, load, rss = line.rstrip("\n").split("\t")
+    rows.setdefault(name, []).append((float(tps), float(load), float(rss)))
+med = {k: [statistics.median(x[i] for x in v) for i in range(3)] for k, v in rows.items()}
+c = med.get("cgrad LoRA train, bf16 base read in place")
+torch = {k: v for k, v in med.items() if k.startswith("PyTorch LoRA train")}
+if c and torch:
+    best = max(torch.items(), key=lambda kv: kv[1][0])
+    print("cgrad LoRA step: %.2fx PyTorch's best (%s, %.2f tokens/s); target >= 1.5x" % (c[0] / best[1][0], best[0], best[1][0]))
+    fp32 = med.get("PyTorch LoRA train, fp32")
+    if fp32:
+        print("cgrad peak: %.2fx PyTorch fp32's (%.2f vs %.2f GiB); target <= 0.5x" % (c[2] / fp32[2], c[2], fp32[2]))
+    print("cgrad load: %.2f s, %.2fx the time to read the files from the page cache, %.2fx from the disk; target <= 2x"
+          % (c[1], c[1] / float(sys.argv[2]), c[1] / float(sys.argv[3])))
+g = med.get("cgrad generate, KV cache, bf16 in place")
+tg = {k: v for k, v in med.items() if k.startswith("PyTorch generate")}
+if g and tg:
+    best = max(tg.items(), key=lambda kv: kv[1][0])
+    print("cgrad generation: %.2fx PyTorch's best (%s, %.2f tokens/s)" % (g[0] / best[1][0], best[0], best[1][0]))
+PYEOF
