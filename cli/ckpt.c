@@ -58,6 +58,13 @@ static cg_status load_lora(cli_ckpt *ck, const char *path) {
     return st ? with_path(path, st, "adapters") : CG_OK;
 }
 
+cg_status cli_ckpt_load_frozen(const char *path, double dropout, cli_ckpt *ck) {
+    cli_lora frozen = {0};
+    if (!cli_hf_layout(path)) return cli_ckpt_load(path, dropout, ck);
+    memset(ck, 0, sizeof *ck);
+    return cli_hf_load_adapted(path, dropout, false, &frozen, ck);
+}
+
 cg_status cli_ckpt_load(const char *path, double dropout, cli_ckpt *ck) {
     memset(ck, 0, sizeof *ck);
     struct stat sb;

@@ -198,12 +198,11 @@ static cg_status locate(const char *path, char *weights, char *config, char *dir
     if (is_dir(path)) {
         snprintf(dir, n, "%s", path);
         path_join(weights, n, path, "model.safetensors");
-        if (!is_file(weights)) {
-            char sharded[4200];
-            path_join(sharded, sizeof sharded, path, "model.safetensors.index.json");
-            return cg_set_error(CG_ERR_IO, "[hf] %s: no model.safetensors in this directory%s", path,
-                            is_file(sharded) ? " (a sharded model: cgrad reads one file, not model-0000N-of-N shards)"
-                                             : " (a Hugging Face model directory holds model.safetensors + config.json)");
+        if (!is_file(weights)) { /* a sharded model: the index names the shards */
+            path_join(weights, n, path, "model.safetensors.index.json");
+            if (!is_file(weights))
+                return cg_set_error(CG_ERR_IO, "[hf] %s: no model.safetensors (or model.safetensors.index.json) in this "
+                                "directory (a Hugging Face model directory holds them + config.json)", path);
         }
     } else {
         snprintf(weights, n, "%s", path);
@@ -213,14 +212,73 @@ static cg_status locate(const char *path, char *weights, char *config, char *dir
     return CG_OK;
 }
 
+static bool ends_with_index(const char *path) {
+    const size_t n = strlen(path), k = strlen(".index.json");
+    return n >= k && !strcmp(path + n - k, ".index.json");
+}
+
 cg_status cli_hf_load(const char *path, double dropout, bool partial, cli_ckpt *ck) {
+    return cli_hf_load_adapted(path, dropout, partial, NULL, ck);
+}
+
+/* True when dir holds PEFT's adapter_config.json and no config.json: adapters, not a model. */
+static bool peft_dir(const char *dir) {
+    char p[4200];
+    path_join(p, sizeof p, dir, "adapter_config.json");
+    if (!is_dir(dir) || !is_file(p)) return false;
+    path_join(p, sizeof p, dir, "config.json");
+    return !is_file(p);
+}
+
+/* A PEFT adapter directory as a model: its base (base_model_name_or_path, a directory: as given, or
+ * relative to the adapters' directory) loaded as lora asks (rank 0: frozen, read in place), then the
+ * adapters on it (cg_lora_load_peft). The result is a LoRA fine-tune: sample and eval run it, export
+ * merges it; training on it starts from its merged export. */
+static cg_status load_peft(const char *path, double dropout, bool partial, cli_lora *lora, cli_ckpt *ck) {
+    char cfg_path[4200], base[4200];
+    path_join(cfg_path, sizeof cfg_path, path, "adapter_config.json");
+    if (lora && lora->rank > 0)
+        return cg_set_error(CG_ERR_ARG, "[hf] %s holds PEFT adapters: new ones go on its merged export (cgrad export %s DIR)",
+                            path, path);
+    char *text = NULL;
+    size_t len = 0;
+    if (cgi_read_text_bounded(cfg_path, CGI_LIMIT_JSON, "hf", &text, &len)) return CG_ERR_FORMAT;
+    cJSON *c = cJSON_ParseWithLength(text, len);
+    free(text);
+    const char *b = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(c, "base_model_name_or_path"));
+    if (!b || !*b) {
+        cJSON_Delete(c);
+        return cg_set_error(CG_ERR_FORMAT, "[hf] %s: no \"base_model_name_or_path\" naming the base model's directory", cfg_path);
+    }
+    if (b[0] != '/' && !is_dir(b)) path_join(base, sizeof base, path, b);
+    else snprintf(base, sizeof base, "%s", b);
+    cJSON_Delete(c);
+    if (!is_dir(base))
+        return cg_set_error(CG_ERR_IO, "[hf] %s: base_model_name_or_path '%s' is not a directory here (give the base model's "
+                            "directory)", cfg_path, base);
+    cg_status st = cli_hf_load_adapted(base, dropout, partial, lora, ck);
+    if (st) return st;
+    if ((st = cg_lora_load_peft(ck->ps, path))) return cli_ckpt_fail(ck, st);
+    int64_t rank = 0;
+    for (int i = 0; i < cg_params_count(ck->ps) && !rank; i++) { /* lora_A is [r, in] */
+        const char *name = cg_name(cg_params_at(ck->ps, i));
+        const size_t n = strlen(name);
+        if (n > 7 && !strcmp(name + n - 7, ".lora_A")) rank = cg_shape(cg_params_at(ck->ps, i))[0];
+    }
+    cJSON_AddNumberToObject(ck->train, "lora_rank", (double)rank); /* a fine-tune: cgrad train does not build on it */
+    cJSON_AddStringToObject(ck->train, "init_from", base);
+    return CG_OK;
+}
+
+cg_status cli_hf_load_adapted(const char *path, double dropout, bool partial, cli_lora *lora, cli_ckpt *ck) {
     memset(ck, 0, sizeof *ck);
+    if (peft_dir(path)) return load_peft(path, dropout, partial, lora, ck);
     char weights[4200], config[4200], dir[4200];
     cg_status st = locate(path, weights, config, dir, sizeof weights);
     if (st) return st;
     struct stat sb;
     if (!stat(weights, &sb)) ck->file_bytes = (long long)sb.st_size;
-    if (!(ck->st = cg_st_open(weights))) {
+    if (!(ck->st = ends_with_index(weights) ? cg_st_open_index(weights) : cg_st_open(weights))) {
         char msg[900];
         snprintf(msg, sizeof msg, "%s", cg_last_error());
         return cg_set_error(CG_ERR_FORMAT, "[checkpoint] %s: neither a cgrad checkpoint (gzip, written by cgrad train) nor a "
@@ -258,14 +316,26 @@ cg_status cli_hf_load(const char *path, double dropout, bool partial, cli_ckpt *
     if (!(st = arch_of(cfg, cfg_name, &ck->arch))) {
         char *cfg_text = cJSON_PrintUnformatted(cfg);
         ck->ps = cg_params_new();
+        cg_params_defer_init(ck->ps, true); /* the file overwrites them: draw only what it lacks, at the end */
         ck->model = ck->ps && cfg_text ? cg_model_new(ck->arch, cfg_text, dropout < 0 ? 0 : dropout, ck->ps, 0) : NULL;
         free(cfg_text);
         if (!ck->model) st = with_file(CG_ERR_FORMAT, cfg_name);
+    }
+    if (!st && lora && lora->rank == 0) /* inference: every weight frozen, so all are read in place */
+        for (int i = 0; i < cg_params_count(ck->ps); i++) cg_param_set_trainable(cg_params_at(ck->ps, i), false);
+    else if (!st && lora) { /* adapters first: the weights they freeze are then read in place, not copied */
+        cg_rng r;
+        cg_rng_seed(&r, lora->seed);
+        char dflt[256] = ""; /* the arch's default targets, as cgrad train would take them */
+        if (!lora->targets && lora->default_targets) lora->default_targets(ck->arch, dflt, sizeof dflt);
+        lora->added = cg_lora_apply(ck->ps, lora->targets ? lora->targets : dflt, lora->rank, lora->alpha, &r);
+        if (lora->added < 0) st = CG_ERR_ARG;
     }
     char *kept = NULL, *skipped = NULL;
     if (!st) {
         st = partial ? cg_model_load_partial(ck->model, ck->st, &kept, &skipped) : cg_model_load(ck->model, ck->st);
         if (st) st = with_file(st, weights);
+        cg_params_defer_init(ck->ps, false);
     }
     if (!st && !(ck->tok = cg_tokenizer_load(dir)))
         st = cg_set_error(CG_ERR_FORMAT, "[hf] %s: no tokenizer beside the weights: %s (cgrad export writes one)", dir,
@@ -292,7 +362,7 @@ cg_status cli_hf_read_weights(const char *path, cg_model *m) {
     char weights[4200], config[4200], dir[4200];
     cg_status st = locate(path, weights, config, dir, sizeof weights);
     if (st) return st;
-    cg_st *f = cg_st_open(weights);
+    cg_st *f = ends_with_index(weights) ? cg_st_open_index(weights) : cg_st_open(weights);
     if (!f) return CG_ERR_FORMAT;
     st = cg_model_load(m, f);
     cg_st_close(f);
@@ -301,7 +371,9 @@ cg_status cli_hf_read_weights(const char *path, cg_model *m) {
 
 /* ---- export ---- */
 
-const cli_opt cli_export_opts[] = {{NULL, CLI_BARE, 0, 0, NULL}};
+const cli_opt cli_export_opts[] = {
+    {"--peft", CLI_BARE, 0, 0, "a LoRA fine-tune's adapters alone, in PEFT's layout (adapter_model.safetensors + adapter_config.json)"},
+    {NULL, CLI_BARE, 0, 0, NULL}};
 
 /* config.json as transformers reads it: the model's own config plus the class and the fields the
  * class needs that cgrad does not keep (activation, tied embeddings, special token ids, dtype). */
@@ -431,6 +503,17 @@ int cmd_export(int argc, char **argv) {
     int rc = 1;
     bool lora = false;
     for (int i = 0; i < cg_params_count(ck.ps); i++) lora |= cg_lora_is_adapter(cg_params_at(ck.ps, i));
+    if (cli_has(&a, "--peft")) { /* the adapters as PEFT saves them; the base stays where it is */
+        const char *base = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(ck.train, "init_from"));
+        if (!lora) fprintf(stderr, "cgrad export --peft: %s holds no LoRA adapters (train with --lora-rank)\n", ckpt);
+        else if (cg_lora_save_peft(ck.ps, dir, base)) cli_fail("export", dir);
+        else {
+            printf("exported the LoRA adapters of %s to %s: adapter_model.safetensors, adapter_config.json (base %s)\n", ckpt,
+                   dir, base ? base : "unknown");
+            rc = 0;
+        }
+        goto done;
+    }
     if (lora && cg_lora_merge(ck.ps)) {
         cli_fail("export", "cannot merge the LoRA adapters");
         goto done;

@@ -26,7 +26,7 @@ static int open_ckpt(const cli_args *a, int want, cli_ckpt *ck) {
     if (cli_has(a, "--threads")) cg_set_threads((int)cli_int(a, "--threads", 0));
     const int prc = cli_set_precision(a, "fp32");
     if (prc) return prc;
-    if (cli_ckpt_load(path, 0.0, ck)) return cli_fail(cmd, "cannot load the checkpoint");
+    if (cli_ckpt_load_frozen(path, 0.0, ck)) return cli_fail(cmd, "cannot load the checkpoint");
     /* a BERT with a classification head classifies as the classifier does */
     const cg_arch got = cg_model_num_classes(ck->model) > 0 ? CG_ARCH_CLASSIFIER : ck->arch;
     if (want >= 0 && got != (cg_arch)want) {

@@ -93,6 +93,9 @@ typedef struct {
 /* Opens a checkpoint and builds its model (dropout as given; < 0: as trained) and tokenizer.
  * Messages name path. */
 cg_status cli_ckpt_load(const char *path, double dropout, cli_ckpt *ck);
+/* cli_ckpt_load for a model that only runs (sample, eval, info): a Hugging Face directory's weights
+ * are frozen and read in place (bf16 or float32) instead of copied. */
+cg_status cli_ckpt_load_frozen(const char *path, double dropout, cli_ckpt *ck);
 /* Frees everything the load made. */
 void cli_ckpt_free(cli_ckpt *ck);
 /* Frees what a failed load made and returns st, keeping the message that explains it. */
@@ -104,6 +107,18 @@ bool cli_hf_layout(const char *path);
  * them beside it. partial: parameters the file lacks stay initialised and unknown tensors are
  * skipped, both listed on stdout (a fine-tune's new head); otherwise every name must match. */
 cg_status cli_hf_load(const char *path, double dropout, bool partial, cli_ckpt *ck);
+/* LoRA adapters to add to a model before its weights load (cli_hf_load_adapted). */
+typedef struct {
+    const char *targets; /* comma-separated parts of weight names (NULL: default_targets's) */
+    void (*default_targets)(cg_arch arch, char *buf, size_t n); /* the arch's default targets */
+    int rank;            /* 0: no adapters, every weight frozen (inference) */
+    double alpha;
+    uint64_t seed;       /* of the adapters' initialisation */
+    int added;           /* out: adapters added */
+} cli_lora;
+/* cli_hf_load with adapters added before the weights load (lora may be NULL): the weights they
+ * freeze are then read in place from the file (bf16 or float32) instead of copied. */
+cg_status cli_hf_load_adapted(const char *path, double dropout, bool partial, cli_lora *lora, cli_ckpt *ck);
 /* Fails (naming tok_file, config and both sizes) unless tok's vocabulary is the one model m
  * embeds: a smaller tokenizer leaves ids without a token, a larger one ids without an embedding.
  * A tokenizer.json may be smaller (Qwen pads its embedding past its last id). */

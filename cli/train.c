@@ -28,6 +28,11 @@ static void on_sigint(int sig) {
     signal(SIGINT, SIG_DFL); /* a second Ctrl-C ends the process at once */
 }
 
+/* --lora-targets' default for arch (cli_lora's default_targets). */
+static void default_lora_targets(cg_arch arch, char *buf, size_t n) {
+    cli_train_default(cg_arch_name(arch), "--lora-targets", buf, n);
+}
+
 double train_now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -167,14 +172,28 @@ int cmd_train(int argc, char **argv) {
     }
     const bool init = !resume && set[idx_init_from] && *o.init_from;
     static char init_abs[4096];
+    cli_lora pre = {0}; /* a LoRA fine-tune of a Hugging Face model: adapters before the weights, which load in place */
+    bool pre_lora = false;
     if (init) { /* a new run on a trained model: its shape and tokenizer come with it */
         /* the model takes this run's dropout (0 unless given), not the one its base trained with */
         const double d0 = set[idx_dropout] ? o.dropout : 0; /* Hugging Face layout: a new head may initialise */
+        pre_lora = realpath(o.init_from, init_abs) && cli_hf_layout(init_abs) && o.lora_rank > 0;
+        if (pre_lora) { /* the seed train_defaults and the stream below would give the adapters */
+            char dflt[64];
+            cli_train_default("llama", "--seed", dflt, sizeof dflt);
+            cg_rng seeds;
+            cg_rng_seed(&seeds, set[idx_seed] ? o.seed : strtoull(dflt, NULL, 10));
+            pre = (cli_lora){set[idx_lora_targets] ? o.lora_targets : NULL, default_lora_targets, (int)o.lora_rank, set[idx_lora_alpha] ? o.lora_alpha : (double)o.lora_rank,
+                             cg_rng_next(&seeds), 0};
+        }
+        const double load_t0 = train_now_s();
         if (!realpath(o.init_from, init_abs) ||
-            (cli_hf_layout(init_abs) ? cli_hf_load(init_abs, d0, true, &ck) : cli_ckpt_load(init_abs, d0, &ck))) {
+            (cli_hf_layout(init_abs) ? cli_hf_load_adapted(init_abs, d0, true, pre_lora ? &pre : NULL, &ck)
+                                     : cli_ckpt_load(init_abs, d0, &ck))) {
             fprintf(stderr, "cgrad train: --init-from %s: %s\n", o.init_from, cg_last_error());
             goto done;
         }
+        printf("  loaded %s in %.2f s\n", init_abs, train_now_s() - load_t0);
         if (cli_json_i64(ck.train, "lora_rank", 0) > 0) {
             fprintf(stderr, "cgrad train: --init-from %s is a LoRA fine-tune: merge it first (cgrad export), or resume it\n",
                     o.init_from);
@@ -341,7 +360,7 @@ int cmd_train(int argc, char **argv) {
     if (init && o.lora_rank > 0) { /* a resumed fine-tune has its adapters from the checkpoint */
         cg_rng lr;
         cg_rng_seed(&lr, init_seed);
-        const int n = cg_lora_apply(r.ps, o.lora_targets, (int)o.lora_rank, o.lora_alpha, &lr);
+        const int n = pre_lora ? pre.added : cg_lora_apply(r.ps, o.lora_targets, (int)o.lora_rank, o.lora_alpha, &lr);
         if (n < 0) {
             cli_fail("train", "--lora-rank/--lora-targets");
             goto done;
@@ -351,6 +370,11 @@ int cmd_train(int argc, char **argv) {
             if (cg_param_trainable(cg_params_at(r.ps, i))) trainable += cg_numel(cg_params_at(r.ps, i));
         printf("  LoRA: %d adapters of rank %lld (alpha %g) on '%s': %lld trainable parameters\n", n,
                (long long)o.lora_rank, o.lora_alpha, o.lora_targets, (long long)trainable);
+    }
+    /* frozen weights leave the parameter blocks: no gradient, no moments */
+    if (o.lora_rank > 0 && cg_params_compact(r.ps)) {
+        cli_fail("train", "LoRA");
+        goto done;
     }
     cg_optim_config oc = cg_optim_defaults(CG_OPT_ADAMW);
     oc.lr = o.lr, oc.beta1 = o.beta1, oc.beta2 = o.beta2, oc.eps = o.eps, oc.weight_decay = o.weight_decay;

@@ -100,6 +100,7 @@ static void add_str(cJSON *j, const char *k, const char *fmt, ...) {
 const char *train_nonfinite_param(cg_params *ps, bool grads, int64_t *at, double *value) {
     for (int i = 0; i < cg_params_count(ps); i++) {
         cg_tensor *p = cg_params_at(ps, i);
+        if (!cg_param_trainable(p)) continue; /* unchanged since they loaded (and checked), perhaps read in place */
         const cg_real *x = grads ? cg_grad(p) : cg_data(p);
         const int64_t n = cg_numel(p);
         for (int64_t k = 0; x && k < n; k++)

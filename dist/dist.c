@@ -328,8 +328,8 @@ struct cg_dist_reducer {
 #endif
 };
 
-/* Offset of a parameter's gradient in the block. */
-static int64_t grad_off(cg_dist_reducer *r, int i) { return cg_params_at(r->ps, i)->grad - cg_params_grads_settled(r->ps, 0, 0); }
+/* Offset of a parameter's gradient in the block (a frozen one out of the blocks has none: where it would be). */
+static int64_t grad_off(cg_dist_reducer *r, int i) { return cg_params_at(r->ps, i)->block_off; }
 
 /* Index of the parameter whose gradient starts at element off (parameters lie in index order). */
 static int param_at(cg_dist_reducer *r, int64_t off) {
@@ -423,7 +423,7 @@ static cg_status start(cg_dist_reducer *r, int k) {
 static void on_ready(cg_tensor *p, void *ctx) {
     cg_dist_reducer *r = ctx;
     if (r->m != r->micro - 1) return; /* earlier micro-batches only accumulate */
-    const int i = param_at(r, p->grad - cg_params_grads_settled(r->ps, 0, 0)), k = r->bucket_of[i];
+    const int i = param_at(r, p->block_off), k = r->bucket_of[i];
     if (!r->reordered && r->nready < r->np) r->ready[r->nready++] = i;
     if (r->b[k].pending > 0 && --r->b[k].pending == 0 && k > r->next) r->st.held++;
     while (r->next < r->nb && r->b[r->next].pending == 0) {

@@ -482,6 +482,11 @@ static void touch(cg_tensor *t) {
 
 cg_real *cg_data(cg_tensor *t) {
     if (!(t && t->dtype == CG_REAL && value_readable(t))) return NULL;
+    if (t->root->op == CGI_OP_PARAM) { /* the caller may write: a mapped value gets a copy of its own */
+        cgi_param_run_fill(t->root);
+        if (cgi_param_writable(t->root)) return NULL;
+        if (t != t->root) t->data = (char *)t->root->data + t->offset * sizeof(cg_real);
+    }
     touch(t);
     return t->data;
 }
@@ -520,6 +525,11 @@ cg_status cg_read(cg_tensor *t, cg_real *dst) {
     if (t && !value_readable(t))
         return cgi_fail(CG_ERR_STATE, "[read] %s%s is an intermediate value: cg_retain it before running", cgi_op_name_of(t),
                         cgi_shp(t));
+    if (t && t->op == CGI_OP_PARAM) {
+        cgi_param_run_fill(t);
+        cg_status fs = cgi_param_float(t);
+        if (fs) return fs;
+    }
     return read_strided(t, t ? t->data : NULL, dst, "read");
 }
 cg_status cg_read_grad(cg_tensor *t, cg_real *dst) {
@@ -533,6 +543,9 @@ cg_status cg_write(cg_tensor *t, const cg_real *src) {
     if (!t || !src) return cgi_fail(CG_ERR_ARG, "[write] NULL argument");
     if (t->dtype != CG_REAL) return cgi_fail(CG_ERR_ARG, "[write] tensor%s is int32: use cg_write_ids", cgi_shp(t));
     if (!t->data) return cgi_fail(CG_ERR_STATE, "[write] tensor%s has no storage yet", cgi_shp(t));
+    cg_status ws = cgi_param_writable(t);
+    if (ws) return ws;
+    t->init_kind = CGI_INIT_NONE; /* a deferred fill would overwrite it */
     int64_t cs[CG_MAX_DIMS];
     cgi_contig_strides(t->ndim, t->shape, cs);
     cgi_copy(t->data, t->stride, src, cs, t->ndim, t->shape, 1.0, false);
@@ -592,7 +605,9 @@ void cg_print(cg_tensor *t) {
 /* ---- initialisation ---- */
 
 void cg_fill(cg_tensor *t, double value) {
-    if (!t || !t->data || t->dtype != CG_REAL) return;
+    if (!t || !t->data || t->dtype != CG_REAL || cgi_param_defer_fill(t, NULL, CGI_INIT_CONST, value, 0)) return;
+    if (cgi_param_writable(t)) return;
+    t->init_kind = CGI_INIT_NONE;
     cg_real v = (cg_real)value;
     int64_t zero[CG_MAX_DIMS] = {0};
     cgi_copy(t->data, t->stride, &v, zero, t->ndim, t->shape, 1.0, false);
@@ -601,6 +616,8 @@ void cg_fill(cg_tensor *t, double value) {
 
 static void fill_random(cg_tensor *t, cg_rng *r, double a, double b, bool normal) {
     if (!t || !r || !t->data || t->dtype != CG_REAL) return;
+    if (cgi_param_defer_fill(t, r, normal ? CGI_INIT_NORMAL : CGI_INIT_UNIFORM, a, b) || cgi_param_writable(t)) return;
+    t->init_kind = CGI_INIT_NONE;
     int64_t n = cgi_numel(t->ndim, t->shape);
     cg_real *buf = cgi_contiguous(t) ? t->data : malloc((size_t)n * sizeof *buf);
     if (!buf) return;

@@ -304,6 +304,35 @@ void cg_param_set_trainable(cg_tensor *p, bool trainable);
 /* True when t is a parameter that receives gradients. */
 bool cg_param_trainable(const cg_tensor *p);
 
+/* How a parameter's value is stored outside its set's blocks (cg_param_map). */
+typedef enum {
+    CG_MAP_F32 = 0, /* float32 elements (cg_real in the default build) */
+    CG_MAP_BF16 = 1 /* bfloat16 elements: bf16 products read them as they are */
+} cg_map_dtype;
+/* Makes frozen parameter p read its value in place from data (its elements, row-major, in dtype),
+ * which must stay valid and unchanged while the set lives (cg_params_keep). p then has no gradient
+ * and can no longer be made trainable. bf16 values feed the bf16 products of a --precision bf16
+ * graph as they are; a float copy is made once, only when some op reads the value as float.
+ * A write (cg_write, cg_data) gives p a float copy of its own first. */
+cg_status cg_param_map(cg_tensor *p, const void *data, cg_map_dtype dtype);
+/* CG_MAP_BF16 while p's value is read in place as bf16 and has no float copy, else CG_MAP_F32. */
+cg_map_dtype cg_param_storage(const cg_tensor *p);
+/* Calls release(obj) when ps is freed (after its parameters): ties the storage of mapped
+ * parameters (an open file) to the set's life. */
+cg_status cg_params_keep(cg_params *ps, void (*release)(void *), void *obj);
+/* Moves every frozen parameter out of the value and gradient blocks into storage of its own with
+ * no gradient, and packs the trainable ones into new blocks: cg_params_span and the moments of an
+ * optimizer made afterwards cover trainable parameters alone. Frozen parameters stay frozen for
+ * good. Block pointers handed out before (cg_params_values, cg_params_grads) are stale after it. */
+cg_status cg_params_compact(cg_params *ps);
+/* Bytes of gradient storage the set's parameters hold (frozen ones out of the blocks hold none). */
+int64_t cg_params_grad_bytes(const cg_params *ps);
+/* While on, cg_fill* on the set's parameters records the fill instead of writing (advancing the
+ * generator as it would); a value loaded or written meanwhile cancels it. Turning it off runs the
+ * fills still pending, drawing exactly what they would have drawn. Loaders use it so that a model
+ * about to be read from a file does not first draw every weight. */
+void cg_params_defer_init(cg_params *ps, bool on);
+
 /* ---- initialisation ---- */
 
 /* Fills a real tensor (any strides) with a constant. */

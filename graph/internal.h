@@ -126,7 +126,54 @@ struct cg_tensor {
     /* parameters with a low-rank adapter (optim/lora.c): value + lora_scale * lora_b @ lora_a */
     cg_tensor *lora_a, *lora_b;
     double lora_scale;
+    /* parameters (graph/params_store.c): where the value lives, and an initialisation deferred by
+     * cg_params_defer_init (the rng state it starts from, so that running it later draws the same) */
+    uint8_t store;       /* CGI_STORE_*: the set's block, or outside it with no gradient */
+    int64_t block_off;   /* elements from the start of the value and gradient blocks; out of them (no elements
+                          * there), where it would be: offsets rise with the index, for walks over the blocks */
+    const void *mapped;  /* CGI_STORE_BF16: the value's bf16 elements in a file mapping */
+    size_t own_bytes;    /* CGI_STORE_OWN / BF16: bytes of the float storage the parameter owns (data) */
+    bool widened;        /* CGI_STORE_BF16: data holds the widened float value */
+    uint8_t init_kind;   /* CGI_INIT_*: the pending fill */
+    uint64_t init_state;
+    double init_a, init_b;
+    struct cg_params *pset; /* the set a parameter belongs to */
 };
+
+/* Where a parameter's value lives. Only CGI_STORE_BLOCK parameters have a gradient and take part in
+ * the set's span (optimizer moments): the others are frozen for good. */
+enum {
+    CGI_STORE_BLOCK = 0, /* the set's value block, its gradient in the gradient block */
+    CGI_STORE_OWN,       /* a float buffer of its own (a frozen parameter moved out of the block) */
+    CGI_STORE_F32MAP,    /* data points into a read-only file mapping (float32 on disk) */
+    CGI_STORE_BF16       /* bf16 elements in a file mapping, read in place by bf16 products; data is an
+                          * inaccessible reservation until a float reader widens it (cgi_param_float) */
+};
+enum { CGI_INIT_NONE, CGI_INIT_CONST, CGI_INIT_UNIFORM, CGI_INIT_NORMAL };
+/* The float value of a CGI_STORE_BF16 parameter, widened into its reservation on first call (every
+ * other parameter has one already); CG_ERR_NOMEM with a message naming it on failure. */
+cg_status cgi_param_float(cg_tensor *p);
+/* Makes p's value writable as float (a mapped parameter gets a copy of its own); before writing. */
+cg_status cgi_param_writable(cg_tensor *p);
+/* The bf16 elements of a CGI_STORE_BF16 parameter (read in place), else NULL. */
+static inline const uint16_t *cgi_param_bf16_mapped(const cg_tensor *p) {
+    return p->store == CGI_STORE_BF16 ? (const uint16_t *)p->mapped : NULL;
+}
+/* Records a fill of parameter t while its set defers initialisation: true when deferred (nothing
+ * written; r advanced as the fill would have). kind CGI_INIT_*, a and b its arguments. */
+bool cgi_param_defer_fill(cg_tensor *t, cg_rng *r, int kind, double a, double b);
+/* Runs t's deferred fill now, if it has one. */
+void cgi_param_run_fill(cg_tensor *t);
+/* Frees what a parameter owns outside the blocks (cg_params_free). */
+void cgi_param_store_free(cg_tensor *p);
+/* graph/params.c's state for graph/params_store.c */
+bool cgi_params_deferring(const cg_params *ps);
+void cgi_params_set_deferring(cg_params *ps, bool on);
+int64_t cgi_params_capacity(const cg_params *ps);
+/* Replaces the set's blocks (freeing the old ones) by values and grads of cap elements, used in use. */
+void cgi_params_adopt_blocks(cg_params *ps, cg_real *values, cg_real *grads, int64_t used, int64_t cap);
+cg_real *cgi_params_block_new(int64_t cap);
+void cgi_params_block_free(cg_real *b, int64_t cap);
 
 /* ---- arenas: bump allocation in chunks, reset keeps the memory ---- */
 typedef struct cgi_chunk cgi_chunk;
@@ -188,7 +235,15 @@ const char *cgi_custom_name(const cg_tensor *t);
 bool cgi_custom_differentiable(const cg_tensor *t);
 /* Bit k: backward of t reads its input k's value. */
 static inline unsigned cgi_bwd_reads(const cg_tensor *t) {
-    return t->op == CGI_OP_CUSTOM ? cgi_custom_reads(t) : cgi_ops[t->op].bwd_reads;
+    if (t->op == CGI_OP_CUSTOM) return cgi_custom_reads(t);
+    unsigned r = cgi_ops[t->op].bwd_reads;
+    /* a linear reads its input only for dW and its weight only for dX: a frozen weight's product
+     * keeps no input alive for backward (LoRA's bases), a constant input keeps no weight */
+    if (t->op == CGI_OP_LINEAR) {
+        if (!t->src[1]->requires_grad) r &= ~1u;
+        if (!t->src[0]->requires_grad) r &= ~2u;
+    }
+    return r;
 }
 /* Whether backward of t reads t's own value. */
 static inline bool cgi_bwd_reads_out(const cg_tensor *t) {

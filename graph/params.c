@@ -1,9 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /* Parameters: named leaves whose values and gradients sit in two contiguous blocks, so an
- * optimizer or a checkpoint walks one array. Each tensor starts on a 64-byte boundary. */
+ * optimizer or a checkpoint walks one array. Each tensor starts on a 64-byte boundary. The blocks
+ * are anonymous mappings, grown with mremap: pages nothing has written are zero and take no memory,
+ * so a parameter whose value is loaded elsewhere (a file mapping) or never trained costs nothing in
+ * them. Frozen parameters can leave the blocks for good (graph/params_store.c). */
+#define _GNU_SOURCE /* mremap, MAP_ANONYMOUS */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 
 #include "graph/internal.h"
 #include "ops/bf16_internal.h"
@@ -15,7 +20,55 @@ struct cg_params {
     int64_t used, capacity; /* elements */
     uint64_t version;       /* bumped whenever values may have changed (bf16 copies follow it) */
     bool exposed;           /* cg_params_grads handed out the block: zero_grad clears it at once */
+    bool defer_init;        /* cg_params_defer_init: fills record themselves instead of writing */
+    struct keep { void (*release)(void *); void *obj; } *keeps; /* cg_params_keep */
+    int nkeeps;
 };
+
+bool cgi_params_deferring(const cg_params *ps) { return ps && ps->defer_init; }
+void cgi_params_set_deferring(cg_params *ps, bool on) { ps->defer_init = on; }
+
+cg_status cg_params_keep(cg_params *ps, void (*release)(void *), void *obj) {
+    if (!ps || !release) return cgi_fail(CG_ERR_ARG, "[params_keep] NULL argument");
+    struct keep *k = realloc(ps->keeps, (size_t)(ps->nkeeps + 1) * sizeof *k);
+    if (!k) return cgi_fail(CG_ERR_NOMEM, "[params_keep] out of memory");
+    ps->keeps = k;
+    k[ps->nkeeps++] = (struct keep){release, obj};
+    return CG_OK;
+}
+
+/* Bytes of a block of cap elements, whole pages. */
+static size_t block_bytes(int64_t cap) {
+    const size_t page = 4096, b = (size_t)cap * sizeof(cg_real);
+    return (b + page - 1) / page * page;
+}
+static cg_real *block_new(int64_t cap) {
+    void *p = mmap(NULL, block_bytes(cap), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+#ifdef MADV_HUGEPAGE
+    if (block_bytes(cap) >= (2u << 20)) madvise(p, block_bytes(cap), MADV_HUGEPAGE);
+#endif
+    return p;
+}
+static void block_free(cg_real *b, int64_t cap) {
+    if (b) munmap(b, block_bytes(cap));
+}
+/* The block moved to cap elements, its contents kept without touching its pages; NULL on failure
+ * (b is then unchanged). */
+static cg_real *block_grow(cg_real *b, int64_t old, int64_t cap) {
+    if (!b) return block_new(cap);
+    void *p = mremap(b, block_bytes(old), block_bytes(cap), MREMAP_MAYMOVE);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+int64_t cgi_params_capacity(const cg_params *ps) { return ps->capacity; }
+void cgi_params_adopt_blocks(cg_params *ps, cg_real *values, cg_real *grads, int64_t used, int64_t cap) {
+    block_free(ps->values, ps->capacity);
+    block_free(ps->grads, ps->capacity);
+    ps->values = values, ps->grads = grads, ps->used = used, ps->capacity = cap;
+}
+cg_real *cgi_params_block_new(int64_t cap) { return block_new(cap); }
+void cgi_params_block_free(cg_real *b, int64_t cap) { block_free(b, cap); }
 
 #define PAD (CGI_ALIGN / (int64_t)sizeof(cg_real))
 
@@ -30,11 +83,14 @@ void cg_params_free(cg_params *ps) {
     for (int i = 0; i < ps->n; i++) {
         free((char *)ps->list[i]->name);
         cgi_lp_param_free(ps->list[i]);
+        cgi_param_store_free(ps->list[i]);
         free(ps->list[i]);
     }
     free(ps->list);
-    free(ps->values);
-    free(ps->grads);
+    block_free(ps->values, ps->capacity);
+    block_free(ps->grads, ps->capacity);
+    for (int i = ps->nkeeps - 1; i >= 0; i--) ps->keeps[i].release(ps->keeps[i].obj);
+    free(ps->keeps);
     free(ps);
 }
 
@@ -45,30 +101,30 @@ static bool grow(cg_params *ps, int64_t need) {
     if (ps->used + need <= ps->capacity) return true;
     int64_t cap = ps->capacity ? ps->capacity : 1 << 14;
     while (cap < ps->used + need) cap = cap > MAX_ELEMS / 2 ? MAX_ELEMS : cap * 2; /* need <= MAX_ELEMS - used */
-    size_t bytes = (size_t)cap * sizeof(cg_real);
-    cg_real *v = cgi_alloc_large(bytes), *gr = cgi_alloc_large(bytes);
+    /* mremap keeps the contents and the untouched pages untouched: no copy, no memset */
+    cg_real *v = block_grow(ps->values, ps->capacity, cap);
+    if (v) ps->values = v;
+    cg_real *gr = v ? block_grow(ps->grads, ps->capacity, cap) : NULL;
     if (!v || !gr) {
-        free(v);
-        free(gr);
+        if (v && ps->capacity) { /* shrink the values back, so both blocks keep one capacity */
+            cg_real *back = block_grow(v, cap, ps->capacity);
+            ps->values = back ? back : v;
+            if (!back) ps->capacity = cap, block_free(ps->grads, 0); /* unreachable in practice */
+        } else if (v) {
+            block_free(v, cap);
+            ps->values = NULL;
+        }
         cgi_fail(CG_ERR_NOMEM, "[params] cannot allocate %lld parameters", (long long)cap);
         return false;
     }
-    /* no memset: the capacity doubles, and zeroing it all made the untouched half resident
-     * (encdec-base: 250 MB of its 1050 MB peak); cg_params_add zeroes each tensor's own slice */
-    if (ps->used) {
-        memcpy(v, ps->values, (size_t)ps->used * sizeof(cg_real));
-        memcpy(gr, ps->grads, (size_t)ps->used * sizeof(cg_real));
-    }
-    for (int i = 0; i < ps->n; i++) { /* re-point every tensor into the new blocks */
+    ps->grads = gr;
+    for (int i = 0; i < ps->n; i++) { /* re-point every block tensor into the moved blocks */
         cg_tensor *t = ps->list[i];
-        int64_t off = (cg_real *)t->data - ps->values;
+        if (t->store != CGI_STORE_BLOCK) continue;
+        int64_t off = t->block_off;
         t->data = v + off;
         t->grad = gr + off;
     }
-    free(ps->values);
-    free(ps->grads);
-    ps->values = v;
-    ps->grads = gr;
     ps->capacity = cap;
     return true;
 }
@@ -127,10 +183,11 @@ cg_tensor *cg_params_add(cg_params *ps, const char *name, int ndim, const int64_
     if (ndim > 0) memcpy(t->shape, shape, (size_t)ndim * sizeof *shape); /* scalars may pass NULL */
     cgi_contig_strides(ndim, shape, t->stride);
     t->root = t;
+    /* no memset: the blocks' pages past `used` have never been written, so they read as zero */
+    t->block_off = ps->used;
     t->data = ps->values + ps->used;
     t->grad = ps->grads + ps->used;
-    memset(t->data, 0, (size_t)padded * sizeof(cg_real)); /* the padding too: optimizers sweep it */
-    memset(t->grad, 0, (size_t)padded * sizeof(cg_real));
+    t->pset = ps;
     t->requires_grad = t->trainable = true;
     t->name = nm;
     t->pversion = &ps->version;
@@ -188,13 +245,14 @@ void cg_params_zero_grad(cg_params *ps) {
     if (ps->exposed) cgi_zero(ps->grads, (size_t)ps->used * sizeof(cg_real));
     for (int i = 0; i < ps->n; i++) {
         cg_tensor *t = ps->list[i];
+        if (!t->grad) continue; /* out of the blocks: frozen, no gradient */
         if (!ps->exposed && t->grad_exposed) cgi_zero(t->grad, (size_t)cgi_numel(t->ndim, t->shape) * sizeof(cg_real));
         t->grad_stale = !ps->exposed && !t->grad_exposed;
     }
 }
 
 void cg_param_set_trainable(cg_tensor *p, bool trainable) {
-    if (!p || p->op != CGI_OP_PARAM) return;
+    if (!p || p->op != CGI_OP_PARAM || (trainable && p->store != CGI_STORE_BLOCK)) return;
     p->trainable = p->requires_grad = trainable;
 }
 

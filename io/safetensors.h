@@ -24,6 +24,14 @@ cg_st *cg_st_open(const char *path);
 /* Validates a copy of the len bytes (the caller keeps bytes); label names it in messages, NULL
  * gives "<memory>". NULL + cg_last_error() if corrupt. */
 cg_st *cg_st_open_memory(const void *bytes, size_t len, const char *label);
+/* Opens a sharded model: the index (model.safetensors.index.json) and every shard its "weight_map"
+ * names, beside it, as one view (tensors from all shards; no metadata). Fails naming the index and
+ * the shard when a shard is missing, a tensor is not where the index says, sits in two shards or
+ * is listed twice. Close with cg_st_close. */
+cg_st *cg_st_open_index(const char *index);
+/* Opens the weights of a Hugging Face model directory: model.safetensors, else the sharded
+ * model.safetensors.index.json. */
+cg_st *cg_st_open_model(const char *dir);
 /* Closes f and frees everything it holds (names from cg_st_name die with it). NULL is a no-op. */
 void cg_st_close(cg_st *f);
 /* Number of tensors (the __metadata__ entry is not one). */
@@ -73,7 +81,10 @@ cg_status cg_st_load_tie(cg_st_load *l, cg_tensor *p, const cg_st *f, const char
  * bytes in place (a memory-mapped file) instead of converting them. Errors as cg_st_load_run. */
 cg_status cg_st_load_check(cg_st_load *l);
 /* Checks every entry (see above), then writes the parameters. Errors name the file, the tensor,
- * the parameter and the offending shape, dtype, byte range or value; then nothing was written. */
+ * the parameter and the offending shape, dtype, byte range or value; then nothing was written.
+ * A frozen parameter (cg_param_set_trainable false) whose tensor is BF16, or F32 in the float32
+ * build, is not copied: it reads the file's mapping in place (cg_param_map), and its set keeps the
+ * file open until it is freed. */
 cg_status cg_st_load_run(cg_st_load *l);
 /* Frees the load (not the files or parameters). NULL is a no-op. */
 void cg_st_load_free(cg_st_load *l);

@@ -27,6 +27,16 @@ extern const st_dtype cgi_st_dtypes[DT_COUNT];
 #define DT_REAL DT_F64 /* cg_real's dtype */
 #else
 #define DT_REAL DT_F32
+/* One more owner of f: the next cg_st_close only drops that owner. */
+void cgi_st_retain(cg_st *f);
+/* The bytes of tensor i in place (in f's mapping), its dtype name and byte count; NULL if out of range. */
+const void *cgi_st_bytes(const cg_st *f, int i, const char **dtype, uint64_t *nbytes);
+/* The file name (or label) f's messages use. */
+const char *cgi_st_label(const cg_st *f);
+/* One view over the tensors of n opened files (it takes them, and closes them when closed, also on
+ * failure); FORMAT naming both files when a tensor is stored in two. Metadata: none. */
+cg_st *cgi_st_merge(cg_st **parts, int n, const char *label);
+
 #endif
 
 /* Fails with "[safetensors] <label>: <message>"; returns s. */
@@ -54,6 +64,13 @@ cg_status cgi_st_emit(cg_st_writer *w, cgi_st_sink sink, void *ctx, uint64_t *to
  * format allows it, but a checkpoint written by cgrad never does: there it means a damaged file. */
 cg_status cgi_st_check_disjoint(const cg_st *f);
 
+/* One more owner of f: the next cg_st_close only drops that owner. */
+void cgi_st_retain(cg_st *f);
+/* The bytes of tensor i in place (in f's mapping), its dtype name and byte count; NULL if out of range. */
+const void *cgi_st_bytes(const cg_st *f, int i, const char **dtype, uint64_t *nbytes);
+/* One view over the tensors of n opened files (it takes them, and closes them when closed, also on
+ * failure); FORMAT naming both files when a tensor is stored in two. Metadata: none. */
+cg_st *cgi_st_merge(cg_st **parts, int n, const char *label);
 /* A stored tensor as a load sees it: which file, its dtype (DT_*) and shape, and its byte range
  * [begin, end) in the file's data buffer of data_len bytes (owned by the file). A source of
  * weights that is not one cg_st could fill one of these and reuse the load's checks. */

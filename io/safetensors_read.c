@@ -52,6 +52,8 @@ typedef struct {
     int ndim;
     int64_t *shape;   /* ndim entries; files may hold more dims than CG_MAX_DIMS */
     uint64_t begin, end;
+    const unsigned char *base; /* the data buffer begin and end count from (a shard's, in a merged view) */
+    uint64_t base_len;         /* its length */
 } st_entry;
 
 struct cg_st {
@@ -65,6 +67,9 @@ struct cg_st {
     int n;
     char **mkey, **mval;
     int nmeta;
+    int refs;             /* cgi_st_retain: extra owners, each closing once */
+    cg_st **parts;        /* a merged view (cgi_st_merge): the files it holds */
+    int nparts;
 };
 
 cg_status cgi_st_fail(const char *label, cg_status s, const char *fmt, ...) {
@@ -78,6 +83,12 @@ cg_status cgi_st_fail(const char *label, cg_status s, const char *fmt, ...) {
 
 void cg_st_close(cg_st *f) {
     if (!f) return;
+    if (f->refs > 0) {
+        f->refs--;
+        return;
+    }
+    for (int i = 0; i < f->nparts; i++) cg_st_close(f->parts[i]);
+    free(f->parts);
     for (int i = 0; i < f->n; i++) {
         free(f->e[i].name);
         free(f->e[i].shape);
@@ -85,6 +96,7 @@ void cg_st_close(cg_st *f) {
     free(f->e);
     cgi_st_free_metadata(f->mkey, f->mval, f->nmeta);
     if (f->mapped) munmap(f->image, f->len);
+    else if (f->nparts) { /* a merged view has no image of its own */ }
     else free(f->image);
     free(f->label);
     free(f);
@@ -172,6 +184,7 @@ static cg_status parse_entry(cg_st *f, const cJSON *item, st_entry *e) {
 
 static int cmp_begin(const void *a, const void *b) {
     const st_entry *x = *(const st_entry *const *)a, *y = *(const st_entry *const *)b;
+    if (x->base != y->base) return x->base < y->base ? -1 : 1;
     return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : x->end < y->end ? -1 : x->end > y->end;
 }
 
@@ -185,7 +198,7 @@ cg_status cgi_st_check_disjoint(const cg_st *f) {
     qsort(by, (size_t)m, sizeof *by, cmp_begin);
     cg_status s = CG_OK;
     for (int i = 1; i < m && !s; i++)
-        if (by[i]->begin < by[i - 1]->end)
+        if (by[i]->base == by[i - 1]->base && by[i]->begin < by[i - 1]->end)
             s = cgi_st_fail(f->label, CG_ERR_FORMAT, "tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap in the data buffer",
                         by[i - 1]->name, (unsigned long long)by[i - 1]->begin, (unsigned long long)by[i - 1]->end,
                         by[i]->name, (unsigned long long)by[i]->begin, (unsigned long long)by[i]->end);
@@ -278,6 +291,7 @@ static cg_status parse(cg_st *f) {
         }
         if ((s = parse_entry(f, item, e)) != CG_OK) goto done;
     }
+    for (int i = 0; i < f->n; i++) f->e[i].base = f->data, f->e[i].base_len = f->data_len;
     qsort(f->e, (size_t)f->n, sizeof *f->e, cmp_entry);
     for (int i = 1; i < f->n; i++)
         if (strcmp(f->e[i - 1].name, f->e[i].name) == 0) {
@@ -523,7 +537,7 @@ cg_status cg_st_read(const cg_st *f, const char *name, cg_real *dst, int ndim, c
     uint64_t n = numel_of(e);
     if (n == 0) return CG_OK;
     if (!dst) return cgi_fail(CG_ERR_ARG, "[safetensors] read: NULL destination");
-    cgi_st_decode(e->dtype, f->data + e->begin, n, dst);
+    cgi_st_decode(e->dtype, e->base + e->begin, n, dst);
     return CG_OK;
 }
 
@@ -538,7 +552,7 @@ cg_status cg_st_read_ids(const cg_st *f, const char *name, int32_t *dst, int ndi
                        dt->name);
     uint64_t n = numel_of(e);
     if (n && !dst) return cgi_fail(CG_ERR_ARG, "[safetensors] read_ids: NULL destination");
-    const unsigned char *p = f->data + e->begin;
+    const unsigned char *p = e->base + e->begin;
     for (uint64_t i = 0; i < n; i++) {
         const unsigned char *q = p + i * (uint64_t)dt->size;
         int64_t v = 0;
@@ -575,7 +589,7 @@ bool cgi_st_describe(const cg_st *f, const char *name, cgi_st_desc *d) {
     if (i < 0) return false;
     const st_entry *e = &f->e[i];
     *d = (cgi_st_desc){.file = f, .label = f->label, .name = e->name, .dtype = e->dtype, .ndim = e->ndim,
-                       .shape = e->shape, .begin = e->begin, .end = e->end, .data = f->data, .data_len = f->data_len};
+                       .shape = e->shape, .begin = e->begin, .end = e->end, .data = e->base, .data_len = e->base_len};
     return true;
 }
 
@@ -588,4 +602,69 @@ cg_status cg_st_read_params(const cg_st *f, cg_params *ps) {
     if (!s) s = cg_st_load_run(l);
     cg_st_load_free(l);
     return s;
+}
+
+/* ---- in place and merged (io/safetensors_mmap.c, io/shards.c) ---- */
+
+void cgi_st_retain(cg_st *f) {
+    if (f) f->refs++;
+}
+
+const void *cgi_st_bytes(const cg_st *f, int i, const char **dtype, uint64_t *nbytes) {
+    if (!f || i < 0 || i >= f->n) return NULL;
+    const st_entry *e = &f->e[i];
+    if (dtype) *dtype = cgi_st_dtypes[e->dtype].name;
+    if (nbytes) *nbytes = e->end - e->begin;
+    return e->base + e->begin;
+}
+
+
+cg_st *cgi_st_merge(cg_st **parts, int n, const char *label) {
+    cg_st *f = calloc(1, sizeof *f);
+    int total = 0;
+    for (int k = 0; k < n; k++) total += parts[k]->n;
+    if (f) f->e = calloc((size_t)total + 1, sizeof *f->e);
+    if (f) f->label = strdup(label);
+    if (f) f->parts = malloc((size_t)(n ? n : 1) * sizeof *f->parts);
+    if (!f || !f->e || !f->label || !f->parts) {
+        if (f) free(f->e), free(f->label), free(f->parts), free(f);
+        for (int k = 0; k < n; k++) cg_st_close(parts[k]);
+        cgi_st_fail(label, CG_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    memcpy(f->parts, parts, (size_t)n * sizeof *parts);
+    f->nparts = n;
+    cg_status s = CG_OK;
+    for (int k = 0; k < n && !s; k++)
+        for (int i = 0; i < parts[k]->n && !s; i++) {
+            st_entry *e = &f->e[f->n], *src = &parts[k]->e[i];
+            *e = *src;
+            e->name = strdup(src->name);
+            e->shape = src->ndim > 0 ? malloc((size_t)src->ndim * sizeof *e->shape) : NULL;
+            if (!e->name || (src->ndim > 0 && !e->shape)) {
+                free(e->name), free(e->shape);
+                s = cgi_st_fail(label, CG_ERR_NOMEM, "out of memory");
+                break;
+            }
+            if (src->ndim > 0) memcpy(e->shape, src->shape, (size_t)src->ndim * sizeof *e->shape);
+            f->n++;
+        }
+    if (!s) {
+        qsort(f->e, (size_t)f->n, sizeof *f->e, cmp_entry);
+        for (int i = 1; i < f->n && !s; i++)
+            if (!strcmp(f->e[i - 1].name, f->e[i].name)) {
+                const char *a = NULL, *b = NULL;
+                for (int k = 0; k < n; k++)
+                    if (cg_st_find(parts[k], f->e[i].name) >= 0) {
+                        if (!a) a = parts[k]->label;
+                        else if (!b) b = parts[k]->label;
+                    }
+                s = cgi_st_fail(label, CG_ERR_FORMAT, "tensor '%s' is stored twice: in %s and in %s", f->e[i].name, a, b);
+            }
+    }
+    if (s) {
+        cg_st_close(f);
+        return NULL;
+    }
+    return f;
 }

@@ -412,6 +412,8 @@ void cgi_lp_param_free(cg_tensor *p) {
 
 /* bf16 copy of parameter p (same layout as its storage); NULL without memory. */
 static const cgi_bf16 *param_bf16(cg_tensor *p) {
+    const cgi_bf16 *mapped = cgi_param_bf16_mapped(p); /* a frozen bf16 weight, read in place from its file */
+    if (mapped) return mapped;
     shadow *s = p->lp;
     const int64_t n = cgi_numel(p->ndim, p->shape);
     if (!s) {

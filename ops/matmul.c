@@ -247,6 +247,8 @@ cg_status cgi_fwd_linear(cg_tensor *t) {
                             cgi_shp(w), cg_name(w->root), x->root->lp_value ? "input" : "output",
                             cgi_shp(x->root->lp_value ? x : t));
     }
+    cg_status ws = cgi_param_float(w->root); /* a bf16 weight read in place gets its float now */
+    if (ws) return ws;
     linear_fwd_float(t, false);
     return CG_OK;
 }
@@ -304,6 +306,7 @@ static void linear_bwd(cg_tensor *t, const cg_real *dy, bool with_bias) {
     /* bf16: the bias first, as the products may turn dY into bf16 in place; then both products */
     if (lp_on && bias && bias->requires_grad) bias_grad(t, bias, m, n);
     const bool lp = lp_on && cgi_lp_linear_bwd(t, assign);
+    if (!lp && x->requires_grad && cgi_param_float(w->root)) return; /* no memory: planning widens such weights first */
     cgi_gemm_job jobs[2];
     int nj = 0;
     if (x->requires_grad && !lp) /* dX[m,k] += dY[m,n] @ W[n,k] */

@@ -97,6 +97,8 @@ cg_status cg_lora_merge(cg_params *ps) {
     for (int i = 0; i < cg_params_count(ps); i++) {
         cg_tensor *p = cg_params_at(ps, i);
         if (!p->lora_a) continue;
+        cg_status ws = cgi_param_writable(p); /* a base read in place from its file gets a float copy */
+        if (ws) return ws;
         const int64_t R = p->shape[0], C = p->shape[1], k = p->lora_a->shape[0];
         cg_real *w = p->data, *a = p->lora_a->data, *b = p->lora_b->data;
         /* P += s B A in double per element, so the merge adds no more rounding than one update */
@@ -108,14 +110,16 @@ cg_status cg_lora_merge(cg_params *ps) {
                 w[i * C + j] = (cg_real)(w[i * C + j] + p->lora_scale * acc);
             }
         memset(b, 0, (size_t)(R * k) * sizeof *b);
+        cg_params_touch(ps);
     }
     return CG_OK;
 }
 
 /* ---- adapters on disk ---- */
 
-static cg_real *moment_of(cg_real *block, cg_params *ps, const cg_tensor *p) {
-    return block ? block + ((const cg_real *)p->data - cg_params_values(ps)) : NULL;
+/* An adapter's moments sit at its offset in the blocks. */
+static cg_real *moment_of(cg_real *block, const cg_tensor *p) {
+    return block ? block + p->block_off : NULL;
 }
 
 cg_status cg_lora_save(cg_params *ps, const cg_optim *o, const char *path) {
@@ -134,9 +138,9 @@ cg_status cg_lora_save(cg_params *ps, const cg_optim *o, const char *path) {
             cg_tensor *t = (cg_tensor *)ab[k];
             st = cg_st_add(w, t->name, 2, t->shape, t->data);
             snprintf(name, sizeof name, "%s.exp_avg", t->name);
-            if (!st && m1) st = cg_st_add(w, name, 2, t->shape, moment_of(m1, ps, t));
+            if (!st && m1) st = cg_st_add(w, name, 2, t->shape, moment_of(m1, t));
             snprintf(name, sizeof name, "%s.exp_avg_sq", t->name);
-            if (!st && m2) st = cg_st_add(w, name, 2, t->shape, moment_of(m2, ps, t));
+            if (!st && m2) st = cg_st_add(w, name, 2, t->shape, moment_of(m2, t));
         }
         snprintf(name, sizeof name, "scale:%s", p->name);
         snprintf(num, sizeof num, "%.17g", p->lora_scale);
@@ -271,7 +275,7 @@ cg_status cg_lora_load_optim(cg_optim *o, cg_params *ps, const char *path) {
         if (!cg_lora_is_adapter(t)) continue;
         for (int k = 0; k < 2 && m[k]; k++) {
             snprintf(key, sizeof key, "%s.%s", t->name, suffix[k]);
-            memcpy(moment_of(m[k], ps, t), cg_data(cg_params_find(scratch, key)), (size_t)cg_numel(t) * sizeof(cg_real));
+            memcpy(moment_of(m[k], t), cg_data(cg_params_find(scratch, key)), (size_t)cg_numel(t) * sizeof(cg_real));
         }
     }
     if (!st) st = cg_optim_set_steps(o, n_steps);

@@ -37,6 +37,17 @@ cg_status cg_lora_load(cg_params *ps, const char *path);
  * after cg_lora_load (resuming a fine-tune exactly); CG_ERR_FORMAT if the file has none. The
  * moments pass the checks of cg_st_load_run first: on an error o is unchanged. */
 cg_status cg_lora_load_optim(cg_optim *o, cg_params *ps, const char *path);
+/* Writes the adapters in PEFT's layout to directory dir (made if missing): adapter_model.safetensors
+ * ("base_model.model.<module>.lora_A.weight" and ".lora_B.weight" for each parameter
+ * "<module>.weight") and adapter_config.json (peft_type LORA, r, lora_alpha, target_modules,
+ * base_model_name_or_path = base_model, may be NULL). Every adapter must share one rank and alpha. */
+cg_status cg_lora_save_peft(cg_params *ps, const char *dir, const char *base_model);
+/* Adds to ps the adapters of a PEFT LoRA directory (as cg_lora_save_peft writes, or PEFT's
+ * save_pretrained) on the parameters "<module>.weight" they name, freezing every other parameter;
+ * use_rslora is honoured, and settings that change the numbers but are not implemented (DoRA,
+ * fan_in_fan_out, rank or alpha patterns, bias, modules_to_save) are refused by name. Everything
+ * is checked before the first adapter is added. */
+cg_status cg_lora_load_peft(cg_params *ps, const char *dir);
 /* True when p is an adapter parameter (lora_A or lora_B) of some base parameter. */
 bool cg_lora_is_adapter(const cg_tensor *p);
 /* The base parameter an adapter belongs to, or NULL when p is not an adapter. */

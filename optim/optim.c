@@ -33,8 +33,14 @@ struct cg_optim {
 
 /* ---- walking the blocks ---- */
 
-static int64_t param_off(cg_params *ps, int i) {
-    return (cg_real *)cg_params_at(ps, i)->data - cg_params_values(ps);
+/* Where parameter i's elements start in the blocks. Not its data pointer's distance from the value
+ * block: a frozen parameter out of the blocks (a file mapping, a buffer of its own) lies anywhere in
+ * memory, and such a distance sent the walk past the adapters. Its offset is kept in order with a
+ * length of zero. */
+static int64_t param_off(cg_params *ps, int i) { return cg_params_at(ps, i)->block_off; }
+static int64_t param_len(cg_params *ps, int i) {
+    const cg_tensor *t = cg_params_at(ps, i);
+    return t->store == CGI_STORE_BLOCK ? cgi_numel(t->ndim, t->shape) : 0;
 }
 
 /* Bounds of chunk c of NCHUNK over span elements. */
@@ -50,8 +56,7 @@ static int first_param(cg_params *ps, int n, int64_t pos) {
     int lo = 0, hi = n;
     while (lo < hi) {
         int mid = (lo + hi) / 2;
-        cg_tensor *t = cg_params_at(ps, mid);
-        if (param_off(ps, mid) + cgi_numel(t->ndim, t->shape) <= pos) lo = mid + 1;
+        if (param_off(ps, mid) + param_len(ps, mid) <= pos) lo = mid + 1;
         else hi = mid;
     }
     return lo;
@@ -64,8 +69,8 @@ static int first_param(cg_params *ps, int n, int64_t pos) {
         cg_tensor *t_ = cg_params_at(ps, i);                                       \
         int64_t off_ = param_off(ps, i);                                           \
         if (off_ >= (hi_)) break;                                                  \
-        if (!t_->trainable) continue;                                              \
-        int64_t end_ = off_ + cgi_numel(t_->ndim, t_->shape);                      \
+        if (!t_->trainable || t_->store != CGI_STORE_BLOCK) continue;              \
+        int64_t end_ = off_ + param_len(ps, i);                                    \
         int64_t a = off_ > (lo_) ? off_ : (lo_), e = end_ < (hi_) ? end_ : (hi_);  \
         __VA_ARGS__                                                                \
     }

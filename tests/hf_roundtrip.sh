@@ -8,7 +8,8 @@
 #  - `train --init-from DIR` continues exactly as `--init-from CKPT` (parameters and AdamW moments
 #    bit for bit), so the weights and the tokenizer came back unchanged;
 #  - the hub's tokenizer names (vocab.json + merges.txt) tokenize as GPT-2's (encoder.json + vocab.bpe);
-#  - LoRA on a Hugging Face base, and export merging it; errors name the file and the tensor;
+#  - LoRA on a Hugging Face base, and export merging it; its PEFT adapters read back (eval, merged
+#    export) as the checkpoint; errors name the file and the tensor;
 #  - with the argument torch (ctest hf_roundtrip_torch): also names, shapes and logits against the
 #    torch reference models (tests/check_hf_export.py); exits 77 (skipped) when PYTHON has no torch.
 # Usage: hf_roundtrip.sh CGRAD [PYTHON [torch]]
@@ -102,6 +103,16 @@ run "$bin" sample --checkpoint lora.ckpt --length 8 --temperature 0 --threads 1
 run "$bin" export lora.ckpt loradir
 check 'grep -q "LoRA merged" run.out && [ "$(digest loradir)" != "$(digest gdir)" ] && [ -n "$(digest loradir)" ]' \
       "a LoRA fine-tune of a directory samples, and exports with its adapters merged"
+# its adapters in PEFT's layout, read back on their base: the same model (eval), the same merged export
+run "$bin" export lora.ckpt peftdir --peft
+"$bin" eval --checkpoint lora.ckpt --data text.txt --threads 1 > e1.txt 2>&1
+"$bin" eval --checkpoint peftdir --data text.txt --threads 1 > e2.txt 2>&1
+run "$bin" export peftdir peftmerged
+check 'grep -q "^loss" e1.txt && diff <(grep "^loss" e1.txt) <(grep "^loss" e2.txt) > /dev/null &&
+       [ "$(digest peftmerged)" = "$(digest loradir)" ]' \
+      "PEFT adapters (adapter_model.safetensors + adapter_config.json) evaluate and merge as their checkpoint ($(grep '^loss' e2.txt))"
+"$bin" train "${tune[@]}" --init-from peftdir --lora-rank 2 --checkpoint x.ckpt > err.txt 2>&1
+check 'grep -q "holds PEFT adapters" err.txt' "new adapters on PEFT ones are refused: $(tail -1 err.txt)"
 
 # the LLaMA directory keeps its grouped-query heads and samples as its checkpoint does
 check 'grep -q "\"num_key_value_heads\":[[:space:]]*1" ldir/config.json' "llama export: its key/value heads in config.json"

@@ -1,0 +1,228 @@
+/* SPDX-License-Identifier: MIT */
+/* LoRA adapters in PEFT's layout, so that a fine-tune moves between cgrad and the Hugging Face
+ * tools: a directory with adapter_model.safetensors, whose tensors are named
+ * "base_model.model.<module>.lora_A.weight" and "...lora_B.weight" for the nn.Linear <module>
+ * whose weight is the parameter "<module>.weight", and adapter_config.json with peft_type "LORA",
+ * r, lora_alpha (scale alpha / r, or alpha / sqrt(r) with use_rslora), target_modules and
+ * base_model_name_or_path. lora_A is [r, in] and lora_B [out, r], as cgrad's. Settings that change
+ * the numbers and that this reader does not implement (DoRA, fan_in_fan_out, per-module ranks or
+ * alphas, bias training, modules_to_save, embedding adapters) are refused by name. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "graph/internal.h"
+#include "io/data.h"
+#include "io/safetensors.h"
+#include "optim/lora.h"
+
+#define PREFIX "base_model.model."
+
+static bool ends_with(const char *s, const char *suffix) {
+    const size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && !strcmp(s + a - b, suffix);
+}
+
+/* The module of a parameter name "<module>.weight" into buf; false otherwise. */
+static bool module_of(const char *param, char *buf, size_t n) {
+    const size_t len = strlen(param);
+    if (!ends_with(param, ".weight") || len - 7 >= n) return false;
+    memcpy(buf, param, len - 7);
+    buf[len - 7] = 0;
+    return true;
+}
+
+static cg_status write_text(const char *path, const char *text) {
+    char tmp[4400];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f) return cgi_fail(CG_ERR_IO, "[lora peft] cannot write %s: %s", tmp, strerror(errno));
+    const bool ok = fputs(text, f) >= 0;
+    if (fclose(f) || !ok || rename(tmp, path)) {
+        remove(tmp);
+        return cgi_fail(CG_ERR_IO, "[lora peft] cannot write %s", path);
+    }
+    return CG_OK;
+}
+
+cg_status cg_lora_save_peft(cg_params *ps, const char *dir, const char *base_model) {
+    if (!ps || !dir) return cgi_fail(CG_ERR_ARG, "[lora peft] NULL argument");
+    int rank = 0;
+    double alpha = 0;
+    cJSON *targets = cJSON_CreateArray();
+    cg_st_writer *w = cg_st_writer_new();
+    cg_status st = targets && w ? CG_OK : cgi_fail(CG_ERR_NOMEM, "[lora peft] out of memory");
+    char module[512], key[600];
+    for (int i = 0; !st && i < cg_params_count(ps); i++) {
+        cg_tensor *p = cg_params_at(ps, i);
+        if (!p->lora_a) continue;
+        const int r = (int)p->lora_a->shape[0];
+        const double a = p->lora_scale * r;
+        if (!module_of(p->name, module, sizeof module)) {
+            st = cgi_fail(CG_ERR_STATE, "[lora peft] %s: PEFT adapts modules' '.weight' parameters", p->name);
+            break;
+        }
+        if (!rank) rank = r, alpha = a;
+        if (r != rank || fabs(a - alpha) > 1e-9 * fabs(alpha)) {
+            st = cgi_fail(CG_ERR_STATE, "[lora peft] %s: rank %d alpha %g, others rank %d alpha %g: one rank and alpha for all",
+                          p->name, r, a, rank, alpha);
+            break;
+        }
+        const char *leaf = strrchr(module, '.') ? strrchr(module, '.') + 1 : module;
+        bool listed = false;
+        for (cJSON *t = targets->child; t; t = t->next) listed |= !strcmp(t->valuestring, leaf);
+        if (!listed) cJSON_AddItemToArray(targets, cJSON_CreateString(leaf));
+        snprintf(key, sizeof key, PREFIX "%s.lora_A.weight", module);
+        st = cg_st_add_tensor(w, key, p->lora_a);
+        snprintf(key, sizeof key, PREFIX "%s.lora_B.weight", module);
+        if (!st) st = cg_st_add_tensor(w, key, p->lora_b);
+    }
+    if (!st && !rank) st = cgi_fail(CG_ERR_STATE, "[lora peft] %s: the parameter set has no adapters", dir);
+    if (!st && mkdir(dir, 0777) && errno != EEXIST) st = cgi_fail(CG_ERR_IO, "[lora peft] cannot create %s: %s", dir, strerror(errno));
+    char path[4300];
+    if (!st) {
+        st = cg_st_set_metadata(w, "format", "pt");
+        snprintf(path, sizeof path, "%s/adapter_model.safetensors.tmp.%ld", dir, (long)getpid());
+        char final[4300];
+        snprintf(final, sizeof final, "%s/adapter_model.safetensors", dir);
+        if (!st) st = cg_st_write(w, path);
+        if (!st && rename(path, final)) st = cgi_fail(CG_ERR_IO, "[lora peft] cannot rename %s to %s", path, final);
+        if (st) remove(path);
+    }
+    cJSON *c = st ? NULL : cJSON_CreateObject();
+    if (c) {
+        cJSON_AddStringToObject(c, "peft_type", "LORA");
+        cJSON_AddStringToObject(c, "task_type", "CAUSAL_LM");
+        cJSON_AddNumberToObject(c, "r", rank);
+        cJSON_AddNumberToObject(c, "lora_alpha", alpha);
+        cJSON_AddNumberToObject(c, "lora_dropout", 0.0);
+        cJSON_AddItemToObject(c, "target_modules", targets);
+        targets = NULL;
+        if (base_model) cJSON_AddStringToObject(c, "base_model_name_or_path", base_model);
+        else cJSON_AddNullToObject(c, "base_model_name_or_path");
+        cJSON_AddStringToObject(c, "bias", "none");
+        cJSON_AddFalseToObject(c, "fan_in_fan_out");
+        cJSON_AddTrueToObject(c, "inference_mode");
+        cJSON_AddFalseToObject(c, "use_rslora");
+        cJSON_AddFalseToObject(c, "use_dora");
+        cJSON_AddNullToObject(c, "modules_to_save");
+        cJSON_AddObjectToObject(c, "rank_pattern");
+        cJSON_AddObjectToObject(c, "alpha_pattern");
+        char *text = cJSON_Print(c);
+        snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+        st = text ? write_text(path, text) : cgi_fail(CG_ERR_NOMEM, "[lora peft] out of memory");
+        free(text);
+        cJSON_Delete(c);
+    }
+    cJSON_Delete(targets);
+    cg_st_writer_free(w);
+    return st;
+}
+
+/* Fails naming a config field whose value changes the numbers and is not implemented here. */
+static cg_status refuse(const char *path, const cJSON *c, const char *field, bool (*allowed)(const cJSON *)) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(c, field);
+    if (!v || allowed(v)) return CG_OK;
+    char *text = cJSON_PrintUnformatted(v);
+    cg_status st = cgi_fail(CG_ERR_FORMAT, "[lora peft] %s: \"%s\": %s is not supported", path, field, text ? text : "?");
+    free(text);
+    return st;
+}
+static bool is_false_or_null(const cJSON *v) { return cJSON_IsFalse(v) || cJSON_IsNull(v); }
+static bool is_empty(const cJSON *v) { return cJSON_IsNull(v) || (cJSON_IsObject(v) && !v->child) || (cJSON_IsArray(v) && !v->child); }
+static bool is_none(const cJSON *v) { return cJSON_IsNull(v) || (cJSON_IsString(v) && !strcmp(v->valuestring, "none")); }
+static bool is_lora(const cJSON *v) { return cJSON_IsString(v) && !strcmp(v->valuestring, "LORA"); }
+
+cg_status cg_lora_load_peft(cg_params *ps, const char *dir) {
+    if (!ps || !dir) return cgi_fail(CG_ERR_ARG, "[lora peft] NULL argument");
+    char path[4300];
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    char *text = NULL;
+    size_t len = 0;
+    if (cg_read_text_file(path, &text, &len)) return cg_last_status();
+    cJSON *c = cJSON_ParseWithLength(text, len);
+    free(text);
+    cg_status st = cJSON_IsObject(c) ? CG_OK : cgi_fail(CG_ERR_FORMAT, "[lora peft] %s: not a JSON object", path);
+    if (!st && !is_lora(cJSON_GetObjectItemCaseSensitive(c, "peft_type")))
+        st = cgi_fail(CG_ERR_FORMAT, "[lora peft] %s: \"peft_type\" must be \"LORA\"", path);
+    const double r = cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(c, "r"));
+    const double alpha = cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(c, "lora_alpha"));
+    if (!st && !(r >= 1 && r <= 65536 && r == floor(r)))
+        st = cgi_fail(CG_ERR_FORMAT, "[lora peft] %s: \"r\" must be a whole number >= 1", path);
+    if (!st && !(isfinite(alpha) && alpha != 0))
+        st = cgi_fail(CG_ERR_FORMAT, "[lora peft] %s: \"lora_alpha\" must be finite and nonzero", path);
+    if (!st) st = refuse(path, c, "use_dora", is_false_or_null);
+    if (!st) st = refuse(path, c, "fan_in_fan_out", is_false_or_null);
+    if (!st) st = refuse(path, c, "rank_pattern", is_empty);
+    if (!st) st = refuse(path, c, "alpha_pattern", is_empty);
+    if (!st) st = refuse(path, c, "modules_to_save", is_empty);
+    if (!st) st = refuse(path, c, "bias", is_none);
+    const bool rs = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "use_rslora"));
+    cJSON_Delete(c);
+    if (st) return st;
+    /* cg_lora_add's scale is alpha / rank: rsLoRA's alpha / sqrt(r) is that of alpha * sqrt(r) */
+    const double add_alpha = rs ? alpha * sqrt(r) : alpha;
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    cg_st *f = cg_st_open(path);
+    if (!f) return cg_last_status();
+    /* every tensor checked against its base before anything changes */
+    char module[512], param[600], key[700];
+    int found = 0;
+    for (int i = 0; !st && i < cg_st_count(f); i++) {
+        const char *name = cg_st_name(f, i);
+        const size_t n = strlen(name), pre = strlen(PREFIX);
+        const bool is_a = ends_with(name, ".lora_A.weight"), is_b = ends_with(name, ".lora_B.weight");
+        if (strncmp(name, PREFIX, pre) || (!is_a && !is_b) || n - pre - 14 >= sizeof module) {
+            st = cgi_fail(CG_ERR_FORMAT, "[lora peft] %s: tensor '%s' is not " PREFIX "<module>.lora_A.weight or .lora_B.weight",
+                          path, name);
+            break;
+        }
+        memcpy(module, name + pre, n - pre - 14);
+        module[n - pre - 14] = 0;
+        snprintf(param, sizeof param, "%s.weight", module);
+        cg_tensor *p = cg_params_find(ps, param);
+        snprintf(key, sizeof key, PREFIX "%s.lora_%c.weight", module, is_a ? 'B' : 'A');
+        int na = 0, nb = 0;
+        int64_t sa[CG_MAX_DIMS], sb[CG_MAX_DIMS];
+        if (!p || p->ndim != 2 || p->lora_a)
+            st = cgi_fail(CG_ERR_FORMAT, "[lora peft] %s: '%s' adapts '%s', which is not a 2-D parameter without an adapter",
+                          path, name, param);
+        else if (cg_st_find(f, key) < 0)
+            st = cgi_fail(CG_ERR_FORMAT, "[lora peft] %s: '%s' has no partner '%s'", path, name, key);
+        else if (is_a && (cg_st_info(f, name, NULL, &na, sa) || cg_st_info(f, key, NULL, &nb, sb) || na != 2 || nb != 2 ||
+                          sa[0] != (int64_t)r || sa[1] != p->shape[1] || sb[0] != p->shape[0] || sb[1] != (int64_t)r))
+            st = cgi_fail(CG_ERR_FORMAT, "[lora peft] %s: adapter of '%s'%s: lora_A %s and lora_B %s, want [%d, %lld] and "
+                          "[%lld, %d]", path, param, cgi_shp(p), cg_dims_str(na, sa), cg_dims_str(nb, sb), (int)r,
+                          (long long)p->shape[1], (long long)p->shape[0], (int)r);
+        found += is_a;
+    }
+    if (!st && !found) st = cgi_fail(CG_ERR_FORMAT, "[lora peft] %s: holds no adapters", path);
+    cg_st_load *l = st ? NULL : cg_st_load_new(); /* values through the checks every load takes */
+    if (!st && !l) st = CG_ERR_NOMEM;
+    for (int i = 0; !st && i < cg_st_count(f); i++) {
+        const char *name = cg_st_name(f, i);
+        if (!ends_with(name, ".lora_A.weight")) continue;
+        const size_t n = strlen(name), pre = strlen(PREFIX);
+        memcpy(module, name + pre, n - pre - 14);
+        module[n - pre - 14] = 0;
+        snprintf(param, sizeof param, "%s.weight", module);
+        cg_tensor *p = cg_params_find(ps, param);
+        cg_rng rng;
+        cg_rng_seed(&rng, 0);
+        if ((st = cg_lora_add(ps, p, (int)r, add_alpha, &rng))) break;
+        snprintf(key, sizeof key, PREFIX "%s.lora_B.weight", module);
+        if (!(st = cg_st_load_add(l, p->lora_a, f, name))) st = cg_st_load_add(l, p->lora_b, f, key);
+    }
+    if (!st) st = cg_st_load_run(l);
+    cg_st_load_free(l);
+    if (!st) /* as cg_lora_load: the fine-tune trains its adapters alone */
+        for (int i = 0; i < cg_params_count(ps); i++)
+            if (!cg_lora_is_adapter(cg_params_at(ps, i))) cg_param_set_trainable(cg_params_at(ps, i), false);
+    cg_st_close(f);
+    return st;
+}
