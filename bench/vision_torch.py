@@ -36,7 +36,7 @@ STEPS_PER_EPOCH = 469  # ceil(60000 / 128): cgrad's epochs are measured in steps
 # The hyperparameters of `cgrad train --arch ...` by default (cli/train_opts.c).
 HP = {
     "cnn": dict(channels=32, layers=2, hidden=128, lr=2e-3, warmup=100, wd=0.01, epochs=3),
-    "vit": dict(dim=64, layers=4, heads=4, mlp=128, patch=4, lr=2e-3, warmup=200, wd=0.05, epochs=10),
+    "vit": dict(dim=64, layers=4, heads=4, mlp=128, patch=7, lr=2e-3, warmup=200, wd=0.05, epochs=10),
 }
 BATCH, BETAS, EPS, CLIP = 128, (0.9, 0.99), 1e-8, 1.0
 
@@ -89,7 +89,7 @@ class ViT(nn.Module):
         for name, prm in self.named_parameters():  # cgrad's init: normal(0, 1/sqrt(fan_in)), zero biases
             if name.endswith("bias"):
                 nn.init.zeros_(prm)
-            elif prm.dim() >= 2 and "embed" not in name.replace("patch_embed", ""):
+            elif prm.dim() >= 2 and name not in ("cls_token", "pos_embed"):  # those two: normal(0, 0.02)
                 nn.init.normal_(prm, 0, 1 / math.sqrt(prm[0].numel()))
 
     def forward(self, px):

@@ -90,7 +90,7 @@ typedef struct {
     X("--precision", CLI_STR, precision, false, 0, 0, "fp32|bf16: bf16 multiplies bfloat16 operands, accumulates in float (--resume: the checkpoint's)") \
     X("--skip-nonfinite", CLI_INT, skip_nonfinite, false, 0, COUNT_MAX, "skip up to N steps whose loss or gradient is not finite (0: stop at the first)") \
     X("--checkpoint-activations", CLI_BARE, checkpoint_activations, false, 0, 1, "recompute each block's activations in backward: less memory, one more forward per step, the same gradients") \
-    X("--patch", CLI_INT, patch, true, 1, 1 << 12, "vit: side of the square patches, dividing the image side (4)")
+    X("--patch", CLI_INT, patch, true, 1, 1 << 12, "vit: side of the square patches, dividing the image side (7)")
 
 #define OPT(f, k, field, fixed, lo, hi, help) idx_##field,
 enum { TRAIN_OPTS(OPT) N_DEFS }; /* idx_<field>: the option's row in cli_train_opts */

@@ -61,7 +61,7 @@ void train_defaults(topts *o, const bool *set) {
     const bool vit = a == CG_ARCH_VIT, cnn = a == CG_ARCH_CNN;
 #define D(field, value) \
     if (!set[idx_##field]) o->field = (value)
-    D(patch, 4);
+    D(patch, 7);
     D(data, cls ? "data/sentiment/all.tsv" : ed ? "" : "data/moby-dick.txt");
     D(val_data, "");
     D(val_fraction, 0.1);
@@ -119,7 +119,6 @@ void train_defaults(topts *o, const bool *set) {
         D(dim, vit ? 64 : 32);
         D(heads, 4);
         D(ffn, vit ? 2 * o->dim : 128);
-        D(patch, 4);
         D(batch, 128);
         D(steps, vit ? 4690 : 1407);
         D(lr, 2e-3);
