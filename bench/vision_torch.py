@@ -7,8 +7,10 @@ epoch's checkpoint) and then one epoch of the PyTorch model run in turn, so both
 each epoch ends with the test accuracy over all 10,000 test images. The two use the same
 architecture, initialisation scheme, data order rule (a shuffle per epoch), normalisation, AdamW
 (decay on matrices only), warmup + cosine schedule, gradient clipping, batch and threads. Prints a
-Markdown table: seconds per epoch (cgrad: the whole process, with start-up, data loading, the
-evaluation and the checkpoint; PyTorch: the epoch's training and its evaluation) and accuracies.
+Markdown table: wall and CPU seconds per epoch (cgrad: the whole process, with start-up, data
+loading, the evaluation and the checkpoint; PyTorch: the epoch's training and its evaluation) and
+test accuracies. On a loaded machine the CPU seconds (all threads) compare the work done; the wall
+seconds what a user waits.
 
 Usage: /usr/bin/python3 bench/vision_torch.py [--cgrad build/cgrad] [--models cnn,vit]
                                                [--epochs-cnn 3] [--epochs-vit 10] [--threads 2]
@@ -19,6 +21,7 @@ import gzip
 import math
 import os
 import re
+import resource
 import shutil
 import subprocess
 import tempfile
@@ -147,7 +150,7 @@ class TorchRun:
         self.gen = torch.Generator().manual_seed(1337)
 
     def epoch(self):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         self.model.train()
         perm = torch.randperm(len(self.ytr), generator=self.gen)
         for i in range(STEPS_PER_EPOCH):
@@ -167,24 +170,31 @@ class TorchRun:
         with torch.no_grad():
             for i in range(0, len(self.yte), 1000):
                 right += int((self.model(self.xte[i:i + 1000]).argmax(1) == self.yte[i:i + 1000]).sum())
-        return time.perf_counter() - t0, right / len(self.yte)
+        return time.perf_counter() - t0, time.process_time() - c0, right / len(self.yte)
 
 
 def cgrad_epoch(cgrad, arch, h, k, total, out, threads):
-    """Epoch k (1-based) of `cgrad train`: a new run for k = 1, else resumed; returns (s, accuracy)."""
+    """Epoch k (1-based) of `cgrad train`: a new run for k = 1, else resumed; returns (wall s, CPU s, accuracy)."""
     if k == 1:
+        model = ["--dim", str(h["channels"]), "--layers", str(h["layers"]), "--ffn", str(h["hidden"])] if arch == "cnn" else \
+            ["--dim", str(h["dim"]), "--layers", str(h["layers"]), "--heads", str(h["heads"]), "--ffn", str(h["mlp"]),
+             "--patch", str(h["patch"])]
         cmd = [cgrad, "train", "--arch", arch, "--out", out, "--threads", str(threads), "--samples", "0",
-               "--steps", str(STEPS_PER_EPOCH), "--decay-steps", str(total), "--save-every", "0"]
+               "--steps", str(STEPS_PER_EPOCH), "--decay-steps", str(total), "--save-every", "0", "--batch", str(BATCH),
+               "--lr", repr(h["lr"]), "--min-lr", repr(h["lr"] / 100), "--warmup", str(h["warmup"]),
+               "--weight-decay", repr(h["wd"]), "--beta1", repr(BETAS[0]), "--beta2", repr(BETAS[1]), "--eps", repr(EPS),
+               "--clip", repr(CLIP)] + model
     else:
         cmd = [cgrad, "train", "--resume", os.path.join(out, "model.ckpt"), "--steps", str(k * STEPS_PER_EPOCH),
                "--threads", str(threads), "--samples", "0"]
-    t0 = time.perf_counter()
+    t0, r0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     p = subprocess.run(cmd, capture_output=True, text=True)
-    dt = time.perf_counter() - t0
+    dt, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     if p.returncode:
         raise SystemExit("cgrad failed (%s):\n%s%s" % (" ".join(cmd), p.stdout, p.stderr))
     acc = re.findall(r"accuracy ([0-9.]+)", p.stdout)
-    return dt, float(acc[-1]) if acc else float("nan")
+    return dt, cpu, float(acc[-1]) if acc else float("nan")
 
 
 def main():
@@ -211,23 +221,26 @@ def main():
         out = tempfile.mkdtemp(prefix="cgrad-vision-")
         try:
             for k in range(1, epochs + 1):
-                cs, ca = cgrad_epoch(a.cgrad, arch, h, k, total, out, a.threads)
-                ts, ta = tr.epoch()
-                rows.append((arch, k, cs, ca, ts, ta))
-                print("  %s epoch %d: cgrad %.1f s acc %.4f | torch %.1f s acc %.4f" % (arch, k, cs, ca, ts, ta), flush=True)
+                cs, cc, ca = cgrad_epoch(a.cgrad, arch, h, k, total, out, a.threads)
+                ts, tc, ta = tr.epoch()
+                rows.append((arch, k, cs, cc, ca, ts, tc, ta))
+                print("  %s epoch %d: cgrad %.1f s (CPU %.1f s) acc %.4f | torch %.1f s (CPU %.1f s) acc %.4f"
+                      % (arch, k, cs, cc, ca, ts, tc, ta), flush=True)
         finally:
             shutil.rmtree(out, ignore_errors=True)
     print("load average after: %s\n" % " ".join("%.2f" % v for v in os.getloadavg()))
-    print("| model | epoch | cgrad s | cgrad test acc | PyTorch s | PyTorch test acc | PyTorch / cgrad time |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for arch, k, cs, ca, ts, ta in rows:
-        print("| %s | %d | %.1f | %.4f | %.1f | %.4f | %.2f |" % (arch, k, cs, ca, ts, ta, ts / cs))
+    print("| model | epoch | cgrad s | cgrad CPU s | cgrad test acc | PyTorch s | PyTorch CPU s | PyTorch test acc "
+          "| PyTorch / cgrad wall | PyTorch / cgrad CPU |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for arch, k, cs, cc, ca, ts, tc, ta in rows:
+        print("| %s | %d | %.1f | %.1f | %.4f | %.1f | %.1f | %.4f | %.2f | %.2f |"
+              % (arch, k, cs, cc, ca, ts, tc, ta, ts / cs, tc / cc))
     for arch in a.models.split(","):
         r = [x for x in rows if x[0] == arch]
         if r:
-            cs, ts = sorted(x[2] for x in r), sorted(x[4] for x in r)
-            print("\n%s: median s/epoch cgrad %.1f [%.1f, %.1f], PyTorch %.1f [%.1f, %.1f]; final accuracy cgrad %.4f, "
-                  "PyTorch %.4f" % (arch, cs[len(cs) // 2], cs[0], cs[-1], ts[len(ts) // 2], ts[0], ts[-1], r[-1][3], r[-1][5]))
+            cs, ts = sorted(x[2] for x in r), sorted(x[5] for x in r)
+            print("\n%s: median wall s/epoch cgrad %.1f [%.1f, %.1f], PyTorch %.1f [%.1f, %.1f]; final accuracy cgrad %.4f, "
+                  "PyTorch %.4f" % (arch, cs[len(cs) // 2], cs[0], cs[-1], ts[len(ts) // 2], ts[0], ts[-1], r[-1][4], r[-1][7]))
 
 
 if __name__ == "__main__":
