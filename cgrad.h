@@ -12,6 +12,7 @@
 #include "io/checkpoint.h"
 #include "io/tokenizer.h"
 #include "io/data.h"
+#include "io/idx.h"
 #include "optim/optim.h"
 #include "optim/lora.h"
 #include "dist/dist.h"

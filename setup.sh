@@ -2,7 +2,9 @@
 # SPDX-License-Identifier: MIT
 # Installs what cgrad needs on Debian 12 and is missing, nothing else; safe to run again.
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config libblis-dev zlib1g-dev libcjson-dev libpcre2-dev libutf8proc-dev libdnnl-dev nodejs doxygen graphviz clang-14 libclang-rt-14-dev libomp-14-dev libopenmpi-dev openmpi-bin)
+pkgs=(build-essential cmake pkg-config libblis-dev zlib1g-dev libcjson-dev libpcre2-dev libutf8proc-dev libdnnl-dev nodejs doxygen graphviz clang-14 libclang-rt-14-dev libomp-14-dev libopenmpi-dev openmpi-bin
+      dataset-fashion-mnist)
+# dataset-fashion-mnist: Fashion-MNIST's gzip IDX files in /usr/share/datasets/fashion-mnist (docs/vision.md)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -81,6 +81,7 @@ bool cli_check_value(const char *cmd, const cli_opt *o, const char *v, cli_value
         return true;
     case CLI_IN:
         out->s = v;
+        if (!strcmp(o->flag, "--data") && !strcmp(v, "fashion-mnist")) return true; /* a named data set (cli_image_dir) */
         if (!*v || stat(v, &sb) || access(v, R_OK)) {
             fprintf(stderr, "cgrad %s: %s '%s': cannot read it: %s\n", cmd, o->flag, v, *v ? strerror(errno) : "empty path");
             return false;

@@ -89,7 +89,7 @@ cg_status cli_ckpt_load(const char *path, double dropout, cli_ckpt *ck) {
         char tok_file[4200];
         snprintf(tok_file, sizeof tok_file, "%s (metadata \"tokenizer\")", path);
         if (!ck->model) st = with_path(path, CG_ERR_FORMAT, "metadata config");
-        else st = cli_check_vocab(ck->model, ck->tok, tok_file, "its metadata \"config\"");
+        else if (!cg_model_is_image(ck->model)) st = cli_check_vocab(ck->model, ck->tok, tok_file, "its metadata \"config\"");
         if (!st && cli_json_i64(ck->train, "lora_rank", 0) > 0) st = load_lora(ck, path);
         else if (!st && (st = cg_st_read_params(ck->st, ck->ps))) st = with_path(path, st, "parameters");
     }

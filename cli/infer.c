@@ -376,9 +376,37 @@ static int eval_lm(cli_ckpt *ck, const char *path, int64_t batch) {
     return 0;
 }
 
+/* An image model over the test split of an image set: loss and accuracy over every test image. */
+static int eval_images(cli_ckpt *ck, const char *data, int64_t batch) {
+    cli_task t;
+    if (cli_task_open(&t, ck->arch, NULL, data, NULL, 0.0, batch, 0)) return cli_fail("eval", "cannot load the images");
+    int64_t chw[3];
+    cg_model_image_shape(ck->model, chw);
+    int rc = 0;
+    if (t.img[1].h != chw[1] || t.img[1].w != chw[2] || t.img[1].num_classes > cg_model_num_classes(ck->model)) {
+        fprintf(stderr, "cgrad eval: %s: %lldx%lld images with %d classes; the model takes %lldx%lld and %lld classes\n",
+                cli_image_dir(data), (long long)t.img[1].h, (long long)t.img[1].w, (int)t.img[1].num_classes,
+                (long long)chw[1], (long long)chw[2], (long long)cg_model_num_classes(ck->model));
+        rc = 1;
+    }
+    if (batch > t.img[1].n) t.batch = batch = t.img[1].n;
+    cg_graph *g = rc ? NULL : cg_graph_new(CG_EVAL);
+    cg_model_graph mg;
+    cli_eval e;
+    if (!rc && (!g || cg_model_build(g, ck->model, batch, 0, 0, &mg))) rc = cli_fail("eval", "cannot build the graph");
+    if (!rc && cli_task_eval(&t, true, g, &mg, INT64_MAX, NULL, &e)) rc = cli_fail("eval", "evaluation failed");
+    if (!rc) {
+        printf("%s (test split): %lld batches of %lld\n", cli_image_dir(data), (long long)e.batches, (long long)batch);
+        printf("loss %.4f nats/image\naccuracy %.4f over %lld images\n", e.loss, e.accuracy, (long long)e.items);
+    }
+    cg_graph_free(g);
+    cli_task_free(&t);
+    return rc;
+}
+
 const cli_opt cli_eval_opts[] = {
     CKPT,
-    {"--data", CLI_IN, 0, 0, "text (gpt2, llama, bert) or TSV (encdec, classifier) to score"},
+    {"--data", CLI_IN, 0, 0, "text (gpt2, llama, bert), TSV (encdec, classifier), or images (vit, cnn: fashion-mnist or an IDX directory; its test split) to score"},
     {"--batch", CLI_INT, 1, 1 << 20, "rows per batch (the training batch)"},
     {"--batches", CLI_INT, 1, 1e15, "batches (bert: 50; others: the whole file)"},
     {"--exact", CLI_INT, 0, 1e15, "encdec: pairs decoded for exact match (all)"},
@@ -398,6 +426,11 @@ int cmd_eval(int argc, char **argv) {
     int64_t batch = cli_int(&a, "--batch", saved >= 1 && saved <= 1 << 20 ? saved : 8);
     if (cg_model_is_decoder(ck.model)) {
         rc = eval_lm(&ck, data, batch);
+        cli_ckpt_free(&ck);
+        return rc;
+    }
+    if (cg_model_is_image(ck.model)) {
+        rc = eval_images(&ck, data, batch);
         cli_ckpt_free(&ck);
         return rc;
     }

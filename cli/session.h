@@ -23,6 +23,7 @@ typedef struct {
     cg_mlm_data *mlm;        /* bert */
     cg_seq2seq_data *s2s;    /* encdec */
     cg_textcls_data *cls;    /* classifier */
+    cg_image_set img[2];     /* vit, cnn: the training and the test images (img[1] is the held-out split) */
     int32_t pad_id, bos_id, eos_id, cls_id; /* encdec specials sit after the tokenizer's ids */
     cg_rng rng;              /* lm/mlm training draws (checkpointed) */
     cg_data_cursor cur;      /* seq2seq/textcls training order (checkpointed) */
@@ -44,6 +45,11 @@ cg_status cli_task_open(cli_task *t, cg_arch arch, const cg_tokenizer *tok, cons
                         const char *val_path, double val_fraction, int64_t batch, int64_t context);
 /* Frees the task's data. */
 void cli_task_free(cli_task *t);
+/* The directory of an image set named by --data: "fashion-mnist" is Debian's dataset-fashion-mnist
+ * (setup.sh installs it); anything else is a directory of MNIST-layout IDX files. */
+const char *cli_image_dir(const char *data);
+/* The task's examples in a split (images, pairs or labelled texts; 0 for lm and mlm). */
+int64_t cli_task_count(const cli_task *t, bool val);
 /* Fills the graph's inputs with the next training batch (advances rng or cursor). */
 cg_status cli_task_train_batch(cli_task *t, const cg_model_graph *mg);
 /* Runs up to max_batches held-out batches through g (CG_EVAL graph of the task's shape); val

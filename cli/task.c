@@ -133,7 +133,38 @@ void cli_task_free(cli_task *t) {
     cg_mlm_data_free(t->mlm);
     cg_seq2seq_data_free(t->s2s);
     cg_textcls_data_free(t->cls);
+    cg_image_set_free(&t->img[0]);
+    cg_image_set_free(&t->img[1]);
     memset(t, 0, sizeof *t);
+}
+
+/* Fashion-MNIST's pixel mean and standard deviation over its training images (bench/vision_torch.py
+ * normalises with the same two numbers). */
+#define IMAGE_MEAN 0.2860
+#define IMAGE_STD 0.3530
+#define FASHION_MNIST_DIR "/usr/share/datasets/fashion-mnist"
+
+const char *cli_image_dir(const char *data) {
+    return !data || !*data || !strcmp(data, "fashion-mnist") ? FASHION_MNIST_DIR : data;
+}
+
+int64_t cli_task_count(const cli_task *t, bool val) {
+    if (t->img[0].n) return t->img[val].n;
+    if (t->s2s) return cg_seq2seq_data_count(t->s2s, val);
+    if (t->cls) return cg_textcls_data_count(t->cls, val);
+    return 0;
+}
+
+static cg_status open_images(cli_task *t, const char *data) {
+    const char *dir = cli_image_dir(data);
+    cg_status st = cg_image_set_load_dir(dir, false, &t->img[0]);
+    if (!st) st = cg_image_set_load_dir(dir, true, &t->img[1]);
+    if (st && !strcmp(dir, FASHION_MNIST_DIR))
+        return cg_set_error(st, "%s (is Debian's dataset-fashion-mnist installed? ./setup.sh installs it)", cg_last_error());
+    if (!st && (t->img[1].h != t->img[0].h || t->img[1].w != t->img[0].w))
+        st = cg_set_error(CG_ERR_FORMAT, "[data] %s: test images are %lldx%lld, training images %lldx%lld", dir,
+                          (long long)t->img[1].h, (long long)t->img[1].w, (long long)t->img[0].h, (long long)t->img[0].w);
+    return st;
 }
 
 static cg_status open_lm(cli_task *t, const char *path, double val_fraction) {
@@ -222,6 +253,8 @@ cg_status cli_task_open(cli_task *t, cg_arch arch, const cg_tokenizer *tok, cons
     case CG_ARCH_BERT: st = open_mlm(t, data_path, val_fraction); break;
     case CG_ARCH_ENCDEC: st = open_s2s(t, data_path, val_path, val_fraction, context); break;
     case CG_ARCH_CLASSIFIER: st = open_cls(t, data_path, val_path, val_fraction, context); break;
+    case CG_ARCH_VIT:
+    case CG_ARCH_CNN: st = open_images(t, data_path); break;
     }
     if (st) cli_task_free(t);
     return st;
@@ -230,6 +263,7 @@ cg_status cli_task_open(cli_task *t, cg_arch arch, const cg_tokenizer *tok, cons
 /* ---- batches ---- */
 
 static int32_t *in(const cg_model_graph *mg, const char *name) { return cg_idata(cg_model_graph_input(mg, name)); }
+static cg_real *pixels(const cg_model_graph *mg) { return cg_data(cg_model_graph_input(mg, "pixel_values")); }
 
 /* One batch of a split into the graph's inputs; r/c are the draws to use. */
 static cg_status fill(cli_task *t, bool val, cg_rng *r, cg_data_cursor *c, const cg_model_graph *mg) {
@@ -257,6 +291,9 @@ static cg_status fill(cli_task *t, bool val, cg_rng *r, cg_data_cursor *c, const
                           (long long)t->t);
         return st;
     }
+    case CG_ARCH_VIT:
+    case CG_ARCH_CNN:
+        return cg_image_batch(&t->img[val], c, t->batch, IMAGE_MEAN, IMAGE_STD, pixels(mg), in(mg, "labels"));
     }
     return CG_ERR_ARG;
 }
@@ -348,10 +385,45 @@ static cg_status eval_examples(cli_task *t, bool val, cg_graph *g, const cg_mode
     return CG_OK;
 }
 
+/* Row-major argmax of row b of [rows, c] logits. */
+static int64_t argmax_row(const cg_real *lg, int64_t b, int64_t c) {
+    int64_t best = 0;
+    for (int64_t j = 1; j < c; j++)
+        if (lg[b * c + j] > lg[b * c + best]) best = j;
+    return best;
+}
+
+/* Every image of a split once, in file order; the last batch padded with ignored rows. */
+static cg_status eval_images(cli_task *t, bool val, cg_graph *g, const cg_model_graph *mg, int64_t max_batches,
+                             volatile sig_atomic_t *stop, cli_eval *o) {
+    const cg_image_set *s = &t->img[val];
+    double nats = 0;
+    int64_t right = 0;
+    const int rank = cg_dist_rank(t->dist), ranks = cg_dist_size(t->dist);
+    for (int64_t i = 0; i < s->n && o->batches < max_batches && !(stop && *stop); o->batches++, i += t->batch) {
+        if (o->batches % ranks != rank) continue; /* another rank's batch */
+        cg_image_rows(s, i, t->batch, IMAGE_MEAN, IMAGE_STD, pixels(mg), in(mg, "labels"));
+        cg_status st = cg_graph_forward(g);
+        if (st) return st;
+        const int64_t scored = s->n - i < t->batch ? s->n - i : t->batch, c = cg_dim(mg->logits, -1);
+        nats += cg_item(mg->loss) * (double)scored;
+        o->items += scored;
+        for (int64_t b = 0; b < scored; b++) right += argmax_row(cg_data(mg->logits), b, c) == in(mg, "labels")[b];
+    }
+    double sums[3] = {nats, (double)o->items, (double)right};
+    cg_status st = cg_dist_sum(t->dist, sums, 3);
+    if (st) return st;
+    o->items = (int64_t)sums[1];
+    o->loss = o->items ? sums[0] / sums[1] : NAN;
+    o->accuracy = o->items ? sums[2] / sums[1] : NAN;
+    return CG_OK;
+}
+
 cg_status cli_task_eval(cli_task *t, bool val, cg_graph *g, const cg_model_graph *mg, int64_t max_batches,
                         volatile sig_atomic_t *stop, cli_eval *o) {
     memset(o, 0, sizeof *o);
     o->loss = o->mlm_loss = o->nsp_loss = o->accuracy = NAN;
+    if (t->arch == CG_ARCH_VIT || t->arch == CG_ARCH_CNN) return eval_images(t, val, g, mg, max_batches, stop, o);
     if (t->arch == CG_ARCH_ENCDEC || t->arch == CG_ARCH_CLASSIFIER) return eval_examples(t, val, g, mg, max_batches, stop, o);
     bool empty = t->lm ? cg_lm_data_count(t->lm, val) < t->t + 1 : cg_mlm_data_count(t->mlm, val) < 2;
     if (empty) return CG_OK;
@@ -506,6 +578,31 @@ static void show_cls(FILE *f, cli_task *t, cg_model *m, int n) {
     free(p);
 }
 
+/* Fashion-MNIST's class names, by label. */
+static const char *const fashion_names[10] = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+                                              "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"};
+
+static void show_images(FILE *f, cli_task *t, cg_model *m, int n) {
+    const cg_image_set *s = &t->img[1];
+    const int64_t classes = cg_model_num_classes(m), hw = s->h * s->w;
+    cg_graph *g = cg_graph_new(CG_EVAL);
+    cg_tensor *x = g ? cg_input(g, "pixel_values", CG_REAL, 4, (int64_t[]){1, 1, s->h, s->w}) : NULL;
+    cg_tensor *p = x ? cg_softmax(g, cg_model_class_logits(g, m, x, NULL)) : NULL;
+    int32_t label;
+    for (int64_t i = 0; p && hw > 0 && i < n && i < s->n; i++) {
+        const int64_t at = i * (s->n / n > 0 ? s->n / n : 1);
+        cg_image_rows(s, at, 1, IMAGE_MEAN, IMAGE_STD, cg_data(x), &label);
+        if (cg_graph_forward(g)) break;
+        const int64_t best = argmax_row(cg_data(p), 0, classes);
+        char got[32], want[32];
+        snprintf(got, sizeof got, "%s", classes == 10 ? fashion_names[best] : "class");
+        snprintf(want, sizeof want, "%s", classes == 10 && label >= 0 && label < 10 ? fashion_names[label] : "class");
+        fprintf(f, "  %s test image %lld: %s %lld (p=%.2f), truth %s %d\n", best == label ? "ok  " : "MISS", (long long)at,
+                got, (long long)best, (double)cg_data(p)[best], want, (int)label);
+    }
+    cg_graph_free(g);
+}
+
 void cli_task_show(FILE *f, cli_task *t, cg_model *m, int n, uint64_t seed) {
     if (n <= 0) return;
     switch (t->arch) {
@@ -514,6 +611,8 @@ void cli_task_show(FILE *f, cli_task *t, cg_model *m, int n, uint64_t seed) {
     case CG_ARCH_BERT: fprintf(f, "fill-mask on held-out sentences:\n"), show_bert(f, t, m, n, seed); break;
     case CG_ARCH_ENCDEC: fprintf(f, "greedy decoding of held-out pairs:\n"), show_encdec(f, t, m, n); break;
     case CG_ARCH_CLASSIFIER: fprintf(f, "held-out predictions:\n"), show_cls(f, t, m, n); break;
+    case CG_ARCH_VIT:
+    case CG_ARCH_CNN: fprintf(f, "test-set predictions:\n"), show_images(f, t, m, n); break;
     }
     fflush(f);
 }

@@ -274,7 +274,21 @@ int cmd_train(int argc, char **argv) {
     r.tty = isatty(STDOUT_FILENO) && !cg_dist_launched() && !(getenv("TERM") && !strcmp(getenv("TERM"), "dumb"));
 
     /* Tokenizer: restored, or made from the data. */
-    if (!file_crc(o.data, &r.data_crc, &r.data_bytes)) {
+    const bool image = r.arch == CG_ARCH_VIT || r.arch == CG_ARCH_CNN;
+    if (image) { /* a directory of IDX files: the checksums are of the images and labels as read */
+        if (cli_task_open(&r.task, r.arch, NULL, o.data, NULL, 0.0, o.batch, o.context)) {
+            cli_fail("train", "cannot load the images");
+            goto done;
+        }
+        for (int v = 0; v < 2; v++) {
+            const cg_image_set *s = &r.task.img[v];
+            uLong c = crc32(0L, Z_NULL, 0);
+            c = crc32_z(c, s->pixels, (size_t)(s->n * s->h * s->w));
+            c = crc32_z(c, (const unsigned char *)s->labels, (size_t)s->n * sizeof *s->labels);
+            *(v ? &r.val_crc : &r.data_crc) = (uint32_t)c;
+        }
+        r.data_bytes = r.task.img[0].n * (r.task.img[0].h * r.task.img[0].w + 1);
+    } else if (!file_crc(o.data, &r.data_crc, &r.data_bytes)) {
         fprintf(stderr, "cgrad train: cannot read --data %s: %s\n", o.data, cg_last_error());
         goto done;
     }
@@ -299,6 +313,12 @@ int cmd_train(int argc, char **argv) {
     } else if (init) {
         r.tok = ck.tok;
         ck.tok = NULL;
+    } else if (image) { /* no text: a placeholder the checkpoint format wants */
+        if (!(r.tok = cg_tokenizer_char_new("0123456789", 10))) {
+            cli_fail("train", "cannot make the tokenizer");
+            goto done;
+        }
+        r.o.tokenizer = "char";
     } else {
         char *text = NULL;
         size_t len = 0;
@@ -321,13 +341,12 @@ int cmd_train(int argc, char **argv) {
         cli_fail("train", "cannot serialize the tokenizer");
         goto done;
     }
-    if (cli_task_open(&r.task, train_bert_classify(&o) ? CG_ARCH_CLASSIFIER : r.arch, r.tok, o.data, o.val_data, o.val_fraction, o.batch, o.context)) {
+    if (!image && cli_task_open(&r.task, train_bert_classify(&o) ? CG_ARCH_CLASSIFIER : r.arch, r.tok, o.data, o.val_data, o.val_fraction, o.batch, o.context)) {
         cli_fail("train", "cannot load the data");
         goto done;
     }
     {
-        const int64_t n = r.task.s2s ? cg_seq2seq_data_count(r.task.s2s, false)
-                          : r.task.cls ? cg_textcls_data_count(r.task.cls, false) : o.batch;
+        const int64_t n = r.task.s2s || r.task.cls || image ? cli_task_count(&r.task, false) : o.batch;
         if (n < o.batch) {
             fprintf(stderr, "cgrad train: %s: %lld training examples cannot fill a --batch of %lld\n", o.data, (long long)n,
                     (long long)o.batch);
@@ -443,13 +462,15 @@ int cmd_train(int argc, char **argv) {
         goto done;
     }
 
-    const int64_t tokens_per_step = r.world * o.batch * o.grad_accum * (r.task.arch == CG_ARCH_CLASSIFIER ? r.task.t : r.task.t + r.task.s);
+    /* images: a "token" is an image, so tok/s reads images per second */
+    const int64_t tokens_per_step = r.world * o.batch * o.grad_accum *
+                                    (image ? 1 : r.task.arch == CG_ARCH_CLASSIFIER ? r.task.t : r.task.t + r.task.s);
     {
         int64_t ntr = r.task.lm ? cg_lm_data_count(r.task.lm, false) : r.task.mlm ? cg_mlm_data_count(r.task.mlm, false)
-                      : r.task.s2s ? cg_seq2seq_data_count(r.task.s2s, false) : cg_textcls_data_count(r.task.cls, false);
+                      : cli_task_count(&r.task, false);
         int64_t nva = r.task.lm ? cg_lm_data_count(r.task.lm, true) : r.task.mlm ? cg_mlm_data_count(r.task.mlm, true)
-                      : r.task.s2s ? cg_seq2seq_data_count(r.task.s2s, true) : cg_textcls_data_count(r.task.cls, true);
-        const char *unit = r.task.lm ? "tokens" : r.task.mlm ? "sentences" : r.task.s2s ? "pairs" : "examples";
+                      : cli_task_count(&r.task, true);
+        const char *unit = r.task.lm ? "tokens" : r.task.mlm ? "sentences" : r.task.s2s ? "pairs" : image ? "images" : "examples";
         const char *kinds[] = {"char", "bpe", "wordpiece", "hf"};
         const cg_llama *fam = cg_model_llama(r.model); /* the LLaMA arch's family: llama, mistral, qwen2, qwen3 */
         printf("cgrad train: %s, %lld layers, %lld heads, d %lld, context %lld: %.2fM parameters\n",

@@ -17,7 +17,7 @@
 
 typedef struct {
     const char *arch, *data, *val_data, *tokenizer, *tokenizer_path, *schedule;
-    int64_t vocab_size, layers, heads, kv_heads, dim, ffn, context, batch, grad_accum, decay_steps, warmup;
+    int64_t vocab_size, layers, heads, kv_heads, dim, ffn, context, batch, grad_accum, decay_steps, warmup, patch;
     double val_fraction, lr, min_lr, beta1, beta2, eps, weight_decay, clip, dropout;
     uint64_t seed;
     /* run options: free to change on --resume */
@@ -38,8 +38,8 @@ typedef struct {
 /* Every option once: flag, kind, field, fixed (part of the run's identity: a resumed run must not
  * change it), range, help. The table, the index enum and the field offsets come from this list. */
 #define TRAIN_OPTS(X)                                                                                                      \
-    X("--arch", CLI_STR, arch, true, 0, 0, "gpt2|bert|encdec|classifier|llama (gpt2)")                                     \
-    X("--data", CLI_IN, data, false, 0, 0, "text (gpt2, llama, bert) or TSV (encdec src\\ttgt, classifier label\\ttext)")   \
+    X("--arch", CLI_STR, arch, true, 0, 0, "gpt2|bert|encdec|classifier|llama|vit|cnn (gpt2)")                             \
+    X("--data", CLI_IN, data, false, 0, 0, "text (gpt2, llama, bert), TSV (encdec src\\ttgt, classifier label\\ttext), or images (vit, cnn: fashion-mnist or a directory of IDX files)") \
     X("--val-data", CLI_IN, val_data, false, 0, 0, "held-out TSV for encdec/classifier (default: the last --val-fraction)") \
     X("--val-fraction", CLI_NUM, val_fraction, true, 0, CLI_BELOW_1, "held-out share at the end of the data (0.1)")         \
     X("--tokenizer", CLI_STR, tokenizer, true, 0, 0, "char|bpe|wordpiece (gpt2, llama, encdec: char; bert, classifier: wordpiece)") \
@@ -89,7 +89,8 @@ typedef struct {
     X("--lora-targets", CLI_STR, lora_targets, true, 0, 0, "LoRA: comma-separated parts of weight names (gpt2: attn,mlp; llama: self_attn,mlp)") \
     X("--precision", CLI_STR, precision, false, 0, 0, "fp32|bf16: bf16 multiplies bfloat16 operands, accumulates in float (--resume: the checkpoint's)") \
     X("--skip-nonfinite", CLI_INT, skip_nonfinite, false, 0, COUNT_MAX, "skip up to N steps whose loss or gradient is not finite (0: stop at the first)") \
-    X("--checkpoint-activations", CLI_BARE, checkpoint_activations, false, 0, 1, "recompute each block's activations in backward: less memory, one more forward per step, the same gradients")
+    X("--checkpoint-activations", CLI_BARE, checkpoint_activations, false, 0, 1, "recompute each block's activations in backward: less memory, one more forward per step, the same gradients") \
+    X("--patch", CLI_INT, patch, true, 1, 1 << 12, "vit: side of the square patches, dividing the image side (7)")
 
 #define OPT(f, k, field, fixed, lo, hi, help) idx_##field,
 enum { TRAIN_OPTS(OPT) N_DEFS }; /* idx_<field>: the option's row in cli_train_opts */

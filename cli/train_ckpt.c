@@ -50,6 +50,18 @@ char *train_model_config(run *r) {
                  ", \"num_key_value_heads\": %" PRId64 ", \"max_position_embeddings\": %" PRId64 ", \"rms_norm_eps\": 1e-6}",
                  (int64_t)v, o->dim, o->ffn, o->layers, o->heads, o->kv_heads ? o->kv_heads : o->heads, o->context);
         break;
+    case CG_ARCH_VIT:
+        snprintf(buf, sizeof buf,
+                 "{\"image_size\": %" PRId64 ", \"num_channels\": 1, \"patch_size\": %" PRId64 ", \"d_model\": %" PRId64
+                 ", \"n_head\": %" PRId64 ", \"n_layer\": %" PRId64 ", \"mlp_dim\": %" PRId64 ", \"num_classes\": %d}",
+                 r->task.img[0].h, o->patch, o->dim, o->heads, o->layers, o->ffn, (int)r->task.img[0].num_classes);
+        break;
+    case CG_ARCH_CNN:
+        snprintf(buf, sizeof buf,
+                 "{\"image_size\": %" PRId64 ", \"num_channels\": 1, \"channels\": %" PRId64 ", \"n_layer\": %" PRId64
+                 ", \"hidden\": %" PRId64 ", \"num_classes\": %d}",
+                 r->task.img[0].h, o->dim, o->layers, o->ffn, (int)r->task.img[0].num_classes);
+        break;
     }
     return strdup(buf);
 }

@@ -58,8 +58,10 @@ void train_defaults(topts *o, const bool *set) {
     cg_arch_parse(o->arch, &a);
     const bool llama = a == CG_ARCH_LLAMA, gpt = a == CG_ARCH_GPT2 || llama; /* llama: gpt2's run, its own model */
     const bool bert = a == CG_ARCH_BERT, ed = a == CG_ARCH_ENCDEC, cls = a == CG_ARCH_CLASSIFIER;
+    const bool vit = a == CG_ARCH_VIT, cnn = a == CG_ARCH_CNN;
 #define D(field, value) \
     if (!set[idx_##field]) o->field = (value)
+    D(patch, 7);
     D(data, cls ? "data/sentiment/all.tsv" : ed ? "" : "data/moby-dick.txt");
     D(val_data, "");
     D(val_fraction, 0.1);
@@ -111,6 +113,24 @@ void train_defaults(topts *o, const bool *set) {
     D(lora_targets, llama ? "self_attn,mlp" : gpt ? "attn,mlp" : bert ? "attention,intermediate,output.dense" : "");
     D(zero, 0);
     D(checkpoint_activations, 0);
+    if (vit || cnn) { /* the image models' own defaults (docs/vision.md); the rest as for any run */
+        D(data, "fashion-mnist");
+        D(layers, vit ? 4 : 2);
+        D(dim, vit ? 64 : 32);
+        D(heads, 4);
+        D(ffn, vit ? 2 * o->dim : 128);
+        D(batch, 128);
+        D(steps, vit ? 4690 : 1407);
+        D(lr, 2e-3);
+        D(decay_steps, o->steps);
+        D(min_lr, o->lr / 100);
+        D(warmup, vit ? 200 : 100);
+        D(weight_decay, vit ? 0.05 : 0.01);
+        D(eval_every, 469); /* an epoch of 60,000 images */
+        D(eval_batches, 1000);
+        D(save_every, 0);
+        D(log_every, 100);
+    }
 #undef D
 }
 

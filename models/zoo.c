@@ -15,7 +15,7 @@ struct cg_model {
     void *impl;
 };
 
-static const char *arch_names[] = {"gpt2", "bert", "encdec", "classifier", "llama"};
+static const char *arch_names[] = {"gpt2", "bert", "encdec", "classifier", "llama", "vit", "cnn"};
 #define N_ARCH (int)(sizeof arch_names / sizeof arch_names[0])
 
 cg_status cg_arch_parse(const char *name, cg_arch *arch) {
@@ -24,7 +24,7 @@ cg_status cg_arch_parse(const char *name, cg_arch *arch) {
             *arch = (cg_arch)i;
             return CG_OK;
         }
-    return cg_set_error(CG_ERR_ARG, "[arch] unknown architecture '%s' (gpt2, bert, encdec, classifier, llama)", name ? name : "(null)");
+    return cg_set_error(CG_ERR_ARG, "[arch] unknown architecture '%s' (gpt2, bert, encdec, classifier, llama, vit, cnn)", name ? name : "(null)");
 }
 
 const char *cg_arch_name(cg_arch arch) { return (unsigned)arch < N_ARCH ? arch_names[arch] : "?"; }
@@ -65,6 +65,16 @@ cg_model *cg_model_new(cg_arch arch, const char *config_json, double dropout, cg
         if (!(s = cg_llama_config_parse(config_json, &c))) c.dropout = dropout, m->impl = cg_llama_new(&c, ps, seed);
         break;
     }
+    case CG_ARCH_VIT: {
+        cg_vit_config c;
+        if (!(s = cg_vit_config_parse(config_json, &c))) c.dropout = dropout, m->impl = cg_vit_new(&c, ps, seed);
+        break;
+    }
+    case CG_ARCH_CNN: {
+        cg_cnn_config c;
+        if (!(s = cg_cnn_config_parse(config_json, &c))) c.dropout = dropout, m->impl = cg_cnn_new(&c, ps, seed);
+        break;
+    }
     default: cg_set_error(CG_ERR_ARG, "[model] unknown arch %d", (int)arch);
     }
     if (!m->impl) {
@@ -82,6 +92,8 @@ void cg_model_free(cg_model *m) {
     case CG_ARCH_ENCDEC: cg_encdec_free(m->impl); break;
     case CG_ARCH_CLASSIFIER: cg_classifier_free(m->impl); break;
     case CG_ARCH_LLAMA: cg_llama_free(m->impl); break;
+    case CG_ARCH_VIT: cg_vit_free(m->impl); break;
+    case CG_ARCH_CNN: cg_cnn_free(m->impl); break;
     }
     free(m);
 }
@@ -96,6 +108,21 @@ cg_bert *cg_model_bert(cg_model *m) { return m && m->arch == CG_ARCH_BERT ? m->i
 cg_encdec *cg_model_encdec(cg_model *m) { return m && m->arch == CG_ARCH_ENCDEC ? m->impl : NULL; }
 cg_classifier *cg_model_classifier(cg_model *m) { return m && m->arch == CG_ARCH_CLASSIFIER ? m->impl : NULL; }
 cg_llama *cg_model_llama(cg_model *m) { return m && m->arch == CG_ARCH_LLAMA ? m->impl : NULL; }
+cg_vit *cg_model_vit(cg_model *m) { return m && m->arch == CG_ARCH_VIT ? m->impl : NULL; }
+cg_cnn *cg_model_cnn(cg_model *m) { return m && m->arch == CG_ARCH_CNN ? m->impl : NULL; }
+bool cg_model_is_image(const cg_model *m) { return m && (m->arch == CG_ARCH_VIT || m->arch == CG_ARCH_CNN); }
+
+bool cg_model_image_shape(const cg_model *m, int64_t chw[3]) {
+    if (!cg_model_is_image(m)) return false;
+    if (m->arch == CG_ARCH_VIT) {
+        const cg_vit_config *c = cg_vit_cfg(m->impl);
+        chw[0] = c->num_channels, chw[1] = chw[2] = c->image_size;
+    } else {
+        const cg_cnn_config *c = cg_cnn_cfg(m->impl);
+        chw[0] = c->num_channels, chw[1] = chw[2] = c->image_size;
+    }
+    return true;
+}
 bool cg_model_is_decoder(const cg_model *m) { return m && (m->arch == CG_ARCH_GPT2 || m->arch == CG_ARCH_LLAMA); }
 
 int64_t cg_model_context(const cg_model *m) {
@@ -121,6 +148,8 @@ char *cg_model_config_json(const cg_model *m) {
     case CG_ARCH_ENCDEC: return cg_encdec_config_json(cg_encdec_cfg(m->impl));
     case CG_ARCH_CLASSIFIER: return cg_classifier_config_json(cg_classifier_cfg(m->impl));
     case CG_ARCH_LLAMA: return cg_llama_config_json(cg_llama_cfg(m->impl));
+    case CG_ARCH_VIT: return cg_vit_config_json(cg_vit_cfg(m->impl));
+    case CG_ARCH_CNN: return cg_cnn_config_json(cg_cnn_cfg(m->impl));
     }
     return NULL;
 }
@@ -143,6 +172,8 @@ static const name_rules rules[] = {
     [CG_ARCH_CLASSIFIER] = {NULL, {{0}}, {0}},
     /* lm_head.weight is a parameter of its own unless tie_word_embeddings; the tie applies only then */
     [CG_ARCH_LLAMA] = {NULL, {{"lm_head.weight", "model.embed_tokens.weight"}}, {".rotary_emb.inv_freq"}},
+    [CG_ARCH_VIT] = {NULL, {{0}}, {0}},
+    [CG_ARCH_CNN] = {NULL, {{0}}, {0}},
 };
 _Static_assert(sizeof rules / sizeof rules[0] == sizeof arch_names / sizeof arch_names[0], "a name rule per arch");
 
@@ -368,6 +399,17 @@ cg_status cg_model_build(cg_graph *g, cg_model *m, int64_t batch, int64_t t, int
         o->loss = cg_cross_entropy(g, o->logits, lb, -100);
         break;
     }
+    case CG_ARCH_VIT:
+    case CG_ARCH_CNN: {
+        int64_t chw[3];
+        cg_model_image_shape(m, chw);
+        cg_tensor *px = cg_input(g, "pixel_values", CG_REAL, 4, (int64_t[]){batch, chw[0], chw[1], chw[2]});
+        if (px) o->inputs[o->n_inputs++] = px;
+        cg_tensor *lb = add_input(g, o, "labels", 1, batch, 0);
+        o->logits = m->arch == CG_ARCH_VIT ? cg_vit_logits(g, m->impl, px) : cg_cnn_logits(g, m->impl, px);
+        o->loss = cg_cross_entropy(g, o->logits, lb, -100);
+        break;
+    }
     }
     /* The caller reads these after the run; the planner would otherwise recycle them. Large
      * logits are kept only in eval graphs: in training their memory is the gradient's. */
@@ -388,6 +430,8 @@ cg_tensor *cg_model_graph_input(const cg_model_graph *mg, const char *name) {
 int64_t cg_model_num_classes(const cg_model *m) {
     if (m && m->arch == CG_ARCH_CLASSIFIER) return cg_classifier_cfg(m->impl)->num_classes;
     if (m && m->arch == CG_ARCH_BERT) return cg_bert_cfg(m->impl)->num_labels;
+    if (m && m->arch == CG_ARCH_VIT) return cg_vit_cfg(m->impl)->num_classes;
+    if (m && m->arch == CG_ARCH_CNN) return cg_cnn_cfg(m->impl)->num_classes;
     return 0;
 }
 
@@ -401,6 +445,8 @@ int64_t cg_model_max_len(const cg_model *m) {
 
 cg_tensor *cg_model_class_logits(cg_graph *g, cg_model *m, cg_tensor *ids, cg_tensor *attention_mask) {
     if (m && m->arch == CG_ARCH_CLASSIFIER) return cg_classifier_logits(g, m->impl, ids, attention_mask);
+    if (m && m->arch == CG_ARCH_VIT) return cg_vit_logits(g, m->impl, ids); /* ids: the pixels */
+    if (m && m->arch == CG_ARCH_CNN) return cg_cnn_logits(g, m->impl, ids);
     if (cg_model_num_classes(m) <= 0) {
         cg_set_error(CG_ERR_ARG, "[model] a %s model without a classification head has no class logits",
                  m ? cg_arch_name(m->arch) : "NULL");

@@ -9,9 +9,11 @@
 #include "../io/safetensors.h"
 #include "bert.h"
 #include "classifier.h"
+#include "cnn.h"
 #include "encdec.h"
 #include "gpt.h"
 #include "llama.h"
+#include "vit.h"
 
 CG_BEGIN_DECLS
 
@@ -21,11 +23,13 @@ typedef enum {
     CG_ARCH_BERT,      /* BERT encoder, masked LM and next sentence (or a classification head) */
     CG_ARCH_ENCDEC,    /* encoder-decoder, sequence to sequence */
     CG_ARCH_CLASSIFIER, /* encoder with mean pooling, text classification */
-    CG_ARCH_LLAMA       /* LLaMA decoder (RMSNorm, SwiGLU, RoPE, grouped-query attention), language modelling;
+    CG_ARCH_LLAMA,      /* LLaMA decoder (RMSNorm, SwiGLU, RoPE, grouped-query attention), language modelling;
                            also Mistral, Qwen2 and Qwen3, by config.json's model_type (cg_llama_family) */
+    CG_ARCH_VIT,        /* Vision Transformer, image classification */
+    CG_ARCH_CNN         /* convolutional network, image classification */
 } cg_arch;
 
-/* Arch named "gpt2", "bert", "encdec", "classifier" or "llama"; CG_ERR_ARG otherwise. */
+/* Arch named "gpt2", "bert", "encdec", "classifier", "llama", "vit" or "cnn"; CG_ERR_ARG otherwise. */
 cg_status cg_arch_parse(const char *name, cg_arch *arch);
 /* The arch's name. */
 const char *cg_arch_name(cg_arch arch);
@@ -54,6 +58,14 @@ cg_encdec *cg_model_encdec(cg_model *m);
 cg_classifier *cg_model_classifier(cg_model *m);
 /* The wrapped model, or NULL if the arch differs. */
 cg_llama *cg_model_llama(cg_model *m);
+/* The wrapped model, or NULL if the arch differs. */
+cg_vit *cg_model_vit(cg_model *m);
+/* The wrapped model, or NULL if the arch differs. */
+cg_cnn *cg_model_cnn(cg_model *m);
+/* True for the image classifiers (vit, cnn): they train on pixel_values, labels. */
+bool cg_model_is_image(const cg_model *m);
+/* An image model's input shape [C, H, W] into chw; false for other archs. */
+bool cg_model_image_shape(const cg_model *m, int64_t chw[3]);
 /* True for the language-model decoders (gpt2, llama): they generate and train on input_ids, targets. */
 bool cg_model_is_decoder(const cg_model *m);
 /* A decoder's longest sequence (n_positions, max_position_embeddings); 0 for other archs. */
@@ -85,7 +97,7 @@ cg_status cg_model_save(cg_model *m, const char *path);
 /* A training graph: the batch inputs (named as in the batch files: gpt2 and llama input_ids, targets;
  * bert input_ids, token_type_ids, attention_mask, labels, next_sentence_label; encdec src,
  * src_mask, tgt_in, tgt_out; classifier, and bert with num_labels > 0, input_ids, attention_mask,
- * labels) and the outputs. */
+ * labels; vit and cnn pixel_values (real [B, C, H, W]), labels) and the outputs. */
 typedef struct {
     cg_tensor *loss;       /* the scalar to train on */
     cg_tensor *logits;     /* the model's output logits */
@@ -99,16 +111,18 @@ typedef struct {
 /* Training graphs fuse BERT's masked-LM head with its loss over the labelled positions only
  * (logits NULL); on gives every position's logits instead, as `cgrad step` needs. */
 void cg_model_set_full_logits(cg_model *m, bool on);
-/* Adds inputs and loss to g for batch rows of t tokens (encdec: t target, s source tokens). The
+/* Adds inputs and loss to g for batch rows of t tokens (encdec: t target, s source tokens; images:
+ * t and s unused). The
  * losses are retained; logits are retained in eval graphs (and the classifier's always): in a
  * training graph cg_retain them to read them, which costs their gradient's memory. */
 cg_status cg_model_build(cg_graph *g, cg_model *m, int64_t batch, int64_t t, int64_t s, cg_model_graph *out);
-/* Classes of a classification model (classifier, or bert with num_labels > 0); 0 otherwise. */
+/* Classes of a classification model (classifier, vit, cnn, or bert with num_labels > 0); 0 otherwise. */
 int64_t cg_model_num_classes(const cg_model *m);
 /* Longest sequence any model takes (positions; cg_model_context: decoders only). */
 int64_t cg_model_max_len(const cg_model *m);
 /* Adds a classification model to g: ids [B, T] int32, attention_mask [B, T] (may be NULL) ->
- * logits [B, classes]; NULL (message set) for a model without a classification head. */
+ * logits [B, classes] (vit, cnn: ids are the pixels [B, C, H, W], no mask); NULL (message set) for a
+ * model without a classification head. */
 cg_tensor *cg_model_class_logits(cg_graph *g, cg_model *m, cg_tensor *ids, cg_tensor *attention_mask);
 /* The input of that name, or NULL. */
 cg_tensor *cg_model_graph_input(const cg_model_graph *mg, const char *name);

@@ -33,7 +33,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char *text = fuzz_strndup(data, size);
-    for (int a = 0; a <= CG_ARCH_LLAMA; a++) {
+    for (int a = 0; a <= CG_ARCH_CNN; a++) {
         bool ok = false;
         switch (a) {
         case CG_ARCH_GPT2: ROUND_TRIP(cg_gpt_config, cg_gpt_config_parse, cg_gpt_config_json); break;
@@ -43,6 +43,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             ROUND_TRIP(cg_classifier_config, cg_classifier_config_parse, cg_classifier_config_json);
             break;
         case CG_ARCH_LLAMA: ROUND_TRIP(cg_llama_config, cg_llama_config_parse, cg_llama_config_json); break;
+        case CG_ARCH_VIT: ROUND_TRIP(cg_vit_config, cg_vit_config_parse, cg_vit_config_json); break;
+        case CG_ARCH_CNN: ROUND_TRIP(cg_cnn_config, cg_cnn_config_parse, cg_cnn_config_json); break;
         }
         if (!ok) continue;
         cg_params *ps = cg_params_new();
