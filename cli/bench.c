@@ -301,7 +301,9 @@ static void fill_batch(const bench_config *c, const cg_model_graph *mg, int64_t 
         fill_ids(cg_model_graph_input(mg, "tgt_in"), r, 3, (int32_t)vocab);
         fill_ids(cg_model_graph_input(mg, "tgt_out"), r, 3, (int32_t)vocab);
         break;
-    case CG_ARCH_CLASSIFIER: break;
+    case CG_ARCH_CLASSIFIER:
+    case CG_ARCH_VIT: /* no bench config has an image model */
+    case CG_ARCH_CNN: break;
     }
 }
 
