@@ -1,16 +1,19 @@
 /* SPDX-License-Identifier: MIT */
 /* Mixture-of-experts feed-forward, composed from ops (no backward of its own). Graph shapes are fixed
- * when the graph is built, while routing changes with every batch, so each expert owns a fixed number
- * of slots, its capacity, filled at run time: the slots hold the positions of the tokens routed to it
- * (cg_topk over a priority score), an expert runs on its slots' tokens (cg_index_select), and the
- * results go back to their tokens weighted by their routing weights (cg_index_add). Empty slots carry
- * weight 0. With a capacity factor the work is about factor x top_k x N token-expert products; dropless
- * routing must leave room for every token at every expert (capacity N). */
+ * when the graph is built, while routing changes with every batch. Dropless routing sorts the N x top_k
+ * (token, choice) assignments by expert (cg_topk over a sort key), gathers their tokens in that order
+ * and runs each expert on its own contiguous rows (cg_segment_linear, whose segment ends are counted
+ * when the graph runs): the products cost N x top_k rows, as Mixtral's loop over experts does. With a
+ * capacity factor each expert owns a fixed number of slots, filled at run time with the positions of
+ * the tokens routed to it (cg_topk over a priority score); it runs on its slots' tokens
+ * (cg_index_select), about factor x top_k x N rows in all, empty slots weighted 0. Either way the
+ * results go back to their tokens weighted by their routing weights (cg_index_add). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "graph/internal.h" /* lora_a: whether a weight carries a LoRA adapter */
 #include "models/layers.h"
 #include "models/moe.h"
 #include "ops/ops.h"
@@ -130,6 +133,53 @@ static bool route(cg_graph *g, const cg_moe *m, cg_tensor *x2, routing *rt) {
     return rt->weights != NULL;
 }
 
+/* The experts' matrices of one kind stacked [E, rows, cols] (a copy of the parameters each run). */
+static cg_tensor *stacked(cg_graph *g, cg_tensor *const *w, int64_t e) {
+    cg_tensor **v = malloc((size_t)e * sizeof *v); /* build time only */
+    if (!v) {
+        cg_set_error(CG_ERR_NOMEM, "[moe] out of memory");
+        return NULL;
+    }
+    for (int64_t i = 0; i < e; i++) v[i] = cg_reshape(g, w[i], 3, (int64_t[]){1, cg_dim(w[i], 0), cg_dim(w[i], 1)});
+    cg_tensor *s = cg_concat(g, (int)e, v, 0);
+    free(v);
+    return s;
+}
+
+/* Dropless: the assignments sorted by expert (first choices, then token order, within one), each
+ * expert's rows through its matrices by cg_segment_linear. The sort key of assignment j (token n, r-th
+ * choice e) is (E - e) * (A + 1) + (top_k - r) * N + (N - n) over A = N x top_k assignments: distinct,
+ * and exact in float32 while E * (A + 1) + A <= 2^24. */
+static cg_tensor *forward_sorted(cg_graph *g, const cg_moe *m, cg_tensor *x2, cg_tensor **router_logits) {
+    const cg_moe_config *c = &m->cfg;
+    const int64_t n = cg_shape(x2)[0], e = c->num_experts, k = c->top_k, a = n * k, d = c->hidden_size;
+    if ((double)e * (double)(a + 1) + (double)a > 16777216.0) {
+        cg_set_error(CG_ERR_SHAPE, "[moe] %lld tokens x top_k %lld over %lld experts: the sort keys would pass 2^24 and "
+                     "not be exact", (long long)n, (long long)k, (long long)e);
+        return NULL;
+    }
+    cg_tensor *logits = cg_linear(g, x2, m->gate, NULL), *top = NULL, *chosen = NULL;
+    if (router_logits) *router_logits = logits;
+    if (cg_topk(g, cg_softmax(g, logits), k, -1, true, &top, &chosen)) return NULL;
+    cg_tensor *w = cg_reshape(g, cg_div(g, top, cg_sum(g, top, -1, true)), 1, &a); /* [A] */
+    cg_tensor *expert_of = cg_reshape(g, chosen, 1, &a);
+    cg_tensor *ends = cg_to_int(g, cg_cumsum(g, cg_sum(g, cg_one_hot(g, expert_of, e, CG_REAL), 0, false), 0, false));
+    cg_tensor *prio = cg_input(g, "moe.priority", CG_REAL, 1, &a), *tok = cg_input(g, "moe.token_of", CG_REAL, 1, &a);
+    for (int64_t j = 0; prio && tok && j < a; j++)
+        cg_data(prio)[j] = (cg_real)((k - j % k) * n + (n - j / k)), cg_data(tok)[j] = (cg_real)(j / k);
+    cg_tensor *key = cg_add(g, cg_scale(g, cg_add_scalar(g, cg_neg(g, cg_to_real(g, expert_of)), (double)e), (double)(a + 1)),
+                            prio);
+    cg_tensor *order = NULL;
+    if (cg_topk(g, key, a, 0, true, NULL, &order)) return NULL;
+    cg_tensor *rows = cg_to_int(g, cg_index_select(g, tok, 0, order)); /* the token of each sorted row */
+    cg_tensor *xs = cg_index_select(g, x2, 0, rows);
+    cg_tensor *h = cg_swiglu(g, cg_segment_linear(g, xs, stacked(g, m->w1, e), ends),
+                             cg_segment_linear(g, xs, stacked(g, m->w3, e), ends));
+    cg_tensor *y = cg_mul(g, cg_segment_linear(g, h, stacked(g, m->w2, e), ends),
+                          cg_reshape(g, cg_index_select(g, w, 0, order), 2, (int64_t[]){a, 1}));
+    return cg_index_add(g, constant(g, "moe.zeros_nd", 2, (int64_t[]){n, d}, NULL, 0), 0, rows, y);
+}
+
 /* Expert i's SwiGLU feed-forward on rows x[M, D]. */
 static cg_tensor *expert(cg_graph *g, const cg_moe *m, int64_t i, cg_tensor *x) {
     return cg_linear(g, cg_swiglu(g, cg_linear(g, x, m->w1[i], NULL), cg_linear(g, x, m->w3[i], NULL)), m->w2[i], NULL);
@@ -158,6 +208,15 @@ static cg_tensor *finish(cg_graph *g, cg_tensor *x, cg_tensor *out2, cg_tensor *
 cg_tensor *cg_moe_forward(cg_graph *g, const cg_moe *m, cg_tensor *x, cg_tensor **router_logits) {
     if (router_logits) *router_logits = NULL;
     cg_tensor *x2 = rows_of(g, m, x);
+    /* cg_segment_linear reads the stacked matrices, not through cg_linear, so experts with LoRA adapters
+     * take the slot path at capacity N (every token fits: dropless too), whose cg_linear applies them */
+    bool lora = false;
+    for (int64_t i = 0; x2 && i < m->cfg.num_experts; i++)
+        lora = lora || m->w1[i]->root->lora_a || m->w2[i]->root->lora_a || m->w3[i]->root->lora_a;
+    if (x2 && m->cfg.capacity_factor <= 0 && !lora) {
+        cg_tensor *out = forward_sorted(g, m, x2, router_logits);
+        return out ? cg_reshape(g, out, cg_ndim(x), cg_shape(x)) : NULL;
+    }
     routing rt;
     if (!x2 || !route(g, m, x2, &rt)) return NULL;
     const int64_t e = m->cfg.num_experts, cap = rt.cap, n = cg_shape(x2)[0], d = m->cfg.hidden_size;

@@ -30,10 +30,11 @@ cg_moe *cg_moe_new(const cg_moe_config *cfg, cg_params *ps, cg_rng *r, const cha
 void cg_moe_free(cg_moe *m);
 /* The layer's configuration. */
 const cg_moe_config *cg_moe_cfg(const cg_moe *m);
-/* Adds the layer to g: x[..., D] -> [..., D]. Each expert gathers its tokens (at most its capacity;
- * dropless: up to N), runs on them, and its outputs are scatter-added back weighted by the renormalised
- * top-k router probabilities. *router_logits (may be NULL) receives the router's logits [N, E] over the
- * N = x's rows, for cg_moe_load_balancing_loss. */
+/* Adds the layer to g: x[..., D] -> [..., D]. Each expert runs on the tokens routed to it (dropless:
+ * the N x top_k assignments sorted by expert, cg_segment_linear; with a capacity: at most its capacity
+ * of them), and its outputs are added back weighted by the renormalised top-k router probabilities.
+ * *router_logits (may be NULL) receives the router's logits [N, E] over the N = x's rows, for
+ * cg_moe_load_balancing_loss. */
 cg_tensor *cg_moe_forward(cg_graph *g, const cg_moe *m, cg_tensor *x, cg_tensor **router_logits);
 /* The same layer in the dense formulation (every expert on every token, masked by the same routing
  * weights, dropped tokens included): the reference the routed layer is tested and measured against. */

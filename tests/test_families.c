@@ -18,28 +18,15 @@
 #include "../models/llama.h"
 #include "../models/zoo.h"
 #include "check.h"
+#include "st_check.h"
 #include "decoder_check.h"
 
 #define FIX CGRAD_TEST_DIR "/fixtures/models/"
 
-static cg_real *read_all(const cg_st *f, const char *name, int64_t *n) {
-    int ndim;
-    int64_t s[CG_MAX_DIMS];
-    if (cg_st_info(f, name, NULL, &ndim, s)) return NULL;
-    *n = 1;
-    for (int i = 0; i < ndim; i++) *n *= s[i];
-    cg_real *x = malloc((size_t)(*n ? *n : 1) * sizeof *x);
-    if (x && cg_st_read(f, name, x, -1, NULL)) {
-        free(x);
-        return NULL;
-    }
-    return x;
-}
-
 /* max |a - b| over a tensor in two files, and max |b| in *scale (NAN when they do not pair up). */
 static double max_diff(const cg_st *ours, const cg_st *ref, const char *name, double *scale) {
     int64_t n1 = 0, n2 = 0;
-    cg_real *a = read_all(ours, name, &n1), *b = read_all(ref, name, &n2);
+    cg_real *a = st_read_all(ours, name, &n1), *b = st_read_all(ref, name, &n2);
     double d = a && b && n1 == n2 ? 0 : NAN;
     *scale = 0;
     for (int64_t i = 0; a && b && n1 == n2 && i < n1; i++) {
@@ -108,7 +95,7 @@ static void parity(const char *name) {
             const char *n = cg_st_name(adam, i);
             if (!strcmp(n, "losses")) continue;
             int64_t n1 = 0, n2 = 0;
-            cg_real *a = read_all(ours, n, &n1), *r = read_all(adam, n, &n2);
+            cg_real *a = st_read_all(ours, n, &n1), *r = st_read_all(adam, n, &n2);
             double d2 = 0, r2 = 0;
             for (int64_t k = 0; a && r && n1 == n2 && k < n1; k++)
                 d2 += ((double)a[k] - r[k]) * ((double)a[k] - r[k]), r2 += (double)r[k] * r[k];
