@@ -3,8 +3,8 @@
  * (linear, softmax) sends each token to its top_k experts, SwiGLU feed-forwards, whose outputs are
  * summed weighted by the renormalised top-k probabilities. Each expert runs on the tokens routed to it
  * only: the compute is proportional to the routed tokens, not to tokens x experts. Composed from ops.
- * Parameters carry Hugging Face's MixtralSparseMoeBlock names under a prefix: <prefix>.gate.weight
- * [E, D], <prefix>.experts.<e>.w1.weight [F, D] (gate), .w3.weight [F, D] (up), .w2.weight [D, F]. */
+ * Parameters carry Hugging Face's MixtralSparseMoeBlock names under a prefix P: P.gate.weight
+ * [E, D], P.experts.N.w1.weight [F, D] (gate), .w3.weight [F, D] (up), .w2.weight [D, F]. */
 #ifndef CGRAD_MOE_H
 #define CGRAD_MOE_H
 
