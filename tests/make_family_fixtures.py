@@ -5,8 +5,9 @@ Mistral, Qwen2, Qwen3, and LLaMA with the optional fields (biases, explicit head
 
 Rerun:  /usr/bin/python3 tests/make_family_fixtures.py      (from the repository root or anywhere)
 Needs torch (1.13 tested) and numpy only; `transformers` is not used: the reference below is the
-LLaMA reference of make_llama_fixtures.py (RMSNorm, half-split RoPE, repeat_kv GQA, SwiGLU) with
-what each family's modelling file adds, following transformers' code:
+LLaMA decoder (RMSNorm, half-split RoPE and repeat_kv GQA from make_llama_fixtures.py; SwiGLU) with
+what each family's modelling file adds, following transformers' code (make_llama_fixtures.py builds
+its plain LLaMA from these classes too):
   - MistralForCausalLM (modeling_mistral.py): sliding-window attention on every layer. The mask is
     masking_utils' sliding_window_causal_mask_function: causal (kv_idx <= q_idx) AND
     sliding_window_overlay (kv_idx > q_idx - sliding_window), so query i sees keys
