@@ -267,6 +267,19 @@ static void errors(void) {
     cg_tensor *ls[2] = {l1, l2};
     CHECK(!cg_moe_load_balancing_loss(g, 2, ls, 1) && strstr(cg_last_error(), "router logits 1"), "%s", cg_last_error());
     cg_graph_free(g);
+    /* segment ends are data: ends that fall, or pass the rows, fail the forward run naming them */
+    for (int k = 0; k < 2; k++) {
+        g = cg_graph_new(CG_EVAL);
+        cg_tensor *rows = cg_input(g, "x", CG_REAL, 2, (int64_t[]){4, 3}), *w = cg_input(g, "w", CG_REAL, 3, (int64_t[]){2, 2, 3}),
+                  *ends = cg_input(g, "ends", CG_INT32, 1, (int64_t[]){2});
+        cg_idata(ends)[0] = k ? 1 : 3, cg_idata(ends)[1] = k ? 5 : 2;
+        cg_tensor *y = cg_segment_linear(g, rows, w, ends);
+        CHECK(y && cg_graph_forward(g) == CG_ERR_RANGE && strstr(cg_last_error(), k ? "ends[1] = 5" : "ends[1] = 2"),
+              "segment ends {%d, %d}: %s", cg_idata(ends)[0], cg_idata(ends)[1], cg_last_error());
+        CHECK(!cg_segment_linear(g, rows, w, cg_input(g, "e3", CG_INT32, 1, (int64_t[]){3})) &&
+                  strstr(cg_last_error(), "[segment_linear]"), "%s", cg_last_error());
+        cg_graph_free(g);
+    }
     cg_moe_free(m);
     cg_params_free(ps);
 }
