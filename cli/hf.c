@@ -56,15 +56,16 @@ bool cli_hf_layout(const char *path) {
 }
 
 /* Architecture a config.json describes: model_type gpt2, bert, llama or one of LLaMA's families
- * (mistral, qwen2, qwen3: the llama arch reads which), or a cgrad arch name. */
+ * (mistral, qwen2, qwen3, mixtral: the llama arch reads which), or a cgrad arch name. */
 static cg_status arch_of(const cJSON *cfg, const char *path, cg_arch *arch) {
     const char *mt = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(cfg, "model_type"));
-    static const char *const have = "gpt2, bert, encdec, classifier, llama, mistral, qwen2, qwen3";
+    static const char *const have = "gpt2, bert, encdec, classifier, llama, mistral, qwen2, qwen3, mixtral";
     if (!mt) return cg_set_error(CG_ERR_FORMAT, "[hf] %s: no \"model_type\" (%s)", path, have);
-    if (!strcmp(mt, "mistral") || !strcmp(mt, "qwen2") || !strcmp(mt, "qwen3")) return *arch = CG_ARCH_LLAMA, CG_OK;
-    if (!strcmp(mt, "mixtral") || strstr(mt, "_moe"))
-        return cg_set_error(CG_ERR_FORMAT, "[hf] %s: model_type \"%s\" is a mixture-of-experts model: cgrad has no MoE "
-                            "layer yet (%s load)", path, mt, have);
+    if (!strcmp(mt, "mistral") || !strcmp(mt, "qwen2") || !strcmp(mt, "qwen3") || !strcmp(mt, "mixtral"))
+        return *arch = CG_ARCH_LLAMA, CG_OK;
+    if (strstr(mt, "_moe"))
+        return cg_set_error(CG_ERR_FORMAT, "[hf] %s: model_type \"%s\" is a mixture-of-experts model cgrad does not "
+                            "have (its MoE family is mixtral; %s load)", path, mt, have);
     if (cg_arch_parse(mt, arch))
         return cg_set_error(CG_ERR_FORMAT, "[hf] %s: model_type \"%s\" is not one cgrad has (%s)", path, mt, have);
     return CG_OK;

@@ -18,6 +18,7 @@ typedef struct {
 typedef struct {
     cg_tensor *in_norm, *post_norm, *q_norm, *k_norm; /* q_norm, k_norm: Qwen3's, [head_dim] */
     proj q, k, v, o, gate, up, down;
+    cg_moe *moe; /* Mixtral: the experts in place of gate, up, down */
 } llama_block;
 
 struct cg_llama {
@@ -46,7 +47,7 @@ static bool declare_proj(cg_params *ps, cg_rng *r, proj *p, int64_t out, int64_t
 
 static bool config_ok(const cg_llama_config *c) {
     const int64_t hq = c->num_attention_heads, hk = kv_heads(c), hd = head_dim(c);
-    if ((unsigned)c->family > CG_LLAMA_FAMILY_QWEN3) {
+    if ((unsigned)c->family > CG_LLAMA_FAMILY_MIXTRAL) {
         cg_set_error(CG_ERR_ARG, "[llama] unknown family %d", (int)c->family);
         return false;
     }
@@ -65,7 +66,31 @@ static bool config_ok(const cg_llama_config *c) {
                  (long long)c->sliding_window, (long long)c->max_window_layers);
         return false;
     }
+    if (c->num_local_experts > 0 &&
+        (c->num_experts_per_tok < 1 || c->num_experts_per_tok > c->num_local_experts || !(c->capacity_factor >= 0) ||
+         !(c->router_aux_loss_coef >= 0) || c->mlp_bias)) {
+        cg_set_error(CG_ERR_ARG, "[llama] bad mixture of experts: num_local_experts %lld, num_experts_per_tok %lld (1.."
+                     "experts), capacity_factor %g, router_aux_loss_coef %g (>= 0), mlp_bias %d (experts have none)",
+                     (long long)c->num_local_experts, (long long)c->num_experts_per_tok, c->capacity_factor,
+                     c->router_aux_loss_coef, (int)c->mlp_bias);
+        return false;
+    }
     return true;
+}
+
+/* The feed-forward of layer n: a mixture of experts (Mixtral) or the SwiGLU MLP. */
+static bool declare_ffn(cg_params *ps, cg_rng *r, const cg_llama_config *c, llama_block *b, long long n) {
+    const int64_t d = c->hidden_size, f = c->intermediate_size;
+    if (c->num_local_experts > 0) {
+        char prefix[64];
+        snprintf(prefix, sizeof prefix, "model.layers.%lld.block_sparse_moe", n);
+        const cg_moe_config mc = {.hidden_size = d, .intermediate_size = f, .num_experts = c->num_local_experts,
+                                  .top_k = c->num_experts_per_tok, .capacity_factor = c->capacity_factor};
+        return (b->moe = cg_moe_new(&mc, ps, r, prefix)) != NULL;
+    }
+    return declare_proj(ps, r, &b->gate, f, d, c->mlp_bias, n, "mlp.gate_proj") &&
+           declare_proj(ps, r, &b->up, f, d, c->mlp_bias, n, "mlp.up_proj") &&
+           declare_proj(ps, r, &b->down, d, f, c->mlp_bias, n, "mlp.down_proj");
 }
 
 cg_llama *cg_llama_new(const cg_llama_config *cfg, cg_params *ps, uint64_t seed) {
@@ -91,7 +116,7 @@ cg_llama *cg_llama_new(const cg_llama_config *cfg, cg_params *ps, uint64_t seed)
     m->layers = l;
     cg_rng r;
     cg_rng_seed(&r, seed);
-    const int64_t d = c->hidden_size, f = c->intermediate_size;
+    const int64_t d = c->hidden_size;
     const double std = 0.02; /* HF's initializer_range */
     bool ok = (m->embed = cg_param_normal(ps, &r, std, 2, (int64_t[]){c->vocab_size, d}, "model.embed_tokens.weight"));
     for (int64_t i = 0; ok && i < c->num_hidden_layers; i++) {
@@ -101,9 +126,7 @@ cg_llama *cg_llama_new(const cg_llama_config *cfg, cg_params *ps, uint64_t seed)
              declare_proj(ps, &r, &b->k, hk * hd, d, c->qkv_bias, n, "self_attn.k_proj") &&
              declare_proj(ps, &r, &b->v, hk * hd, d, c->qkv_bias, n, "self_attn.v_proj") &&
              declare_proj(ps, &r, &b->o, d, hq * hd, c->o_bias, n, "self_attn.o_proj") &&
-             declare_proj(ps, &r, &b->gate, f, d, c->mlp_bias, n, "mlp.gate_proj") &&
-             declare_proj(ps, &r, &b->up, f, d, c->mlp_bias, n, "mlp.up_proj") &&
-             declare_proj(ps, &r, &b->down, d, f, c->mlp_bias, n, "mlp.down_proj") &&
+             declare_ffn(ps, &r, c, b, n) &&
              (!c->qk_norm || ((b->q_norm = cg_param_const(ps, 1, 1, &hd, "model.layers.%lld.self_attn.q_norm.weight", n)) &&
                               (b->k_norm = cg_param_const(ps, 1, 1, &hd, "model.layers.%lld.self_attn.k_norm.weight", n)))) &&
              (b->in_norm = cg_param_const(ps, 1, 1, &d, "model.layers.%lld.input_layernorm.weight", n)) &&
@@ -121,6 +144,7 @@ cg_llama *cg_llama_new(const cg_llama_config *cfg, cg_params *ps, uint64_t seed)
 
 void cg_llama_free(cg_llama *m) {
     if (!m) return;
+    for (int64_t i = 0; m->layers && i < m->cfg.num_hidden_layers; i++) cg_moe_free(m->layers[i].moe);
     free(m->layers);
     free(m);
 }
@@ -141,8 +165,9 @@ static cg_tensor *heads_of(cg_graph *g, cg_tensor *x, const proj *p, cg_tensor *
     return !rope ? h : at ? cg_rope_at(g, h, at, rope) : cg_rope(g, h, past, rope);
 }
 
-static cg_tensor *llama_forward(cg_graph *g, const void *model, cg_tensor *ids, cg_kv_cache *cache) {
-    const cg_llama *m = model;
+/* The model on ids; a Mixtral's router logits go to router_logits[num_hidden_layers] when it is set. */
+static cg_tensor *llama_forward_ex(cg_graph *g, const cg_llama *m, cg_tensor *ids, cg_kv_cache *cache,
+                                   cg_tensor **router_logits) {
     if (!m) {
         cg_set_error(CG_ERR_ARG, "[llama] model is NULL");
         return NULL;
@@ -175,14 +200,36 @@ static cg_tensor *llama_forward(cg_graph *g, const void *model, cg_tensor *ids, 
         cg_tensor *a = cg_merge_heads(g, cg_sdpa_ex(g, q, k, v, &attn));
         x = cg_add(g, x, cg_dropout(g, cg_linear(g, a, b->o.w, b->o.b), p));
         h = cg_rmsnorm(g, x, b->post_norm, eps);
-        cg_tensor *f = cg_swiglu(g, cg_linear(g, h, b->gate.w, b->gate.b), cg_linear(g, h, b->up.w, b->up.b));
-        x = cg_add(g, x, cg_dropout(g, cg_linear(g, f, b->down.w, b->down.b), p));
+        cg_tensor *ffn;
+        if (b->moe) ffn = cg_moe_forward(g, b->moe, h, router_logits ? &router_logits[i] : NULL);
+        else ffn = cg_linear(g, cg_swiglu(g, cg_linear(g, h, b->gate.w, b->gate.b), cg_linear(g, h, b->up.w, b->up.b)),
+                             b->down.w, b->down.b);
+        x = cg_add(g, x, cg_dropout(g, ffn, p));
         if (cg_checkpoint_end(g)) return NULL;
     }
     return cg_linear(g, cg_rmsnorm(g, x, m->norm, eps), m->head, NULL);
 }
 
+static cg_tensor *llama_forward(cg_graph *g, const void *model, cg_tensor *ids, cg_kv_cache *cache) {
+    return llama_forward_ex(g, model, ids, cache, NULL);
+}
+
 cg_tensor *cg_llama_logits(cg_graph *g, const cg_llama *m, cg_tensor *ids) { return llama_forward(g, m, ids, NULL); }
+
+cg_tensor *cg_llama_logits_aux(cg_graph *g, const cg_llama *m, cg_tensor *ids, cg_tensor **aux_loss) {
+    if (aux_loss) *aux_loss = NULL;
+    if (!m || !aux_loss || m->cfg.num_local_experts <= 0) return llama_forward(g, m, ids, NULL);
+    const int64_t n = m->cfg.num_hidden_layers;
+    cg_tensor **router = calloc((size_t)n, sizeof *router); /* build time only */
+    if (!router) {
+        cg_set_error(CG_ERR_NOMEM, "[llama] out of memory");
+        return NULL;
+    }
+    cg_tensor *logits = llama_forward_ex(g, m, ids, NULL, router);
+    if (logits) *aux_loss = cg_moe_load_balancing_loss(g, (int)n, router, m->cfg.num_experts_per_tok);
+    free(router);
+    return logits && *aux_loss ? logits : NULL;
+}
 
 cg_tensor *cg_llama_logits_cached(cg_graph *g, const cg_llama *m, cg_tensor *ids, cg_kv_cache *cache) {
     if (!cache) {

@@ -7,13 +7,15 @@
  * (nn.Linear weights [out, in]): model.embed_tokens.weight, model.layers.0.self_attn.q_proj.weight
  * (and .bias when the family has one), model.layers.0.self_attn.q_norm.weight (Qwen3),
  * model.layers.0.mlp.gate_proj.weight, ..., model.norm.weight, lm_head.weight (absent when
- * tie_word_embeddings: the head is then the token embedding). */
+ * tie_word_embeddings: the head is then the token embedding). Mixtral replaces each MLP by a mixture of
+ * experts (models/moe.h): model.layers.0.block_sparse_moe.gate.weight, ...experts.0.w1.weight. */
 #ifndef CGRAD_LLAMA_H
 #define CGRAD_LLAMA_H
 
 #include "../graph/graph.h"
 #include "../ops/ops.h"
 #include "layers.h"
+#include "moe.h"
 
 CG_BEGIN_DECLS
 
@@ -22,7 +24,8 @@ typedef enum {
     CG_LLAMA_FAMILY_LLAMA,   /* "llama": LlamaForCausalLM (LLaMA 1, 2, 3) */
     CG_LLAMA_FAMILY_MISTRAL, /* "mistral": MistralForCausalLM, sliding-window attention on every layer */
     CG_LLAMA_FAMILY_QWEN2,   /* "qwen2": Qwen2ForCausalLM, biases on q/k/v (not o) */
-    CG_LLAMA_FAMILY_QWEN3    /* "qwen3": Qwen3ForCausalLM, per-head RMSNorm of q and k before RoPE */
+    CG_LLAMA_FAMILY_QWEN3,   /* "qwen3": Qwen3ForCausalLM, per-head RMSNorm of q and k before RoPE */
+    CG_LLAMA_FAMILY_MIXTRAL  /* "mixtral": MixtralForCausalLM, a mixture of SwiGLU experts in place of the MLP */
 } cg_llama_family;
 
 /* LLaMA's hyperparameters, named as in Hugging Face's config.json. */
@@ -49,20 +52,25 @@ typedef struct {
     int64_t max_window_layers;       /* Qwen2/3: the first layers, which keep full attention */
     double attention_dropout;        /* dropout of the attention weights in training (config.json's) */
     double dropout;                  /* embedding and residual dropout, and attention's when attention_dropout is 0 */
+    int64_t num_local_experts;       /* Mixtral: experts per layer (0: a dense MLP) */
+    int64_t num_experts_per_tok;     /* Mixtral: experts each token is routed to */
+    double router_aux_loss_coef;     /* Mixtral: weight of the load-balancing loss added to the training loss */
+    bool output_router_logits;       /* Mixtral: add the load-balancing loss to the loss (as transformers does) */
+    double capacity_factor;          /* MoE capacity (cgrad's, not in config.json): 0 dropless, as Mixtral */
 } cg_llama_config;
 typedef struct cg_llama cg_llama; /* a LLaMA: config and parameters (opaque) */
 
-/* Reads a Hugging Face config.json text of model_type "llama" (also when absent), "mistral", "qwen2" or
- * "qwen3": vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads are
+/* Reads a Hugging Face config.json text of model_type "llama" (also when absent), "mistral", "qwen2",
+ * "qwen3" or "mixtral": vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads are
  * required, the family's other fields optional with transformers' defaults. A field that would change
  * the numbers and that cgrad does not implement (a rope_scaling type other than linear and llama3, a
- * hidden_act other than silu, MoE fields, a field the family does not know) is an error naming it;
+ * hidden_act other than silu, Mixtral's router_jitter_noise, another family's MoE fields, a field the family does not know) is an error naming it;
  * fields without effect on the numbers (torch_dtype, bos_token_id, use_cache, ...) are accepted. */
 cg_status cg_llama_config_parse(const char *json, cg_llama_config *cfg);
 /* Writes cfg as config.json text of its family (model_type, architectures, the family's fields);
  * malloc'd, caller frees. */
 char *cg_llama_config_json(const cg_llama_config *cfg);
-/* The family's model_type ("llama", "mistral", "qwen2", "qwen3"). */
+/* The family's model_type ("llama", "mistral", "qwen2", "qwen3", "mixtral"). */
 const char *cg_llama_family_name(cg_llama_family family);
 /* The family's transformers class ("LlamaForCausalLM", "MistralForCausalLM", ...). */
 const char *cg_llama_family_class(cg_llama_family family);
@@ -76,6 +84,9 @@ void cg_llama_free(cg_llama *m);
 const cg_llama_config *cg_llama_cfg(const cg_llama *m);
 /* Adds the model to g: int32 ids [B, T] -> logits [B, T, vocab]. */
 cg_tensor *cg_llama_logits(cg_graph *g, const cg_llama *m, cg_tensor *ids);
+/* cg_llama_logits, and for a Mixtral *aux_loss (may be NULL) = the load-balancing loss over its layers'
+ * router logits (cg_moe_load_balancing_loss, not yet scaled by router_aux_loss_coef); NULL for a dense model. */
+cg_tensor *cg_llama_logits_aux(cg_graph *g, const cg_llama *m, cg_tensor *ids, cg_tensor **aux_loss);
 /* cg_llama_logits for ids [1, T] at positions cache->len..: each layer reads the keys and values of
  * earlier positions from cache (allocated for num_hidden_layers x num_key_value_heads x head_dim)
  * and writes this step's after them; the caller adds T to cache->len after the forward. */

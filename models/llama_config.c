@@ -12,9 +12,9 @@
 #include "models/config_json.h"
 #include "models/llama.h"
 
-static const char *const family_names[] = {"llama", "mistral", "qwen2", "qwen3"};
+static const char *const family_names[] = {"llama", "mistral", "qwen2", "qwen3", "mixtral"};
 static const char *const family_classes[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                                             "Qwen3ForCausalLM"};
+                                             "Qwen3ForCausalLM", "MixtralForCausalLM"};
 #define N_FAMILIES (int)(sizeof family_names / sizeof family_names[0])
 
 const char *cg_llama_family_name(cg_llama_family f) { return (unsigned)f < N_FAMILIES ? family_names[f] : "?"; }
@@ -26,11 +26,13 @@ static const char *const common_fields[] = {
     "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_scaling",
     "tie_word_embeddings", "hidden_act", "attention_dropout", NULL};
 /* Fields of one family only (honoured there, refused elsewhere). */
-static const char *const family_fields[][6] = {
+static const char *const family_fields[][7] = {
     {"attention_bias", "mlp_bias", NULL},
     {"sliding_window", NULL},
     {"sliding_window", "use_sliding_window", "max_window_layers", "layer_types", NULL},
     {"attention_bias", "sliding_window", "use_sliding_window", "max_window_layers", "layer_types", NULL},
+    {"sliding_window", "num_local_experts", "num_experts_per_tok", "router_aux_loss_coef", "output_router_logits",
+     "router_jitter_noise", NULL},
 };
 _Static_assert(sizeof family_fields / sizeof family_fields[0] == N_FAMILIES, "a field list per family");
 /* PretrainedConfig's fields that name tokens, describe the file or steer generation and tooling:
@@ -54,7 +56,7 @@ static const char *const inert_fields[] = {
  * refused when they would ask for something else: interleaved rotary pairs, Qwen2-VL's multimodal
  * rotary positions. */
 static const char *const false_only_fields[] = {"rope_interleaved", "use_mrope", NULL};
-/* Mixture-of-experts fields (Mixtral, Qwen2-MoE, Qwen3-MoE): a layer cgrad does not have. */
+/* Mixture-of-experts fields (Mixtral's, Qwen2-MoE's, Qwen3-MoE's): refused outside their family. */
 static const char *const moe_fields[] = {"num_local_experts", "num_experts", "num_experts_per_tok",
                                          "moe_intermediate_size", "shared_expert_intermediate_size",
                                          "decoder_sparse_step", "router_aux_loss_coef", "router_jitter_noise",
@@ -81,7 +83,8 @@ static bool fields_known(const cJSON *o, cg_llama_family f, const char *what) {
         }
         if (listed(moe_fields, k))
             return cg_set_error(CG_ERR_FORMAT, "[%s] field \"%s\" belongs to a mixture-of-experts model (Mixtral, "
-                                "Qwen-MoE): cgrad has no MoE layer, so model_type %s with it is refused", what, k, mt), false;
+                                "Qwen-MoE): cgrad's MoE layer is Mixtral's, so model_type %s with it is refused", what,
+                                k, mt), false;
         if (!strcmp(k, "sliding_window"))
             return cg_set_error(CG_ERR_FORMAT, "[%s] field \"sliding_window\" is not part of model_type %s, which attends "
                                 "to every earlier key (a model with a sliding window is model_type mistral)", what, mt), false;
@@ -99,11 +102,12 @@ static bool family_of(const cJSON *o, cg_llama_family *f, const char *what) {
     if (!cJSON_IsString(mt)) return cg_set_error(CG_ERR_FORMAT, "[%s] model_type must be a string", what), false;
     for (int i = 0; i < N_FAMILIES; i++)
         if (!strcmp(mt->valuestring, family_names[i])) return *f = (cg_llama_family)i, true;
-    if (strstr(mt->valuestring, "mixtral") || strstr(mt->valuestring, "moe"))
-        return cg_set_error(CG_ERR_FORMAT, "[%s] model_type \"%s\" is a mixture-of-experts model: cgrad has no MoE "
-                            "layer yet (llama, mistral, qwen2, qwen3 load)", what, mt->valuestring), false;
+    if (strstr(mt->valuestring, "moe"))
+        return cg_set_error(CG_ERR_FORMAT, "[%s] model_type \"%s\" is a mixture-of-experts model cgrad does not have "
+                            "(its MoE family is mixtral; llama, mistral, qwen2, qwen3, mixtral load)", what,
+                            mt->valuestring), false;
     return cg_set_error(CG_ERR_FORMAT, "[%s] model_type \"%s\" is not a LLaMA-style family cgrad has (llama, mistral, "
-                        "qwen2, qwen3)", what, mt->valuestring), false;
+                        "qwen2, qwen3, mixtral)", what, mt->valuestring), false;
 }
 
 /* architectures, when given, names the family's causal LM: another head (ForSequenceClassification,
@@ -195,11 +199,37 @@ static bool parse_layer_types(const cJSON *o, cg_llama_config *c, const char *wh
 }
 
 /* Family defaults for absent fields, as transformers' config classes have them. */
-static void family_defaults(cg_llama_family f, int64_t *kv_heads, int64_t *head_dim, int64_t *positions, int64_t *window) {
-    *kv_heads = f == CG_LLAMA_FAMILY_MISTRAL ? 8 : f == CG_LLAMA_FAMILY_LLAMA ? 0 : 32;
+static void family_defaults(cg_llama_family f, int64_t *kv_heads, int64_t *head_dim, int64_t *positions, int64_t *window,
+                            double *eps, double *theta) {
+    const bool mistral = f == CG_LLAMA_FAMILY_MISTRAL || f == CG_LLAMA_FAMILY_MIXTRAL;
+    *kv_heads = mistral ? 8 : f == CG_LLAMA_FAMILY_LLAMA ? 0 : 32;
     *head_dim = f == CG_LLAMA_FAMILY_QWEN3 ? 128 : 0;
-    *positions = f == CG_LLAMA_FAMILY_LLAMA ? 2048 : f == CG_LLAMA_FAMILY_MISTRAL ? 4096 * 32 : 32768;
-    *window = f == CG_LLAMA_FAMILY_LLAMA ? 0 : 4096;
+    *positions = f == CG_LLAMA_FAMILY_LLAMA ? 2048 : mistral ? 4096 * 32 : 32768;
+    *window = f == CG_LLAMA_FAMILY_LLAMA || f == CG_LLAMA_FAMILY_MIXTRAL ? 0 : 4096; /* MixtralConfig: None */
+    *eps = f == CG_LLAMA_FAMILY_MIXTRAL ? 1e-5 : 1e-6;
+    *theta = f == CG_LLAMA_FAMILY_MIXTRAL ? 1e6 : 10000.0;
+}
+
+/* Mixtral's expert fields, with MixtralConfig's defaults (8 experts, 2 a token, coefficient 0.001);
+ * router_jitter_noise (multiplicative noise on the router's input in training) is refused unless 0. */
+static bool parse_experts(const cJSON *o, cg_llama_config *c, const char *what) {
+    double jitter = 0;
+    if (c->family != CG_LLAMA_FAMILY_MIXTRAL) return true;
+    if (!cgi_json_int(o, "num_local_experts", false, 8, &c->num_local_experts, what) ||
+        !cgi_json_int(o, "num_experts_per_tok", false, 2, &c->num_experts_per_tok, what) ||
+        !cgi_json_num(o, "router_aux_loss_coef", false, 0.001, &c->router_aux_loss_coef, what) ||
+        !json_bool(o, "output_router_logits", false, &c->output_router_logits, what) ||
+        !cgi_json_num(o, "router_jitter_noise", false, 0, &jitter, what))
+        return false;
+    if (jitter != 0)
+        return cg_set_error(CG_ERR_FORMAT, "[%s] field \"router_jitter_noise\" %g is not implemented (only 0): it "
+                            "would change the model's numbers in training, so it is refused", what, jitter), false;
+    if (c->num_local_experts < 1 || c->num_experts_per_tok < 1 || c->num_experts_per_tok > c->num_local_experts ||
+        !(c->router_aux_loss_coef >= 0))
+        return cg_set_error(CG_ERR_FORMAT, "[%s] num_local_experts %lld >= 1, num_experts_per_tok %lld in 1..experts and "
+                            "router_aux_loss_coef %g >= 0 are needed", what, (long long)c->num_local_experts,
+                            (long long)c->num_experts_per_tok, c->router_aux_loss_coef), false;
+    return true;
 }
 
 cg_status cg_llama_config_parse(const char *json, cg_llama_config *c) {
@@ -211,7 +241,8 @@ cg_status cg_llama_config_parse(const char *json, cg_llama_config *c) {
     cg_llama_family f;
     bool ok = family_of(o, &f, what);
     int64_t d_kv = 0, d_hd = 0, d_pos = 0, d_win = 0;
-    if (ok) family_defaults(f, &d_kv, &d_hd, &d_pos, &d_win);
+    double d_eps = 1e-6, d_theta = 10000.0;
+    if (ok) family_defaults(f, &d_kv, &d_hd, &d_pos, &d_win, &d_eps, &d_theta);
     const bool qwen = f == CG_LLAMA_FAMILY_QWEN2 || f == CG_LLAMA_FAMILY_QWEN3;
     bool attn_bias = false, mlp_bias = false;
     const cJSON *win = cJSON_GetObjectItemCaseSensitive(o, "sliding_window");
@@ -225,15 +256,15 @@ cg_status cg_llama_config_parse(const char *json, cg_llama_config *c) {
          cgi_json_int(o, "num_key_value_heads", false, d_kv, &c->num_key_value_heads, what) &&
          cgi_json_int(o, "head_dim", false, d_hd, &c->head_dim, what) &&
          cgi_json_int(o, "max_position_embeddings", false, d_pos, &c->max_position_embeddings, what) &&
-         cgi_json_num(o, "rms_norm_eps", false, 1e-6, &c->rms_norm_eps, what) &&
-         cgi_json_num(o, "rope_theta", false, 10000.0, &c->rope.theta, what) && parse_rope_scaling(o, &c->rope, what) &&
+         cgi_json_num(o, "rms_norm_eps", false, d_eps, &c->rms_norm_eps, what) &&
+         cgi_json_num(o, "rope_theta", false, d_theta, &c->rope.theta, what) && parse_rope_scaling(o, &c->rope, what) &&
          json_bool(o, "tie_word_embeddings", false, &c->tie_word_embeddings, what) &&
          cgi_json_num(o, "attention_dropout", false, 0, &c->attention_dropout, what) &&
          json_bool(o, "attention_bias", false, &attn_bias, what) && json_bool(o, "mlp_bias", false, &mlp_bias, what) &&
          /* null: no window (Mistral v0.2 on); absent: the family's default */
          cgi_json_int(o, "sliding_window", false, win && cJSON_IsNull(win) ? 0 : d_win, &c->sliding_window, what) &&
          json_bool(o, "use_sliding_window", false, &c->use_sliding_window, what) &&
-         cgi_json_int(o, "max_window_layers", false, 28, &c->max_window_layers, what);
+         cgi_json_int(o, "max_window_layers", false, 28, &c->max_window_layers, what) && parse_experts(o, c, what);
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(o, "hidden_act");
     if (ok && act && !cJSON_IsNull(act) && !(cJSON_IsString(act) && !strcmp(act->valuestring, "silu")))
         ok = !cg_set_error(CG_ERR_FORMAT, "[%s] hidden_act must be \"silu\" (SwiGLU), got %s", what,
@@ -257,7 +288,7 @@ cg_status cg_llama_config_parse(const char *json, cg_llama_config *c) {
 
 int64_t cg_llama_layer_window(const cg_llama_config *c, int64_t layer) {
     if (!c || c->sliding_window <= 0) return 0;
-    if (c->family == CG_LLAMA_FAMILY_MISTRAL) return c->sliding_window;
+    if (c->family == CG_LLAMA_FAMILY_MISTRAL || c->family == CG_LLAMA_FAMILY_MIXTRAL) return c->sliding_window;
     if ((c->family == CG_LLAMA_FAMILY_QWEN2 || c->family == CG_LLAMA_FAMILY_QWEN3) && c->use_sliding_window &&
         layer >= c->max_window_layers)
         return c->sliding_window;
@@ -335,6 +366,13 @@ char *cg_llama_config_json(const cg_llama_config *c) {
     if (f != CG_LLAMA_FAMILY_LLAMA) {
         if (c->sliding_window > 0) add_int(o, "sliding_window", c->sliding_window);
         else cJSON_AddNullToObject(o, "sliding_window");
+    }
+    if (f == CG_LLAMA_FAMILY_MIXTRAL) {
+        add_int(o, "num_local_experts", c->num_local_experts);
+        add_int(o, "num_experts_per_tok", c->num_experts_per_tok);
+        cJSON_AddNumberToObject(o, "router_aux_loss_coef", c->router_aux_loss_coef);
+        cJSON_AddBoolToObject(o, "output_router_logits", c->output_router_logits);
+        cJSON_AddNumberToObject(o, "router_jitter_noise", 0);
     }
     if (f == CG_LLAMA_FAMILY_QWEN2 || f == CG_LLAMA_FAMILY_QWEN3) {
         cJSON_AddBoolToObject(o, "use_sliding_window", c->use_sliding_window);

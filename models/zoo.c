@@ -356,8 +356,12 @@ cg_status cg_model_build(cg_graph *g, cg_model *m, int64_t batch, int64_t t, int
     case CG_ARCH_GPT2:
     case CG_ARCH_LLAMA: {
         cg_tensor *ids = add_input(g, o, "input_ids", 2, batch, t), *tg = add_input(g, o, "targets", 2, batch, t);
-        o->logits = m->arch == CG_ARCH_LLAMA ? cg_llama_logits(g, m->impl, ids) : cg_gpt_logits(g, m->impl, ids);
+        cg_tensor *aux = NULL; /* Mixtral's load-balancing loss */
+        o->logits = m->arch == CG_ARCH_LLAMA ? cg_llama_logits_aux(g, m->impl, ids, &aux) : cg_gpt_logits(g, m->impl, ids);
         o->loss = cg_cross_entropy(g, o->logits, tg, -100);
+        const cg_llama_config *lc = m->arch == CG_ARCH_LLAMA ? cg_llama_cfg(m->impl) : NULL;
+        if (aux && lc->output_router_logits) /* as MixtralForCausalLM: added only when it outputs router logits */
+            o->loss = cg_add(g, o->loss, cg_scale(g, aux, lc->router_aux_loss_coef));
         break;
     }
     case CG_ARCH_BERT: {

@@ -496,6 +496,13 @@ static cg_tensor *max_pool_(ctx *c) {
 static cg_tensor *avg_pool_(ctx *c) { return cg_avg_pool2d(G, X4(2, 2, 4, 5), (int64_t[]){3, 2}, (int64_t[]){1, 2}, (int64_t[]){1, 1}); }
 #undef G
 
+/* rows [0, 2) through w[0], none through w[1], [2, 4) through w[2], row 4 past the last end (0) */
+static cg_tensor *segment_linear_(ctx *c) {
+    cg_tensor *ends = cg_input(c->g, "ends", CG_INT32, 1, (int64_t[]){3});
+    if (ends) cg_idata(ends)[0] = 2, cg_idata(ends)[1] = 2, cg_idata(ends)[2] = 4;
+    return cg_segment_linear(c->g, X2(5, 4), X3(3, 3, 4), ends);
+}
+
 static const check_case cases[] = {
     {"add", "[3,4] + [3,4]", add_same},
     {"add", "[2,3,4] + [4]", add_bias},
@@ -700,6 +707,7 @@ static const check_case cases[] = {
     {"unfold", "unfold [1,2,4,5] 2x3 s1,2 p1,0", unfold_},
     {"unfold", "max_pool2d [1,1,4,4] 2x2 p1", max_pool_},
     {"unfold", "avg_pool2d [2,2,4,5] 3x2 s1,2 p1", avg_pool_},
+    {"segment_linear", "x[5,4] w[3,3,4] ends {2,2,4}", segment_linear_},
 };
 
 int cg_gradcheck_ops(FILE *out, double tol, const char *filter) {

@@ -304,6 +304,10 @@ cg_tensor *cg_expand(cg_graph *g, cg_tensor *x, int ndim, const int64_t *shape);
 cg_tensor *cg_bmm(cg_graph *g, cg_tensor *a, cg_tensor *b);
 /* One linear per group (experts): x[E, T, in] @ w[E, out, in]^T + bias[E, out] (may be NULL) -> [E, T, out]. */
 cg_tensor *cg_grouped_linear(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias);
+/* One linear per segment of rows (torch._grouped_mm with offsets): rows [ends[e-1], ends[e]) of x[M, in]
+ * times w[e]^T of w[E, out, in] -> [M, out], rows from ends[E-1] on 0; int32 ends[E] is read when the graph
+ * runs (forward fails unless 0 <= ends[0] <= ... <= M), so the work follows the rows each segment has. */
+cg_tensor *cg_segment_linear(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *ends);
 
 /* ---- convolution and pooling ---- */
 

@@ -65,7 +65,7 @@ class BertSeqCls(torch.nn.Module):
 
 # model_type -> the transformers class of the LLaMA-style families
 FAMILIES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-            "qwen3": "Qwen3ForCausalLM"}
+            "qwen3": "Qwen3ForCausalLM", "mixtral": "MixtralForCausalLM"}
 
 
 def check(cond, what):

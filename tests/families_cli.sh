@@ -28,7 +28,8 @@ printf '{"kind": "char", "codepoints": [%s]}\n' "$(seq -s, 32 102)" > tokenizer.
 
 tune=(--data text.txt --steps 2 --batch 2 --lr 1e-3 --samples 0 --threads 1 --eval-every 2 --eval-batches 1
       --decay-steps 4 --warmup 1)
-for fam in mistral:MistralForCausalLM qwen2:Qwen2ForCausalLM qwen3:Qwen3ForCausalLM llama_ext:LlamaForCausalLM; do
+for fam in mistral:MistralForCausalLM qwen2:Qwen2ForCausalLM qwen3:Qwen3ForCausalLM llama_ext:LlamaForCausalLM \
+           mixtral:MixtralForCausalLM; do
   name=${fam%%:*} class=${fam##*:}
   mt=$(flat "$here/fixtures/models/$name/config.json" | grep -o '"model_type":"[a-z0-9]*"')
   mkdir "$name"
@@ -42,7 +43,8 @@ for fam in mistral:MistralForCausalLM qwen2:Qwen2ForCausalLM qwen3:Qwen3ForCausa
   check 'grep -q "\"$class\"" "out_$name/config.json" && flat "out_$name/config.json" | grep -q "$mt" &&
          [ -n "$(digest "$name")" ] && [ "$(digest "$name")" = "$(digest "out_$name")" ]' \
         "$name: export DIR writes $mt, $class and the same parameters ($(digest "$name"))"
-  for field in sliding_window use_sliding_window attention_bias mlp_bias head_dim tie_word_embeddings rope_scaling layer_types; do
+  for field in sliding_window use_sliding_window attention_bias mlp_bias head_dim tie_word_embeddings rope_scaling layer_types \
+               num_local_experts num_experts_per_tok router_aux_loss_coef output_router_logits; do
     want=$(flat "$here/fixtures/models/$name/config.json" | grep -o "\"$field\":\(\[[^]]*\]\|[^,}]*\)" | head -1)
     got=$(flat "out_$name/config.json" | grep -o "\"$field\":\(\[[^]]*\]\|[^,}]*\)" | head -1)
     [ -z "$want" ] && continue
@@ -77,15 +79,15 @@ check 'grep -q "Qwen2ForCausalLM" lora_hf/config.json && grep -q "^arch        l
 # alone, as from_pretrained would) have the files' tensors and give cgrad's logits
 py=${2:-/usr/bin/python3}
 if "$py" -c "import torch, numpy" 2>/dev/null; then
-  "$py" "$here/check_hf_export.py" "$bin" out_mistral out_qwen2 out_qwen3 out_llama_ext ft_qwen3 lora_hf || fail=1
+  "$py" "$here/check_hf_export.py" "$bin" out_mistral out_qwen2 out_qwen3 out_llama_ext out_mixtral ft_mixtral ft_qwen3 lora_hf || fail=1
 else
   echo "skip: no torch in $py, the exported directories were not read by the torch references"
 fi
 
-# a mixture-of-experts directory is refused by name
+# a mixture-of-experts directory of another family than Mixtral is refused by name
 mkdir moe && cp mistral/model.safetensors mistral/cg_tokenizer.json moe/
-sed 's/"model_type": "mistral"/"model_type": "mixtral"/' mistral/config.json > moe/config.json
+sed 's/"model_type": "mistral"/"model_type": "qwen2_moe"/' mistral/config.json > moe/config.json
 "$bin" info moe > moe.out 2>&1
 rc=$?
-check '[ $rc -ne 0 ] && grep -q "mixture-of-experts" moe.out' "mixtral is refused: $(head -c 150 moe.out)"
+check '[ $rc -ne 0 ] && grep -q "mixture-of-experts" moe.out' "qwen2_moe is refused: $(head -c 150 moe.out)"
 exit $fail

@@ -5,8 +5,9 @@ Mistral, Qwen2, Qwen3, and LLaMA with the optional fields (biases, explicit head
 
 Rerun:  /usr/bin/python3 tests/make_family_fixtures.py      (from the repository root or anywhere)
 Needs torch (1.13 tested) and numpy only; `transformers` is not used: the reference below is the
-LLaMA reference of make_llama_fixtures.py (RMSNorm, half-split RoPE, repeat_kv GQA, SwiGLU) with
-what each family's modelling file adds, following transformers' code:
+LLaMA decoder (RMSNorm, half-split RoPE and repeat_kv GQA from make_llama_fixtures.py; SwiGLU) with
+what each family's modelling file adds, following transformers' code (make_llama_fixtures.py builds
+its plain LLaMA from these classes too):
   - MistralForCausalLM (modeling_mistral.py): sliding-window attention on every layer. The mask is
     masking_utils' sliding_window_causal_mask_function: causal (kv_idx <= q_idx) AND
     sliding_window_overlay (kv_idx > q_idx - sliding_window), so query i sees keys
@@ -19,13 +20,22 @@ what each family's modelling file adds, following transformers' code:
     head_dim features -- before the transpose and RoPE; bias = attention_bias on q/k/v/o; an explicit
     head_dim; its windows as Qwen2's (an explicit layer_types overrides max_window_layers, and without
     use_sliding_window there is no window at all: transformers sets sliding_window to None).
+  - MixtralForCausalLM (modeling_mixtral.py): Mistral's attention, and MixtralSparseMoeBlock in place
+    of the MLP: router_logits = gate(x) over the B*T rows, routing_weights = softmax(router_logits) in
+    at least float32, torch.topk(num_experts_per_tok), renormalised to sum 1; each expert
+    (MixtralBlockSparseTop2MLP: w2(silu(w1(x)) * w3(x))) runs on the rows torch.where picks from the
+    one-hot expert mask, its output times the row's routing weight index_add_'ed into the result. The
+    loss adds router_aux_loss_coef * load_balancing_loss_func(router logits of every layer) when
+    output_router_logits: the logits concatenated over layers, softmax, top-k one-hot averaged over
+    rows ([k, E]) times the mean probability per expert, summed, times num_experts.
   - LlamaForCausalLM's optional fields: attention_bias (q/k/v/o biases), mlp_bias
     (gate/up/down biases), head_dim, tie_word_embeddings (lm_head is embed_tokens: one parameter whose
     gradient holds both uses).
-Before writing, the script checks the sliding-window attention against a per-query loop over the
+Before writing, the script checks that no token of a Mixtral fixture sits near a routing tie (the
+top-k choice is piecewise constant), the sliding-window attention against a per-query loop over the
 keys it may see, and Qwen3's q/k norm against a per-head loop.
 
-Files in tests/fixtures/models/<name>/ (mistral, qwen2, qwen3, llama_ext), laid out as
+Files in tests/fixtures/models/<name>/ (mistral, qwen2, qwen3, llama_ext, mixtral, mixtral_noaux), laid out as
 make_model_fixtures.py documents: config.json, weights.safetensors, batch.safetensors,
 expected.safetensors (logits, loss, grad.<name> of every parameter), adamw.json, adamw.safetensors.
 Batch: input_ids [2,11] and targets [2,11] (next token; row 1 is 8 tokens then pad id 0, its targets
@@ -51,7 +61,7 @@ torch.set_default_dtype(torch.float64)
 def layer_window(c, i):
     """The sliding window of layer i (None: full attention), as the families' configs decide it."""
     mt = c["model_type"]
-    if mt == "mistral":
+    if mt in ("mistral", "mixtral"):
         return c.get("sliding_window")
     if mt in ("qwen2", "qwen3"):
         w = c.get("sliding_window") if c.get("use_sliding_window") else None
@@ -118,17 +128,76 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+class ExpertMLP(nn.Module):
+    """MixtralBlockSparseTop2MLP: w1 is the gate, w3 the up projection, w2 the down projection."""
+
+    def __init__(self, c):
+        super().__init__()
+        d, f = c["hidden_size"], c["intermediate_size"]
+        self.w1 = nn.Linear(d, f, bias=False)
+        self.w2 = nn.Linear(f, d, bias=False)
+        self.w3 = nn.Linear(d, f, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class SparseMoeBlock(nn.Module):
+    """MixtralSparseMoeBlock (router_jitter_noise 0): returns the output and the router logits [B*T, E]."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.num_experts, self.top_k = c["num_local_experts"], c["num_experts_per_tok"]
+        self.gate = nn.Linear(c["hidden_size"], self.num_experts, bias=False)
+        self.experts = nn.ModuleList(ExpertMLP(c) for _ in range(self.num_experts))
+
+    def forward(self, x):
+        B, T, D = x.shape
+        h = x.reshape(-1, D)
+        router_logits = self.gate(h)
+        routing_weights = F.softmax(ml.at_least_f32(router_logits), dim=1)
+        routing_weights, selected = torch.topk(routing_weights, self.top_k, dim=-1)
+        routing_weights = (routing_weights / routing_weights.sum(dim=-1, keepdim=True)).to(h.dtype)
+        out = torch.zeros_like(h)
+        expert_mask = F.one_hot(selected, num_classes=self.num_experts).permute(2, 1, 0)
+        for e in range(self.num_experts):
+            idx, top_x = torch.where(expert_mask[e])
+            y = self.experts[e](h[top_x]) * routing_weights[top_x, idx, None]
+            out = out.index_add(0, top_x, y.to(h.dtype))
+        return out.reshape(B, T, D), router_logits
+
+
+def load_balancing_loss(router_logits, num_experts, top_k):
+    """load_balancing_loss_func without an attention mask."""
+    logits = torch.cat(router_logits, dim=0)
+    p = F.softmax(logits, dim=-1)
+    _, selected = torch.topk(p, top_k, dim=-1)
+    mask = F.one_hot(selected, num_experts)
+    tokens_per_expert = torch.mean(mask.to(p.dtype), dim=0)
+    prob_per_expert = torch.mean(p, dim=0)
+    return torch.sum(tokens_per_expert * prob_per_expert.unsqueeze(0)) * num_experts
+
+
 class Layer(nn.Module):
     def __init__(self, c, i):
         super().__init__()
         self.self_attn = Attention(c, i)
-        self.mlp = MLP(c)
+        if c["model_type"] == "mixtral":
+            self.block_sparse_moe = SparseMoeBlock(c)
+        else:
+            self.mlp = MLP(c)
         self.input_layernorm = ml.RMSNorm(c["hidden_size"], c["rms_norm_eps"])
         self.post_attention_layernorm = ml.RMSNorm(c["hidden_size"], c["rms_norm_eps"])
 
-    def forward(self, x, cos, sin):
+    def forward(self, x, cos, sin, router_logits=None):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        h = self.post_attention_layernorm(x)
+        if hasattr(self, "mlp"):
+            return x + self.mlp(h)
+        y, logits = self.block_sparse_moe(h)
+        if router_logits is not None:
+            router_logits.append(logits)
+        return x + y
 
 
 class Model(nn.Module):
@@ -148,13 +217,13 @@ class ForCausalLM(nn.Module):
         if not self.tied:
             self.lm_head = nn.Linear(c["hidden_size"], c["vocab_size"], bias=False)
 
-    def forward(self, ids):
+    def forward(self, ids, router_logits=None):
         T = ids.shape[1]
         hd = self.model.layers[0].self_attn.hd
         cos, sin = ml.rope_cos_sin(self.c, hd, torch.arange(T))
         x = self.model.embed_tokens(ids)
         for layer in self.model.layers:
-            x = layer(x, cos.to(x.dtype), sin.to(x.dtype))
+            x = layer(x, cos.to(x.dtype), sin.to(x.dtype), router_logits)
         h = self.model.norm(x)
         return h @ self.model.embed_tokens.weight.t() if self.tied else self.lm_head(h)
 
@@ -266,19 +335,56 @@ FAMILIES = [
     # LLaMA's optional fields: attention_bias, mlp_bias, head_dim, a tied head
     ("llama_ext", base("llama", "LlamaForCausalLM", head_dim=12, attention_bias=True, mlp_bias=True,
                        tie_word_embeddings=True, pretraining_tp=1, rope_theta=500000.0), 604),
+    # Mixtral: 4 experts of width 24, 2 a token, the load-balancing loss in the loss (a coefficient large
+    # enough to move it and the router's gradients well past the tolerances), a window of 5 keys
+    ("mixtral", base("mixtral", "MixtralForCausalLM", intermediate_size=24, num_local_experts=4,
+                     num_experts_per_tok=2, router_aux_loss_coef=0.05, output_router_logits=True,
+                     router_jitter_noise=0.0, sliding_window=5, rms_norm_eps=1e-5, rope_theta=1000000.0), 605),
+    # Mixtral without the auxiliary loss (output_router_logits false): 3 experts, 2 a token, no window
+    ("mixtral_noaux", base("mixtral", "MixtralForCausalLM", intermediate_size=20, num_local_experts=3,
+                           num_experts_per_tok=2, router_aux_loss_coef=0.05, output_router_logits=False,
+                           sliding_window=None, rms_norm_eps=1e-5, rope_theta=1000000.0), 606),
 ]
+
+
+def routing_margin(model, ids):
+    """The smallest gap between a token's k-th and (k+1)-th router probability over every layer: the
+    C side must pick the same experts, so the fixture keeps away from ties."""
+    logits = []
+    model(ids, logits)
+    worst = float("inf")
+    for lg in logits:
+        p = torch.sort(F.softmax(lg, -1), -1, descending=True).values
+        k = model.c["num_experts_per_tok"]
+        worst = min(worst, float((p[:, k - 1] - p[:, k]).min()) if k < p.shape[1] else float("inf"))
+    return worst
 
 
 def family_fixture(name, c, seed):
     batch = batch_for(c, seed)
     model = ForCausalLM(c)
 
-    def fwd(m, b):
-        logits = m(b["input_ids"])
-        return {"logits": logits, "loss": mm.ce(logits, b["targets"])}
+    moe = c["model_type"] == "mixtral"
 
-    loss, losses, gap, _ = mm.run_family(name, model, batch, fwd, c, seed=seed, init=init_family)
+    def fwd(m, b):
+        router = [] if moe else None
+        logits = m(b["input_ids"], router)
+        out = {"logits": logits, "loss": mm.ce(logits, b["targets"])}
+        if moe:
+            out["aux_loss"] = load_balancing_loss(router, c["num_local_experts"], c["num_experts_per_tok"])
+            if c["output_router_logits"]:
+                out["loss"] = out["loss"] + c["router_aux_loss_coef"] * out["aux_loss"]
+        return out
+
+    loss, losses, gap, _ = mm.run_family(name, model, batch, fwd, c, seed=seed, init=init_family,
+                                         extra_expected_keys=("aux_loss",) if moe else ())
     with torch.no_grad():
+        if moe:
+            init_family(model, seed)  # the margins of the weights the fixture starts from
+            margin = routing_margin(model, batch["input_ids"])
+            assert margin > 1e-3, (name, margin)
+            print("  %s: every token's top-%d router probabilities clear the next by >= %.1e" %
+                  (name, c["num_experts_per_tok"], margin))
         werr, nwin = check_window_loop(model, batch["input_ids"])
         qerr = check_qk_norm_loop(model, batch["input_ids"]) if c["model_type"] == "qwen3" else None
         # the window matters: with full attention instead, the logits of the last positions change

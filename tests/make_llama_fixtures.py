@@ -3,8 +3,9 @@
 """Parity fixtures for cgrad's LLaMA decoder (models/llama.c), in plain torch.
 
 Rerun:  /usr/bin/python3 tests/make_llama_fixtures.py      (from the repository root or anywhere)
-Needs torch (1.13 tested) and numpy only; it does not use `transformers`: the reference below
-follows Hugging Face's LlamaForCausalLM (modeling_llama.py) line for line:
+Needs torch (1.13 tested) and numpy only; it does not use `transformers`: the reference follows
+Hugging Face's LlamaForCausalLM (modeling_llama.py) line for line (the helpers below; the attention,
+MLP and blocks are make_family_fixtures.py's, shared with the other families):
   - LlamaRMSNorm: x * rsqrt(mean(x^2) + eps), computed in at least float32, times the gain;
   - rotary embeddings with rotate_half (the GPT-NeoX half-split pairing), inv_freq = theta^(-2i/d),
     cos/sin of cat(freqs, freqs), applied to q and k after the head split;
@@ -35,7 +36,6 @@ import sys
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_model_fixtures as mm  # noqa: E402  (the shared writer, run_family and float32 check)
@@ -95,80 +95,14 @@ def repeat_kv(x, n_rep):
     return x[:, :, None, :, :].expand(b, hk, n_rep, t, d).reshape(b, hk * n_rep, t, d)
 
 
-class Attention(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        d, self.hq, self.hk = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
-        self.hd = c.get("head_dim") or d // self.hq
-        self.c = c
-        self.q_proj = nn.Linear(d, self.hq * self.hd, bias=False)
-        self.k_proj = nn.Linear(d, self.hk * self.hd, bias=False)
-        self.v_proj = nn.Linear(d, self.hk * self.hd, bias=False)
-        self.o_proj = nn.Linear(self.hq * self.hd, d, bias=False)
-
-    def forward(self, x, cos, sin):
-        B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.hq, self.hd).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, self.hk, self.hd).transpose(1, 2)
-        v = self.v_proj(x).view(B, T, self.hk, self.hd).transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        k, v = repeat_kv(k, self.hq // self.hk), repeat_kv(v, self.hq // self.hk)
-        s = q @ k.transpose(2, 3) / math.sqrt(self.hd)
-        s = s + torch.triu(torch.full((T, T), float("-inf")), diagonal=1)
-        w = F.softmax(at_least_f32(s), dim=-1).to(q.dtype)
-        y = (w @ v).transpose(1, 2).reshape(B, T, self.hq * self.hd)
-        return self.o_proj(y)
-
-
-class MLP(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        d, f = c["hidden_size"], c["intermediate_size"]
-        self.gate_proj = nn.Linear(d, f, bias=False)
-        self.up_proj = nn.Linear(d, f, bias=False)
-        self.down_proj = nn.Linear(f, d, bias=False)
-
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class Layer(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.self_attn = Attention(c)
-        self.mlp = MLP(c)
-        self.input_layernorm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
-        self.post_attention_layernorm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
-
-    def forward(self, x, cos, sin):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
-        return x + self.mlp(self.post_attention_layernorm(x))
-
-
-class Model(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(c["vocab_size"], c["hidden_size"])
-        self.layers = nn.ModuleList(Layer(c) for _ in range(c["num_hidden_layers"]))
-        self.norm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
-
-
-class LlamaForCausalLM(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.c = c
-        self.model = Model(c)
-        self.lm_head = nn.Linear(c["hidden_size"], c["vocab_size"], bias=False)
-
-    def forward(self, ids):
-        T = ids.shape[1]
-        hd = self.model.layers[0].self_attn.hd
-        cos, sin = rope_cos_sin(self.c, hd, torch.arange(T))
-        x = self.model.embed_tokens(ids)
-        for layer in self.model.layers:
-            x = layer(x, cos.to(x.dtype), sin.to(x.dtype))
-        return self.lm_head(self.model.norm(x))
+def LlamaForCausalLM(c):
+    """LlamaForCausalLM: the decoder of make_family_fixtures.py (its attention, MLP and blocks, written
+    from the families' modelling code) on a plain llama config, where none of the families' additions
+    applies: no biases, no window, no q/k norm, an untied head."""
+    import make_family_fixtures as family  # noqa: E402  (here: it imports this module for RMSNorm and RoPE)
+    assert c["model_type"] == "llama" and not (c.get("attention_bias") or c.get("mlp_bias") or
+                                               c.get("tie_word_embeddings")), c
+    return family.ForCausalLM(c)
 
 
 def init_llama(model, seed):

@@ -18,28 +18,15 @@
 #include "../models/llama.h"
 #include "../models/zoo.h"
 #include "check.h"
+#include "st_check.h"
 #include "decoder_check.h"
 
 #define FIX CGRAD_TEST_DIR "/fixtures/models/"
 
-static cg_real *read_all(const cg_st *f, const char *name, int64_t *n) {
-    int ndim;
-    int64_t s[CG_MAX_DIMS];
-    if (cg_st_info(f, name, NULL, &ndim, s)) return NULL;
-    *n = 1;
-    for (int i = 0; i < ndim; i++) *n *= s[i];
-    cg_real *x = malloc((size_t)(*n ? *n : 1) * sizeof *x);
-    if (x && cg_st_read(f, name, x, -1, NULL)) {
-        free(x);
-        return NULL;
-    }
-    return x;
-}
-
 /* max |a - b| over a tensor in two files, and max |b| in *scale (NAN when they do not pair up). */
 static double max_diff(const cg_st *ours, const cg_st *ref, const char *name, double *scale) {
     int64_t n1 = 0, n2 = 0;
-    cg_real *a = read_all(ours, name, &n1), *b = read_all(ref, name, &n2);
+    cg_real *a = st_read_all(ours, name, &n1), *b = st_read_all(ref, name, &n2);
     double d = a && b && n1 == n2 ? 0 : NAN;
     *scale = 0;
     for (int64_t i = 0; a && b && n1 == n2 && i < n1; i++) {
@@ -108,7 +95,7 @@ static void parity(const char *name) {
             const char *n = cg_st_name(adam, i);
             if (!strcmp(n, "losses")) continue;
             int64_t n1 = 0, n2 = 0;
-            cg_real *a = read_all(ours, n, &n1), *r = read_all(adam, n, &n2);
+            cg_real *a = st_read_all(ours, n, &n1), *r = st_read_all(adam, n, &n2);
             double d2 = 0, r2 = 0;
             for (int64_t k = 0; a && r && n1 == n2 && k < n1; k++)
                 d2 += ((double)a[k] - r[k]) * ((double)a[k] - r[k]), r2 += (double)r[k] * r[k];
@@ -354,8 +341,12 @@ static void config_fields(void) {
     /* refused, naming the field */
     struct { const char *type, *extra, *needle; } bad[] = {
         {"mistral", "\"num_local_experts\": 8, \"num_experts_per_tok\": 2", "num_local_experts"},
-        {"mixtral", "", "mixture-of-experts"},
         {"qwen2_moe", "", "mixture-of-experts"},
+        {"llama", "\"num_experts_per_tok\": 2", "num_experts_per_tok"},
+        {"mixtral", "\"router_jitter_noise\": 0.01", "router_jitter_noise"},
+        {"mixtral", "\"num_local_experts\": 2, \"num_experts_per_tok\": 3", "num_experts_per_tok"},
+        {"mixtral", "\"moe_intermediate_size\": 64", "moe_intermediate_size"},
+        {"mixtral", "\"mlp_bias\": true", "mlp_bias"},
         {"gemma", "", "gemma"},
         {"llama", "\"sliding_window\": 4096", "sliding_window"},
         {"mistral", "\"use_sliding_window\": true", "use_sliding_window"},
@@ -388,11 +379,12 @@ static void config_fields(void) {
     free(j1);
     free(j2);
     /* every fixture's config: written back in its family's layout, and stable through a second trip */
-    const char *names[4] = {"mistral", "qwen2", "qwen3", "llama_ext"};
-    const char *types[4] = {"\"model_type\": \"mistral\"", "\"model_type\": \"qwen2\"", "\"model_type\": \"qwen3\"",
-                            "\"model_type\": \"llama\""};
-    const char *classes[4] = {"MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM"};
-    for (int i = 0; i < 4; i++) {
+    const char *names[5] = {"mistral", "qwen2", "qwen3", "llama_ext", "mixtral"};
+    const char *types[5] = {"\"model_type\": \"mistral\"", "\"model_type\": \"qwen2\"", "\"model_type\": \"qwen3\"",
+                            "\"model_type\": \"llama\"", "\"model_type\": \"mixtral\""};
+    const char *classes[5] = {"MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM",
+                              "MixtralForCausalLM"};
+    for (int i = 0; i < 5; i++) {
         char path[512];
         snprintf(path, sizeof path, FIX "%s/config.json", names[i]);
         char *text = cgi_read_text(path, NULL), *j1 = NULL, *j2 = NULL;
@@ -429,7 +421,7 @@ static void released_configs(void) {
         {"qwen2-7b-instruct", NULL, CG_LLAMA_FAMILY_QWEN2, 4, 0, 0, 32768, false, true, false},
         {"qwen3-0.6b", NULL, CG_LLAMA_FAMILY_QWEN3, 8, 128, 0, 40960, true, false, true},
         {"qwen2.5-7b-instruct-yarn", "yarn", CG_LLAMA_FAMILY_QWEN2, 0, 0, 0, 0, false, false, false},
-        {"mixtral-8x7b", "mixture-of-experts", CG_LLAMA_FAMILY_LLAMA, 0, 0, 0, 0, false, false, false},
+        {"mixtral-8x7b", NULL, CG_LLAMA_FAMILY_MIXTRAL, 8, 0, 0, 32768, false, false, false},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         char path[512];
@@ -461,6 +453,17 @@ static void released_configs(void) {
         free(j2);
     }
     cg_llama_config c;
+    char *text = cgi_read_text(FIX "hf_configs/mixtral-8x7b.json", NULL);
+    CHECK(text && cg_llama_config_parse(text, &c) == CG_OK && c.num_local_experts == 8 && c.num_experts_per_tok == 2 &&
+              c.router_aux_loss_coef == 0.02 && !c.output_router_logits && c.rms_norm_eps == 1e-5 &&
+              c.rope.theta == 1e6 && c.capacity_factor == 0,
+          "mixtral-8x7b: 8 experts, 2 a token, coefficient 0.02: %s", cg_last_error());
+    free(text);
+    /* MixtralConfig's defaults: 8 experts, 2 a token, 0.001, rms_norm_eps 1e-5, rope_theta 1e6, no window */
+    CHECK(parse("mixtral", "", &c) == CG_OK && c.num_local_experts == 8 && c.num_experts_per_tok == 2 &&
+              c.router_aux_loss_coef == 0.001 && c.rms_norm_eps == 1e-5 && c.rope.theta == 1e6 &&
+              cg_llama_layer_window(&c, 0) == 0 && c.num_key_value_heads == 8,
+          "mixtral defaults: %s", cg_last_error());
     CHECK(parse("qwen2", "\"use_mrope\": true", &c) == CG_ERR_FORMAT && strstr(cg_last_error(), "use_mrope"), "%s",
           cg_last_error());
     CHECK(parse("llama", "\"rope_interleaved\": true", &c) == CG_ERR_FORMAT && strstr(cg_last_error(), "rope_interleaved"),
@@ -502,8 +505,9 @@ int main(void) {
     window_cache(CG_LLAMA_FAMILY_MISTRAL);
     window_cache(CG_LLAMA_FAMILY_QWEN2);
     window_cache(CG_LLAMA_FAMILY_QWEN3);
-    const char *fixtures[4] = {"mistral", "qwen2", "qwen3", "llama_ext"};
-    for (int i = 0; i < 4; i++) parity(fixtures[i]);
+    const char *fixtures[6] = {"mistral", "qwen2", "qwen3", "llama_ext", "mixtral", "mixtral_noaux"};
+    for (int i = 0; i < 6; i++) parity(fixtures[i]);
     for (int i = 0; i < 3; i++) checkpointed(fixtures[i]);
+    checkpointed("mixtral");
     TEST_END();
 }

@@ -16,6 +16,7 @@
 #include "../models/config_json.h"
 #include "../models/zoo.h"
 #include "check.h"
+#include "st_check.h"
 
 #define FIX CGRAD_TEST_DIR "/fixtures/models/"
 
@@ -32,25 +33,11 @@
 #define GRAD_TOL 1e-5
 #define ADAMW_TOL 1e-4
 
-static cg_real *read_all(const cg_st *f, const char *name, int64_t *n) {
-    int ndim;
-    int64_t s[CG_MAX_DIMS];
-    if (cg_st_info(f, name, NULL, &ndim, s)) return NULL;
-    *n = 1;
-    for (int i = 0; i < ndim; i++) *n *= s[i];
-    cg_real *x = malloc((size_t)(*n ? *n : 1) * sizeof *x);
-    if (x && cg_st_read(f, name, x, -1, NULL)) {
-        free(x);
-        return NULL;
-    }
-    return x;
-}
-
 /* max |a - b| (abs) or ||a - b|| / ||b|| (rel), skipping elements where skip[i] != 0. */
 static double compare(const cg_st *ours, const cg_st *ref, const char *name, const char *ref_name, bool rel,
                       const char *skip_mask) {
     int64_t n1 = 0, n2 = 0;
-    cg_real *a = read_all(ours, name, &n1), *b = read_all(ref, ref_name, &n2);
+    cg_real *a = st_read_all(ours, name, &n1), *b = st_read_all(ref, ref_name, &n2);
     double out = INFINITY;
     if (a && b && n1 == n2) {
         double diff2 = 0, ref2 = 0, mx = 0, ours2 = 0;
@@ -131,7 +118,7 @@ static void parity(const char *arch) {
         for (int i = 0; i < cg_st_count(ref); i++) {
             int64_t ng = 0;
             if (strncmp(cg_st_name(ref, i), "grad.", 5)) continue;
-            cg_real *gr = read_all(ref, cg_st_name(ref, i), &ng);
+            cg_real *gr = st_read_all(ref, cg_st_name(ref, i), &ng);
             for (int64_t k = 0; gr && k < ng; k++) model_gmax = fmax(model_gmax, fabs((double)gr[k]));
             free(gr);
         }
@@ -143,7 +130,7 @@ static void parity(const char *arch) {
             char gname[300];
             snprintf(gname, sizeof gname, "grad.%s", n);
             int64_t ng = 0;
-            cg_real *gr = read_all(ref, gname, &ng);
+            cg_real *gr = st_read_all(ref, gname, &ng);
             char *skip = calloc((size_t)(ng > 0 ? ng : 1), 1);
             for (int64_t k = 0; gr && skip && k < ng; k++) skip[k] = fabs((double)gr[k]) <= 1e-9 * model_gmax;
             double e = compare(ours, adam, n, n, true, skip);
