@@ -56,6 +56,10 @@ static const bench_config configs[] = {
      "{\"vocab_size\": 256, \"hidden_size\": 256, \"intermediate_size\": 688, \"num_hidden_layers\": 4, "
      "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"max_position_embeddings\": 256}",
      16, 256, 0, {"model.embed_tokens.weight"}},
+    /* nanoGPT's CPU recipe for character-level tiny-shakespeare (examples/shakespeare_char.sh): one step */
+    {"nanogpt-char", CG_ARCH_GPT2,
+     "{\"vocab_size\": 65, \"n_positions\": 64, \"n_embd\": 128, \"n_layer\": 4, \"n_head\": 4}", 12, 64, 0,
+     {"wpe.weight"}},
 };
 #define N_CONFIGS (int)(sizeof configs / sizeof configs[0])
 

@@ -206,6 +206,69 @@ static void backward_node(cg_graph *g, cg_tensor *t, int i) {
         }
 }
 
+/* The backward sweep from loss, and the zeroing of gradients it does not reach. */
+typedef struct {
+    cg_graph *g;
+    cg_tensor *loss;
+} sweep_args;
+
+static cg_status backward_sweep(void *ctx) {
+    const sweep_args *sw = ctx;
+    cg_graph *g = sw->g;
+    cg_tensor *loss = sw->loss;
+    /* inside a team only the products are shared, as in forward (graph/graph.c) */
+    const bool team = cgi_team_on();
+    const cgi_run run = cgi_run_open(g->work, team);
+    if (team) cgi_team_run_begin();
+    int seg_lo = -1, seg_hi = -1; /* the checkpoint segment whose recomputed values are swapped in */
+    for (int i = loss->id; i >= 0; i--) {
+        cg_tensor *t = g->nodes[i];
+        if (t->seg && (i == loss->id || g->nodes[i + 1]->seg != t->seg)) { /* entering a segment */
+            int lo = i;
+            while (lo > 0 && g->nodes[lo - 1]->seg == t->seg) lo--;
+            bool needed = false, runs = false;
+            for (int j = lo; j <= i; j++) needed |= g->nodes[j]->recompute, runs |= runs_backward(g->nodes[j]);
+            if (needed && runs) {
+                cg_status s = cgi_ckpt_recompute(g, lo, i);
+                if (s) {
+                    cgi_ckpt_restore(g, lo, i);
+                    g->ran_forward = false;
+                    if (team) cgi_team_run_end(2 * g->work);
+                    cgi_run_close(&run);
+                    return s;
+                }
+                seg_lo = lo, seg_hi = i;
+            }
+        }
+        if (runs_backward(t)) backward_node(g, t, i);
+        if (g->bwd_status) { /* a custom rule failed: its message is the error; the gradients are partial */
+            if (seg_lo >= 0) cgi_ckpt_restore(g, seg_lo, seg_hi);
+            g->ran_forward = false;
+            if (team) cgi_team_run_end(2 * g->work);
+            cgi_run_close(&run);
+            return g->bwd_status;
+        }
+        if (i == seg_lo) {
+            cgi_ckpt_restore(g, seg_lo, seg_hi);
+            seg_lo = -1;
+        }
+    }
+    /* Gradients the caller can read but that this loss does not reach (inputs it ignores, retained
+     * nodes off its path, nodes built after it) hold the last pass's values or recycled memory
+     * otherwise: they are zero, as the derivative is. */
+    for (int i = 0; i < g->n; i++) {
+        cg_tensor *t = g->nodes[i];
+        if (t->root == t && t->requires_grad && t->grad && (t->op == CGI_OP_INPUT || t->retain) &&
+            !t->grad_in_value && t->grad_epoch != g->epoch) {
+            cgi_zero(t->grad, (size_t)cgi_numel(t->ndim, t->shape) * sizeof(cg_real));
+            t->grad_epoch = g->epoch;
+        }
+    }
+    if (team) cgi_team_run_end(2 * g->work); /* backward does about twice forward's work */
+    cgi_run_close(&run);
+    return CG_OK;
+}
+
 cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
     if (!g) return cgi_fail(CG_ERR_ARG, "[backward] graph is NULL");
     if (!loss) /* keep the message of the op that failed to build it, if there is one */
@@ -245,52 +308,10 @@ cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
     zero_once(loss);
     loss->grad[0] += 1;
     g->bwd_status = CG_OK;
-    const cgi_run run = cgi_run_open(g->work, false);
-    int seg_lo = -1, seg_hi = -1; /* the checkpoint segment whose recomputed values are swapped in */
-    for (int i = loss->id; i >= 0; i--) {
-        cg_tensor *t = g->nodes[i];
-        if (t->seg && (i == loss->id || g->nodes[i + 1]->seg != t->seg)) { /* entering a segment */
-            int lo = i;
-            while (lo > 0 && g->nodes[lo - 1]->seg == t->seg) lo--;
-            bool needed = false, runs = false;
-            for (int j = lo; j <= i; j++) needed |= g->nodes[j]->recompute, runs |= runs_backward(g->nodes[j]);
-            if (needed && runs) {
-                cg_status s = cgi_ckpt_recompute(g, lo, i);
-                if (s) {
-                    cgi_ckpt_restore(g, lo, i);
-                    g->ran_forward = false;
-                    cgi_run_close(&run);
-                    return s;
-                }
-                seg_lo = lo, seg_hi = i;
-            }
-        }
-        if (runs_backward(t)) backward_node(g, t, i);
-        if (g->bwd_status) { /* a custom rule failed: its message is the error; the gradients are partial */
-            if (seg_lo >= 0) cgi_ckpt_restore(g, seg_lo, seg_hi);
-            g->ran_forward = false;
-            cgi_run_close(&run);
-            return g->bwd_status;
-        }
-        if (i == seg_lo) {
-            cgi_ckpt_restore(g, seg_lo, seg_hi);
-            seg_lo = -1;
-        }
-    }
-    /* Gradients the caller can read but that this loss does not reach (inputs it ignores, retained
-     * nodes off its path, nodes built after it) hold the last pass's values or recycled memory
-     * otherwise: they are zero, as the derivative is. */
-    for (int i = 0; i < g->n; i++) {
-        cg_tensor *t = g->nodes[i];
-        if (t->root == t && t->requires_grad && t->grad && (t->op == CGI_OP_INPUT || t->retain) &&
-            !t->grad_in_value && t->grad_epoch != g->epoch) {
-            cgi_zero(t->grad, (size_t)cgi_numel(t->ndim, t->shape) * sizeof(cg_real));
-            t->grad_epoch = g->epoch;
-        }
-    }
-    cgi_run_close(&run);
+    const sweep_args sw = {g, loss};
+    const cg_status s = cgi_run_in_team(g->work) ? cg_run_with_team(backward_sweep, (void *)&sw) : backward_sweep((void *)&sw);
     /* Gradients took the memory of values that backward had finished reading, so another
      * backward needs a fresh forward. */
     g->ran_forward = false;
-    return CG_OK;
+    return s;
 }

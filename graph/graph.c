@@ -423,6 +423,22 @@ double cgi_graph_work(const cg_graph *g) {
     return work;
 }
 
+/* The forward sweep. Inside a team (cg_run_with_team) only the products are shared, through the team's pieces. */
+static cg_status forward_nodes(void *ctx) {
+    cg_graph *g = ctx;
+    cg_status s = CG_OK;
+    const bool team = cgi_team_on();
+    const cgi_run run = cgi_run_open(g->work, team);
+    if (team) cgi_team_run_begin();
+    for (int i = 0; i < g->n && !s; i++) {
+        cg_tensor *t = g->nodes[i];
+        if (cgi_ops[t->op].kind == CGI_KIND_COMPUTE) s = cgi_run_forward(g, t);
+    }
+    if (team) cgi_team_run_end(g->work);
+    cgi_run_close(&run);
+    return s;
+}
+
 cg_status cg_graph_forward(cg_graph *g) {
     if (!g) return cgi_fail(CG_ERR_ARG, "[forward] graph is NULL");
     if (g->seg_open)
@@ -434,16 +450,7 @@ cg_status cg_graph_forward(cg_graph *g) {
     }
     cgi_resolve_views(g);
     g->fwd_step = g->step;
-    /* inside a team (cg_run_with_team) only the products are shared, through the team's pieces */
-    const bool team = cgi_team_on();
-    const cgi_run run = cgi_run_open(g->work, team);
-    if (team) cgi_team_run_begin();
-    for (int i = 0; i < g->n && !s; i++) {
-        cg_tensor *t = g->nodes[i];
-        if (cgi_ops[t->op].kind == CGI_KIND_COMPUTE) s = cgi_run_forward(g, t);
-    }
-    if (team) cgi_team_run_end(g->work);
-    cgi_run_close(&run);
+    s = cgi_run_in_team(g->work) ? cg_run_with_team(forward_nodes, g) : forward_nodes(g);
     if (s) return s;
     if (g->mode == CG_TRAIN) g->step++;
     g->ran_forward = true;

@@ -324,6 +324,10 @@ int cgi_run_begin(int threads);
 void cgi_run_end(int was);
 /* The work below which a graph run stays on one thread: CGI_RUN_PAR_MIN or CGRAD_RUN_PAR_MIN. */
 double cgi_run_par_min(void);
+#define CGI_RUN_TEAM_MIN 67108864.0 /* estimated multiply-adds from which a run below CGI_RUN_PAR_MIN is a team span */
+/* True when a graph run of this much work runs as a team span of its own (graph/threads.c):
+ * from CGI_RUN_TEAM_MIN (CGRAD_RUN_TEAM_MIN) to below cgi_run_par_min, on several threads, not inside a team. */
+bool cgi_run_in_team(double work);
 
 /* ---- the cores guard (graph/cores.c): one thread when the others get no core ---- */
 enum { CGI_CORES_WATCH, CGI_CORES_PROBE, CGI_CORES_HOLD, CGI_CORES_RETRY }; /* PROBE, HOLD: one thread */

@@ -58,6 +58,23 @@ double cgi_run_par_min(void) {
 
 int cgi_run_threads(double work) { return work < cgi_run_par_min() || cgi_cores_holding_one() ? 1 : cg_threads(); }
 
+/* A run below CGI_RUN_PAR_MIN keeps its ops on one thread, so a small model's training step (nanoGPT's
+ * CPU recipe: 4 layers of width 128, 12 x 64 tokens, ~0.6G multiply-adds a forward) left the second
+ * core idle: 101% CPU on two threads. Such a run is one team span instead (graph/team.c): one parallel
+ * region whose helpers, awake for the whole run, take pieces of its products while thread 0 runs the
+ * other ops; the team's guard rests them when they do not pay. Pieces are cut as at one thread, so the
+ * bits are the same. Below CGI_RUN_TEAM_MIN a run is too short to pay for waking a helper. */
+static double run_team_min = -1; /* CGRAD_RUN_TEAM_MIN, read once */
+
+bool cgi_run_in_team(double work) {
+    if (run_team_min < 0) {
+        const char *env = getenv("CGRAD_RUN_TEAM_MIN");
+        run_team_min = env && atof(env) >= 0 ? atof(env) : CGI_RUN_TEAM_MIN;
+    }
+    return work >= run_team_min && work < cgi_run_par_min() && !cgi_team_on() && cg_threads() > 1 &&
+           !cgi_cores_holding_one() && !omp_in_parallel();
+}
+
 int cgi_run_begin(int threads) {
     const int was = run_threads;
     run_threads = threads;

@@ -114,14 +114,15 @@ static bool cut_rows(const cgi_gemm_job *j) { return j->m >= j->n; }
  * [256, 768] product (12.6M) took as long on two threads as on one here, a [128, 256] one 1.28x
  * less: below some 8M a piece, packing and waking the other thread eat the gain. A team's helpers
  * (graph/team.c) are awake already: there a vector piece of 64 outputs (2^15 multiply-adds, 128 kB
- * of gpt-tiny's weights, ~5 us) pays. Matrix products are cut in a team as outside one: uncached
- * gpt-tiny generation (steps of 16-216 rows, 89% in products) ran 171-173 tokens/s on two threads
- * with them whole, as on one, and 229-236 with them cut. */
+ * of gpt-tiny's weights, ~5 us) pays, and a matrix piece of 2^20 (~10 us): a small model's whole
+ * training step runs in a team (cgi_run_in_team), and nanoGPT's [768, 128] x [128, 128] projections
+ * (12.6M) stayed whole at 2^23. Uncached gpt-tiny generation (steps of 16-216 rows, 89% in products)
+ * ran 171-173 tokens/s on two threads with matrix products whole, as on one, and 229-236 with them cut. */
 static int pieces_of(const cgi_gemm_job *j, int want, bool team) {
     const int64_t len = cut_rows(j) ? j->m : j->n;
     const bool vec = j->m == 1 || j->n == 1;
     const double work = (double)j->m * (double)j->n * (double)j->k;
-    const double min_work = vec ? (team ? 1 << 15 : 1 << 16) : 1 << 23;
+    const double min_work = vec ? (team ? 1 << 15 : 1 << 16) : team ? 1 << 20 : 1 << 23;
     const int64_t min_len = vec ? (team ? 64 : 256) : 32;
     int p = want;
     while (p > 1 && (work / p < min_work || len / p < min_len)) p--;

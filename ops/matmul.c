@@ -74,6 +74,8 @@ static void plan(const cg_tensor *t, mm_plan *p) {
         if (t->shape[i] > 1 && p->sa[i] == 0) p->a_bcast = true;
         if (t->shape[i] > 1 && p->sb[i] == 0) p->b_bcast = true;
         if (t->shape[i] > 1 && p->sb[i] != 0) b_fixed = false;
+    }
+    for (int i = 0; i < p->nb; i++) { /* after the loop above: batch dim i's density reads sa[i + 1] */
         int64_t next = i + 1 < p->nb ? p->sa[i + 1] * t->shape[i + 1] : a->stride[a->ndim - 2] * p->m;
         if (t->shape[i] > 1 && p->sa[i] != next) a_dense = false;
     }

@@ -365,6 +365,69 @@ static void test_team_generation(void) {
     cg_params_free(ps);
 }
 
+/* A small model's training step (below CGI_RUN_PAR_MIN, from CGI_RUN_TEAM_MIN) runs forward and
+ * backward each as a team span (cgi_run_in_team): the helpers take pieces of its products, and
+ * three AdamW steps give one thread's bits in every parameter. */
+static void test_small_training_in_team(void) {
+    enum { STEPS = 3, B = 12, T = 64 };
+    cg_real *ref = NULL;
+    int64_t span = 0;
+    for (int threads = 1; threads <= 2; threads++) {
+        cg_set_threads(threads);
+        if (threads == 2) cgi_team_set_guard(CGI_TEAM_GUARD_ON), cgi_team_wait_for_helpers(true);
+        cg_params *ps = cg_params_new();
+        cg_model *m = cg_model_new(CG_ARCH_GPT2,
+                                   "{\"vocab_size\": 65, \"n_positions\": 64, \"n_embd\": 128, \"n_layer\": 2, \"n_head\": 4}",
+                                   0.0, ps, 7);
+        cg_graph *g = cg_graph_new(CG_TRAIN);
+        cg_model_graph mg;
+        CHECK(m && g && cg_model_build(g, m, B, T, 0, &mg) == CG_OK, "%s", cg_last_error());
+        if (!m || !g) return;
+        const double work = cgi_graph_work(g);
+        CHECK(work >= CGI_RUN_TEAM_MIN && work < CGI_RUN_PAR_MIN, "work %.0f: not a team run", work);
+        CHECK(cgi_run_in_team(work) == (threads == 2), "%d threads: in team %d", threads, cgi_run_in_team(work));
+        cg_rng r;
+        cg_rng_seed(&r, 5);
+        int32_t *ids = cg_idata(cg_model_graph_input(&mg, "input_ids")), *tg = cg_idata(cg_model_graph_input(&mg, "targets"));
+        for (int i = 0; i < B * T; i++) ids[i] = (int32_t)(cg_rng_next(&r) % 65), tg[i] = (int32_t)(cg_rng_next(&r) % 65);
+        cg_optim_config oc = cg_optim_defaults(CG_OPT_ADAMW);
+        cg_optim *opt = cg_optim_new(ps, &oc);
+        cgi_team_counts before;
+        cgi_team_stats(&before);
+        for (int k = 0; k < STEPS; k++) {
+            cg_params_zero_grad(ps);
+            CHECK(cg_graph_forward(g) == CG_OK && cg_graph_backward(g, mg.loss) == CG_OK &&
+                      cg_optim_step(opt, 1e-3) == CG_OK, "step %d: %s", k, cg_last_error());
+        }
+        const cgi_team_counts d = team_delta(&before);
+        if (threads == 2) {
+            CHECK(d.runs_with_helpers == 2 * STEPS && d.runs_without == 0, "%lld team runs with helpers, %lld without for %d steps",
+                  d.runs_with_helpers, d.runs_without, STEPS);
+            CHECK(d.helper_pieces > 0, "the helpers took none of %lld pieces", d.pieces);
+        } else CHECK(d.runs_with_helpers + d.runs_without == 0, "one thread opened %lld team runs", d.runs_with_helpers);
+        span = cg_params_span(ps);
+        const cg_real *v = cg_params_values(ps);
+        if (threads == 1) {
+            ref = malloc((size_t)span * sizeof *ref);
+            if (ref) memcpy(ref, v, (size_t)span * sizeof *ref);
+        } else if (ref) {
+            int64_t diff = -1;
+            for (int64_t i = 0; i < span && diff < 0; i++)
+                if (memcmp(&v[i], &ref[i], sizeof *v)) diff = i;
+            CHECK(diff < 0, "parameter %lld after %d steps: %.9g on 2 threads, %.9g on 1", (long long)diff, STEPS,
+                  diff < 0 ? 0 : v[diff], diff < 0 ? 0 : ref[diff]);
+        }
+        cg_optim_free(opt);
+        cg_graph_free(g);
+        cg_model_free(m);
+        cg_params_free(ps);
+    }
+    free(ref);
+    cgi_team_set_guard(CGI_TEAM_GUARD_AUTO);
+    cgi_team_wait_for_helpers(false);
+    cg_set_threads(0);
+}
+
 /* `test_threads bf16` and `test_threads onednn` (their own ctest entries, skipped where they cannot
  * run): the bf16 products on the fp32 units (needs oneDNN) and on oneDNN's kernel (avx512_bf16). */
 int main(int argc, char **argv) {
@@ -384,5 +447,6 @@ int main(int argc, char **argv) {
     test_team_attention();
     test_team_stall();
     test_team_generation();
+    test_small_training_in_team();
     TEST_END();
 }
