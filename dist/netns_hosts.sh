@@ -78,7 +78,33 @@ mpirun)
     set +e
     ip netns exec "${prefix}1" mpirun "${root[@]}" --hostfile "$hostfile" -n "$n" --map-by node \
         --mca plm_rsh_agent "$PWD/$prefix.agent" --mca btl tcp,self --mca btl_tcp_if_include 10.77.0.0/24 \
-        --mca oob_tcp_if_include 10.77.0.0/24 "$@"
+        --mca oob_tcp_if_include 10.77.0.0/24 "$@" &
+    mp=$!
+    # The watchdog a launch agent can add: once the job's own processes have all ended, mpirun
+    # and the remote orted get NETNS_GRACE seconds (10) to finish. After a partition they cannot
+    # reach each other and would wait for TCP's own timeouts (many minutes), and SIGTERM makes
+    # mpirun crash in PMIx_Finalize: so they are killed, and the job ends with status 1.
+    everything() { for k in $(seq 1 "$n"); do ip netns pids "$prefix$k" 2>/dev/null; done; }
+    ranks() { for p in $(everything); do case $(cat "/proc/$p/comm" 2>/dev/null) in mpirun | orted | sh | ip | netns_link | "") ;; *) echo "$p" ;; esac; done; }
+    kill_all() { for p in $(everything); do [ "$(cat "/proc/$p/comm" 2>/dev/null)" = netns_link ] || kill -KILL "$p" 2>/dev/null; done; }
+    trap 'kill_all; rm -f "$hostfile"; exit 130' INT TERM
+    seen=0 gone_at=
+    while kill -0 "$mp" 2>/dev/null; do
+        sleep 0.5
+        if [ -n "$(ranks)" ]; then seen=1 gone_at=
+        elif [ $seen -eq 1 ]; then
+            [ -n "$gone_at" ] || gone_at=$SECONDS
+            if [ $((SECONDS - gone_at)) -ge "${NETNS_GRACE:-10}" ] && kill -0 "$mp" 2>/dev/null; then
+                echo "netns_hosts: every rank has ended but mpirun still runs after ${NETNS_GRACE:-10} s (a host is unreachable): killing mpirun and the daemons" >&2
+                kill_all
+                kill -KILL "$mp" 2>/dev/null
+                wait "$mp"
+                rm -f "$hostfile"
+                exit 1
+            fi
+        fi
+    done
+    wait "$mp"
     rc=$?
     rm -f "$hostfile"
     exit $rc
@@ -87,6 +113,11 @@ link)
     k=${3:?K} state=${4:?up or down}
     ip -n "${prefix}1" link set "${prefix}a$k" "$state"
     ! ip -n "${prefix}1" link show "${prefix}t$k" >/dev/null 2>&1 || ip -n "${prefix}1" link set "${prefix}t$k" "$state"
+    if [ "$state" = up ]; then # a link going down took its routes with it
+        dev="${prefix}a$k"
+        ! ip -n "${prefix}1" link show "${prefix}t$k" >/dev/null 2>&1 || dev="${prefix}t$k"
+        ip -n "${prefix}1" route replace "$(addr "$k")/32" dev "$dev"
+    fi
     ;;
 slow)
     k=${3:?K} delay=${4:?DELAY_MS} rate=${5:?RATE_MBIT} loss=${6:-0}
