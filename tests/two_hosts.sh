@@ -10,7 +10,8 @@
 #     the whole job (mpirun and the remote daemon too, through the launcher's watchdog) with
 #     status 1, leaving no process;
 #  5. host 2 dead (all its processes killed): the job ends, no process left;
-#  6. a 2 s outage that heals: the job carries on and finishes.
+#  6. a 2 s outage that heals: the job carries on and finishes;
+#  7. through dist/netns_link.c's user-space link with delay, rate and loss: still bit for bit.
 # Needs root, network namespaces and mpirun: exits 77 (skipped) without them.
 # Usage: two_hosts.sh CGRAD MPIRUN
 set -uo pipefail
@@ -128,4 +129,13 @@ if wait_for 'grep -Eq " ([5-9]|[1-9][0-9]+)/40" out.out' 120; then
             bad "a 2 s outage: status $rc: $(tail -c 300 out.out)"
     else bad "a 2 s outage: the job still runs 60 s later"; fi
 else bad "no steps within 120 s: $(tail -c 400 out.out)"; fi
+# 7. through the user-space link (netns_link: 1 ms, 200 Mbit/s, 2% of the packets lost): still exact
+link="$(dirname "$bin")/netns_link"
+if [ -x "$link" ]; then
+    NETNS_LINK=$link "$hosts" slow "$prefix" 2 1 200 0.02
+    two "${args[@]}" --steps 6 --save-every 0 --checkpoint "$dir/s.ckpt" > slow.out 2>&1 || cat slow.out
+    [ "$(digest s.ckpt)" = "$(digest one.ckpt)" ] && ok "through a 1 ms, 200 Mbit/s link losing 2% of the packets: still bit for bit" ||
+        bad "through the user-space link: $(digest s.ckpt) / $(digest one.ckpt): $(tail -c 300 slow.out)"
+    "$hosts" fast "$prefix" 2
+else echo "note: no netns_link next to $bin: the user-space link is not tested"; fi
 exit $fail
