@@ -7,7 +7,7 @@
  * 4 KB .. MAX_MB (16), the median time of:
  *   blocking   MPI_Allreduce (Open MPI's tuned collectives)
  *   nonblock   MPI_Iallreduce waited by MPI_Test (libnbc, what cgrad used)
- *   halves     cgrad's reduce-scatter + all-gather over MPI_Isend/MPI_Irecv (dist.c)
+ *   ring       cgrad's reduce-scatter + all-gather over MPI_Isend/MPI_Irecv (dist.c)
  * against the model bytes x 2(N-1)/N / beta + alpha x log2 N. */
 #include <math.h>
 #include <stdbool.h>
@@ -77,7 +77,7 @@ int main(int argc, char **argv) {
     if (rank == 0) {
         printf("%d ranks; link: latency %.1f us, bandwidth %.2f Gbit/s (full duplex, %d MB each way)\n\n", size,
                alpha * 1e6, beta * 8 / 1e9, bw_n * 4 / 1048576);
-        printf("| bytes | model ms | MPI_Allreduce ms | MPI_Iallreduce ms | cgrad halves ms | halves / model |\n");
+        printf("| bytes | model ms | MPI_Allreduce ms | MPI_Iallreduce ms | cgrad ring ms | ring / model |\n");
         printf("|---:|---:|---:|---:|---:|---:|\n");
     }
     cg_dist *d = cg_dist_init(600);
