@@ -74,9 +74,11 @@ mpirun)
     root=()
     [ "$(id -u)" -eq 0 ] && root=(--allow-run-as-root)
     # TCP only (no shared memory between the "hosts"), on the test subnet for both the data (btl)
-    # and the runtime's own connections (oob).
+    # and the runtime's own connections (oob). --bind-to none: each daemon would bind its rank to
+    # its "host's" first core, and the hosts share this machine's cores, so every rank would run
+    # on core 0 (real hosts do not need it).
     set +e
-    ip netns exec "${prefix}1" mpirun "${root[@]}" --hostfile "$hostfile" -n "$n" --map-by node \
+    ip netns exec "${prefix}1" mpirun "${root[@]}" --hostfile "$hostfile" -n "$n" --map-by node --bind-to none \
         --mca plm_rsh_agent "$PWD/$prefix.agent" --mca btl tcp,self --mca btl_tcp_if_include 10.77.0.0/24 \
         --mca oob_tcp_if_include 10.77.0.0/24 "$@" &
     mp=$!
