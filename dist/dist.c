@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <time.h>
 
 #include "dist/dist.h"
@@ -123,6 +124,18 @@ void cg_dist_abort(cg_dist *d, int code) {
 }
 
 #ifdef CGRAD_MPI
+/* One turn of a wait loop that started at t0. Open MPI's TCP transport moves bytes only inside MPI
+ * calls, so a waiting rank polls: for the first 100 ms it only yields its core (a rank waits on its
+ * own core when there is one core a rank, and a 50 us sleep there became milliseconds under load),
+ * then it sleeps 50 us a turn so that ranks sharing cores leave them to the others' kernels. */
+static void idle(double t0) {
+    if (now_s() - t0 < 0.1) sched_yield();
+    else {
+        struct timespec ts = {0, 50000};
+        nanosleep(&ts, NULL);
+    }
+}
+
 static cg_status mpi_fail(const cg_dist *d, int rc, const char *what) {
     char msg[MPI_MAX_ERROR_STRING];
     int len = 0;
@@ -135,7 +148,7 @@ static cg_status mpi_fail(const cg_dist *d, int rc, const char *what) {
 static cg_status wait_all(const cg_dist *d, int n, MPI_Request *req, double *done_at, const char *what) {
     const double t0 = now_s();
     int *idx = done_at ? malloc((size_t)n * sizeof *idx) : NULL;
-    for (long spins = 0;; spins++) {
+    for (;;) {
         int flag = 0, rc;
         if (done_at && idx) {
             int k = 0;
@@ -154,10 +167,7 @@ static cg_status wait_all(const cg_dist *d, int n, MPI_Request *req, double *don
             return cgi_fail(CG_ERR_IO, "[dist] rank %d: no answer from the other ranks for %.0f s in %s: a rank has "
                                        "died or hangs", d->rank, d->timeout, what);
         }
-        if (spins > 2000) { /* past the first few ms, yield the core to the kernels of the other ranks */
-            struct timespec ts = {0, 50000};
-            nanosleep(&ts, NULL);
-        }
+        idle(t0);
     }
     free(idx);
     return CG_OK;
@@ -295,6 +305,118 @@ cg_status cg_dist_gather(cg_dist *d, const cg_real *mine, cg_real *full, int64_t
 #endif
 }
 
+/* ---- the all-reduce: reduce-scatter, then all-gather, around the ring of ranks ---- */
+
+#ifdef CGRAD_MPI
+/* One in-place sum of x[0, n) over the ranks, in 2 (N - 1) steps of point-to-point messages: in
+ * step s < N - 1 rank r sends its chunk r - s to rank r + 1, receives chunk r - s - 1 from rank
+ * r - 1 and adds it into its own (own + received); after that rank r holds chunk r + 1 summed over
+ * every rank, and the last N - 1 steps pass the summed chunks around. Each rank sends and receives
+ * 2 (N - 1) / N of the bytes, both ways at once, which is the least an all-reduce can (libnbc's
+ * MPI_Iallreduce sends every byte to one rank and back for 2 ranks: twice the time). Each chunk
+ * is summed by one rank and copied to the rest, so every rank ends with the same bits; for 2
+ * ranks each element is one addition a + b, which commutes, so it equals one process's sum.
+ * A step moves on only when polled (ring_poll): Open MPI's TCP transport progresses inside calls. */
+typedef struct {
+    cg_real *x, *tmp; /* the data, and room for the largest chunk received */
+    int64_t n;
+    int step, tag; /* step == 2 (N - 1): done */
+    MPI_Request req[2];
+} ring;
+
+static int64_t chunk_lo(const cg_dist *d, int64_t n, int c) {
+    c = ((c % d->size) + d->size) % d->size;
+    return n * c / d->size;
+}
+
+static int64_t chunk_n(const cg_dist *d, int64_t n, int c) {
+    c = ((c % d->size) + d->size) % d->size;
+    return n * (c + 1) / d->size - n * c / d->size;
+}
+
+static cg_status ring_post(cg_dist *d, ring *o) {
+    const int N = d->size, r = d->rank, right = (r + 1) % N, left = (r + N - 1) % N;
+    const bool scatter = o->step < N - 1;
+    const int s = scatter ? o->step : o->step - (N - 1);
+    const int send_c = scatter ? r - s : r + 1 - s, recv_c = scatter ? r - s - 1 : r - s;
+    cg_real *into = scatter ? o->tmp : o->x + chunk_lo(d, o->n, recv_c);
+    int rc = MPI_Irecv(into, (int)chunk_n(d, o->n, recv_c), real_type(), left, o->tag, d->gcomm, &o->req[0]);
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Isend(o->x + chunk_lo(d, o->n, send_c), (int)chunk_n(d, o->n, send_c), real_type(), right, o->tag,
+                       d->gcomm, &o->req[1]);
+    return rc == MPI_SUCCESS ? CG_OK : mpi_fail(d, rc, "gradient all-reduce");
+}
+
+static cg_status ring_start(cg_dist *d, ring *o, cg_real *x, int64_t n, cg_real *tmp, int tag) {
+    *o = (ring){.x = x, .tmp = tmp, .n = n, .tag = tag, .req = {MPI_REQUEST_NULL, MPI_REQUEST_NULL}};
+    return ring_post(d, o);
+}
+
+static bool ring_done(const cg_dist *d, const ring *o) { return o->step >= 2 * (d->size - 1); }
+
+/* Moves o on as far as the messages that arrived allow; *moved tells whether it did. */
+static cg_status ring_poll(cg_dist *d, ring *o, bool *moved) {
+    while (!ring_done(d, o)) {
+        int flag = 0;
+        const int rc = MPI_Testall(2, o->req, &flag, MPI_STATUSES_IGNORE);
+        if (rc != MPI_SUCCESS) return mpi_fail(d, rc, "gradient all-reduce");
+        if (!flag) return CG_OK;
+        *moved = true;
+        if (o->step < d->size - 1) {
+            const int c = d->rank - o->step - 1;
+            cg_real *dst = o->x + chunk_lo(d, o->n, c);
+            const int64_t m = chunk_n(d, o->n, c);
+            for (int64_t i = 0; i < m; i++) dst[i] += o->tmp[i]; /* own + received: see above */
+        }
+        if (++o->step < 2 * (d->size - 1)) {
+            cg_status st = ring_post(d, o);
+            if (st) return st;
+        }
+    }
+    return CG_OK;
+}
+
+/* Polls rings [0, n) until all are done or the timeout passes; done_at (may be NULL) gets each
+ * one's completion time. */
+static cg_status ring_wait(cg_dist *d, ring *o, int n, double *done_at, const char *what) {
+    const double t0 = now_s();
+    for (int left = n;;) {
+        left = 0;
+        for (int k = 0; k < n; k++) {
+            if (ring_done(d, &o[k])) continue;
+            bool moved = false;
+            cg_status st = ring_poll(d, &o[k], &moved);
+            if (st) return st;
+            if (ring_done(d, &o[k])) {
+                if (done_at) done_at[k] = now_s();
+            } else left++;
+        }
+        if (!left) return CG_OK;
+        if (now_s() - t0 > d->timeout)
+            return cgi_fail(CG_ERR_IO, "[dist] rank %d: no answer from the other ranks for %.0f s in %s: a rank has "
+                                       "died or hangs", d->rank, d->timeout, what);
+        idle(t0);
+    }
+}
+#endif
+
+cg_status cg_dist_sum_reals(cg_dist *d, cg_real *x, int64_t n) {
+    if (!d || d->size == 1 || n <= 0) return CG_OK;
+#ifdef CGRAD_MPI
+    if (n > INT32_MAX) return cgi_fail(CG_ERR_ARG, "[dist] all-reduce of %lld elements: at most 2^31 - 1", (long long)n);
+    cg_real *tmp = malloc((size_t)(n / d->size + 1) * sizeof *tmp);
+    if (!tmp) return cgi_fail(CG_ERR_NOMEM, "[dist] out of memory for the all-reduce of %lld elements", (long long)n);
+    ring o;
+    cg_status st = ring_start(d, &o, x, n, tmp, 0);
+    if (!st) st = ring_wait(d, &o, 1, NULL, "an all-reduce");
+    free(tmp);
+    return st;
+#else
+    (void)x;
+    return CG_OK;
+#endif
+}
+
 /* ---- the reducer ---- */
 
 /* A bucket is a run of consecutive parameters, params [first, first + n), whose gradients are one
@@ -304,6 +426,8 @@ typedef struct {
     int64_t lo, hi; /* their range of the gradient block */
     int final_at;   /* position of its last gradient in the observed ready order */
     int pending;    /* of its trainable parameters, not yet final in this backward */
+    int tag;        /* its messages' tag: its index in memory order */
+    int64_t tmp_off; /* its room in the scratch for received chunks */
     double start;   /* when its all-reduce started */
 } bucket;
 
@@ -324,7 +448,8 @@ struct cg_dist_reducer {
     double *done_at, first_start;
     cg_dist_stats st;
 #ifdef CGRAD_MPI
-    MPI_Request *req;
+    ring *rings;      /* bucket k's all-reduce */
+    cg_real *scratch; /* received chunks: (hi - lo) / N + 1 elements a bucket */
 #endif
 };
 
@@ -372,14 +497,20 @@ cg_dist_reducer *cg_dist_reducer_new(cg_dist *d, cg_params *ps, int64_t micro, s
             r->bucket_of[i] = r->nb;
         }
         hi = bk->lo;
+        bk->tag = r->nb;
+        bk->tmp_off = r->nb ? r->b[r->nb - 1].tmp_off + (r->b[r->nb - 1].hi - r->b[r->nb - 1].lo) / cg_dist_size(d) + 1 : 0;
         r->nb++;
     }
     if (micro > 1 && !(r->acc = aligned_alloc(CGI_ALIGN, (size_t)((r->span * (int64_t)sizeof(cg_real) + CGI_ALIGN - 1) /
                                                                   CGI_ALIGN * CGI_ALIGN))))
         goto nomem;
 #ifdef CGRAD_MPI
-    if (!(r->req = malloc(nn * sizeof *r->req))) goto nomem;
-    for (int k = 0; k < r->nb; k++) r->req[k] = MPI_REQUEST_NULL;
+    if (!(r->rings = calloc(nn, sizeof *r->rings))) goto nomem;
+    if (cg_dist_size(d) > 1) {
+        const bucket *last = &r->b[r->nb - 1];
+        const int64_t scratch = r->nb ? last->tmp_off + (last->hi - last->lo) / cg_dist_size(d) + 1 : 1;
+        if (!(r->scratch = malloc((size_t)scratch * sizeof *r->scratch))) goto nomem;
+    }
 #endif
     r->st.buckets = cg_dist_size(d) > 1 ? r->nb : 0;
     r->st.bytes = cg_dist_size(d) > 1 ? r->span * (int64_t)sizeof(cg_real) : 0;
@@ -399,7 +530,8 @@ void cg_dist_reducer_free(cg_dist_reducer *r) {
     free(r->ready);
     free(r->acc);
 #ifdef CGRAD_MPI
-    free(r->req);
+    free(r->rings);
+    free(r->scratch);
 #endif
     free(r);
 }
@@ -413,11 +545,10 @@ static cg_status start(cg_dist_reducer *r, int k) {
     bk->start = now_s();
     if (k == 0) r->first_start = bk->start;
 #ifdef CGRAD_MPI
-    const int rc = MPI_Iallreduce(MPI_IN_PLACE, gr + bk->lo, (int)(bk->hi - bk->lo), real_type(), MPI_SUM, r->d->gcomm,
-                                  &r->req[k]);
-    if (rc != MPI_SUCCESS) return mpi_fail(r->d, rc, "gradient all-reduce");
-#endif
+    return ring_start(r->d, &r->rings[k], gr + bk->lo, bk->hi - bk->lo, r->scratch + bk->tmp_off, bk->tag);
+#else
     return CG_OK;
+#endif
 }
 
 static void on_ready(cg_tensor *p, void *ctx) {
@@ -431,12 +562,12 @@ static void on_ready(cg_tensor *p, void *ctx) {
         r->next++, r->st.early++;
     }
 #ifdef CGRAD_MPI
-    if (r->next > 0) { /* libnbc moves only inside MPI calls: give it a turn */
-        int k = 0, idx[64];
-        MPI_Testsome(r->next < 64 ? r->next : 64, r->req, &k, idx, MPI_STATUSES_IGNORE);
-        const double t = now_s();
-        for (int i = 0; k != MPI_UNDEFINED && i < k; i++) r->done_at[idx[i]] = t;
-    }
+    for (int k = 0; k < r->next; k++) /* the transport moves only inside MPI calls: give it a turn */
+        if (!ring_done(r->d, &r->rings[k])) {
+            bool moved = false;
+            if (ring_poll(r->d, &r->rings[k], &moved)) return; /* the next poll in finish reports it */
+            if (ring_done(r->d, &r->rings[k])) r->done_at[k] = now_s();
+        }
 #endif
 }
 
@@ -504,7 +635,7 @@ cg_status cg_dist_reducer_finish(cg_dist_reducer *r) {
     } else {
         while (!st && r->next < r->nb) st = start(r, r->next++);
 #ifdef CGRAD_MPI
-        if (!st) st = wait_all(r->d, r->nb, r->req, r->done_at, "the gradient all-reduce");
+        if (!st) st = ring_wait(r->d, r->rings, r->nb, r->done_at, "the gradient all-reduce");
 #endif
         const double t_done = now_s();
         double last = r->first_start;

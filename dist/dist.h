@@ -3,16 +3,17 @@
  *
  * Every rank holds the whole model. A step runs each rank's micro-batches, then a reducer sums
  * the gradients over micro-batches and ranks and divides by their count, so every rank applies
- * the same update. The sum over ranks is MPI_Iallreduce on contiguous buckets of the gradient
- * block, started from cg_graph_backward's ready callback as soon as a bucket's gradients are
- * final, so communication overlaps the rest of backward.
+ * the same update. The sum over ranks is an all-reduce (reduce-scatter + all-gather around the
+ * ring of ranks, over MPI point-to-point messages) on contiguous buckets of the gradient block,
+ * started from cg_graph_backward's ready callback as soon as a bucket's gradients are final and
+ * moved on at every later ready parameter, so communication overlaps the rest of backward.
  *
  * Order of additions (what makes runs bit-identical): within a rank, micro-batch gradients are
  * added in order, acc = ((g0 + g1) + g2) ...; across ranks MPI sums the per-rank totals. For two
  * ranks that is one addition a + b, which is commutative, so 2 ranks x 1 micro-batch equal 1 rank
- * x 2 micro-batches bit for bit. For more ranks the order is Open MPI's (ring or recursive
- * doubling by message size): the same on every rank, so ranks never drift apart, but not the
- * sequential order; results then agree with one process to float32 rounding (~1e-7 relative).
+ * x 2 micro-batches bit for bit. For more ranks each chunk is summed around the ring, then copied:
+ * the same on every rank, so ranks never drift apart, but not the sequential order; results then
+ * agree with one process to float32 rounding (~1e-7 relative).
  *
  * Without MPI in the build, or in a process not started by mpirun, the world has one rank and
  * every call works locally. Waits are bounded: a rank that dies or hangs makes the others fail
@@ -54,6 +55,9 @@ cg_status cg_dist_bcast(cg_dist *d, void *buf, size_t bytes);
 cg_status cg_dist_sum(cg_dist *d, double *x, int n);
 /* Waits until every rank has arrived. */
 cg_status cg_dist_barrier(cg_dist *d);
+/* Sums x[0..n) over the ranks in place with the gradient all-reduce (reduce-scatter + all-gather
+ * around the ring of ranks); every rank gets the same bits, and with 2 ranks those of a + b. */
+cg_status cg_dist_sum_reals(cg_dist *d, cg_real *x, int64_t n);
 
 /* ---- ZeRO stage 1: optimizer state sharded by element ranges ---- */
 

@@ -6,8 +6,12 @@
 #  2. a 2-host run resumed from its last checkpoint continues exactly;
 #  3. the remote rank killed: the whole job ends with a nonzero status within a bounded time, and
 #     no process is left in either host;
-#  4. the link cut for longer than --dist-timeout: the ranks end with the documented message and
-#     status; whatever the launcher leaves is reported and removed.
+#  4. the link cut for longer than --dist-timeout: the ranks end with the documented message, and
+#     the whole job (mpirun and the remote daemon too, through the launcher's watchdog) with
+#     status 1, leaving no process;
+#  5. host 2 dead (all its processes killed): the job ends, no process left;
+#  6. a 2 s outage that heals: the job carries on and finishes;
+#  7. through dist/netns_link.c's user-space link with delay, rate and loss: still bit for bit.
 # Needs root, network namespaces and mpirun: exits 77 (skipped) without them.
 # Usage: two_hosts.sh CGRAD MPIRUN
 set -uo pipefail
@@ -39,7 +43,7 @@ fail=0
 ok() { echo "ok: $1"; }
 bad() { echo "FAIL: $1"; fail=1; }
 digest() { "$bin" info "$1" | grep '^digest'; }
-two() { "$hosts" mpirun "$prefix" 2 -- "$bin" train "$@"; }
+two() { NETNS_GRACE=5 "$hosts" mpirun "$prefix" 2 -- "$bin" train "$@"; }
 wait_for() {
     local end=$((SECONDS + $2))
     while [ $SECONDS -lt $end ]; do eval "$1" && return 0; sleep 0.05; done
@@ -81,21 +85,57 @@ if wait_for 'grep -Eq " ([5-9]|[1-9][0-9]+)/100000" kill.out' 120; then
     else bad "the job still runs 30 s after the remote rank was killed"; fi
 else bad "no steps within 120 s: $(tail -c 400 kill.out)"; fi
 
-# 4. a partition longer than --dist-timeout
-two "${args[@]}" --steps 100000 --save-every 0 --dist-timeout 5 --checkpoint "$dir/p.ckpt" > part.out 2>&1 & mp=$!
+# 4. a partition longer than --dist-timeout: the ranks give up, and the launcher's watchdog
+# (netns_hosts.sh, NETNS_GRACE) ends mpirun and the remote daemon, which cannot reach each other
+two "${args[@]}" --steps 100000 --save-every 0 --dist-timeout 4 --checkpoint "$dir/p.ckpt" > part.out 2>&1 & mp=$!
 if wait_for 'grep -Eq " ([5-9]|[1-9][0-9]+)/100000" part.out' 120; then
     "$hosts" link "$prefix" 2 down
     t0=$SECONDS
-    # each rank gives up after its own --dist-timeout: rank 0 reports and the job must end
     if wait_for 'grep -q "no answer from the other ranks" part.out' 30; then
         ok "partition: the ranks gave up after $((SECONDS - t0)) s: $(grep -m1 -o 'no answer from the other ranks.*' part.out | cut -c1-120)"
     else bad "partition: no rank reported the timeout within 30 s: $(tail -c 400 part.out)"; fi
+    if wait_for '! kill -0 $mp 2>/dev/null' 40; then
+        wait "$mp"; rc=$?; mp=
+        [ $rc -eq 1 ] && ok "partition: the whole job ended in $((SECONDS - t0)) s with status 1" ||
+            bad "partition: the job ended with status $rc, not 1: $(tail -c 300 part.out)"
+        wait_for '[ -z "$(left)" ]' 10 && ok "partition: no process left on either host" || bad "partition: processes left: $(left)"
+    else bad "partition: the job still runs $((SECONDS - t0)) s into the partition"; fi
+else bad "no steps within 120 s: $(tail -c 400 part.out)"; fi
+"$hosts" link "$prefix" 2 up
+wait_for 'ip -n "${prefix}2" link show "${prefix}b2" | grep -q LOWER_UP' 10 && sleep 1
+
+# 5. a dead host: every process of host 2 killed at once (its daemon and its rank)
+two "${long[@]}" > host.out 2>&1 & mp=$!
+if wait_for 'grep -Eq " ([5-9]|[1-9][0-9]+)/100000" host.out' 120; then
+    t0=$SECONDS
+    for p in $(ip netns pids "${prefix}2"); do kill -KILL "$p" 2>/dev/null; done
     if wait_for '! kill -0 $mp 2>/dev/null' 30; then
         wait "$mp"; rc=$?; mp=
-        [ $rc -ne 0 ] && ok "partition: mpirun ended in $((SECONDS - t0)) s with status $rc" ||
-            bad "partition: mpirun ended with status 0"
-    else
-        echo "note: mpirun still runs $((SECONDS - t0)) s into the partition (it cannot reach the remote daemon); removed"
-    fi
-else bad "no steps within 120 s: $(tail -c 400 part.out)"; fi
+        [ $rc -ne 0 ] && ok "dead host: the job ended in $((SECONDS - t0)) s with status $rc" ||
+            bad "dead host: the job ended with status 0"
+        wait_for '[ -z "$(left)" ]' 10 && ok "dead host: no process left" || bad "dead host: processes left: $(left)"
+    else bad "dead host: the job still runs 30 s later"; fi
+else bad "no steps within 120 s: $(tail -c 1500 host.out)"; fi
+
+# 6. a short outage (2 s) heals: the job goes on and finishes
+two "${args[@]}" --steps 40 --save-every 0 --checkpoint "$dir/o.ckpt" > out.out 2>&1 & mp=$!
+if wait_for 'grep -Eq " ([5-9]|[1-9][0-9]+)/40" out.out' 120; then
+    "$hosts" link "$prefix" 2 down
+    sleep 2
+    "$hosts" link "$prefix" 2 up
+    if wait_for '! kill -0 $mp 2>/dev/null' 60; then
+        wait "$mp"; rc=$?; mp=
+        [ $rc -eq 0 ] && grep -q "final step=40" out.out && ok "a 2 s outage healed: the job finished its 40 steps" ||
+            bad "a 2 s outage: status $rc: $(tail -c 300 out.out)"
+    else bad "a 2 s outage: the job still runs 60 s later"; fi
+else bad "no steps within 120 s: $(tail -c 400 out.out)"; fi
+# 7. through the user-space link (netns_link: 1 ms, 200 Mbit/s, 2% of the packets lost): still exact
+link="$(dirname "$bin")/netns_link"
+if [ -x "$link" ]; then
+    NETNS_LINK=$link "$hosts" slow "$prefix" 2 1 200 0.02
+    two "${args[@]}" --steps 6 --save-every 0 --checkpoint "$dir/s.ckpt" > slow.out 2>&1 || cat slow.out
+    [ "$(digest s.ckpt)" = "$(digest one.ckpt)" ] && ok "through a 1 ms, 200 Mbit/s link losing 2% of the packets: still bit for bit" ||
+        bad "through the user-space link: $(digest s.ckpt) / $(digest one.ckpt): $(tail -c 300 slow.out)"
+    "$hosts" fast "$prefix" 2
+else echo "note: no netns_link next to $bin: the user-space link is not tested"; fi
 exit $fail
