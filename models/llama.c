@@ -141,8 +141,8 @@ static cg_tensor *heads_of(cg_graph *g, cg_tensor *x, const proj *p, cg_tensor *
     return !rope ? h : at ? cg_rope_at(g, h, at, rope) : cg_rope(g, h, past, rope);
 }
 
-static cg_tensor *llama_forward(cg_graph *g, const void *model, cg_tensor *ids, cg_kv_cache *cache) {
-    const cg_llama *m = model;
+/* The blocks and the final norm: the hidden states [B, T, hidden] the LM head reads. */
+static cg_tensor *llama_hidden(cg_graph *g, const cg_llama *m, cg_tensor *ids, cg_kv_cache *cache) {
     if (!m) {
         cg_set_error(CG_ERR_ARG, "[llama] model is NULL");
         return NULL;
@@ -179,10 +179,21 @@ static cg_tensor *llama_forward(cg_graph *g, const void *model, cg_tensor *ids, 
         x = cg_add(g, x, cg_dropout(g, cg_linear(g, f, b->down.w, b->down.b), p));
         if (cg_checkpoint_end(g)) return NULL;
     }
-    return cg_linear(g, cg_rmsnorm(g, x, m->norm, eps), m->head, NULL);
+    return cg_rmsnorm(g, x, m->norm, eps);
+}
+
+static cg_tensor *llama_forward(cg_graph *g, const void *model, cg_tensor *ids, cg_kv_cache *cache) {
+    const cg_llama *m = model;
+    cg_tensor *x = llama_hidden(g, m, ids, cache);
+    return x ? cg_linear(g, x, m->head, NULL) : NULL;
 }
 
 cg_tensor *cg_llama_logits(cg_graph *g, const cg_llama *m, cg_tensor *ids) { return llama_forward(g, m, ids, NULL); }
+
+cg_tensor *cg_llama_loss(cg_graph *g, const cg_llama *m, cg_tensor *ids, cg_tensor *targets, int ignore_index) {
+    cg_tensor *x = llama_hidden(g, m, ids, NULL);
+    return x ? cg_linear_cross_entropy(g, x, m->head, NULL, targets, ignore_index) : NULL;
+}
 
 cg_tensor *cg_llama_logits_cached(cg_graph *g, const cg_llama *m, cg_tensor *ids, cg_kv_cache *cache) {
     if (!cache) {

@@ -76,6 +76,9 @@ void cg_llama_free(cg_llama *m);
 const cg_llama_config *cg_llama_cfg(const cg_llama *m);
 /* Adds the model to g: int32 ids [B, T] -> logits [B, T, vocab]. */
 cg_tensor *cg_llama_logits(cg_graph *g, const cg_llama *m, cg_tensor *ids);
+/* The model with its LM head (tied or not) fused with the mean cross-entropy against targets [B, T]
+ * (ignore_index skipped): the scalar loss, computed in row chunks without materialising the logits. */
+cg_tensor *cg_llama_loss(cg_graph *g, const cg_llama *m, cg_tensor *ids, cg_tensor *targets, int ignore_index);
 /* cg_llama_logits for ids [1, T] at positions cache->len..: each layer reads the keys and values of
  * earlier positions from cache (allocated for num_hidden_layers x num_key_value_heads x head_dim)
  * and writes this step's after them; the caller adds T to cache->len after the forward. */

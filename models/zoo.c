@@ -325,6 +325,13 @@ cg_status cg_model_build(cg_graph *g, cg_model *m, int64_t batch, int64_t t, int
     case CG_ARCH_GPT2:
     case CG_ARCH_LLAMA: {
         cg_tensor *ids = add_input(g, o, "input_ids", 2, batch, t), *tg = add_input(g, o, "targets", 2, batch, t);
+        /* Training graphs fuse the LM head with its loss: the [B*T, vocab] logits and their gradient
+         * never exist whole (gpt-small: 2 x 206 MB), only a chunk of rows at a time. */
+        if (cg_graph_mode(g) == CG_TRAIN && !m->full_logits) {
+            o->loss = m->arch == CG_ARCH_LLAMA ? cg_llama_loss(g, m->impl, ids, tg, -100)
+                                               : cg_gpt_loss(g, m->impl, ids, tg, -100);
+            break;
+        }
         o->logits = m->arch == CG_ARCH_LLAMA ? cg_llama_logits(g, m->impl, ids) : cg_gpt_logits(g, m->impl, ids);
         o->loss = cg_cross_entropy(g, o->logits, tg, -100);
         break;

@@ -301,8 +301,8 @@ static double train_step(const char *arch, cg_model *m, cg_params *ps, bool full
     return loss;
 }
 
-/* BERT's and the encoder-decoder's training graphs fuse the LM head with its loss (BERT over the
- * labelled positions only): the loss and every gradient must still match PyTorch's full-logits
+/* BERT's, the encoder-decoder's, GPT-2's and LLaMA's training graphs fuse the LM head with its loss
+ * (BERT over the labelled positions only): the loss and every gradient must still match PyTorch's full-logits
  * computation, and the unfused head's to float rounding (the same sums, in another order). */
 static void fused_head(const char *arch) {
     cg_params *ps;
@@ -509,6 +509,8 @@ int main(void) {
     hf_partial_and_save();
     fused_head("bert");
     fused_head("encdec");
+    fused_head("gpt2");
+    fused_head("llama");
     step_checkpointing("gpt2");
     step_checkpointing("encdec");
     step_checkpointing("llama");
