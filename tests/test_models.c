@@ -278,16 +278,7 @@ static double train_step(const char *arch, cg_model *m, cg_params *ps, bool full
     cg_model_set_full_logits(m, full);
     cg_graph *g = cg_graph_new(CG_TRAIN);
     cg_model_graph mg;
-    if (s2s && !full) { /* fp32 training graphs keep the logits (models/zoo.c): the fused head by hand */
-        memset(&mg, 0, sizeof mg);
-        const char *names[4] = {"src", "src_mask", "tgt_in", "tgt_out"};
-        for (int i = 0; i < 4; i++) mg.inputs[i] = cg_input(g, names[i], CG_INT32, 2, i < 2 ? src : s);
-        mg.n_inputs = 4;
-        cg_retain(mg.loss = cg_encdec_loss(g, cg_model_encdec(m), mg.inputs[0], mg.inputs[1], mg.inputs[2],
-                                           mg.inputs[3], -100));
-        CHECK(mg.loss != NULL, "%s", cg_last_error());
-    } else
-        CHECK(cg_model_build(g, m, s[0], s[1], src[1], &mg) == CG_OK, "%s: %s", arch, cg_last_error());
+    CHECK(cg_model_build(g, m, s[0], s[1], src[1], &mg) == CG_OK, "%s: %s", arch, cg_last_error());
     *fused = mg.logits == NULL;
     for (int i = 0; i < mg.n_inputs; i++)
         cg_st_read_ids(batch, cg_name(mg.inputs[i]), cg_idata(mg.inputs[i]), cg_ndim(mg.inputs[i]), cg_shape(mg.inputs[i]));
@@ -317,11 +308,11 @@ static void fused_head(const char *arch) {
     bool fused, unfused;
     const double loss = train_step(arch, m, ps, false, fg, &fused), uloss = train_step(arch, m, ps, true, ug, &unfused);
     CHECK(fused && !unfused, "%s: fused head expected in training graphs, full logits when asked", arch);
-    if (!strcmp(arch, "encdec") && !cg_bf16_unavailable()) { /* the zoo fuses it in bf16 graphs only */
+    if (!cg_bf16_unavailable()) { /* and in bf16 graphs */
         cg_graph *g = cg_graph_new(CG_TRAIN);
         cg_model_graph mg;
         CHECK(g && !cg_graph_set_precision(g, CG_BF16) && !cg_model_build(g, m, 2, 8, 9, &mg) && !mg.logits,
-              "encdec: a bf16 training graph should fuse its head: %s", cg_last_error());
+              "%s: a bf16 training graph should fuse its head: %s", arch, cg_last_error());
         cg_graph_free(g);
     }
     cg_real loss_ref;
