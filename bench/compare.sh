@@ -18,7 +18,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${BUILD_DIR:-$root/build-bench}
 out=${OUT_DIR:-$(mktemp -d /tmp/cgrad-compare.XXXXXX)}
 steps=5 warmup=1 budgets=2 rounds=1 gen=1 precisions=fp32
-configs=gpt-tiny,gpt-small,bert-small,encdec-base,gpt-tiny-4k
+configs=gpt-tiny,gpt-small,bert-small,encdec-base,gpt-tiny-4k,llama-tiny
 while [ $# -gt 0 ]; do
   case $1 in
     --steps) steps=$2; shift 2 ;;

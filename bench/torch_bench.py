@@ -39,6 +39,9 @@ CONFIGS = {
     "bert-small": dict(arch="bert", vocab=30522, ctx=512, d=256, heads=4, layers=4, ff=1024, batch=16, t=128),
     "encdec-base": dict(arch="encdec", vocab=8000, d=512, heads=8, layers=3, ff=2048, batch=16, t=64, s=64),
     "gpt-tiny-4k": dict(arch="gpt2", vocab=256, ctx=4096, d=256, heads=4, layers=4, batch=1, t=4096),
+    # gpt-tiny as LLaMA, as cgrad bench's llama-tiny: SwiGLU width 688, 2 key/value heads, untied head
+    "llama-tiny": dict(arch="llama", vocab=256, ctx=256, d=256, heads=4, kv_heads=2, layers=4, ff=688, batch=16,
+                       t=256),
 }
 MLM_FULL = False  # --mlm-full: BERT's MLM head over every position, as Hugging Face computes it
 
@@ -73,7 +76,7 @@ def blis_arch_id(name):
 
 
 def models():
-    """The three model families, defined only in the child (import torch there)."""
+    """The model families, defined only in the child (import torch there)."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -194,6 +197,65 @@ def models():
 
         lookup_only = ("src_emb.weight", "tgt_emb.weight")
 
+    class LlamaBlock(nn.Module):
+        """LlamaDecoderLayer: RMSNorm, half-split rotary q and k, grouped-query heads, SwiGLU; no biases."""
+
+        def __init__(self, c):
+            super().__init__()
+            d, self.h, self.hk = c["d"], c["heads"], c["kv_heads"]
+            hd = d // self.h
+            self.q, self.o = nn.Linear(d, d, bias=False), nn.Linear(d, d, bias=False)
+            self.k, self.v = nn.Linear(d, self.hk * hd, bias=False), nn.Linear(d, self.hk * hd, bias=False)
+            self.gate, self.up = nn.Linear(d, c["ff"], bias=False), nn.Linear(d, c["ff"], bias=False)
+            self.down = nn.Linear(c["ff"], d, bias=False)
+            self.n1, self.n2 = nn.Parameter(torch.ones(d)), nn.Parameter(torch.ones(d))
+
+        @staticmethod
+        def rms(x, w):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+        def forward(self, x, cos, sin):
+            b, t, d = x.shape
+            hd = d // self.h
+            h = self.rms(x, self.n1)
+            q = self.q(h).view(b, t, self.h, hd).transpose(1, 2)
+            k = self.k(h).view(b, t, self.hk, hd).transpose(1, 2)
+            v = self.v(h).view(b, t, self.hk, hd).transpose(1, 2)
+            rot = lambda z: torch.cat([-z[..., hd // 2:], z[..., : hd // 2]], dim=-1)
+            q, k = q * cos + rot(q) * sin, k * cos + rot(k) * sin
+            k, v = (z.repeat_interleave(self.h // self.hk, dim=1) for z in (k, v))
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
+            att = att.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf"))
+            x = x + self.o((F.softmax(att, dim=-1) @ v).transpose(1, 2).reshape(b, t, d))
+            h = self.rms(x, self.n2)
+            return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+    class Llama(nn.Module):
+        """LlamaForCausalLM: token embedding, the blocks, final RMSNorm, an untied LM head."""
+
+        def __init__(self, c):
+            super().__init__()
+            self.embed = nn.Embedding(c["vocab"], c["d"])
+            self.layers = nn.ModuleList(LlamaBlock(c) for _ in range(c["layers"]))
+            self.norm = nn.Parameter(torch.ones(c["d"]))
+            self.head = nn.Linear(c["d"], c["vocab"], bias=False)
+            hd = c["d"] // c["heads"]
+            inv = 1.0 / (10000.0 ** (torch.arange(0, hd, 2).float() / hd))
+            ang = torch.outer(torch.arange(c["ctx"]).float(), inv)
+            self.register_buffer("cos", torch.cat([ang, ang], dim=-1).cos())
+            self.register_buffer("sin", torch.cat([ang, ang], dim=-1).sin())
+
+        def loss(self, batch):
+            ids = batch["input_ids"]
+            t = ids.shape[1]
+            x = self.embed(ids)
+            for layer in self.layers:
+                x = layer(x, self.cos[:t], self.sin[:t])
+            logits = self.head(LlamaBlock.rms(x, self.norm))
+            return F.cross_entropy(logits.view(-1, logits.shape[-1]), batch["targets"].view(-1))
+
+        lookup_only = ("embed.weight",)
+
     def init_02(module):
         """GPT-2 / BERT initialisation: normal(0, 0.02) matrices and tables, zero biases."""
         for m in module.modules():
@@ -206,14 +268,15 @@ def models():
                 nn.init.zeros_(m.in_proj_bias)
         return module
 
-    return {"gpt2": lambda c: init_02(GPT(c)), "bert": lambda c: init_02(BERT(c)), "encdec": EncDec}
+    return {"gpt2": lambda c: init_02(GPT(c)), "bert": lambda c: init_02(BERT(c)), "encdec": EncDec,
+            "llama": lambda c: init_02(Llama(c))}
 
 
 def make_batch(c, g):
     import torch
     B, T, V = c["batch"], c["t"], c["vocab"]
     r = lambda lo, hi, shape: torch.randint(lo, hi, shape, generator=g)
-    if c["arch"] == "gpt2":
+    if c["arch"] in ("gpt2", "llama"):
         return {"input_ids": r(0, V, (B, T)), "targets": r(0, V, (B, T))}
     if c["arch"] == "bert":
         labels = torch.where(torch.rand(B, T, generator=g) < 0.15, r(0, V, (B, T)), torch.full((B, T), -100))

@@ -117,8 +117,8 @@ static cg_tensor *conv1d(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *b) 
     return cg_linear(g, x, cg_transpose(g, w, 0, 1), b);
 }
 
-static cg_tensor *gpt_forward(cg_graph *g, const void *model, cg_tensor *ids, cg_kv_cache *cache) {
-    const cg_gpt *m = model;
+/* The blocks and the final layer norm: the hidden states [B, T, d] the LM head reads. */
+static cg_tensor *gpt_hidden(cg_graph *g, const cg_gpt *m, cg_tensor *ids, cg_kv_cache *cache) {
     if (!m) {
         cg_set_error(CG_ERR_ARG, "[gpt] model is NULL");
         return NULL;
@@ -152,11 +152,21 @@ static cg_tensor *gpt_forward(cg_graph *g, const void *model, cg_tensor *ids, cg
         x = cg_add(g, x, cg_dropout(g, conv1d(g, f, b->fc2_w, b->fc2_b), p));
         if (cg_checkpoint_end(g)) return NULL;
     }
-    x = cg_layernorm(g, x, m->lnf_w, m->lnf_b, eps);
-    return cg_linear(g, x, m->wte, NULL); /* the LM head is the token embedding, tied */
+    return cg_layernorm(g, x, m->lnf_w, m->lnf_b, eps);
+}
+
+static cg_tensor *gpt_forward(cg_graph *g, const void *model, cg_tensor *ids, cg_kv_cache *cache) {
+    const cg_gpt *m = model;
+    cg_tensor *x = gpt_hidden(g, m, ids, cache);
+    return x ? cg_linear(g, x, m->wte, NULL) : NULL; /* the LM head is the token embedding, tied */
 }
 
 cg_tensor *cg_gpt_logits(cg_graph *g, const cg_gpt *m, cg_tensor *ids) { return gpt_forward(g, m, ids, NULL); }
+
+cg_tensor *cg_gpt_loss(cg_graph *g, const cg_gpt *m, cg_tensor *ids, cg_tensor *targets, int ignore_index) {
+    cg_tensor *x = gpt_hidden(g, m, ids, NULL);
+    return x ? cg_linear_cross_entropy(g, x, m->wte, NULL, targets, ignore_index) : NULL;
+}
 
 cg_tensor *cg_gpt_logits_cached(cg_graph *g, const cg_gpt *m, cg_tensor *ids, cg_kv_cache *cache) {
     if (!cache) {

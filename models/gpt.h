@@ -37,6 +37,9 @@ void cg_gpt_free(cg_gpt *m);
 const cg_gpt_config *cg_gpt_cfg(const cg_gpt *m);
 /* Adds the model to g: int32 ids [B, T] -> logits [B, T, vocab]. */
 cg_tensor *cg_gpt_logits(cg_graph *g, const cg_gpt *m, cg_tensor *ids);
+/* The model with its tied LM head fused with the mean cross-entropy against targets [B, T]
+ * (ignore_index skipped): the scalar loss, computed in row chunks without materialising the logits. */
+cg_tensor *cg_gpt_loss(cg_graph *g, const cg_gpt *m, cg_tensor *ids, cg_tensor *targets, int ignore_index);
 /* cg_gpt_logits for ids [1, T] at positions cache->len.. through cache (see cg_kv_cache); with
  * cache->past set, one token at the position read from it at each run (a replayed decode graph). */
 cg_tensor *cg_gpt_logits_cached(cg_graph *g, const cg_gpt *m, cg_tensor *ids, cg_kv_cache *cache);

@@ -165,9 +165,10 @@ static cg_tensor *heads_of(cg_graph *g, cg_tensor *x, const proj *p, cg_tensor *
     return !rope ? h : at ? cg_rope_at(g, h, at, rope) : cg_rope(g, h, past, rope);
 }
 
-/* The model on ids; a Mixtral's router logits go to router_logits[num_hidden_layers] when it is set. */
-static cg_tensor *llama_forward_ex(cg_graph *g, const cg_llama *m, cg_tensor *ids, cg_kv_cache *cache,
-                                   cg_tensor **router_logits) {
+/* The blocks and the final norm: the hidden states [B, T, hidden] the LM head reads; a Mixtral's
+ * router logits go to router_logits[num_hidden_layers] when it is set. */
+static cg_tensor *llama_hidden(cg_graph *g, const cg_llama *m, cg_tensor *ids, cg_kv_cache *cache,
+                               cg_tensor **router_logits) {
     if (!m) {
         cg_set_error(CG_ERR_ARG, "[llama] model is NULL");
         return NULL;
@@ -207,28 +208,50 @@ static cg_tensor *llama_forward_ex(cg_graph *g, const cg_llama *m, cg_tensor *id
         x = cg_add(g, x, cg_dropout(g, ffn, p));
         if (cg_checkpoint_end(g)) return NULL;
     }
-    return cg_linear(g, cg_rmsnorm(g, x, m->norm, eps), m->head, NULL);
+    return cg_rmsnorm(g, x, m->norm, eps);
 }
 
 static cg_tensor *llama_forward(cg_graph *g, const void *model, cg_tensor *ids, cg_kv_cache *cache) {
-    return llama_forward_ex(g, model, ids, cache, NULL);
+    const cg_llama *m = model;
+    cg_tensor *x = llama_hidden(g, m, ids, cache, NULL);
+    return x ? cg_linear(g, x, m->head, NULL) : NULL;
 }
 
-cg_tensor *cg_llama_logits(cg_graph *g, const cg_llama *m, cg_tensor *ids) { return llama_forward(g, m, ids, NULL); }
-
-cg_tensor *cg_llama_logits_aux(cg_graph *g, const cg_llama *m, cg_tensor *ids, cg_tensor **aux_loss) {
-    if (aux_loss) *aux_loss = NULL;
-    if (!m || !aux_loss || m->cfg.num_local_experts <= 0) return llama_forward(g, m, ids, NULL);
+/* llama_hidden, and for a Mixtral *aux_loss = the load-balancing loss over its layers' router logits
+ * (NULL for a dense model). */
+static cg_tensor *llama_hidden_aux(cg_graph *g, const cg_llama *m, cg_tensor *ids, cg_tensor **aux_loss) {
+    *aux_loss = NULL;
+    if (!m || m->cfg.num_local_experts <= 0) return llama_hidden(g, m, ids, NULL, NULL);
     const int64_t n = m->cfg.num_hidden_layers;
     cg_tensor **router = calloc((size_t)n, sizeof *router); /* build time only */
     if (!router) {
         cg_set_error(CG_ERR_NOMEM, "[llama] out of memory");
         return NULL;
     }
-    cg_tensor *logits = llama_forward_ex(g, m, ids, NULL, router);
-    if (logits) *aux_loss = cg_moe_load_balancing_loss(g, (int)n, router, m->cfg.num_experts_per_tok);
+    cg_tensor *x = llama_hidden(g, m, ids, NULL, router);
+    if (x) *aux_loss = cg_moe_load_balancing_loss(g, (int)n, router, m->cfg.num_experts_per_tok);
     free(router);
-    return logits && *aux_loss ? logits : NULL;
+    return x && *aux_loss ? x : NULL;
+}
+
+cg_tensor *cg_llama_logits(cg_graph *g, const cg_llama *m, cg_tensor *ids) { return llama_forward(g, m, ids, NULL); }
+
+cg_tensor *cg_llama_logits_aux(cg_graph *g, const cg_llama *m, cg_tensor *ids, cg_tensor **aux_loss) {
+    if (!aux_loss) return llama_forward(g, m, ids, NULL);
+    cg_tensor *x = llama_hidden_aux(g, m, ids, aux_loss);
+    return x ? cg_linear(g, x, m->head, NULL) : NULL;
+}
+
+cg_tensor *cg_llama_loss(cg_graph *g, const cg_llama *m, cg_tensor *ids, cg_tensor *targets, int ignore_index) {
+    cg_tensor *aux;
+    cg_tensor *x = llama_hidden_aux(g, m, ids, &aux);
+    cg_tensor *loss = x ? cg_linear_cross_entropy(g, x, m->head, NULL, targets, ignore_index) : NULL;
+    return cg_llama_add_aux_loss(g, m, loss, aux);
+}
+
+cg_tensor *cg_llama_add_aux_loss(cg_graph *g, const cg_llama *m, cg_tensor *loss, cg_tensor *aux_loss) {
+    if (!loss || !aux_loss || !m->cfg.output_router_logits) return loss; /* as MixtralForCausalLM */
+    return cg_add(g, loss, cg_scale(g, aux_loss, m->cfg.router_aux_loss_coef));
 }
 
 cg_tensor *cg_llama_logits_cached(cg_graph *g, const cg_llama *m, cg_tensor *ids, cg_kv_cache *cache) {

@@ -87,6 +87,13 @@ cg_tensor *cg_llama_logits(cg_graph *g, const cg_llama *m, cg_tensor *ids);
 /* cg_llama_logits, and for a Mixtral *aux_loss (may be NULL) = the load-balancing loss over its layers'
  * router logits (cg_moe_load_balancing_loss, not yet scaled by router_aux_loss_coef); NULL for a dense model. */
 cg_tensor *cg_llama_logits_aux(cg_graph *g, const cg_llama *m, cg_tensor *ids, cg_tensor **aux_loss);
+/* The model with its LM head (tied or not) fused with the mean cross-entropy against targets [B, T]
+ * (ignore_index skipped): the scalar loss, computed in row chunks without materialising the logits.
+ * A Mixtral that outputs its router logits adds router_aux_loss_coef x its load-balancing loss, as
+ * MixtralForCausalLM's loss does. */
+cg_tensor *cg_llama_loss(cg_graph *g, const cg_llama *m, cg_tensor *ids, cg_tensor *targets, int ignore_index);
+/* loss + router_aux_loss_coef x aux_loss when the model outputs its router logits, else loss (NULL stays NULL). */
+cg_tensor *cg_llama_add_aux_loss(cg_graph *g, const cg_llama *m, cg_tensor *loss, cg_tensor *aux_loss);
 /* cg_llama_logits for ids [1, T] at positions cache->len..: each layer reads the keys and values of
  * earlier positions from cache (allocated for num_hidden_layers x num_key_value_heads x head_dim)
  * and writes this step's after them; the caller adds T to cache->len after the forward. */

@@ -356,12 +356,17 @@ cg_status cg_model_build(cg_graph *g, cg_model *m, int64_t batch, int64_t t, int
     case CG_ARCH_GPT2:
     case CG_ARCH_LLAMA: {
         cg_tensor *ids = add_input(g, o, "input_ids", 2, batch, t), *tg = add_input(g, o, "targets", 2, batch, t);
+        /* Training graphs fuse the LM head with its loss: the [B*T, vocab] logits and their gradient
+         * never exist whole (gpt-small: 2 x 206 MB), only a chunk of rows at a time. */
+        if (cg_graph_mode(g) == CG_TRAIN && !m->full_logits) {
+            o->loss = m->arch == CG_ARCH_LLAMA ? cg_llama_loss(g, m->impl, ids, tg, -100)
+                                               : cg_gpt_loss(g, m->impl, ids, tg, -100);
+            break;
+        }
         cg_tensor *aux = NULL; /* Mixtral's load-balancing loss */
         o->logits = m->arch == CG_ARCH_LLAMA ? cg_llama_logits_aux(g, m->impl, ids, &aux) : cg_gpt_logits(g, m->impl, ids);
         o->loss = cg_cross_entropy(g, o->logits, tg, -100);
-        const cg_llama_config *lc = m->arch == CG_ARCH_LLAMA ? cg_llama_cfg(m->impl) : NULL;
-        if (aux && lc->output_router_logits) /* as MixtralForCausalLM: added only when it outputs router logits */
-            o->loss = cg_add(g, o->loss, cg_scale(g, aux, lc->router_aux_loss_coef));
+        if (m->arch == CG_ARCH_LLAMA) o->loss = cg_llama_add_aux_loss(g, m->impl, o->loss, aux);
         break;
     }
     case CG_ARCH_BERT: {
@@ -387,11 +392,9 @@ cg_status cg_model_build(cg_graph *g, cg_model *m, int64_t batch, int64_t t, int
     case CG_ARCH_ENCDEC: {
         cg_tensor *src = add_input(g, o, "src", 2, batch, s), *sm = add_input(g, o, "src_mask", 2, batch, s),
                   *ti = add_input(g, o, "tgt_in", 2, batch, t), *to = add_input(g, o, "tgt_out", 2, batch, t);
-        /* bf16 training graphs fuse the generator with the loss: no [B*T, vocab] logits beside their
-         * gradient (encdec-base: 33 MB; peak RSS 820 -> 801 MB) for ~3% of the step, its logits
-         * recomputed in backward. fp32 graphs keep the full logits: there the recompute cost ~8% of
-         * the step for 14 MB. */
-        if (cg_graph_mode(g) == CG_TRAIN && !m->full_logits && cg_graph_precision(g) == CG_BF16)
+        /* Training graphs fuse the generator with the loss: no [B*T, vocab] logits (encdec-base:
+         * 33 MB), a chunk of rows at a time, recomputed in backward but for the last. */
+        if (cg_graph_mode(g) == CG_TRAIN && !m->full_logits)
             o->loss = cg_encdec_loss(g, m->impl, src, sm, ti, to, -100);
         else o->loss = cg_cross_entropy(g, o->logits = cg_encdec_logits(g, m->impl, src, sm, ti), to, -100);
         break;

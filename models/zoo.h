@@ -100,7 +100,7 @@ cg_status cg_model_save(cg_model *m, const char *path);
  * labels; vit and cnn pixel_values (real [B, C, H, W]), labels) and the outputs. */
 typedef struct {
     cg_tensor *loss;       /* the scalar to train on */
-    cg_tensor *logits;     /* the model's output logits */
+    cg_tensor *logits;     /* the model's output logits (NULL where the head is fused with the loss) */
     cg_tensor *mlm_loss;   /* bert only: the masked-LM part of loss */
     cg_tensor *nsp_loss;   /* bert only: the next-sentence part of loss */
     cg_tensor *nsp_logits; /* bert only: next-sentence logits [B, 2] */
@@ -108,8 +108,9 @@ typedef struct {
     cg_tensor *inputs[5];  /* the batch inputs, in the order listed above */
 } cg_model_graph;
 
-/* Training graphs fuse BERT's masked-LM head with its loss over the labelled positions only
- * (logits NULL); on gives every position's logits instead, as `cgrad step` needs. */
+/* Training graphs fuse the LM head with its loss, in row chunks (logits NULL): GPT-2's and LLaMA's
+ * over every position, BERT's masked-LM head over the labelled positions only; on gives every
+ * position's logits instead, as `cgrad step` needs. */
 void cg_model_set_full_logits(cg_model *m, bool on);
 /* Adds inputs and loss to g for batch rows of t tokens (encdec: t target, s source tokens; images:
  * t and s unused). The

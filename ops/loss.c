@@ -140,6 +140,8 @@ CGI_WIDE void cgi_bwd_cross_entropy(cg_tensor *t) {
  * head (307 rows, 256 x 30522): fwd 49 -> TBD ms, bwd 79 -> TBD ms. ---- */
 
 #define LCE_ROWS 512
+#define LCE_CHUNK_BYTES ((int64_t)8 << 20)
+#define LCE_CHEAP_D 512
 enum {
     LCE_SLAB = 256,   /* columns per slab at most: backward's slab of dlogits and its two packs stay in L2 */
     LCE_GROUPS = 8    /* dX partial sums: work units two threads share without waiting */
@@ -157,12 +159,27 @@ typedef struct {
     size_t aux_reals, bwd_reals;
 } lce_params;
 
-/* Rows per chunk for n counted rows, at most iarg[3]: LCE_ROWS, or half of it in a bf16 graph
+/* Rows per chunk for n counted rows, at most iarg[3] (lce_rows_limit; half of LCE_ROWS in a graph
  * made bf16 before this op was built, where the float logits chunk is the largest buffer alive at
- * the peak (bert-small: 31 MB of 62) and the products are not faster for thicker chunks. */
+ * the peak and the products are not faster for thicker chunks). */
 static int64_t lce_step(const cg_tensor *t, int64_t n) {
     const int64_t lim = t->iarg[3], chunks = (n + lim - 1) / lim;
     return chunks <= 1 ? n : (n + chunks - 1) / chunks;
+}
+
+/* Rows per chunk at most for d features and a vocabulary of v: LCE_ROWS, fewer where a chunk's float
+ * logits would pass LCE_CHUNK_BYTES, not fewer than LCE_ROWS / 2 (each chunk but the last is
+ * recomputed in backward, and thinner products run slower); LCE_ROWS / 2 in a bf16 graph. A
+ * recomputed logit costs 2d flops, so only heads of d <= LCE_CHEAP_D trade it for memory: gpt-small's
+ * head (d 768, 1024 rows) took 1360 ms of CPU fused in 512-row chunks, 1488 in 256, against 1141-1185
+ * unfused (bench_head, one thread), for 51 MiB of its 2.7 GiB peak. The chunk's logits and backward's
+ * dX partials are the largest buffers alive at the loss: in 512 rows bert-small's head (30522
+ * classes) held 62.5 MB of logits, encdec-base's (8000) 16.4 MB of logits and 8.4 MB of partials. */
+static int64_t lce_rows_limit(bool bf16, int64_t d, int64_t v) {
+    if (bf16) return LCE_ROWS / 2;
+    if (d > LCE_CHEAP_D) return LCE_ROWS;
+    const int64_t fit = v > 0 ? LCE_CHUNK_BYTES / (v * (int64_t)sizeof(cg_real)) / 16 * 16 : LCE_ROWS;
+    return fit > LCE_ROWS ? LCE_ROWS : fit < LCE_ROWS / 2 ? LCE_ROWS / 2 : fit;
 }
 
 /* Slabs of at most `most` columns over v: balanced, whole 32-column tiles. */
@@ -216,7 +233,7 @@ cg_tensor *cg_linear_cross_entropy(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_t
     in[0] = cg_contiguous(g, x);
     if (!in[0]) return NULL;
     const int64_t rows = cgi_numel(targets->ndim, targets->shape), v = w->shape[0];
-    const int64_t lim = g->precision == CG_BF16 ? LCE_ROWS / 2 : LCE_ROWS, cap = rows < lim ? rows : lim;
+    const int64_t lim = lce_rows_limit(g->precision == CG_BF16, d, v), cap = rows < lim ? rows : lim;
     lce_params *p = NULL;
     if (g->precision != CG_BF16 && d > 0 && v > 0 && cap > 0) {
         if (!(p = cgi_node_params(g, "linear_cross_entropy", sizeof *p))) return NULL;

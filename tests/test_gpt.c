@@ -16,7 +16,9 @@ static cg_gpt_config tiny(void) {
     return c;
 }
 
-static void test_gradcheck(void) {
+/* fused: the tied head fused with its loss (cg_gpt_loss), else cross_entropy over the full logits.
+ * Returns every parameter's gradient from one more backward (malloc'd, *span reals). */
+static cg_real *test_gradcheck(bool fused, int64_t *span) {
     cg_gpt_config c = tiny();
     c.n_embd = 8;
     c.n_head = 2;
@@ -39,7 +41,7 @@ static void test_gradcheck(void) {
         cg_idata(ids)[i] = (i * 7 + 3) % 13;
         cg_idata(tg)[i] = i == 4 ? -100 : (i * 5 + 1) % 13;
     }
-    cg_tensor *loss = cg_cross_entropy(g, cg_gpt_logits(g, m, ids), tg, -100);
+    cg_tensor *loss = fused ? cg_gpt_loss(g, m, ids, tg, -100) : cg_cross_entropy(g, cg_gpt_logits(g, m, ids), tg, -100);
     CHECK(loss != NULL, "%s", cg_last_error());
     const char *names[4] = {"wte.weight", "h.0.attn.c_attn.weight", "h.0.mlp.c_fc.bias", "ln_f.weight"};
     cg_tensor *in[4];
@@ -48,11 +50,35 @@ static void test_gradcheck(void) {
     cg_status st = cg_gradcheck(g, loss, 4, in, 0, res);
     CHECK(st == CG_OK, "%s", cg_last_error());
     for (int i = 0; i < 4 && st == CG_OK; i++)
-        CHECK(res[i].max_rel_err <= CG_GRADCHECK_TOL, "%s: rel err %g abs %g", names[i], res[i].max_rel_err,
-              res[i].max_abs_err);
+        CHECK(res[i].max_rel_err <= CG_GRADCHECK_TOL, "%s%s: rel err %g abs %g", fused ? "fused head, " : "", names[i],
+              res[i].max_rel_err, res[i].max_abs_err);
+    *span = cg_params_span(ps);
+    cg_real *grads = malloc((size_t)*span * sizeof *grads);
+    cg_params_zero_grad(ps);
+    CHECK(grads && cg_graph_forward(g) == CG_OK && cg_graph_backward(g, loss) == CG_OK, "%s", cg_last_error());
+    if (grads) memcpy(grads, cg_params_grads(ps), (size_t)*span * sizeof *grads);
     cg_graph_free(g);
     cg_gpt_free(m);
     cg_params_free(ps);
+    return grads;
+}
+
+/* The fused head against the full logits: each passes the finite differences, and their gradients
+ * agree to rounding (the same sums in another order; the tied wte gets both the head's and the
+ * embedding's share). */
+static void test_fused_head(void) {
+    int64_t n0, n1;
+    cg_real *unfused = test_gradcheck(false, &n0), *fused = test_gradcheck(true, &n1);
+    CHECK(n0 == n1 && unfused && fused, "same parameters");
+    double d2 = 0, r2 = 0;
+    for (int64_t i = 0; i < n0 && n0 == n1 && unfused && fused; i++) {
+        const double d = (double)fused[i] - (double)unfused[i];
+        d2 += d * d, r2 += (double)unfused[i] * unfused[i];
+    }
+    const double tol = sizeof(cg_real) == sizeof(double) ? 1e-13 : 1e-6;
+    CHECK(r2 > 0 && sqrt(d2 / r2) <= tol, "fused head's gradients against the full logits': relative %g", sqrt(d2 / r2));
+    free(unfused);
+    free(fused);
 }
 
 /* cg_gpt_generate through the shared decoder check's signature. */
@@ -242,7 +268,7 @@ static void test_learns(void) {
 }
 
 int main(void) {
-    test_gradcheck();
+    test_fused_head();
     test_cache();
     test_decode_replay(40, 5);
     test_decode_replay(272, 250);

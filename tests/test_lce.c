@@ -138,6 +138,8 @@ int main(void) {
     compare("one counted row", (lce_case){50, 16, 600, true, false, false, 1, 0});
     compare("every row ignored", (lce_case){50, 16, 600, true, false, false, 0, 0});
     compare("513 counted rows: 2 chunks of 257 and 256", (lce_case){513, 16, 300, true, false, false, 513, 0});
+    /* a wide vocabulary: 512 rows of float logits would pass 8 MiB, so chunks of at most 416 rows */
+    compare("600 rows x 5000 classes: 2 chunks under 8 MiB of logits", (lce_case){600, 16, 5000, true, false, false, -1, 0});
     same_bits("1100 rows x 1000 classes", (lce_case){1100, 40, 1000, true, false, false, -1, 0});
     same_bits("300 rows x 2000 classes, one chunk", (lce_case){300, 64, 2000, true, false, false, -1, 0});
     lazy_zero(100, 600);

@@ -35,8 +35,12 @@ static void spread(cg_params *ps, uint64_t seed, double std) {
     }
 }
 
-static void test_gradcheck(void) {
+/* fused: the head fused with its loss (cg_llama_loss), else cross_entropy over the full logits;
+ * tied: the head is the token embedding. Returns every parameter's gradient from one more backward
+ * (malloc'd, *span reals). */
+static cg_real *test_gradcheck(bool fused, bool tied, int64_t *span) {
     cg_llama_config c = tiny();
+    c.tie_word_embeddings = tied;
     c.hidden_size = 8, c.intermediate_size = 12, c.num_hidden_layers = 1;
     c.rope.llama3_factor = 4, c.rope.llama3_low_freq_factor = 1, c.rope.llama3_high_freq_factor = 4;
     c.rope.llama3_original_context = 8;
@@ -54,28 +58,55 @@ static void test_gradcheck(void) {
         cg_idata(ids)[i] = (i * 7 + 3) % 13;
         cg_idata(tg)[i] = i == 4 ? -100 : (i * 5 + 1) % 13;
     }
-    cg_tensor *loss = cg_cross_entropy(g, cg_llama_logits(g, m, ids), tg, -100);
+    cg_tensor *loss = fused ? cg_llama_loss(g, m, ids, tg, -100) : cg_cross_entropy(g, cg_llama_logits(g, m, ids), tg, -100);
     CHECK(loss != NULL, "%s", cg_last_error());
     const char *names[6] = {"model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
                             "model.layers.0.self_attn.k_proj.weight", "model.layers.0.mlp.gate_proj.weight",
                             "model.layers.0.input_layernorm.weight", "lm_head.weight"};
+    const int nin = tied ? 5 : 6; /* tied: no lm_head.weight */
     cg_tensor *in[6];
-    for (int i = 0; i < 6; i++) in[i] = cg_params_find(ps, names[i]);
+    for (int i = 0; i < nin; i++) in[i] = cg_params_find(ps, names[i]);
     cg_gradcheck_result res[6];
-    cg_status st = cg_gradcheck(g, loss, 6, in, 0, res);
+    cg_status st = cg_gradcheck(g, loss, nin, in, 0, res);
     CHECK(st == CG_OK, "%s", cg_last_error());
     /* elementwise |analytic - numeric| <= atol + rtol |numeric| (float32's central differences
      * carry an O(eps^2) truncation error that a max relative error over tiny entries magnifies) */
-    for (int i = 0; i < 6 && st == CG_OK; i++)
+    for (int i = 0; i < nin && st == CG_OK; i++)
         CHECK(res[i].pass, "%s: rel err %g abs %g; worst element %lld analytic %g numeric %g", names[i],
               res[i].max_rel_err, res[i].max_abs_err, (long long)res[i].worst, res[i].analytic, res[i].numeric);
 #ifdef CGRAD_DOUBLE
-    for (int i = 0; i < 6 && st == CG_OK; i++)
+    for (int i = 0; i < nin && st == CG_OK; i++)
         CHECK(res[i].max_rel_err <= CG_GRADCHECK_TOL, "%s: rel err %g", names[i], res[i].max_rel_err);
 #endif
+    *span = cg_params_span(ps);
+    cg_real *grads = malloc((size_t)*span * sizeof *grads);
+    cg_params_zero_grad(ps);
+    CHECK(grads && cg_graph_forward(g) == CG_OK && cg_graph_backward(g, loss) == CG_OK, "%s", cg_last_error());
+    if (grads) memcpy(grads, cg_params_grads(ps), (size_t)*span * sizeof *grads);
     cg_graph_free(g);
     cg_llama_free(m);
     cg_params_free(ps);
+    return grads;
+}
+
+/* The fused head against the full logits, with its own lm_head and tied to the embedding: each passes
+ * the finite differences, and their gradients agree to rounding (the same sums in another order). */
+static void test_fused_head(void) {
+    for (int tied = 0; tied < 2; tied++) {
+        int64_t n0, n1;
+        cg_real *unfused = test_gradcheck(false, tied, &n0), *fused = test_gradcheck(true, tied, &n1);
+        CHECK(n0 == n1 && unfused && fused, "same parameters");
+        double d2 = 0, r2 = 0;
+        for (int64_t i = 0; i < n0 && n0 == n1 && unfused && fused; i++) {
+            const double d = (double)fused[i] - (double)unfused[i];
+            d2 += d * d, r2 += (double)unfused[i] * unfused[i];
+        }
+        const double tol = sizeof(cg_real) == sizeof(double) ? 1e-13 : 1e-6;
+        CHECK(r2 > 0 && sqrt(d2 / r2) <= tol, "fused head (%s) against the full logits: relative %g",
+              tied ? "tied" : "own lm_head", sqrt(d2 / r2));
+        free(unfused);
+        free(fused);
+    }
 }
 
 /* Feeding a prompt of 4 and then one token at a time through the cache gives, at every position,
@@ -300,7 +331,7 @@ static void test_config(void) {
 }
 
 int main(void) {
-    test_gradcheck();
+    test_fused_head();
     test_cache_logits();
     test_decode_replay(40, 5);
     test_decode_replay(272, 250);

@@ -265,16 +265,7 @@ static double train_step(const char *arch, cg_model *m, cg_params *ps, bool full
     cg_model_set_full_logits(m, full);
     cg_graph *g = cg_graph_new(CG_TRAIN);
     cg_model_graph mg;
-    if (s2s && !full) { /* fp32 training graphs keep the logits (models/zoo.c): the fused head by hand */
-        memset(&mg, 0, sizeof mg);
-        const char *names[4] = {"src", "src_mask", "tgt_in", "tgt_out"};
-        for (int i = 0; i < 4; i++) mg.inputs[i] = cg_input(g, names[i], CG_INT32, 2, i < 2 ? src : s);
-        mg.n_inputs = 4;
-        cg_retain(mg.loss = cg_encdec_loss(g, cg_model_encdec(m), mg.inputs[0], mg.inputs[1], mg.inputs[2],
-                                           mg.inputs[3], -100));
-        CHECK(mg.loss != NULL, "%s", cg_last_error());
-    } else
-        CHECK(cg_model_build(g, m, s[0], s[1], src[1], &mg) == CG_OK, "%s: %s", arch, cg_last_error());
+    CHECK(cg_model_build(g, m, s[0], s[1], src[1], &mg) == CG_OK, "%s: %s", arch, cg_last_error());
     *fused = mg.logits == NULL;
     for (int i = 0; i < mg.n_inputs; i++)
         cg_st_read_ids(batch, cg_name(mg.inputs[i]), cg_idata(mg.inputs[i]), cg_ndim(mg.inputs[i]), cg_shape(mg.inputs[i]));
@@ -288,8 +279,8 @@ static double train_step(const char *arch, cg_model *m, cg_params *ps, bool full
     return loss;
 }
 
-/* BERT's and the encoder-decoder's training graphs fuse the LM head with its loss (BERT over the
- * labelled positions only): the loss and every gradient must still match PyTorch's full-logits
+/* BERT's, the encoder-decoder's, GPT-2's and LLaMA's training graphs fuse the LM head with its loss
+ * (BERT over the labelled positions only): the loss and every gradient must still match PyTorch's full-logits
  * computation, and the unfused head's to float rounding (the same sums, in another order). */
 static void fused_head(const char *arch) {
     cg_params *ps;
@@ -304,11 +295,11 @@ static void fused_head(const char *arch) {
     bool fused, unfused;
     const double loss = train_step(arch, m, ps, false, fg, &fused), uloss = train_step(arch, m, ps, true, ug, &unfused);
     CHECK(fused && !unfused, "%s: fused head expected in training graphs, full logits when asked", arch);
-    if (!strcmp(arch, "encdec") && !cg_bf16_unavailable()) { /* the zoo fuses it in bf16 graphs only */
+    if (!cg_bf16_unavailable()) { /* and in bf16 graphs */
         cg_graph *g = cg_graph_new(CG_TRAIN);
         cg_model_graph mg;
         CHECK(g && !cg_graph_set_precision(g, CG_BF16) && !cg_model_build(g, m, 2, 8, 9, &mg) && !mg.logits,
-              "encdec: a bf16 training graph should fuse its head: %s", cg_last_error());
+              "%s: a bf16 training graph should fuse its head: %s", arch, cg_last_error());
         cg_graph_free(g);
     }
     cg_real loss_ref;
@@ -496,6 +487,8 @@ int main(void) {
     hf_partial_and_save();
     fused_head("bert");
     fused_head("encdec");
+    fused_head("gpt2");
+    fused_head("llama");
     step_checkpointing("gpt2");
     step_checkpointing("encdec");
     step_checkpointing("llama");
