@@ -150,15 +150,19 @@ static void parity(const char *arch) {
     unlink(out);
 }
 
+/* The zoo architecture of a fixture directory: its name, or LLaMA's for the LLaMA-style families. */
+static cg_arch arch_of(const char *fixture) {
+    cg_arch a;
+    return cg_arch_parse(fixture, &a) == CG_OK ? a : CG_ARCH_LLAMA;
+}
+
 static cg_model *load_model(const char *arch, const char *weights_file, cg_params **ps, cg_status *st) {
     char cfgp[512], wp[512];
     snprintf(cfgp, sizeof cfgp, FIX "%s/config.json", arch);
     snprintf(wp, sizeof wp, FIX "%s/%s", arch, weights_file);
-    cg_arch a;
-    cg_arch_parse(arch, &a);
     char *cfg = cgi_read_text(cfgp, NULL);
     *ps = cg_params_new();
-    cg_model *m = cg_model_new(a, cfg, 0, *ps, 1);
+    cg_model *m = cg_model_new(arch_of(arch), cfg, 0, *ps, 1);
     free(cfg);
     cg_st *f = cg_st_open(wp);
     *st = f && m ? cg_model_load(m, f) : CG_ERR_IO;
@@ -279,8 +283,8 @@ static double train_step(const char *arch, cg_model *m, cg_params *ps, bool full
     return loss;
 }
 
-/* BERT's, the encoder-decoder's, GPT-2's and LLaMA's training graphs fuse the LM head with its loss
- * (BERT over the labelled positions only): the loss and every gradient must still match PyTorch's full-logits
+/* BERT's, the encoder-decoder's, GPT-2's and LLaMA's (Mixtral's with its load-balancing term) training
+ * graphs fuse the LM head with its loss (BERT over the labelled positions only): the loss and every gradient must still match PyTorch's full-logits
  * computation, and the unfused head's to float rounding (the same sums, in another order). */
 static void fused_head(const char *arch) {
     cg_params *ps;
@@ -489,6 +493,7 @@ int main(void) {
     fused_head("encdec");
     fused_head("gpt2");
     fused_head("llama");
+    fused_head("mixtral");
     step_checkpointing("gpt2");
     step_checkpointing("encdec");
     step_checkpointing("llama");
