@@ -246,6 +246,7 @@ out:
 /* A CNN trained for 150 steps of 64 images (9,600 of the 60,000, seed 7) must classify at least
  * 80% of the first 2,000 test images right (it reaches about 84%; chance is 10%). */
 static int train_part(void) {
+    cg_set_threads(1); /* the check is the training, not the threads: one thread keeps it quick on a busy machine */
     if (access(FASHION_MNIST "/train-images-idx3-ubyte.gz", R_OK))
         return test_skip("test_vision train", FASHION_MNIST " is missing (Debian's dataset-fashion-mnist; ./setup.sh)");
     cg_image_set tr = {0}, te = {0};
