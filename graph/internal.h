@@ -247,6 +247,19 @@ int cgi_axis(const char *op, const cg_tensor *t, int axis);
 bool cgi_expect_real(const char *op, const cg_tensor *t, const char *role);
 int64_t cgi_numel(int ndim, const int64_t *shape);
 bool cgi_contiguous(const cg_tensor *t);
+/* True when t reads one element for several positions: an axis longer than 1 with stride 0 (a
+ * cg_expand view, or a view of one). Backward rules must not add into such a gradient through its
+ * strides (several threads would add into one element); the graph hands such a source to an op only
+ * if the op reads strides and reduces its gradient over those axes (cgi_op_reads_broadcast), and
+ * to every other op as a contiguous copy. */
+static inline bool cgi_broadcast_view(const cg_tensor *t) {
+    for (int d = 0; d < t->ndim; d++)
+        if (t->shape[d] > 1 && t->stride[d] == 0) return true;
+    return false;
+}
+/* Whether op reads a cgi_broadcast_view source in place: its forward reads any strides and its
+ * backward sums the gradient over the zero-stride axes in one deterministic reduction. */
+bool cgi_op_reads_broadcast(int op);
 void cgi_contig_strides(int ndim, const int64_t *shape, int64_t *stride);
 /* Broadcast shape of a and b into out; false if incompatible. */
 bool cgi_broadcast_shape(const cg_tensor *a, const cg_tensor *b, int *ndim, int64_t *out);

@@ -8,8 +8,10 @@
 #include "ops/bf16_internal.h"
 #include "ops/ops.h"
 
+/* x is read broadcast into out: smaller, or an expanded view (zero strides), so its gradient is
+ * formed in out's shape and reduced (cgi_unbroadcast_add), never added through the repeats */
 static bool broadcast_in(const cg_tensor *x, const cg_tensor *out) {
-    return cgi_numel(x->ndim, x->shape) != cgi_numel(out->ndim, out->shape);
+    return cgi_numel(x->ndim, x->shape) != cgi_numel(out->ndim, out->shape) || cgi_broadcast_view(x);
 }
 
 /* Iterator over out's shape with operands (out-like, x-like, y-like, z-like) read broadcast. */
