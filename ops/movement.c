@@ -21,14 +21,7 @@ cg_status cgi_fwd_copy(cg_tensor *t) {
     }
     /* int32: the graph's dense copy of an expanded mask or index (graph.c), small; read through its strides */
     const int64_t n = cgi_numel(t->ndim, t->shape);
-    for (int64_t i = 0; i < n; i++) {
-        int64_t off = 0, r = i;
-        for (int d = t->ndim - 1; d >= 0; d--) {
-            off += (r % t->shape[d]) * x->stride[d];
-            r /= t->shape[d];
-        }
-        ((int32_t *)t->data)[i] = ((const int32_t *)x->data)[off];
-    }
+    for (int64_t i = 0; i < n; i++) ((int32_t *)t->data)[i] = ((const int32_t *)x->data)[cgi_elem_offset(x, i)];
     return CG_OK;
 }
 
