@@ -41,6 +41,12 @@ cg_status cg_set_error(cg_status s, const char *fmt, ...) {
     return s;
 }
 
+cg_status cgi_fail_headed(cg_status s, const char *head, const char *fmt, va_list ap) {
+    char msg[768];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    return cgi_fail(s, "%s%s", head, msg);
+}
+
 const char *cg_dims_str(int ndim, const int64_t *shape) {
     static _Thread_local char ring[8][96];
     static _Thread_local int next;

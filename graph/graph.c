@@ -251,8 +251,50 @@ bool cg_graph_check_inputs(cg_graph *g, const char *op, int n, cg_tensor *const 
     return true;
 }
 
+bool cgi_op_reads_broadcast(int op) {
+    switch (op) {
+    case CGI_OP_COPY: /* cgi_copy reads any strides; its backward reduces (ops/movement.c) */
+    case CGI_OP_ADD:  /* the binary elementwise ops broadcast already: a zero-stride operand's */
+    case CGI_OP_SUB:  /* gradient goes through cgi_unbroadcast_add like a size-1 axis's */
+    case CGI_OP_MUL:
+    case CGI_OP_DIV:
+    case CGI_OP_MINIMUM:
+    case CGI_OP_MAXIMUM:
+    case CGI_OP_WHERE: return true; /* reads cond, a and b broadcast, and reduces like them */
+    default: return false;
+    }
+}
+
+static cg_tensor *alloc_node(cg_graph *g, int op, cg_dtype dt, int ndim, const int64_t *shape,
+                             int nsrc, cg_tensor *const *src);
+
+/* The sources of a compute node of op, each cgi_broadcast_view one that op cannot read in place
+ * replaced by a contiguous copy (a COPY node, built first so it runs first): src itself when none is,
+ * so graphs without expanded views are built exactly as before. NULL (message set) on failure. */
+static cg_tensor *const *dense_sources(cg_graph *g, int op, int nsrc, cg_tensor *const *src) {
+    if (cgi_ops[op].kind != CGI_KIND_COMPUTE || cgi_op_reads_broadcast(op)) return src;
+    bool any = false;
+    for (int i = 0; i < nsrc; i++) any |= cgi_broadcast_view(src[i]);
+    if (!any) return src;
+    cg_tensor **dense = cgi_arena_alloc(&g->meta, (size_t)nsrc * sizeof *dense);
+    if (!dense) {
+        cgi_fail(CG_ERR_NOMEM, "[%s] out of memory", cgi_ops[op].name);
+        return NULL;
+    }
+    for (int i = 0; i < nsrc; i++) {
+        dense[i] = src[i];
+        for (int j = 0; j < i && cgi_broadcast_view(src[i]); j++) /* the same view read twice: one copy */
+            if (src[j] == src[i]) dense[i] = dense[j];
+        if (dense[i] == src[i] && cgi_broadcast_view(src[i]) &&
+            !(dense[i] = alloc_node(g, CGI_OP_COPY, src[i]->dtype, src[i]->ndim, src[i]->shape, 1, &src[i])))
+            return NULL;
+    }
+    return dense;
+}
+
 static cg_tensor *alloc_node(cg_graph *g, int op, cg_dtype dt, int ndim, const int64_t *shape,
                              int nsrc, cg_tensor *const *src) {
+    if (nsrc > 0 && !(src = dense_sources(g, op, nsrc, src))) return NULL;
     if (ndim < 0 || ndim > CG_MAX_DIMS) {
         cgi_fail(CG_ERR_SHAPE, "[%s] %d dims: at most %d supported", cgi_ops[op].name, ndim, CG_MAX_DIMS);
         return NULL;
@@ -549,6 +591,9 @@ cg_status cg_read_grad(cg_tensor *t, cg_real *dst) {
 cg_status cg_write(cg_tensor *t, const cg_real *src) {
     if (!t || !src) return cgi_fail(CG_ERR_ARG, "[write] NULL argument");
     if (t->dtype != CG_REAL) return cgi_fail(CG_ERR_ARG, "[write] tensor%s is int32: use cg_write_ids", cgi_shp(t));
+    if (cgi_broadcast_view(t)) /* several of its elements are one element of storage (torch refuses too) */
+        return cgi_fail(CG_ERR_ARG, "[write] tensor%s strides%s is an expanded view: several elements share one "
+                        "memory location; write its source", cgi_shp(t), cgi_dims(t->ndim, t->stride));
     if (!t->data) return cgi_fail(CG_ERR_STATE, "[write] tensor%s has no storage yet", cgi_shp(t));
     cg_status ws = cgi_param_writable(t);
     if (ws) return ws;
@@ -612,7 +657,13 @@ void cg_print(cg_tensor *t) {
 /* ---- initialisation ---- */
 
 void cg_fill(cg_tensor *t, double value) {
-    if (!t || !t->data || t->dtype != CG_REAL || cgi_param_defer_fill(t, NULL, CGI_INIT_CONST, value, 0)) return;
+    if (!t || !t->data || t->dtype != CG_REAL) return;
+    if (cgi_broadcast_view(t)) { /* as cg_write: refused, storage unchanged */
+        cgi_fail(CG_ERR_ARG, "[fill] tensor%s is an expanded view: several elements share one memory location; fill "
+                 "its source", cgi_shp(t));
+        return;
+    }
+    if (cgi_param_defer_fill(t, NULL, CGI_INIT_CONST, value, 0)) return;
     if (cgi_param_writable(t)) return;
     t->init_kind = CGI_INIT_NONE;
     cg_real v = (cg_real)value;
@@ -623,6 +674,11 @@ void cg_fill(cg_tensor *t, double value) {
 
 static void fill_random(cg_tensor *t, cg_rng *r, double a, double b, bool normal) {
     if (!t || !r || !t->data || t->dtype != CG_REAL) return;
+    if (cgi_broadcast_view(t)) { /* as cg_write: refused, storage and generator unchanged */
+        cgi_fail(CG_ERR_ARG, "[fill] tensor%s is an expanded view: several elements share one memory location; fill "
+                 "its source", cgi_shp(t));
+        return;
+    }
     if (cgi_param_defer_fill(t, r, normal ? CGI_INIT_NORMAL : CGI_INIT_UNIFORM, a, b) || cgi_param_writable(t)) return;
     t->init_kind = CGI_INIT_NONE;
     int64_t n = cgi_numel(t->ndim, t->shape);

@@ -256,7 +256,8 @@ cg_real *cg_grad(cg_tensor *t);
 cg_status cg_read(cg_tensor *t, cg_real *dst);
 /* Copies the gradient in row-major order into dst; CG_ERR_STATE if it has none. */
 cg_status cg_read_grad(cg_tensor *t, cg_real *dst);
-/* Copies n = cg_numel values from src into a real tensor in row-major order. */
+/* Copies n = cg_numel values from src into a real tensor in row-major order; CG_ERR_ARG for an
+ * expanded view (cg_expand), whose repeated elements share one memory location. */
 cg_status cg_write(cg_tensor *t, const cg_real *src);
 /* Copies n = cg_numel ids from src into an int32 tensor. */
 cg_status cg_write_ids(cg_tensor *t, const int32_t *src);
@@ -335,7 +336,8 @@ void cg_params_defer_init(cg_params *ps, bool on);
 
 /* ---- initialisation ---- */
 
-/* Fills a real tensor (any strides) with a constant. */
+/* Fills a real tensor (any strides) with a constant; an expanded view (cg_expand) is refused with a
+ * message in cg_last_error() and left unchanged, as by the two below. */
 void cg_fill(cg_tensor *t, double value);
 /* Fills with normal(mean, std) draws from r, in row-major order. */
 void cg_fill_normal(cg_tensor *t, cg_rng *r, double mean, double std);

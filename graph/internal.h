@@ -282,6 +282,9 @@ void cgi_profile_node(cg_tensor *t, int pass, double t0);
 /* ---- errors: the library's short names for public calls (graph.h) ---- */
 #define cgi_fail cg_set_error    /* sets the message, returns the status */
 #define cgi_shp cg_shape_str     /* "[2,3]" in a rotating thread-local buffer */
+/* For a module's own printf-style error wrapper: sets the message to head (the module's "[op] file:
+ * " prefix) followed by fmt formatted from ap (at most 767 characters of it), and returns s. */
+cg_status cgi_fail_headed(cg_status s, const char *head, const char *fmt, va_list ap);
 #define cgi_dims cg_dims_str
 
 /* ---- node construction ---- */
@@ -302,9 +305,36 @@ int cgi_axis(const char *op, const cg_tensor *t, int axis);
 bool cgi_expect_real(const char *op, const cg_tensor *t, const char *role);
 int64_t cgi_numel(int ndim, const int64_t *shape);
 bool cgi_contiguous(const cg_tensor *t);
+/* Offset in elements of element i (row-major position) of t through its strides: for serial
+ * loops over small or int32 tensors (ids, targets, masks) that may be views. */
+static inline int64_t cgi_elem_offset(const cg_tensor *t, int64_t i) {
+    int64_t off = 0;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        off += (i % t->shape[d]) * t->stride[d];
+        i /= t->shape[d];
+    }
+    return off;
+}
+/* True when t reads one element for several positions: an axis longer than 1 with stride 0 (a
+ * cg_expand view, or a view of one). Backward rules must not add into such a gradient through its
+ * strides (several threads would add into one element); the graph hands such a source to an op only
+ * if the op reads strides and reduces its gradient over those axes (cgi_op_reads_broadcast), and
+ * to every other op as a contiguous copy. */
+static inline bool cgi_broadcast_view(const cg_tensor *t) {
+    for (int d = 0; d < t->ndim; d++)
+        if (t->shape[d] > 1 && t->stride[d] == 0) return true;
+    return false;
+}
+/* Whether op reads a cgi_broadcast_view source in place: its forward reads any strides and its
+ * backward sums the gradient over the zero-stride axes in one deterministic reduction. */
+bool cgi_op_reads_broadcast(int op);
 void cgi_contig_strides(int ndim, const int64_t *shape, int64_t *stride);
 /* Broadcast shape of a and b into out; false if incompatible. */
 bool cgi_broadcast_shape(const cg_tensor *a, const cg_tensor *b, int *ndim, int64_t *out);
+/* The node of a binary op over a and b broadcast together (NumPy's rule), of dtype dt; NULL with
+ * "[op] a[..] and b[..] do not broadcast" when they do not. The caller checks inputs and dtypes first
+ * (ops/elementwise.c). */
+cg_tensor *cgi_broadcast_node(cg_graph *g, int op, cg_dtype dt, cg_tensor *a, cg_tensor *b);
 /* Strides of t read as the broadcast shape (0 where t is broadcast). */
 void cgi_broadcast_strides(const cg_tensor *t, int ndim, const int64_t *shape, int64_t *stride);
 

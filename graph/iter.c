@@ -113,7 +113,7 @@ static void unbroadcast(cg_tensor *t, const cg_real *g_out, int ndim, const int6
     unsigned mask = 0;
     for (int d = 0; d < ndim; d++) {
         int it = t->ndim - ndim + d;
-        if (it < 0 || (t->shape[it] == 1 && out_shape[d] != 1)) {
+        if (it < 0 || (t->shape[it] == 1 && out_shape[d] != 1) || (t->shape[it] > 1 && t->stride[it] == 0)) {
             mask |= 1u << d;
             dst[d] = 0;
         } else {

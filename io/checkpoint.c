@@ -29,12 +29,13 @@
 
 static cg_status ck_fail(const char *path, cg_status s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static cg_status ck_fail(const char *path, cg_status s, const char *fmt, ...) {
-    char msg[768];
+    char head[1024];
+    snprintf(head, sizeof head, "[checkpoint] %s: ", path);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    cgi_fail_headed(s, head, fmt, ap);
     va_end(ap);
-    return cgi_fail(s, "[checkpoint] %s: %s", path, msg);
+    return s;
 }
 
 /* ---- saving ---- */

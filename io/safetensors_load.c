@@ -64,12 +64,13 @@ static uint64_t numel_of(const cgi_st_desc *d) { return (d->end - d->begin) / (u
 /* Fails naming the entry's file and tensor: "[load] <file>: tensor '<name>' <message>". */
 static cg_status entry_fail(const load_entry *x, cg_status s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static cg_status entry_fail(const load_entry *x, cg_status s, const char *fmt, ...) {
-    char msg[768];
+    char head[1024];
+    snprintf(head, sizeof head, "[load] %s: %stensor '%s' ", x->d.label, x->tie ? "tied " : "", x->name);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    cgi_fail_headed(s, head, fmt, ap);
     va_end(ap);
-    return cgi_fail(s, "[load] %s: %stensor '%s' %s", x->d.label, x->tie ? "tied " : "", x->name, msg);
+    return s;
 }
 
 /* Index of the first bf16 value with its exponent bits all set (inf or NaN), or -1: a scan of the

@@ -157,9 +157,14 @@ cg_tensor *cg_sdpa_ex(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, con
     const int64_t B = q->shape[0], hq = q->shape[1], tq = q->shape[2], tk = k->shape[2];
     const int64_t want[4] = {B, hq, tq, tk}, max_distance = opts->rel_max_distance ? opts->rel_max_distance : 128;
     const int64_t nb = table ? table->shape[0] : 0;
-    for (int i = 0; i < 3; i++) /* BLIS reads rows in place; only the feature axis must be dense */
-        if (in[i]->stride[3] != 1 && (in[i] = cg_contiguous(g, in[i])) == NULL) return NULL;
-    if (bias && bias_st[3] > 1) { /* the kernel adds bias rows as runs */
+    /* BLIS reads rows in place; only the feature axis must be dense, and no row repeated by a zero
+     * stride (an expanded view), whose gradient rows several threads would write */
+    for (int i = 0; i < 3; i++)
+        if ((in[i]->stride[3] != 1 || cgi_broadcast_view(in[i])) && (in[i] = cg_contiguous(g, in[i])) == NULL)
+            return NULL;
+    /* the kernel adds bias rows as runs; the strides are read here, so an expanded bias is made dense
+     * here too (size-1 axes broadcast without it) */
+    if (bias && (bias_st[3] > 1 || cgi_broadcast_view(bias))) {
         if ((bias = cg_contiguous(g, bias)) == NULL) return NULL;
         cgi_sdpa_bias_strides(bias, want, bias_st);
     }

@@ -19,13 +19,7 @@ static cg_tensor *compare(cg_graph *g, int op, cg_tensor *a, cg_tensor *b) {
                  b->dtype == CG_REAL ? "real" : "int32");
         return NULL;
     }
-    int nd;
-    int64_t shape[CG_MAX_DIMS];
-    if (!cgi_broadcast_shape(a, b, &nd, shape)) {
-        cgi_fail(CG_ERR_SHAPE, "[%s] a%s and b%s do not broadcast", nm, cgi_shp(a), cgi_shp(b));
-        return NULL;
-    }
-    cg_tensor *t = cgi_node(g, op, CG_INT32, nd, shape, 2, in);
+    cg_tensor *t = cgi_broadcast_node(g, op, CG_INT32, a, b);
     if (t) t->requires_grad = false; /* a mask carries no gradient */
     return t;
 }
@@ -98,16 +92,6 @@ cg_tensor *cg_to_int(cg_graph *g, cg_tensor *x) {
 
 cg_tensor *cg_to_real(cg_graph *g, cg_tensor *x) { return cg_cast(g, x); }
 
-/* Element i of x (row-major position) through its strides. */
-static inline int64_t strided_offset(const cg_tensor *x, int64_t i) {
-    int64_t off = 0;
-    for (int d = x->ndim - 1; d >= 0; d--) {
-        off += (i % x->shape[d]) * x->stride[d];
-        i /= x->shape[d];
-    }
-    return off;
-}
-
 /* Serial, so that the first bad element is the one named whatever the thread count. */
 cg_status cgi_fwd_to_int(cg_tensor *t) {
     const cg_tensor *x = t->src[0];
@@ -115,7 +99,7 @@ cg_status cgi_fwd_to_int(cg_tensor *t) {
     int32_t *Y = t->data;
     const int64_t n = cgi_numel(t->ndim, t->shape);
     for (int64_t i = 0; i < n; i++) {
-        const double v = (double)X[strided_offset(x, i)];
+        const double v = (double)X[cgi_elem_offset(x, i)];
         /* after truncation toward zero, exactly the values in (-2^31 - 1, 2^31) fit */
         if (!(v > -2147483649.0 && v < 2147483648.0))
             return cgi_fail(CG_ERR_RANGE, "[to_int] x%s: element %lld is %g, which does not fit int32 after truncation",
@@ -156,7 +140,7 @@ cg_status cgi_fwd_one_hot(cg_tensor *t) {
     if (real) memset(t->data, 0, (size_t)(n * c) * sizeof(cg_real));
     else memset(t->data, 0, (size_t)(n * c) * sizeof(int32_t));
     for (int64_t i = 0; i < n; i++) {
-        const int32_t k = I[strided_offset(ids, i)];
+        const int32_t k = I[cgi_elem_offset(ids, i)];
         if (k < 0 || k >= c)
             return cgi_fail(CG_ERR_RANGE, "[one_hot] id %d at position %lld of ids%s is outside [0, %lld)", k,
                             (long long)i, cgi_shp(ids), (long long)c);

@@ -8,8 +8,10 @@
 #include "ops/bf16_internal.h"
 #include "ops/ops.h"
 
+/* x is read broadcast into out: smaller, or an expanded view (zero strides), so its gradient is
+ * formed in out's shape and reduced (cgi_unbroadcast_add), never added through the repeats */
 static bool broadcast_in(const cg_tensor *x, const cg_tensor *out) {
-    return cgi_numel(x->ndim, x->shape) != cgi_numel(out->ndim, out->shape);
+    return cgi_numel(x->ndim, x->shape) != cgi_numel(out->ndim, out->shape) || cgi_broadcast_view(x);
 }
 
 /* Iterator over out's shape with operands (out-like, x-like, y-like, z-like) read broadcast. */
@@ -21,23 +23,28 @@ static void iter4(cgi_iter *it, const cg_tensor *shape_of, const int64_t *s0, co
 
 /* ---- binary ---- */
 
+cg_tensor *cgi_broadcast_node(cg_graph *g, int op, cg_dtype dt, cg_tensor *a, cg_tensor *b) {
+    int nd;
+    int64_t shape[CG_MAX_DIMS];
+    if (!cgi_broadcast_shape(a, b, &nd, shape)) {
+        cgi_fail(CG_ERR_SHAPE, "[%s] a%s and b%s do not broadcast", cgi_ops[op].name, cgi_shp(a), cgi_shp(b));
+        return NULL;
+    }
+    cg_tensor *in[2] = {a, b};
+    return cgi_node(g, op, dt, nd, shape, 2, in);
+}
+
 static cg_tensor *binary(cg_graph *g, int op, cg_tensor *a, cg_tensor *b) {
     const char *nm = cgi_ops[op].name;
     cg_tensor *in[2] = {a, b};
     if (!cgi_inputs_ok(g, nm, 2, in)) return NULL;
     if (!cgi_expect_real(nm, a, "a") || !cgi_expect_real(nm, b, "b")) return NULL;
-    int nd;
-    int64_t shape[CG_MAX_DIMS];
-    if (!cgi_broadcast_shape(a, b, &nd, shape)) {
-        cgi_fail(CG_ERR_SHAPE, "[%s] a%s and b%s do not broadcast", nm, cgi_shp(a), cgi_shp(b));
-        return NULL;
-    }
-    cg_tensor *t = cgi_node(g, op, CG_REAL, nd, shape, 2, in);
+    cg_tensor *t = cgi_broadcast_node(g, op, CG_REAL, a, b);
     if (!t) return NULL;
     /* mul and div form the product in the output's shape before reducing a broadcast operand. */
     if ((op == CGI_OP_MUL || op == CGI_OP_DIV || op == CGI_OP_MINIMUM || op == CGI_OP_MAXIMUM) && t->requires_grad &&
         ((a->requires_grad && broadcast_in(a, t)) || (b->requires_grad && broadcast_in(b, t))))
-        t->aux_bytes = (size_t)cgi_numel(nd, shape) * sizeof(cg_real);
+        t->aux_bytes = (size_t)cgi_numel(t->ndim, t->shape) * sizeof(cg_real);
     return t;
 }
 
@@ -782,14 +789,7 @@ cg_status cgi_fwd_cast(cg_tensor *t) {
     const int32_t *X = x->data;
     cg_real *Y = t->data;
     const int64_t n = cgi_numel(t->ndim, t->shape);
-    for (int64_t i = 0; i < n; i++) {
-        int64_t off = 0, r = i;
-        for (int d = x->ndim - 1; d >= 0; d--) {
-            off += (r % x->shape[d]) * x->stride[d];
-            r /= x->shape[d];
-        }
-        Y[i] = (cg_real)X[off];
-    }
+    for (int64_t i = 0; i < n; i++) Y[i] = (cg_real)X[cgi_elem_offset(x, i)];
     return CG_OK;
 }
 

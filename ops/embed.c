@@ -24,22 +24,12 @@ cg_tensor *cg_embedding(cg_graph *g, cg_tensor *weight, cg_tensor *ids) {
     return cgi_node(g, CGI_OP_EMBEDDING, CG_REAL, ids->ndim + 1, s, 2, in);
 }
 
-/* Offset of the i-th id (row-major position) in a possibly strided ids tensor. */
-static int64_t id_offset(const cg_tensor *ids, int64_t i) {
-    int64_t off = 0;
-    for (int d = ids->ndim - 1; d >= 0; d--) {
-        off += (i % ids->shape[d]) * ids->stride[d];
-        i /= ids->shape[d];
-    }
-    return off;
-}
-
 cg_status cgi_fwd_embedding(cg_tensor *t) {
     cg_tensor *w = t->src[0], *ids = t->src[1];
     const int32_t *id = ids->data;
     const int64_t n = cgi_numel(ids->ndim, ids->shape), v = w->shape[0], d = w->shape[1];
     for (int64_t i = 0; i < n; i++) {
-        int32_t k = id[id_offset(ids, i)];
+        int32_t k = id[cgi_elem_offset(ids, i)];
         if (k < 0 || k >= v)
             return cgi_fail(CG_ERR_RANGE, "[embedding] id %d at position %lld of ids%s is outside the vocabulary [0, %lld)",
                             k, (long long)i, cgi_shp(ids), (long long)v);
@@ -48,7 +38,7 @@ cg_status cgi_fwd_embedding(cg_tensor *t) {
     cg_real *Y = t->data;
     const int64_t r0 = w->stride[0], c0 = w->stride[1];
     CGI_PAR_FOR(n * d, for (int64_t i = 0; i < n; i++) {
-        const cg_real *row = W + id[id_offset(ids, i)] * r0;
+        const cg_real *row = W + id[cgi_elem_offset(ids, i)] * r0;
         cg_real *y = Y + i * d;
         if (c0 == 1) memcpy(y, row, (size_t)d * sizeof *y);
         else for (int64_t j = 0; j < d; j++) y[j] = row[j * c0];
@@ -86,7 +76,7 @@ void cgi_bwd_embedding(cg_tensor *t) {
                 else for (int64_t j = lo; j < hi; j++) row[j * c0] = 0;
             }
         for (int64_t i = 0; i < n; i++) {
-            cg_real *row = DW + id[id_offset(ids, i)] * r0;
+            cg_real *row = DW + id[cgi_elem_offset(ids, i)] * r0;
             const cg_real *dy = DY + i * d;
             for (int64_t j = lo; j < hi; j++) row[j * c0] += dy[j];
         }

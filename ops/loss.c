@@ -42,19 +42,10 @@ cg_tensor *cg_cross_entropy_smooth(cg_graph *g, cg_tensor *logits, cg_tensor *ta
     return t;
 }
 
-static int64_t target_offset(const cg_tensor *tg, int64_t i) {
-    int64_t off = 0;
-    for (int d = tg->ndim - 1; d >= 0; d--) {
-        off += (i % tg->shape[d]) * tg->stride[d];
-        i /= tg->shape[d];
-    }
-    return off;
-}
-
 /* Targets are data: checked on every forward. Calls each(r) for every counted row, in order. */
 #define FOR_COUNTED_TARGETS(op, tg, classes, ignore, r, k, EACH)                                               \
     for (int64_t r = 0; r < cgi_numel((tg)->ndim, (tg)->shape); r++) {                                      \
-        const int32_t k = ((const int32_t *)(tg)->data)[target_offset(tg, r)];                             \
+        const int32_t k = ((const int32_t *)(tg)->data)[cgi_elem_offset(tg, r)];                          \
         if (k == (ignore)) continue;                                                                        \
         if (k < 0 || k >= (classes))                                                                        \
             return cgi_fail(CG_ERR_RANGE, "[%s] target %d at position %lld of targets%s is outside [0, %lld) " \
@@ -74,7 +65,7 @@ CGI_WIDE cg_status cgi_fwd_cross_entropy(cg_tensor *t) {
     const cg_real eps = (cg_real)t->farg[0];
 #pragma omp parallel for schedule(static) if (rows * c > CGI_PAR_MIN) num_threads(cgi_nthreads())
     for (int64_t r = 0; r < rows; r++) {
-        int32_t k = T[target_offset(tg, r)];
+        int32_t k = T[cgi_elem_offset(tg, r)];
         if (k == ignore) {
             loss[r] = 0;
             continue;
@@ -108,7 +99,7 @@ CGI_WIDE void cgi_bwd_cross_entropy(cg_tensor *t) {
     cg_real *DX = lg->grad;
 #pragma omp parallel for schedule(static) if (rows * c > CGI_PAR_MIN) num_threads(cgi_nthreads())
     for (int64_t r = 0; r < rows; r++) {
-        int32_t k = T[target_offset(tg, r)];
+        int32_t k = T[cgi_elem_offset(tg, r)];
         const cg_real *x = X + r * c;
         cg_real *dx = DX + r * c;
         if (k == ignore) {
@@ -323,7 +314,7 @@ static void lce_slab_logits(const lce *c, int64_t r0, int64_t m, int64_t s, cg_r
             cg_real *z = z0 + r * w;
             if (c->B) cgi_add_bias_row(z, c->B + v0 * c->bs, c->bs, w);
             if (!stats) continue;
-            const int64_t k = c->tg[target_offset(c->t->src[2], (int64_t)c->index[r0 + i + r])] - v0;
+            const int64_t k = c->tg[cgi_elem_offset(c->t->src[2], (int64_t)c->index[r0 + i + r])] - v0;
             if (k >= 0 && k < w) c->fused[c->p->zt + i + r] = z[k];
             cg_real *o = c->fused + c->p->st + ((i + r) * c->p->ns + s) * 2;
             o[0] = cgi_row_max(z, w);
@@ -384,7 +375,7 @@ cg_status cgi_fwd_linear_cross_entropy(cg_tensor *t) {
         double part[LCE_ROWS];
 #pragma omp parallel for schedule(static) if (!c.p && m * c.v > CGI_PAR_MIN) num_threads(cgi_nthreads())
         for (int64_t i = 0; i < m; i++) {
-            const int32_t k = T[target_offset(tgt, (int64_t)c.index[r0 + i])];
+            const int32_t k = T[cgi_elem_offset(tgt, (int64_t)c.index[r0 + i])];
             if (c.p) { /* the fused path has the log-sum-exp and the target's logit already */
                 part[i] = c.lse[r0 + i] - c.fused[c.p->zt + i];
                 continue;
@@ -440,7 +431,7 @@ static void lce_bwd_fused(const lce *c, int64_t r0, int64_t m, bool recompute, c
                     const cg_real f = gscale * (cg_real)exp((double)o[0] - l);
                     for (int64_t j = 0; j < sw; j++) z[j] *= f;
                 }
-                const int64_t k = c->tg[target_offset(tgt, (int64_t)c->index[r0 + i])] - v0;
+                const int64_t k = c->tg[cgi_elem_offset(tgt, (int64_t)c->index[r0 + i])] - v0;
                 if (k >= 0 && k < sw) z[k] -= gscale;
                 if (db)
                     for (int64_t j = 0; j < sw; j++) cs[j] += z[j];
@@ -505,7 +496,7 @@ void cgi_bwd_linear_cross_entropy(cg_tensor *t) {
             cg_real *z = c.logits + i * c.v;
             const cg_real l = c.lse[r0 + i];
             for (int64_t j = 0; j < c.v; j++) z[j] = gscale * cgi_exp(z[j] - l);
-            z[c.tg[target_offset(tgt, (int64_t)c.index[r0 + i])]] -= gscale;
+            z[c.tg[cgi_elem_offset(tgt, (int64_t)c.index[r0 + i])]] -= gscale;
         }
         /* as in a linear's backward, dX and dW side by side as one list of pieces: BLIS split these
          * shapes (307 x 256 over 30522, and its transpose) poorly over two threads; side by side,

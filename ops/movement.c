@@ -15,13 +15,22 @@ cg_tensor *cg_contiguous(cg_graph *g, cg_tensor *x) {
 
 cg_status cgi_fwd_copy(cg_tensor *t) {
     cg_tensor *x = t->src[0];
-    cgi_copy(t->data, t->stride, x->data, x->stride, t->ndim, t->shape, 1.0, false);
+    if (x->dtype == CG_REAL) {
+        cgi_copy(t->data, t->stride, x->data, x->stride, t->ndim, t->shape, 1.0, false);
+        return CG_OK;
+    }
+    /* int32: the graph's dense copy of an expanded mask or index (graph.c), small; read through its strides */
+    const int64_t n = cgi_numel(t->ndim, t->shape);
+    for (int64_t i = 0; i < n; i++) ((int32_t *)t->data)[i] = ((const int32_t *)x->data)[cgi_elem_offset(x, i)];
     return CG_OK;
 }
 
 void cgi_bwd_copy(cg_tensor *t) {
     cg_tensor *x = t->src[0];
-    if (x->requires_grad) cgi_copy(x->grad, x->stride, t->grad, t->stride, t->ndim, t->shape, 1.0, true);
+    if (!x->requires_grad) return;
+    /* an expanded view's gradient: summed over its zero-stride axes, each element by one thread */
+    if (cgi_broadcast_view(x)) cgi_unbroadcast_add(x, t->grad, t->ndim, t->shape, 1.0);
+    else cgi_copy(x->grad, x->stride, t->grad, t->stride, t->ndim, t->shape, 1.0, true);
 }
 
 cg_tensor *cg_reshape(cg_graph *g, cg_tensor *x, int ndim, const int64_t *shape) {
@@ -361,12 +370,12 @@ void cgi_bwd_pad(cg_tensor *t) {
     if (x->requires_grad) cgi_copy(x->grad, x->stride, t->grad + t->iarg[0], t->stride, x->ndim, x->shape, 1.0, true);
 }
 
-/* ---- expand (torch's expand / broadcast_to): x's size-1 axes repeated, new leading axes added.
- * A copy, not a zero-stride view: a view's gradient is the same view of its root's gradient, so
- * rules writing through a zero-stride view would add into one element from several threads (a
- * race, and an order that changes with the thread count). As a copy, backward sums the gradient
- * back over the repeated axes in one deterministic reduction (cgi_unbroadcast_add), as the
- * broadcasting ops do; ops that broadcast their operands need no expand at all. ---- */
+/* ---- expand (torch's expand / broadcast_to): a view of x with stride 0 on every repeated axis and on
+ * the new leading ones, so nothing is copied and no memory is spent on the repeats. Its gradient is
+ * its root's, read through the same zero strides: the ops that take such a view in place
+ * (cgi_op_reads_broadcast: the binary elementwise ops and the copy) sum the gradient over those axes
+ * in one deterministic reduction, and every other op is handed a contiguous copy by the graph
+ * (graph.c), whose backward does the same. ---- */
 
 cg_tensor *cg_expand(cg_graph *g, cg_tensor *x, int ndim, const int64_t *shape) {
     if (!cgi_inputs_ok(g, "expand", 1, &x)) return NULL;
@@ -374,7 +383,7 @@ cg_tensor *cg_expand(cg_graph *g, cg_tensor *x, int ndim, const int64_t *shape) 
         cgi_fail(CG_ERR_SHAPE, "[expand] x%s to %d dims: need between %d and %d", cgi_shp(x), ndim, x->ndim, CG_MAX_DIMS);
         return NULL;
     }
-    int64_t s[CG_MAX_DIMS];
+    int64_t s[CG_MAX_DIMS], st[CG_MAX_DIMS];
     for (int d = 0; d < ndim; d++) {
         const int xd = d - (ndim - x->ndim);
         const int64_t have = xd >= 0 ? x->shape[xd] : 1;
@@ -384,31 +393,7 @@ cg_tensor *cg_expand(cg_graph *g, cg_tensor *x, int ndim, const int64_t *shape) 
                      "-1 keeps an existing axis)", cgi_shp(x), cgi_dims(ndim, shape), d, (long long)have, (long long)shape[d]);
             return NULL;
         }
+        st[d] = xd < 0 || (have == 1 && s[d] != 1) ? 0 : x->stride[xd];
     }
-    return cgi_node(g, CGI_OP_EXPAND, x->dtype, ndim, s, 1, &x);
-}
-
-cg_status cgi_fwd_expand(cg_tensor *t) {
-    const cg_tensor *x = t->src[0];
-    int64_t sx[CG_MAX_DIMS];
-    cgi_broadcast_strides(x, t->ndim, t->shape, sx);
-    if (x->dtype == CG_REAL) {
-        cgi_copy(t->data, t->stride, x->data, sx, t->ndim, t->shape, 1.0, false);
-        return CG_OK;
-    }
-    const int64_t n = cgi_numel(t->ndim, t->shape);
-    for (int64_t i = 0; i < n; i++) { /* int32 masks: small, read through the zero strides */
-        int64_t off = 0, r = i;
-        for (int d = t->ndim - 1; d >= 0; d--) {
-            off += (r % t->shape[d]) * sx[d];
-            r /= t->shape[d];
-        }
-        ((int32_t *)t->data)[i] = ((const int32_t *)x->data)[off];
-    }
-    return CG_OK;
-}
-
-void cgi_bwd_expand(cg_tensor *t) {
-    cg_tensor *x = t->src[0];
-    if (x->requires_grad) cgi_unbroadcast_add(x, t->grad, t->ndim, t->shape, 1.0);
+    return cgi_view(g, CGI_OP_EXPAND, x, ndim, s, st, x->offset);
 }

@@ -295,7 +295,8 @@ cg_tensor *cg_scatter_add(cg_graph *g, cg_tensor *x, int axis, cg_tensor *index,
  * shaped as x with K along axis); forward fails on indices out of range; deterministic. */
 cg_tensor *cg_index_add(cg_graph *g, cg_tensor *x, int axis, cg_tensor *index, cg_tensor *src);
 /* torch's expand / broadcast_to: x's size-1 axes repeated to shape (-1 keeps an axis; new axes go
- * in front), as a contiguous copy whose backward sums the repeats back. */
+ * in front), as a view with stride 0 on the repeated axes (no copy); ops that cannot read it in place
+ * get a contiguous copy, and backward sums the repeats back. Writes into it are refused. */
 cg_tensor *cg_expand(cg_graph *g, cg_tensor *x, int ndim, const int64_t *shape);
 
 /* ---- batched products ---- */
