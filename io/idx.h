@@ -38,7 +38,9 @@ void cg_idx_free(cg_idx *x);
 
 /* Greyscale images with integer labels, e.g. one split of Fashion-MNIST. */
 typedef struct {
-    int64_t n, h, w;     /* images, rows, columns */
+    int64_t n;           /* images */
+    int64_t h;           /* rows of each image */
+    int64_t w;           /* columns of each image */
     uint8_t *pixels;     /* [n, h, w] bytes (owned) */
     int32_t *labels;     /* [n] in [0, num_classes) (owned) */
     int32_t num_classes; /* 1 + the largest label */
