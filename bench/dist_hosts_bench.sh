@@ -10,14 +10,14 @@
 # time per step left after backward, and the cost model for the link: the whole all-reduce,
 # bytes x 2(N-1)/N / bandwidth + latency x log2 N, and its last bucket (what overlap cannot hide),
 # with the link's latency and bandwidth measured first by bench/dist_allreduce.c.
-# Environment: MODELS ("tiny small" default), STEPS (8), CGRAD_BIN (build/cgrad).
+# Environment: MODELS ("tiny small" default), STEPS (24: fewer leave start-up in the tokens/s), CGRAD_BIN (build/cgrad).
 set -euo pipefail
 reps=${1:-3}
 root=$(pwd)
 bin=$(readlink -f "${CGRAD_BIN:-build/cgrad}")
 probe=$(readlink -f "${DIST_ALLREDUCE:-build/dist_allreduce}")
 hosts="$root/dist/netns_hosts.sh"
-steps=${STEPS:-8}
+steps=${STEPS:-24}
 [ "$(id -u)" -eq 0 ] || { echo "needs root (network namespaces)"; exit 1; }
 [ -f data/moby-dick.txt ] || { echo "needs data/moby-dick.txt (./setup.sh)"; exit 1; }
 prefix="cgb$$"
