@@ -3,14 +3,15 @@
 # Two simulated hosts against one process, one command (root, network namespaces; from the
 # repository root, after building):   bench/dist_hosts_bench.sh [REPEATS]
 # For each model, interleaved REPEATS times (default 3):
-#   1 process x 1 thread, --grad-accum 2 (the same global batch, the same bits as 2 ranks)
+#   1 process x 1 thread, --grad-accum 2 x ACCUM (the same global batch, the same bits as 2 ranks)
 #   2 hosts x 1 thread over TCP on a veth pair (dist/netns_hosts.sh)
 #   2 hosts x 1 thread through a user-space link of 5 ms one way and 1 Gbit/s (netns_link)
 # Prints a Markdown table: tokens/s (median and spread), speed-up over 1 process, the all-reduce
 # time per step left after backward, and the cost model for the link: the whole all-reduce,
 # bytes x 2(N-1)/N / bandwidth + latency x log2 N, and its last bucket (what overlap cannot hide),
 # with the link's latency and bandwidth measured first by bench/dist_allreduce.c.
-# Environment: MODELS ("tiny small" default), STEPS (24: fewer leave start-up in the tokens/s), CGRAD_BIN (build/cgrad).
+# Environment: MODELS ("tiny small" default), STEPS (24: fewer leave start-up in the tokens/s), CGRAD_BIN (build/cgrad),
+# ACCUM (1: micro-batches each rank sums before an all-reduce; 1 process runs 2 x ACCUM, the same bits).
 set -euo pipefail
 reps=${1:-3}
 root=$(pwd)
@@ -18,6 +19,7 @@ bin=$(readlink -f "${CGRAD_BIN:-build/cgrad}")
 probe=$(readlink -f "${DIST_ALLREDUCE:-build/dist_allreduce}")
 hosts="$root/dist/netns_hosts.sh"
 steps=${STEPS:-24}
+accum=${ACCUM:-1}
 [ "$(id -u)" -eq 0 ] || { echo "needs root (network namespaces)"; exit 1; }
 [ -f data/moby-dick.txt ] || { echo "needs data/moby-dick.txt (./setup.sh)"; exit 1; }
 prefix="cgb$$"
@@ -56,10 +58,10 @@ load0=$(cut -d' ' -f1-3 /proc/loadavg)
 for r in $(seq 1 "$reps"); do
     for m in "${models[@]}"; do
         read -ra a <<< "${model_args[$m]}"
-        "$bin" train "${common[@]}" "${a[@]}" --grad-accum 2 --checkpoint "$dir/$m.one.ckpt" > "$m.one.$r" 2>&1
+        "$bin" train "${common[@]}" "${a[@]}" --grad-accum $((2 * accum)) --checkpoint "$dir/$m.one.ckpt" > "$m.one.$r" 2>&1
         for link in veth slow; do
             set_link "$link"
-            two "${common[@]}" "${a[@]}" --checkpoint "$dir/$m.$link.ckpt" > "$m.$link.$r" 2>&1 || true
+            two "${common[@]}" "${a[@]}" --grad-accum "$accum" --checkpoint "$dir/$m.$link.ckpt" > "$m.$link.$r" 2>&1 || true
         done
         echo "rep $r $m: 1 process $(tok "$m.one.$r") | veth $(tok "$m.veth.$r") | 5 ms 1 Gbit $(tok "$m.slow.$r") tok/s (load $(cut -d' ' -f1 /proc/loadavg))" >&2
     done
@@ -85,4 +87,4 @@ for m in "${models[@]}"; do
 done
 echo
 echo "Links measured by bench/dist_allreduce.c: veth ${alpha[veth]} us, ${beta[veth]} Gbit/s; user-space link ${alpha[slow]} us, ${beta[slow]} Gbit/s."
-echo "All-reduce: $(mb "${models[0]}.veth.1" | awk '{print $2 " MB in " $1 " buckets"}') (${models[0]}). $reps interleaved repeats, $steps steps each; load average $load0 at the start, $(cut -d' ' -f1-3 /proc/loadavg) at the end."
+echo "All-reduce: $(mb "${models[0]}.veth.1" | awk '{print $2 " MB in " $1 " buckets"}') (${models[0]}), ranks summing $accum micro-batch(es) before each. $reps interleaved repeats, $steps steps each; load average $load0 at the start, $(cut -d' ' -f1-3 /proc/loadavg) at the end."

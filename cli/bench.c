@@ -319,7 +319,10 @@ typedef struct {
 static run_opts opts;
 
 /* Model FLOPs of one training step (see the header printed by cmd_bench). */
-static double step_flops(const bench_config *c, cg_params *ps, int64_t d, int64_t attn_len_sum, int64_t *n_matmul) {
+/* BERT's masked-LM decoder (its tied word embeddings) runs only on the labelled rows, head_rows of
+ * them; every other matmul parameter on every token. */
+static double step_flops(const bench_config *c, cg_params *ps, int64_t d, int64_t attn_len_sum, int64_t head_rows,
+                         int64_t *n_matmul) {
     int64_t n = cg_params_numel(ps);
     for (int k = 0; k < 3 && c->lookup_only[k]; k++) {
         cg_tensor *p = cg_params_find(ps, c->lookup_only[k]);
@@ -327,8 +330,21 @@ static double step_flops(const bench_config *c, cg_params *ps, int64_t d, int64_
         else fprintf(stderr, "cgrad bench: %s: no parameter %s (FLOP count includes nothing for it)\n", c->name, c->lookup_only[k]);
     }
     *n_matmul = n;
-    double tokens = (double)(c->batch * c->t);
-    return (6.0 * (double)n + 12.0 * (double)d * (double)attn_len_sum) * tokens;
+    const double tokens = (double)(c->batch * c->t);
+    cg_tensor *decoder = c->arch == CG_ARCH_BERT ? cg_params_find(ps, "bert.embeddings.word_embeddings.weight") : NULL;
+    const double on_labelled = decoder ? (double)cg_numel(decoder) : 0;
+    return (6.0 * ((double)n - on_labelled) + 12.0 * (double)d * (double)attn_len_sum) * tokens +
+           6.0 * on_labelled * (double)head_rows;
+}
+
+/* The rows BERT's masked-LM head runs on: the batch's labelled positions. */
+static int64_t labelled_rows(const cg_model_graph *mg) {
+    cg_tensor *labels = cg_model_graph_input(mg, "labels");
+    if (!labels || cg_tensor_dtype(labels) != CG_INT32) return 0;
+    const int32_t *l = cg_idata(labels);
+    int64_t n = 0;
+    for (int64_t i = 0; i < cg_numel(labels); i++) n += l[i] != -100;
+    return n;
 }
 
 static double bf16_ref = NAN;   /* the bf16 GEMM reference of this config's run (bf16 only): the kernel in use */
@@ -425,7 +441,7 @@ static int train_child(const void *arg, int threads, double sgemm) {
     const double blis_sgemm = nrefs ? median(blis_refs, nrefs) : NAN;
     double med = median(times, opts.steps), med_cpu = median(cpu, opts.steps);
     int64_t n_matmul;
-    double flops = step_flops(c, ps, d, attn, &n_matmul);
+    double flops = step_flops(c, ps, d, attn, labelled_rows(&mg), &n_matmul);
     double tokens = (double)(c->batch * c->t), gflops = flops / med / 1e9;
     printf("%-12s batch %lld x %lld%s, %.2fM params (%.2fM in matmuls), graph %d nodes / %.0f MB (plan %.0f MB%s), "
            "build %.2f s\n",
