@@ -473,12 +473,30 @@ int cmd_train(int argc, char **argv) {
         const char *unit = r.task.lm ? "tokens" : r.task.mlm ? "sentences" : r.task.s2s ? "pairs" : image ? "images" : "examples";
         const char *kinds[] = {"char", "bpe", "wordpiece", "hf"};
         const cg_llama *fam = cg_model_llama(r.model); /* the LLaMA arch's family: llama, mistral, qwen2, qwen3 */
-        printf("cgrad train: %s, %lld layers, %lld heads, d %lld, context %lld: %.2fM parameters\n",
-               fam ? cg_llama_family_name(cg_llama_cfg(fam)->family) : cg_arch_name(r.arch),
-               (long long)o.layers, (long long)o.heads, (long long)o.dim, (long long)r.task.t,
-               (double)cg_params_numel(r.ps) / 1e6);
-        printf("  data %s: %lld training / %lld held-out %s; %s tokenizer, %d ids\n", o.data, (long long)ntr,
-               (long long)nva, unit, kinds[cg_tokenizer_kind(r.tok)], (int)cg_tokenizer_vocab_size(r.tok));
+        const double mparams = (double)cg_params_numel(r.ps) / 1e6;
+        const cg_vit *vit = r.arch == CG_ARCH_VIT ? cg_model_vit(r.model) : NULL;
+        const cg_cnn *cnn = r.arch == CG_ARCH_CNN ? cg_model_cnn(r.model) : NULL;
+        if (vit) { /* the image models' own shape: no context, no tokenizer */
+            const cg_vit_config *v = cg_vit_cfg(vit);
+            printf("cgrad train: vit, %lld layers, %lld heads, d %lld, %lldx%lld images in %lldx%lld patches: %.2fM "
+                   "parameters\n", (long long)v->n_layer, (long long)v->n_head, (long long)v->d_model,
+                   (long long)v->image_size, (long long)v->image_size, (long long)v->patch_size,
+                   (long long)v->patch_size, mparams);
+        } else if (cnn) {
+            const cg_cnn_config *c = cg_cnn_cfg(cnn);
+            printf("cgrad train: cnn, %lld conv + pool stages from %lld channels, hidden %lld, %lldx%lld images: "
+                   "%.2fM parameters\n", (long long)c->n_layer, (long long)c->channels, (long long)c->hidden,
+                   (long long)c->image_size, (long long)c->image_size, mparams);
+        } else {
+            printf("cgrad train: %s, %lld layers, %lld heads, d %lld, context %lld: %.2fM parameters\n",
+                   fam ? cg_llama_family_name(cg_llama_cfg(fam)->family) : cg_arch_name(r.arch),
+                   (long long)o.layers, (long long)o.heads, (long long)o.dim, (long long)r.task.t, mparams);
+        }
+        if (image)
+            printf("  data %s: %lld training / %lld held-out %s\n", o.data, (long long)ntr, (long long)nva, unit);
+        else
+            printf("  data %s: %lld training / %lld held-out %s; %s tokenizer, %d ids\n", o.data, (long long)ntr,
+                   (long long)nva, unit, kinds[cg_tokenizer_kind(r.tok)], (int)cg_tokenizer_vocab_size(r.tok));
         if (resume) printf("  resuming at step %lld of %lld\n", (long long)r.step, (long long)o.steps);
         printf("  %lld steps of %lld x %lld rows, AdamW lr %g (%s, warmup %lld, min %g), wd %g, clip %g, dropout %g, "
                "%d threads%s\n",
