@@ -7,6 +7,7 @@
 
 #include "models/cnn.h"
 #include "models/config_json.h"
+#include "models/image_input.h"
 #include "models/layers.h"
 #include "ops/ops.h"
 
@@ -93,6 +94,17 @@ cg_cnn *cg_cnn_new(const cg_cnn_config *cfg, cg_params *ps, uint64_t seed) {
     return m;
 }
 
+bool cgi_image_input_ok(cg_graph *g, const char *model, cg_tensor *pixels, int64_t channels, int64_t size) {
+    if (!cg_graph_check_inputs(g, model, 1, &pixels)) return false;
+    if (cg_tensor_dtype(pixels) == CG_INT32 || cg_ndim(pixels) != 4 || cg_shape(pixels)[1] != channels ||
+        cg_shape(pixels)[2] != size || cg_shape(pixels)[3] != size) {
+        cg_set_error(CG_ERR_SHAPE, "[%s] pixels%s must be real [B, %lld, %lld, %lld]", model, cg_shape_str(pixels),
+                     (long long)channels, (long long)size, (long long)size);
+        return false;
+    }
+    return true;
+}
+
 void cg_cnn_free(cg_cnn *m) { free(m); }
 
 const cg_cnn_config *cg_cnn_cfg(const cg_cnn *m) { return m ? &m->cfg : NULL; }
@@ -102,14 +114,8 @@ cg_tensor *cg_cnn_logits(cg_graph *g, const cg_cnn *m, cg_tensor *pixels) {
         cg_set_error(CG_ERR_ARG, "[cnn] model is NULL");
         return NULL;
     }
-    if (!cg_graph_check_inputs(g, "cnn", 1, &pixels)) return NULL;
     const cg_cnn_config *c = &m->cfg;
-    if (cg_tensor_dtype(pixels) == CG_INT32 || cg_ndim(pixels) != 4 || cg_shape(pixels)[1] != c->num_channels ||
-        cg_shape(pixels)[2] != c->image_size || cg_shape(pixels)[3] != c->image_size) {
-        cg_set_error(CG_ERR_SHAPE, "[cnn] pixels%s must be real [B, %lld, %lld, %lld]", cg_shape_str(pixels),
-                     (long long)c->num_channels, (long long)c->image_size, (long long)c->image_size);
-        return NULL;
-    }
+    if (!cgi_image_input_ok(g, "cnn", pixels, c->num_channels, c->image_size)) return NULL;
     const int64_t b = cg_shape(pixels)[0], pool[2] = {2, 2};
     const cg_conv_opts same = {.padding = {1, 1}};
     cg_tensor *x = pixels;

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "models/config_json.h"
+#include "models/image_input.h"
 #include "models/layers.h"
 #include "models/vit.h"
 #include "ops/ops.h"
@@ -136,14 +137,8 @@ cg_tensor *cg_vit_logits(cg_graph *g, const cg_vit *m, cg_tensor *pixels) {
         cg_set_error(CG_ERR_ARG, "[vit] model is NULL");
         return NULL;
     }
-    if (!cg_graph_check_inputs(g, "vit", 1, &pixels)) return NULL;
     const cg_vit_config *c = &m->cfg;
-    if (cg_tensor_dtype(pixels) == CG_INT32 || cg_ndim(pixels) != 4 || cg_shape(pixels)[1] != c->num_channels ||
-        cg_shape(pixels)[2] != c->image_size || cg_shape(pixels)[3] != c->image_size) {
-        cg_set_error(CG_ERR_SHAPE, "[vit] pixels%s must be real [B, %lld, %lld, %lld]", cg_shape_str(pixels),
-                     (long long)c->num_channels, (long long)c->image_size, (long long)c->image_size);
-        return NULL;
-    }
+    if (!cgi_image_input_ok(g, "vit", pixels, c->num_channels, c->image_size)) return NULL;
     const int64_t b = cg_shape(pixels)[0], d = c->d_model, np = m->n_patches;
     const double eps = c->layer_norm_eps, p = c->dropout;
     cg_conv_opts patches = {.stride = {c->patch_size, c->patch_size}};
