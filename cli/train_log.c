@@ -178,12 +178,17 @@ bool train_finish_files(run *r) {
         return false;
     }
     char title[256];
-    snprintf(title, sizeof title, "cgrad train %s: %lld layers, d %lld, context %lld, batch %lld", cg_arch_name(r->arch),
-             (long long)r->o.layers, (long long)r->o.dim, (long long)r->task.t, (long long)(r->o.batch * r->o.grad_accum));
+    const bool image = r->arch == CG_ARCH_VIT || r->arch == CG_ARCH_CNN; /* no layers, width or context of a text model */
+    if (image)
+        snprintf(title, sizeof title, "cgrad train %s: batch %lld", cg_arch_name(r->arch),
+                 (long long)(r->o.batch * r->o.grad_accum));
+    else
+        snprintf(title, sizeof title, "cgrad train %s: %lld layers, d %lld, context %lld, batch %lld", cg_arch_name(r->arch),
+                 (long long)r->o.layers, (long long)r->o.dim, (long long)r->task.t, (long long)(r->o.batch * r->o.grad_accum));
     static const char *const ylabel[] = {"loss (nats per token)", "loss (masked-LM + next-sentence, nats)",
                                          "loss (nats per target token)", "loss (nats per example)",
-                                         "loss (nats per token)"};
-    _Static_assert(sizeof ylabel / sizeof *ylabel == CG_ARCH_LLAMA + 1, "a loss label per arch");
+                                         "loss (nats per token)", "loss (nats per image)", "loss (nats per image)"};
+    _Static_assert(sizeof ylabel / sizeof *ylabel == CG_ARCH_CNN + 1, "a loss label per arch");
     if (cli_plot_metrics(r->metrics_path, r->plot_path, title, ylabel[r->arch])) {
         fprintf(stderr, "cgrad train: cannot draw %s: %s\n", r->plot_path, cg_last_error());
         if (!r->write_failed) snprintf(r->write_error, sizeof r->write_error, "%s", cg_last_error());
