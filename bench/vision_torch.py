@@ -24,6 +24,7 @@ import re
 import resource
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -31,6 +32,9 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+import make_vision_fixtures as ref  # noqa: E402  (the reference ViT and CNN)
 
 DATA = "/usr/share/datasets/fashion-mnist"
 MEAN, STD = 0.2860, 0.3530
@@ -52,80 +56,26 @@ def read_idx(path):
     return np.frombuffer(b, dtype=np.uint8, offset=4 + 4 * nd).reshape(dims)
 
 
-class Attn(nn.Module):
-    def __init__(self, d, nh):
-        super().__init__()
-        self.nh = nh
-        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
-
-    def forward(self, x):
-        B, T, d = x.shape
-        sh = lambda t: t.view(B, T, self.nh, d // self.nh).transpose(1, 2)
-        y = F.scaled_dot_product_attention(sh(self.q(x)), sh(self.k(x)), sh(self.v(x))) \
-            if hasattr(F, "scaled_dot_product_attention") else \
-            torch.softmax(sh(self.q(x)) @ sh(self.k(x)).transpose(-1, -2) / math.sqrt(d // self.nh), -1) @ sh(self.v(x))
-        return self.o(y.transpose(1, 2).reshape(B, T, d))
-
-
-class Block(nn.Module):
-    def __init__(self, d, nh, f):
-        super().__init__()
-        self.norm1, self.attn = nn.LayerNorm(d, eps=1e-6), Attn(d, nh)
-        self.norm2, self.fc1, self.fc2 = nn.LayerNorm(d, eps=1e-6), nn.Linear(d, f), nn.Linear(f, d)
-
-    def forward(self, x):
-        x = x + self.attn(self.norm1(x))
-        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
-
-
-class ViT(nn.Module):
-    """models/vit.c: conv2d patches, [CLS] token, learned positions, pre-norm blocks, head."""
-
-    def __init__(self, h):
-        super().__init__()
-        d, p = h["dim"], h["patch"]
-        self.patch_embed = nn.Conv2d(1, d, p, stride=p)
-        self.cls_token = nn.Parameter(torch.randn(1, 1, d) * 0.02)
-        self.pos_embed = nn.Parameter(torch.randn(1, (28 // p) ** 2 + 1, d) * 0.02)
-        self.blocks = nn.ModuleList(Block(d, h["heads"], h["mlp"]) for _ in range(h["layers"]))
-        self.norm, self.head = nn.LayerNorm(d, eps=1e-6), nn.Linear(d, 10)
-        for name, prm in self.named_parameters():  # cgrad's init: normal(0, 1/sqrt(fan_in)), zero biases
-            if name.endswith("bias"):
-                nn.init.zeros_(prm)
-            elif prm.dim() >= 2 and name not in ("cls_token", "pos_embed"):  # those two: normal(0, 0.02)
-                nn.init.normal_(prm, 0, 1 / math.sqrt(prm[0].numel()))
-
-    def forward(self, px):
-        x = self.patch_embed(px).flatten(2).transpose(1, 2)
-        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], 1) + self.pos_embed
-        for b in self.blocks:
-            x = b(x)
-        return self.head(self.norm(x)[:, 0])
-
-
-class CNN(nn.Module):
-    """models/cnn.c: (conv3x3 + ReLU + maxpool2) x layers, hidden linear + ReLU, head."""
-
-    def __init__(self, h):
-        super().__init__()
-        convs, cin, c = [], 1, h["channels"]
-        for _ in range(h["layers"]):
-            convs.append(nn.Conv2d(cin, c, 3, padding=1))
-            cin, c = c, c * 2
-        self.convs = nn.ModuleList(convs)
-        side = 28 >> h["layers"]
-        self.fc, self.head = nn.Linear(cin * side * side, h["hidden"]), nn.Linear(h["hidden"], 10)
-        for name, prm in self.named_parameters():  # cgrad's init: He-normal, zero biases
-            if name.endswith("bias"):
-                nn.init.zeros_(prm)
-            else:
-                gain = 1.0 if name.startswith("head") else 2.0
-                nn.init.normal_(prm, 0, math.sqrt(gain / prm[0].numel()))
-
-    def forward(self, x):
-        for conv in self.convs:
-            x = F.max_pool2d(F.relu(conv(x)), 2)
-        return self.head(F.relu(self.fc(x.flatten(1))))
+def make_model(arch, h):
+    """The reference models of tests/make_vision_fixtures.py (models/vit.c, models/cnn.c) at the
+    bench's hyperparameters, initialised as cgrad initialises them."""
+    if arch == "vit":
+        model = ref.ViT({"image_size": 28, "num_channels": 1, "patch_size": h["patch"], "d_model": h["dim"],
+                         "n_head": h["heads"], "n_layer": h["layers"], "mlp_dim": h["mlp"], "num_classes": 10,
+                         "cls_token": 1, "layer_norm_eps": 1e-6})
+    else:
+        model = ref.CNN({"image_size": 28, "num_channels": 1, "channels": h["channels"], "n_layer": h["layers"],
+                         "hidden": h["hidden"], "num_classes": 10})
+    for name, prm in model.named_parameters():
+        if name.endswith("bias"):
+            nn.init.zeros_(prm)
+        elif name in ("cls_token", "pos_embed"):  # vit: normal(0, 0.02)
+            nn.init.normal_(prm, 0, 0.02)
+        elif arch == "vit":  # normal(0, 1/sqrt(fan_in))
+            nn.init.normal_(prm, 0, 1 / math.sqrt(prm[0].numel()))
+        else:  # cnn: He-normal, the head at gain 1
+            nn.init.normal_(prm, 0, math.sqrt((1.0 if name.startswith("head") else 2.0) / prm[0].numel()))
+    return model
 
 
 def lr_at(step, h, total):
@@ -141,7 +91,7 @@ class TorchRun:
     def __init__(self, arch, h, total, data):
         torch.manual_seed(1337)
         self.h, self.total, self.step = h, total, 0
-        self.model = ViT(h) if arch == "vit" else CNN(h)
+        self.model = make_model(arch, h)
         decay = [p for p in self.model.parameters() if p.dim() >= 2]
         rest = [p for p in self.model.parameters() if p.dim() < 2]
         self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": h["wd"]}, {"params": rest, "weight_decay": 0.0}],

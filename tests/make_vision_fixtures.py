@@ -47,9 +47,10 @@ class Attn(nn.Module):
     def forward(self, x):
         B, T, d = x.shape
         sh = lambda t: t.view(B, T, self.nh, d // self.nh).transpose(1, 2)
-        s = sh(self.q(x)) @ sh(self.k(x)).transpose(-1, -2) / math.sqrt(d // self.nh)
-        y = (torch.softmax(s, -1) @ sh(self.v(x))).transpose(1, 2).reshape(B, T, d)
-        return self.o(y)
+        q, k, v = sh(self.q(x)), sh(self.k(x)), sh(self.v(x))
+        y = F.scaled_dot_product_attention(q, k, v) if hasattr(F, "scaled_dot_product_attention") else \
+            torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d // self.nh), -1) @ v
+        return self.o(y.transpose(1, 2).reshape(B, T, d))
 
 
 class Mlp(nn.Module):
@@ -141,11 +142,16 @@ def make(name, model, c, seed):
     print("%s: %d parameters, loss %.6f" % (name, sum(p.numel() for p in model.parameters()), loss.item()))
 
 
-vit = {"model_type": "vit", "image_size": 8, "num_channels": 2, "patch_size": 4, "d_model": 16, "n_head": 2,
-       "n_layer": 2, "mlp_dim": 24, "num_classes": 5, "cls_token": 1, "layer_norm_eps": 1e-6}
-make("vit", ViT(vit), vit, 3201)
-vit_mean = dict(vit, cls_token=0)
-make("vit_mean", ViT(vit_mean), vit_mean, 3202)
-cnn = {"model_type": "cnn", "image_size": 8, "num_channels": 2, "channels": 3, "n_layer": 2, "hidden": 10,
-       "num_classes": 5}
-make("cnn", CNN(cnn), cnn, 3203)
+def main():
+    vit = {"model_type": "vit", "image_size": 8, "num_channels": 2, "patch_size": 4, "d_model": 16, "n_head": 2,
+           "n_layer": 2, "mlp_dim": 24, "num_classes": 5, "cls_token": 1, "layer_norm_eps": 1e-6}
+    make("vit", ViT(vit), vit, 3201)
+    vit_mean = dict(vit, cls_token=0)
+    make("vit_mean", ViT(vit_mean), vit_mean, 3202)
+    cnn = {"model_type": "cnn", "image_size": 8, "num_channels": 2, "channels": 3, "n_layer": 2, "hidden": 10,
+           "num_classes": 5}
+    make("cnn", CNN(cnn), cnn, 3203)
+
+
+if __name__ == "__main__":
+    main()
