@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* One check for every decoder's generation (GPT-2, LLaMA): with and without the KV cache, in four
  * sampling modes, the tokens are the same and sampling does not collapse to a constant; a request
- * past the context and a prompt id outside the vocabulary (13 must be one) fail. Include after
+ * past the context and a prompt id outside the vocabulary (13 must be one) fail. Also the gradient
+ * copy and comparison the fused-head tests share. Include after
  * cgrad.h and check.h. */
 #ifndef CGRAD_TEST_DECODER_CHECK_H
 #define CGRAD_TEST_DECODER_CHECK_H
@@ -32,6 +33,34 @@ static void check_cached_generation(decoder_generate_fn gen, const void *m, cons
     prompt[2] = 13;
     CHECK(gen(m, prompt, 5, 3, &modes[0], 1, true, a) == CG_ERR_RANGE, "bad prompt id must fail");
 }
+/* Every parameter's gradient after one forward and backward of loss from zeroed gradients, copied
+ * (the caller frees it), their count in *span; frees g. */
+static inline cg_real *backward_grads(cg_graph *g, cg_tensor *loss, cg_params *ps, int64_t *span) {
+    *span = cg_params_span(ps);
+    cg_real *grads = malloc((size_t)*span * sizeof *grads);
+    cg_params_zero_grad(ps);
+    CHECK(grads && cg_graph_forward(g) == CG_OK && cg_graph_backward(g, loss) == CG_OK, "%s", cg_last_error());
+    if (grads) memcpy(grads, cg_params_grads(ps), (size_t)*span * sizeof *grads);
+    cg_graph_free(g);
+    return grads;
+}
+
+/* The fused head's gradients against the full logits' (n0 and n1 of them): the same sums in another
+ * order, so they agree to rounding; what names the case. Frees both. */
+static inline void check_same_grads(cg_real *fused, int64_t n1, cg_real *unfused, int64_t n0, const char *what) {
+    CHECK(n0 == n1 && unfused && fused, "%s: same parameters", what);
+    double d2 = 0, r2 = 0;
+    for (int64_t i = 0; i < n0 && n0 == n1 && unfused && fused; i++) {
+        const double d = (double)fused[i] - (double)unfused[i];
+        d2 += d * d, r2 += (double)unfused[i] * unfused[i];
+    }
+    const double tol = sizeof(cg_real) == sizeof(double) ? 1e-13 : 1e-6;
+    CHECK(r2 > 0 && sqrt(d2 / r2) <= tol, "%s: fused head's gradients against the full logits': relative %g", what,
+          sqrt(d2 / r2));
+    free(unfused);
+    free(fused);
+}
+
 /* Logits of seq[0..n) through a cache (fwd, a cg_decoder_forward honouring kc->past): a prompt of p,
  * then one token per graph. With replay, the
  * tokens after the prompt run one decode graph built once, its position and cache length read at

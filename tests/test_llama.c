@@ -78,12 +78,7 @@ static cg_real *test_gradcheck(bool fused, bool tied, int64_t *span) {
     for (int i = 0; i < nin && st == CG_OK; i++)
         CHECK(res[i].max_rel_err <= CG_GRADCHECK_TOL, "%s: rel err %g", names[i], res[i].max_rel_err);
 #endif
-    *span = cg_params_span(ps);
-    cg_real *grads = malloc((size_t)*span * sizeof *grads);
-    cg_params_zero_grad(ps);
-    CHECK(grads && cg_graph_forward(g) == CG_OK && cg_graph_backward(g, loss) == CG_OK, "%s", cg_last_error());
-    if (grads) memcpy(grads, cg_params_grads(ps), (size_t)*span * sizeof *grads);
-    cg_graph_free(g);
+    cg_real *grads = backward_grads(g, loss, ps, span);
     cg_llama_free(m);
     cg_params_free(ps);
     return grads;
@@ -95,17 +90,7 @@ static void test_fused_head(void) {
     for (int tied = 0; tied < 2; tied++) {
         int64_t n0, n1;
         cg_real *unfused = test_gradcheck(false, tied, &n0), *fused = test_gradcheck(true, tied, &n1);
-        CHECK(n0 == n1 && unfused && fused, "same parameters");
-        double d2 = 0, r2 = 0;
-        for (int64_t i = 0; i < n0 && n0 == n1 && unfused && fused; i++) {
-            const double d = (double)fused[i] - (double)unfused[i];
-            d2 += d * d, r2 += (double)unfused[i] * unfused[i];
-        }
-        const double tol = sizeof(cg_real) == sizeof(double) ? 1e-13 : 1e-6;
-        CHECK(r2 > 0 && sqrt(d2 / r2) <= tol, "fused head (%s) against the full logits: relative %g",
-              tied ? "tied" : "own lm_head", sqrt(d2 / r2));
-        free(unfused);
-        free(fused);
+        check_same_grads(fused, n1, unfused, n0, tied ? "llama, tied" : "llama, own lm_head");
     }
 }
 
