@@ -50,6 +50,11 @@ wait_for() {
     return 1
 }
 left() { echo "$(ip netns pids "${prefix}1" 2>/dev/null) $(ip netns pids "${prefix}2" 2>/dev/null)" | xargs; }
+# the job logging to $1 reached step 5 of $2 within 120 s (else says so)
+started() { wait_for "grep -Eq ' ([5-9]|[1-9][0-9]+)/$2' $1" 120 || { bad "no steps within 120 s: $(tail -c 1500 "$1")"; return 1; }; }
+# the job ($mp) ended within $1 s: its status in rc
+ended_within() { wait_for '! kill -0 $mp 2>/dev/null' "$1" || return 1; wait "$mp"; rc=$?; mp=; }
+none_left() { wait_for '[ -z "$(left)" ]' 10 && ok "$1: no process left on either host" || bad "$1: processes left: $(left)"; }
 
 # 1. exact against one process
 "$bin" train "${args[@]}" --steps 6 --grad-accum 2 --save-every 0 --checkpoint "$dir/one.ckpt" > one.out 2>&1 || { cat one.out; exit 1; }
@@ -69,7 +74,7 @@ two --resume "$dir/r.ckpt" --steps 6 > r2.out 2>&1 || cat r2.out
 # 3. the remote rank dies
 long=("${args[@]}" --steps 100000 --save-every 0 --checkpoint "$dir/k.ckpt")
 two "${long[@]}" > kill.out 2>&1 & mp=$!
-if wait_for 'grep -Eq " ([5-9]|[1-9][0-9]+)/100000" kill.out' 120; then
+if started kill.out 100000; then
     # the rank on host 2: the cgrad process among that namespace's (its daemon, orted, is the other)
     remote_rank() { for p in $(ip netns pids "${prefix}2"); do [ "$(readlink "/proc/$p/exe")" = "$(readlink -f "$bin")" ] && echo "$p"; done | head -1; }
     wait_for '[ -n "$(remote_rank)" ]' 10
@@ -77,58 +82,54 @@ if wait_for 'grep -Eq " ([5-9]|[1-9][0-9]+)/100000" kill.out' 120; then
     [ -n "$remote" ] || bad "no cgrad process on host 2: $(for p in $(ip netns pids "${prefix}2"); do cat "/proc/$p/comm"; done | xargs)"
     t0=$SECONDS
     kill -KILL "$remote"
-    if wait_for '! kill -0 $mp 2>/dev/null' 30; then
-        wait "$mp"; rc=$?; mp=
+    if ended_within 30; then
         [ $rc -ne 0 ] && ok "remote rank killed: the job ended in $((SECONDS - t0)) s with status $rc" ||
             bad "remote rank killed, but the job ended with status 0"
-        wait_for '[ -z "$(left)" ]' 10 && ok "no process left on either host" || bad "processes left: $(left)"
+        none_left "remote rank killed"
     else bad "the job still runs 30 s after the remote rank was killed"; fi
-else bad "no steps within 120 s: $(tail -c 400 kill.out)"; fi
+fi
 
 # 4. a partition longer than --dist-timeout: the ranks give up, and the launcher's watchdog
 # (netns_hosts.sh, NETNS_GRACE) ends mpirun and the remote daemon, which cannot reach each other
 two "${args[@]}" --steps 100000 --save-every 0 --dist-timeout 4 --checkpoint "$dir/p.ckpt" > part.out 2>&1 & mp=$!
-if wait_for 'grep -Eq " ([5-9]|[1-9][0-9]+)/100000" part.out' 120; then
+if started part.out 100000; then
     "$hosts" link "$prefix" 2 down
     t0=$SECONDS
     if wait_for 'grep -q "no answer from the other ranks" part.out' 30; then
         ok "partition: the ranks gave up after $((SECONDS - t0)) s: $(grep -m1 -o 'no answer from the other ranks.*' part.out | cut -c1-120)"
     else bad "partition: no rank reported the timeout within 30 s: $(tail -c 400 part.out)"; fi
-    if wait_for '! kill -0 $mp 2>/dev/null' 40; then
-        wait "$mp"; rc=$?; mp=
+    if ended_within 40; then
         [ $rc -eq 1 ] && ok "partition: the whole job ended in $((SECONDS - t0)) s with status 1" ||
             bad "partition: the job ended with status $rc, not 1: $(tail -c 300 part.out)"
-        wait_for '[ -z "$(left)" ]' 10 && ok "partition: no process left on either host" || bad "partition: processes left: $(left)"
+        none_left "partition"
     else bad "partition: the job still runs $((SECONDS - t0)) s into the partition"; fi
-else bad "no steps within 120 s: $(tail -c 400 part.out)"; fi
+fi
 "$hosts" link "$prefix" 2 up
 wait_for 'ip -n "${prefix}2" link show "${prefix}b2" | grep -q LOWER_UP' 10 && sleep 1
 
 # 5. a dead host: every process of host 2 killed at once (its daemon and its rank)
 two "${long[@]}" > host.out 2>&1 & mp=$!
-if wait_for 'grep -Eq " ([5-9]|[1-9][0-9]+)/100000" host.out' 120; then
+if started host.out 100000; then
     t0=$SECONDS
     for p in $(ip netns pids "${prefix}2"); do kill -KILL "$p" 2>/dev/null; done
-    if wait_for '! kill -0 $mp 2>/dev/null' 30; then
-        wait "$mp"; rc=$?; mp=
+    if ended_within 30; then
         [ $rc -ne 0 ] && ok "dead host: the job ended in $((SECONDS - t0)) s with status $rc" ||
             bad "dead host: the job ended with status 0"
-        wait_for '[ -z "$(left)" ]' 10 && ok "dead host: no process left" || bad "dead host: processes left: $(left)"
+        none_left "dead host"
     else bad "dead host: the job still runs 30 s later"; fi
-else bad "no steps within 120 s: $(tail -c 1500 host.out)"; fi
+fi
 
 # 6. a short outage (2 s) heals: the job goes on and finishes
 two "${args[@]}" --steps 40 --save-every 0 --checkpoint "$dir/o.ckpt" > out.out 2>&1 & mp=$!
-if wait_for 'grep -Eq " ([5-9]|[1-9][0-9]+)/40" out.out' 120; then
+if started out.out 40; then
     "$hosts" link "$prefix" 2 down
     sleep 2
     "$hosts" link "$prefix" 2 up
-    if wait_for '! kill -0 $mp 2>/dev/null' 60; then
-        wait "$mp"; rc=$?; mp=
+    if ended_within 60; then
         [ $rc -eq 0 ] && grep -q "final step=40" out.out && ok "a 2 s outage healed: the job finished its 40 steps" ||
             bad "a 2 s outage: status $rc: $(tail -c 300 out.out)"
     else bad "a 2 s outage: the job still runs 60 s later"; fi
-else bad "no steps within 120 s: $(tail -c 400 out.out)"; fi
+fi
 # 7. through the user-space link (netns_link: 1 ms, 200 Mbit/s, 2% of the packets lost): still exact
 link="$(dirname "$bin")/netns_link"
 if [ -x "$link" ]; then
