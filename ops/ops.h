@@ -282,8 +282,8 @@ cg_tensor *cg_one_hot(cg_graph *g, cg_tensor *ids, int64_t num_classes, cg_dtype
 
 /* Running sum along axis (reverse: from the end, torch.flip(cumsum(flip(x)))), summed in double. */
 cg_tensor *cg_cumsum(cg_graph *g, cg_tensor *x, int axis, bool reverse);
-/* The k largest (or smallest) entries along axis, best first; ties go to the lower index and NaN
- * ranks above every number, as in torch. *values (real, may be NULL to skip) gathers x, so its
+/* The k largest (or smallest) entries along axis, best first; NaN ranks above every number, as in
+ * torch; ties go to the lower index (torch leaves their order unspecified). *values (real, may be NULL to skip) gathers x, so its
  * gradient reaches the chosen positions; *indices (int32, may be NULL) holds their positions. */
 cg_status cg_topk(cg_graph *g, cg_tensor *x, int64_t k, int axis, bool largest, cg_tensor **values,
                   cg_tensor **indices);

@@ -11,6 +11,7 @@
 
 #include <cgrad/cgrad.h>
 #include "check.h"
+#include "torch_fixtures.h"
 
 static cg_tensor *real_in(cg_graph *g, int nd, const int64_t *shape, const double *v) {
     cg_tensor *t = cg_input(g, "x", CG_REAL, nd, shape);
@@ -224,61 +225,8 @@ static void test_expand_bmm(void) {
 
 /* ---- against torch ---- */
 
-typedef struct {
-    char name[48];
-    int ndim;
-    int64_t shape[6];
-    double *v;
-    int64_t n;
-} fx_tensor;
-static fx_tensor fx[64];
-static int nfx;
-
-static bool load_fixtures(void) {
-    char *s = test_slurp(CGRAD_TEST_DIR "/fixtures/conv/conv.txt", NULL);
-    if (!s) return false;
-    for (char *line = strtok(s, "\n"); line && nfx < 64; line = strtok(NULL, "\n")) {
-        fx_tensor *t = &fx[nfx++];
-        int used = 0;
-        if (sscanf(line, "%47s %d%n", t->name, &t->ndim, &used) != 2 || t->ndim < 0 || t->ndim > 6) return false;
-        char *p = line + used, *end;
-        t->n = 1;
-        for (int d = 0; d < t->ndim; d++) t->n *= t->shape[d] = strtoll(p, &p, 10);
-        t->v = malloc((size_t)t->n * sizeof *t->v);
-        for (int64_t i = 0; t->v && i < t->n; i++, p = end) t->v[i] = strtod(p, &end);
-    }
-    free(s);
-    return nfx > 0;
-}
-static const fx_tensor *fixture(const char *c, const char *part) {
-    char name[64];
-    snprintf(name, sizeof name, "%s.%s", c, part);
-    for (int i = 0; i < nfx; i++)
-        if (!strcmp(fx[i].name, name)) return &fx[i];
-    return NULL;
-}
 static cg_tensor *from_fixture(cg_graph *g, const char *c, const char *part) {
-    const fx_tensor *t = fixture(c, part);
-    return t ? cg_requires_grad(real_in(g, t->ndim, t->shape, t->v)) : NULL;
-}
-
-/* float64 matches torch to round-off; float32 to its precision over sums of a few dozen terms */
-#define TOL (sizeof(cg_real) == 8 ? 1e-12 : 2e-5)
-
-static void compare(const char *c, const char *part, cg_tensor *t, bool grad) {
-    const fx_tensor *want = fixture(c, part);
-    CHECK(want && t && cg_numel(t) == want->n, "%s.%s: missing or %lld elements", c, part, t ? (long long)cg_numel(t) : -1LL);
-    if (!want || !t || cg_numel(t) != want->n) return;
-    cg_real *got = malloc((size_t)want->n * sizeof *got);
-    CHECK(!(grad ? cg_read_grad(t, got) : cg_read(t, got)), "%s", cg_last_error());
-    double worst = 0;
-    int64_t at = 0;
-    for (int64_t i = 0; i < want->n; i++) {
-        const double err = fabs((double)got[i] - want->v[i]) / (1 + fabs(want->v[i]));
-        if (err > worst) worst = err, at = i;
-    }
-    CHECK(worst <= TOL, "%s.%s: element %lld is %.9g, torch %.9g", c, part, (long long)at, (double)got[at], want->v[at]);
-    free(got);
+    return cg_requires_grad(fx_input(g, fx_find(c, part), CG_REAL));
 }
 
 typedef cg_tensor *(*fixture_op)(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *b);
@@ -307,7 +255,7 @@ static cg_tensor *avg_pool_(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *
 }
 
 static void test_against_torch(void) {
-    if (!load_fixtures()) {
+    if (!fx_load(CGRAD_TEST_DIR "/fixtures/conv/conv.txt")) {
         CHECK(false, "cannot read %s", CGRAD_TEST_DIR "/fixtures/conv/conv.txt");
         return;
     }
@@ -330,13 +278,13 @@ static void test_against_torch(void) {
         cg_tensor *r = from_fixture(g, c, "r");
         cg_tensor *loss = cg_sum_all(g, cg_mul(g, y, r));
         CHECK(!cg_graph_forward(g) && !cg_graph_backward(g, loss), "%s: %s", c, cg_last_error());
-        compare(c, "y", y, false);
-        compare(c, "dx", x, true);
-        if (w) compare(c, "dw", w, true);
-        if (b) compare(c, "db", b, true);
+        fx_compare(c, "y", y, false);
+        fx_compare(c, "dx", x, true);
+        if (w) fx_compare(c, "dw", w, true);
+        if (b) fx_compare(c, "db", b, true);
         cg_graph_free(g);
     }
-    for (int i = 0; i < nfx; i++) free(fx[i].v);
+    fx_free();
 }
 
 static void test_conv_errors(void) {
