@@ -2,7 +2,7 @@
 /* Mixture-of-experts feed-forward, composed from ops (no backward of its own). Graph shapes are fixed
  * when the graph is built, while routing changes with every batch. Dropless routing sorts the N x top_k
  * (token, choice) assignments by expert (cg_topk over a sort key), gathers their tokens in that order
- * and runs each expert on its own contiguous rows (cg_segment_linear, whose segment ends are counted
+ * and runs each expert on its own contiguous rows (cg_segment_linear_each, whose segment ends are counted
  * when the graph runs): the products cost N x top_k rows, as Mixtral's loop over experts does. With a
  * capacity factor each expert owns a fixed number of slots, filled at run time with the positions of
  * the tokens routed to it (cg_topk over a priority score); it runs on its slots' tokens
@@ -133,19 +133,6 @@ static bool route(cg_graph *g, const cg_moe *m, cg_tensor *x2, routing *rt) {
     return rt->weights != NULL;
 }
 
-/* The experts' matrices of one kind stacked [E, rows, cols] (a copy of the parameters each run). */
-static cg_tensor *stacked(cg_graph *g, cg_tensor *const *w, int64_t e) {
-    cg_tensor **v = malloc((size_t)e * sizeof *v); /* build time only */
-    if (!v) {
-        cg_set_error(CG_ERR_NOMEM, "[moe] out of memory");
-        return NULL;
-    }
-    for (int64_t i = 0; i < e; i++) v[i] = cg_reshape(g, w[i], 3, (int64_t[]){1, cg_dim(w[i], 0), cg_dim(w[i], 1)});
-    cg_tensor *s = cg_concat(g, (int)e, v, 0);
-    free(v);
-    return s;
-}
-
 /* Dropless: the assignments sorted by expert (first choices, then token order, within one), each
  * expert's rows through its matrices by cg_segment_linear. The sort key of assignment j (token n, r-th
  * choice e) is (E - e) * (A + 1) + (top_k - r) * N + (N - n) over A = N x top_k assignments: distinct,
@@ -173,9 +160,9 @@ static cg_tensor *forward_sorted(cg_graph *g, const cg_moe *m, cg_tensor *x2, cg
     if (cg_topk(g, key, a, 0, true, NULL, &order)) return NULL;
     cg_tensor *rows = cg_to_int(g, cg_index_select(g, tok, 0, order)); /* the token of each sorted row */
     cg_tensor *xs = cg_index_select(g, x2, 0, rows);
-    cg_tensor *h = cg_swiglu(g, cg_segment_linear(g, xs, stacked(g, m->w1, e), ends),
-                             cg_segment_linear(g, xs, stacked(g, m->w3, e), ends));
-    cg_tensor *y = cg_mul(g, cg_segment_linear(g, h, stacked(g, m->w2, e), ends),
+    cg_tensor *h = cg_swiglu(g, cg_segment_linear_each(g, xs, (int)e, m->w1, ends),
+                             cg_segment_linear_each(g, xs, (int)e, m->w3, ends));
+    cg_tensor *y = cg_mul(g, cg_segment_linear_each(g, h, (int)e, m->w2, ends),
                           cg_reshape(g, cg_index_select(g, w, 0, order), 2, (int64_t[]){a, 1}));
     return cg_index_add(g, constant(g, "moe.zeros_nd", 2, (int64_t[]){n, d}, NULL, 0), 0, rows, y);
 }
@@ -208,7 +195,7 @@ static cg_tensor *finish(cg_graph *g, cg_tensor *x, cg_tensor *out2, cg_tensor *
 cg_tensor *cg_moe_forward(cg_graph *g, const cg_moe *m, cg_tensor *x, cg_tensor **router_logits) {
     if (router_logits) *router_logits = NULL;
     cg_tensor *x2 = rows_of(g, m, x);
-    /* cg_segment_linear reads the stacked matrices, not through cg_linear, so experts with LoRA adapters
+    /* cg_segment_linear_each reads the experts' values, not through cg_linear, so experts with LoRA adapters
      * take the slot path at capacity N (every token fits: dropless too), whose cg_linear applies them */
     bool lora = false;
     for (int64_t i = 0; x2 && i < m->cfg.num_experts; i++)

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../cgrad.h"
 #include "../models/moe.h"
@@ -250,6 +251,96 @@ static void lora_experts(void) {
     cg_params_free(ps);
 }
 
+/* cg_segment_linear_each: segment e through its own weight tensor, read in place. Three parameters
+ * [3, 4] over x[6, 4] with ends {2, 2, 5} (an empty segment, a row past the last end) give the stacked
+ * op's output and gradients on a copy stacked [3, 3, 4], bit for bit (the same products); weights that
+ * are inputs (not parameters) are stacked by the op and give them too; in float64 the parameters'
+ * and x's gradients match finite differences. */
+static void segment_each(void) {
+    cg_params *ps = cg_params_new();
+    cg_rng r;
+    cg_rng_seed(&r, 41);
+    cg_tensor *w[3], *stack = cg_params_add(ps, "stack", 3, (int64_t[]){3, 3, 4});
+    for (int e = 0; e < 3; e++) {
+        char name[16];
+        snprintf(name, sizeof name, "w%d", e);
+        w[e] = cg_params_add(ps, name, 2, (int64_t[]){3, 4});
+        cg_fill_normal(w[e], &r, 0, 1);
+        for (int j = 0; stack && j < 12; j++) cg_data(stack)[e * 12 + j] = cg_data(w[e])[j];
+    }
+    double y[3][18], dx[3][24], dw[3][36];
+    for (int way = 0; way < 3; way++) { /* 0: parameters in place, 1: the stacked parameter, 2: inputs */
+        cg_params_zero_grad(ps);
+        cg_graph *g = cg_graph_new(CG_TRAIN);
+        cg_tensor *x = cg_requires_grad(cg_input(g, "x", CG_REAL, 2, (int64_t[]){6, 4})),
+                  *ends = cg_input(g, "ends", CG_INT32, 1, (int64_t[]){3}), *up = cg_input(g, "up", CG_REAL, 2, (int64_t[]){6, 3});
+        cg_rng rx;
+        cg_rng_seed(&rx, 42);
+        cg_fill_normal(x, &rx, 0, 1);
+        cg_fill_normal(up, &rx, 0, 1);
+        cg_idata(ends)[0] = 2, cg_idata(ends)[1] = 2, cg_idata(ends)[2] = 5;
+        cg_tensor *in[3];
+        for (int e = 0; e < 3; e++) {
+            in[e] = way < 2 ? w[e] : cg_requires_grad(cg_input(g, "wi", CG_REAL, 2, (int64_t[]){3, 4}));
+            if (way == 2) memcpy(cg_data(in[e]), cg_data(w[e]), 12 * sizeof(cg_real));
+        }
+        cg_tensor *out = cg_retain(way == 1 ? cg_segment_linear(g, x, stack, ends) : cg_segment_linear_each(g, x, 3, in, ends));
+        cg_tensor *loss = cg_sum_all(g, cg_mul(g, out, up));
+        CHECK(loss && !cg_graph_forward(g) && !cg_graph_backward(g, loss), "way %d: %s", way, cg_last_error());
+        for (int i = 0; loss && i < 18; i++) y[way][i] = cg_data(out)[i];
+        for (int i = 0; loss && i < 24; i++) dx[way][i] = cg_grad(x)[i];
+        for (int i = 0; loss && i < 36; i++)
+            dw[way][i] = way == 1 ? cg_grad(stack)[i] : cg_grad(in[i / 12])[i % 12];
+#ifdef CGRAD_DOUBLE
+        if (way == 0) {
+            cg_tensor *chk[4] = {x, w[0], w[1], w[2]};
+            cg_gradcheck_result res[4];
+            CHECK(!cg_gradcheck(g, out, 4, chk, 0, res), "%s", cg_last_error());
+            for (int i = 0; i < 4; i++)
+                CHECK(res[i].pass && res[i].max_rel_err < CG_GRADCHECK_TOL, "segment_linear_each: d %s: rel err %g",
+                      res[i].name, res[i].max_rel_err);
+        }
+#endif
+        cg_graph_free(g);
+    }
+    for (int way = 1; way < 3; way++) {
+        CHECK(!memcmp(y[0], y[way], sizeof y[0]) && !memcmp(dx[0], dx[way], sizeof dx[0]) && !memcmp(dw[0], dw[way], sizeof dw[0]),
+              "segment_linear_each on parameters differs from %s", way == 1 ? "the stacked op" : "weights given as inputs");
+    }
+    CHECK(y[0][17] == 0 && y[0][12] != 0 && dw[0][12] == 0 && dw[0][0] != 0,
+          "row 5 past the last end is 0 (%g), the empty segment's weight has no gradient (%g)", y[0][17], dw[0][12]);
+    /* errors name the op and the shapes */
+    cg_graph *g = cg_graph_new(CG_EVAL);
+    cg_tensor *x = cg_input(g, "x", CG_REAL, 2, (int64_t[]){6, 5}), *ends = cg_input(g, "ends", CG_INT32, 1, (int64_t[]){3});
+    CHECK(!cg_segment_linear_each(g, x, 3, w, ends) && strstr(cg_last_error(), "[segment_linear] x[6,5], w[0][3,4]"), "%s",
+          cg_last_error());
+    CHECK(!cg_segment_linear_each(g, x, 0, w, ends) && strstr(cg_last_error(), "n >= 1"), "%s", cg_last_error());
+    cg_graph_free(g);
+    cg_params_free(ps);
+}
+
+/* The dropless layer reads its experts where they are: no node of its graph copies them into a stack
+ * (cg_concat), as the layer did on every step before. */
+static void no_expert_copy(void) {
+    cg_params *ps = cg_params_new();
+    cg_moe *m = layer(ps, 0, 51);
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    cg_tensor *x = input_x(g, 52), *logits = NULL;
+    cg_tensor *loss = cg_sum_all(g, cg_square(g, cg_moe_forward(g, m, x, &logits)));
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/cgrad_test_moe_%d.dot", (int)getpid());
+    CHECK(loss && !cg_graph_forward(g) && !cg_graph_backward(g, loss) && !cg_graph_dot(g, path), "%s", cg_last_error());
+    size_t len = 0;
+    char *dot = test_slurp(path, &len);
+    unlink(path);
+    CHECK(dot && strstr(dot, "segment_linear") && !strstr(dot, " concat"),
+          "the dropless layer's graph copies its experts (a concat node) or has no segment_linear");
+    free(dot);
+    cg_graph_free(g);
+    cg_moe_free(m);
+    cg_params_free(ps);
+}
+
 static void errors(void) {
     cg_params *ps = cg_params_new();
     cg_rng r;
@@ -293,6 +384,8 @@ int main(void) {
     capacity_drops();
     aux_loss_loop();
     lora_experts();
+    segment_each();
+    no_expert_copy();
     errors();
     TEST_END();
 }
