@@ -74,6 +74,15 @@ void cg_moe_free(cg_moe *m) {
 
 const cg_moe_config *cg_moe_cfg(const cg_moe *m) { return m ? &m->cfg : NULL; }
 
+cg_status cg_moe_set_capacity_factor(cg_moe *m, double capacity_factor) {
+    if (!m) return cg_set_error(CG_ERR_ARG, "[moe] layer is NULL");
+    cg_moe_config c = m->cfg;
+    c.capacity_factor = capacity_factor;
+    if (!config_ok(&c)) return CG_ERR_ARG;
+    m->cfg = c;
+    return CG_OK;
+}
+
 /* Slots per expert for n tokens: ceil(factor * top_k * n / E), within 1..n; dropless: n. */
 static int64_t capacity(const cg_moe_config *c, int64_t n) {
     if (c->capacity_factor <= 0) return n;
@@ -98,6 +107,7 @@ typedef struct {
     cg_tensor *logits;  /* router logits [N, E] */
     cg_tensor *slots;   /* int32 [E, C]: the token in each expert's slot (an arbitrary one when empty) */
     cg_tensor *weights; /* [E, C]: the slot's routing weight, 0 when empty */
+    cg_tensor *kept;    /* scalar: the slots filled, the (token, choice) pairs that were not dropped */
     int64_t cap;        /* C */
 } routing;
 
@@ -130,7 +140,8 @@ static bool route(cg_graph *g, const cg_moe *m, cg_tensor *x2, routing *rt) {
     if (cg_topk(g, cg_contiguous(g, cg_transpose(g, score, 0, 1)), rt->cap, 1, true, &best, &rt->slots)) return false;
     cg_tensor *filled = cg_to_real(g, cg_gt(g, best, constant(g, "moe.zero", 0, NULL, NULL, 0)));
     rt->weights = cg_mul(g, cg_gather(g, cg_contiguous(g, cg_transpose(g, dense, 0, 1)), 1, rt->slots), filled);
-    return rt->weights != NULL;
+    rt->kept = cg_sum_all(g, filled);
+    return rt->weights && rt->kept;
 }
 
 /* Dropless: the assignments sorted by expert (first choices, then token order, within one), each
@@ -193,7 +204,13 @@ static cg_tensor *finish(cg_graph *g, cg_tensor *x, cg_tensor *out2, cg_tensor *
 }
 
 cg_tensor *cg_moe_forward(cg_graph *g, const cg_moe *m, cg_tensor *x, cg_tensor **router_logits) {
+    return cg_moe_forward_counted(g, m, x, router_logits, NULL);
+}
+
+cg_tensor *cg_moe_forward_counted(cg_graph *g, const cg_moe *m, cg_tensor *x, cg_tensor **router_logits,
+                                  cg_tensor **dropped) {
     if (router_logits) *router_logits = NULL;
+    if (dropped) *dropped = NULL;
     cg_tensor *x2 = rows_of(g, m, x);
     /* cg_segment_linear_each reads the experts' values, not through cg_linear, so experts with LoRA adapters
      * take the slot path at capacity N (every token fits: dropless too), whose cg_linear applies them */
@@ -202,6 +219,7 @@ cg_tensor *cg_moe_forward(cg_graph *g, const cg_moe *m, cg_tensor *x, cg_tensor 
         lora = lora || m->w1[i]->root->lora_a || m->w2[i]->root->lora_a || m->w3[i]->root->lora_a;
     if (x2 && m->cfg.capacity_factor <= 0 && !lora) {
         cg_tensor *out = forward_sorted(g, m, x2, router_logits);
+        if (dropped) *dropped = constant(g, "moe.dropped", 0, NULL, NULL, 0); /* nothing is */
         return out ? cg_reshape(g, out, cg_ndim(x), cg_shape(x)) : NULL;
     }
     routing rt;
@@ -221,6 +239,7 @@ cg_tensor *cg_moe_forward(cg_graph *g, const cg_moe *m, cg_tensor *x, cg_tensor 
     free(ys);
     cg_tensor *out = cg_index_add(g, constant(g, "moe.zeros_nd", 2, (int64_t[]){n, d}, NULL, 0), 0,
                                   cg_reshape(g, rt.slots, 1, (int64_t[]){e * cap}), y);
+    if (dropped) *dropped = cg_add_scalar(g, cg_neg(g, rt.kept), (double)(n * m->cfg.top_k));
     return finish(g, x, out, router_logits, &rt);
 }
 

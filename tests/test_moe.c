@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "../cgrad.h"
+#include "../models/llama.h"
 #include "../models/moe.h"
 #include "check.h"
 
@@ -341,6 +342,113 @@ static void no_expert_copy(void) {
     cg_params_free(ps);
 }
 
+/* Capacity 1.0 (ceil(1 * 2 * 10 / 4) = 5 slots an expert): the layer's count of dropped (token, choice)
+ * pairs equals the overflow counted here from the router logits, first choices served first and then
+ * in token order (Switch's order); the routed layer at that capacity equals the dense reference (above);
+ * dropless drops none. */
+static void dropped_count(void) {
+    for (int dropless = 0; dropless < 2; dropless++) {
+        cg_params *ps = cg_params_new();
+        cg_moe *m = layer(ps, dropless ? 0 : 1.0, 61);
+        cg_graph *g = cg_graph_new(CG_EVAL);
+        cg_tensor *x = input_x(g, 62), *logits = NULL, *dropped = NULL;
+        cg_tensor *y = cg_moe_forward_counted(g, m, x, &logits, &dropped);
+        CHECK(y && cg_retain(logits) && cg_retain(dropped) && cg_ndim(dropped) == 0 && !cg_graph_forward(g), "%s",
+              cg_last_error());
+        if (!y || !dropped) goto next;
+        int load[E] = {0}, want = 0;
+        int choice[N][K];
+        for (int i = 0; i < N; i++) /* top-2 of the logits (softmax keeps the order) */
+            for (int k = 0; k < K; k++) {
+                int best = -1;
+                for (int j = 0; j < E; j++)
+                    if ((k == 0 || j != choice[i][0]) && (best < 0 || cg_data(logits)[i * E + j] > cg_data(logits)[i * E + best]))
+                        best = j;
+                choice[i][k] = best;
+            }
+        for (int k = 0; k < K; k++)
+            for (int i = 0; i < N; i++) want += ++load[choice[i][k]] > (dropless ? N : 5);
+        const double got = cg_item(dropped);
+        CHECK(got == want && (dropless ? want == 0 : want > 0), "%s: %g choices dropped, counted %d", dropless ? "dropless" : "capacity 1",
+              got, want);
+        printf("%s: %g of %d choices dropped (counted from the logits: %d)\n", dropless ? "dropless" : "capacity_factor 1",
+               got, N * K, want);
+    next:
+        cg_graph_free(g);
+        cg_moe_free(m);
+        cg_params_free(ps);
+    }
+}
+
+/* capacity_factor in a Mixtral config.json (cgrad's field): read, written back only when not 0, refused
+ * negative or outside Mixtral; cg_llama_set_capacity_factor reaches every layer (a capacity that drops
+ * changes the logits, one past every token's count gives dropless ones), and refuses bad values. */
+static void llama_capacity(void) {
+    const char *base = "{\"model_type\": \"mixtral\", \"vocab_size\": 11, \"hidden_size\": 8, \"intermediate_size\": 6, "
+                       "\"num_hidden_layers\": 2, \"num_attention_heads\": 2, \"num_key_value_heads\": 1, "
+                       "\"num_local_experts\": 4, \"num_experts_per_tok\": 2%s}";
+    char text[512];
+    cg_llama_config c;
+    snprintf(text, sizeof text, base, ", \"capacity_factor\": 1.25");
+    CHECK(cg_llama_config_parse(text, &c) == CG_OK && c.capacity_factor == 1.25, "%s", cg_last_error());
+    char *js = cg_llama_config_json(&c);
+    CHECK(js && strstr(js, "\"capacity_factor\": 1.25"), "written back: %s", js ? js : cg_last_error());
+    free(js);
+    snprintf(text, sizeof text, base, "");
+    CHECK(cg_llama_config_parse(text, &c) == CG_OK && c.capacity_factor == 0, "%s", cg_last_error());
+    js = cg_llama_config_json(&c);
+    CHECK(js && !strstr(js, "capacity_factor"), "dropless writes no capacity_factor: %s", js ? js : cg_last_error());
+    free(js);
+    snprintf(text, sizeof text, base, ", \"capacity_factor\": -0.5");
+    CHECK(cg_llama_config_parse(text, &c) != CG_OK && strstr(cg_last_error(), "capacity_factor"), "%s", cg_last_error());
+    CHECK(cg_llama_config_parse("{\"model_type\": \"llama\", \"vocab_size\": 11, \"hidden_size\": 8, \"intermediate_size\": 6, "
+                                "\"num_hidden_layers\": 1, \"num_attention_heads\": 2, \"capacity_factor\": 1}", &c) != CG_OK &&
+              strstr(cg_last_error(), "capacity_factor"), "a dense family refuses it: %s", cg_last_error());
+    snprintf(text, sizeof text, base, "");
+    cg_llama_config_parse(text, &c);
+    double logits[3][2 * 6 * 11];
+    const double caps[3] = {0, 0.5, 100};
+    for (int v = 0; v < 3; v++) {
+        cg_params *ps = cg_params_new();
+        cg_llama *m = cg_llama_new(&c, ps, 7);
+        for (int i = 0; m && i < cg_params_count(ps); i++) { /* wide weights, so routing is far from uniform */
+            cg_rng r;
+            cg_rng_seed(&r, 70 + (uint64_t)i);
+            if (cg_ndim(cg_params_at(ps, i)) == 2) cg_fill_normal(cg_params_at(ps, i), &r, 0, 0.5);
+        }
+        CHECK(m && cg_llama_set_capacity_factor(m, caps[v]) == CG_OK && cg_llama_cfg(m)->capacity_factor == caps[v], "%s",
+              cg_last_error());
+        cg_graph *g = cg_graph_new(CG_EVAL);
+        cg_tensor *ids = cg_input(g, "ids", CG_INT32, 2, (int64_t[]){2, 6});
+        for (int i = 0; i < 12; i++) cg_idata(ids)[i] = (i * 7 + 3) % 11;
+        cg_tensor *out = cg_retain(cg_llama_logits(g, m, ids));
+        CHECK(out && !cg_graph_forward(g), "%s", cg_last_error());
+        for (int i = 0; out && i < 2 * 6 * 11; i++) logits[v][i] = cg_data(out)[i];
+        if (v == 0) {
+            CHECK(cg_llama_set_capacity_factor(m, -1) == CG_ERR_ARG && strstr(cg_last_error(), "capacity_factor -1"), "%s",
+                  cg_last_error());
+            CHECK(cg_llama_set_capacity_factor(m, NAN) == CG_ERR_ARG && cg_llama_cfg(m)->capacity_factor == 0, "%s",
+                  cg_last_error());
+        }
+        cg_graph_free(g);
+        cg_llama_free(m);
+        cg_params_free(ps);
+    }
+    double d_half = 0, d_big = 0;
+    for (int i = 0; i < 2 * 6 * 11; i++)
+        d_half = fmax(d_half, fabs(logits[1][i] - logits[0][i])), d_big = fmax(d_big, fabs(logits[2][i] - logits[0][i]));
+    CHECK(d_half > 1e-4 && d_big <= SAME_TOL * 10, "Mixtral logits: capacity 0.5 moves them by %g (want > 0), capacity 100 "
+          "by %g (want 0: nothing dropped)", d_half, d_big);
+    cg_llama_config dense = c;
+    dense.family = CG_LLAMA_FAMILY_LLAMA, dense.num_local_experts = 0;
+    cg_params *ps = cg_params_new();
+    cg_llama *m = cg_llama_new(&dense, ps, 7);
+    CHECK(m && cg_llama_set_capacity_factor(m, 1) == CG_ERR_ARG && strstr(cg_last_error(), "no mixture-of-experts"), "%s",
+          cg_last_error());
+    cg_llama_free(m);
+    cg_params_free(ps);
+}
+
 static void errors(void) {
     cg_params *ps = cg_params_new();
     cg_rng r;
@@ -380,12 +488,15 @@ int main(void) {
     gradcheck(0.75); /* capacity ceil(0.75 * 2 * 10 / 4) = 4 of the 5 slots a balanced expert would need */
     routed_equals_dense(0);
     routed_equals_dense(0.75);
+    routed_equals_dense(1.0);
     capacity_changes_output();
     capacity_drops();
     aux_loss_loop();
     lora_experts();
     segment_each();
     no_expert_copy();
+    dropped_count();
+    llama_capacity();
     errors();
     TEST_END();
 }
