@@ -6,8 +6,8 @@
  * capacity factor) against the dense formulation (every expert on every token, masked), forward +
  * backward; then a Mixtral-tiny training step (forward + backward of the loss with the load-balancing
  * term) against the dense LLaMA with the same active parameters (intermediate_size top_k x the
- * experts'). All variants run interleaved, repetition by repetition; medians, [min, max] and the load
- * average before and after. Usage: bench_moe [reps] [tokens] [d] [ffn] [experts] [top_k] [threads]. */
+ * experts'). All variants run interleaved, repetition by repetition; medians, [min, max], each graph's
+ * memory plan (values, gradients, scratch) and the load average before and after. Usage: bench_moe [reps] [tokens] [d] [ffn] [experts] [top_k] [threads]. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -26,8 +26,9 @@ static void loadavg(const char *when) {
 static void report(const char *title, int n, const char *const *names, bench_timed *ts, int reps) {
     printf("%s\n", title);
     for (int i = 0; i < n; i++)
-        printf("%-34s %9.2f [%8.2f, %8.2f] ms, cpu %9.2f ms, %5.2fx the first\n", names[i], ts[i].ms[reps / 2], ts[i].ms[0],
-               ts[i].ms[reps - 1], ts[i].cpu[reps / 2], ts[i].ms[reps / 2] / ts[0].ms[reps / 2]);
+        printf("%-34s %9.2f [%8.2f, %8.2f] ms, cpu %9.2f ms, %5.2fx the first; memory plan %.1f MB\n", names[i],
+               ts[i].ms[reps / 2], ts[i].ms[0], ts[i].ms[reps - 1], ts[i].cpu[reps / 2], ts[i].ms[reps / 2] / ts[0].ms[reps / 2],
+               (double)cg_graph_plan_bytes(ts[i].g) / 1e6);
 }
 
 int main(int argc, char **argv) {
