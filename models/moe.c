@@ -144,6 +144,35 @@ static bool route(cg_graph *g, const cg_moe *m, cg_tensor *x2, routing *rt) {
     return rt->weights && rt->kept;
 }
 
+/* Whether the segment products can run the experts' matrices of one kind w[E]: true when none carries
+ * a LoRA adapter, or every one carries one of the same rank and scale (adapters on "experts"); false
+ * for a mix, which the slot path's cg_linear applies one by one. */
+static bool segments_ok(cg_tensor *const *w, int64_t e) {
+    const cg_tensor *a0 = w[0]->root->lora_a;
+    for (int64_t i = 0; i < e; i++) {
+        const cg_tensor *p = w[i]->root, *a = p->lora_a;
+        if (p != w[i] || !a != !a0 || (a && (a->shape[0] != a0->shape[0] || p->lora_scale != w[0]->lora_scale))) return false;
+    }
+    return true;
+}
+
+/* The sorted rows x through their experts' matrices w[E], with their adapters when they have them:
+ * x W^T + s (x A^T) B^T, each product by segments, as cgi_lora_linear does for one matrix. */
+static cg_tensor *segments(cg_graph *g, cg_tensor *x, cg_tensor *const *w, int64_t e, cg_tensor *ends) {
+    cg_tensor *y = cg_segment_linear_each(g, x, (int)e, w, ends);
+    if (!w[0]->lora_a) return y;
+    cg_tensor **ab = malloc((size_t)(2 * e) * sizeof *ab); /* build time only */
+    if (!ab) {
+        cg_set_error(CG_ERR_NOMEM, "[moe] out of memory");
+        return NULL;
+    }
+    for (int64_t i = 0; i < e; i++) ab[i] = w[i]->lora_a, ab[e + i] = w[i]->lora_b;
+    cg_tensor *low = cg_segment_linear_each(g, x, (int)e, ab, ends);
+    cg_tensor *delta = cg_segment_linear_each(g, cg_scale(g, low, w[0]->lora_scale), (int)e, ab + e, ends);
+    free(ab);
+    return cg_add(g, y, delta);
+}
+
 /* Dropless: the assignments sorted by expert (first choices, then token order, within one), each
  * expert's rows through its matrices by cg_segment_linear. The sort key of assignment j (token n, r-th
  * choice e) is (E - e) * (A + 1) + (top_k - r) * N + (N - n) over A = N x top_k assignments: distinct,
@@ -171,9 +200,8 @@ static cg_tensor *forward_sorted(cg_graph *g, const cg_moe *m, cg_tensor *x2, cg
     if (cg_topk(g, key, a, 0, true, NULL, &order)) return NULL;
     cg_tensor *rows = cg_to_int(g, cg_index_select(g, tok, 0, order)); /* the token of each sorted row */
     cg_tensor *xs = cg_index_select(g, x2, 0, rows);
-    cg_tensor *h = cg_swiglu(g, cg_segment_linear_each(g, xs, (int)e, m->w1, ends),
-                             cg_segment_linear_each(g, xs, (int)e, m->w3, ends));
-    cg_tensor *y = cg_mul(g, cg_segment_linear_each(g, h, (int)e, m->w2, ends),
+    cg_tensor *h = cg_swiglu(g, segments(g, xs, m->w1, e, ends), segments(g, xs, m->w3, e, ends));
+    cg_tensor *y = cg_mul(g, segments(g, h, m->w2, e, ends),
                           cg_reshape(g, cg_index_select(g, w, 0, order), 2, (int64_t[]){a, 1}));
     return cg_index_add(g, constant(g, "moe.zeros_nd", 2, (int64_t[]){n, d}, NULL, 0), 0, rows, y);
 }
@@ -212,12 +240,11 @@ cg_tensor *cg_moe_forward_counted(cg_graph *g, const cg_moe *m, cg_tensor *x, cg
     if (router_logits) *router_logits = NULL;
     if (dropped) *dropped = NULL;
     cg_tensor *x2 = rows_of(g, m, x);
-    /* cg_segment_linear_each reads the experts' values, not through cg_linear, so experts with LoRA adapters
-     * take the slot path at capacity N (every token fits: dropless too), whose cg_linear applies them */
-    bool lora = false;
-    for (int64_t i = 0; x2 && i < m->cfg.num_experts; i++)
-        lora = lora || m->w1[i]->root->lora_a || m->w2[i]->root->lora_a || m->w3[i]->root->lora_a;
-    if (x2 && m->cfg.capacity_factor <= 0 && !lora) {
+    /* a mix of experts with and without adapters takes the slot path at capacity N (every token fits:
+     * dropless too), whose cg_linear applies each expert's own */
+    const int64_t ne = m->cfg.num_experts;
+    const bool mixed = x2 && !(segments_ok(m->w1, ne) && segments_ok(m->w2, ne) && segments_ok(m->w3, ne));
+    if (x2 && m->cfg.capacity_factor <= 0 && !mixed) {
         cg_tensor *out = forward_sorted(g, m, x2, router_logits);
         if (dropped) *dropped = constant(g, "moe.dropped", 0, NULL, NULL, 0); /* nothing is */
         return out ? cg_reshape(g, out, cg_ndim(x), cg_shape(x)) : NULL;

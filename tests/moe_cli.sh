@@ -7,6 +7,7 @@
 #  - --moe-capacity reaches the model: the header says it, the checkpoint's config keeps it, export
 #    writes it as config.json's capacity_factor (only when not 0) and a directory with it loads with it;
 #    a capacity that drops tokens trains to another loss than dropless;
+#  - LoRA adapters on every expert train and export merged into the per-expert names;
 #  - a negative, NaN, infinite or non-number --moe-capacity is refused naming the flag, as is a
 #    capacity for a model without experts.
 # Usage: moe_cli.sh CGRAD
@@ -74,6 +75,17 @@ check 'grep -q "capacity_factor 0.5," run.out' "a resumed run keeps the checkpoi
 run "$bin" train --resume cap2.ckpt "${tune[@]}" --steps 4 --eval-every 4 --moe-capacity 0
 check 'grep -q "capacity_factor 0 (dropless)" run.out && ! "$bin" info cap2.ckpt | grep "^config" | grep -q capacity_factor' \
       "--moe-capacity 0 on --resume makes it dropless"
+
+# LoRA adapters on every expert (the dropless layer runs them by segments) train, and export merges them
+# into MixtralForCausalLM's per-expert names
+run "$bin" train "${tune[@]}" --init-from mixtral --context 8 --steps 2 --eval-every 2 --checkpoint lora.ckpt \
+    --lora-rank 2 --lora-targets experts
+check 'grep -q "LoRA: 24 adapters of rank 2" run.out && grep -q "^final step=2 train_loss=[0-9]" run.out' \
+      "LoRA on the experts: $(grep -o 'LoRA: [0-9]* adapters[^:]*' run.out)"
+run "$bin" export lora.ckpt ex_lora
+names ex_lora/model.safetensors > names.txt
+check 'grep -q "LoRA merged" run.out && [ "$(grep -c "block_sparse_moe.experts.[0-3].w[123].weight" names.txt)" = 24 ] &&
+       ! grep -q lora names.txt' "export merges the experts' adapters into the 24 per-expert tensors"
 
 # 3. bad values, named
 for v in -1 nan inf abc ""; do

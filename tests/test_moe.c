@@ -226,30 +226,64 @@ static void aux_loss_loop(void) {
     cg_graph_free(g);
 }
 
-/* An expert with a LoRA adapter computes w + scale B A in the routed layer as in the dense one (the
- * dropless sorted path reads stacked matrices, so adapted experts must not take it). */
+/* Experts with LoRA adapters compute w + scale B A in the routed layer as in the dense one, forward and
+ * the adapters' gradients: with one adapted expert (a mix: the slot path applies it through cg_linear)
+ * and with every expert's three matrices adapted (the dropless segment products run the adapters, by
+ * segments too: the graph has segment_linear nodes and no linear for the experts). */
 static void lora_experts(void) {
-    cg_params *ps = cg_params_new();
-    cg_moe *m = layer(ps, 0, 31);
-    cg_rng r;
-    cg_rng_seed(&r, 32);
-    CHECK(m && cg_lora_add(ps, cg_params_find(ps, "moe.experts.1.w1.weight"), 2, 4.0, &r) == CG_OK, "%s", cg_last_error());
-    cg_tensor *b = cg_params_find(ps, "moe.experts.1.w1.weight.lora_B");
-    if (b) cg_fill_normal(b, &r, 0, 1);
-    double y[2][N * D];
-    for (int dense = 0; b && dense < 2; dense++) {
-        cg_graph *g = cg_graph_new(CG_EVAL);
-        cg_tensor *x = input_x(g, 33);
-        cg_tensor *out = cg_retain(dense ? cg_moe_forward_dense(g, m, x, NULL) : cg_moe_forward(g, m, x, NULL));
-        CHECK(out && !cg_graph_forward(g), "%s", cg_last_error());
-        for (int i = 0; out && i < N * D; i++) y[dense][i] = cg_data(out)[i];
-        cg_graph_free(g);
+    for (int all = 0; all < 2; all++) {
+        cg_params *ps = cg_params_new();
+        cg_moe *m = layer(ps, 0, 31);
+        cg_rng r;
+        cg_rng_seed(&r, 32);
+        const int np = cg_params_count(ps);
+        for (int i = 0; m && i < np; i++) {
+            cg_tensor *p = cg_params_at(ps, i);
+            if (!strstr(cg_name(p), "experts.") || (!all && strcmp(cg_name(p), "moe.experts.1.w1.weight"))) continue;
+            CHECK(cg_lora_add(ps, p, 2, 4.0, &r) == CG_OK, "%s", cg_last_error());
+        }
+        for (int i = 0; i < cg_params_count(ps); i++)
+            if (strstr(cg_name(cg_params_at(ps, i)), "lora_B")) cg_fill_normal(cg_params_at(ps, i), &r, 0, 1);
+        enum { MAXG = 3 * E * 2 * (2 * (F + D)) };
+        static double y[2][N * D], gr[2][MAXG];
+        int ng[2] = {0, 0};
+        for (int dense = 0; m && dense < 2; dense++) {
+            cg_params_zero_grad(ps);
+            cg_graph *g = cg_graph_new(CG_TRAIN);
+            cg_tensor *x = input_x(g, 33);
+            cg_tensor *out = cg_retain(dense ? cg_moe_forward_dense(g, m, x, NULL) : cg_moe_forward(g, m, x, NULL));
+            cg_tensor *loss = cg_sum_all(g, cg_square(g, out));
+            CHECK(loss && !cg_graph_forward(g) && !cg_graph_backward(g, loss), "%s", cg_last_error());
+            for (int i = 0; out && i < N * D; i++) y[dense][i] = cg_data(out)[i];
+            for (int i = 0; loss && i < cg_params_count(ps); i++) {
+                cg_tensor *p = cg_params_at(ps, i);
+                if (!strstr(cg_name(p), "lora_")) continue;
+                for (int64_t j = 0; j < cg_numel(p) && ng[dense] < MAXG; j++) gr[dense][ng[dense]++] = cg_grad(p)[j];
+            }
+            if (!dense && all) {
+                char path[64];
+                snprintf(path, sizeof path, "/tmp/cgrad_test_moe_lora_%d.dot", (int)getpid());
+                size_t len = 0;
+                char *dot = cg_graph_dot(g, path) ? NULL : test_slurp(path, &len);
+                unlink(path);
+                CHECK(dot && strstr(dot, "segment_linear") && !strstr(dot, " linear\\n[10,5]"),
+                      "every expert adapted: the dropless layer should run them by segments");
+                free(dot);
+            }
+            cg_graph_free(g);
+        }
+        double dy = 0, dg = 0, sg = 0;
+        for (int i = 0; i < N * D; i++) dy = fmax(dy, fabs(y[0][i] - y[1][i]));
+        for (int i = 0; i < ng[0] && ng[0] == ng[1]; i++) dg = fmax(dg, fabs(gr[0][i] - gr[1][i])), sg = fmax(sg, fabs(gr[1][i]));
+        CHECK(m && dy <= SAME_TOL * 10 && ng[0] == ng[1] && ng[0] == (all ? 3 * E * 2 * (F + D) : 2 * (F + D)) &&
+                  dg <= SAME_TOL * 10 * fmax(sg, 1) && sg > 0,
+              "%s: routed and dense differ by %g (output), %g (adapters' gradients, scale %g, %d/%d values)",
+              all ? "every expert adapted" : "one adapted expert", dy, dg, sg, ng[0], ng[1]);
+        printf("LoRA on %s: routed = dense, output %.1e, %d adapter gradients %.1e\n", all ? "every expert" : "one expert", dy,
+               ng[0], dg);
+        cg_moe_free(m);
+        cg_params_free(ps);
     }
-    double dmax = 0;
-    for (int i = 0; b && i < N * D; i++) dmax = fmax(dmax, fabs(y[0][i] - y[1][i]));
-    CHECK(b && dmax <= SAME_TOL * 10, "an expert with LoRA: routed and dense differ by %g", dmax);
-    cg_moe_free(m);
-    cg_params_free(ps);
 }
 
 /* cg_segment_linear_each: segment e through its own weight tensor, read in place. Three parameters
