@@ -34,8 +34,9 @@ const cg_moe_config *cg_moe_cfg(const cg_moe *m);
  * value when it is negative or not finite (the layer keeps its old one). */
 cg_status cg_moe_set_capacity_factor(cg_moe *m, double capacity_factor);
 /* Adds the layer to g: x[..., D] -> [..., D]. Each expert runs on the tokens routed to it (dropless:
- * the N x top_k assignments sorted by expert, cg_segment_linear; with a capacity: at most its capacity
- * of them), and its outputs are added back weighted by the renormalised top-k router probabilities.
+ * the N x top_k assignments sorted by expert, cg_segment_linear_each reading each expert's matrices
+ * where they are stored, LoRA adapters included; with a capacity: at most its capacity of them), and
+ * its outputs are added back weighted by the renormalised top-k router probabilities.
  * *router_logits (may be NULL) receives the router's logits [N, E] over the N = x's rows, for
  * cg_moe_load_balancing_loss. */
 cg_tensor *cg_moe_forward(cg_graph *g, const cg_moe *m, cg_tensor *x, cg_tensor **router_logits);
