@@ -1,10 +1,13 @@
 /* SPDX-License-Identifier: MIT */
-/* bench_moe: the mixture-of-experts layer routed (each expert on its own tokens: dropless, and with a
+/* bench_moe: first the experts' grouped product alone, three ways of holding the weights: per-expert
+ * parameters copied into a stack on every step (cg_concat, then cg_segment_linear), the same parameters
+ * read in place (cg_segment_linear_each), and one stacked parameter (cg_segment_linear). Then the
+ * mixture-of-experts layer routed (each expert on its own tokens: dropless, and with a
  * capacity factor) against the dense formulation (every expert on every token, masked), forward +
  * backward; then a Mixtral-tiny training step (forward + backward of the loss with the load-balancing
  * term) against the dense LLaMA with the same active parameters (intermediate_size top_k x the
- * experts'). All variants run interleaved, repetition by repetition; medians, [min, max] and the load
- * average before and after. Usage: bench_moe [reps] [tokens] [d] [ffn] [experts] [top_k] [threads]. */
+ * experts'). All variants run interleaved, repetition by repetition; medians, [min, max], each graph's
+ * memory plan (values, gradients, scratch) and the load average before and after. Usage: bench_moe [reps] [tokens] [d] [ffn] [experts] [top_k] [threads]. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -23,8 +26,9 @@ static void loadavg(const char *when) {
 static void report(const char *title, int n, const char *const *names, bench_timed *ts, int reps) {
     printf("%s\n", title);
     for (int i = 0; i < n; i++)
-        printf("%-34s %9.2f [%8.2f, %8.2f] ms, cpu %9.2f ms, %5.2fx the first\n", names[i], ts[i].ms[reps / 2], ts[i].ms[0],
-               ts[i].ms[reps - 1], ts[i].cpu[reps / 2], ts[i].ms[reps / 2] / ts[0].ms[reps / 2]);
+        printf("%-34s %9.2f [%8.2f, %8.2f] ms, cpu %9.2f ms, %5.2fx the first; memory plan %.1f MB\n", names[i],
+               ts[i].ms[reps / 2], ts[i].ms[0], ts[i].ms[reps - 1], ts[i].cpu[reps / 2], ts[i].ms[reps / 2] / ts[0].ms[reps / 2],
+               (double)cg_graph_plan_bytes(ts[i].g) / 1e6);
 }
 
 int main(int argc, char **argv) {
@@ -33,6 +37,48 @@ int main(int argc, char **argv) {
                   f = argc > 4 ? atoll(argv[4]) : 512, e = argc > 5 ? atoll(argv[5]) : 8, k = argc > 6 ? atoll(argv[6]) : 2;
     cg_set_threads(argc > 7 ? atoi(argv[7]) : 0);
     loadavg("before");
+
+    /* 0. the grouped product of the experts' w1 over N x top_k rows split evenly, forward + backward */
+    const char *seg_names[3] = {"per-expert params, stacked per step", "per-expert params, read in place",
+                                "one stacked [E, out, in] param"};
+    bench_timed ss[3];
+    cg_params *sps = cg_params_new();
+    cg_rng srng;
+    cg_rng_seed(&srng, 2);
+    cg_tensor **sw = malloc((size_t)e * sizeof *sw);
+    for (int64_t i = 0; i < e; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "w1.%lld", (long long)i);
+        cg_fill_normal(sw[i] = cg_params_add(sps, name, 2, (int64_t[]){f, d}), &srng, 0, 0.02);
+    }
+    cg_tensor *stack = cg_params_add(sps, "w1", 3, (int64_t[]){e, f, d});
+    cg_fill_normal(stack, &srng, 0, 0.02);
+    for (int i = 0; i < 3; i++) {
+        bench_timed *t = &ss[i];
+        t->g = cg_graph_new(CG_TRAIN);
+        t->ms = t->cpu = NULL;
+        const int64_t rows = n * k, xs[2] = {rows, d}, ys[2] = {rows, f};
+        cg_tensor *x = bench_input(t->g, "x", 2, xs, &srng, -1, 1), *ends = cg_input(t->g, "ends", CG_INT32, 1, &e), *w = stack;
+        for (int64_t j = 0; j < e; j++) cg_idata(ends)[j] = (int32_t)(rows * (j + 1) / e);
+        if (i == 0) {
+            cg_tensor **v = malloc((size_t)e * sizeof *v);
+            for (int64_t j = 0; j < e; j++) v[j] = cg_reshape(t->g, sw[j], 3, (int64_t[]){1, f, d});
+            w = cg_concat(t->g, (int)e, v, 0);
+            free(v);
+        }
+        cg_tensor *y = i == 1 ? cg_segment_linear_each(t->g, x, (int)e, sw, ends) : cg_segment_linear(t->g, x, w, ends);
+        t->loss = bench_loss(t->g, y, bench_upstream(t->g, 2, ys, &srng));
+        if (!bench_ready(t, "bench_moe", seg_names[i], reps)) return 1;
+    }
+    bench_interleaved(3, ss, reps);
+    char title[512];
+    snprintf(title, sizeof title, "# experts' grouped product: %lld rows x %lld experts of [%lld, %lld], %d thread(s), %d "
+             "interleaved repetitions;\n# forward + backward, ms: median [min, max] wall, median CPU of all threads",
+             (long long)(n * k), (long long)e, (long long)f, (long long)d, cg_threads(), reps);
+    report(title, 3, seg_names, ss, reps);
+    for (int i = 0; i < 3; i++) bench_free(&ss[i]);
+    free(sw);
+    cg_params_free(sps);
 
     /* 1. the layer alone: routed (dropless, capacity 1.25) against dense */
     const char *layer_names[3] = {"dense (every expert, masked)", "routed, dropless (sorted segments)", "routed, capacity_factor 1.25"};
@@ -57,7 +103,6 @@ int main(int argc, char **argv) {
         if (!bench_ready(t, "bench_moe", layer_names[i], reps)) return 1;
     }
     bench_interleaved(3, ls, reps);
-    char title[512];
     snprintf(title, sizeof title, "# MoE layer: %lld tokens, d %lld, %lld experts of ffn %lld, top-%lld, %d thread(s), %d "
              "interleaved repetitions;\n# forward + backward, ms: median [min, max] wall, median CPU of all threads",
              (long long)n, (long long)d, (long long)e, (long long)f, (long long)k, cg_threads(), reps);

@@ -376,6 +376,16 @@ int cmd_train(int argc, char **argv) {
             goto done;
         }
     }
+    /* --moe-capacity reaches a Mixtral's layers before its graphs are built; the run saves the model's value */
+    cg_llama *moe = cg_model_llama(r.model);
+    const bool experts = moe && cg_llama_cfg(moe)->num_local_experts > 0;
+    if (set[idx_moe_capacity] && (experts ? cg_llama_set_capacity_factor(moe, o.moe_capacity) != CG_OK : o.moe_capacity != 0)) {
+        fprintf(stderr, "cgrad train: --moe-capacity %g: %s\n", o.moe_capacity,
+                experts ? cg_last_error() : "the model has no mixture-of-experts layers (a Mixtral has)");
+        rc = 2;
+        goto done;
+    }
+    r.o.moe_capacity = experts ? cg_llama_cfg(moe)->capacity_factor : 0;
     if (init && o.lora_rank > 0) { /* a resumed fine-tune has its adapters from the checkpoint */
         cg_rng lr;
         cg_rng_seed(&lr, init_seed);
@@ -491,6 +501,13 @@ int cmd_train(int argc, char **argv) {
             printf("cgrad train: %s, %lld layers, %lld heads, d %lld, context %lld: %.2fM parameters\n",
                    fam ? cg_llama_family_name(cg_llama_cfg(fam)->family) : cg_arch_name(r.arch),
                    (long long)o.layers, (long long)o.heads, (long long)o.dim, (long long)r.task.t, mparams);
+        }
+        if (experts) {
+            const cg_llama_config *lc = cg_llama_cfg(moe);
+            printf("  experts: %lld a layer, top-%lld, capacity_factor %g%s, load-balancing loss x %g%s\n",
+                   (long long)lc->num_local_experts, (long long)lc->num_experts_per_tok, lc->capacity_factor,
+                   lc->capacity_factor > 0 ? "" : " (dropless)", lc->router_aux_loss_coef,
+                   lc->output_router_logits ? "" : " (off: output_router_logits false)");
         }
         if (image)
             printf("  data %s: %lld training / %lld held-out %s\n", o.data, (long long)ntr, (long long)nva, unit);

@@ -29,6 +29,7 @@ typedef struct {
     double lora_alpha;
     int64_t checkpoint_activations; /* a bare flag: 1 when given */
     double dist_timeout;
+    double moe_capacity; /* a mixture of experts' capacity factor; unset: the model's */
 } topts;
 
 /* Counts that a checkpoint stores as JSON numbers stay below 2^53, where doubles are exact. */
@@ -90,7 +91,8 @@ typedef struct {
     X("--precision", CLI_STR, precision, false, 0, 0, "fp32|bf16: bf16 multiplies bfloat16 operands, accumulates in float (--resume: the checkpoint's)") \
     X("--skip-nonfinite", CLI_INT, skip_nonfinite, false, 0, COUNT_MAX, "skip up to N steps whose loss or gradient is not finite (0: stop at the first)") \
     X("--checkpoint-activations", CLI_BARE, checkpoint_activations, false, 0, 1, "recompute each block's activations in backward: less memory, one more forward per step, the same gradients") \
-    X("--patch", CLI_INT, patch, true, 1, 1 << 12, "vit: side of the square patches, dividing the image side (7)")
+    X("--patch", CLI_INT, patch, true, 1, 1 << 12, "vit: side of the square patches, dividing the image side (7)")      \
+    X("--moe-capacity", CLI_NUM, moe_capacity, false, 0, 1e6, "mixtral: expert capacity factor, 0 dropless (the model's capacity_factor, which a checkpoint keeps)")
 
 #define OPT(f, k, field, fixed, lo, hi, help) idx_##field,
 enum { TRAIN_OPTS(OPT) N_DEFS }; /* idx_<field>: the option's row in cli_train_opts */

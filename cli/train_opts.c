@@ -113,6 +113,7 @@ void train_defaults(topts *o, const bool *set) {
     D(lora_targets, llama ? "self_attn,mlp" : gpt ? "attn,mlp" : bert ? "attention,intermediate,output.dense" : "");
     D(zero, 0);
     D(checkpoint_activations, 0);
+    D(moe_capacity, 0);
     if (vit || cnn) { /* the image models' own defaults (docs/vision.md); the rest as for any run */
         D(data, "fashion-mnist");
         D(layers, vit ? 4 : 2);

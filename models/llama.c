@@ -151,6 +151,19 @@ void cg_llama_free(cg_llama *m) {
 
 const cg_llama_config *cg_llama_cfg(const cg_llama *m) { return m ? &m->cfg : NULL; }
 
+cg_status cg_llama_set_capacity_factor(cg_llama *m, double capacity_factor) {
+    if (!m || m->cfg.num_local_experts <= 0)
+        return cg_set_error(CG_ERR_ARG, "[llama] capacity_factor %g: the model has no mixture-of-experts layers", capacity_factor);
+    if (!(capacity_factor >= 0) || !isfinite(capacity_factor))
+        return cg_set_error(CG_ERR_ARG, "[llama] capacity_factor %g must be a finite number >= 0 (0: dropless)", capacity_factor);
+    for (int64_t i = 0; i < m->cfg.num_hidden_layers; i++) {
+        cg_status st = cg_moe_set_capacity_factor(m->layers[i].moe, capacity_factor);
+        if (st) return st;
+    }
+    m->cfg.capacity_factor = capacity_factor;
+    return CG_OK;
+}
+
 /* Projects x to heads [B, heads, T, D] (a view), each head RMS-normalised over its D features when
  * norm is set (Qwen3), then rotated at positions past.. when rope is set (at: past is read when the
  * graph runs). */

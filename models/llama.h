@@ -56,7 +56,7 @@ typedef struct {
     int64_t num_experts_per_tok;     /* Mixtral: experts each token is routed to */
     double router_aux_loss_coef;     /* Mixtral: weight of the load-balancing loss added to the training loss */
     bool output_router_logits;       /* Mixtral: add the load-balancing loss to the loss (as transformers does) */
-    double capacity_factor;          /* MoE capacity (cgrad's, not in config.json): 0 dropless, as Mixtral */
+    double capacity_factor;          /* Mixtral: expert capacity (cgrad's config.json field, not Hugging Face's): 0 dropless */
 } cg_llama_config;
 typedef struct cg_llama cg_llama; /* a LLaMA: config and parameters (opaque) */
 
@@ -65,6 +65,7 @@ typedef struct cg_llama cg_llama; /* a LLaMA: config and parameters (opaque) */
  * required, the family's other fields optional with transformers' defaults. A field that would change
  * the numbers and that cgrad does not implement (a rope_scaling type other than linear and llama3, a
  * hidden_act other than silu, Mixtral's router_jitter_noise, another family's MoE fields, a field the family does not know) is an error naming it;
+ * Mixtral also reads capacity_factor, cgrad's own field (0 or absent: dropless, as Hugging Face's Mixtral);
  * fields without effect on the numbers (torch_dtype, bos_token_id, use_cache, ...) are accepted. */
 cg_status cg_llama_config_parse(const char *json, cg_llama_config *cfg);
 /* Writes cfg as config.json text of its family (model_type, architectures, the family's fields);
@@ -82,6 +83,9 @@ cg_llama *cg_llama_new(const cg_llama_config *cfg, cg_params *ps, uint64_t seed)
 void cg_llama_free(cg_llama *m);
 /* The model's configuration. */
 const cg_llama_config *cg_llama_cfg(const cg_llama *m);
+/* Sets a Mixtral's capacity_factor (0: dropless) in its config and every MoE layer, for graphs built
+ * afterwards; CG_ERR_ARG naming the value if it is negative or not finite, or if m has no experts. */
+cg_status cg_llama_set_capacity_factor(cg_llama *m, double capacity_factor);
 /* Adds the model to g: int32 ids [B, T] -> logits [B, T, vocab]. */
 cg_tensor *cg_llama_logits(cg_graph *g, const cg_llama *m, cg_tensor *ids);
 /* cg_llama_logits, and for a Mixtral *aux_loss (may be NULL) = the load-balancing loss over its layers'

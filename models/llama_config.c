@@ -26,13 +26,13 @@ static const char *const common_fields[] = {
     "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_scaling",
     "tie_word_embeddings", "hidden_act", "attention_dropout", NULL};
 /* Fields of one family only (honoured there, refused elsewhere). */
-static const char *const family_fields[][7] = {
+static const char *const family_fields[][8] = {
     {"attention_bias", "mlp_bias", NULL},
     {"sliding_window", NULL},
     {"sliding_window", "use_sliding_window", "max_window_layers", "layer_types", NULL},
     {"attention_bias", "sliding_window", "use_sliding_window", "max_window_layers", "layer_types", NULL},
     {"sliding_window", "num_local_experts", "num_experts_per_tok", "router_aux_loss_coef", "output_router_logits",
-     "router_jitter_noise", NULL},
+     "router_jitter_noise", "capacity_factor", NULL},
 };
 _Static_assert(sizeof family_fields / sizeof family_fields[0] == N_FAMILIES, "a field list per family");
 /* PretrainedConfig's fields that name tokens, describe the file or steer generation and tooling:
@@ -60,7 +60,8 @@ static const char *const false_only_fields[] = {"rope_interleaved", "use_mrope",
 static const char *const moe_fields[] = {"num_local_experts", "num_experts", "num_experts_per_tok",
                                          "moe_intermediate_size", "shared_expert_intermediate_size",
                                          "decoder_sparse_step", "router_aux_loss_coef", "router_jitter_noise",
-                                         "output_router_logits", "mlp_only_layers", "norm_topk_prob", NULL};
+                                         "output_router_logits", "mlp_only_layers", "norm_topk_prob", "capacity_factor",
+                                         NULL};
 
 static bool listed(const char *const *list, const char *key) {
     for (; *list; list++)
@@ -211,7 +212,9 @@ static void family_defaults(cg_llama_family f, int64_t *kv_heads, int64_t *head_
 }
 
 /* Mixtral's expert fields, with MixtralConfig's defaults (8 experts, 2 a token, coefficient 0.001);
- * router_jitter_noise (multiplicative noise on the router's input in training) is refused unless 0. */
+ * router_jitter_noise (multiplicative noise on the router's input in training) is refused unless 0.
+ * capacity_factor is cgrad's own (Switch Transformers' name; MixtralConfig has none): 0, dropless,
+ * when absent. */
 static bool parse_experts(const cJSON *o, cg_llama_config *c, const char *what) {
     double jitter = 0;
     if (c->family != CG_LLAMA_FAMILY_MIXTRAL) return true;
@@ -219,8 +222,12 @@ static bool parse_experts(const cJSON *o, cg_llama_config *c, const char *what) 
         !cgi_json_int(o, "num_experts_per_tok", false, 2, &c->num_experts_per_tok, what) ||
         !cgi_json_num(o, "router_aux_loss_coef", false, 0.001, &c->router_aux_loss_coef, what) ||
         !json_bool(o, "output_router_logits", false, &c->output_router_logits, what) ||
-        !cgi_json_num(o, "router_jitter_noise", false, 0, &jitter, what))
+        !cgi_json_num(o, "router_jitter_noise", false, 0, &jitter, what) ||
+        !cgi_json_num(o, "capacity_factor", false, 0, &c->capacity_factor, what))
         return false;
+    if (!(c->capacity_factor >= 0))
+        return cg_set_error(CG_ERR_FORMAT, "[%s] field \"capacity_factor\" %g must be >= 0 (0: dropless)", what,
+                            c->capacity_factor), false;
     if (jitter != 0)
         return cg_set_error(CG_ERR_FORMAT, "[%s] field \"router_jitter_noise\" %g is not implemented (only 0): it "
                             "would change the model's numbers in training, so it is refused", what, jitter), false;
@@ -373,6 +380,7 @@ char *cg_llama_config_json(const cg_llama_config *c) {
         cJSON_AddNumberToObject(o, "router_aux_loss_coef", c->router_aux_loss_coef);
         cJSON_AddBoolToObject(o, "output_router_logits", c->output_router_logits);
         cJSON_AddNumberToObject(o, "router_jitter_noise", 0);
+        if (c->capacity_factor > 0) cJSON_AddNumberToObject(o, "capacity_factor", c->capacity_factor); /* cgrad's own */
     }
     if (f == CG_LLAMA_FAMILY_QWEN2 || f == CG_LLAMA_FAMILY_QWEN3) {
         cJSON_AddBoolToObject(o, "use_sliding_window", c->use_sliding_window);

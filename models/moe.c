@@ -2,7 +2,7 @@
 /* Mixture-of-experts feed-forward, composed from ops (no backward of its own). Graph shapes are fixed
  * when the graph is built, while routing changes with every batch. Dropless routing sorts the N x top_k
  * (token, choice) assignments by expert (cg_topk over a sort key), gathers their tokens in that order
- * and runs each expert on its own contiguous rows (cg_segment_linear, whose segment ends are counted
+ * and runs each expert on its own contiguous rows (cg_segment_linear_each, whose segment ends are counted
  * when the graph runs): the products cost N x top_k rows, as Mixtral's loop over experts does. With a
  * capacity factor each expert owns a fixed number of slots, filled at run time with the positions of
  * the tokens routed to it (cg_topk over a priority score); it runs on its slots' tokens
@@ -74,6 +74,15 @@ void cg_moe_free(cg_moe *m) {
 
 const cg_moe_config *cg_moe_cfg(const cg_moe *m) { return m ? &m->cfg : NULL; }
 
+cg_status cg_moe_set_capacity_factor(cg_moe *m, double capacity_factor) {
+    if (!m) return cg_set_error(CG_ERR_ARG, "[moe] layer is NULL");
+    cg_moe_config c = m->cfg;
+    c.capacity_factor = capacity_factor;
+    if (!config_ok(&c)) return CG_ERR_ARG;
+    m->cfg = c;
+    return CG_OK;
+}
+
 /* Slots per expert for n tokens: ceil(factor * top_k * n / E), within 1..n; dropless: n. */
 static int64_t capacity(const cg_moe_config *c, int64_t n) {
     if (c->capacity_factor <= 0) return n;
@@ -98,6 +107,7 @@ typedef struct {
     cg_tensor *logits;  /* router logits [N, E] */
     cg_tensor *slots;   /* int32 [E, C]: the token in each expert's slot (an arbitrary one when empty) */
     cg_tensor *weights; /* [E, C]: the slot's routing weight, 0 when empty */
+    cg_tensor *kept;    /* scalar: the slots filled, the (token, choice) pairs that were not dropped */
     int64_t cap;        /* C */
 } routing;
 
@@ -130,20 +140,37 @@ static bool route(cg_graph *g, const cg_moe *m, cg_tensor *x2, routing *rt) {
     if (cg_topk(g, cg_contiguous(g, cg_transpose(g, score, 0, 1)), rt->cap, 1, true, &best, &rt->slots)) return false;
     cg_tensor *filled = cg_to_real(g, cg_gt(g, best, constant(g, "moe.zero", 0, NULL, NULL, 0)));
     rt->weights = cg_mul(g, cg_gather(g, cg_contiguous(g, cg_transpose(g, dense, 0, 1)), 1, rt->slots), filled);
-    return rt->weights != NULL;
+    rt->kept = cg_sum_all(g, filled);
+    return rt->weights && rt->kept;
 }
 
-/* The experts' matrices of one kind stacked [E, rows, cols] (a copy of the parameters each run). */
-static cg_tensor *stacked(cg_graph *g, cg_tensor *const *w, int64_t e) {
-    cg_tensor **v = malloc((size_t)e * sizeof *v); /* build time only */
-    if (!v) {
+/* Whether the segment products can run the experts' matrices of one kind w[E]: true when none carries
+ * a LoRA adapter, or every one carries one of the same rank and scale (adapters on "experts"); false
+ * for a mix, which the slot path's cg_linear applies one by one. */
+static bool segments_ok(cg_tensor *const *w, int64_t e) {
+    const cg_tensor *a0 = w[0]->root->lora_a;
+    for (int64_t i = 0; i < e; i++) {
+        const cg_tensor *p = w[i]->root, *a = p->lora_a;
+        if (p != w[i] || !a != !a0 || (a && (a->shape[0] != a0->shape[0] || p->lora_scale != w[0]->lora_scale))) return false;
+    }
+    return true;
+}
+
+/* The sorted rows x through their experts' matrices w[E], with their adapters when they have them:
+ * x W^T + s (x A^T) B^T, each product by segments, as cgi_lora_linear does for one matrix. */
+static cg_tensor *segments(cg_graph *g, cg_tensor *x, cg_tensor *const *w, int64_t e, cg_tensor *ends) {
+    cg_tensor *y = cg_segment_linear_each(g, x, (int)e, w, ends);
+    if (!w[0]->lora_a) return y;
+    cg_tensor **ab = malloc((size_t)(2 * e) * sizeof *ab); /* build time only */
+    if (!ab) {
         cg_set_error(CG_ERR_NOMEM, "[moe] out of memory");
         return NULL;
     }
-    for (int64_t i = 0; i < e; i++) v[i] = cg_reshape(g, w[i], 3, (int64_t[]){1, cg_dim(w[i], 0), cg_dim(w[i], 1)});
-    cg_tensor *s = cg_concat(g, (int)e, v, 0);
-    free(v);
-    return s;
+    for (int64_t i = 0; i < e; i++) ab[i] = w[i]->lora_a, ab[e + i] = w[i]->lora_b;
+    cg_tensor *low = cg_segment_linear_each(g, x, (int)e, ab, ends);
+    cg_tensor *delta = cg_segment_linear_each(g, cg_scale(g, low, w[0]->lora_scale), (int)e, ab + e, ends);
+    free(ab);
+    return cg_add(g, y, delta);
 }
 
 /* Dropless: the assignments sorted by expert (first choices, then token order, within one), each
@@ -173,9 +200,8 @@ static cg_tensor *forward_sorted(cg_graph *g, const cg_moe *m, cg_tensor *x2, cg
     if (cg_topk(g, key, a, 0, true, NULL, &order)) return NULL;
     cg_tensor *rows = cg_to_int(g, cg_index_select(g, tok, 0, order)); /* the token of each sorted row */
     cg_tensor *xs = cg_index_select(g, x2, 0, rows);
-    cg_tensor *h = cg_swiglu(g, cg_segment_linear(g, xs, stacked(g, m->w1, e), ends),
-                             cg_segment_linear(g, xs, stacked(g, m->w3, e), ends));
-    cg_tensor *y = cg_mul(g, cg_segment_linear(g, h, stacked(g, m->w2, e), ends),
+    cg_tensor *h = cg_swiglu(g, segments(g, xs, m->w1, e, ends), segments(g, xs, m->w3, e, ends));
+    cg_tensor *y = cg_mul(g, segments(g, h, m->w2, e, ends),
                           cg_reshape(g, cg_index_select(g, w, 0, order), 2, (int64_t[]){a, 1}));
     return cg_index_add(g, constant(g, "moe.zeros_nd", 2, (int64_t[]){n, d}, NULL, 0), 0, rows, y);
 }
@@ -206,15 +232,21 @@ static cg_tensor *finish(cg_graph *g, cg_tensor *x, cg_tensor *out2, cg_tensor *
 }
 
 cg_tensor *cg_moe_forward(cg_graph *g, const cg_moe *m, cg_tensor *x, cg_tensor **router_logits) {
+    return cg_moe_forward_counted(g, m, x, router_logits, NULL);
+}
+
+cg_tensor *cg_moe_forward_counted(cg_graph *g, const cg_moe *m, cg_tensor *x, cg_tensor **router_logits,
+                                  cg_tensor **dropped) {
     if (router_logits) *router_logits = NULL;
+    if (dropped) *dropped = NULL;
     cg_tensor *x2 = rows_of(g, m, x);
-    /* cg_segment_linear reads the stacked matrices, not through cg_linear, so experts with LoRA adapters
-     * take the slot path at capacity N (every token fits: dropless too), whose cg_linear applies them */
-    bool lora = false;
-    for (int64_t i = 0; x2 && i < m->cfg.num_experts; i++)
-        lora = lora || m->w1[i]->root->lora_a || m->w2[i]->root->lora_a || m->w3[i]->root->lora_a;
-    if (x2 && m->cfg.capacity_factor <= 0 && !lora) {
+    /* a mix of experts with and without adapters takes the slot path at capacity N (every token fits:
+     * dropless too), whose cg_linear applies each expert's own */
+    const int64_t ne = m->cfg.num_experts;
+    const bool mixed = x2 && !(segments_ok(m->w1, ne) && segments_ok(m->w2, ne) && segments_ok(m->w3, ne));
+    if (x2 && m->cfg.capacity_factor <= 0 && !mixed) {
         cg_tensor *out = forward_sorted(g, m, x2, router_logits);
+        if (dropped) *dropped = constant(g, "moe.dropped", 0, NULL, NULL, 0); /* nothing is */
         return out ? cg_reshape(g, out, cg_ndim(x), cg_shape(x)) : NULL;
     }
     routing rt;
@@ -234,6 +266,7 @@ cg_tensor *cg_moe_forward(cg_graph *g, const cg_moe *m, cg_tensor *x, cg_tensor 
     free(ys);
     cg_tensor *out = cg_index_add(g, constant(g, "moe.zeros_nd", 2, (int64_t[]){n, d}, NULL, 0), 0,
                                   cg_reshape(g, rt.slots, 1, (int64_t[]){e * cap}), y);
+    if (dropped) *dropped = cg_add_scalar(g, cg_neg(g, rt.kept), (double)(n * m->cfg.top_k));
     return finish(g, x, out, router_logits, &rt);
 }
 

@@ -30,12 +30,20 @@ cg_moe *cg_moe_new(const cg_moe_config *cfg, cg_params *ps, cg_rng *r, const cha
 void cg_moe_free(cg_moe *m);
 /* The layer's configuration. */
 const cg_moe_config *cg_moe_cfg(const cg_moe *m);
+/* Sets the layer's capacity_factor (0: dropless) for graphs built afterwards; CG_ERR_ARG naming the
+ * value when it is negative or not finite (the layer keeps its old one). */
+cg_status cg_moe_set_capacity_factor(cg_moe *m, double capacity_factor);
 /* Adds the layer to g: x[..., D] -> [..., D]. Each expert runs on the tokens routed to it (dropless:
- * the N x top_k assignments sorted by expert, cg_segment_linear; with a capacity: at most its capacity
- * of them), and its outputs are added back weighted by the renormalised top-k router probabilities.
+ * the N x top_k assignments sorted by expert, cg_segment_linear_each reading each expert's matrices
+ * where they are stored, LoRA adapters included; with a capacity: at most its capacity of them), and
+ * its outputs are added back weighted by the renormalised top-k router probabilities.
  * *router_logits (may be NULL) receives the router's logits [N, E] over the N = x's rows, for
  * cg_moe_load_balancing_loss. */
 cg_tensor *cg_moe_forward(cg_graph *g, const cg_moe *m, cg_tensor *x, cg_tensor **router_logits);
+/* cg_moe_forward, and *dropped (may be NULL) receives a scalar node: how many of the N x top_k (token,
+ * expert) choices the capacity dropped in the last forward (0 when dropless; retain it to read it). */
+cg_tensor *cg_moe_forward_counted(cg_graph *g, const cg_moe *m, cg_tensor *x, cg_tensor **router_logits,
+                                  cg_tensor **dropped);
 /* The same layer in the dense formulation (every expert on every token, masked by the same routing
  * weights, dropped tokens included): the reference the routed layer is tested and measured against. */
 cg_tensor *cg_moe_forward_dense(cg_graph *g, const cg_moe *m, cg_tensor *x, cg_tensor **router_logits);

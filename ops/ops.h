@@ -309,6 +309,10 @@ cg_tensor *cg_grouped_linear(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor 
  * times w[e]^T of w[E, out, in] -> [M, out], rows from ends[E-1] on 0; int32 ends[E] is read when the graph
  * runs (forward fails unless 0 <= ends[0] <= ... <= M), so the work follows the rows each segment has. */
 cg_tensor *cg_segment_linear(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *ends);
+/* cg_segment_linear with segment e's weight w[e][out, in] a tensor of its own (n of them), each read in place:
+ * experts stored as separate parameters run without being copied into a stack. Weights that are not
+ * parameters (or views of them) are stacked by cg_concat first. Reads values, not LoRA adapters. */
+cg_tensor *cg_segment_linear_each(cg_graph *g, cg_tensor *x, int n, cg_tensor *const *w, cg_tensor *ends);
 
 /* ---- convolution and pooling ---- */
 
