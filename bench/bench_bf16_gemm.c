@@ -37,6 +37,7 @@ static const llama_shape llama_shapes[] = {
     {{"dX gate,up [256,5632]x[5632,2048]", LM, LH, LI, 2 * LI, 1, LH, 1, false}, 44},
     {{"dX down [256,2048]x[2048,5632]", LM, LI, LH, 2 * LH, 1, LI, 1, false}, 22},
     {{"dX q,o dense dY", LM, LH, LH, LH, 1, LH, 1, false}, 0},
+    {{"dX k,v dense dY", LM, LH, LKV, LKV, 1, LH, 1, false}, 0},
     {{"dX gate,up dense dY", LM, LH, LI, LI, 1, LH, 1, false}, 0},
     {{"dX down dense dY", LM, LI, LH, LH, 1, LI, 1, false}, 0},
     {{"lora x A^T [256,2048]x[16,2048]^T", LM, LR, LH, LH, 1, 1, LH, false}, 132},

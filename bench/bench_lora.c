@@ -67,6 +67,26 @@ int main(int argc, char **argv) {
         for (int v = 0; v < 2; v++)
             printf(" %7.3f [%6.3f-%6.3f] %7.3f", t[v].ms[reps / 2], t[v].ms[0], t[v].ms[reps - 1], t[v].cpu[reps / 2]);
         printf("   %.2f\n", t[1].cpu[reps / 2] / t[0].cpu[reps / 2]);
+        /* the fused node's rank-16 products split over the threads (CGRAD_LORA_SERIAL=0) against on one */
+        bench_timed u[2] = {t[1], t[1]};
+        for (int k = 0; k < reps; k++)
+            for (int v = 0; v < 2; v++) {
+                setenv("CGRAD_LORA_SERIAL", v ? "1" : "0", 1);
+                const double t0 = omp_get_wtime(), c0 = bench_cpu_now();
+                cg_graph_forward(u[v].g);
+                cg_graph_backward(u[v].g, u[v].loss);
+                (v ? t[0] : t[1]).ms[k] = (omp_get_wtime() - t0) * 1e3; /* t[1]: split, t[0]: serial */
+                (v ? t[0] : t[1]).cpu[k] = (bench_cpu_now() - c0) * 1e3;
+            }
+        unsetenv("CGRAD_LORA_SERIAL");
+        for (int v = 0; v < 2; v++) {
+            qsort(t[v].ms, (size_t)reps, sizeof(double), bench_cmp);
+            qsort(t[v].cpu, (size_t)reps, sizeof(double), bench_cmp);
+        }
+        printf("  %-20s", "  fused: split/serial");
+        for (int v = 1; v >= 0; v--)
+            printf(" %7.3f [%6.3f-%6.3f] %7.3f", t[v].ms[reps / 2], t[v].ms[0], t[v].ms[reps - 1], t[v].cpu[reps / 2]);
+        printf("   %.2f (wall %.2f)\n", t[0].cpu[reps / 2] / t[1].cpu[reps / 2], t[0].ms[reps / 2] / t[1].ms[reps / 2]);
         for (int v = 0; v < 2; v++) bench_free(&t[v]), cg_params_free(ps[v]);
         free(wb);
     }

@@ -453,6 +453,7 @@ struct cgi_lp {
     int n, cap;
     int force;            /* 0: the process's kernel; 1 + K_ONEDNN or 1 + K_FP32: that one (references, tests) */
     cgi_bf16 *slot[2];    /* converted operands: A, B */
+    double serial_below;  /* products of fewer multiply-adds run on the calling thread alone */
     size_t slot_n[2]; /* elements */
 };
 
@@ -593,7 +594,7 @@ static bool run(cgi_lp *lp, int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, 
     /* oneDNN's OpenMP team follows omp_get_max_threads(), not the graph run's thread decision: a
      * generation step kept on one thread (graph/threads.c) woke the second thread in every product
      * here, and bf16 cached generation fell from 1795 to 594 tokens/s on two threads */
-    const int want = cgi_nthreads(), was = omp_get_max_threads();
+    const int want = (double)m * (double)n * (double)k < lp->serial_below ? 1 : cgi_nthreads(), was = omp_get_max_threads();
     if (kernel_for(lp, m, n) == K_FP32) {
         cgi_lp_exec_threads = want;
         return cgi_gemm_bf16(m, n, k, a, rsa, csa, b, rsb, csb, alpha, out & OUT_BF16 ? 0 : beta, c, rsc,
@@ -880,6 +881,15 @@ bool cgi_lp_linear_bwd(cg_tensor *t, bool assign) {
 
 /* ---- LoRA's fused linear: y = x W^T + s (x A^T) B^T ---- */
 
+/* The adapter's rank-r products (at 256 tokens and rank 16, 4-23M multiply-adds, 20-100 us) run on
+ * the calling thread: split over two they wait on each other's wake, and on a shared machine on a
+ * partner thread that lost its core. Below 2^25 multiply-adds; CGRAD_LORA_SERIAL=0 splits them,
+ * for comparisons. */
+static double lora_serial_below(void) {
+    const char *e = getenv("CGRAD_LORA_SERIAL");
+    return e && !atoi(e) ? 0 : (double)(1 << 25);
+}
+
 bool cgi_lp_lora_fwd(cg_tensor *t) {
     cg_tensor *x = t->src[0], *w = t->src[1], *a = t->src[2], *b = t->src[3];
     cgi_lp *lp = ctx(t->graph);
@@ -896,10 +906,12 @@ bool cgi_lp_lora_fwd(cg_tensor *t) {
     if (!bb) return false; /* nothing written: the float products */
     if (m == 0 || n == 0) return true;
     cg_real *low = t->aux;
+    lp->serial_below = lora_serial_below();
     mm(lp, m, r, k, xb, rx, cx, ab, ra, ca, (float)t->farg[0], 0, low, r, 1); /* low = s x A^T */
     mm(lp, m, n, k, xb, rx, cx, wb, rw, cw, 1, 0, t->data, n, 1);              /* y = x W^T */
     convert(low, m, r, r, 1, lb, &rl, &cl);
     mm(lp, m, n, r, lb, rl, cl, bb, rb, cb, 1, 1, t->data, n, 1); /* y += low B^T */
+    lp->serial_below = 0;
     return true;
 }
 
@@ -929,6 +941,7 @@ bool cgi_lp_lora_bwd(cg_tensor *t, bool x_assign, bool w_assign, bool a_assign, 
         rd = 2 * n;
     } else if (!(dy = operand(lp, t, true, 0, t->grad, m, n, &rd, &cd, NULL)))
         return false;
+    lp->serial_below = lora_serial_below();
     if (dx || da) { /* dlow = s dY B [m, r], float, then bf16 */
         cg_real *dlow = t->bwd_aux;
         mm(lp, m, r, n, dy, rd, cd, bb, rb, cb, (float)t->farg[0], 0, dlow, r, 1);
@@ -947,6 +960,7 @@ bool cgi_lp_lora_bwd(cg_tensor *t, bool x_assign, bool w_assign, bool a_assign, 
     }
     if (dw) /* dW [n, k] (+)= dY^T x */
         mm(lp, n, k, m, dy, cd, rd, xb, rx, cx, 1, w_assign ? 0 : 1, w->grad, w->stride[0], w->stride[1]);
+    lp->serial_below = 0;
     return true;
 }
 
