@@ -881,13 +881,14 @@ bool cgi_lp_linear_bwd(cg_tensor *t, bool assign) {
 
 /* ---- LoRA's fused linear: y = x W^T + s (x A^T) B^T ---- */
 
-/* The adapter's rank-r products (at 256 tokens and rank 16, 4-23M multiply-adds, 20-100 us) run on
- * the calling thread: split over two they wait on each other's wake, and on a shared machine on a
- * partner thread that lost its core. Below 2^25 multiply-adds; CGRAD_LORA_SERIAL=0 splits them,
- * for comparisons. */
+/* The adapter's smallest products (at 256 tokens and rank 16 on a 2048-wide weight, 8.4M
+ * multiply-adds, ~40 us on one core) run on the calling thread: split over two, the halves cost
+ * about a wake of the other thread each, and on a shared machine they wait on a partner thread that
+ * lost its core. Below 2^24 multiply-adds; the larger ones (23M on a 5632-wide weight) split.
+ * CGRAD_LORA_SERIAL=0 splits them all, for comparisons. */
 static double lora_serial_below(void) {
     const char *e = getenv("CGRAD_LORA_SERIAL");
-    return e && !atoi(e) ? 0 : (double)(1 << 25);
+    return e && !atoi(e) ? 0 : (double)(1 << 24);
 }
 
 bool cgi_lp_lora_fwd(cg_tensor *t) {
