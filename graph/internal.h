@@ -243,6 +243,13 @@ static inline unsigned cgi_bwd_reads(const cg_tensor *t) {
         if (!t->src[1]->requires_grad) r &= ~1u;
         if (!t->src[0]->requires_grad) r &= ~2u;
     }
+    /* LoRA's fused linear (x, w, a, b): x for dW and dA, w and a for dX, b for dX and dA */
+    if (t->op == CGI_OP_LORA_LINEAR) {
+        const bool dx = t->src[0]->requires_grad, dw = t->src[1]->requires_grad, da = t->src[2]->requires_grad;
+        if (!dw && !da) r &= ~1u;
+        if (!dx) r &= ~6u;
+        if (!dx && !da) r &= ~8u;
+    }
     return r;
 }
 /* Whether backward of t reads t's own value. */
@@ -340,6 +347,17 @@ void cgi_broadcast_strides(const cg_tensor *t, int ndim, const int64_t *shape, i
 
 /* y (= linear(x, w, ...)) plus the low-rank adapter of w's parameter, when it has one (ops/lora.c). */
 cg_tensor *cgi_lora_linear(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *y);
+/* linear(x, w) for a weight with an adapter read as its parameter or a block of its rows, as one
+ * fused node (cgi_lora_linear_fused); NULL when the layout is another or on an error (then
+ * cgi_lora_linear composes it). */
+cg_tensor *cgi_lora_linear_plain(cg_graph *g, cg_tensor *x, cg_tensor *w);
+/* y[..., n] = x w^T + scale (x a^T) b^T in one node (LoRA's fused linear): x [..., k], w [n, k],
+ * a [r, k], b [n, r]; the adapter's low-rank product is kept for backward, no [.., n] delta is
+ * made, and backward runs the adapter's products beside dX's. NULL (cg_last_error) on bad shapes. */
+cg_tensor *cgi_lora_linear_fused(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *a, cg_tensor *b, double scale);
+/* Whether t is a linear product whose src[0] is its input x and src[1] its weight [out, in]
+ * (linear, or LoRA's fused linear): the bf16 planner and the memory plan treat both alike. */
+static inline bool cgi_is_linear(const cg_tensor *t) { return t->op == CGI_OP_LINEAR || t->op == CGI_OP_LORA_LINEAR; }
 
 /* ---- threads ---- */
 /* Threads a kernel may use: the run's count (cgi_run_begin) inside a graph run, else cg_threads() (1 while

@@ -298,14 +298,15 @@ static void print_plan(buffer *bufs, buffer **order, int nb, size_t total, int64
 static size_t round_up(size_t n) { return (n + CGI_ALIGN - 1) / CGI_ALIGN * CGI_ALIGN; }
 
 /* Parameters whose value is bf16 read in place (cg_param_map) get their float before any op that
- * reads them as float runs: every reader but a bf16 graph's linear, which reads the bf16 as it is. */
+ * reads them as float runs: every reader but a bf16 graph's linear and fused LM head, which read the
+ * bf16 as it is. */
 static cg_status widen_params(cg_graph *g) {
     for (int64_t c = 0; c < g->n; c++) {
         const cg_tensor *t = g->nodes[c];
         for (int k = 0; k < t->nsrc; k++) {
             cg_tensor *r = t->src[k]->root;
             if (r->op != CGI_OP_PARAM || !cgi_param_bf16_mapped(r) || r->widened) continue;
-            if (g->precision == CG_BF16 && t->op == CGI_OP_LINEAR && k == 1) continue;
+            if (g->precision == CG_BF16 && (cgi_is_linear(t) || t->op == CGI_OP_LINEAR_CROSS_ENTROPY) && k == 1) continue;
             cg_status st = cgi_param_float(r);
             if (st) return st;
         }
@@ -388,7 +389,7 @@ cg_status cgi_plan(cg_graph *g) {
             if (t->recompute) LIVE_TO(late, r->id, rt[c]);
             /* a linear's backward reads a shadowed input's bf16 copy, not its float value */
             if (t->requires_grad && k < 32 && (cgi_bwd_reads(t) & (1u << k)))
-                LIVE_TO(r->lp_shadowed && t->op == CGI_OP_LINEAR && k == 0 ? sdeath : late, r->id, back);
+                LIVE_TO(r->lp_shadowed && cgi_is_linear(t) && k == 0 ? sdeath : late, r->id, back);
             if (t->requires_grad && t->src[k]->requires_grad && d->kind == CGI_KIND_COMPUTE && gbirth[r->id] > back)
                 gbirth[r->id] = back;
         }

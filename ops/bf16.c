@@ -120,6 +120,8 @@ void cgi_lp_peaks(double *fp32, double *bf16, double *amx) { *fp32 = *bf16 = *am
 double cg_bf16_amx_ratio(void) { return NAN; }
 const char *cg_bf16_kernel_why(void) { return cg_bf16_unavailable(); }
 bool cgi_lp_linear_bwd(cg_tensor *t, bool assign) { return false; }
+bool cgi_lp_lora_fwd(cg_tensor *t) { return false; }
+bool cgi_lp_lora_bwd(cg_tensor *t, bool x_assign, bool w_assign, bool a_assign, bool b_assign) { return false; }
 bool cgi_lp_lce_bwd(cg_tensor *t, int64_t m, int64_t v, int64_t d, cg_real *dlogits, const cg_real *xs, cg_real *dxs,
                     bool dx, bool dw) {
     return false;
@@ -451,6 +453,7 @@ struct cgi_lp {
     int n, cap;
     int force;            /* 0: the process's kernel; 1 + K_ONEDNN or 1 + K_FP32: that one (references, tests) */
     cgi_bf16 *slot[2];    /* converted operands: A, B */
+    double serial_below;  /* products of fewer multiply-adds run on the calling thread alone */
     size_t slot_n[2]; /* elements */
 };
 
@@ -591,7 +594,7 @@ static bool run(cgi_lp *lp, int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, 
     /* oneDNN's OpenMP team follows omp_get_max_threads(), not the graph run's thread decision: a
      * generation step kept on one thread (graph/threads.c) woke the second thread in every product
      * here, and bf16 cached generation fell from 1795 to 594 tokens/s on two threads */
-    const int want = cgi_nthreads(), was = omp_get_max_threads();
+    const int want = (double)m * (double)n * (double)k < lp->serial_below ? 1 : cgi_nthreads(), was = omp_get_max_threads();
     if (kernel_for(lp, m, n) == K_FP32) {
         cgi_lp_exec_threads = want;
         return cgi_gemm_bf16(m, n, k, a, rsa, csa, b, rsb, csb, alpha, out & OUT_BF16 ? 0 : beta, c, rsc,
@@ -660,11 +663,26 @@ static bool no_conversion(const cg_tensor *x) {
  * takes the bias gradient first). */
 static bool dy_in_place(const cg_tensor *t) { return t->root == t && !t->retain && t->requires_grad; }
 
+/* LoRA's fused linear runs in bf16 when its weight and both adapters are parameters (their bf16
+ * copies, or the weight read in place): any other operand goes to its float products. */
+static bool lora_backed(const cg_tensor *t) {
+    return t->op == CGI_OP_LORA_LINEAR && param_backed(t->src[1]) && param_backed(t->src[2]) && param_backed(t->src[3]);
+}
+
 /* Elements of the two conversion areas (A, B) that t's forward or backward products use. */
 static void need(const cg_tensor *t, bool bwd, int64_t s[2]) {
     s[0] = s[1] = 0;
     if (!t->graph || t->graph->precision != CG_BF16) return;
-    if (t->op == CGI_OP_LINEAR) {
+    if (lora_backed(t)) { /* forward: x, then the low-rank product; backward: dY; x, low and dlow */
+        const cg_tensor *x = t->src[0], *w = t->src[1];
+        const int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1], r = t->src[2]->shape[0];
+        const bool xb = no_conversion(x);
+        if (!bwd) s[0] = max2(xb ? 0 : m * k, m * r);
+        else {
+            s[0] = dy_in_place(t) ? 0 : m * n;
+            s[1] = ((w->requires_grad || t->src[2]->requires_grad) && !xb ? m * k : 0) + 2 * m * r;
+        }
+    } else if (t->op == CGI_OP_LINEAR) {
         const cg_tensor *x = t->src[0], *w = t->src[1];
         const int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1];
         const bool xb = no_conversion(x), wb = param_backed(w);
@@ -861,6 +879,92 @@ bool cgi_lp_linear_bwd(cg_tensor *t, bool assign) {
     return true;
 }
 
+/* ---- LoRA's fused linear: y = x W^T + s (x A^T) B^T ---- */
+
+/* The adapter's smallest products (at 256 tokens and rank 16 on a 2048-wide weight, 8.4M
+ * multiply-adds, ~40 us on one core) run on the calling thread: split over two, the halves cost
+ * about a wake of the other thread each, and on a shared machine they wait on a partner thread that
+ * lost its core. Below 2^24 multiply-adds; the larger ones (23M on a 5632-wide weight) split.
+ * CGRAD_LORA_SERIAL=0 splits them all, for comparisons. */
+static double lora_serial_below(void) {
+    const char *e = getenv("CGRAD_LORA_SERIAL");
+    return e && !atoi(e) ? 0 : (double)(1 << 24);
+}
+
+bool cgi_lp_lora_fwd(cg_tensor *t) {
+    cg_tensor *x = t->src[0], *w = t->src[1], *a = t->src[2], *b = t->src[3];
+    cgi_lp *lp = ctx(t->graph);
+    if (!lp || !lora_backed(t)) return false;
+    const int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1], r = a->shape[0];
+    int64_t rx = row_stride(x), cx = x->stride[x->ndim - 1], rw = w->stride[1], cw = w->stride[0];
+    int64_t ra = a->stride[1], ca = a->stride[0], rb = b->stride[1], cb = b->stride[0], rl, cl;
+    /* area 0 holds x's conversion, then the low-rank product's (r <= k: it never grows the slot) */
+    cgi_bf16 *lb = scratch(lp, t, false, 0, max2(m * r, no_conversion(x) ? 0 : m * k));
+    const cgi_bf16 *xb = lb ? operand(lp, t, false, 0, x->data, m, k, &rx, &cx, x) : NULL;
+    const cgi_bf16 *wb = xb ? operand(lp, t, false, 1, w->data, k, n, &rw, &cw, w) : NULL;
+    const cgi_bf16 *ab = wb ? operand(lp, t, false, 1, a->data, k, r, &ra, &ca, a) : NULL;
+    const cgi_bf16 *bb = ab ? operand(lp, t, false, 1, b->data, r, n, &rb, &cb, b) : NULL;
+    if (!bb) return false; /* nothing written: the float products */
+    if (m == 0 || n == 0) return true;
+    cg_real *low = t->aux;
+    lp->serial_below = lora_serial_below();
+    mm(lp, m, r, k, xb, rx, cx, ab, ra, ca, (float)t->farg[0], 0, low, r, 1); /* low = s x A^T */
+    mm(lp, m, n, k, xb, rx, cx, wb, rw, cw, 1, 0, t->data, n, 1);              /* y = x W^T */
+    convert(low, m, r, r, 1, lb, &rl, &cl);
+    mm(lp, m, n, r, lb, rl, cl, bb, rb, cb, 1, 1, t->data, n, 1); /* y += low B^T */
+    lp->serial_below = 0;
+    return true;
+}
+
+bool cgi_lp_lora_bwd(cg_tensor *t, bool x_assign, bool w_assign, bool a_assign, bool b_assign) {
+    cg_tensor *x = t->src[0], *w = t->src[1], *a = t->src[2], *b = t->src[3];
+    cgi_lp *lp = ctx(t->graph);
+    if (!lp || !lora_backed(t)) return false;
+    const bool dx = x->requires_grad, dw = w->requires_grad, da = a->requires_grad, db = b->requires_grad;
+    const int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1], r = a->shape[0];
+    int64_t s[2], rd = n, cd = 1, rl, cl;
+    need(t, true, s);
+    /* every operand that can fail first, then dY (in place: its floats are gone after) */
+    cgi_bf16 *area = scratch(lp, t, true, 1, s[1]);
+    const int64_t xn = s[1] - 2 * m * r; /* x's conversion, then low and dlow in bf16 */
+    int64_t rx = row_stride(x), cx = x->stride[x->ndim - 1], rw = w->stride[0], cw = w->stride[1];
+    int64_t ra = a->stride[0], ca = a->stride[1], rb = b->stride[0], cb = b->stride[1];
+    const cgi_bf16 *xb = area && (dw || da) ? operand(lp, t, true, 1, x->data, m, k, &rx, &cx, x) : NULL;
+    const cgi_bf16 *wb = area && (dx || dw) ? operand(lp, t, true, 1, w->data, n, k, &rw, &cw, w) : NULL;
+    const cgi_bf16 *ab = area && dx ? operand(lp, t, true, 1, a->data, r, k, &ra, &ca, a) : NULL;
+    const cgi_bf16 *bb = area && (dx || da) ? operand(lp, t, true, 1, b->data, n, r, &rb, &cb, b) : NULL;
+    if (!area || ((dw || da) && !xb) || ((dx || dw) && !wb) || (dx && !ab) || ((dx || da) && !bb)) return false;
+    cgi_bf16 *lb = area + xn, *dlb = lb + m * r;
+    const cgi_bf16 *dy;
+    if (dy_in_place(t)) {
+        cgi_lp_to_bf16_inplace(t->grad, m, n);
+        dy = (const cgi_bf16 *)t->grad;
+        rd = 2 * n;
+    } else if (!(dy = operand(lp, t, true, 0, t->grad, m, n, &rd, &cd, NULL)))
+        return false;
+    lp->serial_below = lora_serial_below();
+    if (dx || da) { /* dlow = s dY B [m, r], float, then bf16 */
+        cg_real *dlow = t->bwd_aux;
+        mm(lp, m, r, n, dy, rd, cd, bb, rb, cb, (float)t->farg[0], 0, dlow, r, 1);
+        convert(dlow, m, r, r, 1, dlb, &rl, &cl);
+    }
+    if (dx) { /* dX (+)= dY W + dlow A */
+        const int64_t rg = row_stride(x), cg = x->stride[x->ndim - 1];
+        mm(lp, m, k, n, dy, rd, cd, wb, rw, cw, 1, x_assign ? 0 : 1, x->grad, rg, cg);
+        mm(lp, m, k, r, dlb, r, 1, ab, ra, ca, 1, 1, x->grad, rg, cg);
+    }
+    if (da) /* dA [r, k] (+)= dlow^T x */
+        mm(lp, r, k, m, dlb, 1, r, xb, rx, cx, 1, a_assign ? 0 : 1, a->grad, a->stride[0], a->stride[1]);
+    if (db) { /* dB [n, r] (+)= dY^T low */
+        convert(t->aux, m, r, r, 1, lb, &rl, &cl);
+        mm(lp, n, r, m, dy, cd, rd, lb, r, 1, 1, b_assign ? 0 : 1, b->grad, b->stride[0], b->stride[1]);
+    }
+    if (dw) /* dW [n, k] (+)= dY^T x */
+        mm(lp, n, k, m, dy, cd, rd, xb, rx, cx, 1, w_assign ? 0 : 1, w->grad, w->stride[0], w->stride[1]);
+    lp->serial_below = 0;
+    return true;
+}
+
 /* ---- the fused LM head's backward, one chunk ---- */
 
 bool cgi_lp_lce_bwd(cg_tensor *t, int64_t m, int64_t v, int64_t d, cg_real *dlogits, const cg_real *xs, cg_real *dxs,
@@ -913,7 +1017,7 @@ static void plan_shadows(cg_graph *g) {
             if (r->id < 0) continue;
             if (d->kind == CGI_KIND_VIEW) other[r->id]++; /* a view may pass it to anything */
             else if (t->requires_grad && k < 32 && (cgi_bwd_reads(t) & (1u << k)))
-                (t->op == CGI_OP_LINEAR && k == 0 && t->src[0] == r ? lin : other)[r->id]++;
+                ((t->op == CGI_OP_LINEAR || lora_backed(t)) && k == 0 && t->src[0] == r ? lin : other)[r->id]++;
         }
     }
     for (int i = 0; lin && other && !segs && i < g->n; i++) {
@@ -995,6 +1099,8 @@ void cgi_lp_plan_values(cg_graph *g, const int *consumers) {
         const cg_tensor *t = g->nodes[c];
         if (t->op == CGI_OP_LINEAR && t->src[0]->root == t->src[0] && t->src[0]->id >= 0 && t->src[1]->root != t->src[0] &&
             (t->nsrc < 3 || t->src[2]->root != t->src[0]))
+            linear_readers[t->src[0]->id]++;
+        else if (lora_backed(t) && t->src[0]->root == t->src[0] && t->src[0]->id >= 0) /* its weights are parameters */
             linear_readers[t->src[0]->id]++;
     }
     for (int i = 0; i < g->n; i++) {

@@ -85,6 +85,12 @@ bool cgi_lp_linear_fwd(cg_tensor *t);
 /* linear's dX and dW products; assign: dX is written, not added. The bias gradient must be taken
  * before: when nothing else reads t's gradient it is converted to bf16 in place. */
 bool cgi_lp_linear_bwd(cg_tensor *t, bool assign);
+/* LoRA's fused linear (ops/lora.c): its three forward products in bf16 (the scaled low-rank
+ * product into t->aux in float); false with nothing written when an operand could not be had. */
+bool cgi_lp_lora_fwd(cg_tensor *t);
+/* Its backward products in bf16, dY converted once for all of them; *_assign: that input's
+ * gradient is written, not added. False with nothing written (the caller's float products). */
+bool cgi_lp_lora_bwd(cg_tensor *t, bool x_assign, bool w_assign, bool a_assign, bool b_assign);
 /* The fused LM head's backward products for one chunk of m counted rows: dlogits [m, v] (float,
  * op scratch, converted to bf16 in place), xs [m, d]; dxs [m, d] is written, dW added to. False
  * when nothing was done (the caller runs its float products). */

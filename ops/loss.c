@@ -365,6 +365,12 @@ cg_status cgi_fwd_linear_cross_entropy(cg_tensor *t) {
     int64_t n = 0;
     FOR_COUNTED_TARGETS("linear_cross_entropy", tgt, v, ignore, r, k, index[n++] = (cg_real)r); /* exact below 2^24 rows */
     t->iarg[1] = n;
+    /* a bf16 graph's planned products read a weight mapped in bf16 as it is (ops/bf16.c); any other
+     * path reads floats, which such a weight gets now */
+    if (!(cgi_lp_on(t) && t->lp_tmp[0])) {
+        cg_status ws = cgi_param_float(t->src[1]->root);
+        if (ws) return ws;
+    }
     lce c;
     lce_setup(t, &c);
     double total = 0;
@@ -466,6 +472,7 @@ void cgi_bwd_linear_cross_entropy(cg_tensor *t) {
     /* the op claims every input (CGI_GRAD_CLAIMS_ALL): dW's first writer since zero_grad takes beta 0
      * on its first chunk; bf16's products add, so they get it zeroed */
     bool w_assign = w->requires_grad && cgi_grad_claim(w, !cgi_lp_on(t));
+    if (!(cgi_lp_on(t) && t->lp_tmp[1]) && cgi_param_float(w->root)) return; /* as forward; planning widens first */
     if (x->requires_grad) cgi_grad_prepare(x);
     if (b && b->requires_grad) cgi_grad_prepare(b);
     lce c;

@@ -223,6 +223,11 @@ static cg_tensor *linear_node(cg_graph *g, int op, const char *nm, cg_tensor *x,
 }
 
 cg_tensor *cg_linear(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias) {
+    /* a weight with a LoRA adapter, without a bias: one fused node where its layout allows */
+    cg_tensor *f = !bias && w && w->root && w->root->lora_a && cgi_inputs_ok(g, "linear", 2, (cg_tensor *[]){x, w})
+                       ? cgi_lora_linear_plain(g, x, w)
+                       : NULL;
+    if (f) return f;
     cg_tensor *t = linear_node(g, CGI_OP_LINEAR, "linear", x, w, bias);
     return t && w->root->lora_a ? cgi_lora_linear(g, t->src[0], w, t) : t;
 }

@@ -503,6 +503,12 @@ static cg_tensor *segment_linear_(ctx *c) {
     return cg_segment_linear(c->g, X2(5, 4), X3(3, 3, 4), ends);
 }
 
+/* LoRA's fused linear: x w^T + s (x a^T) b^T; then every operand a strided view */
+static cg_tensor *lora_linear_(ctx *c) { return cgi_lora_linear_fused(c->g, X3(2, 3, 5), X2(4, 5), X2(2, 5), X2(4, 2), 1.5); }
+static cg_tensor *lora_linear_view(ctx *c) {
+    return cgi_lora_linear_fused(c->g, X2(3, 5), T(X2(5, 4)), T(X2(5, 2)), T(X2(2, 4)), -0.75);
+}
+
 static const check_case cases[] = {
     {"add", "[3,4] + [3,4]", add_same},
     {"add", "[2,3,4] + [4]", add_bias},
@@ -708,6 +714,8 @@ static const check_case cases[] = {
     {"unfold", "max_pool2d [1,1,4,4] 2x2 p1", max_pool_},
     {"unfold", "avg_pool2d [2,2,4,5] 3x2 s1,2 p1", avg_pool_},
     {"segment_linear", "x[5,4] w[3,3,4] ends {2,2,4}", segment_linear_},
+    {"lora_linear", "x[2,3,5] w[4,5] a[2,5] b[4,2] s 1.5", lora_linear_},
+    {"lora_linear", "x[3,5] w,a,b transposed views s -0.75", lora_linear_view},
 };
 
 int cg_gradcheck_ops(FILE *out, double tol, const char *filter) {

@@ -3,6 +3,7 @@
  * every way a model reads a weight (itself, a block of rows, transposed); the adapter's
  * gradients match finite differences; the base stays frozen while a GPT fine-tunes; merging
  * leaves the model's outputs unchanged; bad requests are errors. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
@@ -102,6 +103,82 @@ static void test_adapter_gradients(void) {
         cg_graph_free(g);
         cg_params_free(ps);
     }
+}
+
+/* One adapted linear y (fused, or composed under CGRAD_LORA_UNFUSED=1) in a graph of precision prec,
+ * the weight read in place from bf16 when wb is not NULL: sum(y u), then dX, dA and dB into out
+ * (FO floats, the first FM * FN for y's loss and zeros); the graph's node count. */
+enum { FM = 6, FK = 40, FN = 24, FR = 4, FO = FM * FN + FM * FK + FR * FK + FN * FR };
+static uint16_t fused_wbits[FN * FK]; /* the weight in bf16 */
+static int adapted_linear(const uint16_t *wb, cg_precision prec, bool fused, cg_real *out) {
+    cg_params *ps = cg_params_new();
+    cg_tensor *p = cg_params_add(ps, "w", 2, (int64_t[]){FN, FK});
+    cg_rng r;
+    cg_rng_seed(&r, 11);
+    cg_fill_uniform(p, &r, -1, 1);
+    static cg_real wv[FN * FK];
+    CHECK(cg_read(p, wv) == CG_OK, "%s", cg_last_error());
+    for (int i = 0; i < FN * FK; i++) { /* its values rounded to bf16 (to nearest even), for the mapped runs */
+        float v = (float)wv[i];
+        uint32_t bits;
+        memcpy(&bits, &v, sizeof bits);
+        fused_wbits[i] = (uint16_t)((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
+    }
+    CHECK(cg_lora_add(ps, p, FR, 2.0 * FR, &r) == CG_OK, "%s", cg_last_error());
+    cg_tensor *a = cg_params_find(ps, "w.lora_A"), *b = cg_params_find(ps, "w.lora_B");
+    cg_fill_uniform(b, &r, -1, 1);
+    if (wb) CHECK(cg_param_map(p, wb, CG_MAP_BF16) == CG_OK, "%s", cg_last_error());
+    CHECK(cg_params_compact(ps) == CG_OK, "%s", cg_last_error());
+    if (!fused) setenv("CGRAD_LORA_UNFUSED", "1", 1);
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    CHECK(cg_graph_set_precision(g, prec) == CG_OK, "%s", cg_last_error());
+    cg_tensor *x = cg_requires_grad(cg_input(g, "x", CG_REAL, 2, (int64_t[]){FM, FK}));
+    cg_fill_uniform(x, &r, -1, 1);
+    cg_tensor *u = cg_input(g, "u", CG_REAL, 2, (int64_t[]){FM, FN});
+    cg_fill_uniform(u, &r, -1, 1);
+    cg_tensor *y = cg_linear(g, x, p, NULL);
+    cg_tensor *loss = cg_sum_all(g, cg_mul(g, y, u));
+    unsetenv("CGRAD_LORA_UNFUSED");
+    const int nodes = cg_graph_size(g);
+    cg_params_zero_grad(ps);
+    CHECK(cg_graph_forward(g) == CG_OK && cg_graph_backward(g, loss) == CG_OK, "%s", cg_last_error());
+    /* y stays unretained, so its gradient may turn bf16 in place: the loss sum(y u) stands for it */
+    for (int i = 0; i < FM * FN; i++) out[i] = 0;
+    out[0] = cg_item(loss);
+    CHECK(cg_read_grad(x, out + FM * FN) == CG_OK &&
+              cg_read_grad(a, out + FM * FN + FM * FK) == CG_OK && cg_read_grad(b, out + FM * FN + FM * FK + FR * FK) == CG_OK,
+          "%s", cg_last_error());
+    cg_graph_free(g);
+    cg_params_free(ps);
+    return nodes;
+}
+
+/* The largest |a - b| over the FO values, relative to the largest |b|. */
+static double rel_diff(const cg_real *a, const cg_real *b) {
+    double d = 0, m = 0;
+    for (int i = 0; i < FO; i++) d = fmax(d, fabs(a[i] - b[i])), m = fmax(m, fabs(b[i]));
+    return d / m;
+}
+
+/* The fused node (one node for the adapted linear) gives the composed path's output and gradients:
+ * the same float products in fp32, and in bf16 with the weight read in place the same roundings of
+ * the operands (only the order of the float additions differs); each within bf16's error of fp32. */
+static void test_fused_matches_composed(void) {
+    static cg_real ref[FO], got[FO], f32[FO];
+    const int n_composed = adapted_linear(NULL, CG_FP32, false, ref), n_fused = adapted_linear(NULL, CG_FP32, true, got);
+    CHECK(n_fused < n_composed, "fused graph: %d nodes, composed %d", n_fused, n_composed);
+    CHECK(rel_diff(got, ref) < 1e-6, "fp32: fused vs composed rel diff %g", rel_diff(got, ref));
+    memcpy(f32, ref, sizeof ref);
+    if (cg_bf16_unavailable()) {
+        printf("bf16 products unavailable here (%s): the fused bf16 check skipped\n", cg_bf16_unavailable());
+        return;
+    }
+    static uint16_t wb[FN * FK];
+    memcpy(wb, fused_wbits, sizeof wb);
+    adapted_linear(wb, CG_BF16, false, ref);
+    adapted_linear(wb, CG_BF16, true, got);
+    CHECK(rel_diff(got, ref) < 1e-5, "bf16: fused vs composed rel diff %g", rel_diff(got, ref));
+    CHECK(rel_diff(got, f32) < 3e-2 && rel_diff(got, f32) > 0, "bf16 fused vs fp32: rel diff %g", rel_diff(got, f32));
 }
 
 /* A tiny GPT fine-tuned through adapters on its attention and MLP: only adapters move, the loss
@@ -279,6 +356,7 @@ int main(void) {
     cg_set_threads(2);
     test_matches_merged_weight();
     test_adapter_gradients();
+    test_fused_matches_composed();
     test_gpt_finetune();
     test_errors();
     TEST_END();

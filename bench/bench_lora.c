@@ -1,0 +1,94 @@
+/* SPDX-License-Identifier: MIT */
+/* bench_lora: one LoRA linear of a TinyLlama-1.1B step (rank 16, 256 tokens, the frozen weight bf16
+ * read in place, a bf16 graph), forward + backward, fused into one node (lora_linear) beside the
+ * composition linear + linear(scale(linear)) + add (CGRAD_LORA_UNFUSED=1). Interleaved repetitions;
+ * medians and min-max of wall and process CPU time, ms.
+ * Usage: bench_lora [reps] [threads] [fp32] */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_timing.h"
+
+enum { M = 256, R = 16 };
+
+typedef struct {
+    const char *name;
+    int64_t in, out;
+} shape;
+
+/* a graph y = linear(x, w) with w's adapter, loss sum(y * U); x needs its gradient, as in a model */
+static bench_timed build(const shape *s, bool fused, cg_precision prec, cg_params **ps_out, uint16_t *wb) {
+    bench_timed t = {0};
+    cg_params *ps = cg_params_new();
+    cg_tensor *w = cg_params_add(ps, "w", 2, (int64_t[]){s->out, s->in});
+    cg_rng r;
+    cg_rng_seed(&r, 1);
+    cg_lora_add(ps, w, R, 2.0 * R, &r);
+    cg_fill_normal(cg_params_find(ps, "w.lora_B"), &r, 0, 0.02);
+    if (cg_param_map(w, wb, CG_MAP_BF16) || cg_params_compact(ps)) fprintf(stderr, "bench_lora: %s\n", cg_last_error());
+    if (fused) unsetenv("CGRAD_LORA_UNFUSED");
+    else setenv("CGRAD_LORA_UNFUSED", "1", 1);
+    t.g = cg_graph_new(CG_TRAIN);
+    cg_graph_set_precision(t.g, prec);
+    cg_tensor *x = bench_input(t.g, "x", 2, (int64_t[]){M, s->in}, &r, -1, 1);
+    cg_tensor *y = cg_linear(t.g, x, w, NULL);
+    t.loss = bench_loss(t.g, y, bench_upstream(t.g, 2, (int64_t[]){M, s->out}, &r));
+    unsetenv("CGRAD_LORA_UNFUSED");
+    *ps_out = ps;
+    return t;
+}
+
+int main(int argc, char **argv) {
+    const int reps = argc > 1 ? atoi(argv[1]) : 9;
+    cg_set_threads(argc > 2 ? atoi(argv[2]) : 1);
+    const bool fp32 = argc > 3 && !strcmp(argv[3], "fp32");
+    const cg_precision prec = fp32 ? CG_FP32 : CG_BF16;
+    if (reps < 1) return 2;
+    if (!fp32 && cg_bf16_unavailable()) {
+        printf("bench_lora: bf16 unavailable: %s\n", cg_bf16_unavailable());
+        return 0;
+    }
+    const shape shapes[] = {{"q,o 2048->2048", 2048, 2048}, {"k,v 2048->256", 2048, 256},
+                            {"gate,up 2048->5632", 2048, 5632}, {"down 5632->2048", 5632, 2048}};
+    printf("# one LoRA linear, %d tokens, rank %d, %s, %d thread(s), %d reps: forward + backward, ms\n", M, R,
+           fp32 ? "fp32" : "bf16 (weight bf16 in place)", cg_threads(), reps);
+    printf("# %-20s %-28s %-28s %s\n", "shape", "composed wall [min-max] cpu", "fused wall [min-max] cpu", "cpu ratio");
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+        const shape *s = &shapes[i];
+        uint16_t *wb = malloc((size_t)(s->in * s->out) * sizeof *wb);
+        if (!wb) return 1;
+        for (int64_t j = 0; j < s->in * s->out; j++) wb[j] = (uint16_t)(0x3c00 + (j * 7919) % 512); /* ~[0.008, 0.03] */
+        cg_params *ps[2];
+        bench_timed t[2] = {build(s, false, prec, &ps[0], wb), build(s, true, prec, &ps[1], wb)};
+        if (!bench_ready(&t[0], "bench_lora", "composed", reps) || !bench_ready(&t[1], "bench_lora", "fused", reps)) return 1;
+        bench_interleaved(2, t, reps);
+        printf("  %-20s", s->name);
+        for (int v = 0; v < 2; v++)
+            printf(" %7.3f [%6.3f-%6.3f] %7.3f", t[v].ms[reps / 2], t[v].ms[0], t[v].ms[reps - 1], t[v].cpu[reps / 2]);
+        printf("   %.2f\n", t[1].cpu[reps / 2] / t[0].cpu[reps / 2]);
+        /* the fused node's rank-16 products split over the threads (CGRAD_LORA_SERIAL=0) against on one */
+        bench_timed u[2] = {t[1], t[1]};
+        for (int k = 0; k < reps; k++)
+            for (int v = 0; v < 2; v++) {
+                setenv("CGRAD_LORA_SERIAL", v ? "1" : "0", 1);
+                const double t0 = omp_get_wtime(), c0 = bench_cpu_now();
+                cg_graph_forward(u[v].g);
+                cg_graph_backward(u[v].g, u[v].loss);
+                (v ? t[0] : t[1]).ms[k] = (omp_get_wtime() - t0) * 1e3; /* t[1]: split, t[0]: serial */
+                (v ? t[0] : t[1]).cpu[k] = (bench_cpu_now() - c0) * 1e3;
+            }
+        unsetenv("CGRAD_LORA_SERIAL");
+        for (int v = 0; v < 2; v++) {
+            qsort(t[v].ms, (size_t)reps, sizeof(double), bench_cmp);
+            qsort(t[v].cpu, (size_t)reps, sizeof(double), bench_cmp);
+        }
+        printf("  %-20s", "  fused: split/serial");
+        for (int v = 1; v >= 0; v--)
+            printf(" %7.3f [%6.3f-%6.3f] %7.3f", t[v].ms[reps / 2], t[v].ms[0], t[v].ms[reps - 1], t[v].cpu[reps / 2]);
+        printf("   %.2f (wall %.2f)\n", t[0].cpu[reps / 2] / t[1].cpu[reps / 2], t[0].ms[reps / 2] / t[1].ms[reps / 2]);
+        for (int v = 0; v < 2; v++) bench_free(&t[v]), cg_params_free(ps[v]);
+        free(wb);
+    }
+    return 0;
+}
