@@ -526,7 +526,7 @@ static bool grad_readable(const cg_tensor *t) {
 
 /* A parameter's storage handed out may be written: its bf16 copy is remade before the next use. */
 static void touch(cg_tensor *t) {
-    if (t && t->root && t->root->pversion) ++*t->root->pversion;
+    if (t && t->root && t->root->pversion) cgi_param_changed(t->root);
 }
 
 cg_real *cg_data(cg_tensor *t) {

@@ -111,7 +111,7 @@ struct cg_tensor {
     double farg[2];
     void *params;      /* an op's settings beyond iarg and farg: a struct of its own (cgi_node_params) */
     cg_graph *graph;   /* NULL for parameters */
-    uint64_t *pversion;/* parameters: their set's value version, bumped on every change */
+    uint64_t *pversion;/* parameters: their set's value version (trainable or frozen), bumped on every change */
     void *lp;          /* parameters: bf16 copy of the value (ops/bf16.c), made on first use */
     bool lp_value;     /* planned, bf16 graphs: the value is stored as bf16, only linears read it (ops/bf16.c) */
     void *lp_tmp[2];   /* planned, bf16 graphs: conversion scratch of the forward and backward products */
@@ -153,6 +153,10 @@ enum { CGI_INIT_NONE, CGI_INIT_CONST, CGI_INIT_UNIFORM, CGI_INIT_NORMAL };
 /* The float value of a CGI_STORE_BF16 parameter, widened into its reservation on first call (every
  * other parameter has one already); CG_ERR_NOMEM with a message naming it on failure. */
 cg_status cgi_param_float(cg_tensor *p);
+/* An optimizer step changed the trainable parameters of ps (and no frozen one). */
+void cgi_params_stepped(cg_params *ps);
+/* Parameter p's value changed (its bf16 copy, and those of its side of the set, are remade). */
+void cgi_param_changed(cg_tensor *p);
 /* Makes p's value writable as float (a mapped parameter gets a copy of its own); before writing. */
 cg_status cgi_param_writable(cg_tensor *p);
 /* The bf16 elements of a CGI_STORE_BF16 parameter (read in place), else NULL. */

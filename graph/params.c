@@ -19,7 +19,10 @@ struct cg_params {
     int *index, index_cap; /* names hashed: list positions + 1 (0 = empty slot), index_cap a power of 2 */
     cg_real *values, *grads;
     int64_t used, capacity; /* elements */
-    uint64_t version;       /* bumped whenever values may have changed (bf16 copies follow it) */
+    /* Value versions that bf16 copies follow: a trainable parameter's is `version`, a frozen one's
+     * `frozen_version`, so an optimizer step remakes no frozen copy. Both take their numbers from one
+     * clock, so a parameter that changes side never meets a number its copy was made at. */
+    uint64_t version, frozen_version, clock;
     bool exposed;           /* cg_params_grads handed out the block: zero_grad clears it at once */
     bool defer_init;        /* cg_params_defer_init: fills record themselves instead of writing */
     struct keep { void (*release)(void *); void *obj; } *keeps; /* cg_params_keep */
@@ -76,6 +79,7 @@ void cgi_params_block_free(cg_real *b, int64_t cap) { block_free(b, cap); }
 cg_params *cg_params_new(void) {
     cg_params *ps = calloc(1, sizeof *ps);
     if (!ps) cgi_fail(CG_ERR_NOMEM, "[params] out of memory");
+    else ps->frozen_version = ++ps->clock; /* 0 would mean "no copy yet" to every bf16 copy */
     return ps;
 }
 
@@ -224,7 +228,7 @@ cg_tensor *cg_params_add(cg_params *ps, const char *name, int ndim, const int64_
     t->requires_grad = t->trainable = true;
     t->name = nm;
     t->pversion = &ps->version;
-    ps->version++;
+    ps->version = ++ps->clock;
     ps->used += padded;
     ps->index[index_slot(ps, nm)] = ps->n + 1;
     ps->list[ps->n++] = t;
@@ -267,8 +271,12 @@ cg_real *cg_params_grads_settled(cg_params *ps, int first, int n) {
 int64_t cg_params_span(const cg_params *ps) { return ps ? ps->used : 0; } /* optimizers size their moment blocks by it */
 
 void cg_params_touch(cg_params *ps) {
-    if (ps) ps->version++;
+    if (!ps) return;
+    ps->version = ++ps->clock;
+    ps->frozen_version = ++ps->clock;
 }
+void cgi_params_stepped(cg_params *ps) { ps->version = ++ps->clock; }
+void cgi_param_changed(cg_tensor *p) { *p->pversion = ++p->pset->clock; }
 
 /* Lazy: a gradient is marked stale, and its first writer in the next backward assigns it (a dW
  * product with beta 0) instead of adding into a cleared buffer; readers settle it to zero first.
@@ -287,6 +295,7 @@ void cg_params_zero_grad(cg_params *ps) {
 void cg_param_set_trainable(cg_tensor *p, bool trainable) {
     if (!p || p->op != CGI_OP_PARAM || (trainable && p->store != CGI_STORE_BLOCK)) return;
     p->trainable = p->requires_grad = trainable;
+    p->pversion = trainable ? &p->pset->version : &p->pset->frozen_version;
 }
 
 bool cg_param_trainable(const cg_tensor *p) { return p && p->op == CGI_OP_PARAM && p->trainable; }

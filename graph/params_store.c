@@ -89,7 +89,7 @@ cg_status cg_param_map(cg_tensor *p, const void *data, cg_map_dtype dtype) {
         p->own_bytes = pages(n * sizeof(cg_real));
         p->widened = false;
     }
-    (*p->pversion)++;
+    cgi_param_changed(p);
     return CG_OK;
 }
 

@@ -314,7 +314,7 @@ cg_status cg_optim_step_scaled(cg_optim *o, double lr, double grad_scale) {
         })
     }
     o->steps++;
-    cg_params_touch(ps); /* the bf16 copies of the weights are remade once, at their next use */
+    cgi_params_stepped(ps); /* the trainable weights' bf16 copies are remade once, at their next use */
     return CG_OK;
 }
 

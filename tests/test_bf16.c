@@ -871,6 +871,41 @@ static void run_gpt(int prec, gpt_run *o) {
 /* The product kernels test_gpt_step forces in turn: the fp32 units' in `products`, oneDNN's in `onednn`. */
 static int gpt_kernel_first = 2, gpt_kernel_last = 2;
 
+/* An optimizer step remakes the bf16 copies of the trainable weights only: with every weight but
+ * one frozen (a fine-tune of a few layers), a step costs one conversion, not one per weight; and
+ * cg_params_touch, which may follow any change, remakes them all. */
+static void test_frozen_copies(void) {
+    cg_params *ps = cg_params_new();
+    cg_model *m = cg_model_new(CG_ARCH_GPT2, gpt_json, 0.0, ps, 99);
+    for (int i = 0; m && i < cg_params_count(ps); i++)
+        cg_param_set_trainable(cg_params_at(ps, i), !strcmp(cg_name(cg_params_at(ps, i)), "h.1.mlp.c_fc.weight"));
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    cg_model_graph mg;
+    CHECK(m && g && cg_graph_set_precision(g, CG_BF16) == CG_OK && cg_model_build(g, m, GB, GT, 0, &mg) == CG_OK, "%s",
+          cg_last_error());
+    int32_t *ids = cg_idata(cg_model_graph_input(&mg, "input_ids")), *tg = cg_idata(cg_model_graph_input(&mg, "targets"));
+    for (int i = 0; i < GB * GT; i++) ids[i] = (i * 37 + 5) % 96, tg[i] = (i * 11 + 3) % 96;
+    cg_optim_config oc = cg_optim_defaults(CG_OPT_ADAMW);
+    cg_optim *opt = cg_optim_new(ps, &oc);
+    int64_t conv[4];
+    for (int s = 0; s < 4; s++) {
+        if (s == 3) cg_params_touch(ps);
+        const int64_t before = cgi_lp_param_conversions;
+        cg_params_zero_grad(ps);
+        CHECK(cg_graph_forward(g) == CG_OK && cg_graph_backward(g, mg.loss) == CG_OK, "%s", cg_last_error());
+        conv[s] = cgi_lp_param_conversions - before;
+        cg_optim_step(opt, 1e-3);
+    }
+    CHECK(conv[0] > 2 && conv[1] == 1 && conv[2] == 1 && conv[3] == conv[0],
+          "bf16 copies made: %lld at the first step, then %lld and %lld after optimizer steps (want 1: the one trainable "
+          "weight), %lld after cg_params_touch (want all again)", (long long)conv[0], (long long)conv[1],
+          (long long)conv[2], (long long)conv[3]);
+    cg_optim_free(opt);
+    cg_graph_free(g);
+    cg_model_free(m);
+    cg_params_free(ps);
+}
+
 static void test_gpt_step(bool bf16_ok) {
     gpt_run unset, fp, back, lp;
     run_gpt(-1, &unset);
@@ -1188,6 +1223,7 @@ int main(int argc, char **argv) {
         test_shadows();
         test_sdpa();
         test_qkv();
+        test_frozen_copies();
         test_gpt_step(true);
         TEST_END();
     }
