@@ -93,6 +93,8 @@ struct cg_tensor {
     bool grad_in_value;  /* planned: the gradient overwrites the value in place (no zeroing) */
     bool grad_stale;     /* parameters: reads as zero, buffer not cleared yet (cg_params_zero_grad is lazy) */
     bool grad_exposed;   /* parameters: cg_grad handed out the buffer, so zero_grad clears it at once */
+    const cg_tensor *grad_ahead; /* parameters: the node whose forward wrote this still-stale gradient for its backward to
+                                  * take (the fused LM head); cleared by cg_params_zero_grad */
     int ready_at;        /* parameters, during a backward with a ready callback: id of the last rule adding to the gradient */
     float prof_ms[2];    /* last forward and backward time under CGRAD_PROFILE, for cg_graph_dot */
     int64_t shape[CG_MAX_DIMS];

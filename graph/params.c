@@ -289,6 +289,7 @@ void cg_params_zero_grad(cg_params *ps) {
         if (!t->grad) continue; /* out of the blocks: frozen, no gradient */
         if (!ps->exposed && t->grad_exposed) cgi_zero(t->grad, (size_t)cgi_numel(t->ndim, t->shape) * sizeof(cg_real));
         t->grad_stale = !ps->exposed && !t->grad_exposed;
+        t->grad_ahead = NULL; /* whatever a forward wrote ahead may have been settled or zeroed since */
     }
 }
 

@@ -113,41 +113,55 @@ CGI_WIDE void cgi_bwd_cross_entropy(cg_tensor *t) {
 }
 
 /* ---- linear + cross-entropy in row chunks: iarg[0] ignore_index, iarg[1] counted rows, iarg[2]
- * chunk capacity. aux: lse[rows], row index[rows] (as cg_real-sized slots), then a chunk of gathered
- * inputs [cap, D], logits [cap, V] and input gradients [cap, D], colsum scratch, then the fused
- * path's scratch (lce_params). When every counted row fits in one chunk, backward finds forward's
- * logits still there and skips recomputing them; chunks are balanced, since a thin last chunk runs
- * BLIS at half speed.
+ * chunk capacity, iarg[3] rows per chunk at most. aux: lse[rows], row index[rows] (as cg_real-sized
+ * slots), a chunk of gathered inputs [cap, D] and of logits [cap, V], then either the fused path's
+ * scratch (lce_params) or, in a graph made bf16 after this op was built, the input gradients of a
+ * chunk [cap, D] and colsum scratch. Chunks are balanced, since a thin last chunk runs BLIS at half
+ * speed.
  *
  * Float graphs take the fused path: the products run on the micro-kernel (cgi_ukr) over column
  * slabs of the vocabulary, the gathered rows packed once per chunk, and everything else happens
  * to a slab while it is in cache. Forward adds the bias to each 12-row strip of logits right after
  * the kernel writes it and takes the strip's row max and sum of exponentials there (an online
  * softmax, merged per row in slab order), so the logits are written once and never re-read.
- * Backward turns a slab of logits into dlogits, sums its bias gradient, and feeds it at once to
- * dW's rows of the slab (dlogits^T xs, the packed rows reused by every slab) and to dX's partial
- * sum of the slab's group (dlogits W); the groups' sums are added in order at the end. Slabs and
- * groups depend on the shapes only, so the bits do not depend on the thread count. bert-small's
- * head (307 rows, 256 x 30522): fwd 49 -> TBD ms, bwd 79 -> TBD ms. ---- */
+ * The gradients then turn a slab of logits into dlogits, sum its bias gradient, and feed it at once
+ * to dW's rows of the slab (dlogits^T xs, the packed rows reused by every slab) and to dX's partial
+ * sum of the slab's group (dlogits W); the groups' sums are added in order. Slabs and groups depend
+ * on the shapes only, so the bits do not depend on the thread count.
+ *
+ * Gradients ahead: a chunk's logits are gone once the next chunk is computed, and backward used to
+ * recompute all chunks but the last one, a third more work for each of them: gpt-small's head (1024
+ * rows, 2 chunks) took 1.17x the CPU time of the unfused head. So in a training graph forward
+ * computes each chunk's gradients for an upstream gradient of 1 right after its loss, while its
+ * logits are in place: dX and the bias's gradient into aux, dW straight into the weight's gradient
+ * when that is a parameter whose gradient cg_params_zero_grad left stale. The gradient stays marked
+ * stale (anyone reading or writing it before this op's backward finds zeros, as before) and the
+ * parameter records this node (grad_ahead); backward then claims it, scales the three by the
+ * upstream gradient if that is not 1, and adds dX and the bias's gradient. If anything touched the
+ * weight's gradient in between (cleared stale or grad_ahead), backward recomputes every chunk. A
+ * gradient being accumulated (not stale) is not written ahead: its chunks but the last are recomputed
+ * in backward. ---- */
 
 #define LCE_ROWS 512
 #define LCE_CHUNK_BYTES ((int64_t)8 << 20)
 #define LCE_CHEAP_D 512
 enum {
-    LCE_SLAB = 256,   /* columns per slab at most: backward's slab of dlogits and its two packs stay in L2 */
+    LCE_SLAB = 256,   /* columns per slab at most: the gradients' slab of dlogits and its two packs stay in L2 */
     LCE_GROUPS = 8    /* dX partial sums: work units two threads share without waiting */
 };
 
 /* The fused path's layout, fixed at construction (absent in a graph built bf16). Offsets are reals
- * from the start of the fused part of aux (forward) or of bwd_aux. */
+ * from the start of the fused part of aux, 64-byte aligned. */
 typedef struct {
     int slots;                 /* per-thread scratch: the thread count at construction */
     int64_t sw, ns;            /* slab width and count */
-    int64_t groups;            /* dX partial sums in backward */
-    size_t xa, st, zt, pw, pw_one; /* aux: xs packed as A, slab stats [cap][ns][2], target logits, W packs */
-    size_t xb, dxp, slot, slot_one; /* bwd_aux: xs packed as B, dX partials, per-slot scratch */
-    size_t pa_n, pb_n, pt_n;   /* a slot's parts (lce_bwd_fused) */
-    size_t aux_reals, bwd_reals;
+    int64_t groups;            /* dX partial sums */
+    size_t xa, st, zt, pw, pw_one; /* xs packed as A, slab stats [cap][ns][2], target logits, W packs */
+    size_t xb, dxp, slot, slot_one; /* xs packed as B, dX partials of groups 1.., per-slot scratch */
+    size_t pa_n, pb_n, pt_n;   /* a slot's parts (lce_grads) */
+    size_t dxu, dbu;           /* dX of every counted row [rows, D] and the bias's gradient [V] */
+    size_t reals;
+    bool ahead;                /* run state: the last forward computed the gradients (upstream 1) */
 } lce_params;
 
 /* Rows per chunk for n counted rows, at most iarg[3] (lce_rows_limit; half of LCE_ROWS in a graph
@@ -159,13 +173,13 @@ static int64_t lce_step(const cg_tensor *t, int64_t n) {
 }
 
 /* Rows per chunk at most for d features and a vocabulary of v: LCE_ROWS, fewer where a chunk's float
- * logits would pass LCE_CHUNK_BYTES, not fewer than LCE_ROWS / 2 (each chunk but the last is
- * recomputed in backward, and thinner products run slower); LCE_ROWS / 2 in a bf16 graph. A
- * recomputed logit costs 2d flops, so only heads of d <= LCE_CHEAP_D trade it for memory: gpt-small's
- * head (d 768, 1024 rows) took 1360 ms of CPU fused in 512-row chunks, 1488 in 256, against 1141-1185
- * unfused (bench_head, one thread), for 51 MiB of its 2.7 GiB peak. The chunk's logits and backward's
- * dX partials are the largest buffers alive at the loss: in 512 rows bert-small's head (30522
- * classes) held 62.5 MB of logits, encdec-base's (8000) 16.4 MB of logits and 8.4 MB of partials. */
+ * logits would pass LCE_CHUNK_BYTES, not fewer than LCE_ROWS / 2 (a chunk recomputed in backward
+ * costs more in thinner products); LCE_ROWS / 2 in a bf16 graph. A recomputed logit costs 2d flops,
+ * so only heads of d <= LCE_CHEAP_D trade it for memory. Even with the gradients ahead, each chunk
+ * packs all of W twice: gpt-small's head (1024 x 768 x 50304, one thread) took 0.99 of the unfused
+ * head's CPU time in 512-row chunks, 1.03 in 256 and 1.09 in 128. The chunk's logits and dX
+ * partials are the largest buffers alive at the loss: in 512 rows bert-small's head (30522 classes)
+ * held 62.5 MB of logits, encdec-base's (8000) 16.4 MB of logits and 8.4 MB of partials. */
 static int64_t lce_rows_limit(bool bf16, int64_t d, int64_t v) {
     if (bf16) return LCE_ROWS / 2;
     if (d > LCE_CHEAP_D) return LCE_ROWS;
@@ -183,7 +197,7 @@ static void lce_slabs(int64_t v, int64_t most, int64_t *width, int64_t *count) {
 /* Reals rounded up to whole 64-byte lines: the micro-kernel reads its packed operands aligned. */
 static size_t line_up(size_t reals) { return (reals + 15) / 16 * 16; }
 
-static void lce_layout(lce_params *p, int64_t cap, int64_t d, int64_t v) {
+static void lce_layout(lce_params *p, int64_t rows, int64_t cap, int64_t d, int64_t v) {
     cgi_ukr u;
     cgi_ukr_init(&u);
     lce_slabs(v, LCE_SLAB, &p->sw, &p->ns);
@@ -194,16 +208,17 @@ static void lce_layout(lce_params *p, int64_t cap, int64_t d, int64_t v) {
     p->zt = at, at += line_up((size_t)cap);
     p->pw_one = line_up(cgi_ukr_packed_b(&u, d, p->sw));
     p->pw = at, at += (size_t)p->slots * p->pw_one;
-    p->aux_reals = at;
-    at = 0;
     p->xb = at, at += line_up(cgi_ukr_packed_b(&u, cap, d));
-    p->dxp = at, at += (size_t)(p->groups * cap * d);
+    p->dxp = at, at += (size_t)((p->groups - 1) * cap * d); /* group 0 writes its rows of dxu */
     /* a slot: dlogits packed as dX's A, W's slab as its B, dlogits^T as dW's A, column sums */
     p->pa_n = line_up(cgi_ukr_packed_a(&u, cap, p->sw)), p->pb_n = line_up(cgi_ukr_packed_b(&u, p->sw, d));
     p->pt_n = line_up(cgi_ukr_packed_a(&u, p->sw, cap));
     p->slot_one = p->pa_n + p->pb_n + p->pt_n + line_up((size_t)p->sw);
     p->slot = line_up(at), at = p->slot + (size_t)p->slots * p->slot_one;
-    p->bwd_reals = at;
+    p->dxu = at, at += line_up((size_t)(rows * d));
+    p->dbu = at, at += line_up((size_t)v);
+    p->reals = at;
+    p->ahead = false;
 }
 
 cg_tensor *cg_linear_cross_entropy(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias, cg_tensor *targets,
@@ -229,7 +244,7 @@ cg_tensor *cg_linear_cross_entropy(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_t
     if (g->precision != CG_BF16 && d > 0 && v > 0 && cap > 0) {
         if (!(p = cgi_node_params(g, "linear_cross_entropy", sizeof *p))) return NULL;
         p->slots = cgi_nthreads();
-        lce_layout(p, cap, d, v);
+        lce_layout(p, rows, cap, d, v);
     }
     cg_tensor *t = cgi_node(g, CGI_OP_LINEAR_CROSS_ENTROPY, CG_REAL, 0, NULL, bias ? 4 : 3, in);
     if (!t) return NULL;
@@ -237,9 +252,9 @@ cg_tensor *cg_linear_cross_entropy(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_t
     t->iarg[2] = cap;
     t->iarg[3] = lim;
     t->params = p;
-    t->aux_bytes = ((size_t)(2 * rows + 2 * cap * d + cap * v) + cgi_colsum_scratch(cap, v) + (p ? p->aux_reals + 16 : 0)) *
-                   sizeof(cg_real);
-    if (p) t->bwd_aux_bytes = (p->bwd_reals + 16) * sizeof(cg_real);
+    /* the fused part and the bf16 path's dX and colsum scratch take the same place */
+    const size_t lp_part = (size_t)(cap * d) + cgi_colsum_scratch(cap, v), fused_part = p ? p->reals + 16 : 0;
+    t->aux_bytes = ((size_t)(2 * rows + cap * d + cap * v) + (lp_part > fused_part ? lp_part : fused_part)) * sizeof(cg_real);
     return t;
 }
 
@@ -266,13 +281,13 @@ static void lce_setup(cg_tensor *t, lce *c) {
     c->lse = t->aux;
     c->index = c->lse + rows;
     c->xs = (cg_real *)c->index + rows;
-    c->dxs = c->xs + t->iarg[2] * c->d;
-    c->logits = c->dxs + t->iarg[2] * c->d;
-    c->colsum = c->logits + t->iarg[2] * c->v;
+    c->logits = c->xs + t->iarg[2] * c->d;
+    c->dxs = c->logits + t->iarg[2] * c->v;
+    c->colsum = c->dxs + t->iarg[2] * c->d;
     c->tg = tg->data;
     c->n = t->iarg[1];
     c->p = cgi_lp_on(t) ? NULL : t->params; /* a graph made bf16 after this op: the bf16 path */
-    c->fused = c->p ? align64(c->colsum + cgi_colsum_scratch(t->iarg[2], c->v)) : NULL;
+    c->fused = c->p ? align64(c->dxs) : NULL;
     if (c->p) cgi_ukr_init(&c->u);
 }
 
@@ -285,8 +300,8 @@ static void lce_gather(const lce *c, int64_t r0, int64_t m) {
     if (c->p) cgi_ukr_pack_a(&c->u, m, c->d, c->xs, c->d, 1, c->fused + c->p->xa);
 }
 
-/* The fused path keeps a chunk's logits slab after slab, each slab's rows w apart: backward then
- * streams a slab from memory, where m runs of w columns V apart stalled on every load (half of
+/* The fused path keeps a chunk's logits slab after slab, each slab's rows w apart: the gradients
+ * then stream a slab from memory, where m runs of w columns V apart stalled on every load (half of
  * backward's time in the first version). Slab s: its first column v0, its width w. */
 static cg_real *lce_slab(const lce *c, int64_t s, int64_t *v0, int64_t *w) {
     *v0 = s * c->p->sw;
@@ -294,12 +309,11 @@ static cg_real *lce_slab(const lce *c, int64_t s, int64_t *v0, int64_t *w) {
     return c->logits + s * c->t->iarg[2] * c->p->sw;
 }
 
-/* Slab s of the chunk's logits = xs W[v0:v0+w]^T + b for its m rows from r0, strip by strip. With
- * stats (forward), each row's max and sum of e^(z - max) over the slab go to st[(row * ns + s) * 2],
- * its target's logit, if in the slab, to zt[row], and the slab keeps e^(z - max) in place of z:
- * backward's softmax is then one product per element, e^(z - max) e^(max - lse), no exponential.
- * pw: the slot's W pack. */
-static void lce_slab_logits(const lce *c, int64_t r0, int64_t m, int64_t s, cg_real *pw, bool stats) {
+/* Slab s of the chunk's logits = xs W[v0:v0+w]^T + b for its m rows from r0, strip by strip. Each
+ * row's max and sum of e^(z - max) over the slab go to st[(row * ns + s) * 2], its target's logit,
+ * if in the slab, to zt[row], and the slab keeps e^(z - max) in place of z: the softmax's gradient
+ * is then one product per element, e^(z - max) e^(max - lse), no exponential. pw: the slot's W pack. */
+static void lce_slab_logits(const lce *c, int64_t r0, int64_t m, int64_t s, cg_real *pw) {
     const cgi_ukr *u = &c->u;
     const cg_real *xa = c->fused + c->p->xa;
     int64_t v0, w;
@@ -313,7 +327,6 @@ static void lce_slab_logits(const lce *c, int64_t r0, int64_t m, int64_t s, cg_r
         for (int64_t r = 0; r < mi; r++) {
             cg_real *z = z0 + r * w;
             if (c->B) cgi_add_bias_row(z, c->B + v0 * c->bs, c->bs, w);
-            if (!stats) continue;
             const int64_t k = c->tg[cgi_elem_offset(c->t->src[2], (int64_t)c->index[r0 + i + r])] - v0;
             if (k >= 0 && k < w) c->fused[c->p->zt + i + r] = z[k];
             cg_real *o = c->fused + c->p->st + ((i + r) * c->p->ns + s) * 2;
@@ -334,7 +347,7 @@ static void lce_logits(const lce *c, int64_t r0, int64_t m, bool bwd) {
         const int slots = lce_slots(c);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(slots) if (slots > 1 && p->ns > 1)
         for (int64_t s = 0; s < p->ns; s++)
-            lce_slab_logits(c, r0, m, s, c->fused + p->pw + (size_t)omp_get_thread_num() * p->pw_one, true);
+            lce_slab_logits(c, r0, m, s, c->fused + p->pw + (size_t)omp_get_thread_num() * p->pw_one);
         for (int64_t i = 0; i < m; i++) { /* the slabs' partial sums, merged in slab order */
             const cg_real *o = st + i * p->ns * 2;
             cg_real mx = -INFINITY;
@@ -357,9 +370,89 @@ static void lce_logits(const lce *c, int64_t r0, int64_t m, bool bwd) {
     cgi_gemm(m, c->v, c->d, c->xs, c->d, 1, c->W, c->wc, c->wr, 1, c->B ? 1 : 0, c->logits, c->v, 1, cgi_nthreads());
 }
 
+/* The fused path's gradients over one chunk of m rows from r0 (logits in place: forward's e^(z - max),
+ * or recomputed), for an upstream gradient of gscale * (counted rows): dW (+)= into w's gradient
+ * (w_assign: written, not added to); dX into dxu's rows of the chunk; the bias's gradient added to
+ * dbu (ahead: forward, for backward to take) or to the bias's gradient. */
+static void lce_grads(const lce *c, int64_t r0, int64_t m, bool recompute, cg_real gscale, bool w_assign, bool ahead) {
+    cg_tensor *x = c->t->src[0], *w = c->t->src[1], *tgt = c->t->src[2], *b = c->t->nsrc > 3 ? c->t->src[3] : NULL;
+    const lce_params *p = c->p;
+    const cgi_ukr *u = &c->u;
+    const int64_t d = c->d, cap = c->t->iarg[2];
+    const bool dx = x->requires_grad, dw = w->requires_grad, db = b && b->requires_grad;
+    cg_real *xb = c->fused + p->xb, *dxp = c->fused + p->dxp, *st = c->fused + p->st, *dxu = c->fused + p->dxu + r0 * d;
+    cg_real *bias_grad = ahead ? c->fused + p->dbu : db ? b->grad : NULL;
+    const int64_t bias_stride = ahead ? 1 : db ? b->stride[0] : 0;
+    if (dw) cgi_ukr_pack_b(u, m, d, c->xs, d, 1, xb);
+    const int slots = lce_slots(c);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(slots) if (slots > 1 && p->groups > 1)
+    for (int64_t g = 0; g < p->groups; g++) {
+        const int me = omp_get_thread_num();
+        cg_real *pa = c->fused + p->slot + (size_t)me * p->slot_one, *pb = pa + p->pa_n, *pt = pb + p->pb_n,
+                *cs = pt + p->pt_n;
+        cg_real *dxg = g ? dxp + (g - 1) * cap * d : dxu;
+        const int64_t s0 = g * p->ns / p->groups, s1 = (g + 1) * p->ns / p->groups;
+        for (int64_t s = s0; s < s1; s++) {
+            int64_t v0, sw;
+            cg_real *z0 = lce_slab(c, s, &v0, &sw);
+            /* recomputed as forward computes them, bit for bit: whichever pass computes the gradients,
+             * they come out the same (and the same as the composite's up to rounding) */
+            if (recompute) lce_slab_logits(c, r0, m, s, c->fused + p->pw + (size_t)me * p->pw_one);
+            if (db) memset(cs, 0, (size_t)sw * sizeof *cs);
+            for (int64_t i = 0; i < m; i++) { /* e^(z - max) -> d(loss)/d(logits) in place */
+                cg_real *z = z0 + i * sw;
+                const cg_real l = c->lse[r0 + i], *o = st + (i * p->ns + s) * 2;
+                const cg_real f = gscale * (cg_real)exp((double)o[0] - l);
+                for (int64_t j = 0; j < sw; j++) z[j] *= f;
+                const int64_t k = c->tg[cgi_elem_offset(tgt, (int64_t)c->index[r0 + i])] - v0;
+                if (k >= 0 && k < sw) z[k] -= gscale;
+                if (db)
+                    for (int64_t j = 0; j < sw; j++) cs[j] += z[j];
+            }
+            if (db)
+                for (int64_t j = 0; j < sw; j++) bias_grad[(v0 + j) * bias_stride] += cs[j];
+            if (dx) { /* the group's dX partial (+)= dlogits[:, slab] @ W[slab] */
+                cgi_ukr_pack_a(u, m, sw, z0, sw, 1, pa);
+                cgi_ukr_pack_b(u, sw, d, c->W + v0 * c->wr, c->wr, c->wc, pb);
+                cgi_ukr_gemm(u, m, d, sw, 1, pa, sw, pb, sw, s == s0 ? 0 : 1, dxg, d, 1, CGI_UKR_FULL, CGI_UKR_FULL);
+            }
+            if (dw) { /* dW[slab] (+)= dlogits[:, slab]^T @ xs */
+                cgi_ukr_pack_a(u, sw, m, z0, 1, sw, pt);
+                cgi_ukr_gemm(u, sw, d, m, 1, pt, m, xb, m, w_assign ? 0 : 1, w->grad + v0 * w->stride[0], w->stride[0],
+                             w->stride[1], CGI_UKR_FULL, CGI_UKR_FULL);
+            }
+        }
+    }
+    if (dx) /* the groups' partials in order */
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t e = 0; e < d; e++) {
+                cg_real sum = dxu[i * d + e];
+                for (int64_t g = 1; g < p->groups; g++) sum += dxp[(g - 1) * cap * d + i * d + e];
+                dxu[i * d + e] = sum;
+            }
+}
+
+/* dX of the chunk's m rows from r0 (dxu) times scale, added to their rows of x's gradient */
+static void lce_scatter_dx(const lce *c, int64_t r0, int64_t m, cg_real scale) {
+    cg_tensor *x = c->t->src[0];
+    const cg_real *dxu = c->fused + c->p->dxu + r0 * c->d;
+    for (int64_t i = 0; i < m; i++) {
+        cg_real *dst = x->grad + (int64_t)c->index[r0 + i] * c->d;
+        for (int64_t e = 0; e < c->d; e++) dst[e] += scale * dxu[i * c->d + e];
+    }
+}
+
+/* Whether this forward computes the gradients ahead (see above): the fused path in a graph that
+ * takes gradients, and a weight that takes none or is a parameter whose gradient is stale. */
+static bool lce_ahead(const lce *c) {
+    const cg_tensor *t = c->t, *w = t->src[1];
+    if (!c->p || !t->requires_grad || c->n == 0 || t->graph->mode != CG_TRAIN) return false;
+    return !w->requires_grad || (w->root == w && w->op == CGI_OP_PARAM && w->grad_stale && w->grad);
+}
+
 cg_status cgi_fwd_linear_cross_entropy(cg_tensor *t) {
-    cg_tensor *tgt = t->src[2];
-    const int64_t rows = cgi_numel(tgt->ndim, tgt->shape), v = t->src[1]->shape[0];
+    cg_tensor *tgt = t->src[2], *w = t->src[1], *b = t->nsrc > 3 ? t->src[3] : NULL;
+    const int64_t rows = cgi_numel(tgt->ndim, tgt->shape), v = w->shape[0];
     const int32_t *T = tgt->data, ignore = (int32_t)t->iarg[0];
     cg_real *index = (cg_real *)t->aux + rows;
     int64_t n = 0;
@@ -373,6 +466,10 @@ cg_status cgi_fwd_linear_cross_entropy(cg_tensor *t) {
     }
     lce c;
     lce_setup(t, &c);
+    const bool ahead = lce_ahead(&c);
+    if (c.p) ((lce_params *)t->params)->ahead = ahead;
+    if (w->root->grad_ahead == t) w->root->grad_ahead = NULL;
+    if (ahead && b && b->requires_grad) memset(c.fused + c.p->dbu, 0, (size_t)v * sizeof(cg_real));
     double total = 0;
     const int64_t step = lce_step(t, n);
     for (int64_t r0 = 0; r0 < n; r0 += step) {
@@ -392,7 +489,9 @@ cg_status cgi_fwd_linear_cross_entropy(cg_tensor *t) {
             part[i] = c.lse[r0 + i] - z[k];
         }
         for (int64_t i = 0; i < m; i++) total += part[i];
+        if (ahead) lce_grads(&c, r0, m, false, (cg_real)1 / (cg_real)n, r0 == 0, true);
     }
+    if (ahead && w->requires_grad) w->grad_ahead = t;
     *(cg_real *)t->data = (cg_real)(n ? total / (double)n : 0.0);
     return CG_OK;
 }
@@ -406,77 +505,43 @@ static void lce_bias_grad(const lce *c, cg_tensor *b, int64_t m) {
     }
 }
 
-/* The fused path's backward over one chunk of m rows from r0 (logits in place unless recompute);
- * w_assign: dW is written, not added to (its first writer since zero_grad). */
-static void lce_bwd_fused(const lce *c, int64_t r0, int64_t m, bool recompute, cg_real gscale, bool w_assign) {
-    cg_tensor *x = c->t->src[0], *w = c->t->src[1], *tgt = c->t->src[2], *b = c->t->nsrc > 3 ? c->t->src[3] : NULL;
-    const lce_params *p = c->p;
-    const cgi_ukr *u = &c->u;
-    const int64_t d = c->d, cap = c->t->iarg[2];
-    const bool dx = x->requires_grad, dw = w->requires_grad, db = b && b->requires_grad;
-    cg_real *ba = align64(c->t->bwd_aux), *xb = ba + p->xb, *dxp = ba + p->dxp, *st = c->fused + p->st;
-    if (dw) cgi_ukr_pack_b(u, m, d, c->xs, d, 1, xb);
-    const int slots = lce_slots(c);
-#pragma omp parallel for schedule(dynamic, 1) num_threads(slots) if (slots > 1 && p->groups > 1)
-    for (int64_t g = 0; g < p->groups; g++) {
-        const int me = omp_get_thread_num();
-        cg_real *pa = ba + p->slot + (size_t)me * p->slot_one, *pb = pa + p->pa_n, *pt = pb + p->pb_n, *cs = pt + p->pt_n;
-        cg_real *dxg = dxp + g * cap * d;
-        const int64_t s0 = g * p->ns / p->groups, s1 = (g + 1) * p->ns / p->groups;
-        for (int64_t s = s0; s < s1; s++) {
-            int64_t v0, sw;
-            cg_real *z0 = lce_slab(c, s, &v0, &sw);
-            if (recompute) lce_slab_logits(c, r0, m, s, c->fused + p->pw + (size_t)me * p->pw_one, false);
-            if (db) memset(cs, 0, (size_t)sw * sizeof *cs);
-            for (int64_t i = 0; i < m; i++) { /* logits (or forward's e^(z - max)) -> d(loss)/d(logits) in place */
-                cg_real *z = z0 + i * sw;
-                const cg_real l = c->lse[r0 + i], *o = st + (i * p->ns + s) * 2;
-                if (recompute)
-                    for (int64_t j = 0; j < sw; j++) z[j] = gscale * cgi_exp(z[j] - l);
-                else {
-                    const cg_real f = gscale * (cg_real)exp((double)o[0] - l);
-                    for (int64_t j = 0; j < sw; j++) z[j] *= f;
-                }
-                const int64_t k = c->tg[cgi_elem_offset(tgt, (int64_t)c->index[r0 + i])] - v0;
-                if (k >= 0 && k < sw) z[k] -= gscale;
-                if (db)
-                    for (int64_t j = 0; j < sw; j++) cs[j] += z[j];
-            }
-            if (db)
-                for (int64_t j = 0; j < sw; j++) b->grad[(v0 + j) * b->stride[0]] += cs[j];
-            if (dx) { /* the group's dX partial (+)= dlogits[:, slab] @ W[slab] */
-                cgi_ukr_pack_a(u, m, sw, z0, sw, 1, pa);
-                cgi_ukr_pack_b(u, sw, d, c->W + v0 * c->wr, c->wr, c->wc, pb);
-                cgi_ukr_gemm(u, m, d, sw, 1, pa, sw, pb, sw, s == s0 ? 0 : 1, dxg, d, 1, CGI_UKR_FULL, CGI_UKR_FULL);
-            }
-            if (dw) { /* dW[slab] (+)= dlogits[:, slab]^T @ xs */
-                cgi_ukr_pack_a(u, sw, m, z0, 1, sw, pt);
-                cgi_ukr_gemm(u, sw, d, m, 1, pt, m, xb, m, w_assign ? 0 : 1, w->grad + v0 * w->stride[0], w->stride[0],
-                             w->stride[1], CGI_UKR_FULL, CGI_UKR_FULL);
-            }
-        }
+/* Backward of a forward that computed the gradients ahead: w's gradient is claimed and scaled by the
+ * upstream gradient g, and dX and the bias's gradient, times g, added. */
+static void lce_bwd_ahead(const lce *c, cg_real g) {
+    cg_tensor *x = c->t->src[0], *w = c->t->src[1], *b = c->t->nsrc > 3 ? c->t->src[3] : NULL;
+    if (w->requires_grad) {
+        w->grad_stale = false, w->grad_ahead = NULL; /* it holds this op's term only: the first writer's */
+        const int64_t n = c->v * c->d;
+        if (g != 1)
+#pragma omp parallel for schedule(static) if (n > CGI_PAR_MIN) num_threads(cgi_nthreads())
+            for (int64_t i = 0; i < n; i++) w->grad[i] *= g;
     }
-    if (dx) /* the groups' partials in order, into the rows' gradients (x's and w's may alias: after dW) */
-        for (int64_t i = 0; i < m; i++) {
-            cg_real *dst = x->grad + (int64_t)c->index[r0 + i] * d;
-            for (int64_t e = 0; e < d; e++) {
-                cg_real sum = dxp[i * d + e];
-                for (int64_t g = 1; g < p->groups; g++) sum += dxp[g * cap * d + i * d + e];
-                dst[e] += sum;
-            }
-        }
+    if (x->requires_grad) {
+        cgi_grad_prepare(x);
+        lce_scatter_dx(c, 0, c->n, g);
+    }
+    if (b && b->requires_grad) {
+        cgi_grad_prepare(b);
+        const cg_real *dbu = c->fused + c->p->dbu;
+        for (int64_t j = 0; j < c->v; j++) b->grad[j * b->stride[0]] += g * dbu[j];
+    }
 }
 
 void cgi_bwd_linear_cross_entropy(cg_tensor *t) {
     cg_tensor *x = t->src[0], *w = t->src[1], *tgt = t->src[2], *b = t->nsrc > 3 ? t->src[3] : NULL;
+    lce c;
+    lce_setup(t, &c);
+    const bool ahead = c.p && c.p->ahead;
+    if (ahead && (!w->requires_grad || (w->grad_ahead == t && w->grad_stale))) {
+        lce_bwd_ahead(&c, t->grad[0]);
+        return;
+    }
     /* the op claims every input (CGI_GRAD_CLAIMS_ALL): dW's first writer since zero_grad takes beta 0
      * on its first chunk; bf16's products add, so they get it zeroed */
     bool w_assign = w->requires_grad && cgi_grad_claim(w, !cgi_lp_on(t));
     if (!(cgi_lp_on(t) && t->lp_tmp[1]) && cgi_param_float(w->root)) return; /* as forward; planning widens first */
     if (x->requires_grad) cgi_grad_prepare(x);
     if (b && b->requires_grad) cgi_grad_prepare(b);
-    lce c;
-    lce_setup(t, &c);
     if (c.n == 0) { /* nothing to add: a claimed dW still has to read as zero */
         if (w_assign) cgi_zero(w->grad, (size_t)cgi_numel(w->ndim, w->shape) * sizeof(cg_real));
         return;
@@ -485,15 +550,17 @@ void cgi_bwd_linear_cross_entropy(cg_tensor *t) {
     const int nt = cgi_nthreads();
     const int64_t step = lce_step(t, c.n);
     /* The last chunk first: forward left its logits in place, so one chunk fewer is recomputed (with
-     * one chunk, none is). In float that saved encdec-base's head a [512, 512] x [512, 8000] product
+     * one chunk, none is), unless forward turned them into gradients (ahead) and something touched
+     * w's gradient since. In float that saved encdec-base's head a [512, 512] x [512, 8000] product
      * per step, some 60 ms of 1255 on one thread; the chunks' dW and bias sums are added in the
      * reverse order, which changed those gradients' last bits (test_lce holds them to the composite). */
     const int64_t nch = (c.n + step - 1) / step;
     for (int64_t q = 0; q < nch; q++) {
         const int64_t r0 = (nch - 1 - q) * step, m = c.n - r0 < step ? c.n - r0 : step;
         if (c.p) {
-            if (q > 0) lce_gather(&c, r0, m);
-            lce_bwd_fused(&c, r0, m, q > 0, gscale, w_assign);
+            if (q > 0 || ahead) lce_gather(&c, r0, m);
+            lce_grads(&c, r0, m, q > 0 || ahead, gscale, w_assign, false);
+            if (x->requires_grad) lce_scatter_dx(&c, r0, m, 1); /* after dW: x's and w's gradients may alias */
             w_assign = false;
             continue;
         }

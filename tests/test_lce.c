@@ -14,6 +14,10 @@ typedef struct {
     bool bias_view;   /* the bias a strided view (every other element) */
     int counted;      /* -1: about 70% of rows counted; else rows counted from the first, the rest ignored */
     int threads;      /* 0: as set */
+    bool param;       /* w and b are parameters, zero_grad'ed before forward: forward writes the gradients ahead */
+    int between;      /* 1: w's gradient read between forward and backward, 2: read and zero_grad'ed again;
+                       * 3: the loss times 2.5; 4: plus sum(w * w), whose rule writes w's gradient first;
+                       * 5: w frozen (only x and b take gradients) */
 } lce_case;
 
 static void run(bool fused, const lce_case *k, double *loss, cg_real **grads) {
@@ -22,9 +26,14 @@ static void run(bool fused, const lce_case *k, double *loss, cg_real **grads) {
     cg_graph *g = cg_graph_new(CG_TRAIN);
     cg_rng r;
     cg_rng_seed(&r, 11);
+    cg_params *ps = k->param ? cg_params_new() : NULL;
+    const int64_t *wshape = k->wt ? (int64_t[]){d, v} : (int64_t[]){v, d}, *bshape = (int64_t[]){v, 2};
     cg_tensor *x = cg_requires_grad(cg_input(g, "x", CG_REAL, 2, (int64_t[]){rows, d}));
-    cg_tensor *wl = cg_requires_grad(cg_input(g, "w", CG_REAL, 2, k->wt ? (int64_t[]){d, v} : (int64_t[]){v, d}));
-    cg_tensor *bl = k->bias ? cg_requires_grad(cg_input(g, "b", CG_REAL, k->bias_view ? 2 : 1, (int64_t[]){v, 2})) : NULL;
+    cg_tensor *wl = ps ? cg_params_add(ps, "w", 2, wshape) : cg_requires_grad(cg_input(g, "w", CG_REAL, 2, wshape));
+    cg_tensor *bl = !k->bias ? NULL
+                    : ps     ? cg_params_add(ps, "b", k->bias_view ? 2 : 1, bshape)
+                             : cg_requires_grad(cg_input(g, "b", CG_REAL, k->bias_view ? 2 : 1, bshape));
+    if (k->between == 5) cg_param_set_trainable(wl, false);
     cg_fill_uniform(x, &r, -1, 1);
     cg_fill_uniform(wl, &r, -0.5, 0.5);
     if (bl) cg_fill_uniform(bl, &r, -1, 1);
@@ -36,9 +45,19 @@ static void run(bool fused, const lce_case *k, double *loss, cg_real **grads) {
         cg_idata(tg)[i] = counted ? (int32_t)(cg_rng_next(&r) % (uint64_t)v) : -100;
     }
     cg_tensor *l = fused ? cg_linear_cross_entropy(g, x, w, b, tg, -100) : cg_cross_entropy(g, cg_linear(g, x, w, b), tg, -100);
-    CHECK(l && cg_graph_forward(g) == CG_OK && cg_graph_backward(g, l) == CG_OK, "%s", cg_last_error());
+    if (k->between == 3) l = cg_scale(g, l, 2.5);
+    if (k->between == 4) l = cg_add(g, l, cg_sum_all(g, cg_mul(g, wl, wl)));
+    if (ps) cg_params_zero_grad(ps);
+    CHECK(l && cg_graph_forward(g) == CG_OK, "%s", cg_last_error());
+    if (k->between == 1 || k->between == 2) {
+        cg_real *tmp = malloc((size_t)cg_numel(wl) * sizeof *tmp);
+        cg_read_grad(wl, tmp);
+        free(tmp);
+        if (k->between == 2) cg_params_zero_grad(ps);
+    }
+    CHECK(cg_graph_backward(g, l) == CG_OK, "%s", cg_last_error());
     *loss = cg_item(l);
-    cg_tensor *leaves[3] = {x, wl, bl};
+    cg_tensor *leaves[3] = {x, k->between == 5 ? NULL : wl, bl};
     for (int i = 0; i < 3; i++) {
         grads[i] = NULL;
         if (!leaves[i]) continue;
@@ -46,6 +65,7 @@ static void run(bool fused, const lce_case *k, double *loss, cg_real **grads) {
         cg_read_grad(leaves[i], grads[i]);
     }
     cg_graph_free(g);
+    if (ps) cg_params_free(ps);
     if (k->threads) cg_set_threads(0);
 }
 
@@ -126,22 +146,34 @@ static void lazy_zero(int64_t rows, int64_t v) {
 }
 
 int main(void) {
-    compare("1600 rows (about 1120 counted: 3 balanced chunks), bias", (lce_case){1600, 32, 300, true, false, false, -1, 0});
-    compare("600 rows (one chunk, backward reuses forward's logits), bias", (lce_case){600, 32, 300, true, false, false, -1, 0});
-    compare("257 rows, no bias, transposed weight view", (lce_case){257, 16, 129, false, true, false, -1, 0});
-    compare("40 rows, one chunk", (lce_case){40, 8, 50, true, false, false, -1, 0});
+    compare("1600 rows (about 1120 counted: 3 balanced chunks), bias", (lce_case){1600, 32, 300, true, false, false, -1, 0, false, 0});
+    compare("600 rows (one chunk, backward reuses forward's logits), bias", (lce_case){600, 32, 300, true, false, false, -1, 0, false, 0});
+    compare("257 rows, no bias, transposed weight view", (lce_case){257, 16, 129, false, true, false, -1, 0, false, 0});
+    compare("40 rows, one chunk", (lce_case){40, 8, 50, true, false, false, -1, 0, false, 0});
     /* the fused path's slabs (at most 256 columns): 1000 columns are 4 of 256, 256, 256, 232; with
      * 1100 rows, 2 chunks of about 385 rows, so backward recomputes a chunk slab by slab */
-    compare("1100 rows x 1000 classes: 4 slabs, 2 chunks, bias", (lce_case){1100, 40, 1000, true, false, false, -1, 0});
-    compare("13 classes: one slab narrower than a tile", (lce_case){30, 12, 13, true, false, false, -1, 0});
-    compare("strided bias view, transposed weight, 4 slabs", (lce_case){200, 24, 777, true, true, true, -1, 0});
-    compare("one counted row", (lce_case){50, 16, 600, true, false, false, 1, 0});
-    compare("every row ignored", (lce_case){50, 16, 600, true, false, false, 0, 0});
-    compare("513 counted rows: 2 chunks of 257 and 256", (lce_case){513, 16, 300, true, false, false, 513, 0});
+    compare("1100 rows x 1000 classes: 4 slabs, 2 chunks, bias", (lce_case){1100, 40, 1000, true, false, false, -1, 0, false, 0});
+    compare("13 classes: one slab narrower than a tile", (lce_case){30, 12, 13, true, false, false, -1, 0, false, 0});
+    compare("strided bias view, transposed weight, 4 slabs", (lce_case){200, 24, 777, true, true, true, -1, 0, false, 0});
+    compare("one counted row", (lce_case){50, 16, 600, true, false, false, 1, 0, false, 0});
+    compare("every row ignored", (lce_case){50, 16, 600, true, false, false, 0, 0, false, 0});
+    compare("513 counted rows: 2 chunks of 257 and 256", (lce_case){513, 16, 300, true, false, false, 513, 0, false, 0});
     /* a wide vocabulary: 512 rows of float logits would pass 8 MiB, so chunks of at most 416 rows */
-    compare("600 rows x 5000 classes: 2 chunks under 8 MiB of logits", (lce_case){600, 16, 5000, true, false, false, -1, 0});
-    same_bits("1100 rows x 1000 classes", (lce_case){1100, 40, 1000, true, false, false, -1, 0});
-    same_bits("300 rows x 2000 classes, one chunk", (lce_case){300, 64, 2000, true, false, false, -1, 0});
+    compare("600 rows x 5000 classes: 2 chunks under 8 MiB of logits", (lce_case){600, 16, 5000, true, false, false, -1, 0, false, 0});
+    same_bits("1100 rows x 1000 classes", (lce_case){1100, 40, 1000, true, false, false, -1, 0, false, 0});
+    same_bits("300 rows x 2000 classes, one chunk", (lce_case){300, 64, 2000, true, false, false, -1, 0, false, 0});
+    /* parameters: forward computes the gradients ahead (dW into w's stale gradient), backward takes them */
+    compare("params: 1100 rows x 1000 classes, 2 chunks, bias", (lce_case){1100, 40, 1000, true, false, false, -1, 0, true, 0});
+    compare("params: 600 rows, one chunk, bias", (lce_case){600, 32, 300, true, false, false, -1, 0, true, 0});
+    compare("params: strided bias view, transposed weight", (lce_case){200, 24, 777, true, true, true, -1, 0, true, 0});
+    compare("params: w's gradient read before backward", (lce_case){1100, 40, 1000, true, false, false, -1, 0, true, 1});
+    compare("params: read and zeroed again before backward", (lce_case){1100, 40, 1000, true, false, false, -1, 0, true, 2});
+    compare("params: one chunk, read and zeroed again", (lce_case){300, 40, 1000, true, false, false, -1, 0, true, 2});
+    compare("params: loss x 2.5", (lce_case){1100, 40, 1000, true, false, false, -1, 0, true, 3});
+    compare("params: plus sum(w * w)", (lce_case){1100, 40, 1000, true, false, false, -1, 0, true, 4});
+    compare("params: frozen weight", (lce_case){1100, 40, 1000, true, false, false, -1, 0, true, 5});
+    compare("params: every row ignored", (lce_case){50, 16, 600, true, false, false, 0, 0, true, 0});
+    same_bits("params: 1100 rows x 1000 classes", (lce_case){1100, 40, 1000, true, false, false, -1, 0, true, 0});
     lazy_zero(100, 600);
     lazy_zero(1000, 300);
     TEST_END();
