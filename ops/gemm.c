@@ -822,6 +822,25 @@ static void line_mixed(int64_t len, int64_t k, float alpha, const void *x, int t
     }
 }
 
+/* sum_p a[p] b[p] over k contiguous elements of any types: runs of each widened to float on the
+ * stack, then sixteen running sums as dot_bf16 keeps (they vectorise); the same bits whatever the
+ * thread count. A one-token product whose weight rows run along the depth (x W^T) is all such dots. */
+static CGI_CLONES float dot_mixed(const void *a, int ta, const void *b, int tb, int64_t k) {
+    float acc[16] = {0}, s = 0, ra[LINE], rb[LINE];
+    for (int64_t p0 = 0; p0 < k; p0 += LINE) {
+        const int64_t n = k - p0 < LINE ? k - p0 : LINE;
+        const float *x = ta == CGI_EL_F32 ? (const float *)a + p0 : ra, *y = tb == CGI_EL_F32 ? (const float *)b + p0 : rb;
+        if (ta != CGI_EL_F32) widen_el(ra, (const uint16_t *)a + p0, n, ta);
+        if (tb != CGI_EL_F32) widen_el(rb, (const uint16_t *)b + p0, n, tb);
+        int64_t p = 0;
+        for (; p + 16 <= n; p += 16)
+            for (int l = 0; l < 16; l++) acc[l] += x[p + l] * y[p + l];
+        for (; p < n; p++) s += x[p] * y[p];
+    }
+    for (int l = 0; l < 16; l++) s += acc[l];
+    return s;
+}
+
 /* gemm_bf16_direct for operands of other element types (a float activation and a weight read in
  * place, an fp16 weight): the line products above, else one dot product per element. */
 static void gemm_mixed_direct(const cgi_gemm_job *j, unsigned fl) {
@@ -838,8 +857,11 @@ static void gemm_mixed_direct(const cgi_gemm_job *j, unsigned fl) {
     for (int64_t i = 0; i < j->m; i++)
         for (int64_t q = 0; q < j->n; q++) {
             float acc = 0;
-            for (int64_t p = 0; p < j->k; p++)
-                acc += el_at(j->a, i * j->rsa + p * j->csa, j->ta) * el_at(j->b, p * j->rsb + q * j->csb, j->tb);
+            if (j->csa == 1 && j->rsb == 1) /* both along the depth: widened runs */
+                acc = dot_mixed(ahead(j->a, i * j->rsa, j->ta), j->ta, ahead(j->b, q * j->csb, j->tb), j->tb, j->k);
+            else
+                for (int64_t p = 0; p < j->k; p++)
+                    acc += el_at(j->a, i * j->rsa + p * j->csa, j->ta) * el_at(j->b, p * j->rsb + q * j->csb, j->tb);
             acc = j->alpha * acc + (j->bias ? j->bias[q * j->bias_stride] : 0);
             if (c16) ((cgi_bf16 *)j->c)[i * j->rsc + q * j->csc] = cgi_to_bf16(acc);
             else {

@@ -11,8 +11,14 @@ static void widen_f16_portable(float *d, const uint16_t *s, int64_t n) {
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
 #include <immintrin.h>
 #define HAVE_X86 1
+/* F16C from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports does not know "f16c" */
+static bool cpu_has_f16c(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1u);
+}
 __attribute__((target("avx,f16c"))) static void widen_f16_f16c(float *d, const uint16_t *s, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
@@ -35,7 +41,7 @@ static widen_fn path_fn(int path) {
     if (path == 0) return widen_f16_portable;
 #ifdef HAVE_X86
     __builtin_cpu_init();
-    if (path == 1 && __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c")) return widen_f16_f16c;
+    if (path == 1 && __builtin_cpu_supports("avx") && cpu_has_f16c()) return widen_f16_f16c;
     if (path == 2 && __builtin_cpu_supports("avx512f")) return widen_f16_avx512;
 #endif
     return NULL;

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "../cgrad.h"
+#include "../graph/internal.h"
 #include "../ops/half.h"
 #include "check.h"
 
@@ -83,6 +84,41 @@ static uint16_t draw(cg_rng *r, int dt, bool norm, bool bf16_exact) {
     return (uint16_t)(sign << 15 | (e + 15) << 10 | m);
 }
 static float value_of(uint16_t h, int dt) { return dt == BF16 ? bf16_value(h) : f16_value(h); }
+
+/* cgi_gemm_half with a float A and a half B (a weight read in place), B stored either way (W^T as
+ * x W^T reads it, or by rows), one row or column of C (a generated token's products) and whole
+ * blocks, against float products on the widened values. */
+static void test_products(void) {
+    const int64_t shapes[][3] = {{1, 37, 70}, {1, 300, 33}, {37, 1, 70}, {5, 40, 300}, {64, 64, 64}, {70, 33, 600}};
+    cg_rng r;
+    cg_rng_seed(&r, 9);
+    for (int s = 0; s < 6; s++)
+        for (int dt = BF16; dt <= F16; dt++)
+            for (int by_rows = 0; by_rows < 2; by_rows++) {
+                const int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+                float *a = malloc((size_t)(m * k) * sizeof *a), *bw = malloc((size_t)(k * n) * sizeof *bw);
+                float *c = calloc((size_t)(m * n), sizeof *c), *want = calloc((size_t)(m * n), sizeof *want);
+                uint16_t *bh = malloc((size_t)(k * n) * sizeof *bh);
+                for (int64_t i = 0; i < m * k; i++) a[i] = (float)(cg_rng_next(&r) % 2001) / 1000.0f - 1.0f;
+                for (int64_t i = 0; i < k * n; i++) bh[i] = draw(&r, dt, false, false), bw[i] = value_of(bh[i], dt);
+                /* B[p, q] at p * rsb + q * csb: by rows [k, n], else W [n, k] read transposed */
+                const int64_t rsb = by_rows ? n : 1, csb = by_rows ? 1 : k;
+                for (int64_t i = 0; i < m; i++)
+                    for (int64_t q = 0; q < n; q++) {
+                        double acc = 0;
+                        for (int64_t p = 0; p < k; p++) acc += (double)a[i * k + p] * bw[p * rsb + q * csb];
+                        want[i * n + q] = (float)acc;
+                    }
+                CHECK(cgi_gemm_half(m, n, k, a, CGI_EL_F32, k, 1, bh, dt == BF16 ? CGI_EL_BF16 : CGI_EL_F16, rsb, csb, 1, 0, c,
+                                    n, NULL, false, 2),
+                      "cgi_gemm_half runs");
+                double worst = 0, scale = 0;
+                for (int64_t i = 0; i < m * n; i++) worst = fmax(worst, fabs(c[i] - want[i])), scale = fmax(scale, fabs(want[i]));
+                CHECK(worst <= 1e-5 * scale * sqrt((double)k), "[%lld,%lld,%lld] %s B %s: off by %g of %g", (long long)m,
+                      (long long)n, (long long)k, dt == BF16 ? "bf16" : "fp16", by_rows ? "by rows" : "transposed", worst, scale);
+                free(a), free(bw), free(c), free(want), free(bh);
+            }
+}
 
 /* Writes ps's parameters to path as dtype dt ("BF16" / "F16") safetensors, drawing each value;
  * widened[i] gets parameter i's float values (malloc'd). A writer of its own: the library's writes
@@ -264,13 +300,67 @@ static void test_half_base(int dt, bool tied, cg_precision prec) {
     unlink(path);
 }
 
+/* A half-precision file's errors are values naming the file and the tensor: a tensor of the wrong
+ * shape, a truncated file, an unknown dtype; nothing is mapped or written. */
+static void test_errors(void) {
+    char path[256];
+    snprintf(path, sizeof path, "/tmp/cgrad_halfmap_err_%ld.safetensors", (long)getpid());
+    cg_params *ps0 = cg_params_new();
+    cg_model *m0 = cg_model_new(CG_ARCH_LLAMA, config(false), 0, ps0, 1);
+    float *wide[64] = {0};
+    write_half(path, ps0, F16, false, wide);
+    /* wrong shape: a model with a wider MLP */
+    const char *wider = "{\"model_type\": \"llama\", \"vocab_size\": 40, \"hidden_size\": 32, \"intermediate_size\": 56, "
+                        "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+                        "\"max_position_embeddings\": 32, \"rms_norm_eps\": 1e-6, \"tie_word_embeddings\": false}";
+    cg_params *ps = cg_params_new();
+    cg_model *m = cg_model_new(CG_ARCH_LLAMA, wider, 0, ps, 1);
+    for (int i = 0; i < cg_params_count(ps); i++) cg_param_set_trainable(cg_params_at(ps, i), false);
+    cg_st *f = cg_st_open(path);
+    CHECK(f && cg_model_load(m, f) != CG_OK && strstr(cg_last_error(), path) && strstr(cg_last_error(), "mlp.") &&
+              strstr(cg_last_error(), "56"), "wrong shape: %s", cg_last_error());
+    for (int i = 0; i < cg_params_count(ps); i++)
+        CHECK(cg_param_storage(cg_params_at(ps, i)) == CG_MAP_F32, "a refused load mapped %s", cg_name(cg_params_at(ps, i)));
+    cg_st_close(f);
+    cg_model_free(m), cg_params_free(ps);
+    /* truncated: the last tensor's bytes end past the file */
+    FILE *fp = fopen(path, "r+b");
+    fseek(fp, 0, SEEK_END);
+    const long size = ftell(fp);
+    fclose(fp);
+    CHECK(truncate(path, size - 6) == 0, "truncate");
+    f = cg_st_open(path);
+    CHECK(!f && strstr(cg_last_error(), path) && strstr(cg_last_error(), "lm_head.weight"), "truncated: %s", cg_last_error());
+    cg_st_close(f);
+    /* an unknown dtype, in a whole file again */
+    for (int i = 0; i < 64; i++) free(wide[i]), wide[i] = NULL;
+    write_half(path, ps0, F16, false, wide);
+    fp = fopen(path, "r+b");
+    char head[256] = {0};
+    CHECK(fp && fread(head, 1, sizeof head - 1, fp) > 0, "read back");
+    char *at = strstr(head + 8, "\"F16\""); /* the first tensor's dtype: same length, same offsets */
+    CHECK(at != NULL, "dtype in the header");
+    if (fp && at) {
+        fseek(fp, (long)(at - head) + 3, SEEK_SET);
+        fputc('7', fp);
+    }
+    if (fp) fclose(fp);
+    f = cg_st_open(path);
+    CHECK(!f && strstr(cg_last_error(), path) && strstr(cg_last_error(), "F17") && strstr(cg_last_error(), "model.embed_tokens.weight"),
+          "unknown dtype: %s", cg_last_error());
+    cg_st_close(f);
+    for (int i = 0; i < 64; i++) free(wide[i]);
+    cg_model_free(m0), cg_params_free(ps0);
+    unlink(path);
+}
+
 int main(int argc, char **argv) {
     const bool bf16 = !strcmp(test_part(argc, argv), "bf16"); /* the bf16 graphs: their own ctest entry */
 #ifdef CGRAD_DOUBLE
     return test_skip("halfmap", "the float64 build widens half-precision weights (no half products)");
 #endif
     if (bf16 && cg_bf16_unavailable()) return test_skip("halfmap bf16", cg_bf16_unavailable());
-    if (!bf16) test_widen_f16();
+    if (!bf16) test_widen_f16(), test_errors(), test_products();
     for (int dt = BF16; dt <= F16; dt++) {
         test_half_base(dt, dt == BF16, bf16 ? CG_BF16 : CG_FP32);
         test_half_base(dt, dt != BF16, bf16 ? CG_BF16 : CG_FP32);
