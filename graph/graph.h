@@ -307,16 +307,18 @@ bool cg_param_trainable(const cg_tensor *p);
 
 /* How a parameter's value is stored outside its set's blocks (cg_param_map). */
 typedef enum {
-    CG_MAP_F32 = 0, /* float32 elements (cg_real in the default build) */
-    CG_MAP_BF16 = 1 /* bfloat16 elements: bf16 products read them as they are */
+    CG_MAP_F32 = 0,  /* float32 elements (cg_real in the default build) */
+    CG_MAP_BF16 = 1, /* bfloat16 elements: the products widen them as they pack them */
+    CG_MAP_F16 = 2   /* IEEE binary16 elements: likewise (F16C's conversion where the CPU has it) */
 } cg_map_dtype;
 /* Makes frozen parameter p read its value in place from data (its elements, row-major, in dtype),
  * which must stay valid and unchanged while the set lives (cg_params_keep). p then has no gradient
- * and can no longer be made trainable. bf16 values feed the bf16 products of a --precision bf16
- * graph as they are; a float copy is made once, only when some op reads the value as float.
+ * and can no longer be made trainable. bf16 and fp16 values are read as they are by the products of
+ * linear (forward and dX, fp32 and bf16 graphs), the embedding gather and the fused LM head; a float
+ * copy is made once, only when some other op reads the value (or in the float64 build).
  * A write (cg_write, cg_data) gives p a float copy of its own first. */
 cg_status cg_param_map(cg_tensor *p, const void *data, cg_map_dtype dtype);
-/* CG_MAP_BF16 while p's value is read in place as bf16 and has no float copy, else CG_MAP_F32. */
+/* CG_MAP_BF16 / CG_MAP_F16 while p's value is read in place as half and has no float copy, else CG_MAP_F32. */
 cg_map_dtype cg_param_storage(const cg_tensor *p);
 /* Calls release(obj) when ps is freed (after its parameters): ties the storage of mapped
  * parameters (an open file) to the set's life. */
@@ -326,6 +328,9 @@ cg_status cg_params_keep(cg_params *ps, void (*release)(void *), void *obj);
  * optimizer made afterwards cover trainable parameters alone. Frozen parameters stay frozen for
  * good. Block pointers handed out before (cg_params_values, cg_params_grads) are stale after it. */
 cg_status cg_params_compact(cg_params *ps);
+/* Bytes of parameter values the set holds in memory of its own (its blocks' parameters, moved ones,
+ * float copies of mapped ones); *mapped (may be NULL) gets the bytes read in place from files. */
+int64_t cg_params_value_bytes(const cg_params *ps, int64_t *mapped);
 /* Bytes of gradient storage the set's parameters hold (frozen ones out of the blocks hold none). */
 int64_t cg_params_grad_bytes(const cg_params *ps);
 /* While on, cg_fill* on the set's parameters records the fill instead of writing (advancing the

@@ -133,9 +133,10 @@ struct cg_tensor {
     uint8_t store;       /* CGI_STORE_*: the set's block, or outside it with no gradient */
     int64_t block_off;   /* elements from the start of the value and gradient blocks; out of them (no elements
                           * there), where it would be: offsets rise with the index, for walks over the blocks */
-    const void *mapped;  /* CGI_STORE_BF16: the value's bf16 elements in a file mapping */
-    size_t own_bytes;    /* CGI_STORE_OWN / BF16: bytes of the float storage the parameter owns (data) */
-    bool widened;        /* CGI_STORE_BF16: data holds the widened float value */
+    const void *mapped;  /* CGI_STORE_HALF: the value's half-precision elements in a file mapping */
+    uint8_t half;        /* CGI_STORE_HALF: their type, CGI_EL_BF16 or CGI_EL_F16 */
+    size_t own_bytes;    /* CGI_STORE_OWN / HALF: bytes of the float storage the parameter owns (data) */
+    bool widened;        /* CGI_STORE_HALF: data holds the widened float value */
     uint8_t init_kind;   /* CGI_INIT_*: the pending fill */
     uint64_t init_state;
     double init_a, init_b;
@@ -148,22 +149,39 @@ enum {
     CGI_STORE_BLOCK = 0, /* the set's value block, its gradient in the gradient block */
     CGI_STORE_OWN,       /* a float buffer of its own (a frozen parameter moved out of the block) */
     CGI_STORE_F32MAP,    /* data points into a read-only file mapping (float32 on disk) */
-    CGI_STORE_BF16       /* bf16 elements in a file mapping, read in place by bf16 products; data is an
-                          * inaccessible reservation until a float reader widens it (cgi_param_float) */
+    CGI_STORE_HALF       /* bf16 or fp16 elements in a file mapping, read in place by the products, the
+                          * embedding gather and the fused LM head; data is an inaccessible reservation
+                          * until a reader that needs float widens it (cgi_param_float) */
 };
+/* Element types of a product's operand (cgi_gemm_job.ta, .tb): float (cg_real), bfloat16, IEEE
+ * binary16, both half types stored as uint16_t. */
+enum { CGI_EL_F32 = 0, CGI_EL_BF16, CGI_EL_F16 };
 enum { CGI_INIT_NONE, CGI_INIT_CONST, CGI_INIT_UNIFORM, CGI_INIT_NORMAL };
-/* The float value of a CGI_STORE_BF16 parameter, widened into its reservation on first call (every
+/* The float value of a CGI_STORE_HALF parameter, widened into its reservation on first call (every
  * other parameter has one already); CG_ERR_NOMEM with a message naming it on failure. */
 cg_status cgi_param_float(cg_tensor *p);
 /* An optimizer step changed the trainable parameters of ps (and no frozen one). */
 void cgi_params_stepped(cg_params *ps);
 /* Parameter p's value changed (its bf16 copy, and those of its side of the set, are remade). */
 void cgi_param_changed(cg_tensor *p);
+/* Whether node t reads its input k in place when that is a half-precision parameter (CGI_STORE_HALF):
+ * the weight of linear, lora_linear, linear_act and the fused LM head (their products widen it as they pack it),
+ * the embedding table (the gather widens its rows). Every other reader gets the float value,
+ * widened once when the graph is planned (ops/half.c). */
+bool cgi_reads_half(const cg_graph *g, const cg_tensor *t, int k);
 /* Makes p's value writable as float (a mapped parameter gets a copy of its own); before writing. */
 cg_status cgi_param_writable(cg_tensor *p);
-/* The bf16 elements of a CGI_STORE_BF16 parameter (read in place), else NULL. */
+/* The bf16 elements of a bf16 CGI_STORE_HALF parameter (read in place), else NULL. */
 static inline const uint16_t *cgi_param_bf16_mapped(const cg_tensor *p) {
-    return p->store == CGI_STORE_BF16 ? (const uint16_t *)p->mapped : NULL;
+    return p->store == CGI_STORE_HALF && p->half == CGI_EL_BF16 ? (const uint16_t *)p->mapped : NULL;
+}
+/* The half-precision elements tensor t reads in place (a view of a CGI_STORE_HALF parameter, at
+ * t's offset and strides), their type to *el; NULL (and *el CGI_EL_F32) when t reads floats. */
+static inline const uint16_t *cgi_half_operand(const cg_tensor *t, int *el) {
+    const cg_tensor *r = t->root;
+    const bool half = r->op == CGI_OP_PARAM && r->store == CGI_STORE_HALF;
+    *el = half ? r->half : CGI_EL_F32;
+    return half ? (const uint16_t *)r->mapped + t->offset : NULL;
 }
 /* Records a fill of parameter t while its set defers initialisation: true when deferred (nothing
  * written; r advanced as the fill would have). kind CGI_INIT_*, a and b its arguments. */
@@ -562,6 +580,28 @@ bool cgi_gemm_blocked_on(void);
 bool cgi_gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t rsa, int64_t csa, const uint16_t *b,
                    int64_t rsb, int64_t csb, float alpha, float beta, void *c, int64_t rsc, const float *bias, bool c_bf16,
                    int threads);
+/* cgi_gemm_bf16 with each operand's element type given (CGI_EL_*: float, bf16 or fp16, any mix):
+ * the products that read a frozen weight in place from its file. False in the float64 build. */
+bool cgi_gemm_half(int64_t m, int64_t n, int64_t k, const void *a, int ta, int64_t rsa, int64_t csa, const void *b, int tb,
+                   int64_t rsb, int64_t csb, float alpha, float beta, void *c, int64_t rsc, const float *bias, bool c_bf16,
+                   int threads);
+/* Whether products can read half-precision operands in place (cgi_gemm_half; not in the float64 build). */
+static inline bool cgi_half_products(void) {
+#ifdef CGRAD_DOUBLE
+    return false;
+#else
+    return true;
+#endif
+}
+/* What a product reads for tensor t: a half-precision parameter's elements in place (their type
+ * to *el) where products can (cgi_half_products), else t's floats (*el CGI_EL_F32; a half
+ * parameter's must have been widened, cgi_param_float). */
+static inline const void *cgi_operand_elems(const cg_tensor *t, int *el) {
+    const uint16_t *h = cgi_half_products() ? cgi_half_operand(t, el) : NULL;
+    if (h) return h;
+    *el = CGI_EL_F32;
+    return t->data;
+}
 /* One product for cgi_gemm_many: C[m,n] = alpha A[m,k] B[k,n] + beta C, or, with a bias (a row
  * of n, stride bias_stride), alpha A B + the bias on every row (beta unused); relu: then
  * C = max(C, 0) (NaN to 0, as cg_relu), applied to each strip of C while it is in cache. */
@@ -577,6 +617,8 @@ typedef struct {
     const cg_real *bias;
     int64_t bias_stride;
     bool relu;
+    uint8_t ta, tb; /* CGI_EL_*: a's and b's element type (0, float, unless set); a half-precision operand
+                     * is widened as it is packed, its strides counted in its own elements */
 } cgi_gemm_job;
 /* Independent products (no C shared) side by side on up to `threads` threads, each cut into
  * pieces the threads share: one team, no barrier but the last. */
@@ -606,6 +648,12 @@ size_t cgi_ukr_packed_b(const cgi_ukr *u, int64_t k, int64_t n);
 void cgi_ukr_pack_a(const cgi_ukr *u, int64_t m, int64_t k, const cg_real *a, int64_t rs, int64_t cs, cg_real *dst);
 /* Packs B[k,n] (strides rs, cs) into B panels, columns past n zero. */
 void cgi_ukr_pack_b(const cgi_ukr *u, int64_t k, int64_t n, const cg_real *b, int64_t rs, int64_t cs, cg_real *dst);
+/* cgi_ukr_pack_a / cgi_ukr_pack_b from half-precision elements of type el (CGI_EL_BF16 or
+ * CGI_EL_F16), widened as they are packed (ops/gemm.c; float builds only). */
+void cgi_ukr_pack_a_half(const cgi_ukr *u, int64_t m, int64_t k, const uint16_t *a, int el, int64_t rs, int64_t cs,
+                         float *dst);
+void cgi_ukr_pack_b_half(const cgi_ukr *u, int64_t k, int64_t n, const uint16_t *b, int el, int64_t rs, int64_t cs,
+                         float *dst);
 /* C[m,n] = alpha A B + beta C from packed A (depth ka) and B (depth kb), using the first k of
  * each. Causal shapes: unless n_diag is CGI_UKR_FULL, a tile whose first column exceeds its last
  * row + n_diag is skipped (left unwritten); unless k_diag is CGI_UKR_FULL, rows [i, i + mr) use

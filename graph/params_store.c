@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* Where a parameter's value lives when it is not in its set's blocks: frozen parameters read in
- * place from a file mapping (float32, or bf16 that bf16 products read as it is), or moved out of
+ * place from a file mapping (float32, or bf16 / fp16 that the products widen as they pack it), or moved out of
  * the blocks by cg_params_compact. Such a parameter has no gradient and no optimizer state: a
  * LoRA fine-tune of a 1.1B model then holds its base weights once, at their file's size. Also
  * deferred initialisation, so a model about to be loaded does not draw values it overwrites. */
@@ -11,12 +11,13 @@
 
 #include "graph/internal.h"
 #include "ops/bf16_internal.h"
+#include "ops/half.h"
 
 #define PAGE 4096u
 static size_t pages(size_t bytes) { return (bytes + PAGE - 1) / PAGE * PAGE; }
 
 void cgi_param_store_free(cg_tensor *p) {
-    if ((p->store == CGI_STORE_OWN || p->store == CGI_STORE_BF16) && p->own_bytes) munmap(p->data, p->own_bytes);
+    if ((p->store == CGI_STORE_OWN || p->store == CGI_STORE_HALF) && p->own_bytes) munmap(p->data, p->own_bytes);
     p->own_bytes = 0;
 }
 
@@ -61,15 +62,17 @@ cg_status cg_param_map(cg_tensor *p, const void *data, cg_map_dtype dtype) {
     if (!p || !data || p->op != CGI_OP_PARAM) return cgi_fail(CG_ERR_ARG, "[param_map] NULL argument or not a parameter");
     if (p->trainable) return cgi_fail(CG_ERR_STATE, "[param_map] %s is trainable: only a frozen parameter reads its value in place", p->name);
     if (p->store != CGI_STORE_BLOCK) return cgi_fail(CG_ERR_STATE, "[param_map] %s is mapped or moved already", p->name);
-    if (dtype != CG_MAP_F32 && dtype != CG_MAP_BF16) return cgi_fail(CG_ERR_ARG, "[param_map] %s: dtype %d is not F32 or BF16", p->name, (int)dtype);
-    const uintptr_t align = dtype == CG_MAP_BF16 ? 2 : sizeof(cg_real);
+    if (dtype != CG_MAP_F32 && dtype != CG_MAP_BF16 && dtype != CG_MAP_F16)
+        return cgi_fail(CG_ERR_ARG, "[param_map] %s: dtype %d is not F32, BF16 or F16", p->name, (int)dtype);
+    const bool half = dtype != CG_MAP_F32;
+    const uintptr_t align = half ? 2 : sizeof(cg_real);
     if ((uintptr_t)data % align)
         return cgi_fail(CG_ERR_ARG, "[param_map] %s: the data is not aligned to its %u-byte elements", p->name, (unsigned)align);
     if (dtype == CG_MAP_F32 && sizeof(cg_real) != 4)
         return cgi_fail(CG_ERR_ARG, "[param_map] %s: float32 data in a float64 build", p->name);
     const size_t n = (size_t)cgi_numel(p->ndim, p->shape);
     cg_real *reserved = NULL;
-    if (dtype == CG_MAP_BF16) { /* address space for the float, inaccessible until cgi_param_float widens into it */
+    if (half) { /* address space for the float, inaccessible until cgi_param_float widens into it */
         void *q = mmap(NULL, pages(n * sizeof(cg_real)), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (q == MAP_FAILED) return cgi_fail(CG_ERR_NOMEM, "[param_map] %s: cannot reserve %zu bytes", p->name, n * sizeof(cg_real));
         reserved = q;
@@ -83,7 +86,8 @@ cg_status cg_param_map(cg_tensor *p, const void *data, cg_map_dtype dtype) {
         p->store = CGI_STORE_F32MAP;
         p->data = (void *)data;
     } else {
-        p->store = CGI_STORE_BF16;
+        p->store = CGI_STORE_HALF;
+        p->half = dtype == CG_MAP_BF16 ? CGI_EL_BF16 : CGI_EL_F16;
         p->mapped = data;
         p->data = reserved;
         p->own_bytes = pages(n * sizeof(cg_real));
@@ -94,18 +98,15 @@ cg_status cg_param_map(cg_tensor *p, const void *data, cg_map_dtype dtype) {
 }
 
 cg_map_dtype cg_param_storage(const cg_tensor *p) {
-    return p && p->store == CGI_STORE_BF16 && !p->widened ? CG_MAP_BF16 : CG_MAP_F32;
+    if (!p || p->store != CGI_STORE_HALF || p->widened) return CG_MAP_F32;
+    return p->half == CGI_EL_F16 ? CG_MAP_F16 : CG_MAP_BF16;
 }
 
 cg_status cgi_param_float(cg_tensor *p) {
-    if (p->store != CGI_STORE_BF16 || p->widened) return CG_OK;
+    if (p->store != CGI_STORE_HALF || p->widened) return CG_OK;
     if (mprotect(p->data, p->own_bytes, PROT_READ | PROT_WRITE))
         return cgi_fail(CG_ERR_NOMEM, "[param] %s%s: cannot make room for its float value", p->name, cgi_shp(p));
-    const int64_t n = cgi_numel(p->ndim, p->shape);
-    const uint16_t *src = p->mapped;
-    cg_real *dst = p->data;
-#pragma omp parallel for schedule(static) if (n > CGI_PAR_MIN) num_threads(cgi_nthreads())
-    for (int64_t i = 0; i < n; i++) dst[i] = (cg_real)cgi_from_bf16(src[i]);
+    cgi_widen_half(p->data, p->mapped, cgi_numel(p->ndim, p->shape), p->half);
     p->widened = true;
     return CG_OK;
 }
@@ -113,7 +114,7 @@ cg_status cgi_param_float(cg_tensor *p) {
 cg_status cgi_param_writable(cg_tensor *p) {
     if (p->op != CGI_OP_PARAM || p->store == CGI_STORE_BLOCK || p->store == CGI_STORE_OWN) return CG_OK;
     const size_t n = (size_t)cgi_numel(p->ndim, p->shape);
-    if (p->store == CGI_STORE_BF16) {
+    if (p->store == CGI_STORE_HALF) {
         cg_status st = cgi_param_float(p);
         if (st) return st;
         p->mapped = NULL; /* the float is the value from now on; products convert it as any other's */
@@ -191,4 +192,17 @@ int64_t cg_params_grad_bytes(const cg_params *ps) {
         if (p->store == CGI_STORE_BLOCK) bytes += cgi_numel(p->ndim, p->shape) * (int64_t)sizeof(cg_real);
     }
     return bytes;
+}
+
+int64_t cg_params_value_bytes(const cg_params *ps, int64_t *mapped) {
+    int64_t own = 0, file = 0;
+    for (int i = 0; ps && i < cg_params_count(ps); i++) {
+        const cg_tensor *p = cg_params_at(ps, i);
+        const int64_t n = cgi_numel(p->ndim, p->shape);
+        if (p->store == CGI_STORE_F32MAP) file += n * (int64_t)sizeof(cg_real);
+        else if (p->store == CGI_STORE_HALF) file += n * 2, own += p->widened ? n * (int64_t)sizeof(cg_real) : 0;
+        else own += n * (int64_t)sizeof(cg_real);
+    }
+    if (mapped) *mapped = file;
+    return own;
 }

@@ -297,16 +297,16 @@ static void print_plan(buffer *bufs, buffer **order, int nb, size_t total, int64
 
 static size_t round_up(size_t n) { return (n + CGI_ALIGN - 1) / CGI_ALIGN * CGI_ALIGN; }
 
-/* Parameters whose value is bf16 read in place (cg_param_map) get their float before any op that
- * reads them as float runs: every reader but a bf16 graph's linear and fused LM head, which read the
- * bf16 as it is. */
+/* Parameters whose value is half precision read in place (cg_param_map) get their float before any
+ * op that reads them as float runs: every reader but those that read the half as it is
+ * (cgi_reads_half, ops/half.c). */
 static cg_status widen_params(cg_graph *g) {
     for (int64_t c = 0; c < g->n; c++) {
         const cg_tensor *t = g->nodes[c];
         for (int k = 0; k < t->nsrc; k++) {
             cg_tensor *r = t->src[k]->root;
-            if (r->op != CGI_OP_PARAM || !cgi_param_bf16_mapped(r) || r->widened) continue;
-            if (g->precision == CG_BF16 && (cgi_is_linear(t) || t->op == CGI_OP_LINEAR_CROSS_ENTROPY) && k == 1) continue;
+            if (r->op != CGI_OP_PARAM || r->store != CGI_STORE_HALF || r->widened) continue;
+            if (cgi_reads_half(g, t, k)) continue;
             cg_status st = cgi_param_float(r);
             if (st) return st;
         }

@@ -73,20 +73,21 @@ static cg_status entry_fail(const load_entry *x, cg_status s, const char *fmt, .
     return s;
 }
 
-/* Index of the first bf16 value with its exponent bits all set (inf or NaN), or -1: a scan of the
- * raw bits, as fast as reading them (a 1.1B model's 2.2 GB in about the time cat takes). */
-static int64_t first_nonfinite_bf16(const unsigned char *p, uint64_t n, double *bad) {
-    const uint16_t *h = (const uint16_t *)p;
+/* Index of the first half-precision value (bf16 or fp16: exp, its exponent bits) with its exponent
+ * bits all set (inf or NaN), or -1: a scan of the raw bits, as fast as reading them (a 1.1B model's
+ * 2.2 GB in about the time cat takes). */
+static int64_t first_nonfinite_half(const cgi_st_desc *d, uint16_t exp, double *bad) {
+    const uint16_t *h = (const uint16_t *)(d->data + d->begin);
+    const uint64_t n = numel_of(d);
     for (uint64_t at = 0; at < n; at += CHUNK) {
         const uint64_t k = n - at < CHUNK ? n - at : CHUNK;
         unsigned any = 0;
-        for (uint64_t i = 0; i < k; i++) any |= (h[at + i] & 0x7f80u) == 0x7f80u;
+        for (uint64_t i = 0; i < k; i++) any |= (h[at + i] & exp) == exp;
         if (!any) continue;
         for (uint64_t i = 0; i < k; i++)
-            if ((h[at + i] & 0x7f80u) == 0x7f80u) {
-                const uint32_t u = (uint32_t)h[at + i] << 16;
-                float f;
-                memcpy(&f, &u, sizeof f);
+            if ((h[at + i] & exp) == exp) {
+                cg_real f;
+                cgi_st_decode(d->dtype, (const unsigned char *)(h + at + i), 1, &f);
                 *bad = (double)f;
                 return (int64_t)(at + i);
             }
@@ -97,8 +98,8 @@ static int64_t first_nonfinite_bf16(const unsigned char *p, uint64_t n, double *
 /* Index of the first value that is not finite once read as cg_real (NaN, inf, or a float64 beyond
  * float32's range in a float32 build), or -1; the value goes to *bad. */
 static int64_t first_nonfinite(const cgi_st_desc *d, double *bad) {
-    if (d->dtype == DT_BF16 && (uintptr_t)(d->data + d->begin) % 2 == 0)
-        return first_nonfinite_bf16(d->data + d->begin, numel_of(d), bad);
+    if ((d->dtype == DT_BF16 || d->dtype == DT_F16) && (uintptr_t)(d->data + d->begin) % 2 == 0)
+        return first_nonfinite_half(d, d->dtype == DT_BF16 ? 0x7f80u : 0x7c00u, bad);
     cg_real buf[CHUNK];
     const uint64_t n = numel_of(d), size = (uint64_t)cgi_st_dtypes[d->dtype].size;
     for (uint64_t at = 0; at < n; at += CHUNK) {
@@ -204,13 +205,14 @@ static cg_status check_across(load_entry **by, int n) {
     return CG_OK;
 }
 
-/* A frozen contiguous parameter whose tensor is bf16, or float32 in a float32 build, aligned to its
- * elements, in a file mapping: its value is read in place (cg_param_map), not copied. */
+/* A frozen contiguous parameter whose tensor is bf16 or fp16, or float32 in a float32 build, aligned
+ * to its elements, in a file mapping: its value is read in place (cg_param_map), not copied. */
 static bool mappable(const load_entry *x) {
     const cg_tensor *p = x->param;
     const uintptr_t at = (uintptr_t)(x->d.data + x->d.begin);
-    const bool bf16 = x->d.dtype == DT_BF16 && at % 2 == 0, f32 = x->d.dtype == DT_F32 && sizeof(cg_real) == 4 && at % 4 == 0;
-    return !p->trainable && p->store == CGI_STORE_BLOCK && p->pset && cg_is_contiguous((cg_tensor *)p) && (bf16 || f32);
+    const bool half = (x->d.dtype == DT_BF16 || x->d.dtype == DT_F16) && at % 2 == 0;
+    const bool f32 = x->d.dtype == DT_F32 && sizeof(cg_real) == 4 && at % 4 == 0;
+    return !p->trainable && p->store == CGI_STORE_BLOCK && p->pset && cg_is_contiguous((cg_tensor *)p) && (half || f32);
 }
 
 static void close_file(void *f) { cg_st_close(f); }
@@ -220,7 +222,8 @@ static cg_status map_entry(const load_entry *x) {
     cg_status s = cg_params_keep(x->param->pset, close_file, (void *)x->file);
     if (s) return s;
     cgi_st_retain((cg_st *)x->file);
-    return cg_param_map(x->param, x->d.data + x->d.begin, x->d.dtype == DT_BF16 ? CG_MAP_BF16 : CG_MAP_F32);
+    const cg_map_dtype dt = x->d.dtype == DT_BF16 ? CG_MAP_BF16 : x->d.dtype == DT_F16 ? CG_MAP_F16 : CG_MAP_F32;
+    return cg_param_map(x->param, x->d.data + x->d.begin, dt);
 }
 
 /* Checks every entry; *scratch gets the largest strided parameter's size (converted through one

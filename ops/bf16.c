@@ -17,6 +17,7 @@
 
 #include "graph/internal.h"
 #include "ops/bf16_internal.h"
+#include "ops/half.h"
 
 #if defined(CGRAD_DNNL) && !defined(CGRAD_DOUBLE)
 #define LP_BUILD 1
@@ -564,12 +565,19 @@ static entry *prim(cgi_lp *lp, int64_t m, int64_t n, int64_t k, int64_t rsa, int
 
 static bool run(cgi_lp *lp, int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, int64_t rsa, int64_t csa,
                 const cgi_bf16 *b, int64_t rsb, int64_t csb, float alpha, float beta, void *c, int64_t rsc,
-                const float *bias, int out);
+                const float *bias, int out, unsigned ty);
+
+/* The element types of a product's two half-precision operands (CGI_EL_BF16 or CGI_EL_F16), packed
+ * as A's | B's << 2: an fp16 weight read in place from its file is the one operand not in bf16. */
+#define TY(ta, tb) ((unsigned)(ta) | (unsigned)(tb) << 2)
+enum { TY_BF16 = TY(CGI_EL_BF16, CGI_EL_BF16) };
+static int ty_a(unsigned ty) { return (int)(ty & 3u); }
+static int ty_b(unsigned ty) { return (int)(ty >> 2); }
 
 /* C[m,n] = alpha A B + beta C from bf16 operands. oneDNN's fast kernels want C stored by rows; C
  * stored by columns is computed as C^T = B^T A^T. Other C layouts are refused (false). */
 static bool gemm_bf16(cgi_lp *lp, int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, int64_t rsa, int64_t csa, const cgi_bf16 *b,
-                      int64_t rsb, int64_t csb, float alpha, float beta, float *c, int64_t rsc, int64_t csc) {
+                      int64_t rsb, int64_t csb, float alpha, float beta, float *c, int64_t rsc, int64_t csc, unsigned ty) {
     if (m == 0 || n == 0) return true;
     if (k == 0) {
         for (int64_t i = 0; i < m; i++)
@@ -580,9 +588,9 @@ static bool gemm_bf16(cgi_lp *lp, int64_t m, int64_t n, int64_t k, const cgi_bf1
     if (m == 1) rsc = n * csc;
     if (csc != 1) {
         if (rsc != 1) return false;
-        return gemm_bf16(lp, n, m, k, b, csb, rsb, a, csa, rsa, alpha, beta, c, csc, rsc);
+        return gemm_bf16(lp, n, m, k, b, csb, rsb, a, csa, rsa, alpha, beta, c, csc, rsc, TY(ty_b(ty), ty_a(ty)));
     }
-    return run(lp, m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, c, rsc, NULL, 0);
+    return run(lp, m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, c, rsc, NULL, 0, ty);
 }
 
 /* One product, C stored by rows (row stride rsc): C = alpha A B + beta C (+ bias row), C in float
@@ -590,15 +598,15 @@ static bool gemm_bf16(cgi_lp *lp, int64_t m, int64_t n, int64_t k, const cgi_bf1
  * (cgi_gemm_bf16) or oneDNN. */
 static bool run(cgi_lp *lp, int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, int64_t rsa, int64_t csa,
                 const cgi_bf16 *b, int64_t rsb, int64_t csb, float alpha, float beta, void *c, int64_t rsc,
-                const float *bias, int out) {
+                const float *bias, int out, unsigned ty) {
     /* oneDNN's OpenMP team follows omp_get_max_threads(), not the graph run's thread decision: a
      * generation step kept on one thread (graph/threads.c) woke the second thread in every product
      * here, and bf16 cached generation fell from 1795 to 594 tokens/s on two threads */
     const int want = (double)m * (double)n * (double)k < lp->serial_below ? 1 : cgi_nthreads(), was = omp_get_max_threads();
-    if (kernel_for(lp, m, n) == K_FP32) {
+    if (kernel_for(lp, m, n) == K_FP32 || ty != TY_BF16) { /* an fp16 operand: the fp32 units widen it as they pack */
         cgi_lp_exec_threads = want;
-        return cgi_gemm_bf16(m, n, k, a, rsa, csa, b, rsb, csb, alpha, out & OUT_BF16 ? 0 : beta, c, rsc,
-                             out & OUT_BIAS ? bias : NULL, out & OUT_BF16, want);
+        return cgi_gemm_half(m, n, k, a, ty_a(ty), rsa, csa, b, ty_b(ty), rsb, csb, alpha, out & OUT_BF16 ? 0 : beta, c,
+                             rsc, out & OUT_BIAS ? bias : NULL, out & OUT_BF16, want);
     }
     if (want != was) omp_set_num_threads(want);
     cgi_lp_exec_threads = omp_get_max_threads();
@@ -624,12 +632,13 @@ static bool run(cgi_lp *lp, int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, 
  * reference loop of every bf16 product, linear's output stage included. */
 static void ref_gemm(int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, int64_t rsa, int64_t csa, const cgi_bf16 *b,
                      int64_t rsb, int64_t csb, float alpha, float beta, const float *bias, float *c, cgi_bf16 *c_bf16,
-                     int64_t rsc, int64_t csc) {
+                     int64_t rsc, int64_t csc, unsigned ty) {
 #pragma omp parallel for schedule(static) if (m * n * k > CGI_PAR_MIN) num_threads(cgi_nthreads())
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < n; j++) {
             float acc = 0;
-            for (int64_t p = 0; p < k; p++) acc += cgi_from_bf16(a[i * rsa + p * csa]) * cgi_from_bf16(b[p * rsb + j * csb]);
+            for (int64_t p = 0; p < k; p++)
+                acc += cgi_half_at(a, i * rsa + p * csa, ty_a(ty)) * cgi_half_at(b, p * rsb + j * csb, ty_b(ty));
             acc = alpha * acc + (bias ? bias[j] : 0);
             if (c_bf16) c_bf16[i * rsc + j * csc] = cgi_to_bf16(acc);
             else {
@@ -641,9 +650,9 @@ static void ref_gemm(int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, int64_t
 
 /* The product on bf16 operands: oneDNN, else the reference loops, so it always happens. */
 static void mm(cgi_lp *lp, int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, int64_t rsa, int64_t csa, const cgi_bf16 *b,
-               int64_t rsb, int64_t csb, float alpha, float beta, float *c, int64_t rsc, int64_t csc) {
-    if (cgi_lp_force_ref || !gemm_bf16(lp, m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, c, rsc, csc))
-        ref_gemm(m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, NULL, c, NULL, rsc, csc);
+               int64_t rsb, int64_t csb, float alpha, float beta, float *c, int64_t rsc, int64_t csc, unsigned ty) {
+    if (cgi_lp_force_ref || !gemm_bf16(lp, m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, c, rsc, csc, ty))
+        ref_gemm(m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, NULL, c, NULL, rsc, csc, ty);
 }
 
 static int64_t rows_of(const cg_tensor *x) { return cgi_numel(x->ndim - 1, x->shape); }
@@ -728,10 +737,16 @@ static cgi_bf16 *scratch(cgi_lp *lp, const cg_tensor *t, bool bwd, int i, int64_
 
 /* bf16 form of operand x[rows, cols] (strides rs, cs) whose storage belongs to src: a parameter's
  * copy or a bf16-stored value (same strides), else a conversion into area i of t's scratch
- * (strides set to its layout). */
+ * (strides set to its layout). *el gets its element type: CGI_EL_BF16, or CGI_EL_F16 for an fp16
+ * parameter read in place from its file. */
 static const cgi_bf16 *operand(cgi_lp *lp, const cg_tensor *t, bool bwd, int i, const float *x, int64_t rows, int64_t cols,
-                           int64_t *rs, int64_t *cs, const cg_tensor *src) {
+                           int64_t *rs, int64_t *cs, const cg_tensor *src, int *el) {
     cg_tensor *root = src ? src->root : NULL;
+    *el = CGI_EL_BF16;
+    if (param_backed(src) && root->store == CGI_STORE_HALF && root->half == CGI_EL_F16) {
+        *el = CGI_EL_F16;
+        return (const cgi_bf16 *)root->mapped + (x - (const float *)root->data);
+    }
     if (param_backed(src)) {
         const cgi_bf16 *p = param_bf16(root);
         return p ? p + (x - (const float *)root->data) : NULL;
@@ -748,15 +763,17 @@ bool cgi_lp_gemm(const cg_tensor *t, bool bwd, int64_t m, int64_t n, int64_t k, 
                  cg_real alpha, cg_real beta, cg_real *c, int64_t rsc, int64_t csc) {
     cgi_lp *lp = t->graph && t->graph->precision == CG_BF16 ? ctx(t->graph) : NULL;
     if (!lp) return false;
-    if (m == 0 || n == 0 || k == 0) return gemm_bf16(lp, m, n, k, NULL, 0, 0, NULL, 0, 0, alpha, beta, c, rsc, csc);
-    const cgi_bf16 *ab = operand(lp, t, bwd, 0, a, m, k, &rsa, &csa, a_src);
-    const cgi_bf16 *bb = ab ? operand(lp, t, bwd, 1, b, k, n, &rsb, &csb, b_src) : NULL;
+    if (m == 0 || n == 0 || k == 0) return gemm_bf16(lp, m, n, k, NULL, 0, 0, NULL, 0, 0, alpha, beta, c, rsc, csc, TY_BF16);
+    int ea, eb;
+    const cgi_bf16 *ab = operand(lp, t, bwd, 0, a, m, k, &rsa, &csa, a_src, &ea);
+    const cgi_bf16 *bb = ab ? operand(lp, t, bwd, 1, b, k, n, &rsb, &csb, b_src, &eb) : NULL;
     if (!bb) return false;
-    if (cgi_lp_force_ref || !gemm_bf16(lp, m, n, k, ab, rsa, csa, bb, rsb, csb, alpha, beta, c, rsc, csc)) {
+    const unsigned ty = TY(ea, eb);
+    if (cgi_lp_force_ref || !gemm_bf16(lp, m, n, k, ab, rsa, csa, bb, rsb, csb, alpha, beta, c, rsc, csc, ty)) {
         /* a C layout oneDNN refuses: float operands go back to the caller's BLIS product */
         const bool bf16_only = (a_src && a_src->root->lp_value) || (b_src && b_src->root->lp_value);
         if (!bf16_only && !cgi_lp_force_ref) return false;
-        ref_gemm(m, n, k, ab, rsa, csa, bb, rsb, csb, alpha, beta, NULL, c, NULL, rsc, csc);
+        ref_gemm(m, n, k, ab, rsa, csa, bb, rsb, csb, alpha, beta, NULL, c, NULL, rsc, csc, ty);
     }
     return true;
 }
@@ -773,7 +790,7 @@ static double gemm_ref(int64_t n, int reps, bool onednn) {
     for (int64_t i = 0; a && b && i < n * n; i++) a[i] = cgi_to_bf16((float)(i % 7) * 0.25f), b[i] = cgi_to_bf16((float)(i % 5) * 0.5f);
     for (int r = 0; a && b && c && r <= reps; r++) { /* r = 0 warms up (and makes the primitive) */
         double t0 = omp_get_wtime();
-        if (!gemm_bf16(&lp, n, n, n, a, n, 1, b, n, 1, 1, 0, c, n, 1)) break;
+        if (!gemm_bf16(&lp, n, n, n, a, n, 1, b, n, 1, 1, 0, c, n, 1, TY_BF16)) break;
         double dt = omp_get_wtime() - t0;
         if (r > 0 && dt < best) best = dt;
     }
@@ -796,7 +813,7 @@ bool cgi_lp_product(int which, int64_t m, int64_t n, int64_t k, const cgi_bf16 *
         return false;
     if (which == 0) {
         ref_gemm(m, n, k, a, rsa, csa, b, rsb, csb, alpha, c_bf16 ? 0 : beta, bias, c_bf16 ? NULL : c,
-                 c_bf16 ? c : NULL, rsc, csc);
+                 c_bf16 ? c : NULL, rsc, csc, TY_BF16);
         return true;
     }
     bool ok;
@@ -804,10 +821,10 @@ bool cgi_lp_product(int which, int64_t m, int64_t n, int64_t k, const cgi_bf16 *
     {
         cgi_lp *l = &lp[which - 1];
         l->force = which == 1 ? 1 + K_ONEDNN : which == 2 ? 1 + K_FP32 : 0;
-        if (!bias && !c_bf16) ok = gemm_bf16(l, m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, c, rsc, csc);
+        if (!bias && !c_bf16) ok = gemm_bf16(l, m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, c, rsc, csc, TY_BF16);
         else ok = csc == 1 && k > 0 && m > 0 && n > 0 &&
                   run(l, m, n, k, a, rsa, csa, b, rsb, csb, alpha, c_bf16 ? 0 : beta, c, rsc, bias,
-                      (bias ? OUT_BIAS : 0) | (c_bf16 ? OUT_BF16 : 0));
+                      (bias ? OUT_BIAS : 0) | (c_bf16 ? OUT_BF16 : 0), TY_BF16);
     }
     return ok;
 }
@@ -826,9 +843,11 @@ bool cgi_lp_linear_fwd(cg_tensor *t) {
     if (!lp) return false;
     const int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1];
     int64_t rsa = row_stride(x), csa = x->stride[x->ndim - 1], rsb = w->stride[1], csb = w->stride[0];
-    const cgi_bf16 *ab = operand(lp, t, false, 0, x->data, m, k, &rsa, &csa, x);
-    const cgi_bf16 *bb = ab ? operand(lp, t, false, 1, w->data, k, n, &rsb, &csb, w) : NULL;
+    int ea, eb;
+    const cgi_bf16 *ab = operand(lp, t, false, 0, x->data, m, k, &rsa, &csa, x, &ea);
+    const cgi_bf16 *bb = ab ? operand(lp, t, false, 1, w->data, k, n, &rsb, &csb, w, &eb) : NULL;
     if (!bb) return false; /* nothing written: the caller's float product (its bias included) */
+    const unsigned ty = TY(ea, eb);
     const bool filled = bias && bias->stride[0] != 1 && !t->lp_value;
     if (filled) {
         const cg_real *bv = bias->data;
@@ -840,9 +859,9 @@ bool cgi_lp_linear_fwd(cg_tensor *t) {
     const float *bv = bias && !filled ? bias->data : NULL;
     const int out = (t->lp_value ? OUT_BF16 : 0) | (bv ? OUT_BIAS : 0);
     if (m == 0 || n == 0) return true;
-    if (cgi_lp_force_ref || k == 0 || !run(lp, m, n, k, ab, rsa, csa, bb, rsb, csb, 1, filled ? 1 : 0, t->data, n, bv, out)) {
+    if (cgi_lp_force_ref || k == 0 || !run(lp, m, n, k, ab, rsa, csa, bb, rsb, csb, 1, filled ? 1 : 0, t->data, n, bv, out, ty)) {
         ref_gemm(m, n, k, ab, rsa, csa, bb, rsb, csb, 1, filled ? 1 : 0, bv, t->lp_value ? NULL : t->data,
-                 t->lp_value ? t->data : NULL, n, 1);
+                 t->lp_value ? t->data : NULL, n, 1, ty);
     }
     return true;
 }
@@ -855,23 +874,27 @@ bool cgi_lp_linear_bwd(cg_tensor *t, bool assign) {
     int64_t s[2], rd = n, cd = 1; /* dY, converted once for both products */
     need(t, true, s);
     const cgi_bf16 *dy;
+    int edy = CGI_EL_BF16;
     if (dy_in_place(t) && (s[1] == 0 || t->lp_tmp[1])) { /* nothing can fail once the floats are gone */
         cgi_lp_to_bf16_inplace(t->grad, m, n);
         dy = (const cgi_bf16 *)t->grad;
         rd = 2 * n;
-    } else if (!(dy = operand(lp, t, true, 0, t->grad, m, n, &rd, &cd, NULL)))
+    } else if (!(dy = operand(lp, t, true, 0, t->grad, m, n, &rd, &cd, NULL, &edy)))
         return false;
     /* from here on nothing fails: planned areas fit, and a held slot that cannot grow leaves dY float */
     if (x->requires_grad) { /* dX[m,k] (+)= dY[m,n] @ W[n,k] */
         int64_t rw = w->stride[0], cw = w->stride[1];
-        const cgi_bf16 *wb = operand(lp, t, true, 1, w->data, n, k, &rw, &cw, w);
+        int ew;
+        const cgi_bf16 *wb = operand(lp, t, true, 1, w->data, n, k, &rw, &cw, w, &ew);
         if (!wb) return false; /* only with dY still float and nothing written */
-        mm(lp, m, k, n, dy, rd, cd, wb, rw, cw, 1, assign ? 0 : 1, x->grad, row_stride(x), x->stride[x->ndim - 1]);
+        mm(lp, m, k, n, dy, rd, cd, wb, rw, cw, 1, assign ? 0 : 1, x->grad, row_stride(x), x->stride[x->ndim - 1],
+           TY(edy, ew));
     }
     if (w->requires_grad) { /* dW[n,k] += dY^T[n,m] @ X[m,k] */
         int64_t rx = row_stride(x), cx = x->stride[x->ndim - 1];
-        const cgi_bf16 *xb = operand(lp, t, true, 1, x->data, m, k, &rx, &cx, x);
-        if (xb) mm(lp, n, k, m, dy, cd, rd, xb, rx, cx, 1, 1, w->grad, w->stride[0], w->stride[1]);
+        int ex;
+        const cgi_bf16 *xb = operand(lp, t, true, 1, x->data, m, k, &rx, &cx, x, &ex);
+        if (xb) mm(lp, n, k, m, dy, cd, rd, xb, rx, cx, 1, 1, w->grad, w->stride[0], w->stride[1], TY(edy, ex));
         else /* dX is already written (and dY is float: a held slot failed): finish in float */
             cgi_gemm(n, k, m, t->grad, 1, n, x->data, row_stride(x), x->stride[x->ndim - 1], 1, 1, w->grad,
                      w->stride[0], w->stride[1], cgi_nthreads());
@@ -898,20 +921,21 @@ bool cgi_lp_lora_fwd(cg_tensor *t) {
     const int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1], r = a->shape[0];
     int64_t rx = row_stride(x), cx = x->stride[x->ndim - 1], rw = w->stride[1], cw = w->stride[0];
     int64_t ra = a->stride[1], ca = a->stride[0], rb = b->stride[1], cb = b->stride[0], rl, cl;
+    int ex = CGI_EL_BF16, ew = CGI_EL_BF16, ea = CGI_EL_BF16, eb = CGI_EL_BF16; /* the operands' element types */
     /* area 0 holds x's conversion, then the low-rank product's (r <= k: it never grows the slot) */
     cgi_bf16 *lb = scratch(lp, t, false, 0, max2(m * r, no_conversion(x) ? 0 : m * k));
-    const cgi_bf16 *xb = lb ? operand(lp, t, false, 0, x->data, m, k, &rx, &cx, x) : NULL;
-    const cgi_bf16 *wb = xb ? operand(lp, t, false, 1, w->data, k, n, &rw, &cw, w) : NULL;
-    const cgi_bf16 *ab = wb ? operand(lp, t, false, 1, a->data, k, r, &ra, &ca, a) : NULL;
-    const cgi_bf16 *bb = ab ? operand(lp, t, false, 1, b->data, r, n, &rb, &cb, b) : NULL;
+    const cgi_bf16 *xb = lb ? operand(lp, t, false, 0, x->data, m, k, &rx, &cx, x, &ex) : NULL;
+    const cgi_bf16 *wb = xb ? operand(lp, t, false, 1, w->data, k, n, &rw, &cw, w, &ew) : NULL;
+    const cgi_bf16 *ab = wb ? operand(lp, t, false, 1, a->data, k, r, &ra, &ca, a, &ea) : NULL;
+    const cgi_bf16 *bb = ab ? operand(lp, t, false, 1, b->data, r, n, &rb, &cb, b, &eb) : NULL;
     if (!bb) return false; /* nothing written: the float products */
     if (m == 0 || n == 0) return true;
     cg_real *low = t->aux;
     lp->serial_below = lora_serial_below();
-    mm(lp, m, r, k, xb, rx, cx, ab, ra, ca, (float)t->farg[0], 0, low, r, 1); /* low = s x A^T */
-    mm(lp, m, n, k, xb, rx, cx, wb, rw, cw, 1, 0, t->data, n, 1);              /* y = x W^T */
+    mm(lp, m, r, k, xb, rx, cx, ab, ra, ca, (float)t->farg[0], 0, low, r, 1, TY(ex, ea)); /* low = s x A^T */
+    mm(lp, m, n, k, xb, rx, cx, wb, rw, cw, 1, 0, t->data, n, 1, TY(ex, ew)); /* y = x W^T */
     convert(low, m, r, r, 1, lb, &rl, &cl);
-    mm(lp, m, n, r, lb, rl, cl, bb, rb, cb, 1, 1, t->data, n, 1); /* y += low B^T */
+    mm(lp, m, n, r, lb, rl, cl, bb, rb, cb, 1, 1, t->data, n, 1, TY(CGI_EL_BF16, eb)); /* y += low B^T */
     lp->serial_below = 0;
     return true;
 }
@@ -929,10 +953,11 @@ bool cgi_lp_lora_bwd(cg_tensor *t, bool x_assign, bool w_assign, bool a_assign, 
     const int64_t xn = s[1] - 2 * m * r; /* x's conversion, then low and dlow in bf16 */
     int64_t rx = row_stride(x), cx = x->stride[x->ndim - 1], rw = w->stride[0], cw = w->stride[1];
     int64_t ra = a->stride[0], ca = a->stride[1], rb = b->stride[0], cb = b->stride[1];
-    const cgi_bf16 *xb = area && (dw || da) ? operand(lp, t, true, 1, x->data, m, k, &rx, &cx, x) : NULL;
-    const cgi_bf16 *wb = area && (dx || dw) ? operand(lp, t, true, 1, w->data, n, k, &rw, &cw, w) : NULL;
-    const cgi_bf16 *ab = area && dx ? operand(lp, t, true, 1, a->data, r, k, &ra, &ca, a) : NULL;
-    const cgi_bf16 *bb = area && (dx || da) ? operand(lp, t, true, 1, b->data, n, r, &rb, &cb, b) : NULL;
+    int ex = CGI_EL_BF16, ew = CGI_EL_BF16, ea = CGI_EL_BF16, eb = CGI_EL_BF16, ed = CGI_EL_BF16;
+    const cgi_bf16 *xb = area && (dw || da) ? operand(lp, t, true, 1, x->data, m, k, &rx, &cx, x, &ex) : NULL;
+    const cgi_bf16 *wb = area && (dx || dw) ? operand(lp, t, true, 1, w->data, n, k, &rw, &cw, w, &ew) : NULL;
+    const cgi_bf16 *ab = area && dx ? operand(lp, t, true, 1, a->data, r, k, &ra, &ca, a, &ea) : NULL;
+    const cgi_bf16 *bb = area && (dx || da) ? operand(lp, t, true, 1, b->data, n, r, &rb, &cb, b, &eb) : NULL;
     if (!area || ((dw || da) && !xb) || ((dx || dw) && !wb) || (dx && !ab) || ((dx || da) && !bb)) return false;
     cgi_bf16 *lb = area + xn, *dlb = lb + m * r;
     const cgi_bf16 *dy;
@@ -940,27 +965,27 @@ bool cgi_lp_lora_bwd(cg_tensor *t, bool x_assign, bool w_assign, bool a_assign, 
         cgi_lp_to_bf16_inplace(t->grad, m, n);
         dy = (const cgi_bf16 *)t->grad;
         rd = 2 * n;
-    } else if (!(dy = operand(lp, t, true, 0, t->grad, m, n, &rd, &cd, NULL)))
+    } else if (!(dy = operand(lp, t, true, 0, t->grad, m, n, &rd, &cd, NULL, &ed)))
         return false;
     lp->serial_below = lora_serial_below();
     if (dx || da) { /* dlow = s dY B [m, r], float, then bf16 */
         cg_real *dlow = t->bwd_aux;
-        mm(lp, m, r, n, dy, rd, cd, bb, rb, cb, (float)t->farg[0], 0, dlow, r, 1);
+        mm(lp, m, r, n, dy, rd, cd, bb, rb, cb, (float)t->farg[0], 0, dlow, r, 1, TY(ed, eb));
         convert(dlow, m, r, r, 1, dlb, &rl, &cl);
     }
     if (dx) { /* dX (+)= dY W + dlow A */
         const int64_t rg = row_stride(x), cg = x->stride[x->ndim - 1];
-        mm(lp, m, k, n, dy, rd, cd, wb, rw, cw, 1, x_assign ? 0 : 1, x->grad, rg, cg);
-        mm(lp, m, k, r, dlb, r, 1, ab, ra, ca, 1, 1, x->grad, rg, cg);
+        mm(lp, m, k, n, dy, rd, cd, wb, rw, cw, 1, x_assign ? 0 : 1, x->grad, rg, cg, TY(ed, ew));
+        mm(lp, m, k, r, dlb, r, 1, ab, ra, ca, 1, 1, x->grad, rg, cg, TY(CGI_EL_BF16, ea));
     }
     if (da) /* dA [r, k] (+)= dlow^T x */
-        mm(lp, r, k, m, dlb, 1, r, xb, rx, cx, 1, a_assign ? 0 : 1, a->grad, a->stride[0], a->stride[1]);
+        mm(lp, r, k, m, dlb, 1, r, xb, rx, cx, 1, a_assign ? 0 : 1, a->grad, a->stride[0], a->stride[1], TY(CGI_EL_BF16, ex));
     if (db) { /* dB [n, r] (+)= dY^T low */
         convert(t->aux, m, r, r, 1, lb, &rl, &cl);
-        mm(lp, n, r, m, dy, cd, rd, lb, r, 1, 1, b_assign ? 0 : 1, b->grad, b->stride[0], b->stride[1]);
+        mm(lp, n, r, m, dy, cd, rd, lb, r, 1, 1, b_assign ? 0 : 1, b->grad, b->stride[0], b->stride[1], TY(ed, CGI_EL_BF16));
     }
     if (dw) /* dW [n, k] (+)= dY^T x */
-        mm(lp, n, k, m, dy, cd, rd, xb, rx, cx, 1, w_assign ? 0 : 1, w->grad, w->stride[0], w->stride[1]);
+        mm(lp, n, k, m, dy, cd, rd, xb, rx, cx, 1, w_assign ? 0 : 1, w->grad, w->stride[0], w->stride[1], TY(ed, ex));
     lp->serial_below = 0;
     return true;
 }
@@ -978,13 +1003,15 @@ bool cgi_lp_lce_bwd(cg_tensor *t, int64_t m, int64_t v, int64_t d, cg_real *dlog
     const cgi_bf16 *dl = (const cgi_bf16 *)dlogits;
     if (dx) { /* dxs[m,d] = dlogits[m,v] @ W[v,d] */
         int64_t rw = w->stride[0], cw = w->stride[1];
-        const cgi_bf16 *wb = operand(lp, t, true, 1, w->data, v, d, &rw, &cw, w);
-        mm(lp, m, d, v, dl, 2 * v, 1, wb, rw, cw, 1, 0, dxs, d, 1);
+        int ew;
+        const cgi_bf16 *wb = operand(lp, t, true, 1, w->data, v, d, &rw, &cw, w, &ew);
+        mm(lp, m, d, v, dl, 2 * v, 1, wb, rw, cw, 1, 0, dxs, d, 1, TY(CGI_EL_BF16, ew));
     }
     if (dw) { /* dW[v,d] += dlogits^T[v,m] @ xs[m,d] */
         int64_t rx = d, cx = 1;
-        const cgi_bf16 *xb = operand(lp, t, true, 1, xs, m, d, &rx, &cx, NULL);
-        mm(lp, v, d, m, dl, 1, 2 * v, xb, rx, cx, 1, 1, w->grad, w->stride[0], w->stride[1]);
+        int ex;
+        const cgi_bf16 *xb = operand(lp, t, true, 1, xs, m, d, &rx, &cx, NULL, &ex);
+        mm(lp, v, d, m, dl, 1, 2 * v, xb, rx, cx, 1, 1, w->grad, w->stride[0], w->stride[1], TY(CGI_EL_BF16, ex));
     }
     return true;
 }

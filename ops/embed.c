@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include "graph/internal.h"
+#include "ops/half.h"
 #include "ops/ops.h"
 
 cg_tensor *cg_embedding(cg_graph *g, cg_tensor *weight, cg_tensor *ids) {
@@ -37,6 +38,20 @@ cg_status cgi_fwd_embedding(cg_tensor *t) {
     const cg_real *W = w->data;
     cg_real *Y = t->data;
     const int64_t r0 = w->stride[0], c0 = w->stride[1];
+    int el;
+    const uint16_t *H = cgi_half_operand(w, &el);
+    if (H) { /* a frozen half-precision table read in place: the gathered rows widened, no float copy of it */
+        CGI_PAR_FOR(n * d, for (int64_t i = 0; i < n; i++) {
+            const uint16_t *row = H + id[cgi_elem_offset(ids, i)] * r0;
+            cg_real *y = Y + i * d;
+#ifndef CGRAD_DOUBLE
+            if (c0 == 1 && el == CGI_EL_F16) cgi_widen_f16(y, row, d);
+            else
+#endif
+                for (int64_t j = 0; j < d; j++) y[j] = (cg_real)cgi_half_at(row, j * c0, el);
+        });
+        return CG_OK;
+    }
     CGI_PAR_FOR(n * d, for (int64_t i = 0; i < n; i++) {
         const cg_real *row = W + id[cgi_elem_offset(ids, i)] * r0;
         cg_real *y = Y + i * d;

@@ -12,14 +12,16 @@
 
 #include "graph/internal.h"
 #include "ops/bf16_internal.h"
+#include "ops/half.h"
 
 static void blis_ready(void);
-/* How a job's elements are stored (flags beside every job of a call): F_BF16, a and b point to
- * bfloat16 (uint16_t) elements, strides in them (cgi_gemm_bf16); F_CBF16, C is bfloat16 too,
- * rounded once from the float sum plus the bias (beta 0). */
-enum { F_BF16 = 1, F_CBF16 = 2 };
+/* How a job's C is stored (flags beside every job of a call; a and b have their types in the job,
+ * cgi_gemm_job.ta and .tb): F_CBF16, C is bfloat16, rounded once from the float sum plus the bias
+ * (beta 0). */
+enum { F_CBF16 = 2 };
 static bool gemm_blocked(const cgi_gemm_job *j, unsigned fl);
-static void gemm_bf16_1(const cgi_gemm_job *j, unsigned fl);
+static void gemm_half_1(const cgi_gemm_job *j, unsigned fl);
+static bool half_job(const cgi_gemm_job *j) { return j->ta != CGI_EL_F32 || j->tb != CGI_EL_F32; }
 
 /* C[m,n] = alpha * A[m,k] @ B[k,n] + beta * C (or + bias) on the calling thread, all
  * general-strided. A single row or column goes to gemv: gemm would pack the whole other operand
@@ -80,8 +82,8 @@ static void gemm_blis(const cgi_gemm_job *j) {
 
 static void gemm1(const cgi_gemm_job *j, unsigned fl) {
     if (j->m == 0 || j->n == 0) return;
-    if (fl & F_BF16) {
-        gemm_bf16_1(j, fl);
+    if (half_job(j) || (fl & F_CBF16)) {
+        gemm_half_1(j, fl);
         return;
     }
     if (gemm_blocked(j, 0)) return;
@@ -129,19 +131,20 @@ static int pieces_of(const cgi_gemm_job *j, int want, bool team) {
     return p;
 }
 
-/* p advanced by `by` elements of a job's operand: floats, or bf16 (cgi_gemm_bf16) */
-static const void *ahead(const void *p, int64_t by, bool bf16) {
-    return (const char *)p + by * (bf16 ? (int64_t)sizeof(uint16_t) : (int64_t)sizeof(cg_real));
+/* p advanced by `by` elements of a job's operand: floats (CGI_EL_F32, or a float C), or half
+ * precision (CGI_EL_BF16 / CGI_EL_F16, or a bf16 C) */
+static const void *ahead(const void *p, int64_t by, bool half) {
+    return (const char *)p + by * (half ? (int64_t)sizeof(uint16_t) : (int64_t)sizeof(cg_real));
 }
 
 static void run_piece(const cgi_gemm_job *jobs, const piece *pc, unsigned fl) {
     cgi_gemm_job j = jobs[pc->job];
     if (cut_rows(&j)) {
-        j.a = ahead(j.a, pc->lo * j.rsa, fl & F_BF16);
+        j.a = ahead(j.a, pc->lo * j.rsa, j.ta != CGI_EL_F32);
         j.c = (cg_real *)ahead(j.c, pc->lo * j.rsc, fl & F_CBF16);
         j.m = pc->hi - pc->lo;
     } else {
-        j.b = ahead(j.b, pc->lo * j.csb, fl & F_BF16);
+        j.b = ahead(j.b, pc->lo * j.csb, j.tb != CGI_EL_F32);
         j.c = (cg_real *)ahead(j.c, pc->lo * j.csc, fl & F_CBF16);
         if (j.bias) j.bias += pc->lo * j.bias_stride;
         j.n = pc->hi - pc->lo;
@@ -256,7 +259,7 @@ void cgi_gemm_many_then(const cgi_gemm_job *jobs, int njobs, int threads, void (
 
 void cgi_gemm(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, int64_t csa, const cg_real *b,
               int64_t rsb, int64_t csb, cg_real alpha, cg_real beta, cg_real *c, int64_t rsc, int64_t csc, int threads) {
-    const cgi_gemm_job j = {m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, c, rsc, csc, NULL, 0, false};
+    const cgi_gemm_job j = {m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, c, rsc, csc, NULL, 0, false, CGI_EL_F32, CGI_EL_F32};
     cgi_gemm_many(&j, 1, threads);
 }
 
@@ -606,46 +609,69 @@ static CGI_CLONES void widen(float *restrict d, const cgi_bf16 *restrict s, int6
 
 enum { WD = 64, WMAX = 64 }; /* depths widened at a time for a transposing pack; widest panel it takes */
 
-/* pack_panel over bf16 source elements, widened. Panel rows along the depth (sp 1, a transpose):
- * WD depths of the rows are widened into an L1 block and packed from there by pack_panel (its
- * register transposes); panel rows across (si 1): each depth's run widened in place. */
-static void pack_panel_bf16(int64_t rows, int64_t w, int64_t k, const cgi_bf16 *src, int64_t si, int64_t sp,
-                            float *dst) {
+/* d[i] = s[i] as float for n elements of type el (CGI_EL_BF16 or CGI_EL_F16) */
+static void widen_el(float *restrict d, const uint16_t *restrict s, int64_t n, int el) {
+    if (el == CGI_EL_F16) cgi_widen_f16(d, s, n);
+    else widen(d, s, n);
+}
+
+/* pack_panel over half-precision source elements of type el, widened. Panel rows along the depth
+ * (sp 1, a transpose): WD depths of the rows are widened into an L1 block and packed from there by
+ * pack_panel (its register transposes); panel rows across (si 1): each depth's run widened in place. */
+static void pack_panel_half(int64_t rows, int64_t w, int64_t k, const uint16_t *src, int64_t si, int64_t sp,
+                            float *dst, int el) {
     if (sp == 1 && w <= WMAX) {
         float tmp[WMAX * WD];
         for (int64_t p0 = 0; p0 < k; p0 += WD) {
             const int64_t dk = k - p0 < WD ? k - p0 : WD;
-            for (int64_t i = 0; i < rows; i++) widen(tmp + i * WD, src + i * si + p0, dk);
+            for (int64_t i = 0; i < rows; i++) widen_el(tmp + i * WD, src + i * si + p0, dk, el);
             pack_panel(rows, w, dk, tmp, WD, 1, dst + p0 * w);
         }
         return;
     }
     for (int64_t p = 0; p < k; p++) {
         float *d = dst + p * w;
-        const cgi_bf16 *s = src + p * sp;
-        if (si == 1) widen(d, s, rows);
+        const uint16_t *s = src + p * sp;
+        if (si == 1) widen_el(d, s, rows, el);
         else
-            for (int64_t i = 0; i < rows; i++) d[i] = cgi_from_bf16(s[i * si]);
+            for (int64_t i = 0; i < rows; i++) d[i] = cgi_half_at(s, i * si, el);
         for (int64_t i = rows; i < w; i++) d[i] = 0;
     }
 }
 
-/* cgi_ukr_pack_a / cgi_ukr_pack_b over bf16 sources (the same panels, widened) */
-static void pack_a_bf16(const cgi_ukr *u, int64_t m, int64_t k, const cgi_bf16 *a, int64_t rs, int64_t cs, float *dst) {
+/* cgi_ukr_pack_a / cgi_ukr_pack_b over sources of element type el (the same panels, widened) */
+static void pack_a_el(const cgi_ukr *u, int64_t m, int64_t k, const void *a, int el, int64_t rs, int64_t cs, float *dst) {
+    if (el == CGI_EL_F32) {
+        cgi_ukr_pack_a(u, m, k, a, rs, cs, dst);
+        return;
+    }
     for (int64_t i = 0; i < m; i += u->mr, dst += u->pmr * k)
-        pack_panel_bf16(m - i < u->mr ? m - i : u->mr, u->pmr, k, a + i * rs, rs, cs, dst);
+        pack_panel_half(m - i < u->mr ? m - i : u->mr, u->pmr, k, (const uint16_t *)a + i * rs, rs, cs, dst, el);
 }
-static void pack_b_bf16(const cgi_ukr *u, int64_t k, int64_t n, const cgi_bf16 *b, int64_t rs, int64_t cs, float *dst) {
+static void pack_b_el(const cgi_ukr *u, int64_t k, int64_t n, const void *b, int el, int64_t rs, int64_t cs, float *dst) {
+    if (el == CGI_EL_F32) {
+        cgi_ukr_pack_b(u, k, n, b, rs, cs, dst);
+        return;
+    }
     for (int64_t j = 0; j < n; j += u->nr, dst += u->pnr * k)
-        pack_panel_bf16(n - j < u->nr ? n - j : u->nr, u->pnr, k, b + j * cs, cs, rs, dst);
+        pack_panel_half(n - j < u->nr ? n - j : u->nr, u->pnr, k, (const uint16_t *)b + j * cs, cs, rs, dst, el);
+}
+
+void cgi_ukr_pack_b_half(const cgi_ukr *u, int64_t k, int64_t n, const uint16_t *b, int el, int64_t rs, int64_t cs,
+                         float *dst) {
+    pack_b_el(u, k, n, b, el, rs, cs, dst);
+}
+void cgi_ukr_pack_a_half(const cgi_ukr *u, int64_t m, int64_t k, const uint16_t *a, int el, int64_t rs, int64_t cs,
+                         float *dst) {
+    pack_a_el(u, m, k, a, el, rs, cs, dst);
 }
 #endif
 
 /* Runs j through the driver above where it applies (see blk_init; C row-major, no dimension
- * below 32); false: the caller runs BLIS. A bf16 job (cgi_gemm_bf16) always applies (any sizes,
- * C row-major); false only without memory for the packs. */
+ * below 32); false: the caller runs BLIS. A job with a half-precision operand or C (cgi_gemm_half)
+ * always applies (any sizes, C row-major); false only without memory for the packs. */
 static bool gemm_blocked(const cgi_gemm_job *j, unsigned fl) {
-    if (fl & F_BF16) pthread_once(&blk_once, blk_init);
+    if (half_job(j) || (fl & F_CBF16)) pthread_once(&blk_once, blk_init);
     else if (!cgi_gemm_blocked_on() || j->csc != 1 || j->m < 32 || j->n < 32 || j->k < 32) return false;
     const cgi_ukr *u = &blk_ukr;
     const int64_t m = j->m, n = j->n, k = j->k;
@@ -672,16 +698,16 @@ static bool gemm_blocked(const cgi_gemm_job *j, unsigned fl) {
                 const int64_t kc = k - pc < kc0 ? k - pc : kc0, nb = n - ic < nc0 ? n - ic : nc0;
                 if (c16 || ic == 0) {
 #ifndef CGRAD_DOUBLE
-                    if (fl & F_BF16) pack_a_bf16(u, mc, kc, ahead(j->a, jc * j->rsa + pc * j->csa, true), j->rsa, j->csa, ap);
-                    else
+                    pack_a_el(u, mc, kc, ahead(j->a, jc * j->rsa + pc * j->csa, j->ta), j->ta, j->rsa, j->csa, ap);
+#else
+                    cgi_ukr_pack_a(u, mc, kc, j->a + jc * j->rsa + pc * j->csa, j->rsa, j->csa, ap);
 #endif
-                        cgi_ukr_pack_a(u, mc, kc, j->a + jc * j->rsa + pc * j->csa, j->rsa, j->csa, ap);
                 }
 #ifndef CGRAD_DOUBLE
-                if (fl & F_BF16) pack_b_bf16(u, kc, nb, ahead(j->b, pc * j->rsb + ic * j->csb, true), j->rsb, j->csb, bp);
-                else
+                pack_b_el(u, kc, nb, ahead(j->b, pc * j->rsb + ic * j->csb, j->tb), j->tb, j->rsb, j->csb, bp);
+#else
+                cgi_ukr_pack_b(u, kc, nb, j->b + pc * j->rsb + ic * j->csb, j->rsb, j->csb, bp);
 #endif
-                    cgi_ukr_pack_b(u, kc, nb, j->b + pc * j->rsb + ic * j->csb, j->rsb, j->csb, bp);
                 blk_macro(u, mc, nb, kc, j->alpha, ap, bp, pc == 0 ? j->beta : 1,
                           pc == 0 && j->bias ? j->bias + ic * j->bias_stride : NULL, j->bias_stride,
                           j->relu && pc + kc >= k, c16 ? acc : j->c + jc * j->rsc + ic, c16 ? nb : j->rsc);
@@ -762,20 +788,123 @@ static void gemm_bf16_direct(const cgi_gemm_job *j, unsigned fl) {
         }
 }
 
-static void gemm_bf16_1(const cgi_gemm_job *j, unsigned fl) {
-    if (j->m == 1 || j->n == 1 || j->k == 0 || j->csc != 1 || !gemm_blocked(j, fl)) gemm_bf16_direct(j, fl);
+/* Element i of operand p of type el, as float */
+static inline float el_at(const void *p, int64_t i, int el) {
+    return el == CGI_EL_F32 ? ((const float *)p)[i] : cgi_half_at(p, i, el);
+}
+
+/* acc[q] += s y[q] over floats */
+static CGI_CLONES void axpy_f32(float *restrict acc, float s, const float *restrict y, int64_t n) {
+    for (int64_t q = 0; q < n; q++) acc[q] += s * y[q];
+}
+
+/* line_bf16 for operands of any element types: each depth's run of y as float (widened into a
+ * buffer on the stack when half), then the same sums in the same order. */
+static void line_mixed(int64_t len, int64_t k, float alpha, const void *x, int tx, int64_t sx, const void *y, int ty,
+                       int64_t sy, const float *bias, int64_t sbias, float beta, void *c, int64_t sc, bool c16) {
+    float acc[LINE], run[LINE];
+    for (int64_t q0 = 0; q0 < len; q0 += LINE) {
+        const int64_t nq = len - q0 < LINE ? len - q0 : LINE;
+        for (int64_t q = 0; q < nq; q++) acc[q] = 0;
+        for (int64_t p = 0; p < k; p++) {
+            const void *yr = ahead(y, p * sy + q0, ty != CGI_EL_F32);
+            if (ty != CGI_EL_F32) widen_el(run, yr, nq, ty);
+            axpy_f32(acc, el_at(x, p * sx, tx), ty != CGI_EL_F32 ? run : yr, nq);
+        }
+        for (int64_t q = 0; q < nq; q++) {
+            const float v = alpha * acc[q] + (bias ? bias[(q0 + q) * sbias] : 0);
+            if (c16) ((cgi_bf16 *)c)[(q0 + q) * sc] = cgi_to_bf16(v);
+            else {
+                float *d = (float *)c + (q0 + q) * sc;
+                *d = v + (!bias && beta != 0 ? beta * *d : 0);
+            }
+        }
+    }
+}
+
+/* sum_p a[p] b[p] over k contiguous elements of any types: runs of each widened to float on the
+ * stack, then sixteen running sums as dot_bf16 keeps (they vectorise); the same bits whatever the
+ * thread count. A one-token product whose weight rows run along the depth (x W^T) is all such dots. */
+static CGI_CLONES float dot_mixed(const void *a, int ta, const void *b, int tb, int64_t k) {
+    float acc[16] = {0}, s = 0, ra[LINE], rb[LINE];
+    for (int64_t p0 = 0; p0 < k; p0 += LINE) {
+        const int64_t n = k - p0 < LINE ? k - p0 : LINE;
+        const float *x = ta == CGI_EL_F32 ? (const float *)a + p0 : ra, *y = tb == CGI_EL_F32 ? (const float *)b + p0 : rb;
+        if (ta != CGI_EL_F32) widen_el(ra, (const uint16_t *)a + p0, n, ta);
+        if (tb != CGI_EL_F32) widen_el(rb, (const uint16_t *)b + p0, n, tb);
+        int64_t p = 0;
+        for (; p + 16 <= n; p += 16)
+            for (int l = 0; l < 16; l++) acc[l] += x[p + l] * y[p + l];
+        for (; p < n; p++) s += x[p] * y[p];
+    }
+    for (int l = 0; l < 16; l++) s += acc[l];
+    return s;
+}
+
+/* gemm_bf16_direct for operands of other element types (a float activation and a weight read in
+ * place, an fp16 weight): the line products above, else one dot product per element. */
+static void gemm_mixed_direct(const cgi_gemm_job *j, unsigned fl) {
+    const bool c16 = fl & F_CBF16;
+    if (j->k > 0 && j->m == 1 && j->csb == 1 && j->n > 1) {
+        line_mixed(j->n, j->k, j->alpha, j->a, j->ta, j->csa, j->b, j->tb, j->rsb, j->bias, j->bias_stride, j->beta, j->c,
+                   j->csc, c16);
+        return;
+    }
+    if (j->k > 0 && j->n == 1 && j->rsa == 1 && j->m > 1) {
+        line_mixed(j->m, j->k, j->alpha, j->b, j->tb, j->rsb, j->a, j->ta, j->csa, j->bias, 0, j->beta, j->c, j->rsc, c16);
+        return;
+    }
+    for (int64_t i = 0; i < j->m; i++)
+        for (int64_t q = 0; q < j->n; q++) {
+            float acc = 0;
+            if (j->csa == 1 && j->rsb == 1) /* both along the depth: widened runs */
+                acc = dot_mixed(ahead(j->a, i * j->rsa, j->ta), j->ta, ahead(j->b, q * j->csb, j->tb), j->tb, j->k);
+            else
+                for (int64_t p = 0; p < j->k; p++)
+                    acc += el_at(j->a, i * j->rsa + p * j->csa, j->ta) * el_at(j->b, p * j->rsb + q * j->csb, j->tb);
+            acc = j->alpha * acc + (j->bias ? j->bias[q * j->bias_stride] : 0);
+            if (c16) ((cgi_bf16 *)j->c)[i * j->rsc + q * j->csc] = cgi_to_bf16(acc);
+            else {
+                float *d = j->c + i * j->rsc + q * j->csc;
+                *d = acc + (!j->bias && j->beta != 0 ? j->beta * *d : 0);
+            }
+        }
+}
+
+static void gemm_half_1(const cgi_gemm_job *j, unsigned fl) {
+    if (j->m == 1 || j->n == 1 || j->k == 0 || j->csc != 1 || !gemm_blocked(j, fl)) {
+        if (j->ta == CGI_EL_BF16 && j->tb == CGI_EL_BF16) gemm_bf16_direct(j, fl);
+        else gemm_mixed_direct(j, fl);
+        for (int64_t i = 0; j->relu && i < j->m; i++) /* as gemm1 after BLIS's product; float C only */
+            for (int64_t q = 0; q < j->n; q++) {
+                cg_real *v = j->c + i * j->rsc + q * j->csc;
+                *v = *v > 0 ? *v : 0;
+            }
+    }
+}
+
+bool cgi_gemm_half(int64_t m, int64_t n, int64_t k, const void *a, int ta, int64_t rsa, int64_t csa, const void *b, int tb,
+                   int64_t rsb, int64_t csb, float alpha, float beta, void *c, int64_t rsc, const float *bias, bool c_bf16,
+                   int threads) {
+    const cgi_gemm_job j = {m, n, k, a, rsa, csa, b, rsb, csb, alpha, c_bf16 ? 0 : beta, c, rsc, 1, bias, 1, false,
+                            (uint8_t)ta, (uint8_t)tb};
+    gemm_many(&j, 1, threads, c_bf16 ? F_CBF16 : 0, NULL);
+    return true;
 }
 
 bool cgi_gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t rsa, int64_t csa, const uint16_t *b,
                    int64_t rsb, int64_t csb, float alpha, float beta, void *c, int64_t rsc, const float *bias, bool c_bf16,
                    int threads) {
-    const cgi_gemm_job j = {m, n, k, (const cg_real *)a, rsa, csa, (const cg_real *)b, rsb, csb, alpha, c_bf16 ? 0 : beta,
-                            c, rsc, 1, bias, 1, false};
-    gemm_many(&j, 1, threads, F_BF16 | (c_bf16 ? F_CBF16 : 0), NULL);
-    return true;
+    return cgi_gemm_half(m, n, k, a, CGI_EL_BF16, rsa, csa, b, CGI_EL_BF16, rsb, csb, alpha, beta, c, rsc, bias, c_bf16,
+                         threads);
 }
 #else
-static void gemm_bf16_1(const cgi_gemm_job *j, unsigned fl) { (void)j, (void)fl; }
+static void gemm_half_1(const cgi_gemm_job *j, unsigned fl) { (void)j, (void)fl; }
+bool cgi_gemm_half(int64_t m, int64_t n, int64_t k, const void *a, int ta, int64_t rsa, int64_t csa, const void *b, int tb,
+                   int64_t rsb, int64_t csb, float alpha, float beta, void *c, int64_t rsc, const float *bias, bool c_bf16,
+                   int threads) {
+    return false;
+}
 bool cgi_gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t rsa, int64_t csa, const uint16_t *b,
                    int64_t rsb, int64_t csb, float alpha, float beta, void *c, int64_t rsc, const float *bias, bool c_bf16,
                    int threads) {

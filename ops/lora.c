@@ -113,16 +113,16 @@ cg_status cgi_fwd_lora_linear(cg_tensor *t) {
                                           "%s is stored only in bf16",
                             cgi_shp(w), cg_name(w->root), cgi_shp(x));
     }
-    cg_status ws = cgi_param_float(w->root); /* a bf16 weight read in place gets its float now */
-    if (ws) return ws;
+    int wel; /* a half-precision frozen weight is read in place, widened as it is packed */
+    const cg_real *wv = cgi_operand_elems(w, &wel);
     const lora_dims d = dims_of(t);
     const cg_real s = (cg_real)t->farg[0];
     cg_real *low = t->aux;
     const cg_tensor *a = t->src[2], *b = t->src[3];
     /* low = s x a^T and y = x w^T side by side; then y += low b^T */
     const cgi_gemm_job jobs[2] = {
-        {d.m, d.r, d.k, x->data, d.rx, d.cx, a->data, d.ca, d.ra, s, 0, low, d.r, 1, NULL, 0, false},
-        {d.m, d.n, d.k, x->data, d.rx, d.cx, w->data, d.cw, d.rw, 1, 0, t->data, d.n, 1, NULL, 0, false},
+        {d.m, d.r, d.k, x->data, d.rx, d.cx, a->data, d.ca, d.ra, s, 0, low, d.r, 1, NULL, 0, false, CGI_EL_F32, CGI_EL_F32},
+        {d.m, d.n, d.k, x->data, d.rx, d.cx, wv, d.cw, d.rw, 1, 0, t->data, d.n, 1, NULL, 0, false, CGI_EL_F32, (uint8_t)wel},
     };
     cgi_gemm_many(jobs, 2, cgi_nthreads());
     cgi_gemm(d.m, d.n, d.r, low, d.r, 1, b->data, d.cb, d.rb, 1, 1, t->data, d.n, 1, cgi_nthreads());
@@ -145,7 +145,8 @@ void cgi_bwd_lora_linear(cg_tensor *t) {
         if (db) cgi_grad_prepare(b);
     }
     if (cgi_lp_on(t) && cgi_lp_lora_bwd(t, x_assign, w_assign, a_assign, b_assign)) return;
-    if ((dx || dw) && cgi_param_float(w->root)) return; /* no memory: planning widens such weights first */
+    int wel; /* a half-precision frozen weight (no dW then) is read in place */
+    const cg_real *wv = cgi_operand_elems(w, &wel);
     const lora_dims d = dims_of(t);
     const cg_real s = (cg_real)t->farg[0], *dy = t->grad, *low = t->aux;
     cg_real *dlow = t->bwd_aux;
@@ -155,17 +156,17 @@ void cgi_bwd_lora_linear(cg_tensor *t) {
     cgi_gemm_job jobs[4];
     int nj = 0;
     if (dx) /* dX [m, k] (+)= dY w */
-        jobs[nj++] = (cgi_gemm_job){d.m, d.k, d.n, dy, d.n, 1, w->data, d.rw, d.cw, 1, x_assign ? 0 : 1, x->grad,
-                                    row_stride(x), x->stride[x->ndim - 1], NULL, 0, false};
+        jobs[nj++] = (cgi_gemm_job){d.m, d.k, d.n, dy, d.n, 1, wv, d.rw, d.cw, 1, x_assign ? 0 : 1, x->grad,
+                                    row_stride(x), x->stride[x->ndim - 1], NULL, 0, false, CGI_EL_F32, (uint8_t)wel};
     if (dw) /* dW [n, k] (+)= dY^T x */
         jobs[nj++] = (cgi_gemm_job){d.n, d.k, d.m, dy, 1, d.n, x->data, d.rx, d.cx, 1, w_assign ? 0 : 1, w->grad,
-                                    w->stride[0], w->stride[1], NULL, 0, false};
+                                    w->stride[0], w->stride[1], NULL, 0, false, CGI_EL_F32, CGI_EL_F32};
     if (da) /* dA [r, k] (+)= dlow^T x */
         jobs[nj++] = (cgi_gemm_job){d.r, d.k, d.m, dlow, 1, d.r, x->data, d.rx, d.cx, 1, a_assign ? 0 : 1, a->grad,
-                                    a->stride[0], a->stride[1], NULL, 0, false};
+                                    a->stride[0], a->stride[1], NULL, 0, false, CGI_EL_F32, CGI_EL_F32};
     if (db) /* dB [n, r] (+)= dY^T low */
         jobs[nj++] = (cgi_gemm_job){d.n, d.r, d.m, dy, 1, d.n, low, d.r, 1, 1, b_assign ? 0 : 1, b->grad, b->stride[0],
-                                    b->stride[1], NULL, 0, false};
+                                    b->stride[1], NULL, 0, false, CGI_EL_F32, CGI_EL_F32};
     if (alias)
         for (int j = 0; j < nj; j++) cgi_gemm_many(&jobs[j], 1, nt);
     else cgi_gemm_many(jobs, nj, nt);

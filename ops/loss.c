@@ -261,6 +261,8 @@ cg_tensor *cg_linear_cross_entropy(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_t
 typedef struct {
     cg_tensor *t;
     const cg_real *X, *W, *B;
+    const void *Wv; /* what the products read for W: its floats, or a frozen half-precision W's elements in place */
+    int wel;        /* Wv's element type (CGI_EL_*) */
     int64_t d, v, n, wr, wc, bs; /* n: counted rows */
     cg_real *lse, *xs, *logits, *dxs, *colsum;
     const int32_t *tg;
@@ -277,6 +279,7 @@ static void lce_setup(cg_tensor *t, lce *c) {
     const int64_t rows = cgi_numel(tg->ndim, tg->shape);
     c->t = t;
     c->X = x->data, c->W = w->data, c->B = b ? b->data : NULL;
+    c->Wv = cgi_operand_elems(w, &c->wel);
     c->d = w->shape[1], c->v = w->shape[0], c->wr = w->stride[0], c->wc = w->stride[1], c->bs = b ? b->stride[0] : 0;
     c->lse = t->aux;
     c->index = c->lse + rows;
@@ -289,6 +292,18 @@ static void lce_setup(cg_tensor *t, lce *c) {
     c->p = cgi_lp_on(t) ? NULL : t->params; /* a graph made bf16 after this op: the bf16 path */
     c->fused = c->p ? align64(c->dxs) : NULL;
     if (c->p) cgi_ukr_init(&c->u);
+}
+
+/* Packs B[k, n] of W from element off (strides rs, cs) as cgi_ukr_pack_b: a half-precision W widened
+ * as it is packed (read in place, no float copy) */
+static void lce_pack_w(const lce *c, int64_t k, int64_t n, int64_t off, int64_t rs, int64_t cs, cg_real *dst) {
+#ifndef CGRAD_DOUBLE
+    if (c->wel != CGI_EL_F32) {
+        cgi_ukr_pack_b_half(&c->u, k, n, (const uint16_t *)c->Wv + off, c->wel, rs, cs, dst);
+        return;
+    }
+#endif
+    cgi_ukr_pack_b(&c->u, k, n, c->W + off, rs, cs, dst);
 }
 
 static int lce_slots(const lce *c) { return c->p->slots < cgi_nthreads() ? c->p->slots : cgi_nthreads(); }
@@ -318,7 +333,7 @@ static void lce_slab_logits(const lce *c, int64_t r0, int64_t m, int64_t s, cg_r
     const cg_real *xa = c->fused + c->p->xa;
     int64_t v0, w;
     cg_real *zs = lce_slab(c, s, &v0, &w);
-    cgi_ukr_pack_b(u, c->d, w, c->W + v0 * c->wr, c->wc, c->wr, pw);
+    lce_pack_w(c, c->d, w, v0 * c->wr, c->wc, c->wr, pw);
     for (int64_t i = 0; i < m; i += u->mr) {
         const int64_t mi = m - i < u->mr ? m - i : u->mr;
         cg_real *z0 = zs + i * w;
@@ -367,7 +382,9 @@ static void lce_logits(const lce *c, int64_t r0, int64_t m, bool bwd) {
     if (cgi_lp_on(c->t) && cgi_lp_gemm(c->t, bwd, m, c->v, c->d, c->xs, c->d, 1, NULL, c->W, c->wc, c->wr,
                                        c->t->src[1], 1, c->B ? 1 : 0, c->logits, c->v, 1))
         return;
-    cgi_gemm(m, c->v, c->d, c->xs, c->d, 1, c->W, c->wc, c->wr, 1, c->B ? 1 : 0, c->logits, c->v, 1, cgi_nthreads());
+    const cgi_gemm_job j = {m, c->v, c->d, c->xs, c->d, 1, c->Wv, c->wc, c->wr, 1, c->B ? 1 : 0, c->logits, c->v, 1,
+                            NULL, 0, false, CGI_EL_F32, (uint8_t)c->wel};
+    cgi_gemm_many(&j, 1, cgi_nthreads());
 }
 
 /* The fused path's gradients over one chunk of m rows from r0 (logits in place: forward's e^(z - max),
@@ -413,7 +430,7 @@ static void lce_grads(const lce *c, int64_t r0, int64_t m, bool recompute, cg_re
                 for (int64_t j = 0; j < sw; j++) bias_grad[(v0 + j) * bias_stride] += cs[j];
             if (dx) { /* the group's dX partial (+)= dlogits[:, slab] @ W[slab] */
                 cgi_ukr_pack_a(u, m, sw, z0, sw, 1, pa);
-                cgi_ukr_pack_b(u, sw, d, c->W + v0 * c->wr, c->wr, c->wc, pb);
+                lce_pack_w(c, sw, d, v0 * c->wr, c->wr, c->wc, pb);
                 cgi_ukr_gemm(u, m, d, sw, 1, pa, sw, pb, sw, s == s0 ? 0 : 1, dxg, d, 1, CGI_UKR_FULL, CGI_UKR_FULL);
             }
             if (dw) { /* dW[slab] (+)= dlogits[:, slab]^T @ xs */
@@ -458,12 +475,6 @@ cg_status cgi_fwd_linear_cross_entropy(cg_tensor *t) {
     int64_t n = 0;
     FOR_COUNTED_TARGETS("linear_cross_entropy", tgt, v, ignore, r, k, index[n++] = (cg_real)r); /* exact below 2^24 rows */
     t->iarg[1] = n;
-    /* a bf16 graph's planned products read a weight mapped in bf16 as it is (ops/bf16.c); any other
-     * path reads floats, which such a weight gets now */
-    if (!(cgi_lp_on(t) && t->lp_tmp[0])) {
-        cg_status ws = cgi_param_float(t->src[1]->root);
-        if (ws) return ws;
-    }
     lce c;
     lce_setup(t, &c);
     const bool ahead = lce_ahead(&c);
@@ -539,7 +550,6 @@ void cgi_bwd_linear_cross_entropy(cg_tensor *t) {
     /* the op claims every input (CGI_GRAD_CLAIMS_ALL): dW's first writer since zero_grad takes beta 0
      * on its first chunk; bf16's products add, so they get it zeroed */
     bool w_assign = w->requires_grad && cgi_grad_claim(w, !cgi_lp_on(t));
-    if (!(cgi_lp_on(t) && t->lp_tmp[1]) && cgi_param_float(w->root)) return; /* as forward; planning widens first */
     if (x->requires_grad) cgi_grad_prepare(x);
     if (b && b->requires_grad) cgi_grad_prepare(b);
     if (c.n == 0) { /* nothing to add: a claimed dW still has to read as zero */
@@ -585,10 +595,11 @@ void cgi_bwd_linear_cross_entropy(cg_tensor *t) {
         /* dX lands in scratch and is scattered after both, so the two never share output, even
          * when x's and w's gradients alias */
         if (x->requires_grad && !done) /* dx rows = dlogits @ W, gathered; scattered back below */
-            jobs[nj++] = (cgi_gemm_job){m, c.d, c.v, c.logits, c.v, 1, c.W, c.wr, c.wc, 1, 0, c.dxs, c.d, 1, NULL, 0, false};
+            jobs[nj++] = (cgi_gemm_job){m, c.d, c.v, c.logits, c.v, 1, c.Wv, c.wr, c.wc, 1, 0, c.dxs, c.d, 1, NULL, 0, false,
+                                        CGI_EL_F32, (uint8_t)c.wel};
         if (w->requires_grad && !done) /* dW += dlogits^T @ xs */
             jobs[nj++] = (cgi_gemm_job){c.v, c.d, m, c.logits, 1, c.v, c.xs, c.d, 1, 1, w_assign ? 0 : 1, w->grad,
-                                        w->stride[0], w->stride[1], NULL, 0, false};
+                                        w->stride[0], w->stride[1], NULL, 0, false, CGI_EL_F32, CGI_EL_F32};
         cgi_gemm_many(jobs, nj, nt);
         w_assign = false;
         if (x->requires_grad)

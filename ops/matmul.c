@@ -232,14 +232,26 @@ cg_tensor *cg_linear(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias) {
     return t && w->root->lora_a ? cgi_lora_linear(g, t->src[0], w, t) : t;
 }
 
+/* The weight's elements for a product: a frozen half-precision weight's in place (their type to
+ * *el), else its floats, widened first if it has none yet; NULL without memory for them. */
+static const void *weight_elems(cg_tensor *w, int *el) {
+    const void *v = cgi_operand_elems(w, el);
+    return *el == CGI_EL_F32 && cgi_param_float(w->root) ? NULL : v;
+}
+
 /* The float product y = x w^T + bias, relu: clamped at 0; the bias goes in with the product, piece
- * by piece (see gemm_blocked). */
-static void linear_fwd_float(cg_tensor *t, bool relu) {
+ * by piece (see gemm_blocked). A half-precision weight is widened as it is packed. */
+static cg_status linear_fwd_float(cg_tensor *t, bool relu) {
     cg_tensor *x = t->src[0], *w = t->src[1], *bias = t->nsrc > 2 ? t->src[2] : NULL;
     const int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1];
-    const cgi_gemm_job j = {m, n, k, x->data, row_stride(x), x->stride[x->ndim - 1], w->data, w->stride[1], w->stride[0],
-                            1, 0, t->data, n, 1, bias ? bias->data : NULL, bias ? bias->stride[0] : 0, relu};
+    int we;
+    const void *wv = weight_elems(w, &we);
+    if (!wv) return CG_ERR_NOMEM;
+    const cgi_gemm_job j = {m, n, k, x->data, row_stride(x), x->stride[x->ndim - 1], wv, w->stride[1], w->stride[0],
+                            1, 0, t->data, n, 1, bias ? bias->data : NULL, bias ? bias->stride[0] : 0, relu,
+                            CGI_EL_F32, (uint8_t)we};
     cgi_gemm_many(&j, 1, cgi_nthreads());
+    return CG_OK;
 }
 
 cg_status cgi_fwd_linear(cg_tensor *t) {
@@ -254,10 +266,7 @@ cg_status cgi_fwd_linear(cg_tensor *t) {
                             cgi_shp(w), cg_name(w->root), x->root->lp_value ? "input" : "output",
                             cgi_shp(x->root->lp_value ? x : t));
     }
-    cg_status ws = cgi_param_float(w->root); /* a bf16 weight read in place gets its float now */
-    if (ws) return ws;
-    linear_fwd_float(t, false);
-    return CG_OK;
+    return linear_fwd_float(t, false);
 }
 
 /* The backward scratch for dW (after the bias column sums), or NULL when dW is written in place. */
@@ -313,21 +322,23 @@ static void linear_bwd(cg_tensor *t, const cg_real *dy, bool with_bias) {
     /* bf16: the bias first, as the products may turn dY into bf16 in place; then both products */
     if (lp_on && bias && bias->requires_grad) bias_grad(t, bias, m, n);
     const bool lp = lp_on && cgi_lp_linear_bwd(t, assign);
-    if (!lp && x->requires_grad && cgi_param_float(w->root)) return; /* no memory: planning widens such weights first */
+    int we = CGI_EL_F32;
+    const void *wv = !lp && x->requires_grad ? weight_elems(w, &we) : w->data;
+    if (!wv) return; /* no memory: planning widens such weights first */
     cgi_gemm_job jobs[2];
     int nj = 0;
-    if (x->requires_grad && !lp) /* dX[m,k] += dY[m,n] @ W[n,k] */
-        jobs[nj++] = (cgi_gemm_job){m, k, n, dy, n, 1, w->data, w->stride[0], w->stride[1], 1, assign ? 0 : 1,
-                                    x->grad, row_stride(x), x->stride[x->ndim - 1], NULL, 0, false};
+    if (x->requires_grad && !lp) /* dX[m,k] += dY[m,n] @ W[n,k], a half-precision W widened as it is packed */
+        jobs[nj++] = (cgi_gemm_job){m, k, n, dy, n, 1, wv, w->stride[0], w->stride[1], 1, assign ? 0 : 1,
+                                    x->grad, row_stride(x), x->stride[x->ndim - 1], NULL, 0, false, CGI_EL_F32, (uint8_t)we};
     if (w->requires_grad && !lp) {
         const int64_t xr = row_stride(x), xc = x->stride[x->ndim - 1];
         cg_real *s = dw_scratch(t);
         if (dw_as_transpose(x, w)) /* dW^T[k,n] = X^T[k,m] @ dY[m,n] */
             jobs[nj++] = (cgi_gemm_job){k, n, m, x->data, xc, xr, dy, n, 1, 1, s || w_assign ? 0 : 1, s ? s : w->grad,
-                                        s ? n : w->stride[1], s ? 1 : w->stride[0], NULL, 0, false};
+                                        s ? n : w->stride[1], s ? 1 : w->stride[0], NULL, 0, false, CGI_EL_F32, CGI_EL_F32};
         else /* dW[n,k] = dY^T[n,m] @ X[m,k] */
             jobs[nj++] = (cgi_gemm_job){n, k, m, dy, 1, n, x->data, xr, xc, 1, s || w_assign ? 0 : 1, s ? s : w->grad,
-                                        s ? k : w->stride[0], s ? 1 : w->stride[1], NULL, 0, false};
+                                        s ? k : w->stride[0], s ? 1 : w->stride[1], NULL, 0, false, CGI_EL_F32, CGI_EL_F32};
     }
     /* a contiguous bias's column sums run as further pieces of the products' parallel region: one
      * region (one wake of a passively waiting thread) fewer per linear, the same sums */
@@ -384,15 +395,16 @@ cg_tensor *cg_linear_relu(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bi
 }
 
 cg_status cgi_fwd_linear_act(cg_tensor *t) {
-    if (t->iarg[0] == CGI_ACT_RELU) { /* float even if the graph was set to bf16 after this op was built */
-        linear_fwd_float(t, true);
-        return CG_OK;
-    }
+    if (t->iarg[0] == CGI_ACT_RELU) return linear_fwd_float(t, true); /* float even if the graph was set to bf16 after this op was built */
     cg_tensor *x = t->src[0], *w = t->src[1], *bias = t->nsrc > 2 ? t->src[2] : NULL;
     const int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1];
     cg_real *c = t->aux;
-    gemm(m, n, k, x->data, row_stride(x), x->stride[x->ndim - 1], w->data, w->stride[1], w->stride[0], 0, c, n, 1,
-         cgi_nthreads());
+    int we;
+    const void *wv = weight_elems(w, &we);
+    if (!wv) return CG_ERR_NOMEM;
+    const cgi_gemm_job j = {m, n, k, x->data, row_stride(x), x->stride[x->ndim - 1], wv, w->stride[1], w->stride[0],
+                            1, 0, c, n, 1, NULL, 0, false, CGI_EL_F32, (uint8_t)we};
+    cgi_gemm_many(&j, 1, cgi_nthreads());
     cgi_bias_gelu_fwd(c, bias ? bias->data : NULL, t->data, m, n, t->iarg[0] == CGI_ACT_GELU_TANH);
     return CG_OK;
 }

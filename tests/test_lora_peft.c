@@ -2,7 +2,8 @@
 /* LoRA adapters in PEFT's layout: a committed fixture written by tests/make_peft_fixture.py (PEFT's
  * names and config, PyTorch's outputs of the adapted layers) loads and computes PyTorch's outputs;
  * save then load gives identical outputs; merging computes what the unmerged adapters compute, also
- * on a base read in place as bf16; configs PEFT would compute differently are refused by name. */
+ * on a base read in place as bf16; configs PEFT would compute differently are refused by name;
+ * fan_in_fan_out on Linear modules computes as without it, as in PEFT. */
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -142,6 +143,27 @@ static void test_merge_mapped(void) {
     cg_params_free(ps);
 }
 
+/* fan_in_fan_out true on nn.Linear modules: PEFT sets it back to false (it transposes Conv1D weights
+ * only, tests/test_peft_gpt2.c), so the adapters load and compute as without it. */
+static void test_fan_in_fan_out_linear(void) {
+    char dir[200], cmd[1600];
+    snprintf(dir, sizeof dir, "/tmp/cgrad_peft_fifo_%ld", (long)getpid());
+    snprintf(cmd, sizeof cmd, "rm -rf %s && cp -r %s/adapter %s && sed -i 's/\"fan_in_fan_out\": false/\"fan_in_fan_out\": "
+             "true/' %s/adapter_config.json && grep -q '\"fan_in_fan_out\": true' %s/adapter_config.json", dir, FIX, dir, dir, dir);
+    CHECK(system(cmd) == 0, "%s", cmd);
+    cg_params *ps = base_params(), *ref = base_params();
+    CHECK(cg_lora_load_peft(ps, dir) == CG_OK && cg_lora_load_peft(ref, FIX "/adapter") == CG_OK, "%s", cg_last_error());
+    cg_real y1[64], y2[64];
+    for (int m = 0; m < 2; m++) {
+        const int64_t n = forward(ps, m, y1);
+        CHECK(n > 0 && n == forward(ref, m, y2) && !memcmp(y1, y2, (size_t)n * sizeof *y1), "%s: fan_in_fan_out on a Linear "
+              "changed the output", modules[m]);
+    }
+    cg_params_free(ps), cg_params_free(ref);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK(system(cmd) == 0, "cleanup");
+}
+
 /* A copy of the fixture with one config line replaced; expects the load to fail naming want. */
 static void bad_config(const char *from, const char *to, const char *want) {
     char dir[200], cmd[800];
@@ -161,7 +183,6 @@ static void bad_config(const char *from, const char *to, const char *want) {
 
 static void test_refusals(void) {
     bad_config("\"use_dora\": false", "\"use_dora\": true", "use_dora");
-    bad_config("\"fan_in_fan_out\": false", "\"fan_in_fan_out\": true", "fan_in_fan_out");
     bad_config("\"rank_pattern\": {}", "\"rank_pattern\": {\"q_proj\": 4}", "rank_pattern");
     bad_config("\"bias\": \"none\"", "\"bias\": \"all\"", "bias");
     bad_config("\"peft_type\": \"LORA\"", "\"peft_type\": \"IA3\"", "peft_type");
@@ -180,5 +201,6 @@ int main(void) {
     test_round_trip_and_merge();
     test_merge_mapped();
     test_refusals();
+    test_fan_in_fan_out_linear();
     TEST_END();
 }
