@@ -269,6 +269,19 @@ static cg_status backward_sweep(void *ctx) {
     return CG_OK;
 }
 
+/* Points the parameters whose gradients the plan holds (cg_optim_attach) at those buffers, each read
+ * as zero until its first write, and back at the set's own after the pass: the set's gradient
+ * block is never written, so its pages take no memory. */
+static void swap_param_grads(cg_graph *g, bool in) {
+    if (!g->param_grads_planned) return;
+    for (int j = 0; j < g->npgrad; j++) {
+        struct cgi_pgrad *e = &g->pgrad[j];
+        if (in) e->block_grad = e->p->grad, e->p->grad = e->grad;
+        else e->p->grad = e->block_grad;
+        e->p->grad_stale = true;
+    }
+}
+
 cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
     if (!g) return cgi_fail(CG_ERR_ARG, "[backward] graph is NULL");
     if (!loss) /* keep the message of the op that failed to build it, if there is one */
@@ -287,6 +300,10 @@ cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
     if (!loss->requires_grad)
         return cgi_fail(CG_ERR_STATE, "[backward] loss depends on no trainable parameter or input");
     if (!g->planned || !g->ran_forward) return cgi_fail(CG_ERR_STATE, "[backward] run cg_graph_forward first");
+    if (g->param_grads_planned && !g->fused_backward)
+        return cgi_fail(CG_ERR_STATE, "[backward] the graph's parameter gradients live only inside a backward that "
+                        "updates the parameters (cg_optim_attach): run cg_optim_backward_step, or detach the optimizer");
+    swap_param_grads(g, true); /* before the views of the parameters take their gradients' addresses */
     cgi_resolve_views(g);
     g->epoch++;
 
@@ -300,9 +317,11 @@ cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
     }
     for (int i = loss->id; i >= 0; i--) { /* a gradient must not vanish into an op that has none */
         const cg_tensor *t = g->nodes[i];
-        if (t->mark && t->requires_grad && t->op == CGI_OP_CUSTOM && !cgi_custom_differentiable(t))
+        if (t->mark && t->requires_grad && t->op == CGI_OP_CUSTOM && !cgi_custom_differentiable(t)) {
+            swap_param_grads(g, false);
             return cgi_fail(CG_ERR_STATE, "[backward] custom op '%s'%s has no backward and no composite, so no gradient "
                             "can flow through it: give it one, or detach its inputs", cgi_op_name_of(t), cgi_shp(t));
+        }
     }
     if (g->ready_fn) ready_plan(g, loss);
     zero_once(loss);
@@ -310,6 +329,7 @@ cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
     g->bwd_status = CG_OK;
     const sweep_args sw = {g, loss};
     const cg_status s = cgi_run_in_team(g->work) ? cg_run_with_team(backward_sweep, (void *)&sw) : backward_sweep((void *)&sw);
+    swap_param_grads(g, false);
     /* Gradients took the memory of values that backward had finished reading, so another
      * backward needs a fresh forward. */
     g->ran_forward = false;

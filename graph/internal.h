@@ -212,6 +212,12 @@ struct cg_graph {
     int seg_open_at;
     cg_grad_ready_fn ready_fn; /* told as each parameter's gradient becomes final in backward */
     void *ready_ctx;
+    /* cg_optim_attach: trainable parameters' gradients are buffers of the plan, alive from their first
+     * write to the update that consumes them inside backward (optim/optim.c) */
+    bool param_grads_planned;
+    bool fused_backward;     /* inside cg_optim_backward_step: backward may use those buffers */
+    int npgrad;              /* planned parameter gradients: the parameter, its plan buffer and the */
+    struct cgi_pgrad { cg_tensor *p; cg_real *grad, *block_grad; } *pgrad; /* set's own, swapped back after */
     /* gradient checks of a computed node: forward adds nudge_by to its element nudge_at (row-major)
      * right after computing it, and records the step the element really took */
     cg_tensor *nudge;

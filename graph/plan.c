@@ -313,9 +313,52 @@ static cg_status widen_params(cg_graph *g) {
     return CG_OK;
 }
 
+/* With the optimizer inside backward (cg_optim_attach), each trainable parameter's gradient is a
+ * buffer of the plan: born at the backward of its last reader in build order (the first rule to
+ * write it) and dead after the backward of its first, where its gradient is final and the update
+ * consumes it. Only the parameters of the layers backward is passing through hold a gradient, not
+ * all of them from backward's start to the optimizer step. ready_at serves as each parameter's
+ * index while the list is made (a backward with a ready callback sets it again). */
+static cg_status plan_param_grads(cg_graph *g, const int64_t *bt, buffer *bufs, int *nb) {
+    buffer *pb = bufs + *nb;
+    int np = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int64_t c = 0; c < g->n; c++) {
+            const cg_tensor *t = g->nodes[c];
+            if (!t->requires_grad || cgi_ops[t->op].kind != CGI_KIND_COMPUTE) continue;
+            for (int k = 0; k < t->nsrc; k++) {
+                cg_tensor *p = t->src[k]->root;
+                if (p->op != CGI_OP_PARAM || !t->src[k]->requires_grad || !p->grad) continue;
+                if (pass == 0) {
+                    p->ready_at = -1;
+                } else if (p->ready_at < 0) { /* its first reader: a new buffer */
+                    p->ready_at = np;
+                    pb[np++] = (buffer){bt[c], bt[c], round_up((size_t)cgi_numel(p->ndim, p->shape) * sizeof(cg_real)),
+                                        0, NULL, p, 'g'};
+                } else {
+                    buffer *b = &pb[p->ready_at];
+                    if (bt[c] < b->birth) b->birth = bt[c];
+                    if (bt[c] > b->death) b->death = bt[c];
+                }
+            }
+        }
+    g->pgrad = np ? cgi_arena_alloc(&g->meta, (size_t)np * sizeof *g->pgrad) : NULL;
+    if (np && !g->pgrad) return cgi_fail(CG_ERR_NOMEM, "[plan] out of memory for %d parameter gradients", np);
+    for (int j = 0; j < np; j++) {
+        cg_tensor *p = (cg_tensor *)pb[j].node;
+        g->pgrad[j] = (struct cgi_pgrad){p, NULL, NULL};
+        pb[j].target = (void **)&g->pgrad[j].grad;
+        p->ready_at = -1;
+    }
+    g->npgrad = np;
+    *nb += np;
+    return CG_OK;
+}
+
 cg_status cgi_plan(cg_graph *g) {
     cg_status wst = widen_params(g);
     if (wst) return wst;
+    g->npgrad = 0, g->pgrad = NULL;
     const int64_t n = g->n, n1 = n ? n : 1;
     int64_t *vdeath = malloc((size_t)n1 * sizeof *vdeath);
     int64_t *rdeath = malloc((size_t)n1 * sizeof *rdeath);
@@ -323,10 +366,13 @@ cg_status cgi_plan(cg_graph *g) {
     int64_t *bt = malloc((size_t)n1 * sizeof *bt), *rt = malloc((size_t)n1 * sizeof *rt);
     int64_t *sdeath = malloc((size_t)n1 * sizeof *sdeath);
     int64_t *gown = malloc((size_t)n1 * sizeof *gown), *gdeath = malloc((size_t)n1 * sizeof *gdeath);
-    buffer *bufs = malloc((size_t)(10 * n + 1) * sizeof *bufs);
-    buffer **order = malloc((size_t)(10 * n + 1) * sizeof *order);
+    int64_t nsrc_all = 0; /* bounds the parameters the plan may give a gradient buffer */
+    for (int64_t c = 0; c < n; c++) nsrc_all += g->nodes[c]->nsrc;
+    const size_t nbuf_max = (size_t)(10 * n + nsrc_all + 1);
+    buffer *bufs = malloc(nbuf_max * sizeof *bufs);
+    buffer **order = malloc(nbuf_max * sizeof *order);
     bool *consumed = malloc((size_t)n1 * sizeof *consumed);
-    span *used = malloc((size_t)(10 * n + 1) * sizeof *used);
+    span *used = malloc(nbuf_max * sizeof *used);
     cg_status st = CG_OK;
     int *consumers = NULL, *sole = NULL;
     if (!vdeath || !rdeath || !sdeath || !gbirth || !bt || !rt || !bufs || !order || !consumed || !used || !gown || !gdeath) {
@@ -483,6 +529,7 @@ cg_status cgi_plan(cg_graph *g) {
             memset(t->grad, 0, (size_t)cgi_numel(t->ndim, t->shape) * sizeof(cg_real)); /* read before any backward */
         }
     }
+    if (g->param_grads_planned && (st = plan_param_grads(g, bt, bufs, &nb))) goto done;
     /* CGRAD_PLAN_ALLOC=sweep or largest-first forces one placement, to compare them */
     const char *alloc = getenv("CGRAD_PLAN_ALLOC");
     const bool sweep_only = alloc && !strcmp(alloc, "sweep"), exact_only = alloc && !strcmp(alloc, "largest-first");
