@@ -171,6 +171,30 @@ bool cgi_grads_alias(const cg_tensor *a, const cg_tensor *b) {
     return offset_reachable(b->offset - a->offset, 0, nd, st, lo, hi, rlo, rhi, &budget);
 }
 
+/* Remakes the values node i's backward reads that forward let die (cgi_plan's regen): each
+ * before its first backward reader, swapped into data until the pass ends. */
+static void regen_for(cg_tensor *t, int i) {
+    for (int k = -1; k < t->nsrc; k++) {
+        cg_tensor *r = k < 0 ? t : t->src[k]->root;
+        if (!r->regen || r->regen_live || (k < 0 ? !cgi_bwd_reads_out(t) : i > r->regen_at)) continue;
+        void *p = r->data;
+        r->data = r->alt_data, r->alt_data = p;
+        r->regen_live = true;
+        cgi_regen(r);
+    }
+}
+
+/* Puts forward's buffers back in place of the remade values. */
+static void regen_restore(cg_graph *g) {
+    for (int i = 0; i < g->n; i++) {
+        cg_tensor *r = g->nodes[i];
+        if (!r->regen_live) continue;
+        void *p = r->data;
+        r->data = r->alt_data, r->alt_data = p;
+        r->regen_live = false;
+    }
+}
+
 static bool runs_backward(const cg_tensor *t) { return t->mark && t->requires_grad && cgi_ops[t->op].backward; }
 
 /* For each parameter, the smallest id among the nodes whose rules add to its gradient: the sweep
@@ -240,8 +264,12 @@ static cg_status backward_sweep(void *ctx) {
                 seg_lo = lo, seg_hi = i;
             }
         }
-        if (runs_backward(t)) backward_node(g, t, i);
+        if (runs_backward(t)) {
+            regen_for(t, i);
+            backward_node(g, t, i);
+        }
         if (g->bwd_status) { /* a custom rule failed: its message is the error; the gradients are partial */
+            regen_restore(g);
             if (seg_lo >= 0) cgi_ckpt_restore(g, seg_lo, seg_hi);
             g->ran_forward = false;
             if (team) cgi_team_run_end(2 * g->work);
@@ -264,6 +292,7 @@ static cg_status backward_sweep(void *ctx) {
             t->grad_epoch = g->epoch;
         }
     }
+    regen_restore(g);
     if (team) cgi_team_run_end(2 * g->work); /* backward does about twice forward's work */
     cgi_run_close(&run);
     return CG_OK;

@@ -355,13 +355,54 @@ static cg_status plan_param_grads(cg_graph *g, const int64_t *bt, buffer *bufs, 
     return CG_OK;
 }
 
+/* A fused linear + GELU remakes its output from the product it keeps, one elementwise pass; a layer
+ * norm runs its forward again, one pass over its input, which its own backward keeps. In a float
+ * graph only (bf16 stores these values at half size instead). */
+bool cgi_regen_ok(const cg_tensor *t) {
+    if (t->graph->precision == CG_BF16 || t->dtype != CG_REAL || t->lp_value || t->lp_shadowed) return false;
+    return (t->op == CGI_OP_LINEAR_ACT && t->iarg[0] != CGI_ACT_RELU) || t->op == CGI_OP_LAYERNORM;
+}
+
+void cgi_regen(cg_tensor *t) {
+    if (t->op == CGI_OP_LINEAR_ACT) cgi_linear_act_regen(t);
+    else cgi_ops[t->op].forward(t); /* a layer norm: also rewrites its statistics, to the same bits */
+}
+
+/* Values backward can remake from what their own backward keeps (cgi_regen_ok) live only through
+ * forward; backward remakes each into a buffer of its own before its first backward reader
+ * (graph/autodiff.c). Not under checkpointing (whose recompute has the same buffer), nor for a
+ * value read through a view or read after the run. CGRAD_REGEN=0 keeps them all, to compare. */
+static void decide_regen(cg_graph *g) {
+    const char *env = getenv("CGRAD_REGEN");
+    const bool on = !g->checkpointing && !(env && !strcmp(env, "0"));
+    for (int64_t i = 0; i < g->n; i++) {
+        cg_tensor *t = g->nodes[i];
+        t->regen = on && t->root == t && !t->kept && t->requires_grad && cgi_regen_ok(t);
+        t->regen_live = false;
+        t->regen_at = -1;
+    }
+    for (int64_t i = 0; i < g->n; i++)
+        if (g->nodes[i]->root != g->nodes[i]) g->nodes[i]->root->regen = false;
+    /* a remake reads inputs' values as forward did (a fused GELU only its bias): not remade ones */
+    for (int64_t i = 0; i < g->n; i++) {
+        cg_tensor *t = g->nodes[i];
+        for (int k = t->op == CGI_OP_LINEAR_ACT ? 2 : 0; t->regen && k < t->nsrc; k++) t->regen = !t->src[k]->root->regen;
+    }
+}
+
+/* Node c, whose backward at time back reads r's remade value: the buffer's life, and the first reader. */
+static void regen_reader(cg_tensor *r, int64_t c, int64_t back, int64_t *rbirth, int64_t *rdeath) {
+    if (back < rbirth[r->id]) rbirth[r->id] = back, r->regen_at = (int)c;
+    if (back > rdeath[r->id]) rdeath[r->id] = back;
+}
+
 cg_status cgi_plan(cg_graph *g) {
     cg_status wst = widen_params(g);
     if (wst) return wst;
     g->npgrad = 0, g->pgrad = NULL;
     const int64_t n = g->n, n1 = n ? n : 1;
     int64_t *vdeath = malloc((size_t)n1 * sizeof *vdeath);
-    int64_t *rdeath = malloc((size_t)n1 * sizeof *rdeath);
+    int64_t *rdeath = malloc((size_t)n1 * sizeof *rdeath), *rbirth = malloc((size_t)n1 * sizeof *rbirth);
     int64_t *gbirth = malloc((size_t)n1 * sizeof *gbirth);
     int64_t *bt = malloc((size_t)n1 * sizeof *bt), *rt = malloc((size_t)n1 * sizeof *rt);
     int64_t *sdeath = malloc((size_t)n1 * sizeof *sdeath);
@@ -375,7 +416,7 @@ cg_status cgi_plan(cg_graph *g) {
     span *used = malloc(nbuf_max * sizeof *used);
     cg_status st = CG_OK;
     int *consumers = NULL, *sole = NULL;
-    if (!vdeath || !rdeath || !sdeath || !gbirth || !bt || !rt || !bufs || !order || !consumed || !used || !gown || !gdeath) {
+    if (!vdeath || !rdeath || !rbirth || !sdeath || !gbirth || !bt || !rt || !bufs || !order || !consumed || !used || !gown || !gdeath) {
         st = cgi_fail(CG_ERR_NOMEM, "[plan] out of memory for %lld nodes", (long long)n);
         goto done;
     }
@@ -415,10 +456,11 @@ cg_status cgi_plan(cg_graph *g) {
     /* Checkpoint segments add a recompute to the time axis; without them node i's backward is at 2n-1-i. */
     cgi_ckpt_decide(g, consumers, sole);
     const int64_t end = cgi_ckpt_timeline(g, bt, rt);
+    decide_regen(g);
     for (int64_t i = 0; i < n; i++) {
         vdeath[i] = sdeath[i] = i;
         rdeath[i] = rt[i];
-        gbirth[i] = INT64_MAX;
+        rbirth[i] = gbirth[i] = INT64_MAX;
     }
 #define LIVE_TO(arr, i, tm) do { if ((arr)[i] < (tm)) (arr)[i] = (tm); } while (0)
     for (int64_t c = 0; c < n; c++) {
@@ -433,14 +475,21 @@ cg_status cgi_plan(cg_graph *g) {
             LIVE_TO(vdeath, r->id, c);
             if (t->recompute) LIVE_TO(late, r->id, rt[c]);
             /* a linear's backward reads a shadowed input's bf16 copy, not its float value */
-            if (t->requires_grad && k < 32 && (cgi_bwd_reads(t) & (1u << k)))
-                LIVE_TO(r->lp_shadowed && t->op == CGI_OP_LINEAR && k == 0 ? sdeath : late, r->id, back);
+            if (t->requires_grad && k < 32 && (cgi_bwd_reads(t) & (1u << k))) {
+                if (r->regen) regen_reader(r, c, back, rbirth, rdeath);
+                else LIVE_TO(r->lp_shadowed && t->op == CGI_OP_LINEAR && k == 0 ? sdeath : late, r->id, back);
+            }
             if (t->requires_grad && t->src[k]->requires_grad && d->kind == CGI_KIND_COMPUTE && gbirth[r->id] > back)
                 gbirth[r->id] = back;
         }
-        if (t->requires_grad && cgi_bwd_reads_out(t)) LIVE_TO(t->recompute ? rdeath : vdeath, c, back);
+        if (t->requires_grad && cgi_bwd_reads_out(t)) {
+            if (t->regen) regen_reader(t, c, back, rbirth, rdeath);
+            else LIVE_TO(t->recompute ? rdeath : vdeath, c, back);
+        }
     }
 #undef LIVE_TO
+    for (int64_t i = 0; i < n; i++) /* nothing reads it in backward: forward's value is all there is */
+        if (g->nodes[i]->regen && rbirth[i] == INT64_MAX) g->nodes[i]->regen = false;
     for (int64_t i = 0; i < n; i++) {
         cg_tensor *t = g->nodes[i];
         gown[i] = -1;
@@ -508,6 +557,8 @@ cg_status cgi_plan(cg_graph *g) {
             /* a recomputed node's forward scratch is forward's alone; its recompute's serves backward */
             if (t->aux_bytes)
                 bufs[nb++] = (buffer){i, t->requires_grad && !t->recompute ? back : i, round_up(t->aux_bytes), 0, &t->aux, t, 'a'};
+            if (t->regen && rbirth[i] != INT64_MAX) /* the remade value, from its first backward reader to its last */
+                bufs[nb++] = (buffer){rbirth[i], rdeath[i], vbytes, 0, &t->alt_data, t, 'r'};
             if (t->recompute) {
                 bufs[nb++] = (buffer){rt[i], rdeath[i], vbytes, 0, &t->alt_data, t, 'r'};
                 if (t->aux_bytes)
@@ -564,6 +615,7 @@ done:
     free(sole);
     free(vdeath);
     free(rdeath);
+    free(rbirth);
     free(sdeath);
     free(gbirth);
     free(gown);
