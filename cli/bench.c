@@ -70,6 +70,7 @@ const cli_opt cli_bench_opts[] = {{"--config", CLI_STR, 0, 0, "a config name, or
                                   {"--gen", CLI_BARE, 0, 0, "also time generation with and without the KV cache"},
                                   CLI_PRECISION,
                                   {"--checkpoint-activations", CLI_BARE, 0, 0, "recompute each block's activations in backward"},
+                                  {"--separate-step", CLI_BARE, 0, 0, "AdamW after backward, every gradient kept whole (as with clipping)"},
                                   {"--context", CLI_INT, 2, 1 << 20, "tokens per row instead of the config's"},
                                   {"--batch", CLI_INT, 1, 1 << 20, "rows instead of the config's"},
                                   {NULL, CLI_BARE, 0, 0, NULL}};
@@ -314,6 +315,7 @@ static void fill_batch(const bench_config *c, const cg_model_graph *mg, int64_t 
 typedef struct {
     int steps, warmup;
     bool checkpoint;      /* gradient checkpointing on */
+    bool separate_step;   /* cg_optim_step after backward instead of the update inside backward */
     int64_t batch, t;     /* overrides of the config's shape (0: the config's) */
 } run_opts;
 static run_opts opts;
@@ -385,6 +387,7 @@ static int train_child(const void *arg, int threads, double sgemm) {
     oc.lr = 1e-4;
     cg_optim *opt = cg_optim_new(ps, &oc);
     if (!opt) return fail(c->name, threads, "cannot make the optimizer");
+    if (!opts.separate_step && cg_optim_attach(opt, g)) return fail(c->name, threads, "cannot attach the optimizer");
     t_build = now_s() - t_build;
 
     const int total = opts.warmup + opts.steps;
@@ -414,8 +417,8 @@ static int train_child(const void *arg, int threads, double sgemm) {
         double t0 = now_s(), c0 = cpu_s();
         cg_params_zero_grad(ps);
         cg_status st = cg_graph_forward(g);
-        if (!st) st = cg_graph_backward(g, mg.loss);
-        if (!st) st = cg_optim_step(opt, oc.lr);
+        if (!st && opts.separate_step) st = cg_graph_backward(g, mg.loss);
+        if (!st) st = opts.separate_step ? cg_optim_step(opt, oc.lr) : cg_optim_backward_step(opt, g, mg.loss, oc.lr);
         double dt = now_s() - t0, dc = cpu_s() - c0;
         if (st) return fail(c->name, threads, "training step failed");
         last_loss = cg_item(mg.loss);
@@ -468,10 +471,10 @@ static int train_child(const void *arg, int threads, double sgemm) {
     const bool bf16 = cg_default_precision() == CG_BF16;
     if (bf16) printf("%-12s %.2f of the bf16 GEMM reference (%.1f GFLOP/s)\n", c->name, gflops / bf16_ref, bf16_ref);
     printf("{\"config\":\"%s\", \"threads\":%d, \"precision\":\"%s\", \"batch\":%lld, \"context\":%lld, "
-           "\"checkpoint_activations\":%d, \"ms_per_step\":%.3f, \"tokens_per_s\":%.1f, \"gflops\":%.3f, \"sgemm_fraction\":%.4f, "
+           "\"checkpoint_activations\":%d, \"separate_step\":%d, \"ms_per_step\":%.3f, \"tokens_per_s\":%.1f, \"gflops\":%.3f, \"sgemm_fraction\":%.4f, "
            "\"sgemm_gflops\":%.3f, \"sgemm_fraction_best_before\":%.4f, \"sgemm_gflops_best_before\":%.3f, ",
            c->name, threads, cg_precision_name(cg_default_precision()), (long long)c->batch, (long long)c->t,
-           opts.checkpoint, med * 1e3, tokens / med, gflops, gflops / sgemm, sgemm, gflops / sgemm_best, sgemm_best);
+           opts.checkpoint, opts.separate_step, med * 1e3, tokens / med, gflops, gflops / sgemm, sgemm, gflops / sgemm_best, sgemm_best);
     if (bf16) {
         char amx[32] = "null"; /* no AMX: JSON has no NaN */
         if (isfinite(cg_bf16_amx_ratio())) snprintf(amx, sizeof amx, "%.3f", cg_bf16_amx_ratio());
@@ -549,6 +552,7 @@ int cmd_bench(int argc, char **argv) {
     opts.warmup = ok_args ? (int)cli_int(&a, "--warmup", 1) : 0;
     const bool gen = ok_args && cli_has(&a, "--gen");
     opts.checkpoint = ok_args && cli_has(&a, "--checkpoint-activations");
+    opts.separate_step = ok_args && cli_has(&a, "--separate-step");
     opts.batch = ok_args ? cli_int(&a, "--batch", 0) : 0;
     opts.t = ok_args ? cli_int(&a, "--context", 0) : 0;
     if (!ok_args) {
@@ -577,7 +581,8 @@ int cmd_bench(int argc, char **argv) {
            cg_precision_name(cg_default_precision()));
     printf("# %s\n", cg_runtime_info());
     if (cg_default_precision() == CG_BF16) cli_print_bf16_kernel("# ");
-    printf("# step = zero grads + forward + loss + backward + AdamW update; dropout 0; random token data%s\n",
+    printf("# step = zero grads + forward + loss + backward + AdamW update (%s); dropout 0; random token data%s\n",
+           opts.separate_step ? "a separate step after backward" : "each parameter's inside backward, once its gradient is final",
            opts.checkpoint ? "; activations checkpointed per block (backward recomputes them)" : "");
     printf("# model FLOPs/step = (6*N + 12*d*sum_attn(keys)) * tokens  (nanoGPT estimate_mfu: 6N + 12*L*H*Q*T per token)\n"
            "#   N = parameters used in matmuls (position/segment tables and untied input embeddings excluded),\n"

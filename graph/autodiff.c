@@ -171,6 +171,30 @@ bool cgi_grads_alias(const cg_tensor *a, const cg_tensor *b) {
     return offset_reachable(b->offset - a->offset, 0, nd, st, lo, hi, rlo, rhi, &budget);
 }
 
+/* Remakes the values node i's backward reads that forward let die (cgi_plan's regen): each
+ * before its first backward reader, swapped into data until the pass ends. */
+static void regen_for(cg_tensor *t, int i) {
+    for (int k = -1; k < t->nsrc; k++) {
+        cg_tensor *r = k < 0 ? t : t->src[k]->root;
+        if (!r->regen || r->regen_live || (k < 0 ? !cgi_bwd_reads_out(t) : i > r->regen_at)) continue;
+        void *p = r->data;
+        r->data = r->alt_data, r->alt_data = p;
+        r->regen_live = true;
+        cgi_regen(r);
+    }
+}
+
+/* Puts forward's buffers back in place of the remade values. */
+static void regen_restore(cg_graph *g) {
+    for (int i = 0; i < g->n; i++) {
+        cg_tensor *r = g->nodes[i];
+        if (!r->regen_live) continue;
+        void *p = r->data;
+        r->data = r->alt_data, r->alt_data = p;
+        r->regen_live = false;
+    }
+}
+
 static bool runs_backward(const cg_tensor *t) { return t->mark && t->requires_grad && cgi_ops[t->op].backward; }
 
 /* For each parameter, the smallest id among the nodes whose rules add to its gradient: the sweep
@@ -240,8 +264,12 @@ static cg_status backward_sweep(void *ctx) {
                 seg_lo = lo, seg_hi = i;
             }
         }
-        if (runs_backward(t)) backward_node(g, t, i);
+        if (runs_backward(t)) {
+            regen_for(t, i);
+            backward_node(g, t, i);
+        }
         if (g->bwd_status) { /* a custom rule failed: its message is the error; the gradients are partial */
+            regen_restore(g);
             if (seg_lo >= 0) cgi_ckpt_restore(g, seg_lo, seg_hi);
             g->ran_forward = false;
             if (team) cgi_team_run_end(2 * g->work);
@@ -264,9 +292,23 @@ static cg_status backward_sweep(void *ctx) {
             t->grad_epoch = g->epoch;
         }
     }
+    regen_restore(g);
     if (team) cgi_team_run_end(2 * g->work); /* backward does about twice forward's work */
     cgi_run_close(&run);
     return CG_OK;
+}
+
+/* Points the parameters whose gradients the plan holds (cg_optim_attach) at those buffers, each read
+ * as zero until its first write, and back at the set's own after the pass: the set's gradient
+ * block is never written, so its pages take no memory. */
+static void swap_param_grads(cg_graph *g, bool in) {
+    if (!g->param_grads_planned) return;
+    for (int j = 0; j < g->npgrad; j++) {
+        struct cgi_pgrad *e = &g->pgrad[j];
+        if (in) e->block_grad = e->p->grad, e->p->grad = e->grad;
+        else e->p->grad = e->block_grad;
+        e->p->grad_stale = true;
+    }
 }
 
 cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
@@ -287,6 +329,10 @@ cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
     if (!loss->requires_grad)
         return cgi_fail(CG_ERR_STATE, "[backward] loss depends on no trainable parameter or input");
     if (!g->planned || !g->ran_forward) return cgi_fail(CG_ERR_STATE, "[backward] run cg_graph_forward first");
+    if (g->param_grads_planned && !g->fused_backward)
+        return cgi_fail(CG_ERR_STATE, "[backward] the graph's parameter gradients live only inside a backward that "
+                        "updates the parameters (cg_optim_attach): run cg_optim_backward_step, or detach the optimizer");
+    swap_param_grads(g, true); /* before the views of the parameters take their gradients' addresses */
     cgi_resolve_views(g);
     g->epoch++;
 
@@ -300,9 +346,11 @@ cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
     }
     for (int i = loss->id; i >= 0; i--) { /* a gradient must not vanish into an op that has none */
         const cg_tensor *t = g->nodes[i];
-        if (t->mark && t->requires_grad && t->op == CGI_OP_CUSTOM && !cgi_custom_differentiable(t))
+        if (t->mark && t->requires_grad && t->op == CGI_OP_CUSTOM && !cgi_custom_differentiable(t)) {
+            swap_param_grads(g, false);
             return cgi_fail(CG_ERR_STATE, "[backward] custom op '%s'%s has no backward and no composite, so no gradient "
                             "can flow through it: give it one, or detach its inputs", cgi_op_name_of(t), cgi_shp(t));
+        }
     }
     if (g->ready_fn) ready_plan(g, loss);
     zero_once(loss);
@@ -310,6 +358,7 @@ cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
     g->bwd_status = CG_OK;
     const sweep_args sw = {g, loss};
     const cg_status s = cgi_run_in_team(g->work) ? cg_run_with_team(backward_sweep, (void *)&sw) : backward_sweep((void *)&sw);
+    swap_param_grads(g, false);
     /* Gradients took the memory of values that backward had finished reading, so another
      * backward needs a fresh forward. */
     g->ran_forward = false;

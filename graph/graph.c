@@ -202,6 +202,7 @@ void cg_graph_reset(cg_graph *g) {
     g->block = NULL;
     g->block_bytes = g->plan_bytes = 0;
     g->nseg = g->seg_open = 0;
+    g->npgrad = 0, g->pgrad = NULL;
 }
 
 cg_mode cg_graph_mode(const cg_graph *g) { return g ? g->mode : CG_EVAL; }

@@ -125,6 +125,10 @@ struct cg_tensor {
     int seg;           /* checkpoint segment built in (1, 2, ...; 0: none) */
     bool recompute;    /* planned: backward recomputes the value (into alt_data, aux into alt_aux) */
     void *alt_data, *alt_aux; /* the other of the forward and recompute buffers, swapped in and out */
+    bool regen;        /* planned: forward's value dies with its last forward reader, and backward remakes
+                        * it cheaply into alt_data before its first backward reader (cgi_regen_ok) */
+    bool regen_live;   /* during backward: the remade value is in data (swapped with alt_data) */
+    int regen_at;      /* planned: the node whose backward reads the value first */
     /* parameters with a low-rank adapter (optim/lora.c): value + lora_scale * lora_b @ lora_a */
     cg_tensor *lora_a, *lora_b;
     double lora_scale;
@@ -236,6 +240,12 @@ struct cg_graph {
     int seg_open_at;
     cg_grad_ready_fn ready_fn; /* told as each parameter's gradient becomes final in backward */
     void *ready_ctx;
+    /* cg_optim_attach: trainable parameters' gradients are buffers of the plan, alive from their first
+     * write to the update that consumes them inside backward (optim/optim.c) */
+    bool param_grads_planned;
+    bool fused_backward;     /* inside cg_optim_backward_step: backward may use those buffers */
+    int npgrad;              /* planned parameter gradients: the parameter, its plan buffer and the */
+    struct cgi_pgrad { cg_tensor *p; cg_real *grad, *block_grad; } *pgrad; /* set's own, swapped back after */
     /* gradient checks of a computed node: forward adds nudge_by to its element nudge_at (row-major)
      * right after computing it, and records the step the element really took */
     cg_tensor *nudge;
@@ -287,6 +297,13 @@ static inline const char *cgi_op_name_of(const cg_tensor *t) {
 
 /* Assigns storage to every value, gradient and scratch buffer of g by liveness (graph/plan.c). */
 cg_status cgi_plan(cg_graph *g);
+/* Whether backward can remake t's value from what it keeps for its own backward, bit for bit and
+ * for a small part of forward's cost (graph/plan.c). */
+bool cgi_regen_ok(const cg_tensor *t);
+/* Writes t's value again into t->data (cgi_regen_ok(t)). */
+void cgi_regen(cg_tensor *t);
+/* A fused linear + GELU's output again, from the product it keeps (ops/matmul.c). */
+void cgi_linear_act_regen(cg_tensor *t);
 
 /* ---- gradient checkpointing (graph/checkpoint.c) ---- */
 /* Decides which nodes backward recomputes (t->recompute), from each node's kept flag and its

@@ -314,23 +314,110 @@ static cg_status widen_params(cg_graph *g) {
     return CG_OK;
 }
 
+/* With the optimizer inside backward (cg_optim_attach), each trainable parameter's gradient is a
+ * buffer of the plan: born at the backward of its last reader in build order (the first rule to
+ * write it) and dead after the backward of its first, where its gradient is final and the update
+ * consumes it. Only the parameters of the layers backward is passing through hold a gradient, not
+ * all of them from backward's start to the optimizer step. ready_at serves as each parameter's
+ * index while the list is made (a backward with a ready callback sets it again). */
+static cg_status plan_param_grads(cg_graph *g, const int64_t *bt, buffer *bufs, int *nb) {
+    buffer *pb = bufs + *nb;
+    int np = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int64_t c = 0; c < g->n; c++) {
+            const cg_tensor *t = g->nodes[c];
+            if (!t->requires_grad || cgi_ops[t->op].kind != CGI_KIND_COMPUTE) continue;
+            for (int k = 0; k < t->nsrc; k++) {
+                cg_tensor *p = t->src[k]->root;
+                if (p->op != CGI_OP_PARAM || !t->src[k]->requires_grad || !p->grad) continue;
+                if (pass == 0) {
+                    p->ready_at = -1;
+                } else if (p->ready_at < 0) { /* its first reader: a new buffer */
+                    p->ready_at = np;
+                    pb[np++] = (buffer){bt[c], bt[c], round_up((size_t)cgi_numel(p->ndim, p->shape) * sizeof(cg_real)),
+                                        0, NULL, p, 'g'};
+                } else {
+                    buffer *b = &pb[p->ready_at];
+                    if (bt[c] < b->birth) b->birth = bt[c];
+                    if (bt[c] > b->death) b->death = bt[c];
+                }
+            }
+        }
+    g->pgrad = np ? cgi_arena_alloc(&g->meta, (size_t)np * sizeof *g->pgrad) : NULL;
+    if (np && !g->pgrad) return cgi_fail(CG_ERR_NOMEM, "[plan] out of memory for %d parameter gradients", np);
+    for (int j = 0; j < np; j++) {
+        cg_tensor *p = (cg_tensor *)pb[j].node;
+        g->pgrad[j] = (struct cgi_pgrad){p, NULL, NULL};
+        pb[j].target = (void **)&g->pgrad[j].grad;
+        p->ready_at = -1;
+    }
+    g->npgrad = np;
+    *nb += np;
+    return CG_OK;
+}
+
+/* A fused linear + GELU remakes its output from the product it keeps, one elementwise pass; a layer
+ * norm runs its forward again, one pass over its input, which its own backward keeps. In a float
+ * graph only (bf16 stores these values at half size instead). */
+bool cgi_regen_ok(const cg_tensor *t) {
+    if (t->graph->precision == CG_BF16 || t->dtype != CG_REAL || t->lp_value || t->lp_shadowed) return false;
+    return (t->op == CGI_OP_LINEAR_ACT && t->iarg[0] != CGI_ACT_RELU) || t->op == CGI_OP_LAYERNORM;
+}
+
+void cgi_regen(cg_tensor *t) {
+    if (t->op == CGI_OP_LINEAR_ACT) cgi_linear_act_regen(t);
+    else cgi_ops[t->op].forward(t); /* a layer norm: also rewrites its statistics, to the same bits */
+}
+
+/* Values backward can remake from what their own backward keeps (cgi_regen_ok) live only through
+ * forward; backward remakes each into a buffer of its own before its first backward reader
+ * (graph/autodiff.c). Not under checkpointing (whose recompute has the same buffer), nor for a
+ * value read through a view or read after the run. CGRAD_REGEN=0 keeps them all, to compare. */
+static void decide_regen(cg_graph *g) {
+    const char *env = getenv("CGRAD_REGEN");
+    const bool on = !g->checkpointing && !(env && !strcmp(env, "0"));
+    for (int64_t i = 0; i < g->n; i++) {
+        cg_tensor *t = g->nodes[i];
+        t->regen = on && t->root == t && !t->kept && t->requires_grad && cgi_regen_ok(t);
+        t->regen_live = false;
+        t->regen_at = -1;
+    }
+    for (int64_t i = 0; i < g->n; i++)
+        if (g->nodes[i]->root != g->nodes[i]) g->nodes[i]->root->regen = false;
+    /* a remake reads inputs' values as forward did (a fused GELU only its bias): not remade ones */
+    for (int64_t i = 0; i < g->n; i++) {
+        cg_tensor *t = g->nodes[i];
+        for (int k = t->op == CGI_OP_LINEAR_ACT ? 2 : 0; t->regen && k < t->nsrc; k++) t->regen = !t->src[k]->root->regen;
+    }
+}
+
+/* Node c, whose backward at time back reads r's remade value: the buffer's life, and the first reader. */
+static void regen_reader(cg_tensor *r, int64_t c, int64_t back, int64_t *rbirth, int64_t *rdeath) {
+    if (back < rbirth[r->id]) rbirth[r->id] = back, r->regen_at = (int)c;
+    if (back > rdeath[r->id]) rdeath[r->id] = back;
+}
+
 cg_status cgi_plan(cg_graph *g) {
     cg_status wst = widen_params(g);
     if (wst) return wst;
+    g->npgrad = 0, g->pgrad = NULL;
     const int64_t n = g->n, n1 = n ? n : 1;
     int64_t *vdeath = malloc((size_t)n1 * sizeof *vdeath);
-    int64_t *rdeath = malloc((size_t)n1 * sizeof *rdeath);
+    int64_t *rdeath = malloc((size_t)n1 * sizeof *rdeath), *rbirth = malloc((size_t)n1 * sizeof *rbirth);
     int64_t *gbirth = malloc((size_t)n1 * sizeof *gbirth);
     int64_t *bt = malloc((size_t)n1 * sizeof *bt), *rt = malloc((size_t)n1 * sizeof *rt);
     int64_t *sdeath = malloc((size_t)n1 * sizeof *sdeath);
     int64_t *gown = malloc((size_t)n1 * sizeof *gown), *gdeath = malloc((size_t)n1 * sizeof *gdeath);
-    buffer *bufs = malloc((size_t)(10 * n + 1) * sizeof *bufs);
-    buffer **order = malloc((size_t)(10 * n + 1) * sizeof *order);
+    int64_t nsrc_all = 0; /* bounds the parameters the plan may give a gradient buffer */
+    for (int64_t c = 0; c < n; c++) nsrc_all += g->nodes[c]->nsrc;
+    const size_t nbuf_max = (size_t)(10 * n + nsrc_all + 1);
+    buffer *bufs = malloc(nbuf_max * sizeof *bufs);
+    buffer **order = malloc(nbuf_max * sizeof *order);
     bool *consumed = malloc((size_t)n1 * sizeof *consumed);
-    span *used = malloc((size_t)(10 * n + 1) * sizeof *used);
+    span *used = malloc(nbuf_max * sizeof *used);
     cg_status st = CG_OK;
     int *consumers = NULL, *sole = NULL;
-    if (!vdeath || !rdeath || !sdeath || !gbirth || !bt || !rt || !bufs || !order || !consumed || !used || !gown || !gdeath) {
+    if (!vdeath || !rdeath || !rbirth || !sdeath || !gbirth || !bt || !rt || !bufs || !order || !consumed || !used || !gown || !gdeath) {
         st = cgi_fail(CG_ERR_NOMEM, "[plan] out of memory for %lld nodes", (long long)n);
         goto done;
     }
@@ -370,10 +457,11 @@ cg_status cgi_plan(cg_graph *g) {
     /* Checkpoint segments add a recompute to the time axis; without them node i's backward is at 2n-1-i. */
     cgi_ckpt_decide(g, consumers, sole);
     const int64_t end = cgi_ckpt_timeline(g, bt, rt);
+    decide_regen(g);
     for (int64_t i = 0; i < n; i++) {
         vdeath[i] = sdeath[i] = i;
         rdeath[i] = rt[i];
-        gbirth[i] = INT64_MAX;
+        rbirth[i] = gbirth[i] = INT64_MAX;
     }
 #define LIVE_TO(arr, i, tm) do { if ((arr)[i] < (tm)) (arr)[i] = (tm); } while (0)
     for (int64_t c = 0; c < n; c++) {
@@ -388,14 +476,21 @@ cg_status cgi_plan(cg_graph *g) {
             LIVE_TO(vdeath, r->id, c);
             if (t->recompute) LIVE_TO(late, r->id, rt[c]);
             /* a linear's backward reads a shadowed input's bf16 copy, not its float value */
-            if (t->requires_grad && k < 32 && (cgi_bwd_reads(t) & (1u << k)))
-                LIVE_TO(r->lp_shadowed && cgi_is_linear(t) && k == 0 ? sdeath : late, r->id, back);
+            if (t->requires_grad && k < 32 && (cgi_bwd_reads(t) & (1u << k))) {
+                if (r->regen) regen_reader(r, c, back, rbirth, rdeath);
+                else LIVE_TO(r->lp_shadowed && cgi_is_linear(t) && k == 0 ? sdeath : late, r->id, back);
+            }
             if (t->requires_grad && t->src[k]->requires_grad && d->kind == CGI_KIND_COMPUTE && gbirth[r->id] > back)
                 gbirth[r->id] = back;
         }
-        if (t->requires_grad && cgi_bwd_reads_out(t)) LIVE_TO(t->recompute ? rdeath : vdeath, c, back);
+        if (t->requires_grad && cgi_bwd_reads_out(t)) {
+            if (t->regen) regen_reader(t, c, back, rbirth, rdeath);
+            else LIVE_TO(t->recompute ? rdeath : vdeath, c, back);
+        }
     }
 #undef LIVE_TO
+    for (int64_t i = 0; i < n; i++) /* nothing reads it in backward: forward's value is all there is */
+        if (g->nodes[i]->regen && rbirth[i] == INT64_MAX) g->nodes[i]->regen = false;
     for (int64_t i = 0; i < n; i++) {
         cg_tensor *t = g->nodes[i];
         gown[i] = -1;
@@ -463,6 +558,8 @@ cg_status cgi_plan(cg_graph *g) {
             /* a recomputed node's forward scratch is forward's alone; its recompute's serves backward */
             if (t->aux_bytes)
                 bufs[nb++] = (buffer){i, t->requires_grad && !t->recompute ? back : i, round_up(t->aux_bytes), 0, &t->aux, t, 'a'};
+            if (t->regen && rbirth[i] != INT64_MAX) /* the remade value, from its first backward reader to its last */
+                bufs[nb++] = (buffer){rbirth[i], rdeath[i], vbytes, 0, &t->alt_data, t, 'r'};
             if (t->recompute) {
                 bufs[nb++] = (buffer){rt[i], rdeath[i], vbytes, 0, &t->alt_data, t, 'r'};
                 if (t->aux_bytes)
@@ -484,6 +581,7 @@ cg_status cgi_plan(cg_graph *g) {
             memset(t->grad, 0, (size_t)cgi_numel(t->ndim, t->shape) * sizeof(cg_real)); /* read before any backward */
         }
     }
+    if (g->param_grads_planned && (st = plan_param_grads(g, bt, bufs, &nb))) goto done;
     /* CGRAD_PLAN_ALLOC=sweep or largest-first forces one placement, to compare them */
     const char *alloc = getenv("CGRAD_PLAN_ALLOC");
     const bool sweep_only = alloc && !strcmp(alloc, "sweep"), exact_only = alloc && !strcmp(alloc, "largest-first");
@@ -518,6 +616,7 @@ done:
     free(sole);
     free(vdeath);
     free(rdeath);
+    free(rbirth);
     free(sdeath);
     free(gbirth);
     free(gown);

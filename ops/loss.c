@@ -463,7 +463,10 @@ static void lce_scatter_dx(const lce *c, int64_t r0, int64_t m, cg_real scale) {
  * takes gradients, and a weight that takes none or is a parameter whose gradient is stale. */
 static bool lce_ahead(const lce *c) {
     const cg_tensor *t = c->t, *w = t->src[1];
-    if (!c->p || !t->requires_grad || c->n == 0 || t->graph->mode != CG_TRAIN) return false;
+    /* an attached optimizer's plan holds w's gradient only from backward on (param_grads_planned):
+     * during forward that memory belongs to other values */
+    if (!c->p || !t->requires_grad || c->n == 0 || t->graph->mode != CG_TRAIN || t->graph->param_grads_planned)
+        return false;
     return !w->requires_grad || (w->root == w && w->op == CGI_OP_PARAM && w->grad_stale && w->grad);
 }
 

@@ -409,6 +409,14 @@ cg_status cgi_fwd_linear_act(cg_tensor *t) {
     return CG_OK;
 }
 
+/* GELU's output again from the product forward keeps for backward: forward's own pass, so the
+ * same bits (cgi_regen). */
+void cgi_linear_act_regen(cg_tensor *t) {
+    const cg_tensor *bias = t->nsrc > 2 ? t->src[2] : NULL;
+    cgi_bias_gelu_fwd(t->aux, bias ? bias->data : NULL, t->data, rows_of(t->src[0]), t->src[1]->shape[0],
+                      t->iarg[0] == CGI_ACT_GELU_TANH);
+}
+
 /* ReLU's pre-activation gradient [m, n]: backward scratch after the bias sums and dW's (dw_scratch). */
 static cg_real *dpre_scratch(const cg_tensor *t) {
     const cg_tensor *x = t->src[0], *w = t->src[1], *bias = t->nsrc > 2 ? t->src[2] : NULL;

@@ -29,6 +29,9 @@ struct cg_optim {
     cg_real *m, *v;  /* moments for elements [lo, hi) of the blocks, or NULL */
     int64_t lo, hi;  /* the shard this optimizer updates: [0, span) unless cg_optim_shard */
     int64_t steps;
+    cg_graph *graph; /* cg_optim_attach: the graph whose backward applies the updates, or NULL */
+    bool *stepped;   /* per parameter, during cg_optim_backward_step: updated in this pass */
+    const struct coefs *pass; /* the pass's coefficients, while it runs */
 };
 
 /* ---- walking the blocks ---- */
@@ -156,6 +159,7 @@ nomem:
 
 void cg_optim_free(cg_optim *o) {
     if (!o) return;
+    free(o->stepped); /* an attached graph stays as it is: its backward refuses to run without the optimizer */
     free(o->decay);
     free(o->m);
     free(o->v);
@@ -216,7 +220,7 @@ int cg_optim_decay_matrices_only(cg_optim *o, bool decay_embeddings) {
 
 /* ---- the update ---- */
 
-typedef struct {
+typedef struct coefs {
     cg_real b1, a1, b2, a2; /* moment decays and their complements */
     cg_real keep;           /* AdamW: 1 - lr*wd */
     cg_real l2;             /* Adam/SGD: wd */
@@ -269,22 +273,31 @@ CGI_CLONES static void sgd_range(cg_real *restrict p, const cg_real *restrict g,
     }
 }
 
+/* Parameter i's update over elements [a, e) of the blocks, its gradient read from g (element a's). */
+static void update_range(cg_optim *o, int i, int64_t a, int64_t e, const cg_real *g, const coefs *k) {
+    cg_real *P = cg_params_values(o->ps), *M = o->m ? o->m - o->lo : NULL, *V = o->v ? o->v - o->lo : NULL;
+    const cg_optim_config *c = &o->cfg;
+    if (c->kind == CG_OPT_SGD) sgd_range(P + a, g, M ? M + a : NULL, e - a, k, c->nesterov, o->decay[i]);
+    else adam_range(P + a, g, M + a, V + a, e - a, k, c->kind == CG_OPT_ADAMW, o->decay[i]);
+}
+
 cg_status cg_optim_step(cg_optim *o, double lr) { return cg_optim_step_scaled(o, lr, 1.0); }
 
-cg_status cg_optim_step_scaled(cg_optim *o, double lr, double grad_scale) {
-    if (!o) return cgi_fail(CG_ERR_ARG, "[optim_step] optimizer is NULL");
-    if (!(lr >= 0 && isfinite(lr))) return cgi_fail(CG_ERR_ARG, "[optim_step] lr %g must be finite and >= 0", lr);
+/* The checks of a step (f names the caller) and its coefficients for the update count's next step. */
+static cg_status step_coefs(cg_optim *o, double lr, double grad_scale, const char *f, coefs *k) {
+    if (!o) return cgi_fail(CG_ERR_ARG, "%s optimizer is NULL", f);
+    if (!(lr >= 0 && isfinite(lr))) return cgi_fail(CG_ERR_ARG, "%s lr %g must be finite and >= 0", f, lr);
     if (!(grad_scale >= 0 && isfinite(grad_scale)))
-        return cgi_fail(CG_ERR_ARG, "[optim_step] grad_scale %g must be finite and >= 0", grad_scale);
+        return cgi_fail(CG_ERR_ARG, "%s grad_scale %g must be finite and >= 0", f, grad_scale);
     cg_params *ps = o->ps;
     if (cg_params_count(ps) != o->n || cg_params_span(ps) != o->span)
         return cgi_fail(CG_ERR_STATE,
-                        "[optim_step] the set now has %d parameters (%lld elements) but the optimizer was "
-                        "made for %d (%lld): make the optimizer after adding every parameter",
+                        "%s the set now has %d parameters (%lld elements) but the optimizer was "
+                        "made for %d (%lld): make the optimizer after adding every parameter", f,
                         cg_params_count(ps), (long long)cg_params_span(ps), o->n, (long long)o->span);
     const cg_optim_config *c = &o->cfg;
     double t = (double)(o->steps + 1);
-    coefs k = {
+    *k = (coefs){
         .b1 = (cg_real)c->beta1, .a1 = (cg_real)(1 - c->beta1),
         .b2 = (cg_real)c->beta2, .a2 = (cg_real)(1 - c->beta2),
         .keep = (cg_real)(1 - lr * c->weight_decay), .l2 = (cg_real)c->weight_decay,
@@ -292,15 +305,23 @@ cg_status cg_optim_step_scaled(cg_optim *o, double lr, double grad_scale) {
         .gscale = (cg_real)grad_scale,
     };
     if (c->kind != CG_OPT_SGD) {
-        k.bc2_sqrt = (cg_real)sqrt(1 - pow(c->beta2, t));
-        k.neg_step = (cg_real)(-(lr / (1 - pow(c->beta1, t))));
+        k->bc2_sqrt = (cg_real)sqrt(1 - pow(c->beta2, t));
+        k->neg_step = (cg_real)(-(lr / (1 - pow(c->beta1, t))));
     }
-    /* moments start at the shard: M + a - lo is element a's */
+    return CG_OK;
+}
+
+cg_status cg_optim_step_scaled(cg_optim *o, double lr, double grad_scale) {
+    coefs k;
+    cg_status st = step_coefs(o, lr, grad_scale, "[optim_step]", &k);
+    if (st) return st;
+    if (o->graph)
+        return cgi_fail(CG_ERR_STATE, "[optim_step] the optimizer is attached to a graph (cg_optim_attach), whose "
+                        "backward keeps no gradients: step with cg_optim_backward_step");
+    cg_params *ps = o->ps;
     cgi_params_settle(ps, 0, -1); /* unused parameters' gradients read as zero */
-    cg_real *P = cg_params_values(ps), *G = cgi_params_grads(ps), *M = o->m ? o->m - o->lo : NULL, *V = o->v ? o->v - o->lo : NULL;
-    const bool adamw = c->kind == CG_OPT_ADAMW, sgd = c->kind == CG_OPT_SGD;
+    const cg_real *G = cgi_params_grads(ps);
     const int n = o->n;
-    const bool *decay = o->decay;
     const int64_t base = o->lo, len = o->hi - o->lo;
 #pragma omp parallel for schedule(static) if (len > CGI_PAR_MIN) num_threads(cgi_nthreads())
     for (int ch = 0; ch < NCHUNK; ch++) {
@@ -308,13 +329,89 @@ cg_status cg_optim_step_scaled(cg_optim *o, double lr, double grad_scale) {
         chunk_bounds(len, ch, &lo, &hi);
         lo += base, hi += base;
         if (lo >= hi) continue;
-        FOR_RANGES(ps, n, lo, hi, {
-            if (sgd) sgd_range(P + a, G + a, M ? M + a : NULL, e - a, &k, c->nesterov, decay[i]);
-            else adam_range(P + a, G + a, M + a, V + a, e - a, &k, adamw, decay[i]);
-        })
+        FOR_RANGES(ps, n, lo, hi, { update_range(o, i, a, e, G + a, &k); })
     }
     o->steps++;
     cgi_params_stepped(ps); /* the trainable weights' bf16 copies are remade once, at their next use */
+    return CG_OK;
+}
+
+/* ---- the update inside backward ---- */
+
+/* Parameter i's update in place over its own elements [lo, hi) of the block, its gradient a copy
+ * of its own (element lo's at g), in pieces on the run's threads: the same elementwise arithmetic
+ * as cg_optim_step's, so the same bits. */
+static void update_param(cg_optim *o, int i, int64_t lo, int64_t hi, const cg_real *g, const coefs *k) {
+    enum { PIECE = 1 << 16 }; /* a multiple of 16 elements: no cache line shared by two threads */
+    const int64_t pieces = (hi - lo + PIECE - 1) / PIECE;
+    CGI_PAR_FOR(hi - lo, for (int64_t q = 0; q < pieces; q++) {
+        const int64_t a = lo + q * PIECE, e = a + PIECE < hi ? a + PIECE : hi;
+        update_range(o, i, a, e, g + (a - lo), k);
+    });
+    o->stepped[i] = true;
+}
+
+/* The index of block parameter p in the set (offsets rise with the index), or -1. */
+static int param_index(cg_optim *o, const cg_tensor *p) {
+    const int i = first_param(o->ps, o->n, p->block_off);
+    return i < o->n && cg_params_at(o->ps, i) == p ? i : index_of(o, p);
+}
+
+/* Backward's report that p's gradient is final: its update, at once. */
+static void on_grad_ready(cg_tensor *p, void *ctx) {
+    cg_optim *o = ctx;
+    const int i = p->trainable && p->store == CGI_STORE_BLOCK ? param_index(o, p) : -1;
+    if (i < 0 || o->stepped[i]) return;
+    update_param(o, i, param_off(o->ps, i), param_off(o->ps, i) + param_len(o->ps, i), p->grad, o->pass);
+}
+
+cg_status cg_optim_attach(cg_optim *o, cg_graph *g) {
+    if (!o) return cgi_fail(CG_ERR_ARG, "[optim_attach] optimizer is NULL");
+    if (o->graph == g) return CG_OK;
+    if (g && g->mode != CG_TRAIN) return cgi_fail(CG_ERR_ARG, "[optim_attach] the graph was built in eval mode");
+    if (g && g->param_grads_planned)
+        return cgi_fail(CG_ERR_STATE, "[optim_attach] the graph has another optimizer attached");
+    if (g && (o->lo != 0 || o->hi != o->span))
+        return cgi_fail(CG_ERR_STATE, "[optim_attach] the optimizer is sharded ([%lld, %lld) of %lld elements): its "
+                        "updates wait for the gathered gradients", (long long)o->lo, (long long)o->hi, (long long)o->span);
+    if (g && !o->stepped && !(o->stepped = calloc((size_t)o->n, sizeof *o->stepped)))
+        return cgi_fail(CG_ERR_NOMEM, "[optim_attach] out of memory for %d parameters", o->n);
+    if (o->graph) /* the old graph plans its gradients as before, from its next forward */
+        o->graph->param_grads_planned = false, o->graph->planned = o->graph->ran_forward = false;
+    o->graph = g;
+    if (g) g->param_grads_planned = true, g->planned = g->ran_forward = false;
+    return CG_OK;
+}
+
+cg_status cg_optim_backward_step(cg_optim *o, cg_graph *g, cg_tensor *loss, double lr) {
+    coefs k;
+    cg_status st = step_coefs(o, lr, 1.0, "[optim_backward_step]", &k);
+    if (st) return st;
+    if (!g || o->graph != g)
+        return cgi_fail(CG_ERR_STATE, "[optim_backward_step] the optimizer is not attached to this graph: call "
+                        "cg_optim_attach before its first forward");
+    if (g->ready_fn)
+        return cgi_fail(CG_ERR_STATE, "[optim_backward_step] the graph reports its gradients elsewhere "
+                        "(cg_graph_on_grad_ready): their reduction must end before any update");
+    memset(o->stepped, 0, (size_t)o->n * sizeof *o->stepped);
+    o->pass = &k;
+    cg_graph_on_grad_ready(g, on_grad_ready, o);
+    g->fused_backward = true;
+    st = cg_graph_backward(g, loss);
+    g->fused_backward = false;
+    cg_graph_on_grad_ready(g, NULL, NULL);
+    o->pass = NULL;
+    if (st) return st;
+    /* parameters the loss does not reach are updated as cg_optim_step would, from a zero gradient */
+    for (int i = 0; i < o->n; i++) {
+        cg_tensor *p = cg_params_at(o->ps, i);
+        if (o->stepped[i] || !p->trainable || p->store != CGI_STORE_BLOCK) continue;
+        p->grad_stale = true;
+        cgi_param_settle(p);
+        update_param(o, i, param_off(o->ps, i), param_off(o->ps, i) + param_len(o->ps, i), p->grad, &k);
+    }
+    o->steps++;
+    cgi_params_stepped(o->ps); /* as cg_optim_step: only the trainable weights changed */
     return CG_OK;
 }
 

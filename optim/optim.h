@@ -64,6 +64,18 @@ cg_status cg_optim_step(cg_optim *o, double lr);
  * the gradients, which are left unscaled. Same bits as cg_grads_scale then cg_optim_step.
  * CG_ERR_ARG unless grad_scale is finite and >= 0. */
 cg_status cg_optim_step_scaled(cg_optim *o, double lr, double grad_scale);
+/* Makes g's backward apply this optimizer's update to each parameter as soon as its gradient is
+ * final (cg_optim_backward_step), so g's memory plan holds a parameter's gradient only from its
+ * first write to its update, not every gradient until a separate step. From then on g's backward
+ * runs only through cg_optim_backward_step, and cg_optim_step refuses. g replans at its next forward.
+ * NULL detaches. CG_ERR_STATE for a sharded optimizer or a graph with another optimizer attached. */
+cg_status cg_optim_attach(cg_optim *o, cg_graph *g);
+/* Backward of loss in g (attached with cg_optim_attach, after a forward) with the update at rate lr
+ * applied inside it: the parameters come out bit for bit as after cg_params_zero_grad, forward,
+ * cg_graph_backward and cg_optim_step(o, lr); no gradient is kept (cg_grad reads zero after it).
+ * Clipping by the global norm needs every gradient first, so it has no place here. If backward
+ * fails, the parameters it had reached are updated and the step count is not advanced. */
+cg_status cg_optim_backward_step(cg_optim *o, cg_graph *g, cg_tensor *loss, double lr);
 /* Number of updates done (or restored with cg_optim_set_steps). */
 int64_t cg_optim_steps(const cg_optim *o);
 /* Restores the update count from a checkpoint; CG_ERR_ARG if negative. */
