@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: MIT */
-/* Convolution and pooling over the last two axes of x[N, C, H, W]. One op does the work that
- * depends on the window: unfold (im2col), which lays every window out as a column, padded with a
- * given value. Convolution is then one matrix product of the weights with those columns (BLIS
- * through matmul, whose backward gives the weight's gradient, and the columns' gradient that
- * unfold folds back: col2im), pooling a max or mean over each column. conv1d is conv2d over a
- * [N, C, 1, L] view. Unfold's output is [N, C, kh, kw, OH, OW], the memory order of torch's
+/* Convolution over the last two axes of x[N, C, H, W]. One op does the work that depends on the
+ * window: unfold (im2col), which lays every window out as a column, padded with a given value.
+ * Convolution is then one matrix product of the weights with those columns (BLIS through matmul,
+ * whose backward gives the weight's gradient, and the columns' gradient that unfold folds back:
+ * col2im). conv1d is conv2d over a [N, C, 1, L] view. Pooling reads its windows in place
+ * (ops/pool.c). Unfold's output is [N, C, kh, kw, OH, OW], the memory order of torch's
  * F.unfold, whose [N, C*kh*kw, OH*OW] is a reshape of it. */
 #include <math.h>
 
@@ -179,37 +179,4 @@ cg_tensor *cg_conv1d(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias, c
     if (!x4 || !w4) return NULL;
     cg_tensor *y = conv(g, "conv1d", x4, w4, bias, &p, or_default(o.groups, 1), x, w);
     return y ? cg_squeeze(g, y, 2) : NULL;
-}
-
-/* Pooling: the window's columns of x, reduced by max (padding is -inf, never picked) or mean
- * (padding counts as 0 in the mean: torch's count_include_pad=True default). */
-static cg_tensor *pool(cg_graph *g, const char *op, cg_tensor *x, const int64_t *kernel, const int64_t *stride,
-                       const int64_t *padding, bool max) {
-    if (!cgi_inputs_ok(g, op, 1, &x)) return NULL;
-    if (!kernel) {
-        cgi_fail(CG_ERR_ARG, "[%s] x%s: kernel is NULL", op, cgi_shp(x));
-        return NULL;
-    }
-    unfold_params p = {{kernel[0], kernel[1]},
-                       {stride ? or_default(stride[0], kernel[0]) : kernel[0], stride ? or_default(stride[1], kernel[1]) : kernel[1]},
-                       {1, 1}, {padding ? padding[0] : 0, padding ? padding[1] : 0},
-                       {padding ? padding[0] : 0, padding ? padding[1] : 0}, max ? -INFINITY : 0};
-    for (int d = 0; d < 2; d++)
-        if (2 * p.pad_lo[d] > p.k[d]) { /* else a window could hold only padding */
-            cgi_fail(CG_ERR_ARG, "[%s] x%s: padding %lld is more than half the kernel %lld", op, cgi_shp(x),
-                     (long long)p.pad_lo[d], (long long)p.k[d]);
-            return NULL;
-        }
-    cg_tensor *cols = unfold_node(g, op, x, &p);
-    if (!cols) return NULL;
-    const int64_t s[5] = {cols->shape[0], cols->shape[1], p.k[0] * p.k[1], cols->shape[4], cols->shape[5]};
-    cols = cg_reshape(g, cols, 5, s);
-    return max ? cg_max(g, cols, 2, false) : cg_mean(g, cols, 2, false);
-}
-
-cg_tensor *cg_max_pool2d(cg_graph *g, cg_tensor *x, const int64_t *kernel, const int64_t *stride, const int64_t *padding) {
-    return pool(g, "max_pool2d", x, kernel, stride, padding, true);
-}
-cg_tensor *cg_avg_pool2d(cg_graph *g, cg_tensor *x, const int64_t *kernel, const int64_t *stride, const int64_t *padding) {
-    return pool(g, "avg_pool2d", x, kernel, stride, padding, false);
 }

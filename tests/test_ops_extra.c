@@ -356,6 +356,26 @@ static void test_conv_errors(void) {
     cg_graph_free(g);
 }
 
+/* torch's max_pool2d picks a window's first maximum, and a NaN over any number (the last NaN when
+ * there are several); all -inf gives -inf at the window's first element. Values and gradients
+ * from torch 1.13 (F.max_pool2d(x, 2, return_indices=True), backward of dy = 10, 20, 30, 40). */
+static void test_pool_ties(void) {
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    const double nan = NAN, inf = INFINITY;
+    cg_tensor *x = cg_requires_grad(real_in(g, 4, (int64_t[]){1, 1, 2, 8},
+                                            (double[]){1, 1, 2, 5, nan, 0, -inf, -inf, 1, 1, 2, 5, 3, nan, -inf, -inf}));
+    cg_tensor *y = cg_retain(cg_max_pool2d(g, x, (int64_t[]){2, 2}, NULL, NULL));
+    cg_tensor *dy = real_in(g, 4, (int64_t[]){1, 1, 1, 4}, (double[]){10, 20, 30, 40});
+    cg_tensor *loss = cg_sum_all(g, cg_mul(g, y, dy));
+    CHECK(y && !cg_graph_forward(g) && !cg_graph_backward(g, loss), "%s", cg_last_error());
+    CHECK(y && cg_data(y)[0] == 1 && cg_data(y)[1] == 5 && isnan(cg_data(y)[2]) && cg_data(y)[3] == -inf, "max_pool2d values");
+    cg_real dx[16];
+    CHECK(!cg_read_grad(x, dx), "%s", cg_last_error());
+    const double want[16] = {10, 0, 0, 20, 0, 0, 40, 0, 0, 0, 0, 0, 0, 30, 0, 0};
+    for (int i = 0; i < 16; i++) CHECK(dx[i] == want[i], "max_pool2d dx[%d] = %g, want %g", i, (double)dx[i], want[i]);
+    cg_graph_free(g);
+}
+
 int main(void) {
     test_compare();
     test_casts();
@@ -364,5 +384,6 @@ int main(void) {
     test_expand_bmm();
     test_against_torch();
     test_conv_errors();
+    test_pool_ties();
     TEST_END();
 }
