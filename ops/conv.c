@@ -9,11 +9,11 @@
 #include <math.h>
 
 #include "graph/internal.h"
+#include "ops/custom.h"
 #include "ops/ops.h"
 
 typedef struct {
     int64_t k[2], stride[2], dil[2], pad_lo[2], pad_hi[2]; /* height, width */
-    double pad_value;
 } unfold_params;
 
 /* The unfold node of x[N, C, H, W] (any strides) with the given window; NULL with a message
@@ -50,58 +50,104 @@ static inline int64_t window_row(const unfold_params *p, int64_t i, int64_t oh, 
     return r >= 0 && r < h ? r : -1;
 }
 
-/* Each output row (n, c, i, j) is one thread's. */
-cg_status cgi_fwd_unfold(cg_tensor *t) {
+/* The output columns [*a, *b) of window column j that read inside x's width w (the rest read the
+ * padding): col = ow * stride - pad + j * dil lies in [0, w). */
+static inline void inside_cols(const unfold_params *p, int64_t j, int64_t ow_n, int64_t w, int64_t *a, int64_t *b) {
+    const int64_t s = p->stride[1], first = j * p->dil[1] - p->pad_lo[1]; /* col of ow = 0 */
+    int64_t lo = first >= 0 ? 0 : (-first + s - 1) / s, hi = first >= w ? 0 : (w - 1 - first) / s + 1;
+    if (hi > ow_n) hi = ow_n;
+    if (lo > hi) lo = hi;
+    *a = lo, *b = hi;
+}
+
+/* Rows [lo, hi) of the unfold (each row one (n, c, i, j)): whole output rows (oh) of the window's
+ * reads, the padding filled and the inside copied, contiguous when x's width stride and the
+ * stride are 1 (the usual 3 x 3 "same" convolution). */
+static void unfold_rows(int64_t lo, int64_t hi, void *ctx) {
+    const cg_tensor *t = ctx, *x = t->src[0];
     const unfold_params *p = t->params;
-    const cg_tensor *x = t->src[0];
-    const int64_t N = t->shape[0], C = t->shape[1], KH = t->shape[2], KW = t->shape[3], OH = t->shape[4],
-                  OW = t->shape[5], H = x->shape[2], W = x->shape[3];
+    const int64_t C = t->shape[1], KH = t->shape[2], KW = t->shape[3], OH = t->shape[4], OW = t->shape[5],
+                  H = x->shape[2], W = x->shape[3], sw = p->stride[1];
     const int64_t *xs = x->stride;
-    const cg_real *X = x->data, pad = (cg_real)p->pad_value;
-    cg_real *Y = t->data;
-    CGI_PAR_FOR(N * C * KH * KW * OH * OW,
-    for (int64_t row = 0; row < N * C * KH * KW; row++) {
+    const cg_real *X = x->data;
+    for (int64_t row = lo; row < hi; row++) {
         const int64_t j = row % KW, i = row / KW % KH, c = row / (KW * KH) % C, n = row / (KW * KH * C);
         const cg_real *xc = X + n * xs[0] + c * xs[1];
-        cg_real *y = Y + row * OH * OW;
-        for (int64_t oh = 0; oh < OH; oh++) {
+        cg_real *y = (cg_real *)t->data + row * OH * OW;
+        int64_t a, b;
+        inside_cols(p, j, OW, W, &a, &b);
+        const int64_t col0 = j * p->dil[1] - p->pad_lo[1]; /* col of ow = 0 */
+        for (int64_t oh = 0; oh < OH; oh++, y += OW) {
             const int64_t r = window_row(p, i, oh, H);
-            for (int64_t ow = 0; ow < OW; ow++) {
-                const int64_t col = ow * p->stride[1] - p->pad_lo[1] + j * p->dil[1];
-                y[oh * OW + ow] = r >= 0 && col >= 0 && col < W ? xc[r * xs[2] + col * xs[3]] : pad;
+            if (r < 0) {
+                for (int64_t ow = 0; ow < OW; ow++) y[ow] = 0;
+                continue;
             }
+            const cg_real *xr = xc + r * xs[2] + col0 * xs[3];
+            for (int64_t ow = 0; ow < a; ow++) y[ow] = 0;
+            if (sw * xs[3] == 1)
+                for (int64_t ow = a; ow < b; ow++) y[ow] = xr[ow];
+            else
+                for (int64_t ow = a; ow < b; ow++) y[ow] = xr[ow * sw * xs[3]];
+            for (int64_t ow = b; ow < OW; ow++) y[ow] = 0;
         }
-    });
+    }
+}
+
+/* Rows per piece of work: at least ~16k elements, so a piece outweighs handing it to a thread. */
+static int64_t grain_of(int64_t per_item) { return per_item >= 16384 ? 1 : 16384 / (per_item > 0 ? per_item : 1); }
+
+cg_status cgi_fwd_unfold(cg_tensor *t) {
+    const int64_t rows = t->shape[0] * t->shape[1] * t->shape[2] * t->shape[3];
+    cg_parallel_for(rows, grain_of(t->shape[4] * t->shape[5]), unfold_rows, t);
     return CG_OK;
 }
 
-/* col2im: each (n, c) plane of x's gradient is one thread's and sums its windows in a fixed
+/* col2im of planes [lo, hi) of x's gradient (each (n, c)): a plane sums its windows in a fixed
  * order, so overlapping windows add up the same way on any thread count. */
-void cgi_bwd_unfold(cg_tensor *t) {
+typedef struct {
+    const cg_tensor *t;
+    bool assign; /* this pass writes x's gradient first (cgi_grad_begin): each plane is zeroed here, in cache */
+} fold_pass;
+
+static void fold_planes(int64_t lo, int64_t hi, void *ctx) {
+    const fold_pass *fp = ctx;
+    const cg_tensor *t = fp->t;
     cg_tensor *x = t->src[0];
-    if (!x->requires_grad) return;
     const unfold_params *p = t->params;
-    const int64_t N = t->shape[0], C = t->shape[1], KH = t->shape[2], KW = t->shape[3], OH = t->shape[4],
-                  OW = t->shape[5], H = x->shape[2], W = x->shape[3];
+    const int64_t C = t->shape[1], KH = t->shape[2], KW = t->shape[3], OH = t->shape[4], OW = t->shape[5],
+                  H = x->shape[2], W = x->shape[3], sw = p->stride[1];
     const int64_t *xs = x->stride;
-    const cg_real *DY = t->grad;
-    cg_real *DX = x->grad;
-    CGI_PAR_FOR(N * C * KH * KW * OH * OW,
-    for (int64_t plane = 0; plane < N * C; plane++) {
-        cg_real *dx = DX + plane / C * xs[0] + plane % C * xs[1];
+    for (int64_t plane = lo; plane < hi; plane++) {
+        cg_real *dx = x->grad + plane / C * xs[0] + plane % C * xs[1];
+        if (fp->assign)
+            for (int64_t r = 0; r < H; r++)
+                for (int64_t c = 0; c < W; c++) dx[r * xs[2] + c * xs[3]] = 0;
         for (int64_t ij = 0; ij < KH * KW; ij++) {
-            const int64_t i = ij / KW, j = ij % KW;
-            const cg_real *dy = DY + (plane * KH * KW + ij) * OH * OW;
+            const int64_t i = ij / KW, j = ij % KW, col0 = j * p->dil[1] - p->pad_lo[1];
+            const cg_real *dy = (const cg_real *)t->grad + (plane * KH * KW + ij) * OH * OW;
+            int64_t a, b;
+            inside_cols(p, j, OW, W, &a, &b);
             for (int64_t oh = 0; oh < OH; oh++) {
                 const int64_t r = window_row(p, i, oh, H);
                 if (r < 0) continue;
-                for (int64_t ow = 0; ow < OW; ow++) {
-                    const int64_t col = ow * p->stride[1] - p->pad_lo[1] + j * p->dil[1];
-                    if (col >= 0 && col < W) dx[r * xs[2] + col * xs[3]] += dy[oh * OW + ow];
-                }
+                cg_real *dr = dx + r * xs[2] + col0 * xs[3];
+                const cg_real *d = dy + oh * OW;
+                if (sw * xs[3] == 1)
+                    for (int64_t ow = a; ow < b; ow++) dr[ow] += d[ow];
+                else
+                    for (int64_t ow = a; ow < b; ow++) dr[ow * sw * xs[3]] += d[ow];
             }
         }
-    });
+    }
+}
+
+void cgi_bwd_unfold(cg_tensor *t) {
+    cg_tensor *x = t->src[0];
+    if (!x->requires_grad) return;
+    const int64_t planes = t->shape[0] * t->shape[1];
+    fold_pass fp = {t, cgi_grad_begin(x)};
+    cg_parallel_for(planes, grain_of(t->shape[2] * t->shape[3] * t->shape[4] * t->shape[5]), fold_planes, &fp);
 }
 
 static inline int64_t or_default(int64_t v, int64_t d) { return v ? v : d; }
@@ -110,7 +156,7 @@ cg_tensor *cg_unfold(cg_graph *g, cg_tensor *x, int64_t kh, int64_t kw, const cg
     const cg_conv_opts o = opts ? *opts : (cg_conv_opts){0};
     unfold_params p = {{kh, kw}, {or_default(o.stride[0], 1), or_default(o.stride[1], 1)},
                        {or_default(o.dilation[0], 1), or_default(o.dilation[1], 1)},
-                       {o.padding[0], o.padding[1]}, {o.padding[0], o.padding[1]}, 0};
+                       {o.padding[0], o.padding[1]}, {o.padding[0], o.padding[1]}};
     cg_tensor *t = unfold_node(g, "unfold", x, &p);
     if (!t) return NULL;
     const int64_t s[3] = {t->shape[0], t->shape[1] * kh * kw, t->shape[4] * t->shape[5]};
@@ -159,7 +205,7 @@ cg_tensor *cg_conv2d(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias, c
     }
     unfold_params p = {{w->shape[2], w->shape[3]}, {or_default(o.stride[0], 1), or_default(o.stride[1], 1)},
                        {or_default(o.dilation[0], 1), or_default(o.dilation[1], 1)},
-                       {o.padding[0], o.padding[1]}, {o.padding[0], o.padding[1]}, 0};
+                       {o.padding[0], o.padding[1]}, {o.padding[0], o.padding[1]}};
     return conv(g, "conv2d", x, w, bias, &p, or_default(o.groups, 1), x, w);
 }
 
@@ -173,7 +219,7 @@ cg_tensor *cg_conv1d(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias, c
         return NULL;
     }
     const int64_t lo = o.causal ? dil * (k - 1) : o.padding[0], hi = o.causal ? 0 : o.padding[0];
-    unfold_params p = {{1, k}, {1, or_default(o.stride[0], 1)}, {1, dil}, {0, lo}, {0, hi}, 0};
+    unfold_params p = {{1, k}, {1, or_default(o.stride[0], 1)}, {1, dil}, {0, lo}, {0, hi}};
     const int64_t ws[4] = {w->shape[0], w->shape[1], 1, k};
     cg_tensor *x4 = cg_unsqueeze(g, x, 2), *w4 = cg_reshape(g, w, 4, ws);
     if (!x4 || !w4) return NULL;
