@@ -502,6 +502,14 @@ static cg_tensor *max_pool_overlap(ctx *c) {
         for (int64_t i = 0; i < 120; i++) cg_data(x)[i] = (cg_real)(-3.0 + 0.05 * (double)((i * 37) % 120));
     return cg_max_pool2d(G, cg_transpose(G, x, 2, 3), (int64_t[]){3, 2}, (int64_t[]){1, 1}, (int64_t[]){1, 0});
 }
+/* x stored [N, H, W, C] and seen as [N, C, H, W] (a convolution's output): the channels-last path */
+static cg_tensor *max_pool_last(ctx *c) {
+    cg_tensor *x = X4(2, 4, 5, 3);
+    if (x && !c->pool) /* 120 values 0.05 apart, shuffled (see max_pool_overlap) */
+        for (int64_t i = 0; i < 120; i++) cg_data(x)[i] = (cg_real)(-3.0 + 0.05 * (double)((i * 53) % 120));
+    return cg_max_pool2d(G, cg_permute(G, x, (const int[]){0, 3, 1, 2}), (int64_t[]){2, 2}, (int64_t[]){1, 2},
+                         (int64_t[]){1, 1});
+}
 static cg_tensor *avg_pool_overlap(ctx *c) {
     return cg_avg_pool2d(G, cg_transpose(G, X4(2, 3, 4, 5), 2, 3), (int64_t[]){2, 3}, (int64_t[]){1, 2}, (int64_t[]){1, 1});
 }
@@ -721,6 +729,7 @@ static const check_case cases[] = {
     {"segment_linear", "x[5,4] w[3,3,4] ends {2,2,4}", segment_linear_},
     {"max_pool2d", "[2,3,5,4]^T 3x2 s1 p1,0 overlapping", max_pool_overlap},
     {"avg_pool2d", "[2,3,5,4]^T 2x3 s1,2 p1", avg_pool_overlap},
+    {"max_pool2d", "[2,3,4,5] NHWC 2x2 s1,2 p1", max_pool_last},
 };
 
 int cg_gradcheck_ops(FILE *out, double tol, const char *filter) {

@@ -271,13 +271,88 @@ static void run_planes(cg_tensor *t, bool backward, void (*body)(int64_t, int64_
     cg_parallel_for(x->shape[0] * x->shape[1], plane_grain(x), body, &pp);
 }
 
+/* ---- max pooling of a channels-last x (stride 1 along C: a convolution's NHWC product seen as
+ * NCHW), a window at a time across all channels, an image a piece ---- */
+
+enum { LAST_MAX_C = 1024 }; /* channels kept on the stack; more go plane by plane */
+
+/* 1 when v replaces the running maximum m (greater, or NaN): a sum, since GCC vectorises selects
+ * on it but not on (v > m) | (v != v). */
+#define TAKES(v, m) ((int32_t)((v) > (m)) + (int32_t)((v) != (v)))
+
+static bool channels_last(const cg_tensor *x) { return x->stride[1] == 1 && x->shape[1] > 1 && x->shape[1] <= LAST_MAX_C; }
+
+static void max_fwd_images_last(int64_t lo, int64_t hi, void *ctx) {
+    const cg_tensor *t = ((const pool_pass *)ctx)->t;
+    const pool_geo q = geometry(t);
+    const int64_t C = q.C, P = q.OH * q.OW;
+    cg_real best[LAST_MAX_C];
+    int32_t place[LAST_MAX_C];
+    for (int64_t n = lo; n < hi; n++) {
+        const cg_real *xn = (const cg_real *)t->src[0]->data + n * q.xs[0];
+        for (int64_t oh = 0; oh < q.OH; oh++)
+            for (int64_t ow = 0; ow < q.OW; ow++) {
+                const int64_t h0 = oh * q.sh - q.ph, w0 = ow * q.sw - q.pw;
+                const int64_t hs = imax(h0, 0), he = imin(h0 + q.kh, q.H), ws = imax(w0, 0), we = imin(w0 + q.kw, q.W);
+                for (int64_t r = hs; r < he; r++)
+                    for (int64_t col = ws; col < we; col++) {
+                        const cg_real *v = xn + r * q.xs[2] + col * q.xs[3];
+                        const int32_t at = (int32_t)((r - h0) * q.kw + col - w0);
+                        if (r == hs && col == ws) {
+                            for (int64_t c = 0; c < C; c++) best[c] = v[c], place[c] = at;
+                            continue;
+                        }
+                        for (int64_t c = 0; c < C; c++) {
+                            const int32_t take = TAKES(v[c], best[c]);
+                            best[c] = take ? v[c] : best[c];
+                            place[c] = take ? at : place[c];
+                        }
+                    }
+                cg_real *y = (cg_real *)t->data + n * C * P + oh * q.OW + ow;
+                int32_t *a = (int32_t *)t->aux + n * C * P + oh * q.OW + ow;
+                for (int64_t c = 0; c < C; c++) y[c * P] = best[c], a[c * P] = place[c];
+            }
+    }
+}
+
+static void max_bwd_images_last(int64_t lo, int64_t hi, void *ctx) {
+    const pool_pass *pp = ctx;
+    const cg_tensor *t = pp->t;
+    const pool_geo q = geometry(t);
+    const int64_t C = q.C, P = q.OH * q.OW;
+    for (int64_t n = lo; n < hi; n++) {
+        cg_real *dxn = t->src[0]->grad + n * q.xs[0];
+        if (pp->assign)
+            for (int64_t c = 0; c < C; c++) zero_plane(dxn + c, &q);
+        const cg_real *dy = (const cg_real *)t->grad + n * C * P;
+        const int32_t *at = (const int32_t *)t->aux + n * C * P;
+        for (int64_t o = 0; o < P; o++) {
+            const int64_t h0 = o / q.OW * q.sh - q.ph, w0 = o % q.OW * q.sw - q.pw;
+            for (int64_t c = 0; c < C; c++) {
+                const int64_t i = at[c * P + o] / q.kw, j = at[c * P + o] % q.kw;
+                dxn[c + (h0 + i) * q.xs[2] + (w0 + j) * q.xs[3]] += dy[c * P + o];
+            }
+        }
+    }
+}
+
+static void run_images(cg_tensor *t, bool backward, void (*body)(int64_t, int64_t, void *)) {
+    cg_tensor *x = t->src[0];
+    pool_pass pp = {t, backward && cgi_grad_begin(x)};
+    const int64_t image = x->shape[1] * x->shape[2] * x->shape[3];
+    cg_parallel_for(x->shape[0], image >= 16384 ? 1 : 16384 / (image > 0 ? image : 1), body, &pp);
+}
+
 cg_status cgi_fwd_max_pool2d(cg_tensor *t) {
-    run_planes(t, false, max_fwd_planes);
+    if (channels_last(t->src[0])) run_images(t, false, max_fwd_images_last);
+    else run_planes(t, false, max_fwd_planes);
     return CG_OK;
 }
 
 void cgi_bwd_max_pool2d(cg_tensor *t) {
-    if (t->src[0]->requires_grad) run_planes(t, true, max_bwd_planes);
+    if (!t->src[0]->requires_grad) return;
+    if (channels_last(t->src[0])) run_images(t, true, max_bwd_images_last);
+    else run_planes(t, true, max_bwd_planes);
 }
 
 cg_status cgi_fwd_avg_pool2d(cg_tensor *t) {
