@@ -117,10 +117,10 @@ cg_tensor *cg_cnn_logits(cg_graph *g, const cg_cnn *m, cg_tensor *pixels) {
     const cg_cnn_config *c = &m->cfg;
     if (!cgi_image_input_ok(g, "cnn", pixels, c->num_channels, c->image_size)) return NULL;
     const int64_t b = cg_shape(pixels)[0], pool[2] = {2, 2};
-    const cg_conv_opts same = {.padding = {1, 1}};
+    const cg_conv_opts same_relu = {.padding = {1, 1}, .relu = true};
     cg_tensor *x = pixels;
     for (int64_t i = 0; i < c->n_layer; i++)
-        x = cg_max_pool2d(g, cg_relu(g, cg_conv2d(g, x, m->conv_w[i], m->conv_b[i], &same)), pool, NULL, NULL);
+        x = cg_max_pool2d(g, cg_conv2d(g, x, m->conv_w[i], m->conv_b[i], &same_relu), pool, NULL, NULL);
     x = cg_reshape(g, x, 2, (int64_t[]){b, m->flat});
     if (c->hidden > 0) x = cg_linear_relu(g, x, m->fc_w, m->fc_b);
     return cg_linear(g, cg_dropout(g, x, c->dropout), m->head_w, m->head_b);

@@ -494,6 +494,25 @@ static cg_tensor *max_pool_(ctx *c) {
                          (int64_t[]){1, 1});
 }
 static cg_tensor *avg_pool_(ctx *c) { return cg_avg_pool2d(G, X4(2, 2, 4, 5), (int64_t[]){3, 2}, (int64_t[]){1, 2}, (int64_t[]){1, 1}); }
+/* windows that overlap (stride below the kernel) on a transposed (strided) x; distinct values, so
+ * every window's maximum is unique and the finite differences see the same one */
+static cg_tensor *max_pool_overlap(ctx *c) {
+    cg_tensor *x = X4(2, 3, 4, 5);
+    if (x && !c->pool) /* 120 values 0.05 apart, shuffled: float32's step 0.01 never reorders a window */
+        for (int64_t i = 0; i < 120; i++) cg_data(x)[i] = (cg_real)(-3.0 + 0.05 * (double)((i * 37) % 120));
+    return cg_max_pool2d(G, cg_transpose(G, x, 2, 3), (int64_t[]){3, 2}, (int64_t[]){1, 1}, (int64_t[]){1, 0});
+}
+/* x stored [N, H, W, C] and seen as [N, C, H, W] (a convolution's output): the channels-last path */
+static cg_tensor *max_pool_last(ctx *c) {
+    cg_tensor *x = X4(2, 4, 5, 3);
+    if (x && !c->pool) /* 120 values 0.05 apart, shuffled (see max_pool_overlap) */
+        for (int64_t i = 0; i < 120; i++) cg_data(x)[i] = (cg_real)(-3.0 + 0.05 * (double)((i * 53) % 120));
+    return cg_max_pool2d(G, cg_permute(G, x, (const int[]){0, 3, 1, 2}), (int64_t[]){2, 2}, (int64_t[]){1, 2},
+                         (int64_t[]){1, 1});
+}
+static cg_tensor *avg_pool_overlap(ctx *c) {
+    return cg_avg_pool2d(G, cg_transpose(G, X4(2, 3, 4, 5), 2, 3), (int64_t[]){2, 3}, (int64_t[]){1, 2}, (int64_t[]){1, 1});
+}
 #undef G
 
 /* rows [0, 2) through w[0], none through w[1], [2, 4) through w[2], row 4 past the last end (0) */
@@ -711,11 +730,14 @@ static const check_case cases[] = {
     {"unfold", "conv1d [2,3,7] w[4,3,3] d2 causal", conv1d_causal},
     {"unfold", "conv1d [2,8,4]^T w[4,1,3] s2 p1 g4", conv1d_depthwise},
     {"unfold", "unfold [1,2,4,5] 2x3 s1,2 p1,0", unfold_},
-    {"unfold", "max_pool2d [1,1,4,4] 2x2 p1", max_pool_},
-    {"unfold", "avg_pool2d [2,2,4,5] 3x2 s1,2 p1", avg_pool_},
+    {"max_pool2d", "[1,1,4,4] 2x2 p1", max_pool_},
+    {"avg_pool2d", "[2,2,4,5] 3x2 s1,2 p1", avg_pool_},
     {"segment_linear", "x[5,4] w[3,3,4] ends {2,2,4}", segment_linear_},
     {"lora_linear", "x[2,3,5] w[4,5] a[2,5] b[4,2] s 1.5", lora_linear_},
     {"lora_linear", "x[3,5] w,a,b transposed views s -0.75", lora_linear_view},
+    {"max_pool2d", "[2,3,5,4]^T 3x2 s1 p1,0 overlapping", max_pool_overlap},
+    {"avg_pool2d", "[2,3,5,4]^T 2x3 s1,2 p1", avg_pool_overlap},
+    {"max_pool2d", "[2,3,4,5] NHWC 2x2 s1,2 p1", max_pool_last},
 };
 
 int cg_gradcheck_ops(FILE *out, double tol, const char *filter) {

@@ -324,6 +324,7 @@ typedef struct {
     int64_t dilation[2]; /* spacing of the kernel's taps (0: 1) */
     int64_t groups;      /* channels split into this many independent groups (0: 1); depthwise: groups = C */
     bool causal;         /* conv1d: pad dilation * (k - 1) zeros on the left only, so out[t] sees x up to t */
+    bool relu;           /* conv2d and conv1d: max(0, .) after the bias, fused into the product when groups is 1 */
 } cg_conv_opts;
 /* x[N, C, L] * w[O, C/groups, k] + bias[O] (may be NULL) -> [N, O, L'], as torch's conv1d (cross-correlation). */
 cg_tensor *cg_conv1d(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias, const cg_conv_opts *opts);

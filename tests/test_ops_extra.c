@@ -304,6 +304,67 @@ static void test_conv_errors(void) {
     cg_graph_free(g);
 }
 
+/* torch's max_pool2d picks a window's first maximum, and a NaN over any number (the last NaN when
+ * there are several); all -inf gives -inf at the window's first element. Values and gradients
+ * from torch 1.13 (F.max_pool2d(x, 2, return_indices=True), backward of dy = 10, 20, 30, 40). */
+static void test_pool_ties(void) {
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    const double nan = NAN, inf = INFINITY;
+    cg_tensor *x = cg_requires_grad(real_in(g, 4, (int64_t[]){1, 1, 2, 8},
+                                            (double[]){1, 1, 2, 5, nan, 0, -inf, -inf, 1, 1, 2, 5, 3, nan, -inf, -inf}));
+    cg_tensor *y = cg_retain(cg_max_pool2d(g, x, (int64_t[]){2, 2}, NULL, NULL));
+    cg_tensor *dy = real_in(g, 4, (int64_t[]){1, 1, 1, 4}, (double[]){10, 20, 30, 40});
+    cg_tensor *loss = cg_sum_all(g, cg_mul(g, y, dy));
+    CHECK(y && !cg_graph_forward(g) && !cg_graph_backward(g, loss), "%s", cg_last_error());
+    CHECK(y && cg_data(y)[0] == 1 && cg_data(y)[1] == 5 && isnan(cg_data(y)[2]) && cg_data(y)[3] == -inf, "max_pool2d values");
+    cg_real dx[16];
+    CHECK(!cg_read_grad(x, dx), "%s", cg_last_error());
+    const double want[16] = {10, 0, 0, 20, 0, 0, 40, 0, 0, 0, 0, 0, 0, 30, 0, 0};
+    for (int i = 0; i < 16; i++) CHECK(dx[i] == want[i], "max_pool2d dx[%d] = %g, want %g", i, (double)dx[i], want[i]);
+    cg_graph_free(g);
+}
+
+/* conv2d's fused ReLU (opts.relu) against relu(conv2d) on the same graph: values and every gradient
+ * bit for bit would be too strict (the fused op adds the bias inside the product), so within 1e-6. */
+static void test_conv_relu(void) {
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    cg_rng rng;
+    cg_rng_seed(&rng, 7);
+    cg_tensor *x = cg_requires_grad(cg_input(g, "x", CG_REAL, 4, (int64_t[]){2, 3, 6, 5}));
+    cg_tensor *w = cg_requires_grad(cg_input(g, "w", CG_REAL, 4, (int64_t[]){4, 3, 3, 3}));
+    cg_tensor *b = cg_requires_grad(cg_input(g, "b", CG_REAL, 1, (int64_t[]){4}));
+    cg_fill_uniform(x, &rng, -1, 1), cg_fill_uniform(w, &rng, -0.5, 0.5), cg_fill_uniform(b, &rng, -0.2, 0.2);
+    const cg_conv_opts plain = {.padding = {1, 1}, .stride = {1, 2}}, fused = {.padding = {1, 1}, .stride = {1, 2}, .relu = true};
+    cg_tensor *ref = cg_retain(cg_relu(g, cg_conv2d(g, x, w, b, &plain))), *y = cg_retain(cg_conv2d(g, x, w, b, &fused));
+    cg_tensor *r = cg_input(g, "r", CG_REAL, 4, cg_shape(y));
+    cg_fill_uniform(r, &rng, -1, 1);
+    cg_tensor *loss = cg_sub(g, cg_sum_all(g, cg_mul(g, y, r)), cg_sum_all(g, cg_mul(g, ref, cg_scale(g, r, 0.5))));
+    CHECK(y && ref && loss && !cg_graph_forward(g), "%s", cg_last_error());
+    cg_real yv[144], rv[144]; /* [2, 4, 6, 3] in logical order: y is a view of the product's NHWC result */
+    bool same = y && ref && cg_numel(y) == 144 && !cg_read(y, yv) && !cg_read(ref, rv);
+    for (int64_t i = 0; same && i < 144; i++) {
+        const double a = (double)yv[i], e = (double)rv[i];
+        if (!(fabs(a - e) <= 1e-6)) fprintf(stderr, "  y[%lld] %.9g, relu(conv2d) %.9g\n", (long long)i, a, e), same = false;
+    }
+    CHECK(same, "fused relu's values are relu(conv2d)'s");
+    /* loss = sum(y r) - sum(ref r) / 2: equal branches leave every input's gradient that of sum(y r) / 2,
+     * so comparing it with a graph of the plain branch alone checks the fused backward */
+    CHECK(!cg_graph_backward(g, loss), "%s", cg_last_error());
+    cg_real dw[108], dw_ref[108];
+    CHECK(!cg_read_grad(w, dw), "%s", cg_last_error());
+    cg_graph *h = cg_graph_new(CG_TRAIN);
+    cg_tensor *w2 = cg_requires_grad(cg_input(h, "w", CG_REAL, 4, (int64_t[]){4, 3, 3, 3}));
+    cg_tensor *x2 = cg_input(h, "x", CG_REAL, 4, (int64_t[]){2, 3, 6, 5}), *b2 = cg_input(h, "b", CG_REAL, 1, (int64_t[]){4});
+    cg_tensor *r2 = cg_input(h, "r", CG_REAL, 4, cg_shape(y));
+    memcpy(cg_data(w2), cg_data(w), sizeof dw), memcpy(cg_data(x2), cg_data(x), (size_t)cg_numel(x) * sizeof(cg_real));
+    memcpy(cg_data(b2), cg_data(b), 4 * sizeof(cg_real)), memcpy(cg_data(r2), cg_data(r), (size_t)cg_numel(y) * sizeof(cg_real));
+    cg_tensor *l2 = cg_scale(h, cg_sum_all(h, cg_mul(h, cg_relu(h, cg_conv2d(h, x2, w2, b2, &plain)), r2)), 0.5);
+    CHECK(l2 && !cg_graph_forward(h) && !cg_graph_backward(h, l2) && !cg_read_grad(w2, dw_ref), "%s", cg_last_error());
+    for (int i = 0; i < 108; i++) CHECK(fabs((double)dw[i] - (double)dw_ref[i]) <= 1e-5, "dw[%d] %g vs %g", i, (double)dw[i], (double)dw_ref[i]);
+    cg_graph_free(h);
+    cg_graph_free(g);
+}
+
 int main(void) {
     test_compare();
     test_casts();
@@ -312,5 +373,7 @@ int main(void) {
     test_expand_bmm();
     test_against_torch();
     test_conv_errors();
+    test_pool_ties();
+    test_conv_relu();
     TEST_END();
 }
