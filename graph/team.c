@@ -74,8 +74,8 @@ enum { FRESH = 3 }; /* gs.phase before the first span */
 static _Thread_local guard_state gs = GUARD_FRESH;
 
 static void guard_start(int mode) {
-    gs = mode == CGI_TEAM_GUARD_FALLBACK ? (guard_state){.phase = 1, .last_stall = -1000}
-                                         : (guard_state){.phase = 2, .hold = 1, .hold_len = HOLD_MIN, .last_stall = -1000};
+    if (mode == CGI_TEAM_GUARD_FALLBACK) gs = (guard_state){.phase = 1, .last_stall = -1000};
+    else gs = (guard_state){.phase = 2, .hold = 1, .hold_len = HOLD_MIN, .last_stall = -1000};
 }
 static _Thread_local team *my_team;   /* on thread 0 of an open team */
 static _Thread_local bool in_span;    /* on thread 0 inside cg_run_with_team, with or without helpers */
@@ -170,10 +170,10 @@ void cgi_team_pieces(void (*fn)(void *ctx, int piece), void *ctx, int pieces) {
 }
 
 /* The ops between the products (layer norms, residual adds, attention's backward) ran on thread 0
- * alone inside a team, while the helper spun or slept: in nanoGPT's recipe they are about a quarter
- * of a one-thread step. Their rows are shared as the products' pieces are, in TEAM_PARTS ranges;
- * from CGI_TEAM_PART_MIN elements (~5 us of a memory-bound op) a range outweighs the claim's
- * cache-line traffic. */
+ * alone inside a team, while the helper spun or slept: in nanoGPT's recipe they are 14% of the op
+ * time of a one-thread step (CGRAD_PROFILE). Their rows are shared as the products' pieces are, in
+ * TEAM_PARTS ranges; from CGI_TEAM_PART_MIN elements (~5 us of a memory-bound op) a range outweighs
+ * the claim's cache-line traffic. */
 enum { TEAM_PARTS = 4 };
 
 typedef struct {

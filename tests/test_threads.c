@@ -215,7 +215,8 @@ static void test_team_ranges(void) {
     cgi_team_wait_for_helpers(true);
     cg_set_threads(2);
     range_log l = {.work = CGI_TEAM_PART_MIN};
-    while (l.spans < 100 && !atomic_load(&l.by_helpers)) CHECK(cg_run_with_team(ranges_tasks, &l) == CG_OK, "%s", cg_last_error());
+    while (l.spans < 100 && !atomic_load(&l.by_helpers))
+        CHECK(cg_run_with_team(ranges_tasks, &l) == CG_OK, "%s", cg_last_error());
     CHECK(l.bad == 0, "%d elements were not covered exactly once in a team", l.bad);
     CHECK(atomic_load(&l.by_helpers) > 0, "the helper took no range in %d spans", l.spans);
     range_log small = {.work = CGI_TEAM_PART_MIN - 1};
