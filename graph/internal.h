@@ -464,6 +464,12 @@ bool cgi_team_on(void);
 bool cgi_team_sharing(void);
 /* fn(ctx, 0 .. pieces-1), shared with the team's helpers when they are awake; returns when all are done. */
 void cgi_team_pieces(void (*fn)(void *ctx, int piece), void *ctx, int pieces);
+/* body(ctx, lo, hi) over [lo, hi) ranges covering [0, n): as a team's pieces while its helpers
+ * share and `work` (elements) reaches CGI_TEAM_PART_MIN, as one range per thread when
+ * cgi_par(work), else [0, n) at once. Ranges hold whole items, so a body whose items are
+ * independent writes the same bits however [0, n) is cut. */
+void cgi_par_ranges(int64_t n, int64_t work, void (*body)(void *ctx, int64_t lo, int64_t hi), void *ctx);
+#define CGI_TEAM_PART_MIN 16384 /* elements from which a team shares an op's rows (graph/team.c) */
 /* Whether thread 0's wait of `waited` s for the helpers' last pieces, after `own` s on its own
  * pieces, means a helper was switched out mid-piece (a stall), not an uneven split. */
 bool cgi_team_stalled(double waited, double own);

@@ -63,7 +63,20 @@ typedef struct {
     double rate[2][WINDOW];
 } guard_state;
 
-static _Thread_local guard_state gs = {.phase = 1, .last_stall = -1000};
+/* A thread's first span starts holding the helpers, as if a probe had found they pay, and probes
+ * after HOLD_MIN runs. Starting with a probe without them (a window of 2 + WINDOW runs at one
+ * thread's speed, then 2 + WINDOW with them) kept a short training run on one thread for most of
+ * it: `cgrad bench --config nanogpt-char --threads 2` (1 + 5 steps, 12 runs) shared only its last
+ * 4 runs. A busy machine rests them within a few runs anyway (two stalls within 8 runs). The
+ * fallback mode, which exists to test the probe, starts with it. */
+enum { FRESH = 3 }; /* gs.phase before the first span */
+#define GUARD_FRESH {.phase = FRESH, .last_stall = -1000}
+static _Thread_local guard_state gs = GUARD_FRESH;
+
+static void guard_start(int mode) {
+    if (mode == CGI_TEAM_GUARD_FALLBACK) gs = (guard_state){.phase = 1, .last_stall = -1000};
+    else gs = (guard_state){.phase = 2, .hold = 1, .hold_len = HOLD_MIN, .last_stall = -1000};
+}
 static _Thread_local team *my_team;   /* on thread 0 of an open team */
 static _Thread_local bool in_span;    /* on thread 0 inside cg_run_with_team, with or without helpers */
 static int guard_mode = -1;           /* CGI_TEAM_GUARD_*, from CGRAD_TEAM_GUARD once */
@@ -84,7 +97,7 @@ static int guard(void) {
 
 void cgi_team_set_guard(int mode) {
     guard_mode = mode;
-    gs = (guard_state){.phase = 1, .last_stall = -1000};
+    gs = (guard_state)GUARD_FRESH;
 }
 
 void cgi_team_stats(cgi_team_counts *c) {
@@ -154,6 +167,43 @@ void cgi_team_pieces(void (*fn)(void *ctx, int piece), void *ctx, int pieces) {
     const double waited = omp_get_wtime() - t0; /* the tail: what an uneven split costs thread 0 */
     atomic_fetch_add_explicit(&stat_wait_ns, (long long)(1e9 * waited), memory_order_relaxed);
     if (cgi_team_stalled(waited, own)) tm->stalled = true;
+}
+
+/* The ops between the products (layer norms, residual adds, attention's backward) ran on thread 0
+ * alone inside a team, while the helper spun or slept: in nanoGPT's recipe they are 14% of the op
+ * time of a one-thread step (CGRAD_PROFILE). Their rows are shared as the products' pieces are, in
+ * TEAM_PARTS ranges; from CGI_TEAM_PART_MIN elements (~5 us of a memory-bound op) a range outweighs
+ * the claim's cache-line traffic. */
+enum { TEAM_PARTS = 4 };
+
+typedef struct {
+    void (*body)(void *ctx, int64_t lo, int64_t hi);
+    void *ctx;
+    int64_t n;
+    int parts;
+} ranges_task;
+
+static void run_range(void *ctx, int q) {
+    const ranges_task *t = ctx;
+    t->body(t->ctx, t->n * q / t->parts, t->n * (q + 1) / t->parts);
+}
+
+void cgi_par_ranges(int64_t n, int64_t work, void (*body)(void *ctx, int64_t lo, int64_t hi), void *ctx) {
+    if (n <= 0) return;
+    if (n > 1 && work >= CGI_TEAM_PART_MIN && cgi_team_sharing()) {
+        const ranges_task t = {body, ctx, n, n < TEAM_PARTS ? (int)n : TEAM_PARTS};
+        cgi_team_pieces(run_range, (void *)&t, t.parts);
+        return;
+    }
+    if (n > 1 && cgi_par(work)) {
+#pragma omp parallel num_threads(cgi_nthreads())
+        {
+            const int64_t me = omp_get_thread_num(), all = omp_get_num_threads();
+            body(ctx, n * me / all, n * (me + 1) / all);
+        }
+        return;
+    }
+    body(ctx, 0, n);
 }
 
 /* Thread 0 claims pieces until none is left, so an uneven split makes it wait at most for the rest
@@ -296,6 +346,7 @@ cg_status cg_run_with_team(cg_status (*body)(void *ctx), void *ctx) {
     const int mode = guard();
     if (mode == CGI_TEAM_GUARD_OFF) rest = LEAVE;
     else if (mode != CGI_TEAM_GUARD_ON) {
+        if (gs.phase == FRESH) guard_start(mode);
         if (gs.phase == 2 && !gs.hold && gs.runs >= gs.hold_len) gs.phase = 1, gs.runs = 0, gs.warm = 0; /* probe */
         rest = gs.phase == 1 ? NAP : gs.phase == 0 || gs.hold ? SHARE : LEAVE;
     }

@@ -692,51 +692,37 @@ static void claim_qkv(cg_tensor *t, bool one_write, bool assign[3]) {
     }
 }
 
-void cgi_bwd_attention(cg_tensor *t) {
-    const sdpa_params *p = prm(t);
-    cg_tensor *q = t->src[0], *k = t->src[1], *v = t->src[2], *bias = p->bias ? t->src[p->bias] : NULL,
-              *table = p->table ? t->src[p->table] : NULL;
-    const bool gq = q->requires_grad, gk = k->requires_grad, gv = v->requires_grad, gb = bias && bias->requires_grad,
-               gt = table && table->requires_grad && t->bwd_aux;
-    const int64_t B = t->shape[0], hq = t->shape[1], tq = t->shape[2], d = t->shape[3], tk = k->shape[2];
-    const cg_real *lse = t->aux, *out = t->data, *dout = t->grad, *probs = p->keeps_probs ? lse + probs_offset(t) : NULL;
-    cg_real *drel = gt ? t->bwd_aux : NULL;
-    if (drel) memset(drel, 0, t->bwd_aux_bytes);
-    const int slots = p->slots < cgi_nthreads() ? p->slots : cgi_nthreads(); /* a run may use fewer */
+/* What the backward's units share (cgi_bwd_attention), for bwd_unit. */
+typedef struct {
+    const cg_tensor *t;
+    const sdpa_params *p;
+    cg_tensor *q, *k, *v, *bias;
+    bool gq, gk, gv, gb, packed, direct, all_b, all_h;
+    bool assign[3];
+    int64_t B, hq, tq, d, tk, group, hunits;
+    const cg_real *lse, *out, *dout, *probs;
+    cg_real *drel;
+    size_t stride;
     cgi_ukr u;
-    cgi_ukr_init(&u);
-    /* the direct products write gradients along contiguous features (inputs are made so: cg_sdpa_ex) */
-    const bool packed = packs_heads(t), direct = packed && cgi_attn_direct() && q->stride[3] == 1 && k->stride[3] == 1 &&
-                                                 v->stride[3] == 1;
-    const size_t stride = slot_stride(t, &u);
-    /* Heads run in parallel, each writing its own rows of dQ, dK and dV. When two of those are one
-     * storage seen differently (keys = queries shifted by a head), one head's dK is another's dQ:
-     * the heads then run in order. The same view (q = k = v) keeps each head on one thread. */
-    bool serial = false;
-    for (int i = 0; i < t->nsrc; i++)
-        for (int j = i + 1; j < t->nsrc; j++)
-            serial |= t->src[i]->dtype == CG_REAL && t->src[j]->dtype == CG_REAL && cgi_grads_alias(t->src[i], t->src[j]) &&
-                      !cgi_same_view(t->src[i], t->src[j]);
-    /* With grouped-query heads several query heads write one head's dK and dV: a thread takes a
-     * unit of (batch, key head) and runs its query heads in order, so no two threads share a
-     * gradient row and the sums do not depend on the thread count. A bias that gets a gradient
-     * and is broadcast over batches (or heads) widens the unit to every batch (or head) sharing a
-     * slice of it. */
-    const int64_t hkv = k->shape[1], group = hq / hkv;
-    /* The gradients' first writes (the op claims every input, ops.def): see claim_qkv */
-    bool assign[3] = {false, false, false};
-    claim_qkv(t, packed && !p->past && tq <= (p->causal ? BQ / 2 : BQ) && group == 1 && !serial, assign);
-    if (gb) cgi_grad_prepare(bias);
-    if (table && table->requires_grad) cgi_grad_prepare(table);
-    const bool all_b = gb && p->bias_st[0] == 0 && B > 1, all_h = gb && p->bias_st[1] == 0 && hq > 1;
-    const int64_t bunits = all_b ? 1 : B, hunits = all_h ? 1 : hkv, units = bunits * hunits;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(slots) if (units > 1 && slots > 1 && !serial)
-    for (int64_t un = 0; un < units; un++)
+} bwd_run;
+
+/* Unit un of the backward (a batch and key head, or wider, see cgi_bwd_attention) in slot me. */
+static void bwd_unit(const bwd_run *r, int64_t un, int me) {
+    const cg_tensor *t = r->t;
+    const sdpa_params *p = r->p;
+    cg_tensor *q = r->q, *k = r->k, *v = r->v, *bias = r->bias;
+    const bool gq = r->gq, gk = r->gk, gv = r->gv, gb = r->gb, packed = r->packed, direct = r->direct;
+    const bool all_b = r->all_b, all_h = r->all_h;
+    const bool *assign = r->assign;
+    const int64_t B = r->B, hq = r->hq, tq = r->tq, d = r->d, tk = r->tk, group = r->group, hunits = r->hunits;
+    const cg_real *lse = r->lse, *out = r->out, *dout = r->dout, *probs = r->probs;
+    cg_real *drel = r->drel;
+    const size_t stride = r->stride;
+    const cgi_ukr u = r->u;
     for (int64_t b = all_b ? 0 : un / hunits; b < (all_b ? B : un / hunits + 1); b++)
     for (int64_t hh = all_h ? 0 : (un % hunits) * group; hh < (all_h ? hq : (un % hunits + 1) * group); hh++) {
         const int64_t bh = b * hq + hh, kh = hh / group;
         const unsigned csr = flush_begin();
-        int me = omp_get_thread_num();
         cg_real *slot = (cg_real *)lse + slots_offset(t) + (size_t)me * stride, *dp = slot + BQ * BK,
                 *di = dp + BQ * BK + BQ * d;
         head h;
@@ -827,6 +813,58 @@ void cgi_bwd_attention(cg_tensor *t) {
         }
         flush_end(csr);
     }
+}
+
+static void bwd_piece(void *ctx, int un) { bwd_unit(ctx, un, omp_get_thread_num()); }
+
+void cgi_bwd_attention(cg_tensor *t) {
+    const sdpa_params *p = prm(t);
+    cg_tensor *q = t->src[0], *k = t->src[1], *v = t->src[2], *bias = p->bias ? t->src[p->bias] : NULL,
+              *table = p->table ? t->src[p->table] : NULL;
+    const bool gq = q->requires_grad, gk = k->requires_grad, gv = v->requires_grad, gb = bias && bias->requires_grad,
+               gt = table && table->requires_grad && t->bwd_aux;
+    const int64_t B = t->shape[0], hq = t->shape[1], tq = t->shape[2], d = t->shape[3], tk = k->shape[2];
+    const cg_real *lse = t->aux, *out = t->data, *dout = t->grad, *probs = p->keeps_probs ? lse + probs_offset(t) : NULL;
+    cg_real *drel = gt ? t->bwd_aux : NULL;
+    if (drel) memset(drel, 0, t->bwd_aux_bytes);
+    const int slots = p->slots < cgi_nthreads() ? p->slots : cgi_nthreads(); /* a run may use fewer */
+    cgi_ukr u;
+    cgi_ukr_init(&u);
+    /* the direct products write gradients along contiguous features (inputs are made so: cg_sdpa_ex) */
+    const bool packed = packs_heads(t), direct = packed && cgi_attn_direct() && q->stride[3] == 1 && k->stride[3] == 1 &&
+                                                 v->stride[3] == 1;
+    const size_t stride = slot_stride(t, &u);
+    /* Heads run in parallel, each writing its own rows of dQ, dK and dV. When two of those are one
+     * storage seen differently (keys = queries shifted by a head), one head's dK is another's dQ:
+     * the heads then run in order. The same view (q = k = v) keeps each head on one thread. */
+    bool serial = false;
+    for (int i = 0; i < t->nsrc; i++)
+        for (int j = i + 1; j < t->nsrc; j++)
+            serial |= t->src[i]->dtype == CG_REAL && t->src[j]->dtype == CG_REAL && cgi_grads_alias(t->src[i], t->src[j]) &&
+                      !cgi_same_view(t->src[i], t->src[j]);
+    /* With grouped-query heads several query heads write one head's dK and dV: a thread takes a
+     * unit of (batch, key head) and runs its query heads in order, so no two threads share a
+     * gradient row and the sums do not depend on the thread count. A bias that gets a gradient
+     * and is broadcast over batches (or heads) widens the unit to every batch (or head) sharing a
+     * slice of it. */
+    const int64_t hkv = k->shape[1], group = hq / hkv;
+    /* The gradients' first writes (the op claims every input, ops.def): see claim_qkv */
+    bool assign[3] = {false, false, false};
+    claim_qkv(t, packed && !p->past && tq <= (p->causal ? BQ / 2 : BQ) && group == 1 && !serial, assign);
+    if (gb) cgi_grad_prepare(bias);
+    if (table && table->requires_grad) cgi_grad_prepare(table);
+    const bool all_b = gb && p->bias_st[0] == 0 && B > 1, all_h = gb && p->bias_st[1] == 0 && hq > 1;
+    const int64_t bunits = all_b ? 1 : B, hunits = all_h ? 1 : hkv, units = bunits * hunits;
+    const bwd_run r = {t, p, q, k, v, bias, gq, gk, gv, gb, packed, direct, all_b, all_h, {assign[0], assign[1], assign[2]},
+                       B, hq, tq, d, tk, group, hunits, lse, out, dout, probs, drel, stride, u};
+    if (units > 1 && slots > 1 && !serial) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(slots)
+        for (int64_t un = 0; un < units; un++) bwd_unit(&r, un, omp_get_thread_num());
+    } else if (units > 1 && units <= INT_MAX && !serial && cgi_team_on() && omp_get_num_threads() <= p->slots)
+        /* in a thread team, units are its pieces, as the forward's heads (each whole in its thread's slot) */
+        cgi_team_pieces(bwd_piece, (void *)&r, (int)units);
+    else
+        for (int64_t un = 0; un < units; un++) bwd_unit(&r, un, 0);
     if (!drel) return;
     /* T5's table: each head's column gets its (batch, offset) sums in a fixed order */
     const int64_t nrel = p->nrel;

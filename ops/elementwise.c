@@ -64,7 +64,27 @@ cg_tensor *cg_maximum(cg_graph *g, cg_tensor *a, cg_tensor *b) { return binary(g
     cgi_iter it;                                                        \
     iter4(&it, (t), (t)->stride, sa, sb, sb)
 
+typedef struct {
+    cg_real *y;
+    const cg_real *a, *b;
+} sum_args;
+
+CGI_CLONES static void sum_range(void *ctx, int64_t lo, int64_t hi) {
+    const sum_args *s = ctx;
+    for (int64_t i = lo; i < hi; i++) s->y[i] = s->a[i] + s->b[i];
+}
+
+/* A residual sum (both operands and the output contiguous, one shape) runs as ranges of elements,
+ * which a thread team shares (cgi_par_ranges); anything broadcast or strided takes the iterator. */
 cg_status cgi_fwd_add(cg_tensor *t) {
+    const int64_t n = cgi_numel(t->ndim, t->shape);
+    if (n >= CGI_TEAM_PART_MIN && cgi_contiguous(t) && cgi_contiguous(t->src[0]) && cgi_contiguous(t->src[1]) &&
+        cgi_numel(t->src[0]->ndim, t->src[0]->shape) == n && cgi_numel(t->src[1]->ndim, t->src[1]->shape) == n &&
+        !cgi_broadcast_view(t->src[0]) && !cgi_broadcast_view(t->src[1])) {
+        sum_args s = {t->data, t->src[0]->data, t->src[1]->data};
+        cgi_par_ranges(n, n, sum_range, &s);
+        return CG_OK;
+    }
     BINARY_SETUP(t);
     CGI_EW_LOOP(it, (cg_real *)t->data, A_, B_, B_, =, A + B);
     return CG_OK;

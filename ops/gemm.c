@@ -7,6 +7,7 @@
 #include <blis.h>
 #include <omp.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -174,15 +175,17 @@ enum { TEAM_PIECES = 3 };
 /* Inside a team a product's pieces taper: the first half weigh 2, the rest 1. Pieces are claimed in
  * order, so the last ones are the small ones, and the thread that finishes first waits for at most
  * a small piece of the other's (the tail wait, ~100 us of a two-thread token with even pieces).
- * CGRAD_TEAM_SPLIT=even restores even pieces, for comparisons. Either way the cuts fall on multiples
- * of 32 rows: the same bits. */
+ * The same holds outside a team. CGRAD_TEAM_SPLIT=even restores even pieces, for comparisons. Either
+ * way the cuts fall on multiples of 32 rows: the same bits. */
 static bool team_taper(void) {
-    static int taper = -1; /* read on thread 0 of a team only */
-    if (taper < 0) {
+    static _Atomic int taper = -1; /* any thread that cuts a product reads it */
+    int t = atomic_load_explicit(&taper, memory_order_relaxed);
+    if (t < 0) {
         const char *e = getenv("CGRAD_TEAM_SPLIT");
-        taper = !(e && !strcmp(e, "even"));
+        t = !(e && !strcmp(e, "even"));
+        atomic_store_explicit(&taper, t, memory_order_relaxed);
     }
-    return taper;
+    return t;
 }
 
 /* The weight of pieces [0, q) of p tapered pieces (of p + p / 2 in all). */
@@ -219,7 +222,10 @@ static void gemm_many(const cgi_gemm_job *jobs, int njobs, int threads, unsigned
         if (want > MAX_PIECES - np - (njobs - 1 - i)) want = MAX_PIECES - np - (njobs - 1 - i);
         const int p = pieces_of(j, want, team);
         const int64_t len = cut_rows(j) ? j->m : j->n;
-        const bool taper = share && p > 2 && team_taper();
+        /* on threads outside a team too: with 4 even pieces on 2 threads the thread that finishes
+         * first waits up to a quarter of the product at the region's join (more when the other was
+         * woken late); tapered 2:2:1:1, at most a sixth */
+        const bool taper = (share || threads > 1) && p > 2 && team_taper();
         for (int q = 0; q < p; q++) {
             /* cut on multiples of 32 so each piece keeps whole micro-tiles */
             const int64_t c0 = taper ? cut_weight(q, p) : q, c1 = taper ? cut_weight(q + 1, p) : q + 1,

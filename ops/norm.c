@@ -83,28 +83,36 @@ static cg_real *sum_rows(const cg_tensor *t, int64_t rows, int64_t d) {
     return t->iarg[2] ? (cg_real *)t->aux + 2 * rows + 2 * LN_BLOCKS * d : NULL;
 }
 
-CGI_CLONES static cg_status norm_fwd(cg_tensor *t) {
-    const int64_t d = t->shape[t->ndim - 1], rows = d ? cgi_numel(t->ndim, t->shape) / d : 0;
-    const cg_tensor *gt = t->iarg[0] ? t->src[t->iarg[0]] : NULL, *bt = t->iarg[1] ? t->src[t->iarg[1]] : NULL;
-    const cg_real *gain = gt ? gt->data : NULL, *bias = bt ? bt->data : NULL;
-    const int64_t gs = gt ? gt->stride[0] : 0, bs = bt ? bt->stride[0] : 0;
-    const cg_real *X = t->src[0]->data, *R = t->iarg[2] ? t->src[1]->data : NULL;
-    cg_real *Y = t->data, *mean = t->aux, *rstd = mean + rows, *S = sum_rows(t, rows, d);
-    const double eps = t->farg[0];
-    const bool rms = t->op == CGI_OP_RMSNORM;
-    CGI_PAR_FOR(rows * d, for (int64_t r = 0; r < rows; r++) {
-        const cg_real *x = X + r * d;
-        cg_real *y = Y + r * d;
-        if (S) { /* the residual sum, as cg_add would form it, then read from cache */
-            cg_real *s = S + r * d;
-            const cg_real *rr = R + r * d;
+/* What a norm's rows read and write, for norm_fwd_rows and norm_bwd_blocks. */
+typedef struct {
+    const cg_tensor *t;
+    int64_t d, rows, gs;
+    const cg_real *gain, *bias, *X, *R;
+    cg_real *Y, *mean, *rstd, *S;
+    int64_t bs;
+    double eps;
+    bool rms;
+} norm_fwd_args;
+
+CGI_CLONES static void norm_fwd_rows(void *ctx, int64_t lo, int64_t hi) {
+    const norm_fwd_args *a = ctx;
+    const cg_tensor *t = a->t;
+    const int64_t d = a->d, gs = a->gs, bs = a->bs;
+    const cg_real *gain = a->gain, *bias = a->bias;
+    const bool rms = a->rms;
+    for (int64_t r = lo; r < hi; r++) {
+        const cg_real *x = a->X + r * d;
+        cg_real *y = a->Y + r * d;
+        if (a->S) { /* the residual sum, as cg_add would form it, then read from cache */
+            cg_real *s = a->S + r * d;
+            const cg_real *rr = a->R + r * d;
             for (int64_t j = 0; j < d; j++) s[j] = x[j] + rr[j];
             x = s;
         }
         const cg_real m = rms ? 0 : (cg_real)(cgi_row_sum(x, d) / (double)d);
-        const cg_real q = (cg_real)(1.0 / sqrt(cgi_row_sqdev(x, d, m) / (double)d + eps));
-        mean[r] = m;
-        rstd[r] = q;
+        const cg_real q = (cg_real)(1.0 / sqrt(cgi_row_sqdev(x, d, m) / (double)d + a->eps));
+        a->mean[r] = m;
+        a->rstd[r] = q;
         if (t->lp_value) { /* bf16 graphs, read only by linears: stored in bf16 (ops/bf16.c) */
             enum { BLK = 64 };
             cgi_bf16 *yb = (cgi_bf16 *)t->data + r * d;
@@ -124,7 +132,19 @@ CGI_CLONES static cg_status norm_fwd(cg_tensor *t) {
                 cg_real h = (x[j] - m) * q;
                 y[j] = h * (gain ? gain[j * gs] : 1) + (bias ? bias[j * bs] : 0);
             }
-    });
+    }
+}
+
+static cg_status norm_fwd(cg_tensor *t) {
+    const int64_t d = t->shape[t->ndim - 1], rows = d ? cgi_numel(t->ndim, t->shape) / d : 0;
+    const cg_tensor *gt = t->iarg[0] ? t->src[t->iarg[0]] : NULL, *bt = t->iarg[1] ? t->src[t->iarg[1]] : NULL;
+    norm_fwd_args a = {.t = t, .d = d, .rows = rows, .gain = gt ? gt->data : NULL, .bias = bt ? bt->data : NULL,
+                       .gs = gt ? gt->stride[0] : 0, .bs = bt ? bt->stride[0] : 0, .X = t->src[0]->data,
+                       .R = t->iarg[2] ? t->src[1]->data : NULL, .Y = t->data, .mean = t->aux,
+                       .eps = t->farg[0], .rms = t->op == CGI_OP_RMSNORM};
+    a.rstd = a.mean + rows;
+    a.S = sum_rows(t, rows, d);
+    cgi_par_ranges(rows, rows * d, norm_fwd_rows, &a);
     return CG_OK;
 }
 
@@ -143,40 +163,28 @@ static inline void norm_dx_row(cg_real *dst, const cg_real *xr, const cg_real *d
         }
 }
 
-CGI_CLONES static void norm_bwd(cg_tensor *t) {
-    cg_tensor *x = t->src[0], *gt = t->iarg[0] ? t->src[t->iarg[0]] : NULL, *bt = t->iarg[1] ? t->src[t->iarg[1]] : NULL;
-    cg_tensor *res = t->iarg[2] ? t->src[1] : NULL;
-    const int64_t d = t->shape[t->ndim - 1], rows = d ? cgi_numel(t->ndim, t->shape) / d : 0;
-    const cg_real *S = sum_rows(t, rows, d);
-    const cg_real *X = S ? S : x->data, *DY = t->grad, *mean = t->aux, *rstd = mean + rows;
-    const cg_real *gain = gt ? gt->data : NULL;
-    const int64_t gs = gt ? gt->stride[0] : 0;
-    cg_real *part_g = (cg_real *)t->aux + 2 * rows, *part_b = part_g + LN_BLOCKS * d;
-    const bool dr = res && res->requires_grad, dg = gt && gt->requires_grad, db = bt && bt->requires_grad;
-    const bool dx_needed = x->requires_grad || dr;
-    /* x's and r's gradients sharing storage at an offset: row r of one overlaps other rows of the
-     * other, so the rows run on one thread (the same blocks: the same bits) */
-    const bool serial = dr && x->requires_grad && cgi_grads_alias(x, res);
-    /* The op claims every input (ops.def): a summand whose gradient it writes first gets its rows
-     * assigned, not added into a buffer the sweep zeroed first (a post-LN block's add_layernorm is
-     * both summands' first writer). Summands sharing gradient storage add, as before. */
-    bool ax = false, ar = false;
-    if (serial) cgi_grad_prepare(x), cgi_grad_prepare(res);
-    else {
-        if (x->requires_grad) ax = cgi_grad_begin(x);
-        if (dr) ar = cgi_grad_begin(res);
-    }
-    if (dg) cgi_grad_prepare(gt);
-    if (db) cgi_grad_prepare(bt);
-    const int64_t per = (rows + LN_BLOCKS - 1) / LN_BLOCKS;
-#pragma omp parallel for schedule(static) if (rows * d > CGI_PAR_MIN && !serial) num_threads(cgi_nthreads())
-    for (int b = 0; b < LN_BLOCKS; b++) {
-        cg_real *pg = part_g + b * d, *pb = part_b + b * d;
-        if (dg) memset(pg, 0, (size_t)d * sizeof *pg);
-        if (db) memset(pb, 0, (size_t)d * sizeof *pb);
+typedef struct {
+    const cg_tensor *t, *x, *res;
+    int64_t d, rows, gs, per;
+    const cg_real *X, *DY, *mean, *rstd, *gain;
+    cg_real *part_g, *part_b;
+    bool dr, dg, db, dx_needed, ax, ar;
+} norm_bwd_args;
+
+/* Blocks [lo, hi) of LN_BLOCKS: each block's rows' input gradients, and its partial sums for gain
+ * and bias, summed in block order afterwards (the same bits on any thread count). */
+CGI_CLONES static void norm_bwd_blocks(void *ctx, int64_t lo, int64_t hi) {
+    const norm_bwd_args *a = ctx;
+    const cg_tensor *t = a->t, *x = a->x, *res = a->res;
+    const int64_t d = a->d, rows = a->rows, gs = a->gs, per = a->per;
+    const cg_real *gain = a->gain;
+    for (int64_t b = lo; b < hi; b++) {
+        cg_real *pg = a->part_g + b * d, *pb = a->part_b + b * d;
+        if (a->dg) memset(pg, 0, (size_t)d * sizeof *pg);
+        if (a->db) memset(pb, 0, (size_t)d * sizeof *pb);
         for (int64_t r = b * per; r < rows && r < (b + 1) * per; r++) {
-            const cg_real *xr = X + r * d, *dy = DY + r * d, m = mean[r], q = rstd[r];
-            if (dx_needed) {
+            const cg_real *xr = a->X + r * d, *dy = a->DY + r * d, m = a->mean[r], q = a->rstd[r];
+            if (a->dx_needed) {
                 /* dh = dy * gain; dx = q * (dh - mean(dh) - h * mean(dh * h)), sums in lanes */
                 cg_real c1[CGI_LANES] = {0}, c2[CGI_LANES] = {0};
                 int64_t j = 0;
@@ -196,20 +204,49 @@ CGI_CLONES static void norm_bwd(cg_tensor *t) {
                 for (int l = 0; l < CGI_LANES; l++) s1 += c1[l], s2 += c2[l];
                 /* RMS norm has no centring, so no mean(dh) term */
                 const cg_real a1 = t->op == CGI_OP_RMSNORM ? 0 : (cg_real)(s1 / (double)d), a2 = (cg_real)(s2 / (double)d);
-                if (x->requires_grad) norm_dx_row(x->grad + r * d, xr, dy, gain, gs, d, m, q, a1, a2, ax);
-                if (dr) norm_dx_row(res->grad + r * d, xr, dy, gain, gs, d, m, q, a1, a2, ar);
+                if (x->requires_grad) norm_dx_row(x->grad + r * d, xr, dy, gain, gs, d, m, q, a1, a2, a->ax);
+                if (a->dr) norm_dx_row(res->grad + r * d, xr, dy, gain, gs, d, m, q, a1, a2, a->ar);
             }
-            if (dg) for (int64_t j = 0; j < d; j++) pg[j] += dy[j] * (xr[j] - m) * q;
-            if (db) for (int64_t j = 0; j < d; j++) pb[j] += dy[j];
+            if (a->dg) for (int64_t j = 0; j < d; j++) pg[j] += dy[j] * (xr[j] - m) * q;
+            if (a->db) for (int64_t j = 0; j < d; j++) pb[j] += dy[j];
         }
     }
+}
+
+static void norm_bwd(cg_tensor *t) {
+    cg_tensor *x = t->src[0], *gt = t->iarg[0] ? t->src[t->iarg[0]] : NULL, *bt = t->iarg[1] ? t->src[t->iarg[1]] : NULL;
+    cg_tensor *res = t->iarg[2] ? t->src[1] : NULL;
+    const int64_t d = t->shape[t->ndim - 1], rows = d ? cgi_numel(t->ndim, t->shape) / d : 0;
+    const cg_real *S = sum_rows(t, rows, d);
+    norm_bwd_args a = {.t = t, .x = x, .res = res, .d = d, .rows = rows, .gs = gt ? gt->stride[0] : 0,
+                       .per = (rows + LN_BLOCKS - 1) / LN_BLOCKS, .X = S ? S : x->data, .DY = t->grad,
+                       .mean = t->aux, .gain = gt ? gt->data : NULL};
+    a.rstd = a.mean + rows;
+    a.part_g = (cg_real *)t->aux + 2 * rows, a.part_b = a.part_g + LN_BLOCKS * d;
+    a.dr = res && res->requires_grad, a.dg = gt && gt->requires_grad, a.db = bt && bt->requires_grad;
+    a.dx_needed = x->requires_grad || a.dr;
+    /* x's and r's gradients sharing storage at an offset: row r of one overlaps other rows of the
+     * other, so the rows run on one thread (the same blocks: the same bits) */
+    const bool serial = a.dr && x->requires_grad && cgi_grads_alias(x, res);
+    /* The op claims every input (ops.def): a summand whose gradient it writes first gets its rows
+     * assigned, not added into a buffer the sweep zeroed first (a post-LN block's add_layernorm is
+     * both summands' first writer). Summands sharing gradient storage add, as before. */
+    if (serial) cgi_grad_prepare(x), cgi_grad_prepare(res);
+    else {
+        if (x->requires_grad) a.ax = cgi_grad_begin(x);
+        if (a.dr) a.ar = cgi_grad_begin(res);
+    }
+    if (a.dg) cgi_grad_prepare(gt);
+    if (a.db) cgi_grad_prepare(bt);
+    if (serial) norm_bwd_blocks(&a, 0, LN_BLOCKS);
+    else cgi_par_ranges(LN_BLOCKS, rows * d, norm_bwd_blocks, &a);
+    const cg_real *part[2] = {a.part_g, a.part_b};
     for (int k = 0; k < 2; k++) {
         cg_tensor *p = k ? bt : gt;
-        const cg_real *part = k ? part_b : part_g;
         if (!p || !p->requires_grad) continue;
         for (int64_t j = 0; j < d; j++) {
             cg_real s = 0;
-            for (int b = 0; b < LN_BLOCKS; b++) s += part[b * d + j];
+            for (int b = 0; b < LN_BLOCKS; b++) s += part[k][b * d + j];
             p->grad[j * p->stride[0]] += s;
         }
     }

@@ -180,6 +180,83 @@ static void test_team_pieces(void) {
     cg_set_threads(0);
 }
 
+/* cgi_par_ranges: ranges that cover [0, n) once, shared with a team's helpers from
+ * CGI_TEAM_PART_MIN elements of work, whole on thread 0 below it and outside a team on one thread. */
+enum { RANGE_N = 999 };
+typedef struct {
+    _Atomic int count[RANGE_N];
+    _Atomic int by_helpers, calls;
+    int64_t work;
+    int bad, spans;
+} range_log;
+
+static void log_range(void *ctx, int64_t lo, int64_t hi) {
+    range_log *l = ctx;
+    atomic_fetch_add(&l->calls, 1);
+    if (omp_get_thread_num() != 0) atomic_fetch_add(&l->by_helpers, 1);
+    for (int64_t i = lo; i < hi; i++) atomic_fetch_add(&l->count[i], 1);
+    busy(20e-6);
+}
+
+static cg_status ranges_tasks(void *ctx) {
+    range_log *l = ctx;
+    for (int task = 0; task < 20; task++) {
+        for (int i = 0; i < RANGE_N; i++) atomic_store(&l->count[i], 0);
+        cgi_par_ranges(RANGE_N, l->work, log_range, l);
+        for (int i = 0; i < RANGE_N; i++)
+            if (atomic_load(&l->count[i]) != 1) l->bad++;
+    }
+    l->spans++;
+    return CG_OK;
+}
+
+static void test_team_ranges(void) {
+    cgi_team_set_guard(CGI_TEAM_GUARD_ON);
+    cgi_team_wait_for_helpers(true);
+    cg_set_threads(2);
+    range_log l = {.work = CGI_TEAM_PART_MIN};
+    while (l.spans < 100 && !atomic_load(&l.by_helpers))
+        CHECK(cg_run_with_team(ranges_tasks, &l) == CG_OK, "%s", cg_last_error());
+    CHECK(l.bad == 0, "%d elements were not covered exactly once in a team", l.bad);
+    CHECK(atomic_load(&l.by_helpers) > 0, "the helper took no range in %d spans", l.spans);
+    range_log small = {.work = CGI_TEAM_PART_MIN - 1};
+    CHECK(cg_run_with_team(ranges_tasks, &small) == CG_OK, "%s", cg_last_error());
+    CHECK(small.bad == 0 && atomic_load(&small.calls) == 20 && atomic_load(&small.by_helpers) == 0,
+          "below CGI_TEAM_PART_MIN: %d bad, %d calls (want 20, all on thread 0)", small.bad, atomic_load(&small.calls));
+    cgi_team_set_guard(CGI_TEAM_GUARD_AUTO);
+    cgi_team_wait_for_helpers(false);
+    cg_set_threads(1);
+    range_log one = {.work = 1 << 24};
+    ranges_tasks(&one);
+    CHECK(one.bad == 0 && atomic_load(&one.calls) == 20, "one thread: %d bad, %d calls (want 20)", one.bad,
+          atomic_load(&one.calls));
+    cg_set_threads(0);
+}
+
+/* A thread's first team span under the automatic guard shares its first run: a short training run
+ * (a benchmark's few steps) must not spend its first 2 + 6 runs probing without the helpers. */
+static cg_status one_run(void *ctx) {
+    cgi_team_run_begin();
+    cgi_par_ranges(RANGE_N, ((range_log *)ctx)->work, log_range, ctx);
+    cgi_team_run_end(1e6);
+    return CG_OK;
+}
+
+static void test_team_guard_starts_sharing(void) {
+    cg_set_threads(2);
+    cgi_team_set_guard(CGI_TEAM_GUARD_AUTO); /* a fresh guard */
+    range_log l = {.work = CGI_TEAM_PART_MIN};
+    cgi_team_counts before, after;
+    cgi_team_stats(&before);
+    CHECK(cg_run_with_team(one_run, &l) == CG_OK, "%s", cg_last_error());
+    cgi_team_stats(&after);
+    CHECK(after.runs_with_helpers - before.runs_with_helpers == 1 && after.runs_without == before.runs_without,
+          "a fresh guard's first run: %lld with helpers, %lld without", after.runs_with_helpers - before.runs_with_helpers,
+          after.runs_without - before.runs_without);
+    cgi_team_set_guard(CGI_TEAM_GUARD_AUTO);
+    cg_set_threads(0);
+}
+
 static cgi_team_counts team_delta(const cgi_team_counts *a) {
     cgi_team_counts b;
     cgi_team_stats(&b);
@@ -442,6 +519,8 @@ int main(int argc, char **argv) {
     test_work_estimate();
     test_small_runs_stay_on_one_thread();
     test_team_pieces();
+    test_team_ranges();
+    test_team_guard_starts_sharing();
     test_team_products_match_one_thread(1);
     test_team_products_match_one_thread(96);
     test_team_attention();
