@@ -468,7 +468,9 @@ void cgi_team_pieces(void (*fn)(void *ctx, int piece), void *ctx, int pieces);
  * share and `work` (elements) reaches CGI_TEAM_PART_MIN, as one range per thread when
  * cgi_par(work), else [0, n) at once. Ranges hold whole items, so a body whose items are
  * independent writes the same bits however [0, n) is cut. */
-void cgi_par_ranges(int64_t n, int64_t work, void (*body)(void *ctx, int64_t lo, int64_t hi), void *ctx);
+void cgi_par_ranges(int64_t n, int64_t work, void (*body)(int64_t lo, int64_t hi, void *ctx), void *ctx);
+/* Inside a team span: [0, n) cut into `parts` even ranges that the team's threads claim (cgi_team_pieces). */
+void cgi_team_ranges(int64_t n, int parts, void (*body)(int64_t lo, int64_t hi, void *ctx), void *ctx);
 #define CGI_TEAM_PART_MIN 16384 /* elements from which a team shares an op's rows (graph/team.c) */
 /* Whether thread 0's wait of `waited` s for the helpers' last pieces, after `own` s on its own
  * pieces, means a helper was switched out mid-piece (a stall), not an uneven split. */

@@ -177,7 +177,7 @@ void cgi_team_pieces(void (*fn)(void *ctx, int piece), void *ctx, int pieces) {
 enum { TEAM_PARTS = 4 };
 
 typedef struct {
-    void (*body)(void *ctx, int64_t lo, int64_t hi);
+    void (*body)(int64_t lo, int64_t hi, void *ctx);
     void *ctx;
     int64_t n;
     int parts;
@@ -185,25 +185,30 @@ typedef struct {
 
 static void run_range(void *ctx, int q) {
     const ranges_task *t = ctx;
-    t->body(t->ctx, t->n * q / t->parts, t->n * (q + 1) / t->parts);
+    const int64_t lo = t->n * q / t->parts, hi = t->n * (q + 1) / t->parts;
+    if (hi > lo) t->body(lo, hi, t->ctx);
 }
 
-void cgi_par_ranges(int64_t n, int64_t work, void (*body)(void *ctx, int64_t lo, int64_t hi), void *ctx) {
+void cgi_team_ranges(int64_t n, int parts, void (*body)(int64_t lo, int64_t hi, void *ctx), void *ctx) {
+    const ranges_task t = {body, ctx, n, parts};
+    cgi_team_pieces(run_range, (void *)&t, parts);
+}
+
+void cgi_par_ranges(int64_t n, int64_t work, void (*body)(int64_t lo, int64_t hi, void *ctx), void *ctx) {
     if (n <= 0) return;
     if (n > 1 && work >= CGI_TEAM_PART_MIN && cgi_team_sharing()) {
-        const ranges_task t = {body, ctx, n, n < TEAM_PARTS ? (int)n : TEAM_PARTS};
-        cgi_team_pieces(run_range, (void *)&t, t.parts);
+        cgi_team_ranges(n, n < TEAM_PARTS ? (int)n : TEAM_PARTS, body, ctx);
         return;
     }
     if (n > 1 && cgi_par(work)) {
 #pragma omp parallel num_threads(cgi_nthreads())
         {
             const int64_t me = omp_get_thread_num(), all = omp_get_num_threads();
-            body(ctx, n * me / all, n * (me + 1) / all);
+            body(n * me / all, n * (me + 1) / all, ctx);
         }
         return;
     }
-    body(ctx, 0, n);
+    body(0, n, ctx);
 }
 
 /* Thread 0 claims pieces until none is left, so an uneven split makes it wait at most for the rest

@@ -80,26 +80,13 @@ const char *cg_custom_name(const cg_custom_ctx *c) { return c ? c->n->op->name :
  * pieces; a plain loop would leave them idle. Pieces there are even cuts of at least grain, at
  * most TEAM_RANGES, claimed by whichever thread is free. */
 enum { TEAM_RANGES = 8 };
-typedef struct {
-    void (*body)(int64_t lo, int64_t hi, void *ctx);
-    void *ctx;
-    int64_t n;
-    int pieces;
-} team_ranges;
-
-static void team_range(void *c, int q) {
-    const team_ranges *r = c;
-    const int64_t lo = r->n * q / r->pieces, hi = r->n * (q + 1) / r->pieces;
-    if (hi > lo) r->body(lo, hi, r->ctx);
-}
 
 void cg_parallel_for(int64_t n, int64_t grain, void (*body)(int64_t lo, int64_t hi, void *ctx), void *ctx) {
     if (n <= 0 || !body) return;
     if (grain < 1) grain = 1;
     const int64_t most = (n + grain - 1) / grain;
     if (cgi_team_on() && most > 1 && cgi_team_sharing()) {
-        const team_ranges r = {body, ctx, n, most < TEAM_RANGES ? (int)most : TEAM_RANGES};
-        cgi_team_pieces(team_range, (void *)&r, r.pieces);
+        cgi_team_ranges(n, most < TEAM_RANGES ? (int)most : TEAM_RANGES, body, ctx);
         return;
     }
     const int threads = omp_in_parallel() ? 1 : (int)(cgi_nthreads() < most ? cgi_nthreads() : most);

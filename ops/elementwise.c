@@ -69,7 +69,7 @@ typedef struct {
     const cg_real *a, *b;
 } sum_args;
 
-CGI_CLONES static void sum_range(void *ctx, int64_t lo, int64_t hi) {
+CGI_CLONES static void sum_range(int64_t lo, int64_t hi, void *ctx) {
     const sum_args *s = ctx;
     for (int64_t i = lo; i < hi; i++) s->y[i] = s->a[i] + s->b[i];
 }

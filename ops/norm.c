@@ -94,7 +94,7 @@ typedef struct {
     bool rms;
 } norm_fwd_args;
 
-CGI_CLONES static void norm_fwd_rows(void *ctx, int64_t lo, int64_t hi) {
+CGI_CLONES static void norm_fwd_rows(int64_t lo, int64_t hi, void *ctx) {
     const norm_fwd_args *a = ctx;
     const cg_tensor *t = a->t;
     const int64_t d = a->d, gs = a->gs, bs = a->bs;
@@ -173,7 +173,7 @@ typedef struct {
 
 /* Blocks [lo, hi) of LN_BLOCKS: each block's rows' input gradients, and its partial sums for gain
  * and bias, summed in block order afterwards (the same bits on any thread count). */
-CGI_CLONES static void norm_bwd_blocks(void *ctx, int64_t lo, int64_t hi) {
+CGI_CLONES static void norm_bwd_blocks(int64_t lo, int64_t hi, void *ctx) {
     const norm_bwd_args *a = ctx;
     const cg_tensor *t = a->t, *x = a->x, *res = a->res;
     const int64_t d = a->d, rows = a->rows, gs = a->gs, per = a->per;
@@ -238,7 +238,7 @@ static void norm_bwd(cg_tensor *t) {
     }
     if (a.dg) cgi_grad_prepare(gt);
     if (a.db) cgi_grad_prepare(bt);
-    if (serial) norm_bwd_blocks(&a, 0, LN_BLOCKS);
+    if (serial) norm_bwd_blocks(0, LN_BLOCKS, &a);
     else cgi_par_ranges(LN_BLOCKS, rows * d, norm_bwd_blocks, &a);
     const cg_real *part[2] = {a.part_g, a.part_b};
     for (int k = 0; k < 2; k++) {

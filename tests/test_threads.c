@@ -190,7 +190,7 @@ typedef struct {
     int bad, spans;
 } range_log;
 
-static void log_range(void *ctx, int64_t lo, int64_t hi) {
+static void log_range(int64_t lo, int64_t hi, void *ctx) {
     range_log *l = ctx;
     atomic_fetch_add(&l->calls, 1);
     if (omp_get_thread_num() != 0) atomic_fetch_add(&l->by_helpers, 1);
