@@ -190,6 +190,17 @@ static cg_tensor *adapted_param(cg_params *ps, const char *module, char *param, 
     return cg_params_find(ps, param);
 }
 
+/* The parameter adapted by a lora_A tensor named name (checked by the first pass: PREFIX<module>.lora_A.weight,
+ * module shorter than its buffer), its name to param, its module to module; NULL when name is a lora_B. */
+static cg_tensor *lora_a_param(cg_params *ps, const char *name, char *module, char *param, size_t nparam, bool *conv) {
+    if (!ends_with(name, ".lora_A.weight")) return NULL;
+    const size_t n = strlen(name), pre = strlen(PREFIX);
+    memcpy(module, name + pre, n - pre - 14);
+    module[n - pre - 14] = 0;
+    return adapted_param(ps, module, param, nparam, conv);
+}
+
+
 /* A Conv1D adapter as cgrad holds it: A = PEFT's lora_B^T [r, out], B = PEFT's lora_A^T [in, r]. */
 typedef struct {
     cg_tensor *p;
@@ -294,13 +305,9 @@ cg_status cg_lora_load_peft(cg_params *ps, const char *dir) {
     if (!st && conv1d && !cv) st = cgi_fail(CG_ERR_NOMEM, "[lora peft] out of memory");
     for (int i = 0, k = 0; !st && i < cg_st_count(f); i++) {
         const char *name = cg_st_name(f, i);
-        if (!ends_with(name, ".lora_A.weight")) continue;
-        const size_t n = strlen(name), pre = strlen(PREFIX);
-        memcpy(module, name + pre, n - pre - 14);
-        module[n - pre - 14] = 0;
-        bool conv;
-        cg_tensor *p = adapted_param(ps, module, param, sizeof param, &conv);
-        if (!conv) continue;
+        bool conv = false;
+        cg_tensor *p = lora_a_param(ps, name, module, param, sizeof param, &conv);
+        if (!p || !conv) continue;
         snprintf(key, sizeof key, PREFIX "%s.lora_B.weight", module);
         st = read_conv1d(f, path, name, key, p, (int64_t)r, &cv[k++]);
     }
@@ -309,12 +316,9 @@ cg_status cg_lora_load_peft(cg_params *ps, const char *dir) {
     if (!st && !l) st = CG_ERR_NOMEM;
     for (int i = 0; !st && i < cg_st_count(f); i++) {
         const char *name = cg_st_name(f, i);
-        if (!ends_with(name, ".lora_A.weight")) continue;
-        const size_t n = strlen(name), pre = strlen(PREFIX);
-        memcpy(module, name + pre, n - pre - 14);
-        module[n - pre - 14] = 0;
-        bool conv;
-        cg_tensor *p = adapted_param(ps, module, param, sizeof param, &conv);
+        bool conv = false;
+        cg_tensor *p = lora_a_param(ps, name, module, param, sizeof param, &conv);
+        if (!p) continue;
         cg_rng rng;
         cg_rng_seed(&rng, 0);
         if ((st = cg_lora_add(ps, p, (int)r, add_alpha, &rng))) break;
