@@ -14,12 +14,8 @@
 set -uo pipefail
 bin=$1
 here=$(cd "$(dirname "$0")" && pwd)
-dir=$(mktemp -d) && trap 'rm -rf "$dir"' EXIT
-cd "$dir"
-fail=0
-check() { if eval "$1"; then echo "ok: $2"; else echo "FAIL: $2"; fail=1; fi; }
+. "$here/cli_check.sh"
 digest() { "$bin" info "$1" 2>&1 | grep '^digest' | cut -d, -f1; }
-run() { "$@" > run.out 2>&1 || { echo "FAIL: $*"; cat run.out; exit 1; }; }
 flat() { tr -d ' \t\n' < "$1"; }  # a JSON file without white space
 
 # text in the tokenizer's code points, ' ' (32) .. 'f' (102)

@@ -20,16 +20,12 @@ if [ "$mode" = torch ] && ! "$py" -c "import torch, numpy" 2>/dev/null; then
   exit 77
 fi
 here=$(cd "$(dirname "$0")" && pwd)
-dir=$(mktemp -d) && trap 'rm -rf "$dir"' EXIT
-cd "$dir"
+. "$here/cli_check.sh"
 for i in $(seq 1 300); do echo "line $i: the whale $((i * 7 % 13)) swims past ship $((i * 3 % 11)) at dawn."; done > text.txt
 { printf '[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n.\n:\n'; seq 0 300; printf 'line\nthe\nwhale\nswims\npast\nship\nat\ndawn\n'; } > vocab.txt
 small=(--layers 2 --dim 32 --heads 2 --batch 4 --eval-every 3 --eval-batches 2 --samples 0 --threads 1 --decay-steps 8 --warmup 1)
-fail=0
-check() { if eval "$1"; then echo "ok: $2"; else echo "FAIL: $2"; fail=1; fi; }
 digest() { "$bin" info "$1" 2>&1 | grep '^digest' | cut -d, -f1; }
 moments() { "$bin" info "$1" 2>&1 | grep '^digest'; }
-run() { "$@" > run.out 2>&1 || { echo "FAIL: $*"; cat run.out; exit 1; }; }
 
 run "$bin" train "${small[@]}" --data text.txt --tokenizer bpe --vocab-size 300 --context 16 --steps 3 --checkpoint g.ckpt
 run "$bin" export g.ckpt gdir

@@ -14,11 +14,7 @@
 set -uo pipefail
 bin=$1
 here=$(cd "$(dirname "$0")" && pwd)
-dir=$(mktemp -d) && trap 'rm -rf "$dir"' EXIT
-cd "$dir"
-fail=0
-check() { if eval "$1"; then echo "ok: $2"; else echo "FAIL: $2"; fail=1; fi; }
-run() { "$@" > run.out 2>&1 || { echo "FAIL: $*"; cat run.out; exit 1; }; }
+. "$here/cli_check.sh"
 flat() { tr -d ' \t\n' < "$1"; }
 digest() { "$bin" info "$1" 2>&1 | grep '^digest'; }
 # the names in a safetensors file's header
