@@ -102,6 +102,9 @@ void cg_params_free(cg_params *ps) {
 
 /* Elements the value and gradient blocks may hold together: their byte sizes fit a ptrdiff_t. */
 #define MAX_ELEMS ((int64_t)(PTRDIFF_MAX / (ptrdiff_t)sizeof(cg_real)) / 2)
+/* Tensors a set holds: about three times the largest published model (DeepSeek-V3, about 92,000), and a
+ * bound on the work a config of absurd depth (n_layer 300000) can ask of a build (docs/limits.md) */
+#define MAX_TENSORS (1 << 18)
 
 static bool grow(cg_params *ps, int64_t need) {
     if (ps->used + need <= ps->capacity) return true;
@@ -178,6 +181,10 @@ cg_tensor *cg_params_add(cg_params *ps, const char *name, int ndim, const int64_
         }
     if (cg_params_find(ps, name)) {
         cgi_fail(CG_ERR_ARG, "[params_add] name '%s' is already taken", name);
+        return NULL;
+    }
+    if (ps->n >= MAX_TENSORS) {
+        cgi_fail(CG_ERR_SHAPE, "[params_add] '%s': a parameter set holds at most %d tensors", name, MAX_TENSORS);
         return NULL;
     }
     int64_t n = 1;

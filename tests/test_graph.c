@@ -674,12 +674,12 @@ static void test_append_into(void) {
     cg_graph_free(g);
 }
 
-/* Names are found through a hash index, across its regrowths: every one of 300,000 parameters is
- * found as itself, an absent name is not, and a taken name is refused. A scan per lookup made adding
- * n parameters O(n^2): 300,000 took about ten minutes (extrapolated from 32,000 in 8 s) where they now take well under a
- * second. */
+/* Names are found through a hash index, across its regrowths: every one of the 2^18 parameters a
+ * set may hold is found as itself, an absent name is not, a taken name is refused, and one more is
+ * refused with the limit named. A scan per lookup made adding n parameters O(n^2): 300,000 took
+ * about ten minutes (extrapolated from 32,000 in 8 s) where they now take well under a second. */
 static void test_params_many_names(void) {
-    enum { N = 300000 };
+    enum { N = 1 << 18 };
     cg_params *ps = cg_params_new();
     char name[32];
     int added = 0, found = 0;
@@ -692,10 +692,13 @@ static void test_params_many_names(void) {
         found += cg_params_find(ps, name) == cg_params_at(ps, i);
     }
     CHECK(added == N && found == N && cg_params_count(ps) == N, "added %d, found %d of %d", added, found, N);
-    CHECK(!cg_params_find(ps, "layer.300000.w") && !cg_params_find(ps, "layer.1.") && !cg_params_find(ps, ""),
+    CHECK(!cg_params_find(ps, "layer.262144.w") && !cg_params_find(ps, "layer.1.") && !cg_params_find(ps, ""),
           "absent names are not found");
     CHECK(!cg_params_add(ps, "layer.123456.w", 0, NULL) && strstr(cg_last_error(), "already taken"),
           "a taken name is refused: %s", cg_last_error());
+    CHECK(!cg_params_add(ps, "one.more", 0, NULL) && strstr(cg_last_error(), "at most 262144 tensors") &&
+              strstr(cg_last_error(), "one.more") && cg_params_count(ps) == N,
+          "the tensor past the limit is refused: %s", cg_last_error());
     cg_params_free(ps);
 }
 
