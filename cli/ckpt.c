@@ -85,6 +85,9 @@ cg_status cli_ckpt_load(const char *path, double dropout, cli_ckpt *ck) {
         ck->state = meta_json(ck->st, "state");
         if (dropout < 0) dropout = cli_json_num(ck->train, "dropout", 0.0);
         ck->ps = cg_params_new();
+        /* the file overwrites them: no fill of a model the file may yet refuse (a config of
+         * billions of parameters over a few bytes took seconds to fill before its refusal) */
+        cg_params_defer_init(ck->ps, true);
         ck->model = ck->ps ? cg_model_new(ck->arch, cfg, dropout, ck->ps, 0) : NULL;
         char tok_file[4200];
         snprintf(tok_file, sizeof tok_file, "%s (metadata \"tokenizer\")", path);
@@ -92,6 +95,7 @@ cg_status cli_ckpt_load(const char *path, double dropout, cli_ckpt *ck) {
         else if (!cg_model_is_image(ck->model)) st = cli_check_vocab(ck->model, ck->tok, tok_file, "its metadata \"config\"");
         if (!st && cli_json_i64(ck->train, "lora_rank", 0) > 0) st = load_lora(ck, path);
         else if (!st && (st = cg_st_read_params(ck->st, ck->ps))) st = with_path(path, st, "parameters");
+        if (!st) cg_params_defer_init(ck->ps, false); /* what the file lacks (new adapters) is drawn now */
     }
     const char *labels = st ? NULL : cg_st_metadata(ck->st, "labels");
     cJSON *lj = labels ? cJSON_Parse(labels) : NULL;

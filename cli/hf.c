@@ -336,7 +336,7 @@ cg_status cli_hf_load_adapted(const char *path, double dropout, bool partial, cl
     if (!st) {
         st = partial ? cg_model_load_partial(ck->model, ck->st, &kept, &skipped) : cg_model_load(ck->model, ck->st);
         if (st) st = with_file(st, weights);
-        cg_params_defer_init(ck->ps, false);
+        else cg_params_defer_init(ck->ps, false); /* a refused file's model is freed unfilled */
     }
     if (!st && !(ck->tok = cg_tokenizer_load(dir)))
         st = cg_set_error(CG_ERR_FORMAT, "[hf] %s: no tokenizer beside the weights: %s (cgrad export writes one)", dir,
