@@ -1153,7 +1153,10 @@ bool cgi_lp_lce_bwd(cg_tensor *t, int64_t m, int64_t v, int64_t d, cg_real *dlog
 static bool writes_bf16(const cg_tensor *t) {
     if (t->op == CGI_OP_LAYERNORM || t->op == CGI_OP_RMSNORM) return true;
     /* GELU recomputes its output from x in backward; ReLU's reads only its sign (ops/elementwise.c) */
-    return (t->op == CGI_OP_GELU || t->op == CGI_OP_GELU_TANH || t->op == CGI_OP_RELU) && cgi_contiguous(t->src[0]);
+    if ((t->op == CGI_OP_GELU || t->op == CGI_OP_GELU_TANH || t->op == CGI_OP_RELU) && cgi_contiguous(t->src[0])) return true;
+    /* SwiGLU's backward reads gate and up (ops/elementwise.c); CGRAD_BF16_SWIGLU_OFF=1 keeps it float */
+    return t->op == CGI_OP_SWIGLU && cgi_contiguous(t->src[0]) && cgi_contiguous(t->src[1]) && cgi_contiguous(t) &&
+           !getenv("CGRAD_BF16_SWIGLU_OFF");
 }
 
 void cgi_lp_shadow_fill(cg_tensor *t) { convert_all(t->data, t->lp_shadow, cgi_numel(t->ndim, t->shape)); }
