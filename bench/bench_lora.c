@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /* bench_lora: one LoRA linear of a TinyLlama-1.1B step (rank 16, 256 tokens, the frozen weight bf16
  * read in place, a bf16 graph), forward + backward, fused into one node (lora_linear) beside the
- * composition linear + linear(scale(linear)) + add (CGRAD_LORA_UNFUSED=1). Interleaved repetitions;
- * medians and min-max of wall and process CPU time, ms.
+ * composition linear + linear(scale(linear)) + add (CGRAD_LORA_UNFUSED=1); then the fused node with
+ * its rank-16 products split over the threads against on one (CGRAD_LORA_SERIAL), and with its
+ * backward as sequential products against one parallel region (CGRAD_LORA_OVERLAP). Interleaved
+ * repetitions; medians and min-max of wall and process CPU time, ms.
  * Usage: bench_lora [reps] [threads] [fp32] */
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +41,30 @@ static bench_timed build(const shape *s, bool fused, cg_precision prec, cg_param
     return t;
 }
 
+/* The graph's step with environment variable `var` at `off` and at `on`, interleaved: the two
+ * medians with min-max and CPU time, and the CPU and wall ratios on/off. */
+static void compare_env(const bench_timed *g, int reps, const char *var, const char *off, const char *on, const char *label) {
+    double ms[2][64], cpu[2][64];
+    for (int k = 0; k < reps && k < 64; k++)
+        for (int v = 0; v < 2; v++) {
+            setenv(var, v ? on : off, 1);
+            const double t0 = omp_get_wtime(), c0 = bench_cpu_now();
+            cg_graph_forward(g->g);
+            cg_graph_backward(g->g, g->loss);
+            ms[v][k] = (omp_get_wtime() - t0) * 1e3;
+            cpu[v][k] = (bench_cpu_now() - c0) * 1e3;
+        }
+    unsetenv(var);
+    const int n = reps < 64 ? reps : 64;
+    for (int v = 0; v < 2; v++) {
+        qsort(ms[v], (size_t)n, sizeof(double), bench_cmp);
+        qsort(cpu[v], (size_t)n, sizeof(double), bench_cmp);
+    }
+    printf("  %-20s", label);
+    for (int v = 0; v < 2; v++) printf(" %7.3f [%6.3f-%6.3f] %7.3f", ms[v][n / 2], ms[v][0], ms[v][n - 1], cpu[v][n / 2]);
+    printf("   %.2f (wall %.2f)\n", cpu[1][n / 2] / cpu[0][n / 2], ms[1][n / 2] / ms[0][n / 2]);
+}
+
 int main(int argc, char **argv) {
     const int reps = argc > 1 ? atoi(argv[1]) : 9;
     cg_set_threads(argc > 2 ? atoi(argv[2]) : 1);
@@ -67,26 +93,10 @@ int main(int argc, char **argv) {
         for (int v = 0; v < 2; v++)
             printf(" %7.3f [%6.3f-%6.3f] %7.3f", t[v].ms[reps / 2], t[v].ms[0], t[v].ms[reps - 1], t[v].cpu[reps / 2]);
         printf("   %.2f\n", t[1].cpu[reps / 2] / t[0].cpu[reps / 2]);
-        /* the fused node's rank-16 products split over the threads (CGRAD_LORA_SERIAL=0) against on one */
-        bench_timed u[2] = {t[1], t[1]};
-        for (int k = 0; k < reps; k++)
-            for (int v = 0; v < 2; v++) {
-                setenv("CGRAD_LORA_SERIAL", v ? "1" : "0", 1);
-                const double t0 = omp_get_wtime(), c0 = bench_cpu_now();
-                cg_graph_forward(u[v].g);
-                cg_graph_backward(u[v].g, u[v].loss);
-                (v ? t[0] : t[1]).ms[k] = (omp_get_wtime() - t0) * 1e3; /* t[1]: split, t[0]: serial */
-                (v ? t[0] : t[1]).cpu[k] = (bench_cpu_now() - c0) * 1e3;
-            }
-        unsetenv("CGRAD_LORA_SERIAL");
-        for (int v = 0; v < 2; v++) {
-            qsort(t[v].ms, (size_t)reps, sizeof(double), bench_cmp);
-            qsort(t[v].cpu, (size_t)reps, sizeof(double), bench_cmp);
-        }
-        printf("  %-20s", "  fused: split/serial");
-        for (int v = 1; v >= 0; v--)
-            printf(" %7.3f [%6.3f-%6.3f] %7.3f", t[v].ms[reps / 2], t[v].ms[0], t[v].ms[reps - 1], t[v].cpu[reps / 2]);
-        printf("   %.2f (wall %.2f)\n", t[0].cpu[reps / 2] / t[1].cpu[reps / 2], t[0].ms[reps / 2] / t[1].ms[reps / 2]);
+        /* the fused node with an environment switch off against on: its rank-16 products split over the
+         * threads (CGRAD_LORA_SERIAL=0) against on one; backward in one region (CGRAD_LORA_OVERLAP) or not */
+        compare_env(&t[1], reps, "CGRAD_LORA_SERIAL", "0", "1", "  fused: split/serial");
+        compare_env(&t[1], reps, "CGRAD_LORA_OVERLAP", "0", "1", "  fused: one-region/sequential bwd");
         for (int v = 0; v < 2; v++) bench_free(&t[v]), cg_params_free(ps[v]);
         free(wb);
     }

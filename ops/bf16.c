@@ -64,24 +64,26 @@ bool cgi_lp_fail_param_copy;
 /* In row blocks, each block read whole before it is written: the bf16 row lands in the first half
  * of the float row's bytes, so a write never reaches a float not yet read. memcpy through one char
  * pointer keeps the compiler from reordering the reads and writes of the shared bytes. */
-void cgi_lp_to_bf16_inplace(cg_real *x, int64_t m, int64_t n) {
+static void to_bf16_row(cg_real *x, int64_t i, int64_t n) {
 #ifndef CGRAD_DOUBLE
     enum { BLK = 64 };
-#pragma omp parallel for schedule(static) if (m * n > CGI_PAR_MIN) num_threads(cgi_nthreads())
-    for (int64_t i = 0; i < m; i++) {
-        char *row = (char *)(x + i * n);
-        for (int64_t j = 0; j < n; j += BLK) {
-            const int64_t len = n - j < BLK ? n - j : BLK;
-            float f[BLK];
-            cgi_bf16 h[BLK];
-            memcpy(f, row + j * sizeof(float), (size_t)len * sizeof(float));
-            cgi_lp_round(h, f, len, 1);
-            memcpy(row + j * sizeof(cgi_bf16), h, (size_t)len * sizeof(cgi_bf16));
-        }
+    char *row = (char *)(x + i * n);
+    for (int64_t j = 0; j < n; j += BLK) {
+        const int64_t len = n - j < BLK ? n - j : BLK;
+        float f[BLK];
+        cgi_bf16 h[BLK];
+        memcpy(f, row + j * sizeof(float), (size_t)len * sizeof(float));
+        cgi_lp_round(h, f, len, 1);
+        memcpy(row + j * sizeof(cgi_bf16), h, (size_t)len * sizeof(cgi_bf16));
     }
 #else
-    (void)x, (void)m, (void)n;
+    (void)x, (void)i, (void)n;
 #endif
+}
+
+void cgi_lp_to_bf16_inplace(cg_real *x, int64_t m, int64_t n) {
+#pragma omp parallel for schedule(static) if (m * n > CGI_PAR_MIN) num_threads(cgi_nthreads())
+    for (int64_t i = 0; i < m; i++) to_bf16_row(x, i, n);
 }
 
 #ifndef LP_BUILD
@@ -439,7 +441,7 @@ static const cgi_bf16 *param_bf16(cg_tensor *p) {
 /* ---- per graph: cached primitives and conversion scratch ---- */
 
 typedef struct {
-    int64_t key[10];
+    int64_t key[11];
     float alpha, beta;
     dnnl_primitive_t prim;
     dnnl_memory_t ma, mb, mc, mbias; /* mbias: only with OUT_BIAS */
@@ -514,9 +516,10 @@ static bool make_md(dnnl_memory_desc_t *md, int64_t r, int64_t c, int64_t rs, in
 int cgi_lp_exec_threads;
 
 static entry *prim(cgi_lp *lp, int64_t m, int64_t n, int64_t k, int64_t rsa, int64_t csa, int64_t rsb, int64_t csb,
-                   int64_t rsc, float alpha, float beta, int out) {
-    /* oneDNN fixes a primitive's thread count when it is made: one per count a run may use */
-    const int64_t key[10] = {m, n, k, rsa, csa, rsb, csb, rsc, omp_get_max_threads(), out};
+                   int64_t rsc, float alpha, float beta, int out, int piece) {
+    /* oneDNN fixes a primitive's thread count when it is made: one per count a run may use; a
+     * piece of a split product has its own (its memory objects hold that piece's pointers) */
+    const int64_t key[11] = {m, n, k, rsa, csa, rsb, csb, rsc, omp_get_max_threads(), out, piece};
     for (int i = 0; i < lp->n; i++)
         if (!memcmp(lp->e[i].key, key, sizeof key) && lp->e[i].alpha == alpha && lp->e[i].beta == beta) return &lp->e[i];
     if (lp->n == lp->cap) {
@@ -593,6 +596,46 @@ static bool gemm_bf16(cgi_lp *lp, int64_t m, int64_t n, int64_t k, const cgi_bf1
     return run(lp, m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, c, rsc, NULL, 0, ty);
 }
 
+/* One cached primitive on these operands, waited for. */
+static bool execute(entry *e, dnnl_stream_t s, const void *a, const void *b, void *c, const float *bias, int out) {
+    dnnl_memory_set_data_handle(e->ma, (void *)a);
+    dnnl_memory_set_data_handle(e->mb, (void *)b);
+    dnnl_memory_set_data_handle(e->mc, c);
+    if (out & OUT_BIAS) dnnl_memory_set_data_handle(e->mbias, (void *)bias);
+    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, e->ma}, {DNNL_ARG_WEIGHTS, e->mb}, {DNNL_ARG_DST, e->mc}, {DNNL_ARG_BIAS, e->mbias}};
+    return dnnl_primitive_execute(e->prim, s, out & OUT_BIAS ? 4 : 3, args) == dnnl_success &&
+           dnnl_stream_wait(s) == dnnl_success;
+}
+
+/* Products split by hand into column blocks, one one-thread primitive per thread (LoRA's backward,
+ * lora_bwd_overlap): at most SPLIT_MAX blocks of whole multiples of SPLIT_COLS columns, for products
+ * of SPLIT_MIN_MACS multiply-adds or more. */
+enum { SPLIT_MAX = 8, SPLIT_COLS = 64 };
+#define SPLIT_MIN_MACS (1 << 26)
+
+static dnnl_stream_t piece_stream[SPLIT_MAX];
+
+/* The streams of the first n pieces, made on first use. */
+static bool piece_streams(int n) {
+    for (int p = 0; p < n; p++)
+        if (!piece_stream[p] && dnnl_stream_create(&piece_stream[p], engine, dnnl_stream_default_flags) != dnnl_success) {
+            piece_stream[p] = NULL;
+            return false;
+        }
+    return true;
+}
+
+/* The cache index of a one-thread primitive (made now if new), -1 if oneDNN refuses it: an index,
+ * since making the next one may move the cache. */
+static int piece_prim(cgi_lp *lp, int64_t m, int64_t n, int64_t k, int64_t rsa, int64_t csa, int64_t rsb, int64_t csb,
+                      int64_t rsc, float alpha, float beta, int out, int piece) {
+    const int was = omp_get_max_threads();
+    omp_set_num_threads(1);
+    entry *e = prim(lp, m, n, k, rsa, csa, rsb, csb, rsc, alpha, beta, out, piece);
+    omp_set_num_threads(was);
+    return e ? (int)(e - lp->e) : -1;
+}
+
 /* One product, C stored by rows (row stride rsc): C = alpha A B + beta C (+ bias row), C in float
  * or, with OUT_BF16, in bf16 (then beta is 0), on the kernel chosen for the process: the fp32 units
  * (cgi_gemm_bf16) or oneDNN. */
@@ -610,18 +653,8 @@ static bool run(cgi_lp *lp, int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, 
     }
     if (want != was) omp_set_num_threads(want);
     cgi_lp_exec_threads = omp_get_max_threads();
-    entry *e = prim(lp, m, n, k, rsa, csa, rsb, csb, rsc, alpha, beta, out);
-    bool ok = e != NULL;
-    if (ok) {
-        dnnl_memory_set_data_handle(e->ma, (void *)a);
-        dnnl_memory_set_data_handle(e->mb, (void *)b);
-        dnnl_memory_set_data_handle(e->mc, c);
-        if (out & OUT_BIAS) dnnl_memory_set_data_handle(e->mbias, (void *)bias);
-        dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, e->ma}, {DNNL_ARG_WEIGHTS, e->mb}, {DNNL_ARG_DST, e->mc},
-                                   {DNNL_ARG_BIAS, e->mbias}};
-        ok = dnnl_primitive_execute(e->prim, stream, out & OUT_BIAS ? 4 : 3, args) == dnnl_success &&
-             dnnl_stream_wait(stream) == dnnl_success;
-    }
+    entry *e = prim(lp, m, n, k, rsa, csa, rsb, csb, rsc, alpha, beta, out, 0);
+    bool ok = e && execute(e, stream, a, b, c, bias, out);
     if (want != was) omp_set_num_threads(was);
     return ok;
 }
@@ -940,6 +973,101 @@ bool cgi_lp_lora_fwd(cg_tensor *t) {
     return true;
 }
 
+/* LoRA's backward operands in bf16, as cgi_lp_lora_bwd found them (x A^T and dY B land in lb, dlb) */
+typedef struct {
+    const cgi_bf16 *xb, *wb, *ab, *bb;
+    int64_t rx, cx, rw, cw, ra, ca, rb, cb;
+    cgi_bf16 *lb, *dlb;
+} lora_operands;
+
+/* A one-thread product from the cache (index i) on its own stream, else the reference loops */
+static void piece_mm(cgi_lp *lp, int i, int stream_of, int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, int64_t rsa,
+                     int64_t csa, const cgi_bf16 *b, int64_t rsb, int64_t csb, float alpha, float beta, float *c,
+                     int64_t rsc) {
+    if (!execute(&lp->e[i], piece_stream[stream_of], a, b, c, NULL, 0))
+        ref_gemm(m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, NULL, c, NULL, rsc, 1, TY_BF16);
+}
+
+/* The rank-r products run at half the large ones' rate or less per core (bench_bf16_gemm llama:
+ * 120-325 against ~450 GFLOP/s): thread 0's share of dX is cut by this many times their
+ * multiply-adds. */
+#define LORA_RANK_COST 2.5
+
+/* LoRA's backward on a frozen weight in one parallel region, where it ran as dY's conversion
+ * (two threads), the adapter's rank-r products on one thread with the other asleep, dX's product
+ * (two threads, waking it again), then dlow A on one: each region start costs a wake of the idle
+ * vCPU here, and the rank-r products left a core idle. Now every thread converts its rows of dY;
+ * thread 0 runs dlow = s dY B, dA and dB, then its block of dX's columns, the others wider blocks
+ * (by the rank-r products' estimated time); each adds dlow A to its own block. Each product is a
+ * one-thread primitive and the blocks depend on the thread count only, so the bits are the same
+ * every run. False (nothing written) where it does not apply: a weight that trains, dY not
+ * converted in place, another kernel or element type, products too small to split, aliased
+ * gradients, or a primitive oneDNN refuses. CGRAD_LORA_OVERLAP=0 turns it off, for comparisons. */
+static bool lora_bwd_overlap(cgi_lp *lp, cg_tensor *t, const lora_operands *o, int ty, bool x_assign, bool a_assign,
+                             bool b_assign) {
+    cg_tensor *x = t->src[0], *w = t->src[1], *a = t->src[2], *b = t->src[3];
+    const bool da = a->requires_grad, db = b->requires_grad;
+    const int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1], r = a->shape[0];
+    const char *env = getenv("CGRAD_LORA_OVERLAP");
+    const int nt = cgi_nthreads(), pieces = nt < SPLIT_MAX ? nt : SPLIT_MAX;
+    if ((env && !atoi(env)) || pieces < 2 || cgi_lp_force_ref || kernel_for(lp, m, k) != K_ONEDNN || ty != TY_BF16 ||
+        !x->requires_grad || w->requires_grad || !dy_in_place(t) || m < 2 || r < 2 ||
+        (double)m * (double)n * (double)k < SPLIT_MIN_MACS || k < 2 * SPLIT_COLS * pieces || x->stride[x->ndim - 1] != 1 ||
+        (da && a->stride[1] != 1) || (db && b->stride[1] != 1) || cgi_grads_alias(x, a) || cgi_grads_alias(x, b) ||
+        cgi_grads_alias(a, b))
+        return false;
+    /* dX's column blocks: thread 0's narrower by the rank-r products' estimated cost */
+    const double rank_macs = (double)m * (double)r * ((double)n + (da ? (double)k : 0) + (db ? (double)n : 0));
+    const double cols_off = LORA_RANK_COST * rank_macs / ((double)m * (double)n);
+    const double fair = ((double)k + cols_off) / pieces;
+    int64_t j0[SPLIT_MAX + 1];
+    j0[0] = 0;
+    j0[1] = (int64_t)((fair - cols_off) / SPLIT_COLS + 0.5) * SPLIT_COLS;
+    if (j0[1] < SPLIT_COLS) j0[1] = SPLIT_COLS;
+    for (int p = 2; p <= pieces; p++) j0[p] = j0[1] + (k - j0[1]) / SPLIT_COLS * (p - 1) / (pieces - 1) * SPLIT_COLS;
+    j0[pieces] = k;
+    const int64_t rd = 2 * n, rg = row_stride(x); /* dY in place: bf16 rows in the first half of each float row */
+    const float s = (float)t->farg[0], bx = x_assign ? 0 : 1, ba = a_assign ? 0 : 1, bbeta = b_assign ? 0 : 1;
+    int e_dlow = -1, e_da = -1, e_db = -1, e_dx[SPLIT_MAX], e_dxa[SPLIT_MAX];
+    bool ok = piece_streams(pieces) && (e_dlow = piece_prim(lp, m, r, n, rd, 1, o->rb, o->cb, r, s, 0, 0, 0)) >= 0 &&
+              (!da || (e_da = piece_prim(lp, r, k, m, 1, r, o->rx, o->cx, a->stride[0], 1, ba, 0, 0)) >= 0) &&
+              (!db || (e_db = piece_prim(lp, n, r, m, 1, rd, r, 1, b->stride[0], 1, bbeta, 0, 0)) >= 0);
+    for (int p = 0; ok && p < pieces; p++) {
+        const int64_t c = j0[p + 1] - j0[p];
+        ok = (e_dx[p] = piece_prim(lp, m, c, n, rd, 1, o->rw, o->cw, rg, 1, bx, 0, p)) >= 0 &&
+             (e_dxa[p] = piece_prim(lp, m, c, r, r, 1, o->ra, o->ca, rg, 1, 1, 0, p)) >= 0;
+    }
+    if (!ok) return false;
+    cgi_lp_exec_threads = pieces;
+    cg_real *dyf = t->grad, *dx = x->grad;
+    const cgi_bf16 *dy = (const cgi_bf16 *)t->grad;
+#pragma omp parallel num_threads(pieces)
+    {
+        const int p = omp_get_thread_num(), np = omp_get_num_threads();
+        for (int64_t i = m * p / np; i < m * (p + 1) / np; i++) to_bf16_row(dyf, i, n);
+#pragma omp barrier
+        if (p == 0) {
+            cg_real *dlow = t->bwd_aux; /* s dY B [m, r], float, then bf16 */
+            piece_mm(lp, e_dlow, 0, m, r, n, dy, rd, 1, o->bb, o->rb, o->cb, s, 0, dlow, r);
+            cgi_lp_round(o->dlb, dlow, m * r, 1);
+            if (da) /* dA [r, k] (+)= dlow^T x */
+                piece_mm(lp, e_da, 0, r, k, m, o->dlb, 1, r, o->xb, o->rx, o->cx, 1, ba, a->grad, a->stride[0]);
+            if (db) { /* dB [n, r] (+)= dY^T low */
+                cgi_lp_round(o->lb, t->aux, m * r, 1);
+                piece_mm(lp, e_db, 0, n, r, m, dy, 1, rd, o->lb, r, 1, 1, bbeta, b->grad, b->stride[0]);
+            }
+        }
+        for (int q = p; q < pieces; q += np) /* dX's block (+)= dY W[:, block] */
+            piece_mm(lp, e_dx[q], q, m, j0[q + 1] - j0[q], n, dy, rd, 1, o->wb + j0[q] * o->cw, o->rw, o->cw, 1, bx,
+                     dx + j0[q], rg);
+#pragma omp barrier
+        for (int q = p; q < pieces; q += np) /* ... += dlow A[:, block] */
+            piece_mm(lp, e_dxa[q], q, m, j0[q + 1] - j0[q], r, o->dlb, r, 1, o->ab + j0[q] * o->ca, o->ra, o->ca, 1, 1,
+                     dx + j0[q], rg);
+    }
+    return true;
+}
+
 bool cgi_lp_lora_bwd(cg_tensor *t, bool x_assign, bool w_assign, bool a_assign, bool b_assign) {
     cg_tensor *x = t->src[0], *w = t->src[1], *a = t->src[2], *b = t->src[3];
     cgi_lp *lp = ctx(t->graph);
@@ -960,6 +1088,9 @@ bool cgi_lp_lora_bwd(cg_tensor *t, bool x_assign, bool w_assign, bool a_assign, 
     const cgi_bf16 *bb = area && (dx || da) ? operand(lp, t, true, 1, b->data, n, r, &rb, &cb, b, &eb) : NULL;
     if (!area || ((dw || da) && !xb) || ((dx || dw) && !wb) || (dx && !ab) || ((dx || da) && !bb)) return false;
     cgi_bf16 *lb = area + xn, *dlb = lb + m * r;
+    const lora_operands ops = {xb, wb, ab, bb, rx, cx, rw, cw, ra, ca, rb, cb, lb, dlb};
+    const int all_bf16 = ex == CGI_EL_BF16 && ew == CGI_EL_BF16 && ea == CGI_EL_BF16 && eb == CGI_EL_BF16 ? TY_BF16 : -1;
+    if (lora_bwd_overlap(lp, t, &ops, all_bf16, x_assign, a_assign, b_assign)) return true;
     const cgi_bf16 *dy;
     if (dy_in_place(t)) {
         cgi_lp_to_bf16_inplace(t->grad, m, n);
@@ -1022,7 +1153,10 @@ bool cgi_lp_lce_bwd(cg_tensor *t, int64_t m, int64_t v, int64_t d, cg_real *dlog
 static bool writes_bf16(const cg_tensor *t) {
     if (t->op == CGI_OP_LAYERNORM || t->op == CGI_OP_RMSNORM) return true;
     /* GELU recomputes its output from x in backward; ReLU's reads only its sign (ops/elementwise.c) */
-    return (t->op == CGI_OP_GELU || t->op == CGI_OP_GELU_TANH || t->op == CGI_OP_RELU) && cgi_contiguous(t->src[0]);
+    if ((t->op == CGI_OP_GELU || t->op == CGI_OP_GELU_TANH || t->op == CGI_OP_RELU) && cgi_contiguous(t->src[0])) return true;
+    /* SwiGLU's backward reads gate and up (ops/elementwise.c); CGRAD_BF16_SWIGLU_OFF=1 keeps it float */
+    return t->op == CGI_OP_SWIGLU && cgi_contiguous(t->src[0]) && cgi_contiguous(t->src[1]) && cgi_contiguous(t) &&
+           !getenv("CGRAD_BF16_SWIGLU_OFF");
 }
 
 void cgi_lp_shadow_fill(cg_tensor *t) { convert_all(t->data, t->lp_shadow, cgi_numel(t->ndim, t->shape)); }

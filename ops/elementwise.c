@@ -585,8 +585,27 @@ cg_tensor *cg_swiglu(cg_graph *g, cg_tensor *gate, cg_tensor *up) {
     return cgi_node(g, CGI_OP_SWIGLU, CG_REAL, gate->ndim, gate->shape, 2, in);
 }
 
+/* SwiGLU's value read only by linears in a bf16 graph (t->lp_value, ops/bf16.c; all three
+ * contiguous): the float products rounded to bf16 as they are made, the bits the linear's own
+ * conversion gave, without the float value or its pass. Backward reads gate and up only. */
+static cg_status lp_swiglu_fwd(cg_tensor *t) {
+    enum { BLK = 256 };
+    const int64_t n = cgi_numel(t->ndim, t->shape);
+    const cg_real *G = t->src[0]->data, *U = t->src[1]->data;
+    cgi_bf16 *Y = t->data;
+#pragma omp parallel for schedule(static) if (n > CGI_PAR_MIN) num_threads(cgi_nthreads())
+    for (int64_t i0 = 0; i0 < n; i0 += BLK) {
+        const int64_t len = n - i0 < BLK ? n - i0 : BLK;
+        cg_real y[BLK];
+        for (int64_t j = 0; j < len; j++) y[j] = G[i0 + j] * fast_sigmoid(G[i0 + j]) * U[i0 + j];
+        cgi_lp_round(Y + i0, y, len, 1);
+    }
+    return CG_OK;
+}
+
 cg_status cgi_fwd_swiglu(cg_tensor *t) {
     cg_tensor *ga = t->src[0], *up = t->src[1];
+    if (t->lp_value) return lp_swiglu_fwd(t);
     const cg_real *G_ = ga->data, *U_ = up->data;
     cgi_iter it;
     iter4(&it, t, t->stride, ga->stride, up->stride, up->stride);
@@ -594,17 +613,25 @@ cg_status cgi_fwd_swiglu(cg_tensor *t) {
     return CG_OK;
 }
 
+/* Each input's gradient is assigned by its first writer (cgi_grad_begin; the graph does not zero it
+ * first: LLaMA's gate and up are linear outputs, 2 x [T, intermediate] zeroed and read back per
+ * block before), else added; aliased halves of one tensor add into storage zeroed once. */
 void cgi_bwd_swiglu(cg_tensor *t) {
     cg_tensor *ga = t->src[0], *up = t->src[1];
     const cg_real *G_ = ga->data, *U_ = up->data, *gy = t->grad;
+    const bool alias = ga->requires_grad && up->requires_grad && cgi_grads_alias(ga, up);
     cgi_iter it;
     if (ga->requires_grad) { /* dy * up * silu'(gate) */
         iter4(&it, t, ga->stride, t->stride, ga->stride, up->stride);
-        CGI_EW_LOOP(it, ga->grad, gy, G_, U_, +=, A * C * fast_sigmoid(B) * (1 + B * (1 - fast_sigmoid(B))));
+        if (alias ? (cgi_grad_prepare(ga), false) : cgi_grad_begin(ga))
+            CGI_EW_LOOP(it, ga->grad, gy, G_, U_, =, A * C * fast_sigmoid(B) * (1 + B * (1 - fast_sigmoid(B))));
+        else CGI_EW_LOOP(it, ga->grad, gy, G_, U_, +=, A * C * fast_sigmoid(B) * (1 + B * (1 - fast_sigmoid(B))));
     }
     if (up->requires_grad) { /* dy * silu(gate) */
         iter4(&it, t, up->stride, t->stride, ga->stride, ga->stride);
-        CGI_EW_LOOP(it, up->grad, gy, G_, G_, +=, A * B * fast_sigmoid(B));
+        if (alias ? (cgi_grad_prepare(up), false) : cgi_grad_begin(up))
+            CGI_EW_LOOP(it, up->grad, gy, G_, G_, =, A * B * fast_sigmoid(B));
+        else CGI_EW_LOOP(it, up->grad, gy, G_, G_, +=, A * B * fast_sigmoid(B));
     }
 }
 

@@ -304,6 +304,50 @@ static void test_activations(void) {
     }
 }
 
+/* SwiGLU read only by a linear (LLaMA's MLP: down(swiglu(gate x, up x))): its value is written in
+ * bf16 (CGRAD_BF16_SWIGLU_OFF=1 keeps it float and the linear converts it, in forward and again
+ * for dW), the same rounding of the same floats, so loss and gradients are the same bits. */
+typedef struct {
+    float dx[AM * AK], dg[AH * AK], du[AH * AK], dd[AN * AH];
+    float loss;
+    int swiglu_bf16;
+} swiglu_out;
+
+static void run_swiglu(const float *X, const float *WG, const float *WU, const float *WD, const float *R, swiglu_out *o) {
+    cg_params *ps = cg_params_new();
+    int64_t sh[2] = {AH, AK}, sd[2] = {AN, AH}, sx[2] = {AM, AK}, sy[2] = {AM, AN};
+    cg_tensor *wg = cg_params_add(ps, "wg", 2, sh), *wu = cg_params_add(ps, "wu", 2, sh), *wd = cg_params_add(ps, "wd", 2, sd);
+    cg_write(wg, WG), cg_write(wu, WU), cg_write(wd, WD);
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    CHECK(cg_graph_set_precision(g, CG_BF16) == CG_OK, "%s", cg_last_error());
+    cg_tensor *x = cg_requires_grad(cg_input(g, "x", CG_REAL, 2, sx)), *r = cg_input(g, "r", CG_REAL, 2, sy);
+    cg_write(x, X), cg_write(r, R);
+    cg_tensor *h = cg_swiglu(g, cg_linear(g, x, wg, NULL), cg_linear(g, x, wu, NULL));
+    cg_tensor *loss = cg_sum_all(g, cg_mul(g, cg_linear(g, h, wd, NULL), r));
+    CHECK(loss && cg_graph_forward(g) == CG_OK && cg_graph_backward(g, loss) == CG_OK, "%s", cg_last_error());
+    o->loss = (float)cg_item(loss);
+    cg_read_grad(x, o->dx), cg_read_grad(wg, o->dg), cg_read_grad(wu, o->du), cg_read_grad(wd, o->dd);
+    o->swiglu_bf16 = h->lp_value;
+    cg_graph_free(g);
+    cg_params_free(ps);
+}
+
+static void test_swiglu_value(void) {
+    static float X[AM * AK], WG[AH * AK], WU[AH * AK], WD[AN * AH], R[AM * AN];
+    static swiglu_out on, off;
+    cg_rng rng;
+    cg_rng_seed(&rng, 8);
+    fill(X, AM * AK, &rng, 1), fill(WG, AH * AK, &rng, 0.3), fill(WU, AH * AK, &rng, 0.3), fill(WD, AN * AH, &rng, 0.3);
+    fill(R, AM * AN, &rng, 1);
+    run_swiglu(X, WG, WU, WD, R, &on);
+    setenv("CGRAD_BF16_SWIGLU_OFF", "1", 1);
+    run_swiglu(X, WG, WU, WD, R, &off);
+    unsetenv("CGRAD_BF16_SWIGLU_OFF");
+    CHECK(on.swiglu_bf16 && !off.swiglu_bf16, "swiglu stored in bf16: %d, with it off %d", on.swiglu_bf16, off.swiglu_bf16);
+    CHECK(!memcmp(&on, &off, offsetof(swiglu_out, swiglu_bf16)), "swiglu in bf16 changed the loss or gradients (%.9g, %.9g)",
+          on.loss, off.loss);
+}
+
 /* Out of memory for a weight's bf16 copy: a linear whose input exists only in bf16 (a ReLU's value
  * read by it alone) cannot fall back to its float product, which would read those bf16 bytes as
  * floats; forward reports it instead. The first linear, on a float input, still falls back. */
@@ -1219,6 +1263,7 @@ int main(int argc, char **argv) {
         test_lce();
         test_lce_mapped();
         test_activations();
+        test_swiglu_value();
         test_no_copy();
         test_shadows();
         test_sdpa();

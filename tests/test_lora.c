@@ -8,6 +8,8 @@
 
 #include "check.h"
 #include <cgrad/cgrad.h>
+#include "graph/internal.h"
+#include "ops/bf16_internal.h"
 
 enum { R = 6, C = 5, RANK = 2, N = 3 };
 
@@ -179,6 +181,77 @@ static void test_fused_matches_composed(void) {
     adapted_linear(wb, CG_BF16, true, got);
     CHECK(rel_diff(got, ref) < 1e-5, "bf16: fused vs composed rel diff %g", rel_diff(got, ref));
     CHECK(rel_diff(got, f32) < 3e-2 && rel_diff(got, f32) > 0, "bf16 fused vs fp32: rel diff %g", rel_diff(got, f32));
+}
+
+/* One adapted linear large enough for the bf16 backward's one-region path (256 x 512 x 512 =
+ * 2^26 multiply-adds: dX in column blocks, one per thread, beside the adapter's products), its
+ * weight frozen and read in place from bf16, in a graph of precision prec: the loss, dX, dA and dB
+ * into out; *threads gets cgi_lp_exec_threads after backward (the one-region path leaves its
+ * thread count there, the sequential one its last rank-r product's, 1). */
+enum { BM = 256, BK = 512, BN = 512, BR = 8, BO = 1 + BM * BK + BR * BK + BN * BR };
+static void big_adapted_linear(const uint16_t *wb, cg_precision prec, cg_real *out, int *threads) {
+    cg_params *ps = cg_params_new();
+    cg_tensor *p = cg_params_add(ps, "w", 2, (int64_t[]){BN, BK});
+    cg_rng r;
+    cg_rng_seed(&r, 5);
+    CHECK(cg_lora_add(ps, p, BR, 2.0 * BR, &r) == CG_OK, "%s", cg_last_error());
+    cg_fill_uniform(cg_params_find(ps, "w.lora_B"), &r, -0.5, 0.5);
+    CHECK(cg_param_map(p, wb, CG_MAP_BF16) == CG_OK && cg_params_compact(ps) == CG_OK, "%s", cg_last_error());
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    CHECK(cg_graph_set_precision(g, prec) == CG_OK, "%s", cg_last_error());
+    cg_tensor *x = cg_requires_grad(cg_input(g, "x", CG_REAL, 2, (int64_t[]){BM, BK}));
+    cg_fill_uniform(x, &r, -1, 1);
+    cg_tensor *u = cg_input(g, "u", CG_REAL, 2, (int64_t[]){BM, BN});
+    cg_fill_uniform(u, &r, -1, 1);
+    cg_tensor *loss = cg_sum_all(g, cg_mul(g, cg_linear(g, x, p, NULL), u));
+    cg_params_zero_grad(ps);
+    cgi_lp_exec_threads = 0;
+    CHECK(cg_graph_forward(g) == CG_OK && cg_graph_backward(g, loss) == CG_OK, "%s", cg_last_error());
+    *threads = cgi_lp_exec_threads;
+    out[0] = cg_item(loss);
+    CHECK(cg_read_grad(x, out + 1) == CG_OK && cg_read_grad(cg_params_find(ps, "w.lora_A"), out + 1 + BM * BK) == CG_OK &&
+              cg_read_grad(cg_params_find(ps, "w.lora_B"), out + 1 + BM * BK + BR * BK) == CG_OK,
+          "%s", cg_last_error());
+    cg_graph_free(g);
+    cg_params_free(ps);
+}
+
+/* The largest |a - b| over n values, relative to the largest |b|. */
+static double rel_diff_n(const cg_real *a, const cg_real *b, int n) {
+    double d = 0, m = 0;
+    for (int i = 0; i < n; i++) d = fmax(d, fabs(a[i] - b[i])), m = fmax(m, fabs(b[i]));
+    return d / m;
+}
+
+/* bf16 LoRA backward on two threads in one region (CGRAD_LORA_OVERLAP, the default) against the
+ * sequential products (=0): the same bf16 operands, only the float additions' order differs; the
+ * same bits on every run; within bf16's error of the fp32 graph on the same weights. */
+static void test_bf16_backward_one_region(void) {
+    if (cg_bf16_unavailable() || strcmp(cg_bf16_kernel(), "onednn") || cg_threads() < 2) {
+        printf("the one-region bf16 backward needs oneDNN's bf16 kernel and 2 threads (here %s, %d): check skipped\n",
+               cg_bf16_unavailable() ? cg_bf16_unavailable() : cg_bf16_kernel(), cg_threads());
+        return;
+    }
+    static uint16_t wb[BN * BK];
+    for (int i = 0; i < BN * BK; i++) wb[i] = (uint16_t)(0x3c00 + (i * 7919) % 512 + (i % 3 ? 0 : 0x8000)); /* +-[0.008, 0.03] */
+    static cg_real one[BO], again[BO], seq[BO], f32[BO];
+    int t_one, t_again, t_seq, t_f32;
+    big_adapted_linear(wb, CG_BF16, one, &t_one);
+    big_adapted_linear(wb, CG_BF16, again, &t_again);
+    setenv("CGRAD_LORA_OVERLAP", "0", 1);
+    big_adapted_linear(wb, CG_BF16, seq, &t_seq);
+    unsetenv("CGRAD_LORA_OVERLAP");
+    big_adapted_linear(wb, CG_FP32, f32, &t_f32);
+    CHECK(t_one == 2 && t_again == 2 && t_seq == 1, "last bf16 product's threads: one region %d, %d; sequential %d", t_one,
+          t_again, t_seq);
+    CHECK(!memcmp(one, again, sizeof one), "one-region backward: two runs differ");
+    CHECK(rel_diff_n(one, seq, BO) < 1e-5, "one region vs sequential: rel diff %g", rel_diff_n(one, seq, BO));
+    CHECK(rel_diff_n(one + 1 + BM * BK, seq + 1 + BM * BK, BR * BK) < 1e-5, "dA: rel diff %g",
+          rel_diff_n(one + 1 + BM * BK, seq + 1 + BM * BK, BR * BK));
+    CHECK(rel_diff_n(one + 1 + BM * BK + BR * BK, seq + 1 + BM * BK + BR * BK, BN * BR) < 1e-5, "dB: rel diff %g",
+          rel_diff_n(one + 1 + BM * BK + BR * BK, seq + 1 + BM * BK + BR * BK, BN * BR));
+    CHECK(rel_diff_n(one, f32, BO) < 3e-2 && rel_diff_n(one, f32, BO) > 0, "bf16 vs fp32: rel diff %g",
+          rel_diff_n(one, f32, BO));
 }
 
 /* A tiny GPT fine-tuned through adapters on its attention and MLP: only adapters move, the loss
@@ -357,6 +430,7 @@ int main(void) {
     test_matches_merged_weight();
     test_adapter_gradients();
     test_fused_matches_composed();
+    test_bf16_backward_one_region();
     test_gpt_finetune();
     test_errors();
     TEST_END();
