@@ -415,10 +415,10 @@ void cgi_run_end(int was);
 double cgi_run_par_min(void);
 #define CGI_RUN_TEAM_MIN 67108864.0 /* estimated multiply-adds from which a run below CGI_RUN_PAR_MIN is a team span */
 /* True when a graph run of this much work runs as a team span of its own (graph/threads.c):
- * from CGI_RUN_TEAM_MIN (CGRAD_RUN_TEAM_MIN) to below cgi_run_par_min, and above it too with
- * CGRAD_TEAM_LARGE, on several threads, not inside a team, not while the cores guard holds one. */
+ * from CGI_RUN_TEAM_MIN (CGRAD_RUN_TEAM_MIN), above cgi_run_par_min too unless CGRAD_TEAM_LARGE=0,
+ * on several threads, not inside a team, not while the cores guard holds one. */
 bool cgi_run_in_team(double work);
-#define CGI_TEAM_LARGE_DEFAULT 0 /* whether runs from cgi_run_par_min are team spans too (CGRAD_TEAM_LARGE) */
+#define CGI_TEAM_LARGE_DEFAULT 1 /* whether runs from cgi_run_par_min are team spans too (CGRAD_TEAM_LARGE) */
 /* Tests: 1 runs from cgi_run_par_min as team spans, 0 as parallel regions per op, -1 reads CGRAD_TEAM_LARGE again. */
 void cgi_set_team_large(int on);
 

@@ -66,10 +66,11 @@ int cgi_run_threads(double work) { return work < cgi_run_par_min() || cgi_cores_
  * bits are the same. Below CGI_RUN_TEAM_MIN a run is too short to pay for waking a helper. */
 static double run_team_min = -1; /* CGRAD_RUN_TEAM_MIN, read once */
 
-/* A large run (from cgi_run_par_min) opened one parallel region per op instead: ~95-185 a training
- * step (bench/regions_per_step.py), each waking the sleeping second thread and joining it again.
- * With CGRAD_TEAM_LARGE=1 a large run is one team span as well: the helpers stay awake for the
- * whole forward or backward and take pieces of its products, attention and the shared ops. */
+/* A large run (from cgi_run_par_min) opened one parallel region per op: 105-184 a training step
+ * (bench/regions_per_step.py), each waking the sleeping second thread and joining it again. Now it
+ * is one team span as well (graph/team.c, cgi_run_graph): the helpers stay awake for the whole
+ * forward or backward and take pieces of its products, attention and the shared ops.
+ * CGRAD_TEAM_LARGE=0 restores the regions per op, for comparisons. */
 static int team_large = -1; /* CGRAD_TEAM_LARGE, read once; cgi_set_team_large for tests */
 
 void cgi_set_team_large(int on) { team_large = on; }
