@@ -357,7 +357,7 @@ cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
     loss->grad[0] += 1;
     g->bwd_status = CG_OK;
     const sweep_args sw = {g, loss};
-    const cg_status s = cgi_run_in_team(g->work) ? cg_run_with_team(backward_sweep, (void *)&sw) : backward_sweep((void *)&sw);
+    const cg_status s = cgi_run_graph(g->work, g->precision != CG_BF16, backward_sweep, (void *)&sw);
     swap_param_grads(g, false);
     /* Gradients took the memory of values that backward had finished reading, so another
      * backward needs a fresh forward. */

@@ -197,8 +197,12 @@ static double run_delay(void) {
 cgi_run cgi_run_open(double work, bool one) {
     const int threads = one ? 1 : cgi_run_threads(work);
     cgi_run r = {cgi_run_begin(threads), threads, work, 0, 0, false};
+    /* a large run's team span (graph/team.c) runs its kernels on thread 0 and shares their pieces
+     * with helpers: every thread's run, as the guard counts it */
+    const bool large_team = one && cgi_team_large();
+    if (large_team) r.threads = cg_threads();
     /* the outermost run of one that every thread could take: timed for the guard */
-    if (!one && r.was == 0 && cg_threads() > 1 && work >= cgi_run_par_min() && guard_mode()) {
+    if ((!one || large_team) && r.was == 0 && cg_threads() > 1 && work >= cgi_run_par_min() && guard_mode()) {
         r.d0 = run_delay();
         r.timed = r.d0 >= 0;
         r.t0 = omp_get_wtime();

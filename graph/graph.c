@@ -493,7 +493,7 @@ cg_status cg_graph_forward(cg_graph *g) {
     }
     cgi_resolve_views(g);
     g->fwd_step = g->step;
-    s = cgi_run_in_team(g->work) ? cg_run_with_team(forward_nodes, g) : forward_nodes(g);
+    s = cgi_run_graph(g->work, g->precision != CG_BF16, forward_nodes, g);
     if (s) return s;
     if (g->mode == CG_TRAIN) g->step++;
     g->ran_forward = true;

@@ -415,8 +415,12 @@ void cgi_run_end(int was);
 double cgi_run_par_min(void);
 #define CGI_RUN_TEAM_MIN 67108864.0 /* estimated multiply-adds from which a run below CGI_RUN_PAR_MIN is a team span */
 /* True when a graph run of this much work runs as a team span of its own (graph/threads.c):
- * from CGI_RUN_TEAM_MIN (CGRAD_RUN_TEAM_MIN) to below cgi_run_par_min, on several threads, not inside a team. */
+ * from CGI_RUN_TEAM_MIN (CGRAD_RUN_TEAM_MIN), above cgi_run_par_min too unless CGRAD_TEAM_LARGE=0,
+ * on several threads, not inside a team, not while the cores guard holds one. */
 bool cgi_run_in_team(double work);
+#define CGI_TEAM_LARGE_DEFAULT 1 /* whether runs from cgi_run_par_min are team spans too (CGRAD_TEAM_LARGE) */
+/* Tests: 1 runs from cgi_run_par_min as team spans, 0 as parallel regions per op, -1 reads CGRAD_TEAM_LARGE again. */
+void cgi_set_team_large(int on);
 
 /* ---- the cores guard (graph/cores.c): one thread when the others get no core ---- */
 enum { CGI_CORES_WATCH, CGI_CORES_PROBE, CGI_CORES_HOLD, CGI_CORES_RETRY }; /* PROBE, HOLD: one thread */
@@ -478,6 +482,11 @@ bool cgi_team_stalled(double waited, double own);
 /* Around each graph run inside a team: the guard times it per unit of work (graph/team.c). */
 void cgi_team_run_begin(void);
 void cgi_team_run_end(double work);
+/* body(ctx) as a graph run of this much work: a team span when cgi_run_in_team(work) (from
+ * cgi_run_par_min, a span whose helpers always share, and only for an fp32 graph), else as it is. */
+cg_status cgi_run_graph(double work, bool fp32, cg_status (*body)(void *ctx), void *ctx);
+/* True on thread 0 of a large run's span (cgi_run_graph): the cores guard times the run. */
+bool cgi_team_large(void);
 /* The guard's modes (CGRAD_TEAM_GUARD=auto|on|off|fallback): measure; helpers always; never; and
  * measure but always judge the helpers slower (to test the fallback). */
 enum { CGI_TEAM_GUARD_AUTO, CGI_TEAM_GUARD_ON, CGI_TEAM_GUARD_OFF, CGI_TEAM_GUARD_FALLBACK };
@@ -868,32 +877,42 @@ static inline bool cgi_dropout_keeps(uint64_t key, uint64_t index, uint64_t thre
  * in parallel; all-unit inner strides get their own loop so the compiler can vectorise it. */
 #define CGI_EW_LOOP(it, P0, P1, P2, P3, ACC, EXPR)                                               \
     do {                                                                                         \
+        const int64_t tot_ = (it).rows * cgi_chunks((it).inner);                                 \
+        CGI_PAR_FOR((it).rows * (it).inner,                                                      \
+        for (int64_t c_ = 0; c_ < tot_; c_++) CGI_EW_CHUNK(it, c_, P0, P1, P2, P3, ACC, EXPR););  \
+    } while (0)
+/* CGI_EW_LOOP's chunks [c0, c1) on the calling thread: a body for cgi_par_ranges over
+ * (it).rows * cgi_chunks((it).inner) chunks, which a thread team shares. */
+#define CGI_EW_CHUNKS(it, c0, c1, P0, P1, P2, P3, ACC, EXPR)                                      \
+    do {                                                                                         \
+        for (int64_t c_ = (c0); c_ < (c1); c_++) CGI_EW_CHUNK(it, c_, P0, P1, P2, P3, ACC, EXPR); \
+    } while (0)
+/* Chunk c (CGI_CHUNK elements of a row) of an elementwise loop. */
+#define CGI_EW_CHUNK(it, c, P0, P1, P2, P3, ACC, EXPR)                                           \
+    do {                                                                                         \
         const int64_t s0_ = (it).st[0][(it).ndim - 1], s1_ = (it).st[1][(it).ndim - 1];           \
         const int64_t s2_ = (it).st[2][(it).ndim - 1], s3_ = (it).st[3][(it).ndim - 1];           \
-        const int64_t n_ = (it).inner, nch_ = cgi_chunks(n_), tot_ = (it).rows * nch_;           \
+        const int64_t n_ = (it).inner, nch_ = cgi_chunks(n_);                                    \
         const bool unit_ = s0_ == 1 && s1_ == 1 && s2_ == 1 && s3_ == 1;                          \
-        CGI_PAR_FOR((it).rows * n_,                                                              \
-        for (int64_t c_ = 0; c_ < tot_; c_++) {                                                  \
-            const int64_t r_ = c_ / nch_, lo_ = (c_ % nch_) * CGI_CHUNK;                         \
-            const int64_t hi_ = lo_ + CGI_CHUNK < n_ ? lo_ + CGI_CHUNK : n_;                      \
-            int64_t off_[4];                                                                     \
-            cgi_iter_row(&(it), r_, off_);                                                       \
-            cg_real *p0_ = (P0) + off_[0];                                                       \
-            const cg_real *p1_ = (P1) + off_[1], *p2_ = (P2) + off_[2], *p3_ = (P3) + off_[3];    \
-            if (unit_) {                                                                         \
-                for (int64_t j_ = lo_; j_ < hi_; j_++) {                                         \
-                    const cg_real A = p1_[j_], B = p2_[j_], C = p3_[j_];                         \
-                    (void)A, (void)B, (void)C;                                                   \
-                    p0_[j_] ACC(EXPR);                                                           \
-                }                                                                                \
-            } else {                                                                             \
-                for (int64_t j_ = lo_; j_ < hi_; j_++) {                                         \
-                    const cg_real A = p1_[j_ * s1_], B = p2_[j_ * s2_], C = p3_[j_ * s3_];        \
-                    (void)A, (void)B, (void)C;                                                   \
-                    p0_[j_ * s0_] ACC(EXPR);                                                     \
-                }                                                                                \
+        const int64_t r_ = (c) / nch_, lo_ = ((c) % nch_) * CGI_CHUNK;                           \
+        const int64_t hi_ = lo_ + CGI_CHUNK < n_ ? lo_ + CGI_CHUNK : n_;                          \
+        int64_t off_[4];                                                                         \
+        cgi_iter_row(&(it), r_, off_);                                                           \
+        cg_real *p0_ = (P0) + off_[0];                                                           \
+        const cg_real *p1_ = (P1) + off_[1], *p2_ = (P2) + off_[2], *p3_ = (P3) + off_[3];        \
+        if (unit_) {                                                                             \
+            for (int64_t j_ = lo_; j_ < hi_; j_++) {                                             \
+                const cg_real A = p1_[j_], B = p2_[j_], C = p3_[j_];                             \
+                (void)A, (void)B, (void)C;                                                       \
+                p0_[j_] ACC(EXPR);                                                               \
             }                                                                                    \
-        });                                                                                      \
+        } else {                                                                                 \
+            for (int64_t j_ = lo_; j_ < hi_; j_++) {                                             \
+                const cg_real A = p1_[j_ * s1_], B = p2_[j_ * s2_], C = p3_[j_ * s3_];            \
+                (void)A, (void)B, (void)C;                                                       \
+                p0_[j_ * s0_] ACC(EXPR);                                                         \
+            }                                                                                    \
+        }                                                                                        \
     } while (0)
 
 #endif

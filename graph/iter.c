@@ -2,6 +2,7 @@
 /* Strided iteration and the few shared kernels every op family leans on: strided copy,
  * axis reduction, and undoing broadcasting in backward (tinygrad's rule: once, here). */
 #include <stdlib.h>
+#include <string.h>
 
 #include "graph/internal.h"
 
@@ -36,29 +37,47 @@ void cgi_iter_init(cgi_iter *it, int ndim, const int64_t *shape, int nops, const
     for (int d = 0; d < n - 1; d++) it->rows *= it->shape[d];
 }
 
+typedef struct {
+    cg_real *dst;
+    const cg_real *src;
+    const cgi_iter *it;
+    int64_t sd, ss, nch;
+    cg_real a;
+    bool accumulate;
+} copy_args;
+
+/* Chunks [c0, c1) of the copy: CGI_CHUNK elements of a row each. */
+static void copy_chunks(int64_t c0, int64_t c1, void *ctx) {
+    const copy_args *k = ctx;
+    const cgi_iter *it = k->it;
+    const int64_t sd = k->sd, ss = k->ss, nch = k->nch;
+    const cg_real a = k->a;
+    for (int64_t c = c0; c < c1; c++) {
+        const int64_t r = c / nch, lo = (c % nch) * CGI_CHUNK;
+        const int64_t n = lo + CGI_CHUNK < it->inner ? CGI_CHUNK : it->inner - lo;
+        int64_t off[2];
+        cgi_iter_row(it, r, off);
+        cg_real *d = k->dst + off[0] + lo * sd;
+        const cg_real *s = k->src + off[1] + lo * ss;
+        if (sd == 1 && ss == 1) {
+            if (k->accumulate) for (int64_t j = 0; j < n; j++) d[j] += a * s[j];
+            else if (a == 1) memcpy(d, s, (size_t)n * sizeof *d);
+            else for (int64_t j = 0; j < n; j++) d[j] = a * s[j];
+        } else {
+            if (k->accumulate) for (int64_t j = 0; j < n; j++) d[j * sd] += a * s[j * ss];
+            else for (int64_t j = 0; j < n; j++) d[j * sd] = a * s[j * ss];
+        }
+    }
+}
+
 void cgi_copy(cg_real *dst, const int64_t *dst_stride, const cg_real *src, const int64_t *src_stride,
               int ndim, const int64_t *shape, double scale, bool accumulate) {
     const int64_t *st[2] = {dst_stride, src_stride};
     cgi_iter it;
     cgi_iter_init(&it, ndim, shape, 2, st);
-    const int64_t sd = it.st[0][it.ndim - 1], ss = it.st[1][it.ndim - 1], nch = cgi_chunks(it.inner);
-    const cg_real a = (cg_real)scale;
-    CGI_PAR_FOR(it.rows * it.inner, for (int64_t c = 0; c < it.rows * nch; c++) {
-        const int64_t r = c / nch, lo = (c % nch) * CGI_CHUNK;
-        const int64_t n = lo + CGI_CHUNK < it.inner ? CGI_CHUNK : it.inner - lo;
-        int64_t off[2];
-        cgi_iter_row(&it, r, off);
-        cg_real *d = dst + off[0] + lo * sd;
-        const cg_real *s = src + off[1] + lo * ss;
-        if (sd == 1 && ss == 1) {
-            if (accumulate) for (int64_t j = 0; j < n; j++) d[j] += a * s[j];
-            else if (a == 1) memcpy(d, s, (size_t)n * sizeof *d);
-            else for (int64_t j = 0; j < n; j++) d[j] = a * s[j];
-        } else {
-            if (accumulate) for (int64_t j = 0; j < n; j++) d[j * sd] += a * s[j * ss];
-            else for (int64_t j = 0; j < n; j++) d[j * sd] = a * s[j * ss];
-        }
-    });
+    const int64_t nch = cgi_chunks(it.inner);
+    copy_args k = {dst, src, &it, it.st[0][it.ndim - 1], it.st[1][it.ndim - 1], nch, (cg_real)scale, accumulate};
+    cgi_par_ranges(it.rows * nch, it.rows * it.inner, copy_chunks, &k);
 }
 
 void cgi_reduce(cg_real *dst, const int64_t *dst_stride, const cg_real *src, const int64_t *src_stride,
@@ -153,20 +172,38 @@ static inline void colsum_block(int b, int64_t rows, int64_t cols, cg_real *scra
     }
 }
 
-/* dst += the blocks' sums, block by block in order. */
-static void colsum_finish(cg_real *dst, int64_t cols, const cg_real *scratch) {
-#pragma omp parallel for schedule(static) if (cols > 4096) num_threads(cgi_nthreads())
-    for (int64_t c = 0; c < cols; c++) {
+typedef struct {
+    cg_real *dst, *scratch;
+    int64_t rows, cols;
+    const cg_real *(*make)(void *ctx, int64_t r);
+    void *ctx;
+} colsum_args;
+
+/* dst[c0, c1) += the blocks' sums, block by block in order. */
+static void colsum_finish_cols(int64_t c0, int64_t c1, void *ctx) {
+    const colsum_args *k = ctx;
+    for (int64_t c = c0; c < c1; c++) {
         cg_real s = 0;
-        for (int b = 0; b < COLSUM_BLOCKS; b++) s += scratch[(int64_t)b * cols + c];
-        dst[c] += s;
+        for (int b = 0; b < COLSUM_BLOCKS; b++) s += k->scratch[(int64_t)b * k->cols + c];
+        k->dst[c] += s;
     }
+}
+
+static void colsum_finish(cg_real *dst, int64_t cols, const cg_real *scratch) {
+    colsum_args k = {dst, (cg_real *)scratch, 0, cols, NULL, NULL};
+    /* cols > 4096 shares the columns: the work of COLSUM_BLOCKS elements a column */
+    cgi_par_ranges(cols, cols > 4096 ? COLSUM_BLOCKS * cols : 0, colsum_finish_cols, &k);
+}
+
+static void colsum_blocks(int64_t b0, int64_t b1, void *ctx) {
+    const colsum_args *k = ctx;
+    for (int64_t b = b0; b < b1; b++) colsum_block((int)b, k->rows, k->cols, k->scratch, k->make, k->ctx);
 }
 
 CGI_CLONES void cgi_colsum_add_made(cg_real *dst, int64_t rows, int64_t cols, cg_real *scratch,
                                     const cg_real *(*make)(void *ctx, int64_t r), void *ctx) {
-#pragma omp parallel for schedule(static) if (rows * cols > CGI_PAR_MIN) num_threads(cgi_nthreads())
-    for (int b = 0; b < COLSUM_BLOCKS; b++) colsum_block(b, rows, cols, scratch, make, ctx);
+    colsum_args k = {dst, scratch, rows, cols, make, ctx};
+    cgi_par_ranges(COLSUM_BLOCKS, rows * cols, colsum_blocks, &k);
     colsum_finish(dst, cols, scratch);
 }
 

@@ -47,6 +47,7 @@ typedef struct {
     int helpers;
     double run_t0; /* thread 0 only: the run in progress */
     bool stalled;
+    bool large; /* a large run's span (cgi_run_graph): helpers always share, the cores guard watches */
 } team;
 
 /* The guard's state lives on the calling thread across spans: a generation call is only ~200
@@ -251,6 +252,7 @@ void cgi_team_run_end(double work) {
     if (!tm) return;
     const bool on = atomic_load_explicit(&tm->rest, memory_order_relaxed) == SHARE;
     atomic_fetch_add_explicit(on ? &stat_on : &stat_off, 1, memory_order_relaxed);
+    if (tm->large) return;
     const int mode = guard();
     if (mode != CGI_TEAM_GUARD_AUTO && mode != CGI_TEAM_GUARD_FALLBACK) return;
     const double rate = (omp_get_wtime() - tm->run_t0) / (work > 1 ? work : 1);
@@ -337,7 +339,7 @@ static void helper_loop(team *tm) {
                 tasks, yields, naps, rests);
 }
 
-cg_status cg_run_with_team(cg_status (*body)(void *ctx), void *ctx) {
+static cg_status span(cg_status (*body)(void *ctx), void *ctx, bool large) {
     if (!body) return cgi_fail(CG_ERR_ARG, "[team] body is NULL");
     if (in_span) return body(ctx); /* already inside one */
     const int n = cg_threads();
@@ -345,12 +347,12 @@ cg_status cg_run_with_team(cg_status (*body)(void *ctx), void *ctx) {
     if (e && !atoi(e)) return body(ctx); /* CGRAD_TEAM=0: the old way, each run decides alone */
     cg_status st = CG_OK;
     if (n < 2 || omp_in_parallel()) return body(ctx); /* no helpers: each run as without a team */
-    team tm = {.helpers = n - 1};
+    team tm = {.helpers = n - 1, .large = large};
     /* resume the guard where the last span left it */
     int rest = SHARE;
     const int mode = guard();
     if (mode == CGI_TEAM_GUARD_OFF) rest = LEAVE;
-    else if (mode != CGI_TEAM_GUARD_ON) {
+    else if (mode != CGI_TEAM_GUARD_ON && !large) {
         if (gs.phase == FRESH) guard_start(mode);
         if (gs.phase == 2 && !gs.hold && gs.runs >= gs.hold_len) gs.phase = 1, gs.runs = 0, gs.warm = 0; /* probe */
         rest = gs.phase == 1 ? NAP : gs.phase == 0 || gs.hold ? SHARE : LEAVE;
@@ -380,4 +382,22 @@ cg_status cg_run_with_team(cg_status (*body)(void *ctx), void *ctx) {
                 c.pieces, c.stalls, c.runs_with_helpers ? 1e-3 * (double)c.wait_ns / (double)c.runs_with_helpers : 0.0);
     }
     return st;
+}
+
+cg_status cg_run_with_team(cg_status (*body)(void *ctx), void *ctx) { return span(body, ctx, false); }
+
+/* A large run (from cgi_run_par_min) as a span opened one parallel region per op before: ~95-185 a
+ * training step (bench/regions_per_step.py), each waking the second thread, which sleeps between
+ * regions, and joining it again (gpt-tiny: 2 threads ran 252 ms a step where 1 thread's 441 ms over
+ * the sgemm's 1.96x speed-up would be 225). In a span the helper stays awake across the ops. Its
+ * helpers always share: such a run is timed by the cores guard (graph/cores.c), which holds one
+ * thread when another process holds the cores, and the team's guard, which probes a window of runs
+ * without helpers, would run 8 large runs at one thread's speed each time. */
+bool cgi_team_large(void) { return my_team && my_team->large; }
+
+cg_status cgi_run_graph(double work, bool fp32, cg_status (*body)(void *ctx), void *ctx) {
+    const bool large = work >= cgi_run_par_min();
+    /* a bf16 graph's products run on oneDNN's threads (ops/bf16.c), which a span would keep on thread 0 */
+    if (!cgi_run_in_team(work) || (large && !fp32)) return body(ctx);
+    return span(body, ctx, large);
 }

@@ -66,12 +66,25 @@ int cgi_run_threads(double work) { return work < cgi_run_par_min() || cgi_cores_
  * bits are the same. Below CGI_RUN_TEAM_MIN a run is too short to pay for waking a helper. */
 static double run_team_min = -1; /* CGRAD_RUN_TEAM_MIN, read once */
 
+/* A large run (from cgi_run_par_min) opened one parallel region per op: 105-184 a training step
+ * (bench/regions_per_step.py), each waking the sleeping second thread and joining it again. Now it
+ * is one team span as well (graph/team.c, cgi_run_graph): the helpers stay awake for the whole
+ * forward or backward and take pieces of its products, attention and the shared ops.
+ * CGRAD_TEAM_LARGE=0 restores the regions per op, for comparisons. */
+static int team_large = -1; /* CGRAD_TEAM_LARGE, read once; cgi_set_team_large for tests */
+
+void cgi_set_team_large(int on) { team_large = on; }
+
 bool cgi_run_in_team(double work) {
     if (run_team_min < 0) {
         const char *env = getenv("CGRAD_RUN_TEAM_MIN");
         run_team_min = env && atof(env) >= 0 ? atof(env) : CGI_RUN_TEAM_MIN;
     }
-    return work >= run_team_min && work < cgi_run_par_min() && !cgi_team_on() && cg_threads() > 1 &&
+    if (team_large < 0) {
+        const char *env = getenv("CGRAD_TEAM_LARGE");
+        team_large = env ? atoi(env) > 0 : CGI_TEAM_LARGE_DEFAULT;
+    }
+    return work >= run_team_min && (work < cgi_run_par_min() || team_large) && !cgi_team_on() && cg_threads() > 1 &&
            !cgi_cores_holding_one() && !omp_in_parallel();
 }
 
@@ -146,17 +159,29 @@ double cg_rng_normal(cg_rng *r) {
 static atomic_llong zeroed; /* bytes cgi_zero has cleared, for tests */
 long long cgi_zeroed_bytes(void) { return atomic_load(&zeroed); }
 
+enum { ZERO_PART = 1 << 18 }; /* bytes */
+
+typedef struct {
+    char *p;
+    size_t bytes;
+} zero_args;
+
+static void zero_parts(int64_t q0, int64_t q1, void *ctx) {
+    const zero_args *z = ctx;
+    for (int64_t i = q0; i < q1; i++) {
+        const size_t lo = (size_t)i * ZERO_PART, n = z->bytes - lo < ZERO_PART ? z->bytes - lo : ZERO_PART;
+        memset(z->p + lo, 0, n);
+    }
+}
+
 void cgi_zero(void *p, size_t bytes) {
     atomic_fetch_add_explicit(&zeroed, (long long)bytes, memory_order_relaxed);
-    enum { PART = 1 << 18 }; /* bytes */
-    const int64_t parts = (int64_t)((bytes + PART - 1) / PART);
-    if (parts < 4 || cgi_nthreads() < 2) {
+    const int64_t parts = (int64_t)((bytes + ZERO_PART - 1) / ZERO_PART);
+    if (parts < 4 || (cgi_nthreads() < 2 && !cgi_team_sharing())) {
         memset(p, 0, bytes);
         return;
     }
-#pragma omp parallel for schedule(static) num_threads(cgi_nthreads())
-    for (int64_t i = 0; i < parts; i++) {
-        const size_t lo = (size_t)i * PART, n = bytes - lo < PART ? bytes - lo : PART;
-        memset((char *)p + lo, 0, n);
-    }
+    zero_args z = {p, bytes};
+    /* 4 parts or more (1 MB) always share: the work passed is above both thresholds */
+    cgi_par_ranges(parts, (int64_t)CGI_PAR_MIN + 1, zero_parts, &z);
 }

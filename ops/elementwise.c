@@ -390,8 +390,21 @@ static void bias_gelu_row(const cg_real *ci, const cg_real *b, cg_real *yi, int6
 
 /* y[i, j] = gelu(c[i, j] + b[j]) over the product c[m, n] (b NULL: no bias), one pass while the
  * product's rows are fresh, instead of a bias fill before the product and a GELU pass after. */
+typedef struct {
+    const cg_real *c, *b;
+    cg_real *y;
+    int64_t n;
+    bool tanh_form;
+} bias_gelu_args;
+
+static void bias_gelu_rows(int64_t lo, int64_t hi, void *ctx) {
+    const bias_gelu_args *k = ctx;
+    for (int64_t i = lo; i < hi; i++) bias_gelu_row(k->c + i * k->n, k->b, k->y + i * k->n, k->n, k->tanh_form);
+}
+
 void cgi_bias_gelu_fwd(const cg_real *c, const cg_real *b, cg_real *y, int64_t m, int64_t n, bool tanh_form) {
-    CGI_PAR_FOR(m * n, for (int64_t i = 0; i < m; i++) bias_gelu_row(c + i * n, b, y + i * n, n, tanh_form););
+    bias_gelu_args k = {c, b, y, n, tanh_form};
+    cgi_par_ranges(m, m * n, bias_gelu_rows, &k);
 }
 
 typedef struct {
@@ -447,6 +460,10 @@ static const cg_real *act_row_grad(void *ctx, int64_t r) {
     return c;
 }
 
+static void act_rows_grad(int64_t lo, int64_t hi, void *ctx) {
+    for (int64_t i = lo; i < hi; i++) act_row_grad(ctx, i);
+}
+
 void cgi_bias_act_bwd(cg_real *c, const cg_real *b, const cg_real *y, const cg_real *dy, int64_t m, int64_t n,
                       cgi_act act, cg_real *db, cg_real *scratch) {
     act_rows o = {c, b, y, dy, n, act};
@@ -454,8 +471,7 @@ void cgi_bias_act_bwd(cg_real *c, const cg_real *b, const cg_real *y, const cg_r
         cgi_colsum_add_made(db, m, n, scratch, act_row_grad, &o);
         return;
     }
-#pragma omp parallel for schedule(static) if (m * n > CGI_PAR_MIN) num_threads(cgi_nthreads())
-    for (int64_t i = 0; i < m; i++) act_row_grad(&o, i);
+    cgi_par_ranges(m, m * n, act_rows_grad, &o);
 }
 
 /* A GELU or ReLU value read only by linears in a bf16 graph (t->lp_value, ops/bf16.c; x and t
@@ -603,13 +619,39 @@ static cg_status lp_swiglu_fwd(cg_tensor *t) {
     return CG_OK;
 }
 
+/* A swiglu pass over chunks of its iterator, for cgi_par_ranges: 0 forward, 1 the gate's gradient,
+ * 2 up's; a gradient is assigned by its first writer, else added. */
+typedef struct {
+    cgi_iter it;
+    cg_real *dst;
+    const cg_real *gy, *g, *u;
+    int part;
+    bool assign;
+} swiglu_args;
+
+#define SWIGLU_DGATE(A, B, C) ((A) * (C) * fast_sigmoid(B) * (1 + (B) * (1 - fast_sigmoid(B)))) /* dy * up * silu'(gate) */
+#define SWIGLU_DUP(A, B) ((A) * (B) * fast_sigmoid(B))                                         /* dy * silu(gate) */
+
+static void swiglu_chunks(int64_t c0, int64_t c1, void *ctx) {
+    const swiglu_args *k = ctx;
+    const cg_real *G_ = k->g, *U_ = k->u, *gy = k->gy;
+    if (k->part == 0) CGI_EW_CHUNKS(k->it, c0, c1, k->dst, G_, U_, U_, =, A * fast_sigmoid(A) * B);
+    else if (k->part == 1 && k->assign) CGI_EW_CHUNKS(k->it, c0, c1, k->dst, gy, G_, U_, =, SWIGLU_DGATE(A, B, C));
+    else if (k->part == 1) CGI_EW_CHUNKS(k->it, c0, c1, k->dst, gy, G_, U_, +=, SWIGLU_DGATE(A, B, C));
+    else if (k->assign) CGI_EW_CHUNKS(k->it, c0, c1, k->dst, gy, G_, G_, =, SWIGLU_DUP(A, B));
+    else CGI_EW_CHUNKS(k->it, c0, c1, k->dst, gy, G_, G_, +=, SWIGLU_DUP(A, B));
+}
+
+static void swiglu_pass(swiglu_args *k) {
+    cgi_par_ranges(k->it.rows * cgi_chunks(k->it.inner), k->it.rows * k->it.inner, swiglu_chunks, k);
+}
+
 cg_status cgi_fwd_swiglu(cg_tensor *t) {
     cg_tensor *ga = t->src[0], *up = t->src[1];
     if (t->lp_value) return lp_swiglu_fwd(t);
-    const cg_real *G_ = ga->data, *U_ = up->data;
-    cgi_iter it;
-    iter4(&it, t, t->stride, ga->stride, up->stride, up->stride);
-    CGI_EW_LOOP(it, (cg_real *)t->data, G_, U_, U_, =, A * fast_sigmoid(A) * B);
+    swiglu_args k = {.dst = t->data, .g = ga->data, .u = up->data, .part = 0};
+    iter4(&k.it, t, t->stride, ga->stride, up->stride, up->stride);
+    swiglu_pass(&k);
     return CG_OK;
 }
 
@@ -618,20 +660,19 @@ cg_status cgi_fwd_swiglu(cg_tensor *t) {
  * block before), else added; aliased halves of one tensor add into storage zeroed once. */
 void cgi_bwd_swiglu(cg_tensor *t) {
     cg_tensor *ga = t->src[0], *up = t->src[1];
-    const cg_real *G_ = ga->data, *U_ = up->data, *gy = t->grad;
     const bool alias = ga->requires_grad && up->requires_grad && cgi_grads_alias(ga, up);
-    cgi_iter it;
-    if (ga->requires_grad) { /* dy * up * silu'(gate) */
-        iter4(&it, t, ga->stride, t->stride, ga->stride, up->stride);
-        if (alias ? (cgi_grad_prepare(ga), false) : cgi_grad_begin(ga))
-            CGI_EW_LOOP(it, ga->grad, gy, G_, U_, =, A * C * fast_sigmoid(B) * (1 + B * (1 - fast_sigmoid(B))));
-        else CGI_EW_LOOP(it, ga->grad, gy, G_, U_, +=, A * C * fast_sigmoid(B) * (1 + B * (1 - fast_sigmoid(B))));
+    swiglu_args k = {.gy = t->grad, .g = ga->data, .u = up->data};
+    if (ga->requires_grad) {
+        iter4(&k.it, t, ga->stride, t->stride, ga->stride, up->stride);
+        k.dst = ga->grad, k.part = 1;
+        k.assign = alias ? (cgi_grad_prepare(ga), false) : cgi_grad_begin(ga);
+        swiglu_pass(&k);
     }
-    if (up->requires_grad) { /* dy * silu(gate) */
-        iter4(&it, t, up->stride, t->stride, ga->stride, ga->stride);
-        if (alias ? (cgi_grad_prepare(up), false) : cgi_grad_begin(up))
-            CGI_EW_LOOP(it, up->grad, gy, G_, G_, =, A * B * fast_sigmoid(B));
-        else CGI_EW_LOOP(it, up->grad, gy, G_, G_, +=, A * B * fast_sigmoid(B));
+    if (up->requires_grad) {
+        iter4(&k.it, t, up->stride, t->stride, ga->stride, ga->stride);
+        k.dst = up->grad, k.part = 2;
+        k.assign = alias ? (cgi_grad_prepare(up), false) : cgi_grad_begin(up);
+        swiglu_pass(&k);
     }
 }
 

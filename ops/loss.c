@@ -3,6 +3,7 @@
  * targets that are not ignored, with optional label smoothing. Forward saves each row's
  * log-sum-exp for backward. Also the fused linear + cross-entropy, cross-entropy against soft
  * targets, and the elementwise losses (mean squared error, binary cross-entropy with logits). */
+#include <limits.h>
 #include <math.h>
 #include <omp.h>
 
@@ -352,6 +353,22 @@ static void lce_slab_logits(const lce *c, int64_t r0, int64_t m, int64_t s, cg_r
     }
 }
 
+/* Inside a thread team whose helpers share, n slabs (or groups) > 1 run as the team's pieces; the
+ * team's threads are those of its region, each within the slots made at construction. */
+static bool lce_team(const lce *c, int64_t n) {
+    return n > 1 && n <= INT_MAX && cgi_team_sharing() && omp_get_num_threads() <= c->p->slots;
+}
+
+typedef struct {
+    const lce *c;
+    int64_t r0, m;
+} lce_slabs_task;
+
+static void lce_slab_piece(void *ctx, int s) {
+    const lce_slabs_task *k = ctx;
+    lce_slab_logits(k->c, k->r0, k->m, s, k->c->fused + k->c->p->pw + (size_t)omp_get_thread_num() * k->c->p->pw_one);
+}
+
 /* Computes rows [r0, r0+m) of the counted list's logits into c->logits; fused: with each row's
  * log-sum-exp into c->lse */
 static void lce_logits(const lce *c, int64_t r0, int64_t m, bool bwd) {
@@ -360,9 +377,14 @@ static void lce_logits(const lce *c, int64_t r0, int64_t m, bool bwd) {
         const lce_params *p = c->p;
         cg_real *st = c->fused + p->st;
         const int slots = lce_slots(c);
+        if (lce_team(c, p->ns)) { /* in a thread team the slabs are its pieces, each in its thread's slot */
+            const lce_slabs_task k = {c, r0, m};
+            cgi_team_pieces(lce_slab_piece, (void *)&k, (int)p->ns);
+        } else {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(slots) if (slots > 1 && p->ns > 1)
-        for (int64_t s = 0; s < p->ns; s++)
-            lce_slab_logits(c, r0, m, s, c->fused + p->pw + (size_t)omp_get_thread_num() * p->pw_one);
+            for (int64_t s = 0; s < p->ns; s++)
+                lce_slab_logits(c, r0, m, s, c->fused + p->pw + (size_t)omp_get_thread_num() * p->pw_one);
+        }
         for (int64_t i = 0; i < m; i++) { /* the slabs' partial sums, merged in slab order */
             const cg_real *o = st + i * p->ns * 2;
             cg_real mx = -INFINITY;
@@ -387,58 +409,84 @@ static void lce_logits(const lce *c, int64_t r0, int64_t m, bool bwd) {
     cgi_gemm_many(&j, 1, cgi_nthreads());
 }
 
+/* One chunk's gradient pass (lce_grads), for its groups of slabs. */
+typedef struct {
+    const lce *c;
+    int64_t r0, m;
+    bool recompute, w_assign, dx, dw, db;
+    cg_real gscale;
+    cg_real *bias_grad;
+    int64_t bias_stride;
+    cg_real *dxu;
+} lce_grads_task;
+
+/* Group g of the chunk's slabs, in slot `me`: dlogits in place, the bias's sums, the group's dX
+ * partial and its slabs' dW rows. */
+static void lce_group(const lce_grads_task *k, int64_t g, int me) {
+    const lce *c = k->c;
+    cg_tensor *w = c->t->src[1], *tgt = c->t->src[2];
+    const lce_params *p = c->p;
+    const cgi_ukr *u = &c->u;
+    const int64_t d = c->d, cap = c->t->iarg[2], r0 = k->r0, m = k->m;
+    const cg_real gscale = k->gscale;
+    cg_real *xb = c->fused + p->xb, *dxp = c->fused + p->dxp, *st = c->fused + p->st;
+    cg_real *pa = c->fused + p->slot + (size_t)me * p->slot_one, *pb = pa + p->pa_n, *pt = pb + p->pb_n,
+            *cs = pt + p->pt_n;
+    cg_real *dxg = g ? dxp + (g - 1) * cap * d : k->dxu;
+    const int64_t s0 = g * p->ns / p->groups, s1 = (g + 1) * p->ns / p->groups;
+    for (int64_t s = s0; s < s1; s++) {
+        int64_t v0, sw;
+        cg_real *z0 = lce_slab(c, s, &v0, &sw);
+        /* recomputed as forward computes them, bit for bit: whichever pass computes the gradients,
+         * they come out the same (and the same as the composite's up to rounding) */
+        if (k->recompute) lce_slab_logits(c, r0, m, s, c->fused + p->pw + (size_t)me * p->pw_one);
+        if (k->db) memset(cs, 0, (size_t)sw * sizeof *cs);
+        for (int64_t i = 0; i < m; i++) { /* e^(z - max) -> d(loss)/d(logits) in place */
+            cg_real *z = z0 + i * sw;
+            const cg_real l = c->lse[r0 + i], *o = st + (i * p->ns + s) * 2;
+            const cg_real f = gscale * (cg_real)exp((double)o[0] - l);
+            for (int64_t j = 0; j < sw; j++) z[j] *= f;
+            const int64_t kk = c->tg[cgi_elem_offset(tgt, (int64_t)c->index[r0 + i])] - v0;
+            if (kk >= 0 && kk < sw) z[kk] -= gscale;
+            if (k->db)
+                for (int64_t j = 0; j < sw; j++) cs[j] += z[j];
+        }
+        if (k->db)
+            for (int64_t j = 0; j < sw; j++) k->bias_grad[(v0 + j) * k->bias_stride] += cs[j];
+        if (k->dx) { /* the group's dX partial (+)= dlogits[:, slab] @ W[slab] */
+            cgi_ukr_pack_a(u, m, sw, z0, sw, 1, pa);
+            lce_pack_w(c, sw, d, v0 * c->wr, c->wr, c->wc, pb);
+            cgi_ukr_gemm(u, m, d, sw, 1, pa, sw, pb, sw, s == s0 ? 0 : 1, dxg, d, 1, CGI_UKR_FULL, CGI_UKR_FULL);
+        }
+        if (k->dw) { /* dW[slab] (+)= dlogits[:, slab]^T @ xs */
+            cgi_ukr_pack_a(u, sw, m, z0, 1, sw, pt);
+            cgi_ukr_gemm(u, sw, d, m, 1, pt, m, xb, m, k->w_assign ? 0 : 1, w->grad + v0 * w->stride[0], w->stride[0],
+                         w->stride[1], CGI_UKR_FULL, CGI_UKR_FULL);
+        }
+    }
+}
+
+static void lce_group_piece(void *ctx, int g) { lce_group(ctx, g, omp_get_thread_num()); }
+
 /* The fused path's gradients over one chunk of m rows from r0 (logits in place: forward's e^(z - max),
  * or recomputed), for an upstream gradient of gscale * (counted rows): dW (+)= into w's gradient
  * (w_assign: written, not added to); dX into dxu's rows of the chunk; the bias's gradient added to
  * dbu (ahead: forward, for backward to take) or to the bias's gradient. */
 static void lce_grads(const lce *c, int64_t r0, int64_t m, bool recompute, cg_real gscale, bool w_assign, bool ahead) {
-    cg_tensor *x = c->t->src[0], *w = c->t->src[1], *tgt = c->t->src[2], *b = c->t->nsrc > 3 ? c->t->src[3] : NULL;
+    cg_tensor *x = c->t->src[0], *w = c->t->src[1], *b = c->t->nsrc > 3 ? c->t->src[3] : NULL;
     const lce_params *p = c->p;
-    const cgi_ukr *u = &c->u;
     const int64_t d = c->d, cap = c->t->iarg[2];
     const bool dx = x->requires_grad, dw = w->requires_grad, db = b && b->requires_grad;
-    cg_real *xb = c->fused + p->xb, *dxp = c->fused + p->dxp, *st = c->fused + p->st, *dxu = c->fused + p->dxu + r0 * d;
-    cg_real *bias_grad = ahead ? c->fused + p->dbu : db ? b->grad : NULL;
-    const int64_t bias_stride = ahead ? 1 : db ? b->stride[0] : 0;
-    if (dw) cgi_ukr_pack_b(u, m, d, c->xs, d, 1, xb);
+    cg_real *xb = c->fused + p->xb, *dxp = c->fused + p->dxp, *dxu = c->fused + p->dxu + r0 * d;
+    lce_grads_task k = {c, r0, m, recompute, w_assign, dx, dw, db, gscale,
+                        ahead ? c->fused + p->dbu : db ? b->grad : NULL, ahead ? 1 : db ? b->stride[0] : 0, dxu};
+    if (dw) cgi_ukr_pack_b(&c->u, m, d, c->xs, d, 1, xb);
     const int slots = lce_slots(c);
+    if (lce_team(c, p->groups)) /* in a thread team the groups are its pieces, each in its thread's slot */
+        cgi_team_pieces(lce_group_piece, &k, (int)p->groups);
+    else {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(slots) if (slots > 1 && p->groups > 1)
-    for (int64_t g = 0; g < p->groups; g++) {
-        const int me = omp_get_thread_num();
-        cg_real *pa = c->fused + p->slot + (size_t)me * p->slot_one, *pb = pa + p->pa_n, *pt = pb + p->pb_n,
-                *cs = pt + p->pt_n;
-        cg_real *dxg = g ? dxp + (g - 1) * cap * d : dxu;
-        const int64_t s0 = g * p->ns / p->groups, s1 = (g + 1) * p->ns / p->groups;
-        for (int64_t s = s0; s < s1; s++) {
-            int64_t v0, sw;
-            cg_real *z0 = lce_slab(c, s, &v0, &sw);
-            /* recomputed as forward computes them, bit for bit: whichever pass computes the gradients,
-             * they come out the same (and the same as the composite's up to rounding) */
-            if (recompute) lce_slab_logits(c, r0, m, s, c->fused + p->pw + (size_t)me * p->pw_one);
-            if (db) memset(cs, 0, (size_t)sw * sizeof *cs);
-            for (int64_t i = 0; i < m; i++) { /* e^(z - max) -> d(loss)/d(logits) in place */
-                cg_real *z = z0 + i * sw;
-                const cg_real l = c->lse[r0 + i], *o = st + (i * p->ns + s) * 2;
-                const cg_real f = gscale * (cg_real)exp((double)o[0] - l);
-                for (int64_t j = 0; j < sw; j++) z[j] *= f;
-                const int64_t k = c->tg[cgi_elem_offset(tgt, (int64_t)c->index[r0 + i])] - v0;
-                if (k >= 0 && k < sw) z[k] -= gscale;
-                if (db)
-                    for (int64_t j = 0; j < sw; j++) cs[j] += z[j];
-            }
-            if (db)
-                for (int64_t j = 0; j < sw; j++) bias_grad[(v0 + j) * bias_stride] += cs[j];
-            if (dx) { /* the group's dX partial (+)= dlogits[:, slab] @ W[slab] */
-                cgi_ukr_pack_a(u, m, sw, z0, sw, 1, pa);
-                lce_pack_w(c, sw, d, v0 * c->wr, c->wr, c->wc, pb);
-                cgi_ukr_gemm(u, m, d, sw, 1, pa, sw, pb, sw, s == s0 ? 0 : 1, dxg, d, 1, CGI_UKR_FULL, CGI_UKR_FULL);
-            }
-            if (dw) { /* dW[slab] (+)= dlogits[:, slab]^T @ xs */
-                cgi_ukr_pack_a(u, sw, m, z0, 1, sw, pt);
-                cgi_ukr_gemm(u, sw, d, m, 1, pt, m, xb, m, w_assign ? 0 : 1, w->grad + v0 * w->stride[0], w->stride[0],
-                             w->stride[1], CGI_UKR_FULL, CGI_UKR_FULL);
-            }
-        }
+        for (int64_t g = 0; g < p->groups; g++) lce_group(&k, g, omp_get_thread_num());
     }
     if (dx) /* the groups' partials in order */
         for (int64_t i = 0; i < m; i++)

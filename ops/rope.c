@@ -73,25 +73,35 @@ cg_tensor *cg_rope_at(cg_graph *g, cg_tensor *x, cg_tensor *pos_offset, const cg
     return rope(g, x, 0, pos_offset, cfg);
 }
 
-/* Rotates rows of src (strided, feature stride ss) into dst (feature stride 1 or the grad's),
- * by +angle (forward) or -angle (backward); features past dims are copied. */
-static void rotate(const cg_tensor *t, cg_real *dst, const int64_t *dst_stride, const cg_real *src,
-                   const int64_t *src_stride, int sign, bool accumulate) {
-    const int nd = t->ndim;
-    const int64_t T = t->shape[nd - 2], D = t->shape[nd - 1], half = t->iarg[0] / 2, rows = cgi_numel(nd - 1, t->shape);
-    const bool inter = t->iarg[1];
+typedef struct {
+    const cg_tensor *t;
+    cg_real *dst;
+    const int64_t *dst_stride;
+    const cg_real *src;
+    const int64_t *src_stride;
+    int sign;
+    bool accumulate;
+} rotate_args;
+
+/* Rows [r0, r1) of a rotation (see rotate). */
+static void rotate_rows(int64_t r0, int64_t r1, void *ctx) {
+    const rotate_args *k = ctx;
+    const cg_tensor *t = k->t;
+    const int64_t *dst_stride = k->dst_stride, *src_stride = k->src_stride;
+    const int nd = t->ndim, sign = k->sign;
+    const int64_t T = t->shape[nd - 2], D = t->shape[nd - 1], half = t->iarg[0] / 2;
+    const bool inter = t->iarg[1], accumulate = k->accumulate;
     const cg_real *C = t->aux, *S = C + T * half;
     const int64_t ds = dst_stride[nd - 1], ss = src_stride[nd - 1];
-#pragma omp parallel for schedule(static) if (rows * D > CGI_PAR_MIN) num_threads(cgi_nthreads())
-    for (int64_t r = 0; r < rows; r++) {
+    for (int64_t r = r0; r < r1; r++) {
         int64_t so = 0, dof = 0, q = r;
-        for (int k = nd - 2; k >= 0; k--) {
-            so += (q % t->shape[k]) * src_stride[k];
-            dof += (q % t->shape[k]) * dst_stride[k];
-            q /= t->shape[k];
+        for (int kk = nd - 2; kk >= 0; kk--) {
+            so += (q % t->shape[kk]) * src_stride[kk];
+            dof += (q % t->shape[kk]) * dst_stride[kk];
+            q /= t->shape[kk];
         }
-        const cg_real *a = src + so, *c = C + (r % T) * half, *s = S + (r % T) * half;
-        cg_real *y = dst + dof;
+        const cg_real *a = k->src + so, *c = C + (r % T) * half, *s = S + (r % T) * half;
+        cg_real *y = k->dst + dof;
         for (int64_t i = 0; i < half; i++) {
             const int64_t i1 = inter ? 2 * i : i, i2 = inter ? 2 * i + 1 : i + half;
             const cg_real x1 = a[i1 * ss], x2 = a[i2 * ss], sn = sign * s[i];
@@ -104,6 +114,17 @@ static void rotate(const cg_tensor *t, cg_real *dst, const int64_t *dst_stride, 
             else y[j * ds] = a[j * ss];
         }
     }
+}
+
+/* Rotates rows of src (strided, feature stride ss) into dst (feature stride 1 or the grad's),
+ * by +angle (forward) or -angle (backward); features past dims are copied. Rows are independent:
+ * a thread team shares them (cgi_par_ranges). */
+static void rotate(const cg_tensor *t, cg_real *dst, const int64_t *dst_stride, const cg_real *src,
+                   const int64_t *src_stride, int sign, bool accumulate) {
+    const int nd = t->ndim;
+    const int64_t D = t->shape[nd - 1], rows = cgi_numel(nd - 1, t->shape);
+    const rotate_args k = {t, dst, dst_stride, src, src_stride, sign, accumulate};
+    cgi_par_ranges(rows, rows * D, rotate_rows, (void *)&k);
 }
 
 cg_status cgi_fwd_rope(cg_tensor *t) {

@@ -341,13 +341,27 @@ cg_status cg_optim_step_scaled(cg_optim *o, double lr, double grad_scale) {
 /* Parameter i's update in place over its own elements [lo, hi) of the block, its gradient a copy
  * of its own (element lo's at g), in pieces on the run's threads: the same elementwise arithmetic
  * as cg_optim_step's, so the same bits. */
+enum { UPDATE_PIECE = 1 << 16 }; /* a multiple of 16 elements: no cache line shared by two threads */
+
+typedef struct {
+    cg_optim *o;
+    int i;
+    int64_t lo, hi;
+    const cg_real *g;
+    const coefs *k;
+} update_args;
+
+static void update_pieces(int64_t q0, int64_t q1, void *ctx) {
+    const update_args *u = ctx;
+    for (int64_t q = q0; q < q1; q++) {
+        const int64_t a = u->lo + q * UPDATE_PIECE, e = a + UPDATE_PIECE < u->hi ? a + UPDATE_PIECE : u->hi;
+        update_range(u->o, u->i, a, e, u->g + (a - u->lo), u->k);
+    }
+}
+
 static void update_param(cg_optim *o, int i, int64_t lo, int64_t hi, const cg_real *g, const coefs *k) {
-    enum { PIECE = 1 << 16 }; /* a multiple of 16 elements: no cache line shared by two threads */
-    const int64_t pieces = (hi - lo + PIECE - 1) / PIECE;
-    CGI_PAR_FOR(hi - lo, for (int64_t q = 0; q < pieces; q++) {
-        const int64_t a = lo + q * PIECE, e = a + PIECE < hi ? a + PIECE : hi;
-        update_range(o, i, a, e, g + (a - lo), k);
-    });
+    const update_args u = {o, i, lo, hi, g, k};
+    cgi_par_ranges((hi - lo + UPDATE_PIECE - 1) / UPDATE_PIECE, hi - lo, update_pieces, (void *)&u);
     o->stepped[i] = true;
 }
 

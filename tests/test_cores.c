@@ -2,7 +2,8 @@
 /* The cores guard (graph/cores.c): its decisions on hand-made run times and delays; the runs that
  * feed it; and the premise it rests on, that training gives the same bits whichever runs are on one
  * thread and which on two (a GPT, a BERT, an encoder-decoder and a llama, three AdamW steps each,
- * switched run by run, against one thread and against two). */
+ * switched run by run, against one thread and against two, and on two threads with every run one
+ * thread team span, CGRAD_TEAM_LARGE). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -174,10 +175,17 @@ static void fill_ids(cg_tensor *t, cg_rng *r, int32_t lo, int32_t hi) {
     for (int64_t i = 0; i < cg_numel(t); i++) d[i] = lo + (int32_t)(cg_rng_next(r) % (uint64_t)(hi - lo));
 }
 
-/* Three AdamW steps of the case; the parameters' bytes, concatenated, in *out (*bytes long).
- * switched: the forward, the backward and the update alternate between one thread and two. */
-static void train(const model_case *c, int threads, bool switched, unsigned char **out, size_t *bytes) {
+/* How train runs its steps: as they come; switched, the forward, the backward and the update
+ * alternating between one thread and two; or each forward and backward one thread team span
+ * (CGRAD_TEAM_LARGE: the helpers take the pieces of every op that shares them), with the update
+ * inside backward (cg_optim_attach), where each parameter's update is shared too. */
+enum { PLAIN, SWITCHED, TEAM };
+
+/* Three AdamW steps of the case; the parameters' bytes, concatenated, in *out (*bytes long). */
+static void train(const model_case *c, int threads, int how, unsigned char **out, size_t *bytes) {
+    const bool switched = how == SWITCHED;
     cg_set_threads(threads);
+    if (how == TEAM) cgi_set_team_large(1), cgi_team_wait_for_helpers(true);
     cg_params *ps = cg_params_new();
     cg_model *m = cg_model_new(c->arch, c->json, 0.0, ps, 99);
     CHECK(m != NULL, "%s: %s", c->name, cg_last_error());
@@ -201,20 +209,38 @@ static void train(const model_case *c, int threads, bool switched, unsigned char
         fill_ids(cg_model_graph_input(&mg, "token_type_ids"), &r, 0, 2);
         fill_ids(cg_model_graph_input(&mg, "next_sentence_label"), &r, 0, 2);
     }
-    cg_graph_on_grad_ready(g, note, NULL);
+    if (how != TEAM) cg_graph_on_grad_ready(g, note, NULL); /* a team's attached optimizer takes the reports */
     cg_optim_config oc = cg_optim_defaults(CG_OPT_ADAMW);
     oc.lr = 1e-3;
     cg_optim *opt = cg_optim_new(ps, &oc);
+    if (how == TEAM) CHECK(cg_optim_attach(opt, g) == CG_OK, "%s: %s", c->name, cg_last_error());
+    cgi_team_counts before, after;
+    cgi_team_stats(&before);
     for (int step = 0; step < 3; step++) {
         cg_params_zero_grad(ps);
         if (switched) cgi_cores_force(step % 2);
         cg_status st = cg_graph_forward(g);
         if (switched) cgi_cores_force(1 - step % 2);
-        if (!st) st = cg_graph_backward(g, mg.loss);
-        if (switched) cgi_cores_force(step % 2);
-        if (!st) st = cg_optim_step(opt, oc.lr);
+        if (how == TEAM) {
+            if (!st) st = cg_optim_backward_step(opt, g, mg.loss, oc.lr);
+        } else {
+            if (!st) st = cg_graph_backward(g, mg.loss);
+            if (switched) cgi_cores_force(step % 2);
+            if (!st) st = cg_optim_step(opt, oc.lr);
+        }
         CHECK(st == CG_OK, "%s step %d: %s", c->name, step, cg_last_error());
     }
+    cgi_team_stats(&after);
+    if (how == TEAM && c->precision == CG_BF16) /* its products run on oneDNN's threads: no span */
+        CHECK(after.runs_with_helpers == before.runs_with_helpers, "%s: a bf16 run in a team span", c->name);
+    else if (how == TEAM) {
+        CHECK(after.runs_with_helpers - before.runs_with_helpers == 6 && after.runs_without == before.runs_without,
+              "%s: %lld of 6 runs in a team with helpers, %lld without", c->name,
+              after.runs_with_helpers - before.runs_with_helpers, after.runs_without - before.runs_without);
+        CHECK(after.helper_pieces > before.helper_pieces, "%s: the helpers took none of %lld pieces", c->name,
+              after.pieces - before.pieces);
+    } else CHECK(after.runs_with_helpers == before.runs_with_helpers, "%s: a team span without CGRAD_TEAM_LARGE", c->name);
+    cgi_set_team_large(0), cgi_team_wait_for_helpers(false);
     cgi_cores_force(-1);
     *bytes = 0;
     for (int i = 0; i < cg_params_count(ps); i++) *bytes += (size_t)cg_numel(cg_params_at(ps, i)) * sizeof(cg_real);
@@ -236,18 +262,20 @@ static void test_switches_keep_the_bits(bool bf16) {
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         const model_case *c = &cases[k];
         if ((c->precision == CG_BF16) != bf16) continue;
-        unsigned char *one, *two, *mixed;
-        size_t n1, n2, nm;
-        train(c, 1, false, &one, &n1);
-        train(c, 2, false, &two, &n2);
+        unsigned char *one, *two, *mixed, *team;
+        size_t n1, n2, nm, nt;
+        train(c, 1, PLAIN, &one, &n1);
+        train(c, 2, PLAIN, &two, &n2);
         threads_seen[1] = threads_seen[2] = 0;
-        train(c, 2, true, &mixed, &nm);
+        train(c, 2, SWITCHED, &mixed, &nm);
         CHECK(threads_seen[1] > 0 && threads_seen[2] > 0, "%s: switched training ran %d kernels on one thread, %d on two",
               c->name, threads_seen[1], threads_seen[2]);
-        CHECK(n1 == n2 && n1 == nm && n1 > 0, "%s: sizes", c->name);
+        train(c, 2, TEAM, &team, &nt);
+        CHECK(n1 == n2 && n1 == nm && n1 == nt && n1 > 0, "%s: sizes", c->name);
         CHECK(n1 == n2 && !memcmp(one, two, n1), "%s: one thread and two differ", c->name);
         CHECK(n1 == nm && !memcmp(one, mixed, n1), "%s: switched between one thread and two differs", c->name);
-        free(one), free(two), free(mixed);
+        CHECK(n1 == nt && !memcmp(one, team, n1), "%s: two threads in one team span a run differ from one thread", c->name);
+        free(one), free(two), free(mixed), free(team);
     }
     cg_set_threads(0);
 }

@@ -86,10 +86,21 @@ static void test_small_runs_stay_on_one_thread(void) {
     /* an uncached generation step of gpt-tiny (216 tokens): still one thread */
     const double mid = run_linear(216, 256, 3072);
     CHECK(mid < CGI_RUN_PAR_MIN && seen == 1, "a %.0f-multiply-add run saw %d threads", mid, seen);
-    /* a training-sized product: every thread */
+    /* a training-sized product: every thread, as parallel regions per op */
+    cgi_set_team_large(0);
     const double work = run_linear(4096, 512, 1024);
     CHECK(work > CGI_RUN_PAR_MIN, "work %.0f", work);
     CHECK(seen == 2, "a kernel of a %.0f-multiply-add run saw %d threads", work, seen);
+    /* ... or (CGRAD_TEAM_LARGE) as one team span: the kernels run on thread 0, sharing pieces */
+    cgi_set_team_large(1), cgi_team_wait_for_helpers(true);
+    cgi_team_counts before, after;
+    cgi_team_stats(&before);
+    run_linear(4096, 512, 1024);
+    cgi_team_stats(&after);
+    CHECK(seen == 1 && after.runs_with_helpers > before.runs_with_helpers && after.helper_pieces > before.helper_pieces,
+          "a team span's kernel saw %d threads, %lld runs with helpers, %lld pieces by helpers", seen,
+          after.runs_with_helpers - before.runs_with_helpers, after.helper_pieces - before.helper_pieces);
+    cgi_set_team_large(-1), cgi_team_wait_for_helpers(false);
     CHECK(cgi_run_threads(CGI_RUN_PAR_MIN / 2) == 1 && cgi_run_threads(CGI_RUN_PAR_MIN) == 2, "threshold");
     cg_set_threads(1);
     run_linear(4096, 512, 1024);
