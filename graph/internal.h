@@ -324,6 +324,8 @@ cg_status cgi_run_forward(cg_graph *g, cg_tensor *t);
 void cgi_resolve_views(cg_graph *g);
 /* Whether CGRAD_PROFILE asks for per-op kernel times. */
 bool cgi_profiling(void);
+/* The profile's clock in seconds (> 0): wall time, or the thread's CPU time under CGRAD_PROFILE_CLOCK=cpu. */
+double cgi_profile_clock(void);
 /* Records node t's kernel time since t0 for pass 0 (forward) or 1 (backward). */
 void cgi_profile_node(cg_tensor *t, int pass, double t0);
 

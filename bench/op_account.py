@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""Where a training step's time goes, by op: runs `cgrad bench` under CGRAD_PROFILE=2 and prints, per
+config and thread count, each op kind's forward and backward ms per step (the median over the timed
+steps of each node, the warm-up step left out), the matrix products' share of the step, the other
+ops' share, and what runs outside the ops (the optimizer's updates inside backward, gradient zeroing,
+the executor), against the step's ms and the run's fraction of sgemm.
+
+  bench/op_account.py [--build build-bench] [--configs bert-small,llama-tiny] [--threads 1,2]
+                      [--steps 5] [--rounds 1] [--cpu-clock]
+
+--cpu-clock times one-thread runs by the thread's CPU clock (CGRAD_PROFILE_CLOCK=cpu) and compares
+the ops with the step's CPU time, so other processes on a shared machine drop out of the account.
+Rounds alternate configs and thread counts; each figure is the median over the rounds."""
+import argparse
+import collections
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+# Ops whose work is matrix products (the model FLOPs): everything else is counted as "other ops".
+PRODUCTS = {"linear", "linear_act", "matmul", "attention", "linear_cross_entropy", "lora_linear", "segment_linear",
+            "conv2d", "sdpa"}
+PROFILE_LINE = re.compile(r"\[profile\] (fwd|bwd) node (\d+) (\w+)\S*: ([\d.]+) ms")
+
+
+def run_once(build, config, threads, steps, cpu_clock):
+    env = dict(os.environ, CGRAD_PROFILE="2")
+    if cpu_clock and threads == 1:
+        env["CGRAD_PROFILE_CLOCK"] = "cpu"
+    p = subprocess.run([os.path.join(build, "cgrad"), "bench", "--config", config, "--threads", str(threads),
+                        "--steps", str(steps), "--warmup", "1"], env=env, capture_output=True, text=True)
+    result = next((json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")), None)
+    if not result or "error" in result:
+        sys.exit(f"cgrad bench --config {config} --threads {threads} failed: {result}\n{p.stderr[-2000:]}")
+    times = collections.defaultdict(list)  # (pass, node) -> ms of each run
+    kind = {}
+    for line in p.stderr.splitlines():
+        m = PROFILE_LINE.match(line)
+        if m:
+            times[(m[1], int(m[2]))].append(float(m[4]))
+            kind[int(m[2])] = m[3]
+    ops = collections.defaultdict(lambda: [0.0, 0.0])  # op -> [fwd, bwd] ms per step
+    for (pas, node), ts in times.items():
+        ts = ts[1:]  # the warm-up step: first touches of the memory plan
+        if ts:
+            ops[kind[node]][pas == "bwd"] += statistics.median(ts)
+    step = result["cpu_ms_per_step"] if cpu_clock and threads == 1 else result["ms_per_step"]
+    return dict(ops), step, result["sgemm_fraction"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--build", default="build-bench")
+    ap.add_argument("--configs", default="gpt-tiny,bert-small,encdec-base,gpt-small,llama-tiny")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--cpu-clock", action="store_true")
+    a = ap.parse_args()
+    configs, threads = a.configs.split(","), [int(t) for t in a.threads.split(",")]
+    runs = collections.defaultdict(list)
+    for _ in range(a.rounds):
+        for th in threads:
+            for cfg in configs:
+                runs[(cfg, th)].append(run_once(a.build, cfg, th, a.steps, a.cpu_clock))
+    for th in threads:
+        for cfg in configs:
+            rs = runs[(cfg, th)]
+            names = sorted({op for ops, _, _ in rs for op in ops})
+            med = {op: [statistics.median(r[0].get(op, [0, 0])[k] for r in rs) for k in (0, 1)] for op in names}
+            step = statistics.median(r[1] for r in rs)
+            frac = statistics.median(r[2] for r in rs)
+            clock = "CPU" if a.cpu_clock and th == 1 else "wall"
+            print(f"\n{cfg}, {th} thread(s): {step:.1f} ms a step ({clock} clock), {frac:.2f} of sgemm\n")
+            print("| op | kind | fwd ms | bwd ms | share of the step |\n|---|---|---:|---:|---:|")
+            prod = sum(sum(med[o]) for o in names if o in PRODUCTS)
+            other = sum(sum(med[o]) for o in names if o not in PRODUCTS)
+            for op in sorted(names, key=lambda o: -sum(med[o])):
+                t = sum(med[op])
+                if t >= 0.005 * step:
+                    print(f"| {op} | {'product' if op in PRODUCTS else 'other'} | {med[op][0]:.1f} | "
+                          f"{med[op][1]:.1f} | {100 * t / step:.1f}% |")
+            small = sum(sum(med[o]) for o in names if sum(med[o]) < 0.005 * step)
+            if small:
+                print(f"| ops under 0.5% each | | | | {100 * small / step:.1f}% |")
+            outside = step - prod - other
+            print(f"| **products** | | | | **{100 * prod / step:.1f}%** |")
+            print(f"| **other ops** | | | | **{100 * other / step:.1f}%** |")
+            print(f"| **outside the ops** (optimizer, zeroing, executor) | | | | **{100 * outside / step:.1f}%** |")
+
+
+if __name__ == "__main__":
+    main()
