@@ -4,7 +4,9 @@
 config and thread count, each op kind's forward and backward ms per step (the median over the timed
 steps of each node, the warm-up step left out), the matrix products' share of the step, the other
 ops' share, and what runs outside the ops (the optimizer's updates inside backward, gradient zeroing,
-the executor), against the step's ms and the run's fraction of sgemm.
+the executor), against the step's ms and the run's fraction of sgemm. The products' line gives the
+rate of the model FLOPs (all of them are products) over the products' time alone, as a fraction of
+the run's sgemm: what the step would reach if nothing else took time.
 
   bench/op_account.py [--build build-bench] [--configs bert-small,llama-tiny] [--threads 1,2]
                       [--steps 5] [--rounds 1] [--cpu-clock]
@@ -49,7 +51,8 @@ def run_once(build, config, threads, steps, cpu_clock):
         if ts:
             ops[kind[node]][pas == "bwd"] += statistics.median(ts)
     step = result["cpu_ms_per_step"] if cpu_clock and threads == 1 else result["ms_per_step"]
-    return dict(ops), step, result["sgemm_fraction"]
+    model_gflop = result["gflops"] * result["ms_per_step"] / 1e3
+    return dict(ops), step, result["sgemm_fraction"], model_gflop, result["sgemm_gflops"]
 
 
 def main():
@@ -70,12 +73,14 @@ def main():
     for th in threads:
         for cfg in configs:
             rs = runs[(cfg, th)]
-            names = sorted({op for ops, _, _ in rs for op in ops})
+            names = sorted({op for r in rs for op in r[0]})
             med = {op: [statistics.median(r[0].get(op, [0, 0])[k] for r in rs) for k in (0, 1)] for op in names}
             step = statistics.median(r[1] for r in rs)
             frac = statistics.median(r[2] for r in rs)
+            gflop, sgemm = statistics.median(r[3] for r in rs), statistics.median(r[4] for r in rs)
             clock = "CPU" if a.cpu_clock and th == 1 else "wall"
-            print(f"\n{cfg}, {th} thread(s): {step:.1f} ms a step ({clock} clock), {frac:.2f} of sgemm\n")
+            print(f"\n{cfg}, {th} thread(s): {step:.1f} ms a step ({clock} clock), {frac:.2f} of sgemm "
+                  f"({gflop:.1f} model GFLOP a step, sgemm {sgemm:.0f} GFLOP/s)\n")
             print("| op | kind | fwd ms | bwd ms | share of the step |\n|---|---|---:|---:|---:|")
             prod = sum(sum(med[o]) for o in names if o in PRODUCTS)
             other = sum(sum(med[o]) for o in names if o not in PRODUCTS)
@@ -88,7 +93,8 @@ def main():
             if small:
                 print(f"| ops under 0.5% each | | | | {100 * small / step:.1f}% |")
             outside = step - prod - other
-            print(f"| **products** | | | | **{100 * prod / step:.1f}%** |")
+            print(f"| **products** (their model FLOPs at {gflop / prod * 1e3 / sgemm:.2f} of sgemm) | | | | "
+                  f"**{100 * prod / step:.1f}%** |")
             print(f"| **other ops** | | | | **{100 * other / step:.1f}%** |")
             print(f"| **outside the ops** (optimizer, zeroing, executor) | | | | **{100 * outside / step:.1f}%** |")
 
