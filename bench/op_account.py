@@ -11,8 +11,10 @@ the run's sgemm: what the step would reach if nothing else took time.
   bench/op_account.py [--build build-bench] [--configs bert-small,llama-tiny] [--threads 1,2]
                       [--steps 5] [--rounds 1] [--cpu-clock]
 
---cpu-clock times one-thread runs by the thread's CPU clock (CGRAD_PROFILE_CLOCK=cpu) and compares
-the ops with the step's CPU time, so other processes on a shared machine drop out of the account.
+--cpu-clock times one-thread runs by the thread's CPU clock (CGRAD_PROFILE_CLOCK=cpu), compares the
+ops with the step's CPU time, and takes the fraction of sgemm against bench_linear's 2048^3 product
+by CPU time after each run (built in the same build directory), so the time other processes hold the
+core drops out of the account (what they take of the shared caches does not).
 Rounds alternate configs and thread counts; each figure is the median over the rounds."""
 import argparse
 import collections
@@ -55,6 +57,18 @@ def run_once(build, config, threads, steps, cpu_clock):
     return dict(ops), step, result["sgemm_fraction"], model_gflop, result["sgemm_gflops"]
 
 
+def reference_cpu_gflops(build):
+    """GFLOP/s of bench_linear's 2048^3 product (the kernel set in use, one thread) by CPU time."""
+    exe = os.path.join(build, "bench_linear")
+    if not os.path.exists(exe):
+        sys.exit(f"--cpu-clock needs {exe}: cmake --build {build} --target bench_linear")
+    out = subprocess.run([exe, "5", "1024", "1", "2"], capture_output=True, text=True).stdout
+    m = re.search(r"2048\^3 reference .*?([\d.]+) GFLOP/s", out)
+    if not m:
+        sys.exit(f"bench_linear printed no reference:\n{out}")
+    return float(m[1])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", default="build-bench")
@@ -69,7 +83,11 @@ def main():
     for _ in range(a.rounds):
         for th in threads:
             for cfg in configs:
-                runs[(cfg, th)].append(run_once(a.build, cfg, th, a.steps, a.cpu_clock))
+                r = run_once(a.build, cfg, th, a.steps, a.cpu_clock)
+                if a.cpu_clock and th == 1:  # the sgemm by CPU time right after the run, as the bench's is
+                    r = r[:4] + (reference_cpu_gflops(a.build),)
+                runs[(cfg, th)].append(r)
+    summary = []  # (column, {op: share}, products, other, outside, products' sgemm fraction, step, fraction)
     for th in threads:
         for cfg in configs:
             rs = runs[(cfg, th)]
@@ -79,6 +97,8 @@ def main():
             frac = statistics.median(r[2] for r in rs)
             gflop, sgemm = statistics.median(r[3] for r in rs), statistics.median(r[4] for r in rs)
             clock = "CPU" if a.cpu_clock and th == 1 else "wall"
+            if clock == "CPU":  # the step's CPU time against the reference's
+                frac = statistics.median(r[3] / (r[1] / 1e3) / r[4] for r in rs)
             print(f"\n{cfg}, {th} thread(s): {step:.1f} ms a step ({clock} clock), {frac:.2f} of sgemm "
                   f"({gflop:.1f} model GFLOP a step, sgemm {sgemm:.0f} GFLOP/s)\n")
             print("| op | kind | fwd ms | bwd ms | share of the step |\n|---|---|---:|---:|---:|")
@@ -97,6 +117,24 @@ def main():
                   f"**{100 * prod / step:.1f}%** |")
             print(f"| **other ops** | | | | **{100 * other / step:.1f}%** |")
             print(f"| **outside the ops** (optimizer, zeroing, executor) | | | | **{100 * outside / step:.1f}%** |")
+            summary.append((f"{cfg}, {th}t", {o: 100 * sum(med[o]) / step for o in names}, 100 * prod / step,
+                            100 * other / step, 100 * outside / step, gflop / prod * 1e3 / sgemm, step, frac))
+    # every run side by side: each op's share of its step, the op kinds in rows
+    ops = sorted({o for col in summary for o in col[1]}, key=lambda o: (o not in PRODUCTS, -max(c[1].get(o, 0) for c in summary)))
+    print("\nShare of the step, %:\n")
+    print("| op | " + " | ".join(c[0] for c in summary) + " |")
+    print("|---|" + "---:|" * len(summary))
+    for o in ops:
+        if max(c[1].get(o, 0) for c in summary) >= 0.5:
+            print(f"| {o} | " + " | ".join(f"{c[1][o]:.1f}" if o in c[1] else "—" for c in summary) + " |")
+    rows = [("ops under 0.5% in every run", lambda c: sum(v for o, v in c[1].items()
+                                                           if max(d[1].get(o, 0) for d in summary) < 0.5)),
+            ("**products**", lambda c: c[2]), ("**other ops**", lambda c: c[3]), ("**outside the ops**", lambda c: c[4])]
+    for name, f in rows:
+        print(f"| {name} | " + " | ".join(f"{f(c):.1f}" for c in summary) + " |")
+    print("| products' FLOPs over their time, of sgemm | " + " | ".join(f"{c[5]:.2f}" for c in summary) + " |")
+    print("| ms a step | " + " | ".join(f"{c[6]:.0f}" for c in summary) + " |")
+    print("| step's fraction of sgemm | " + " | ".join(f"{c[7]:.2f}" for c in summary) + " |")
 
 
 if __name__ == "__main__":
