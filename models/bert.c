@@ -187,7 +187,7 @@ cg_status cg_bert_forward_ex(cg_graph *g, const cg_bert *m, cg_tensor *ids, cg_t
     /* Masked-LM labels cover 15% of the tokens (cg_mlm_options' mask_prob, cgrad bench's random labels):
      * chunks of 3/16 of the rows hold them in one, so backward recomputes no logits and the products
      * pass over the 30522-row table once. bert-small (307 of 2048 rows labelled, 1 thread): its head
-     * took 67 ms a step in one chunk, 92 in the op's own two of 154 rows, for 16 MB more peak. More
+     * took 69 ms a step in one chunk, 92 in the op's own two of 154 rows, for 16 MB more peak. More
      * labelled rows still run, in more chunks. */
     if (mlm_labels)
         out->mlm_loss = cgi_linear_cross_entropy_rows(g, h, m->word, m->mlm_b, mlm_labels, -100,
