@@ -217,7 +217,7 @@ static void backward_node(cg_graph *g, cg_tensor *t, int i) {
     for (int k = 0; k < t->nsrc; k++)
         if (t->src[k]->requires_grad && !(claims & CGI_GRAD_CLAIMS_ALL) && !(k == 0 && (claims & CGI_GRAD_CLAIMS_SRC0)))
             zero_once(t->src[k]);
-    double t0 = cgi_profiling() ? omp_get_wtime() : 0;
+    double t0 = cgi_profiling() ? cgi_profile_clock() : 0;
     cgi_ops[t->op].backward(t);
     if (t0 > 0) cgi_profile_node(t, 1, t0);
     if (g->ready_fn)

@@ -324,6 +324,8 @@ cg_status cgi_run_forward(cg_graph *g, cg_tensor *t);
 void cgi_resolve_views(cg_graph *g);
 /* Whether CGRAD_PROFILE asks for per-op kernel times. */
 bool cgi_profiling(void);
+/* The profile's clock in seconds (> 0): wall time, or the thread's CPU time under CGRAD_PROFILE_CLOCK=cpu. */
+double cgi_profile_clock(void);
 /* Records node t's kernel time since t0 for pass 0 (forward) or 1 (backward). */
 void cgi_profile_node(cg_tensor *t, int pass, double t0);
 
@@ -386,6 +388,11 @@ cg_tensor *cgi_broadcast_node(cg_graph *g, int op, cg_dtype dt, cg_tensor *a, cg
 /* Strides of t read as the broadcast shape (0 where t is broadcast). */
 void cgi_broadcast_strides(const cg_tensor *t, int ndim, const int64_t *shape, int64_t *stride);
 
+/* cg_linear_cross_entropy in chunks of up to chunk_rows counted rows (rounded up to 16) in a float
+ * graph, for a caller that knows how many rows its targets count (BERT's masked-LM head); 0 takes
+ * the op's own limit (ops/loss.c, lce_rows_limit). */
+cg_tensor *cgi_linear_cross_entropy_rows(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias, cg_tensor *targets,
+                                         int ignore_index, int64_t chunk_rows);
 /* y (= linear(x, w, ...)) plus the low-rank adapter of w's parameter, when it has one (ops/lora.c). */
 cg_tensor *cgi_lora_linear(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *y);
 /* linear(x, w) for a weight with an adapter read as its parameter or a block of its rows, as one

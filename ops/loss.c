@@ -224,6 +224,11 @@ static void lce_layout(lce_params *p, int64_t rows, int64_t cap, int64_t d, int6
 
 cg_tensor *cg_linear_cross_entropy(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias, cg_tensor *targets,
                                    int ignore_index) {
+    return cgi_linear_cross_entropy_rows(g, x, w, bias, targets, ignore_index, 0);
+}
+
+cg_tensor *cgi_linear_cross_entropy_rows(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias, cg_tensor *targets,
+                                         int ignore_index, int64_t chunk_rows) {
     cg_tensor *in[4] = {x, w, targets, bias};
     if (!cgi_inputs_ok(g, "linear_cross_entropy", bias ? 4 : 3, in)) return NULL;
     if (!cgi_expect_real("linear_cross_entropy", x, "x") || !cgi_expect_real("linear_cross_entropy", w, "w")) return NULL;
@@ -240,7 +245,10 @@ cg_tensor *cg_linear_cross_entropy(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_t
     in[0] = cg_contiguous(g, x);
     if (!in[0]) return NULL;
     const int64_t rows = cgi_numel(targets->ndim, targets->shape), v = w->shape[0];
-    const int64_t lim = lce_rows_limit(g->precision == CG_BF16, d, v), cap = rows < lim ? rows : lim;
+    const bool bf16 = g->precision == CG_BF16;
+    /* a caller's chunk (float graphs; bf16 keeps its half chunks), in whole 16-row steps */
+    const int64_t lim = chunk_rows > 0 && !bf16 ? (chunk_rows + 15) / 16 * 16 : lce_rows_limit(bf16, d, v),
+                  cap = rows < lim ? rows : lim;
     lce_params *p = NULL;
     if (g->precision != CG_BF16 && d > 0 && v > 0 && cap > 0) {
         if (!(p = cgi_node_params(g, "linear_cross_entropy", sizeof *p))) return NULL;
