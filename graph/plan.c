@@ -424,7 +424,7 @@ static cg_status plan_param_grads(cg_graph *g, const int64_t *bt, buffer *bufs, 
  * GELU (a bf16 graph's, after its linear). A value stored in bf16 (cgi_lp_plan_values) is remade
  * in bf16 by the same forward: gpt-small's bf16 step keeps 113 MB of them otherwise. */
 bool cgi_regen_ok(const cg_tensor *t) {
-    if (t->dtype != CG_REAL || t->lp_shadowed) return false;
+    if (t->dtype != CG_REAL) return false;
     if (t->op == CGI_OP_LINEAR_ACT) return t->iarg[0] != CGI_ACT_RELU && t->graph->precision != CG_BF16 && !t->lp_value;
     if (t->op == CGI_OP_ADD_LAYERNORM) return t->iarg[2]; /* from the residual sum it keeps */
     return t->op == CGI_OP_LAYERNORM || t->op == CGI_OP_GELU || t->op == CGI_OP_GELU_TANH;
@@ -458,6 +458,10 @@ static void decide_regen(cg_graph *g) {
         const int first = t->op == CGI_OP_LINEAR_ACT || t->op == CGI_OP_ADD_LAYERNORM ? 2 : 0;
         for (int k = first; t->regen && k < t->nsrc; k++) t->regen = !t->src[k]->root->regen;
     }
+    /* A bf16 graph's shadowed value (a post-LN block's output, cgi_lp_plan_values) that is remade
+     * needs no bf16 copy from forward to backward: its linears convert the remade float instead. */
+    for (int64_t i = 0; i < g->n; i++)
+        if (g->nodes[i]->regen && g->nodes[i]->lp_shadowed) g->nodes[i]->lp_shadowed = false, g->nodes[i]->lp_shadow = NULL;
 }
 
 /* Node c, whose backward at time back reads r's remade value: the buffer's life, and the first reader. */
