@@ -320,23 +320,26 @@ static bool scratch_of(const buffer *b, int op) {
  *    forward to backward, which then need not make them again; at the peak every layer's are
  *    live, and backward remakes them instead (cgi_sdpa_remake_probs), a block's scores and
  *    softmax again: gpt-small (12 layers, 4 x 12 heads of 256 x 256) 151 MB off its peak.
- *  - The fused LM head's chunk of logits: half the rows (cgi_lce_halve_chunks).
+ *    Measured (whole steps, interleaved): no slower on gpt-small, within noise elsewhere.
+ *  - The fused LM head's chunk of logits: half the rows (cgi_lce_halve_chunks), gpt-small 58 MiB
+ *    off its peak, but its step took 1.06x the CPU time (each chunk packs all of W again), so
+ *    only when asked: CGRAD_HEAD_CHUNK=auto (at the peak) or =halve (wherever it can).
  * Repeated while the peak moves to another moment where one is live. CGRAD_ATTN_PROBS=keep keeps
- * the probabilities, =remake remakes them all; CGRAD_HEAD_CHUNK=keep keeps the head's chunks,
- * =halve halves them all. */
+ * the probabilities, =remake remakes them all, =auto (the default) at the peak. */
 static const struct {
     int op;
     const char *env;
+    bool by_default; /* auto without the environment variable; else keep */
     size_t (*shrink)(cg_tensor *, bool apply);
-} shrinks[] = {{CGI_OP_ATTENTION, "CGRAD_ATTN_PROBS", cgi_sdpa_remake_probs},
-               {CGI_OP_LINEAR_CROSS_ENTROPY, "CGRAD_HEAD_CHUNK", cgi_lce_halve_chunks}};
+} shrinks[] = {{CGI_OP_ATTENTION, "CGRAD_ATTN_PROBS", true, cgi_sdpa_remake_probs},
+               {CGI_OP_LINEAR_CROSS_ENTROPY, "CGRAD_HEAD_CHUNK", false, cgi_lce_halve_chunks}};
 
 static void shrink_at_peak(buffer *bufs, int nb, int64_t end) {
     enum { NS = sizeof shrinks / sizeof shrinks[0] };
     bool off[NS], all[NS];
     for (int k = 0; k < NS; k++) {
         const char *env = getenv(shrinks[k].env);
-        off[k] = env && !strcmp(env, "keep");
+        off[k] = env ? !strcmp(env, "keep") : !shrinks[k].by_default;
         all[k] = env && !off[k] && strcmp(env, "auto"); /* remake, halve: wherever it shrinks */
     }
     for (bool changed = true; changed;) {
@@ -420,9 +423,12 @@ static cg_status plan_param_grads(cg_graph *g, const int64_t *bt, buffer *bufs, 
 }
 
 /* A fused linear + GELU remakes its output from the product it keeps, one elementwise pass; a layer
- * norm runs its forward again, one pass over its input, which its own backward keeps; so does a
- * GELU (a bf16 graph's, after its linear). A value stored in bf16 (cgi_lp_plan_values) is remade
- * in bf16 by the same forward: gpt-small's bf16 step keeps 113 MB of them otherwise. */
+ * norm runs its forward again, one pass over its input, which its own backward keeps, and a
+ * residual add + layer norm from the sum it keeps; so does a GELU (a bf16 graph's, after its
+ * linear). A value stored in bf16 (cgi_lp_plan_values) is remade in bf16 by the same forward:
+ * gpt-small's bf16 step keeps 113 MB of them otherwise, and without the GELUs' bf16 would sit above
+ * fp32 on bert-small (324 MiB against 315). The price: gpt-tiny's bf16 step took 1.05x the CPU time
+ * of CGRAD_REGEN=0 (4 interleaved steps each, load 2.3). */
 bool cgi_regen_ok(const cg_tensor *t) {
     if (t->dtype != CG_REAL) return false;
     if (t->op == CGI_OP_LINEAR_ACT) return t->iarg[0] != CGI_ACT_RELU && t->graph->precision != CG_BF16 && !t->lp_value;

@@ -263,9 +263,10 @@ cg_tensor *cg_linear_cross_entropy(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_t
     return t;
 }
 
-/* The plan's choice (graph/plan.c), where the head's chunk is live at its fullest moment: chunks of
- * LCE_ROWS / 2 rows instead of LCE_ROWS, half the logits alive, for thinner products (gpt-small:
- * 51 MB off the peak; its head took 1.03x the CPU time of 512-row chunks in 256). */
+/* The plan's choice when asked (graph/plan.c, CGRAD_HEAD_CHUNK), where the head's chunk is live at
+ * its fullest moment: chunks of LCE_ROWS / 2 rows instead of LCE_ROWS, half the logits alive, for
+ * thinner products and W packed once more per chunk (gpt-small: 61 MB off the peak, its step 1.06x
+ * the CPU time). */
 size_t cgi_lce_halve_chunks(cg_tensor *t, bool apply) {
     lce_params *p = t->params;
     const cg_tensor *w = t->src[1];
