@@ -5,7 +5,9 @@
  * a graph built once; one repetition runs every variant once in turn (interleaved, so machine load
  * hits all alike); the median over the repetitions is reported with the min and max, as a ratio to
  * plain sdpa, and the graph's planned bytes beside plain's (the options add O(T) per head, the
- * composite O(T^2)). Usage: bench_attention [reps] [B] [H] [T] [D] [causal 0/1] [threads]. */
+ * composite O(T^2)). Every variant keeps its probabilities for backward (CGRAD_ATTN_PROBS=keep) but
+ * "probabilities remade", whose backward remakes them (what the plan picks where they would be
+ * live at its peak). Usage: bench_attention [reps] [B] [H] [T] [D] [causal 0/1] [threads]. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,7 +15,7 @@
 #include "bench_timing.h"
 #include <cgrad/cgrad.h>
 
-typedef enum { PLAIN, ALIBI, T5, BIAS, DROPOUT, ALIBI_DROPOUT, COMPOSITE_DROPOUT } kind;
+typedef enum { PLAIN, ALIBI, T5, BIAS, DROPOUT, ALIBI_DROPOUT, COMPOSITE_DROPOUT, REMADE } kind;
 
 typedef struct {
     const char *name;
@@ -53,6 +55,7 @@ int main(int argc, char **argv) {
         {"+ dropout 0.1", DROPOUT, {0}},
         {"+ ALiBi + dropout", ALIBI_DROPOUT, {0}},
         {"composite + dropout", COMPOSITE_DROPOUT, {0}},
+        {"probabilities remade", REMADE, {0}},
     };
     const int nv = sizeof vs / sizeof vs[0];
     cg_rng rng;
@@ -65,7 +68,9 @@ int main(int argc, char **argv) {
         for (int j = 0; j < 3; j++) x[j] = bench_input(v->t.g, "x", 4, s, &rng, -2, 2);
         cg_tensor *r = bench_upstream(v->t.g, 4, s, &rng);
         v->t.loss = bench_loss(v->t.g, build(v->t.g, v->k, x[0], x[1], x[2], causal, &rng), r);
+        setenv("CGRAD_ATTN_PROBS", v->k == REMADE ? "remake" : "keep", 1); /* read when the graph is planned */
         if (!bench_ready(&v->t, "bench_attention", v->name, reps)) return 1;
+        unsetenv("CGRAD_ATTN_PROBS");
     }
     bench_timed ts[sizeof vs / sizeof vs[0]];
     for (int i = 0; i < nv; i++) ts[i] = vs[i].t;

@@ -304,6 +304,15 @@ bool cgi_regen_ok(const cg_tensor *t);
 void cgi_regen(cg_tensor *t);
 /* A fused linear + GELU's output again, from the product it keeps (ops/matmul.c). */
 void cgi_linear_act_regen(cg_tensor *t);
+/* A residual add + layer norm's output again, from the sum it keeps (ops/norm.c). */
+void cgi_add_layernorm_regen(cg_tensor *t);
+/* Fused attention node t keeps no probabilities for its backward, which remakes them from the
+ * scores (ops/attention.c): the bytes its scratch would shrink by (0: it would not), and with
+ * apply, done where it does. */
+size_t cgi_sdpa_remake_probs(cg_tensor *t, bool apply);
+/* The fused LM head t runs in chunks of half the rows (ops/loss.c): the bytes its scratch would
+ * shrink by (0: unchanged), and with apply, done. */
+size_t cgi_lce_halve_chunks(cg_tensor *t, bool apply);
 
 /* ---- gradient checkpointing (graph/checkpoint.c) ---- */
 /* Decides which nodes backward recomputes (t->recompute), from each node's kept flag and its

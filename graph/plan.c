@@ -251,20 +251,30 @@ done:
     return top;
 }
 
-/* Prints what the block holds at its fullest moment (CGRAD_PLAN=1). */
-static void print_plan(buffer *bufs, buffer **order, int nb, size_t total, int64_t end) {
+/* The first time (of 0..end) at which the buffers' live bytes are most, and those bytes in *peak;
+ * -1 without memory for the count. */
+static int64_t peak_time(const buffer *bufs, int nb, int64_t end, int64_t *peak) {
     int64_t *delta = calloc((size_t)end + 2, sizeof *delta);
-    if (!delta) return;
+    *peak = 0;
+    if (!delta) return -1;
     for (int i = 0; i < nb; i++) {
         delta[bufs[i].birth] += (int64_t)bufs[i].bytes;
         delta[bufs[i].death + 1] -= (int64_t)bufs[i].bytes;
     }
-    int64_t peak_t = 0, peak = 0, live = 0;
+    int64_t peak_t = 0, live = 0;
     for (int64_t tm = 0; tm <= end; tm++) {
         live += delta[tm];
-        if (live > peak) peak = live, peak_t = tm;
+        if (live > *peak) *peak = live, peak_t = tm;
     }
     free(delta);
+    return peak_t;
+}
+
+/* Prints what the block holds at its fullest moment (CGRAD_PLAN=1). */
+static void print_plan(buffer *bufs, buffer **order, int nb, size_t total, int64_t end) {
+    int64_t peak;
+    const int64_t peak_t = peak_time(bufs, nb, end, &peak);
+    if (peak_t < 0) return;
     for (int i = 0; i < nb; i++) order[i] = &bufs[i];
     qsort(order, (size_t)nb, sizeof *order, by_size_desc);
     fprintf(stderr, "[plan] %d buffers in %.1f MB; %.1f MB live at time %lld of %lld, the largest:\n", nb,
@@ -296,6 +306,62 @@ static void print_plan(buffer *bufs, buffer **order, int nb, size_t total, int64
 }
 
 static size_t round_up(size_t n) { return (n + CGI_ALIGN - 1) / CGI_ALIGN * CGI_ALIGN; }
+
+/* Whether buffer b is the scratch (forward's, or its checkpoint recompute's) of a node of op `op`. */
+static bool scratch_of(const buffer *b, int op) {
+    cg_tensor *t = (cg_tensor *)b->node;
+    return b->kind == 'a' && t->op == op && (b->target == (void **)&t->aux || b->target == (void **)&t->alt_aux);
+}
+
+/* Memory for a little time, where it lowers the peak by 1/64 of it or more: scratch of these ops
+ * live at the plan's fullest moment (a training graph's start of backward) shrinks for some
+ * recompute.
+ *  - Attention with every key in one block keeps its probabilities (Tq x Tk floats a head) from
+ *    forward to backward, which then need not make them again; at the peak every layer's are
+ *    live, and backward remakes them instead (cgi_sdpa_remake_probs), a block's scores and
+ *    softmax again: gpt-small (12 layers, 4 x 12 heads of 256 x 256) 151 MB off its peak.
+ *    Measured (whole steps, interleaved): no slower on gpt-small, within noise elsewhere.
+ *  - The fused LM head's chunk of logits: half the rows (cgi_lce_halve_chunks), gpt-small 58 MiB
+ *    off its peak, but its step took 1.06x the CPU time (each chunk packs all of W again), so
+ *    only when asked: CGRAD_HEAD_CHUNK=auto (at the peak) or =halve (wherever it can).
+ * Repeated while the peak moves to another moment where one is live. CGRAD_ATTN_PROBS=keep keeps
+ * the probabilities, =remake remakes them all, =auto (the default) at the peak. */
+static const struct {
+    int op;
+    const char *env;
+    bool by_default; /* auto without the environment variable; else keep */
+    size_t (*shrink)(cg_tensor *, bool apply);
+} shrinks[] = {{CGI_OP_ATTENTION, "CGRAD_ATTN_PROBS", true, cgi_sdpa_remake_probs},
+               {CGI_OP_LINEAR_CROSS_ENTROPY, "CGRAD_HEAD_CHUNK", false, cgi_lce_halve_chunks}};
+
+static void shrink_at_peak(buffer *bufs, int nb, int64_t end) {
+    enum { NS = sizeof shrinks / sizeof shrinks[0] };
+    bool off[NS], all[NS];
+    for (int k = 0; k < NS; k++) {
+        const char *env = getenv(shrinks[k].env);
+        off[k] = env ? !strcmp(env, "keep") : !shrinks[k].by_default;
+        all[k] = env && !off[k] && strcmp(env, "auto"); /* remake, halve: wherever it shrinks */
+    }
+    for (bool changed = true; changed;) {
+        changed = false;
+        int64_t peak;
+        const int64_t at = peak_time(bufs, nb, end, &peak);
+        if (at < 0) return;
+        for (int k = 0; k < NS; k++) {
+            size_t saved = 0; /* by every such scratch live at the peak */
+            for (int pass = 0; pass < 2 && !off[k]; pass++) {
+                for (int i = 0; i < nb; i++)
+                    if (scratch_of(&bufs[i], shrinks[k].op) && (all[k] || (bufs[i].birth <= at && at <= bufs[i].death)))
+                        saved += shrinks[k].shrink((cg_tensor *)bufs[i].node, pass == 1);
+                if (pass == 0 && (saved == 0 || (!all[k] && saved < (size_t)peak / 64))) break;
+                changed |= pass == 1;
+            }
+        }
+        for (int i = 0; changed && i < nb; i++)
+            for (int k = 0; k < NS; k++)
+                if (scratch_of(&bufs[i], shrinks[k].op)) bufs[i].bytes = round_up(bufs[i].node->aux_bytes);
+    }
+}
 
 /* Parameters whose value is half precision read in place (cg_param_map) get their float before any
  * op that reads them as float runs: every reader but those that read the half as it is
@@ -357,15 +423,22 @@ static cg_status plan_param_grads(cg_graph *g, const int64_t *bt, buffer *bufs, 
 }
 
 /* A fused linear + GELU remakes its output from the product it keeps, one elementwise pass; a layer
- * norm runs its forward again, one pass over its input, which its own backward keeps. In a float
- * graph only (bf16 stores these values at half size instead). */
+ * norm runs its forward again, one pass over its input, which its own backward keeps, and a
+ * residual add + layer norm from the sum it keeps; so does a GELU (a bf16 graph's, after its
+ * linear). A value stored in bf16 (cgi_lp_plan_values) is remade in bf16 by the same forward:
+ * gpt-small's bf16 step keeps 113 MB of them otherwise, and without the GELUs' bf16 would sit above
+ * fp32 on bert-small (324 MiB against 315). The price: gpt-tiny's bf16 step took 1.05x the CPU time
+ * of CGRAD_REGEN=0 (4 interleaved steps each, load 2.3). */
 bool cgi_regen_ok(const cg_tensor *t) {
-    if (t->graph->precision == CG_BF16 || t->dtype != CG_REAL || t->lp_value || t->lp_shadowed) return false;
-    return (t->op == CGI_OP_LINEAR_ACT && t->iarg[0] != CGI_ACT_RELU) || t->op == CGI_OP_LAYERNORM;
+    if (t->dtype != CG_REAL) return false;
+    if (t->op == CGI_OP_LINEAR_ACT) return t->iarg[0] != CGI_ACT_RELU && t->graph->precision != CG_BF16 && !t->lp_value;
+    if (t->op == CGI_OP_ADD_LAYERNORM) return t->iarg[2]; /* from the residual sum it keeps */
+    return t->op == CGI_OP_LAYERNORM || t->op == CGI_OP_GELU || t->op == CGI_OP_GELU_TANH;
 }
 
 void cgi_regen(cg_tensor *t) {
     if (t->op == CGI_OP_LINEAR_ACT) cgi_linear_act_regen(t);
+    else if (t->op == CGI_OP_ADD_LAYERNORM) cgi_add_layernorm_regen(t);
     else cgi_ops[t->op].forward(t); /* a layer norm: also rewrites its statistics, to the same bits */
 }
 
@@ -384,11 +457,17 @@ static void decide_regen(cg_graph *g) {
     }
     for (int64_t i = 0; i < g->n; i++)
         if (g->nodes[i]->root != g->nodes[i]) g->nodes[i]->root->regen = false;
-    /* a remake reads inputs' values as forward did (a fused GELU only its bias): not remade ones */
+    /* a remake reads inputs' values as forward did (a fused GELU only its bias, a residual add +
+     * layer norm only its gain and bias): not remade ones */
     for (int64_t i = 0; i < g->n; i++) {
         cg_tensor *t = g->nodes[i];
-        for (int k = t->op == CGI_OP_LINEAR_ACT ? 2 : 0; t->regen && k < t->nsrc; k++) t->regen = !t->src[k]->root->regen;
+        const int first = t->op == CGI_OP_LINEAR_ACT || t->op == CGI_OP_ADD_LAYERNORM ? 2 : 0;
+        for (int k = first; t->regen && k < t->nsrc; k++) t->regen = !t->src[k]->root->regen;
     }
+    /* A bf16 graph's shadowed value (a post-LN block's output, cgi_lp_plan_values) that is remade
+     * needs no bf16 copy from forward to backward: its linears convert the remade float instead. */
+    for (int64_t i = 0; i < g->n; i++)
+        if (g->nodes[i]->regen && g->nodes[i]->lp_shadowed) g->nodes[i]->lp_shadowed = false, g->nodes[i]->lp_shadow = NULL;
 }
 
 /* Node c, whose backward at time back reads r's remade value: the buffer's life, and the first reader. */
@@ -582,6 +661,7 @@ cg_status cgi_plan(cg_graph *g) {
         }
     }
     if (g->param_grads_planned && (st = plan_param_grads(g, bt, bufs, &nb))) goto done;
+    shrink_at_peak(bufs, nb, end);
     /* CGRAD_PLAN_ALLOC=sweep or largest-first forces one placement, to compare them */
     const char *alloc = getenv("CGRAD_PLAN_ALLOC");
     const bool sweep_only = alloc && !strcmp(alloc, "sweep"), exact_only = alloc && !strcmp(alloc, "largest-first");

@@ -32,7 +32,8 @@ typedef struct {
     double scale, dropout;
     int64_t window;
     bool causal, alibi, keeps_probs;
-    bool lp_probs;             /* kept probabilities stored in bf16 (a bf16 graph; decided by the plan) */
+    bool remakes_probs;        /* one key block, but backward remakes P from the scores (decided by the plan) */
+    bool lp_probs;             /* kept probabilities stored in bf16, or remade rounded so (a bf16 graph; the plan) */
     bool lp_inputs;            /* some of q, k, v stored in bf16: the slots hold a head's widened rows */
     int slots;                 /* scratch slots (the thread count at construction) */
     int kp, bias, table;       /* source index of the key padding, the bias tensor, T5's table (0: none) */
@@ -90,6 +91,7 @@ typedef struct {
     cg_real *b;   /* a query block's dO or Q as B */
     bool direct;  /* cgi_attn_mm instead: kv1 holds K^T (forward) or V^T (backward) [D, Tk], nothing else packed */
     const cg_real *rows; /* direct: V (forward) or K (backward) with dense rows (cgi_attn_dense_rows, maybe in kv2) */
+    cg_real *kt;  /* backward remaking P (remakes_probs): K^T as forward's kv1 holds it */
 } packs;
 
 static size_t packs_reals(const cgi_ukr *u, int64_t tk, int64_t d) {
@@ -98,8 +100,13 @@ static size_t packs_reals(const cgi_ukr *u, int64_t tk, int64_t d) {
            align16(cgi_ukr_packed_a(u, rows, depth)) + align16(cgi_ukr_packed_b(u, BQ, d)) + 16;
 }
 
+/* Backward's remake of P needs forward's K^T (packed or, direct, plain) beside its own V^T and K. */
+static size_t kt_reals(const cg_tensor *t, const cgi_ukr *u) {
+    return prm(t)->remakes_probs ? align16(cgi_ukr_packed_b(u, t->shape[3], t->src[1]->shape[2])) : 0;
+}
+
 static size_t slot_stride(const cg_tensor *t, const cgi_ukr *u) {
-    return align16(slot_reals(t) + (packs_heads(t) ? packs_reals(u, t->src[1]->shape[2], t->shape[3]) : 0));
+    return align16(slot_reals(t) + (packs_heads(t) ? packs_reals(u, t->src[1]->shape[2], t->shape[3]) + kt_reals(t, u) : 0));
 }
 
 /* The packed operands of a slot, 64-byte aligned as the micro-kernel's loads want. */
@@ -112,14 +119,15 @@ static packs packs_at(const cg_tensor *t, cg_real *slot, const cgi_ukr *u) {
     w.kv2 = p, p += align16(cgi_ukr_packed_b(u, tk, d));
     const int64_t rows = BQ > tk ? BQ : tk;
     w.a = p, p += align16(cgi_ukr_packed_a(u, rows, d > rows ? d : rows));
-    w.b = p;
+    w.b = p, p += align16(cgi_ukr_packed_b(u, BQ, d));
+    w.kt = prm(t)->remakes_probs ? p : NULL;
     return w;
 }
 
 static size_t probs_offset(const cg_tensor *t) { return (size_t)(t->shape[0] * t->shape[1] * t->shape[2]); }
 /* Reals the kept probabilities take: half as many in bf16. */
 static size_t probs_reals(const cg_tensor *t) {
-    const size_t n = prm(t)->keeps_probs ? probs_offset(t) * (size_t)t->src[1]->shape[2] : 0;
+    const size_t n = prm(t)->keeps_probs && !prm(t)->remakes_probs ? probs_offset(t) * (size_t)t->src[1]->shape[2] : 0;
     return prm(t)->lp_probs ? (n + 1) / 2 : n;
 }
 static size_t slots_offset(const cg_tensor *t) { return probs_offset(t) + probs_reals(t); }
@@ -140,7 +148,23 @@ void cgi_sdpa_plan(cg_tensor *t) {
     p->lp_probs = p->keeps_probs && t->graph->precision == CG_BF16;
     p->lp_inputs = false;
     for (int i = 0; i < 3; i++) p->lp_inputs |= t->src[i]->root->lp_value;
+    p->remakes_probs = false;
     t->aux_bytes = aux_bytes(t);
+}
+
+/* Backward then runs each query block's scores and softmax again, as forward did (block_probs), on
+ * the head's K^T packed once more: one product of Q K^T's size and one exponential pass per block,
+ * against Tq x Tk kept floats per head from forward to backward. */
+size_t cgi_sdpa_remake_probs(cg_tensor *t, bool apply) {
+    sdpa_params *p = t->params;
+    /* below 16 query rows the blocks run on BLIS, whose recompute from the lse is not forward's bits */
+    if (!packs_heads(t) || p->remakes_probs) return 0;
+    const size_t before = t->aux_bytes;
+    p->remakes_probs = true;
+    const size_t after = aux_bytes(t);
+    p->remakes_probs = apply && after < before; /* few probabilities: K^T's room may outweigh them */
+    t->aux_bytes = p->remakes_probs ? after : before;
+    return after < before ? before - after : 0;
 }
 
 cg_tensor *cg_sdpa(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, double scale, bool causal,
@@ -401,11 +425,12 @@ static void drop_grads(const head *h, int64_t i, int64_t j0, int64_t n, const cg
     else drop_probs(h, i, j0, n, p, pt);
 }
 
-/* One key block, probabilities kept: P = softmax(scores) normalised in place, O = P V. With w,
- * the products run on the micro-kernel over the head's keys and values packed in w. With dropout,
- * O is made of the dropped weights, put in pt [nq, BK]; P stays whole for backward. */
-CGI_CLONES static void fwd_kept(const head *h, int64_t i0, int64_t nq, int64_t kend, cg_real *pb, int64_t ps, cg_real *o,
-                     cg_real *lse, const cgi_ukr *u, const packs *w, cg_real *pt, cgi_bf16 *lp) {
+/* One key block's probabilities P = softmax(scores) into pb (row stride ps), and each row's
+ * log-sum-exp; with w, the scores' product runs on the micro-kernel over the head's K^T in w->kv1.
+ * False when every key is hidden (P all zeros). Backward remaking P (remakes_probs) runs it again
+ * with forward's arguments, so its P is forward's bit for bit. */
+CGI_CLONES static bool block_probs(const head *h, int64_t i0, int64_t nq, int64_t kend, cg_real *pb, int64_t ps,
+                                   cg_real *lse, const cgi_ukr *u, const packs *w) {
     bool any = kend > 0, normalised = false;
     if (any && w && w->direct) {
         cgi_attn_mm(nq, kend, h->d, h->scale, h->q + i0 * h->qs, h->qs, 1, w->kv1, h->tk, 0, pb, ps, diag(h, i0),
@@ -422,11 +447,9 @@ CGI_CLONES static void fwd_kept(const head *h, int64_t i0, int64_t nq, int64_t k
     if (!any) { /* every key hidden: zeros, and no gradient */
         for (int64_t r = 0; r < nq; r++) {
             memset(pb + r * ps, 0, (size_t)kend * sizeof *pb);
-            memset(o + r * h->os, 0, (size_t)h->d * sizeof *o);
             lse[r] = INFINITY;
-            if (lp) cgi_lp_round(lp + r * h->tk, pb + r * ps, kend, 1);
         }
-        return;
+        return false;
     }
     for (int64_t r = 0; !normalised && r < nq; r++) {
         cg_real *pr = pb + r * ps, mx = cgi_row_max(pr, kend);
@@ -440,7 +463,21 @@ CGI_CLONES static void fwd_kept(const head *h, int64_t i0, int64_t nq, int64_t k
         for (int64_t c = 0; c < kend; c++) pr[c] *= inv;
         lse[r] = mx + (cg_real)log(l);
     }
+    return true;
+}
+
+/* One key block, probabilities kept: P = softmax(scores) normalised in place (block_probs), O = P V.
+ * With w, the products run on the micro-kernel over the head's keys and values packed in w. With
+ * dropout, O is made of the dropped weights, put in pt [nq, BK]; P stays whole for backward. lp:
+ * P's rows rounded into a bf16 store too. */
+CGI_CLONES static void fwd_kept(const head *h, int64_t i0, int64_t nq, int64_t kend, cg_real *pb, int64_t ps, cg_real *o,
+                     cg_real *lse, const cgi_ukr *u, const packs *w, cg_real *pt, cgi_bf16 *lp) {
+    const bool any = block_probs(h, i0, nq, kend, pb, ps, lse, u, w);
     for (int64_t r = 0; lp && r < nq; r++) cgi_lp_round(lp + r * h->tk, pb + r * ps, kend, 1); /* stored rows: Tk apart */
+    if (!any) {
+        for (int64_t r = 0; r < nq; r++) memset(o + r * h->os, 0, (size_t)h->d * sizeof *o);
+        return;
+    }
     if (h->drop) {
         for (int64_t r = 0; r < nq; r++) drop_probs(h, i0 + r, 0, kend, pb + r * ps, pt + r * BK);
         pb = pt, ps = BK;
@@ -496,9 +533,10 @@ static void fwd_head(const fwd_run *f, int64_t bh, int me) {
             fwd_kept(&h, i0, nq, kend, s + BQ * BK, BK, o + i0 * h.os, lse + bh * tq + i0, u, NULL, s, NULL);
             continue;
         }
-        if (probs && p->lp_probs) { /* a float block in the slot (dP's place in backward), rounded into the store */
+        /* a float block in the slot (dP's place in backward), rounded into the store, or not kept */
+        if ((probs && p->lp_probs) || p->remakes_probs) {
             fwd_kept(&h, i0, nq, kend, s + BQ * BK, BK, o + i0 * h.os, lse + bh * tq + i0, u, packed ? &w : NULL, s,
-                     (cgi_bf16 *)probs + (bh * tq + i0) * tk);
+                     probs ? (cgi_bf16 *)probs + (bh * tq + i0) * tk : NULL);
             continue;
         }
         if (probs) {
@@ -552,7 +590,7 @@ cg_status cgi_fwd_attention(cg_tensor *t) {
                         cgi_shp(t->src[1]), (long long)t->src[1]->shape[2]);
     p->step = t->graph->step; /* backward draws this pass's dropout mask again */
     fwd_run f = {.t = t, .lse = t->aux, .out = t->data};
-    f.probs = p->keeps_probs ? f.lse + probs_offset(t) : NULL;
+    f.probs = p->keeps_probs && !p->remakes_probs ? f.lse + probs_offset(t) : NULL;
     cgi_ukr_init(&f.u);
     f.packed = packs_heads(t);
     f.direct = f.packed && cgi_attn_direct();
@@ -739,6 +777,8 @@ static void bwd_unit(const bwd_run *r, int64_t un, int me) {
                 cgi_ukr_pack_b(&u, d, tk, h.v, 1, h.vs, w.kv1);
                 cgi_ukr_pack_b(&u, tk, d, h.k, h.ks, 1, w.kv2);
             }
+            if (w.kt && direct) cgi_attn_transpose(tk, d, h.k, h.ks, w.kt, tk); /* forward's K^T, to remake P */
+            else if (w.kt) cgi_ukr_pack_b(&u, d, tk, h.k, 1, h.ks, w.kt);
         }
         const grads gr = {
             gq ? q->grad + b * q->stride[0] + hh * q->stride[1] : NULL,
@@ -769,6 +809,14 @@ static void bwd_unit(const bwd_run *r, int64_t un, int me) {
                 const cgi_bf16 *src = (const cgi_bf16 *)probs + (bh * tq + i0) * tk;
                 for (int64_t r = 0; r < nq; r++)
                     for (int64_t c = 0; c < kend; c++) slot[r * BK + c] = cgi_from_bf16(src[r * tk + c]);
+                pk = slot, pks = BK;
+            }
+            if (packed && p->remakes_probs) { /* P again, as forward made it (its lse goes to spare rows) */
+                packs wf = w;
+                wf.kv1 = w.kt;
+                block_probs(&h, i0, nq, kend, slot, BK, di + BQ, &u, &wf);
+                for (int64_t r = 0; p->lp_probs && r < nq; r++) /* as a bf16 store would have kept them */
+                    for (int64_t c = 0; c < kend; c++) slot[r * BK + c] = cgi_from_bf16(cgi_to_bf16(slot[r * BK + c]));
                 pk = slot, pks = BK;
             }
             if (packed) {
@@ -824,7 +872,8 @@ void cgi_bwd_attention(cg_tensor *t) {
     const bool gq = q->requires_grad, gk = k->requires_grad, gv = v->requires_grad, gb = bias && bias->requires_grad,
                gt = table && table->requires_grad && t->bwd_aux;
     const int64_t B = t->shape[0], hq = t->shape[1], tq = t->shape[2], d = t->shape[3], tk = k->shape[2];
-    const cg_real *lse = t->aux, *out = t->data, *dout = t->grad, *probs = p->keeps_probs ? lse + probs_offset(t) : NULL;
+    const cg_real *lse = t->aux, *out = t->data, *dout = t->grad, *probs =
+        p->keeps_probs && !p->remakes_probs ? lse + probs_offset(t) : NULL;
     cg_real *drel = gt ? t->bwd_aux : NULL;
     if (drel) memset(drel, 0, t->bwd_aux_bytes);
     const int slots = p->slots < cgi_nthreads() ? p->slots : cgi_nthreads(); /* a run may use fewer */

@@ -697,8 +697,21 @@ static size_t round_up(size_t n) { return (n + CGI_ALIGN - 1) / CGI_ALIGN * CGI_
 static bool param_backed(const cg_tensor *x) {
     return x && x->root && x->root->op == CGI_OP_PARAM && x->root->pversion;
 }
-static bool no_conversion(const cg_tensor *x) {
-    return param_backed(x) || (x && x->root && (x->root->lp_value || x->root->lp_shadowed));
+/* A weight being trained, read by a linear or matmul of a step that computes gradients (whose many
+ * rows make the conversion a small part of the product), is converted into t's planned scratch at
+ * each read, as an activation is: its bf16 copy, remade every step anyway, would sit outside the
+ * plan for the whole step (gpt-small's layers: 162 MiB, more than the plan's bf16 values save).
+ * The fused LM head keeps its copy: converting would repeat per chunk, and its scratch would hold
+ * the whole weight at the loss's backward, the peak, as the copy does. LoRA's fused op keeps its
+ * copies: its base weight is frozen, converted once for all steps. */
+static bool converted_per_use(const cg_tensor *t, const cg_tensor *x) {
+    return (t->op == CGI_OP_LINEAR || t->op == CGI_OP_MATMUL) && t->requires_grad && x->requires_grad &&
+           x->root->store != CGI_STORE_HALF;
+}
+/* t reads x's bf16 copy: a parameter's, or its mapped half. */
+static bool reads_copy(const cg_tensor *t, const cg_tensor *x) { return param_backed(x) && !converted_per_use(t, x); }
+static bool no_conversion(const cg_tensor *t, const cg_tensor *x) {
+    return reads_copy(t, x) || (x && x->root && (x->root->lp_value || x->root->lp_shadowed));
 }
 
 /* A linear's dY can become bf16 in place when nothing reads it after its backward (the caller
@@ -718,7 +731,7 @@ static void need(const cg_tensor *t, bool bwd, int64_t s[2]) {
     if (lora_backed(t)) { /* forward: x, then the low-rank product; backward: dY; x, low and dlow */
         const cg_tensor *x = t->src[0], *w = t->src[1];
         const int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1], r = t->src[2]->shape[0];
-        const bool xb = no_conversion(x);
+        const bool xb = no_conversion(t, x);
         if (!bwd) s[0] = max2(xb ? 0 : m * k, m * r);
         else {
             s[0] = dy_in_place(t) ? 0 : m * n;
@@ -727,7 +740,7 @@ static void need(const cg_tensor *t, bool bwd, int64_t s[2]) {
     } else if (t->op == CGI_OP_LINEAR) {
         const cg_tensor *x = t->src[0], *w = t->src[1];
         const int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1];
-        const bool xb = no_conversion(x), wb = param_backed(w);
+        const bool xb = no_conversion(t, x), wb = reads_copy(t, w);
         if (!bwd) {
             s[0] = xb ? 0 : m * k;
             s[1] = wb ? 0 : n * k;
@@ -742,7 +755,7 @@ static void need(const cg_tensor *t, bool bwd, int64_t s[2]) {
         s[1] = bwd ? max2(nb, nc) : nb;
     } else if (t->op == CGI_OP_LINEAR_CROSS_ENTROPY) { /* chunks of iarg[2] rows: xs [cap, d], W [v, d] */
         const cg_tensor *w = t->src[1];
-        const int64_t cap = t->iarg[2], v = w->shape[0], d = w->shape[1], wn = param_backed(w) ? 0 : v * d;
+        const int64_t cap = t->iarg[2], v = w->shape[0], d = w->shape[1], wn = reads_copy(t, w) ? 0 : v * d;
         s[0] = cap * d; /* xs, for the logits (recomputed in backward when there are several chunks) */
         s[1] = bwd ? max2(wn, cap * d) : wn;
     }
@@ -780,7 +793,7 @@ static const cgi_bf16 *operand(cgi_lp *lp, const cg_tensor *t, bool bwd, int i, 
         *el = CGI_EL_F16;
         return (const cgi_bf16 *)root->mapped + (x - (const float *)root->data);
     }
-    if (param_backed(src)) {
+    if (reads_copy(t, src)) {
         const cgi_bf16 *p = param_bf16(root);
         return p ? p + (x - (const float *)root->data) : NULL;
     }
@@ -956,7 +969,7 @@ bool cgi_lp_lora_fwd(cg_tensor *t) {
     int64_t ra = a->stride[1], ca = a->stride[0], rb = b->stride[1], cb = b->stride[0], rl, cl;
     int ex = CGI_EL_BF16, ew = CGI_EL_BF16, ea = CGI_EL_BF16, eb = CGI_EL_BF16; /* the operands' element types */
     /* area 0 holds x's conversion, then the low-rank product's (r <= k: it never grows the slot) */
-    cgi_bf16 *lb = scratch(lp, t, false, 0, max2(m * r, no_conversion(x) ? 0 : m * k));
+    cgi_bf16 *lb = scratch(lp, t, false, 0, max2(m * r, no_conversion(t, x) ? 0 : m * k));
     const cgi_bf16 *xb = lb ? operand(lp, t, false, 0, x->data, m, k, &rx, &cx, x, &ex) : NULL;
     const cgi_bf16 *wb = xb ? operand(lp, t, false, 1, w->data, k, n, &rw, &cw, w, &ew) : NULL;
     const cgi_bf16 *ab = wb ? operand(lp, t, false, 1, a->data, k, r, &ra, &ca, a, &ea) : NULL;

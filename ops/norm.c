@@ -255,6 +255,19 @@ static void norm_bwd(cg_tensor *t) {
 cg_status cgi_fwd_layernorm(cg_tensor *t) { return norm_fwd(t); }
 cg_status cgi_fwd_rmsnorm(cg_tensor *t) { return norm_fwd(t); }
 cg_status cgi_fwd_add_layernorm(cg_tensor *t) { return norm_fwd(t); }
+
+/* add_layernorm's output and statistics again, from the residual sum its backward keeps in aux
+ * (graph/plan.c's regen): forward's rows read that sum as they formed it, so the bits are the same,
+ * and neither x nor r is read. */
+void cgi_add_layernorm_regen(cg_tensor *t) {
+    const int64_t d = t->shape[t->ndim - 1], rows = d ? cgi_numel(t->ndim, t->shape) / d : 0;
+    const cg_tensor *gt = t->iarg[0] ? t->src[t->iarg[0]] : NULL, *bt = t->iarg[1] ? t->src[t->iarg[1]] : NULL;
+    norm_fwd_args a = {.t = t, .d = d, .rows = rows, .gain = gt ? gt->data : NULL, .bias = bt ? bt->data : NULL,
+                       .gs = gt ? gt->stride[0] : 0, .bs = bt ? bt->stride[0] : 0, .X = sum_rows(t, rows, d),
+                       .Y = t->data, .mean = t->aux, .eps = t->farg[0], .rms = false};
+    a.rstd = a.mean + rows;
+    cgi_par_ranges(rows, rows * d, norm_fwd_rows, &a);
+}
 void cgi_bwd_layernorm(cg_tensor *t) { norm_bwd(t); }
 void cgi_bwd_rmsnorm(cg_tensor *t) { norm_bwd(t); }
 void cgi_bwd_add_layernorm(cg_tensor *t) { norm_bwd(t); }

@@ -53,8 +53,13 @@ static double alibi_ref(int64_t h, int64_t n) {
 static int drop_id;
 static const uint64_t drop_seed = 77, drop_step = 5;
 
+static size_t last_aux; /* the fused node's scratch bytes in the last run */
+
+static cg_precision run_precision = CG_FP32; /* the precision of run's graphs */
+
 static void run(const cfg *c, bool fused, cg_real **out, cg_real *grads[NLEAF]) {
     cg_graph *g = cg_graph_new(CG_TRAIN);
+    CHECK(cg_graph_set_precision(g, run_precision) == CG_OK, "%s", cg_last_error());
     cg_rng r;
     cg_rng_seed(&r, 5);
     const int64_t hk = c->hk ? c->hk : c->h;
@@ -148,6 +153,7 @@ static void run(const cfg *c, bool fused, cg_real **out, cg_real *grads[NLEAF]) 
     cg_tensor *w = cg_input(g, "w", CG_REAL, 4, cg_shape(o));
     cg_fill_uniform(w, &r, -1, 1);
     cg_retain(o);
+    if (fused) last_aux = o->aux_bytes;
     cg_tensor *loss = cg_sum_all(g, cg_mul(g, o, w));
     CHECK(loss && cg_graph_forward(g) == CG_OK && cg_graph_backward(g, loss) == CG_OK, "%s", cg_last_error());
     *out = malloc((size_t)cg_numel(o) * sizeof(cg_real));
@@ -158,6 +164,7 @@ static void run(const cfg *c, bool fused, cg_real **out, cg_real *grads[NLEAF]) 
         grads[i] = malloc((size_t)cg_numel(leaf[i]) * sizeof(cg_real));
         cg_read_grad(leaf[i], grads[i]);
     }
+    if (fused) last_aux = o->aux_bytes; /* as the plan left it */
     cg_graph_free(g);
 }
 
@@ -204,6 +211,45 @@ static void same_bits(const char *what, const cfg *a, const cfg *b, bool same) {
     free(oa);
     free(ob);
     for (int i = 0; i < NLEAF; i++) free(ga[i]), free(gb[i]);
+}
+
+/* Probabilities that backward remakes (the plan's choice where they are live at its peak, forced
+ * here by CGRAD_ATTN_PROBS) give the outputs and gradients of the kept ones bit for bit, and the
+ * node's scratch holds B x H x Tq x Tk floats less, but for a copy of K^T per thread. */
+static void remade_probs(const char *what, const cfg *c) {
+    cg_real *ok, *orm, *gk[NLEAF], *gr[NLEAF];
+    setenv("CGRAD_ATTN_PROBS", "keep", 1);
+    run(c, true, &ok, gk);
+    const size_t aux_kept = last_aux;
+    setenv("CGRAD_ATTN_PROBS", "remake", 1);
+    run(c, true, &orm, gr);
+    const size_t aux_remade = last_aux;
+    unsetenv("CGRAD_ATTN_PROBS");
+    const int64_t hk = c->hk ? c->hk : c->h, no = c->b * c->h * c->tq * c->d, nk = c->b * hk * c->tk * c->d;
+    const int64_t nbias[4] = {0, c->h * c->tq * c->tk, c->b * c->tk, c->tq * c->tk};
+    CHECK(memcmp(ok, orm, (size_t)no * sizeof *ok) == 0, "%s: outputs differ with the probabilities remade", what);
+    for (int i = 0; i < NLEAF; i++) {
+        if (!gk[i]) continue;
+        const int64_t n = c->views && i == 0 ? c->b * c->tq * 3 * c->h * c->d : i == 0 ? no : i < 3 ? nk : i == 3 ? nbias[c->bias] : c->t5 * c->h;
+        CHECK(memcmp(gk[i], gr[i], (size_t)n * sizeof(cg_real)) == 0, "%s: gradient %d differs with the probabilities remade",
+              what, i);
+    }
+    const size_t probs = (size_t)(c->b * c->h * c->tq * c->tk) * (run_precision == CG_BF16 ? 2 : sizeof(cg_real));
+    CHECK(aux_kept >= aux_remade + probs / 2, "%s: scratch %zu bytes kept, %zu remade, want about %zu less", what, aux_kept,
+          aux_remade, probs);
+    free(ok), free(orm);
+    for (int i = 0; i < NLEAF; i++) free(gk[i]), free(gr[i]);
+}
+
+/* The one-block cases of the direct and micro-kernel paths with their probabilities remade. */
+static void remade_cases(void) {
+    remade_probs("causal 256, D 64, head views", &(cfg){.b = 2, .h = 2, .tq = 256, .tk = 256, .d = 64, .causal = true, .views = true});
+    remade_probs("full 128, D 64, padding, a fully hidden batch",
+                 &(cfg){.b = 2, .h = 2, .tq = 128, .tk = 128, .d = 64, .padding = true, .all_hidden_row = true});
+    remade_probs("causal 70, D 48, dropout 0.2", &(cfg){.b = 2, .h = 3, .tq = 70, .tk = 70, .d = 48, .causal = true, .dropout = 0.2});
+    remade_probs("cross 64x50, D 80, bias + ALiBi", &(cfg){.b = 2, .h = 4, .tq = 64, .tk = 50, .d = 80, .alibi = true, .bias = 1});
+    remade_probs("grouped 4 on 2, window 20, T5, causal 90",
+                 &(cfg){.b = 2, .h = 4, .tq = 90, .tk = 90, .d = 8, .causal = true, .hk = 2, .window = 20, .t5 = 8});
 }
 
 /* Dropout's mask read off the output: with q = k = 0 every weight is 1 / Tk, and with V the identity
@@ -475,11 +521,23 @@ int main(int argc, char **argv) {
         direct_products();
         direct_softmax();
         direct_cases(true);
+        remade_cases();
+        if (!cg_bf16_unavailable()) { /* bf16 keeps P rounded to bf16; remade, it is rounded the same */
+            run_precision = CG_BF16;
+            remade_probs("bf16: causal 256, D 64, head views",
+                         &(cfg){.b = 2, .h = 2, .tq = 256, .tk = 256, .d = 64, .causal = true, .views = true});
+            remade_probs("bf16: causal 70, D 48, dropout 0.2",
+                         &(cfg){.b = 4, .h = 3, .tq = 70, .tk = 70, .d = 48, .causal = true, .dropout = 0.2});
+            run_precision = CG_FP32;
+        }
         TEST_END();
     }
     packing_fallback();
     first_writer();
     direct_cases(false);
+    cgi_attn_direct_force(false);
+    remade_cases();
+    cgi_attn_direct_force(true);
     compare("causal 150x150", &(cfg){2, 3, 150, 150, 16, true, false, false, false, 0, 0, false, 0, 0, 0});
     compare("causal 600x600 (several 256-key blocks)", &(cfg){1, 2, 600, 600, 8, true, false, false, false, 0, 0, false, 0, 0, 0});
     compare("full 300x700 with padding (several key blocks)", &(cfg){1, 2, 300, 700, 8, false, true, false, false, 0, 0, false, 0, 0, 0});

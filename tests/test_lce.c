@@ -165,8 +165,54 @@ static void chunk_rows(void) {
     }
 }
 
+/* Asked to (CGRAD_HEAD_CHUNK=auto), the plan halves the head's chunks where their logits are live at
+ * its peak, with the optimizer inside backward (cg_optim_attach): 1024 rows of a d 520 head (over
+ * 512 features, 512-row chunks) run in 4 chunks of 256, the scratch smaller by 256 rows of logits,
+ * and the step's parameters are those of 512-row chunks but for rounding. By default it keeps 512. */
+static void halved_by_plan(void) {
+    enum { R = 1024, D = 520, V = 3000 };
+    cg_real *after[2];
+    size_t aux[2] = {0, 0};
+    int64_t cap[2] = {0, 0};
+    for (int k = 0; k < 2; k++) {
+        if (k == 0) unsetenv("CGRAD_HEAD_CHUNK");
+        else setenv("CGRAD_HEAD_CHUNK", "auto", 1);
+        cg_params *ps = cg_params_new();
+        cg_tensor *w = cg_params_add(ps, "w", 2, (int64_t[]){V, D});
+        cg_rng r;
+        cg_rng_seed(&r, 3);
+        cg_fill_uniform(w, &r, -0.05, 0.05);
+        cg_graph *g = cg_graph_new(CG_TRAIN);
+        cg_tensor *x = cg_input(g, "x", CG_REAL, 2, (int64_t[]){R, D}), *tg = cg_input(g, "t", CG_INT32, 1, (int64_t[]){R});
+        cg_fill_uniform(x, &r, -1, 1);
+        for (int i = 0; i < R; i++) cg_idata(tg)[i] = (int32_t)(cg_rng_next(&r) % V);
+        cg_tensor *l = cg_linear_cross_entropy(g, x, w, NULL, tg, -100);
+        cg_optim_config oc = cg_optim_defaults(CG_OPT_SGD);
+        cg_optim *o = cg_optim_new(ps, &oc);
+        CHECK(l && o && cg_optim_attach(o, g) == CG_OK && cg_graph_forward(g) == CG_OK &&
+                  cg_optim_backward_step(o, g, l, 1.0) == CG_OK,
+              "%s", cg_last_error());
+        cap[k] = l->iarg[2], aux[k] = l->aux_bytes;
+        after[k] = malloc((size_t)(V * D) * sizeof(cg_real));
+        cg_read(w, after[k]);
+        cg_optim_free(o);
+        cg_graph_free(g);
+        cg_params_free(ps);
+    }
+    unsetenv("CGRAD_HEAD_CHUNK");
+    CHECK(cap[0] == 512 && cap[1] == 256, "chunks of %lld rows kept, %lld halved (want 512 and 256)", (long long)cap[0],
+          (long long)cap[1]);
+    const size_t logits = (size_t)(256 * V) * sizeof(cg_real);
+    CHECK(aux[0] >= aux[1] + logits, "scratch %zu bytes in 512-row chunks, %zu in 256: want %zu less", aux[0], aux[1], logits);
+    double worst = 0;
+    for (int64_t i = 0; i < (int64_t)V * D; i++) worst = fmax(worst, fabs((double)after[0][i] - (double)after[1][i]));
+    CHECK(worst <= 1e-6, "parameters after the step differ by %g between 512- and 256-row chunks", worst);
+    free(after[0]), free(after[1]);
+}
+
 int main(void) {
     chunk_rows();
+    halved_by_plan();
     compare("1600 rows (about 1120 counted: 3 balanced chunks), bias", (lce_case){1600, 32, 300, true, false, false, -1, 0, false, 0, 0});
     compare("600 rows (one chunk, backward reuses forward's logits), bias", (lce_case){600, 32, 300, true, false, false, -1, 0, false, 0, 0});
     compare("257 rows, no bias, transposed weight view", (lce_case){257, 16, 129, false, true, false, -1, 0, false, 0, 0});

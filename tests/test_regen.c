@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* Values backward remakes (the plan's regen: a fused linear + GELU's output from its product, a
- * layer norm's output from its input): the gradients are those of the plan that keeps them, bit for
- * bit, and the plan is smaller by the values no longer kept across forward. */
+ * layer norm's output from its input; in a bf16 graph the layer norms' and the GELUs' bf16 values):
+ * the gradients are those of the plan that keeps them, bit for bit, and the plan is smaller by the
+ * values no longer kept across forward. `test_regen bf16` (its own ctest entry) runs the bf16 graph. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,13 +14,14 @@ enum { B = 2, T = 8, D = 32, L = 2, V = 61 };
 static const char *GPT = "{\"vocab_size\": 61, \"n_positions\": 16, \"n_embd\": 32, \"n_layer\": 2, \"n_head\": 2}";
 
 /* The set's gradients after one forward and backward, and the plan's size; regen on or off. */
-static cg_real *grads(bool regen, size_t *plan, int64_t *span, int *nregen) {
+static cg_real *grads(bool regen, cg_precision prec, size_t *plan, int64_t *span, int *nregen) {
     if (regen) unsetenv("CGRAD_REGEN");
     else setenv("CGRAD_REGEN", "0", 1);
     cg_params *ps = cg_params_new();
     cg_model *m = cg_model_new(CG_ARCH_GPT2, GPT, 0.1, ps, 11);
     cg_graph *g = cg_graph_new(CG_TRAIN);
     cg_model_graph mg;
+    CHECK(g && cg_graph_set_precision(g, prec) == CG_OK, "%s", cg_last_error());
     CHECK(m && g && cg_model_build(g, m, B, T, 0, &mg) == CG_OK, "%s", cg_last_error());
     int32_t *ids = cg_idata(cg_model_graph_input(&mg, "input_ids")), *tg = cg_idata(cg_model_graph_input(&mg, "targets"));
     for (int i = 0; i < B * T; i++) ids[i] = (i * 7 + 3) % V, tg[i] = (i * 5 + 1) % V;
@@ -38,11 +40,79 @@ static cg_real *grads(bool regen, size_t *plan, int64_t *span, int *nregen) {
     return out;
 }
 
-int main(void) {
+/* In bf16 the linear and its GELU are two nodes, and the layer norms' and GELUs' values are stored
+ * in bf16: each [B*T, D] layer norm and [B*T, 4D] GELU takes half a float's bytes. */
+static void bf16_graph(void) {
     size_t plan_on, plan_off;
     int64_t span_on, span_off;
     int n_on, n_off;
-    cg_real *on = grads(true, &plan_on, &span_on, &n_on), *off = grads(false, &plan_off, &span_off, &n_off);
+    cg_real *on = grads(true, CG_BF16, &plan_on, &span_on, &n_on), *off = grads(false, CG_BF16, &plan_off, &span_off, &n_off);
+    CHECK(span_on == span_off && memcmp(on, off, (size_t)span_on * sizeof *on) == 0,
+          "bf16: gradients differ with the values remade");
+    CHECK(n_on == 3 * L + 1 && n_off == 0, "bf16: %d values remade (want %d), %d with CGRAD_REGEN=0", n_on, 3 * L + 1, n_off);
+    const size_t row = (size_t)B * T * D * 2, kept = (size_t)L * (2 * row + 4 * row);
+    CHECK(plan_off - plan_on >= kept - 4 * row, "bf16: plan %zu bytes with regen, %zu without: saved %zu, want >= %zu",
+          plan_on, plan_off, plan_off - plan_on, kept - 4 * row);
+    free(on);
+    free(off);
+}
+
+/* A post-LN block's residual add + layer norm (x -> linear -> add_layernorm(x, .) -> linear): its
+ * output is remade from the sum it keeps for its own backward; the gradients are the kept run's,
+ * bit for bit. In bf16 the remade output keeps no bf16 shadow from forward to backward. */
+static cg_real *post_ln(bool regen, cg_precision prec, int *nregen) {
+    if (regen) unsetenv("CGRAD_REGEN");
+    else setenv("CGRAD_REGEN", "0", 1);
+    cg_params *ps = cg_params_new();
+    cg_tensor *w1 = cg_params_add(ps, "w1", 2, (int64_t[]){D, D}), *w2 = cg_params_add(ps, "w2", 2, (int64_t[]){D, D});
+    cg_tensor *gain = cg_params_add(ps, "g", 1, (int64_t[]){D}), *bias = cg_params_add(ps, "b", 1, (int64_t[]){D});
+    cg_rng r;
+    cg_rng_seed(&r, 4);
+    cg_fill_uniform(w1, &r, -0.3, 0.3), cg_fill_uniform(w2, &r, -0.3, 0.3), cg_fill_uniform(gain, &r, 0.5, 1.5);
+    cg_fill_uniform(bias, &r, -0.5, 0.5);
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    CHECK(cg_graph_set_precision(g, prec) == CG_OK, "%s", cg_last_error());
+    cg_tensor *x = cg_requires_grad(cg_input(g, "x", CG_REAL, 2, (int64_t[]){B * T, D}));
+    cg_tensor *u = cg_input(g, "u", CG_REAL, 2, (int64_t[]){B * T, D});
+    cg_fill_uniform(x, &r, -1, 1), cg_fill_uniform(u, &r, -1, 1);
+    cg_tensor *y = cg_add_layernorm(g, x, cg_linear(g, x, w1, NULL), gain, bias, 1e-5);
+    cg_tensor *loss = cg_sum_all(g, cg_mul(g, cg_linear(g, y, w2, NULL), u));
+    cg_params_zero_grad(ps);
+    CHECK(loss && cg_graph_forward(g) == CG_OK && cg_graph_backward(g, loss) == CG_OK, "%s", cg_last_error());
+    *nregen = y->regen && !y->lp_shadowed && !y->lp_shadow;
+    const int64_t span = cg_params_span(ps);
+    cg_real *out = malloc((size_t)(span + B * T * D) * sizeof *out);
+    memcpy(out, cg_params_grads(ps), (size_t)span * sizeof *out);
+    cg_read_grad(x, out + span);
+    cg_graph_free(g);
+    cg_params_free(ps);
+    unsetenv("CGRAD_REGEN");
+    return out;
+}
+
+static void post_ln_case(cg_precision prec) {
+    int n_on, n_off;
+    cg_real *on = post_ln(true, prec, &n_on), *off = post_ln(false, prec, &n_off);
+    CHECK(n_on == 1 && n_off == 0, "add_layernorm remade: %d (want 1), %d with CGRAD_REGEN=0", n_on, n_off);
+    CHECK(memcmp(on, off, (size_t)(2 * D * D + 2 * D + B * T * D) * sizeof *on) == 0,
+          "post-LN gradients differ with the add_layernorm output remade");
+    free(on);
+    free(off);
+}
+
+int main(int argc, char **argv) {
+    if (!strcmp(test_part(argc, argv), "bf16")) {
+        const char *why = cg_bf16_unavailable();
+        if (why) return test_skip("test_regen bf16", why);
+        bf16_graph();
+        post_ln_case(CG_BF16);
+        TEST_END();
+    }
+    post_ln_case(CG_FP32);
+    size_t plan_on, plan_off;
+    int64_t span_on, span_off;
+    int n_on, n_off;
+    cg_real *on = grads(true, CG_FP32, &plan_on, &span_on, &n_on), *off = grads(false, CG_FP32, &plan_off, &span_off, &n_off);
     CHECK(span_on == span_off, "spans %lld and %lld", (long long)span_on, (long long)span_off);
     CHECK(memcmp(on, off, (size_t)span_on * sizeof *on) == 0, "gradients differ with the values remade");
     /* per layer: ln_1, ln_2 and the MLP's GELU output; and ln_f */
