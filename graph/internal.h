@@ -489,6 +489,11 @@ void cgi_team_pieces(void (*fn)(void *ctx, int piece), void *ctx, int pieces);
  * cgi_par(work), else [0, n) at once. Ranges hold whole items, so a body whose items are
  * independent writes the same bits however [0, n) is cut. */
 void cgi_par_ranges(int64_t n, int64_t work, void (*body)(int64_t lo, int64_t hi, void *ctx), void *ctx);
+/* fn(ctx, 0 .. n-1) (n <= INT_MAX), each piece whole on one thread, for an op with a scratch slot
+ * per thread (`slots`, sized at construction; a piece uses slot omp_get_thread_num()): a team's
+ * pieces inside a team whose threads the slots cover, else an OpenMP loop over at most `slots` of
+ * the run's threads, else in order. The bits do not depend on which thread runs a piece. */
+void cgi_slot_pieces(int64_t n, int slots, void (*fn)(void *ctx, int piece), void *ctx);
 /* Inside a team span: [0, n) cut into `parts` even ranges that the team's threads claim (cgi_team_pieces). */
 void cgi_team_ranges(int64_t n, int parts, void (*body)(int64_t lo, int64_t hi, void *ctx), void *ctx);
 #define CGI_TEAM_PART_MIN 16384 /* elements from which a team shares an op's rows (graph/team.c) */

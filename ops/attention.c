@@ -595,16 +595,7 @@ cg_status cgi_fwd_attention(cg_tensor *t) {
     f.packed = packs_heads(t);
     f.direct = f.packed && cgi_attn_direct();
     f.stride = slot_stride(t, &f.u);
-    const int slots = p->slots < cgi_nthreads() ? p->slots : cgi_nthreads(); /* a run may use fewer */
-    if (bhn > 1 && slots > 1) {
-#pragma omp parallel for schedule(dynamic, 1) num_threads(slots)
-        for (int64_t bh = 0; bh < bhn; bh++) fwd_head(&f, bh, omp_get_thread_num());
-    } else if (bhn > 1 && bhn <= INT_MAX && cgi_team_on() && omp_get_num_threads() <= p->slots)
-        /* in a thread team (generation), heads are its pieces: each runs whole in the slot of the
-         * thread that claims it, so the result does not depend on who does */
-        cgi_team_pieces(fwd_piece, &f, (int)bhn);
-    else
-        for (int64_t bh = 0; bh < bhn; bh++) fwd_head(&f, bh, 0);
+    cgi_slot_pieces(bhn, p->slots, fwd_piece, &f); /* each head whole in its thread's slot */
     return CG_OK;
 }
 
@@ -906,14 +897,9 @@ void cgi_bwd_attention(cg_tensor *t) {
     const int64_t bunits = all_b ? 1 : B, hunits = all_h ? 1 : hkv, units = bunits * hunits;
     const bwd_run r = {t, p, q, k, v, bias, gq, gk, gv, gb, packed, direct, all_b, all_h, {assign[0], assign[1], assign[2]},
                        B, hq, tq, d, tk, group, hunits, lse, out, dout, probs, drel, stride, u};
-    if (units > 1 && slots > 1 && !serial) {
-#pragma omp parallel for schedule(dynamic, 1) num_threads(slots)
-        for (int64_t un = 0; un < units; un++) bwd_unit(&r, un, omp_get_thread_num());
-    } else if (units > 1 && units <= INT_MAX && !serial && cgi_team_on() && omp_get_num_threads() <= p->slots)
-        /* in a thread team, units are its pieces, as the forward's heads (each whole in its thread's slot) */
-        cgi_team_pieces(bwd_piece, (void *)&r, (int)units);
-    else
+    if (serial)
         for (int64_t un = 0; un < units; un++) bwd_unit(&r, un, 0);
+    else cgi_slot_pieces(units, p->slots, bwd_piece, (void *)&r); /* as the forward's heads */
     if (!drel) return;
     /* T5's table: each head's column gets its (batch, offset) sums in a fixed order */
     const int64_t nrel = p->nrel;

@@ -3,7 +3,6 @@
  * targets that are not ignored, with optional label smoothing. Forward saves each row's
  * log-sum-exp for backward. Also the fused linear + cross-entropy, cross-entropy against soft
  * targets, and the elementwise losses (mean squared error, binary cross-entropy with logits). */
-#include <limits.h>
 #include <math.h>
 #include <omp.h>
 
@@ -347,8 +346,6 @@ static void lce_pack_w(const lce *c, int64_t k, int64_t n, int64_t off, int64_t 
     cgi_ukr_pack_b(&c->u, k, n, c->W + off, rs, cs, dst);
 }
 
-static int lce_slots(const lce *c) { return c->p->slots < cgi_nthreads() ? c->p->slots : cgi_nthreads(); }
-
 /* Gathers rows [r0, r0+m) of the counted list into c->xs; the fused path also packs them as A. */
 static void lce_gather(const lce *c, int64_t r0, int64_t m) {
     for (int64_t i = 0; i < m; i++)
@@ -393,12 +390,6 @@ static void lce_slab_logits(const lce *c, int64_t r0, int64_t m, int64_t s, cg_r
     }
 }
 
-/* Inside a thread team whose helpers share, n slabs (or groups) > 1 run as the team's pieces; the
- * team's threads are those of its region, each within the slots made at construction. */
-static bool lce_team(const lce *c, int64_t n) {
-    return n > 1 && n <= INT_MAX && cgi_team_sharing() && omp_get_num_threads() <= c->p->slots;
-}
-
 typedef struct {
     const lce *c;
     int64_t r0, m;
@@ -416,15 +407,8 @@ static void lce_logits(const lce *c, int64_t r0, int64_t m, bool bwd) {
     if (c->p) {
         const lce_params *p = c->p;
         cg_real *st = c->fused + p->st;
-        const int slots = lce_slots(c);
-        if (lce_team(c, p->ns)) { /* in a thread team the slabs are its pieces, each in its thread's slot */
-            const lce_slabs_task k = {c, r0, m};
-            cgi_team_pieces(lce_slab_piece, (void *)&k, (int)p->ns);
-        } else {
-#pragma omp parallel for schedule(dynamic, 1) num_threads(slots) if (slots > 1 && p->ns > 1)
-            for (int64_t s = 0; s < p->ns; s++)
-                lce_slab_logits(c, r0, m, s, c->fused + p->pw + (size_t)omp_get_thread_num() * p->pw_one);
-        }
+        const lce_slabs_task k = {c, r0, m};
+        cgi_slot_pieces(p->ns, p->slots, lce_slab_piece, (void *)&k); /* each slab in its thread's slot */
         for (int64_t i = 0; i < m; i++) { /* the slabs' partial sums, merged in slab order */
             const cg_real *o = st + i * p->ns * 2;
             cg_real mx = -INFINITY;
@@ -521,13 +505,7 @@ static void lce_grads(const lce *c, int64_t r0, int64_t m, bool recompute, cg_re
     lce_grads_task k = {c, r0, m, recompute, w_assign, dx, dw, db, gscale,
                         ahead ? c->fused + p->dbu : db ? b->grad : NULL, ahead ? 1 : db ? b->stride[0] : 0, dxu};
     if (dw) cgi_ukr_pack_b(&c->u, m, d, c->xs, d, 1, xb);
-    const int slots = lce_slots(c);
-    if (lce_team(c, p->groups)) /* in a thread team the groups are its pieces, each in its thread's slot */
-        cgi_team_pieces(lce_group_piece, &k, (int)p->groups);
-    else {
-#pragma omp parallel for schedule(dynamic, 1) num_threads(slots) if (slots > 1 && p->groups > 1)
-        for (int64_t g = 0; g < p->groups; g++) lce_group(&k, g, omp_get_thread_num());
-    }
+    cgi_slot_pieces(p->groups, p->slots, lce_group_piece, &k); /* each group in its thread's slot */
     if (dx) /* the groups' partials in order */
         for (int64_t i = 0; i < m; i++)
             for (int64_t e = 0; e < d; e++) {
