@@ -371,12 +371,18 @@ class GPT2(nn.Module):
         return self.ln_f(x) @ self.wte.weight.t()
 
 
+def gpt2_config(vocab, positions, embd, layers, heads, dropout):
+    """A GPT-2 config.json as transformers writes it, with these sizes (bos = eos = the last id)."""
+    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "activation_function": "gelu_new",
+            "vocab_size": vocab, "n_positions": positions, "n_ctx": positions, "n_embd": embd,
+            "n_layer": layers, "n_head": heads, "n_inner": None, "layer_norm_epsilon": 1e-5,
+            "resid_pdrop": dropout, "embd_pdrop": dropout, "attn_pdrop": dropout, "initializer_range": 0.02,
+            "bos_token_id": vocab - 1, "eos_token_id": vocab - 1, "scale_attn_weights": True, "use_cache": True,
+            "torch_dtype": "float32"}
+
+
 def gpt2_fixture():
-    c = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "activation_function": "gelu_new",
-         "vocab_size": 97, "n_positions": 16, "n_ctx": 16, "n_embd": 32, "n_layer": 2, "n_head": 4,
-         "n_inner": None, "layer_norm_epsilon": 1e-5, "resid_pdrop": 0.1, "embd_pdrop": 0.1,
-         "attn_pdrop": 0.1, "initializer_range": 0.02, "bos_token_id": 96, "eos_token_id": 96,
-         "scale_attn_weights": True, "use_cache": True, "torch_dtype": "float32"}
+    c = gpt2_config(vocab=97, positions=16, embd=32, layers=2, heads=4, dropout=0.1)
     g = torch.Generator().manual_seed(1001)
     B, T, V = 2, 9, c["vocab_size"]
     ids = torch.randint(1, V, (B, T), generator=g)

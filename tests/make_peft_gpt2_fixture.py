@@ -25,11 +25,7 @@ TARGETS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 
 
 def main():
-    c = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "activation_function": "gelu_new",
-         "vocab_size": 29, "n_positions": 8, "n_ctx": 8, "n_embd": 16, "n_layer": 2, "n_head": 2,
-         "n_inner": None, "layer_norm_epsilon": 1e-5, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
-         "attn_pdrop": 0.0, "initializer_range": 0.02, "bos_token_id": 28, "eos_token_id": 28,
-         "scale_attn_weights": True, "use_cache": True, "torch_dtype": "float32"}
+    c = mf.gpt2_config(vocab=29, positions=8, embd=16, layers=2, heads=2, dropout=0.0)
     torch.manual_seed(0)
     model = mf.GPT2(c)
     mf.init_params(model, 7)
