@@ -655,12 +655,52 @@ cg_status cgi_fwd_swiglu(cg_tensor *t) {
     return CG_OK;
 }
 
+/* Both gradients of a contiguous swiglu in one pass over [lo, hi): reads dy, gate and up once and
+ * takes each sigmoid once, where two passes read dy and gate twice (llama-tiny's swiglu backward,
+ * one thread: 9.4 -> 6.3 ms of CPU time a step). The products are the two-pass expressions term for
+ * term, so the bits match. */
+typedef struct {
+    cg_real *dg, *du;
+    const cg_real *gy, *g, *u;
+    bool assign_g, assign_u;
+} swiglu_both_args;
+
+static inline void swiglu_both_range(const swiglu_both_args *k, int64_t lo, int64_t hi, bool ag, bool au) {
+    cg_real *restrict dg = k->dg, *restrict du = k->du;
+    const cg_real *restrict gy = k->gy, *restrict g = k->g, *restrict u = k->u;
+    for (int64_t j = lo; j < hi; j++) {
+        const cg_real a = gy[j], b = g[j], s = fast_sigmoid(b);
+        const cg_real dgate = a * u[j] * s * (1 + b * (1 - s)), dup = a * b * s;
+        if (ag) dg[j] = dgate;
+        else dg[j] += dgate;
+        if (au) du[j] = dup;
+        else du[j] += dup;
+    }
+}
+
+static void swiglu_both(int64_t lo, int64_t hi, void *ctx) {
+    const swiglu_both_args *k = ctx;
+    if (k->assign_g && k->assign_u) swiglu_both_range(k, lo, hi, true, true);
+    else if (k->assign_g) swiglu_both_range(k, lo, hi, true, false);
+    else if (k->assign_u) swiglu_both_range(k, lo, hi, false, true);
+    else swiglu_both_range(k, lo, hi, false, false);
+}
+
 /* Each input's gradient is assigned by its first writer (cgi_grad_begin; the graph does not zero it
  * first: LLaMA's gate and up are linear outputs, 2 x [T, intermediate] zeroed and read back per
  * block before), else added; aliased halves of one tensor add into storage zeroed once. */
 void cgi_bwd_swiglu(cg_tensor *t) {
     cg_tensor *ga = t->src[0], *up = t->src[1];
     const bool alias = ga->requires_grad && up->requires_grad && cgi_grads_alias(ga, up);
+    if (ga->requires_grad && up->requires_grad && !alias && cgi_contiguous(ga) && cgi_contiguous(up) &&
+        cgi_contiguous(t)) {
+        const int64_t n = cgi_numel(t->ndim, t->shape);
+        swiglu_both_args b = {.dg = ga->grad, .du = up->grad, .gy = t->grad, .g = ga->data, .u = up->data};
+        b.assign_g = cgi_grad_begin(ga);
+        b.assign_u = cgi_grad_begin(up);
+        cgi_par_ranges(n, n, swiglu_both, &b);
+        return;
+    }
     swiglu_args k = {.gy = t->grad, .g = ga->data, .u = up->data};
     if (ga->requires_grad) {
         iter4(&k.it, t, ga->stride, t->stride, ga->stride, up->stride);

@@ -195,6 +195,9 @@ static void test_layernorm(void) {
     compare("layernorm transposed view, gain only, eps 0.1", ln_build, &d);
     ln_arg e = {2, {4, 9}, false, true, false, 1e-5};
     compare("layernorm [4,9] bias only", ln_build, &e);
+    /* rows past one vector's lanes: the gain's and bias's sums taken in the lanes' loop and its tail */
+    ln_arg f = {3, {3, 4, 37}, true, true, false, 1e-5};
+    compare("layernorm [3,4,37] gain+bias", ln_build, &f);
 }
 
 /* ---- add_layernorm: against layernorm(add(x, r)), post-LN's composite, bit for bit ---- */
@@ -275,6 +278,8 @@ static void test_rmsnorm(void) {
     compare("rmsnorm [3,5,40] plain", rms_build, &b);
     ln_arg d = {3, {2, 5, 6}, true, false, true, 0.1};
     compare("rmsnorm transposed view, gain, eps 0.1", rms_build, &d);
+    ln_arg f = {3, {3, 4, 37}, true, false, false, 1e-5};
+    compare("rmsnorm [3,4,37] gain", rms_build, &f);
 }
 
 /* ---- swiglu and silu against their definitions ---- */
