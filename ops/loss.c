@@ -598,7 +598,13 @@ static void lce_grads(const lce *c, int64_t r0, int64_t m, bool recompute, cg_re
         if (recompute) lce_pack_w(c, d, c->v, 0, c->wc, c->wr, c->fused + p->pw);
         if (dx) lce_pack_w(c, c->v, d, 0, c->wr, c->wc, c->fused + p->slot + p->pa_n);
         cgi_slot_pieces(LCE_PARTS, p->slots, lce_one_slab_rows, &k);
-        if (dw || db) cgi_slot_pieces(LCE_PARTS, p->slots, lce_one_slab_cols, &k);
+        if (db && dw && cgi_grads_alias(w, b)) { /* the bias's sums, then dW, on one thread, as one group did */
+            lce_grads_task only_b = k, only_w = k;
+            only_b.dw = false, only_w.db = false;
+            for (int q = 0; q < LCE_PARTS; q++) lce_one_slab_cols(&only_b, q);
+            for (int q = 0; q < LCE_PARTS; q++) lce_one_slab_cols(&only_w, q);
+        } else if (dw || db)
+            cgi_slot_pieces(LCE_PARTS, p->slots, lce_one_slab_cols, &k);
         return; /* one group: no partial sums to add */
     }
     cgi_slot_pieces(p->groups, p->slots, lce_group_piece, &k); /* each group in its thread's slot */
