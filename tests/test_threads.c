@@ -641,6 +641,71 @@ static void test_team_reduce(void) {
     cg_set_threads(0);
 }
 
+/* A linear's bias sums, further pieces of its backward's products (cgi_gemm_many_then), in a team:
+ * they are shared as pieces too (a frozen bias's twin counts the products' alone), with one
+ * thread's bits and the column sums' values. */
+enum { LR = 512, LK = 64, LN = 96 };
+typedef struct {
+    cg_real *db;
+    bool frozen; /* the same graph with the bias taking no gradient */
+} bias_case;
+
+static cg_status bias_runs(void *ctx) {
+    bias_case *e = ctx;
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    cg_params *ps = cg_params_new();
+    cg_tensor *x = cg_params_add(ps, "x", 2, S(LR, LK)), *w = cg_params_add(ps, "w", 2, S(LN, LK));
+    cg_tensor *b = cg_params_add(ps, "b", 1, S(LN));
+    if (e->frozen) cg_param_set_trainable(b, false);
+    cg_tensor *u = cg_input(g, "u", CG_REAL, 2, S(LR, LN));
+    for (int64_t i = 0; i < LR * LK; i++) cg_data(x)[i] = (cg_real)sin(0.3 * (double)i);
+    for (int64_t i = 0; i < LN * LK; i++) cg_data(w)[i] = (cg_real)cos(0.7 * (double)i);
+    for (int64_t i = 0; i < LN; i++) cg_data(b)[i] = (cg_real)(0.01 * (double)i);
+    for (int64_t i = 0; i < LR * LN; i++) cg_data(u)[i] = (cg_real)cos(0.013 * (double)i);
+    cg_tensor *l = cg_sum_all(g, cg_mul(g, cg_linear(g, x, w, b), u));
+    cg_params_zero_grad(ps);
+    cg_status st = l ? cg_graph_forward(g) : CG_ERR_NOMEM;
+    if (!st) st = cg_graph_backward(g, l);
+    if (!st && !e->frozen) cg_read_grad(b, e->db);
+    cg_graph_free(g);
+    cg_params_free(ps);
+    return st;
+}
+
+static void test_team_bias_sums(void) {
+    static cg_real one[LN], team[LN];
+    bias_case e = {one, false}, frozen = {team, true};
+    cg_set_threads(1);
+    CHECK(bias_runs(&e) == CG_OK, "%s", cg_last_error());
+    for (int64_t c = 0; c < LN; c++) { /* the column sums of u */
+        double want = 0;
+        for (int64_t r = 0; r < LR; r++) want += (cg_real)cos(0.013 * (double)(r * LN + c));
+        CHECK(fabs(one[c] - want) <= 1e-4 * (1 + fabs(want)), "bias gradient %lld: %.7g, column sum %.7g", (long long)c,
+              (double)one[c], want);
+    }
+    cgi_team_set_guard(CGI_TEAM_GUARD_ON);
+    cgi_team_wait_for_helpers(true); /* else a loaded machine may keep the helpers switched out */
+    cg_set_threads(2);
+    cgi_team_counts before;
+    cgi_team_stats(&before);
+    CHECK(cg_run_with_team(bias_runs, &frozen) == CG_OK, "%s", cg_last_error());
+    const long long products = team_delta(&before).pieces;
+    e.db = team;
+    long long pieces = 0, helped = 0;
+    for (int attempt = 0; attempt < 50 && helped == 0; attempt++) {
+        cgi_team_stats(&before);
+        memset(team, 0, sizeof team);
+        CHECK(cg_run_with_team(bias_runs, &e) == CG_OK, "%s", cg_last_error());
+        const cgi_team_counts d = team_delta(&before);
+        pieces = d.pieces - products, helped = d.helper_pieces;
+        CHECK(!memcmp(one, team, sizeof one), "the bias gradient in a team differs from one thread's");
+    }
+    CHECK(pieces > 0 && helped > 0, "the bias sums shared %lld pieces in a team (the helpers took %lld)", pieces, helped);
+    cgi_team_set_guard(CGI_TEAM_GUARD_AUTO);
+    cgi_team_wait_for_helpers(false);
+    cg_set_threads(0);
+}
+
 /* `test_threads bf16` and `test_threads onednn` (their own ctest entries, skipped where they cannot
  * run): the bf16 products on the fp32 units (needs oneDNN) and on oneDNN's kernel (avx512_bf16). */
 int main(int argc, char **argv) {
@@ -665,5 +730,6 @@ int main(int argc, char **argv) {
     test_small_training_in_team();
     test_team_embedding();
     test_team_reduce();
+    test_team_bias_sums();
     TEST_END();
 }
