@@ -96,8 +96,8 @@ static void profile_report(void) {
         fputc('\n', stderr);
     }
     if (team)
-        fprintf(stderr, "%-16s %10.1f ms of %.1f: %.1f ms alone, %.1f ms waiting for helpers\n", "team", shared * 1e3,
-                total * 1e3, (total - shared) * 1e3, wait * 1e3);
+        fprintf(stderr, "team: of %.1f ms, %.1f ms shared with helpers (%.1f ms of it waiting for them), %.1f ms alone\n",
+                total * 1e3, shared * 1e3, wait * 1e3, (total - shared) * 1e3);
     memset(prof_time, 0, sizeof prof_time);
     memset(prof_shared, 0, sizeof prof_shared);
     memset(prof_wait, 0, sizeof prof_wait);
