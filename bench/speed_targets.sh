@@ -6,7 +6,11 @@
 # 2000 steps) with its training tokens/s as a fraction of sgemm and its held-out loss.
 #
 #   bench/speed_targets.sh [--data tinyshakespeare.txt] [--rounds N] [--steps N] [--threads 1,2]
-#                          [--configs A,B] [--no-recipe]
+#                          [--configs A,B] [--no-recipe] [--account]
+#
+# --account adds, per config, one more 2-thread run under CGRAD_PROFILE=1 on the CPU clock: thread 0's
+# op time split into time shared with the helper, time alone (the helper idle) and time waiting for
+# the helper's last piece of a product, the account of what the 2-thread fraction leaves.
 #
 # The recipe's fraction takes the model FLOPs per token of the nanogpt-char bench config (the
 # recipe's model and batch) and the median sgemm of that config's 2-thread bench runs. Rounds
@@ -17,9 +21,9 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${BUILD_DIR:-$root/build-bench}
 out=${OUT_DIR:-$(mktemp -d /tmp/cgrad-speed.XXXXXX)}
-data="" rounds=3 steps=5 threads=1,2 recipe=1
+data="" rounds=3 steps=5 threads=1,2 recipe=1 account=0
 configs=gpt-tiny,bert-small,encdec-base,gpt-small,llama-tiny,nanogpt-char
-usage="usage: bench/speed_targets.sh [--data tinyshakespeare.txt] [--rounds N] [--steps N] [--threads 1,2] [--configs A,B] [--no-recipe]"
+usage="usage: bench/speed_targets.sh [--data tinyshakespeare.txt] [--rounds N] [--steps N] [--threads 1,2] [--configs A,B] [--no-recipe] [--account]"
 while [ $# -gt 0 ]; do
   case $1 in
     --data) data=$2; shift 2 ;;
@@ -28,6 +32,7 @@ while [ $# -gt 0 ]; do
     --threads) threads=$2; shift 2 ;;
     --configs) configs=$2; shift 2 ;;
     --no-recipe) recipe=0; shift ;;
+    --account) account=1; shift ;;
     *) echo "$usage" >&2; exit 2 ;;
   esac
 done
@@ -55,6 +60,14 @@ for round in $(seq "$rounds"); do
     done
   done
 done
+if [ "$account" = 1 ]; then
+  echo "# 2 threads, thread 0's op time on its CPU clock (the warm-up step included)"
+  for cfg in ${configs//,/ }; do
+    CGRAD_PROFILE=1 CGRAD_PROFILE_CLOCK=cpu "$build/cgrad" bench --config "$cfg" --threads 2 --steps "$steps" \
+      --warmup 1 2>"$out/account-$cfg.txt" >/dev/null || echo "# cgrad bench failed on $cfg (account)"
+    grep "^team: of" "$out/account-$cfg.txt" | sed "s/^team:/$cfg:/" || echo "$cfg: no team account (one thread?)"
+  done
+fi
 if [ "$recipe" = 1 ]; then
   CGRAD="$build/cgrad" OUT="$out/recipe" "$root/examples/shakespeare_char.sh" --data "$data" >"$out/recipe.log" 2>&1 ||
     echo "# the recipe failed: see $out/recipe.log"

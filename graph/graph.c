@@ -21,18 +21,29 @@ static int profile = -1;
  * (rows past CGI_OP_COUNT; a name past the last row is counted under "custom"). */
 enum { PROF_CUSTOM = 16 };
 static double prof_time[CGI_OP_COUNT + PROF_CUSTOM][2];
+/* Of prof_time, inside a team span on two or more threads: the time the calling thread spent in
+ * pieces it shared with the helpers, and of that waiting for their last piece (graph/team.c). The
+ * rest of an op's time the helpers had nothing to do. */
+static double prof_shared[CGI_OP_COUNT + PROF_CUSTOM], prof_wait[CGI_OP_COUNT + PROF_CUSTOM];
 static int64_t prof_calls[CGI_OP_COUNT + PROF_CUSTOM][2];
 static const char *prof_custom[PROF_CUSTOM];
 
 /* CGRAD_PROFILE_CLOCK=cpu times the kernels by the calling thread's CPU clock: on a shared machine a
  * one-thread profile then leaves out the time other processes held the core. */
-double cgi_profile_clock(void) {
+double cgi_profile_now(void) {
     static int cpu = -1;
     if (cpu < 0) cpu = getenv("CGRAD_PROFILE_CLOCK") && !strcmp(getenv("CGRAD_PROFILE_CLOCK"), "cpu");
     if (!cpu) return omp_get_wtime();
     struct timespec ts;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return 1.0 + (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec; /* > 0: callers read 0 as "not profiling" */
+}
+
+static _Thread_local double prof_team_mark[2]; /* the team's counters at the node's start */
+
+double cgi_profile_clock(void) {
+    cgi_team_profile(&prof_team_mark[0], &prof_team_mark[1]);
+    return cgi_profile_now();
 }
 
 bool cgi_profiling(void) {
@@ -52,13 +63,17 @@ static int prof_row(const cg_tensor *t) {
 }
 
 void cgi_profile_node(cg_tensor *t, int pass, double t0) {
-    const double dt = cgi_profile_clock() - t0;
+    const double dt = cgi_profile_now() - t0;
     const int row = prof_row(t);
     t->prof_ms[pass] = (float)(dt * 1e3);
     prof_time[row][pass] += dt, prof_calls[row][pass]++;
+    double shared, wait;
+    cgi_team_profile(&shared, &wait);
+    shared -= prof_team_mark[0], wait -= prof_team_mark[1];
+    prof_shared[row] += shared, prof_wait[row] += wait;
     if (profile > 1)
-        fprintf(stderr, "[profile] %s node %d %s%s: %.3f ms\n", pass ? "bwd" : "fwd", t->id, cgi_op_name_of(t),
-                cgi_shp(t), dt * 1e3);
+        fprintf(stderr, "[profile] %s node %d %s%s: %.3f ms (%.3f alone)\n", pass ? "bwd" : "fwd", t->id,
+                cgi_op_name_of(t), cgi_shp(t), dt * 1e3, (dt - shared) * 1e3);
 }
 
 static void profile_report(void) {
@@ -66,14 +81,26 @@ static void profile_report(void) {
     double total = 0;
     for (int i = 0; i < ROWS; i++) total += prof_time[i][0] + prof_time[i][1];
     if (total <= 0) return;
-    fprintf(stderr, "%-16s %10s %10s %8s %8s\n", "op", "fwd ms", "bwd ms", "calls", "share");
+    double shared = 0, wait = 0;
+    for (int i = 0; i < ROWS; i++) shared += prof_shared[i], wait += prof_wait[i];
+    /* in a team: the time alone (helpers idle) and thread 0's wait for the helpers' last pieces */
+    const bool team = shared > 0;
+    fprintf(stderr, "%-16s %10s %10s %8s %8s%s\n", "op", "fwd ms", "bwd ms", "calls", "share",
+            team ? "   alone ms    wait ms" : "");
     for (int i = 0; i < ROWS; i++) {
         double t = prof_time[i][0] + prof_time[i][1];
         if (t <= 0) continue;
-        fprintf(stderr, "%-16s %10.1f %10.1f %8lld %7.1f%%\n", i < CGI_OP_COUNT ? cgi_ops[i].name : prof_custom[i - CGI_OP_COUNT],
+        fprintf(stderr, "%-16s %10.1f %10.1f %8lld %7.1f%%", i < CGI_OP_COUNT ? cgi_ops[i].name : prof_custom[i - CGI_OP_COUNT],
                 prof_time[i][0] * 1e3, prof_time[i][1] * 1e3, (long long)(prof_calls[i][0] + prof_calls[i][1]), 100 * t / total);
+        if (team) fprintf(stderr, " %10.1f %10.1f", (t - prof_shared[i]) * 1e3, prof_wait[i] * 1e3);
+        fputc('\n', stderr);
     }
+    if (team)
+        fprintf(stderr, "team: of %.1f ms, %.1f ms shared with helpers (%.1f ms of it waiting for them), %.1f ms alone\n",
+                total * 1e3, shared * 1e3, wait * 1e3, (total - shared) * 1e3);
     memset(prof_time, 0, sizeof prof_time);
+    memset(prof_shared, 0, sizeof prof_shared);
+    memset(prof_wait, 0, sizeof prof_wait);
     memset(prof_calls, 0, sizeof prof_calls);
     memset(prof_custom, 0, sizeof prof_custom);
 }

@@ -334,6 +334,9 @@ void cgi_resolve_views(cg_graph *g);
 /* Whether CGRAD_PROFILE asks for per-op kernel times. */
 bool cgi_profiling(void);
 /* The profile's clock in seconds (> 0): wall time, or the thread's CPU time under CGRAD_PROFILE_CLOCK=cpu. */
+double cgi_profile_now(void);
+/* cgi_profile_now at a node's start (cgi_profile_node ends it): also marks the team's counters
+ * (cgi_team_profile), so the node's time shared with helpers is told from its time alone. */
 double cgi_profile_clock(void);
 /* Records node t's kernel time since t0 for pass 0 (forward) or 1 (backward). */
 void cgi_profile_node(cg_tensor *t, int pass, double t0);
@@ -518,6 +521,9 @@ typedef struct {
 } cgi_team_counts;
 /* Counts since the process began, for tests and the bench. */
 void cgi_team_stats(cgi_team_counts *c);
+/* Under CGRAD_PROFILE: this thread's seconds (the profile's clock) inside a team's shared pieces so
+ * far, and of them waiting for a helper's last piece. */
+void cgi_team_profile(double *shared, double *wait);
 /* Tests: thread 0 waits (up to 100 ms) for a helper to claim each task's first piece, so a loaded
  * machine that keeps the helpers switched out cannot leave them without work to check. */
 void cgi_team_wait_for_helpers(bool on);

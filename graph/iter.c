@@ -80,10 +80,42 @@ void cgi_copy(cg_real *dst, const int64_t *dst_stride, const cg_real *src, const
     cgi_par_ranges(it.rows * nch, it.rows * it.inner, copy_chunks, &k);
 }
 
+typedef struct {
+    cg_real *dst;
+    const cg_real *src;
+    const cgi_iter *kit, *rit;
+    double scale;
+    bool accumulate;
+} reduce_args;
+
+/* Output elements [lo, hi) of cgi_reduce, each summed alone in the fixed order. */
+static void reduce_outputs(int64_t lo, int64_t hi, void *ctx) {
+    const reduce_args *a = ctx;
+    const cgi_iter *kit = a->kit, *rit = a->rit;
+    const int64_t rinner_st = rit->st[0][rit->ndim - 1];
+    for (int64_t o = lo; o < hi; o++) {
+        int64_t koff[2];
+        cgi_iter_row(kit, o / kit->inner, koff);
+        int64_t j = o % kit->inner;
+        const cg_real *s = a->src + koff[1] + j * kit->st[1][kit->ndim - 1];
+        double acc = 0;
+        for (int64_t r = 0; r < rit->rows; r++) {
+            int64_t roff;
+            cgi_iter_row(rit, r, &roff);
+            const cg_real *p = s + roff;
+            for (int64_t q = 0; q < rit->inner; q++) acc += p[q * rinner_st];
+        }
+        cg_real *d = a->dst + koff[0] + j * kit->st[0][kit->ndim - 1];
+        if (a->accumulate) *d += (cg_real)(a->scale * acc);
+        else *d = (cg_real)(a->scale * acc);
+    }
+}
+
 void cgi_reduce(cg_real *dst, const int64_t *dst_stride, const cg_real *src, const int64_t *src_stride,
                 int ndim, const int64_t *shape, unsigned reduce_mask, double scale, bool accumulate) {
-    /* Kept axes index the output elements (the parallel loop); reduced axes are summed in a
-     * fixed order per element, so the result does not depend on the thread count. */
+    /* Kept axes index the output elements (shared as ranges, inside a thread team too: a position
+     * embedding's gradient, summed over the batch, ran on thread 0 alone there); reduced axes are
+     * summed in a fixed order per element, so the result does not depend on the thread count. */
     int64_t kshape[CG_MAX_DIMS] = {0}, kst_src[CG_MAX_DIMS] = {0}, kst_dst[CG_MAX_DIMS] = {0}; /* zero: no kept axis */
     int64_t rshape[CG_MAX_DIMS], rst[CG_MAX_DIMS];
     int nk = 0, nr = 0;
@@ -104,25 +136,8 @@ void cgi_reduce(cg_real *dst, const int64_t *dst_stride, const cg_real *src, con
     cgi_iter rit;
     cgi_iter_init(&rit, nr, rshape, 1, rsts);
     const int64_t nout = kit.rows * kit.inner, nred = rit.rows * rit.inner;
-    const int64_t rinner_st = rit.st[0][rit.ndim - 1];
-#pragma omp parallel for schedule(static) if (nout * nred > CGI_PAR_MIN) num_threads(cgi_nthreads())
-    for (int64_t o = 0; o < nout; o++) {
-        int64_t koff[2];
-        cgi_iter_row(&kit, o / kit.inner, koff);
-        int64_t j = o % kit.inner;
-        const cg_real *s = src + koff[1] + j * kit.st[1][kit.ndim - 1];
-        double acc = 0;
-        for (int64_t r = 0; r < rit.rows; r++) {
-            int64_t roff;
-            cgi_iter_row(&rit, r, &roff);
-            const cg_real *p = s + roff;
-            for (int64_t q = 0; q < rit.inner; q++) acc += p[q * rinner_st];
-        }
-        cg_real *d = dst + koff[0] + j * kit.st[0][kit.ndim - 1];
-        if (accumulate) *d += (cg_real)(scale * acc);
-        else *d = (cg_real)(scale * acc);
-    }
-    (void)nred;
+    const reduce_args a = {dst, src, &kit, &rit, scale, accumulate};
+    cgi_par_ranges(nout, nout * nred, reduce_outputs, (void *)&a);
 }
 
 static void unbroadcast(cg_tensor *t, const cg_real *g_out, int ndim, const int64_t *out_shape, double scale,

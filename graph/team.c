@@ -113,6 +113,12 @@ void cgi_team_stats(cgi_team_counts *c) {
 
 void cgi_team_wait_for_helpers(bool on) { atomic_store(&wait_for_helpers, on); }
 
+/* Under CGRAD_PROFILE, thread 0's time (on the profile's clock) inside shared pieces and, of it,
+ * waiting for a helper's last piece: the profile splits each op into time shared and time alone. */
+static _Thread_local double prof_shared, prof_wait;
+
+void cgi_team_profile(double *shared, double *wait) { *shared = prof_shared, *wait = prof_wait; }
+
 bool cgi_team_on(void) { return in_span; }
 
 bool cgi_team_sharing(void) { return my_team && atomic_load_explicit(&my_team->rest, memory_order_relaxed) == SHARE; }
@@ -158,15 +164,24 @@ void cgi_team_pieces(void (*fn)(void *ctx, int piece), void *ctx, int pieces) {
         for (const double t0 = omp_get_wtime();
              !(atomic_load_explicit(&tm->claim, memory_order_acquire) & 0xffff) && omp_get_wtime() - t0 < 0.1;)
             sched_yield();
+    const double p0 = cgi_profiling() ? cgi_profile_now() : 0;
     const double t_own = omp_get_wtime();
     const int mine = take_pieces(tm, task);
     const double own = omp_get_wtime() - t_own; /* thread 0's own pieces (it claims until none is left) */
     atomic_fetch_add_explicit(&stat_pieces, pieces, memory_order_relaxed);
     if (mine < pieces) atomic_fetch_add_explicit(&stat_helper_pieces, pieces - mine, memory_order_relaxed);
-    if (atomic_load_explicit(&tm->finished, memory_order_acquire) >= pieces) return;
+    const double p1 = p0 > 0 ? cgi_profile_now() : 0;
+    if (atomic_load_explicit(&tm->finished, memory_order_acquire) >= pieces) {
+        if (p0 > 0) prof_shared += p1 - p0;
+        return;
+    }
     const double t0 = omp_get_wtime();
     while (atomic_load_explicit(&tm->finished, memory_order_acquire) < pieces) spin_pause();
     const double waited = omp_get_wtime() - t0; /* the tail: what an uneven split costs thread 0 */
+    if (p0 > 0) {
+        const double p2 = cgi_profile_now();
+        prof_shared += p2 - p0, prof_wait += p2 - p1;
+    }
     atomic_fetch_add_explicit(&stat_wait_ns, (long long)(1e9 * waited), memory_order_relaxed);
     if (cgi_team_stalled(waited, own)) tm->stalled = true;
 }

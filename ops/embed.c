@@ -25,6 +25,27 @@ cg_tensor *cg_embedding(cg_graph *g, cg_tensor *weight, cg_tensor *ids) {
     return cgi_node(g, CGI_OP_EMBEDDING, CG_REAL, ids->ndim + 1, s, 2, in);
 }
 
+/* Inside a thread team the gathers and the scatter are shared as ranges (cgi_par_ranges): as
+ * OpenMP loops they ran on thread 0 alone there (a team's run is one thread to OpenMP). */
+typedef struct {
+    const cg_real *W;
+    cg_real *Y;
+    const cg_tensor *ids;
+    int64_t d, r0, c0;
+} gather_args;
+
+/* Rows [lo, hi) of the output: the ids' rows of the table. */
+static void gather_rows(int64_t lo, int64_t hi, void *ctx) {
+    const gather_args *a = ctx;
+    const int32_t *id = a->ids->data;
+    for (int64_t i = lo; i < hi; i++) {
+        const cg_real *row = a->W + id[cgi_elem_offset(a->ids, i)] * a->r0;
+        cg_real *y = a->Y + i * a->d;
+        if (a->c0 == 1) memcpy(y, row, (size_t)a->d * sizeof *y);
+        else for (int64_t j = 0; j < a->d; j++) y[j] = row[j * a->c0];
+    }
+}
+
 cg_status cgi_fwd_embedding(cg_tensor *t) {
     cg_tensor *w = t->src[0], *ids = t->src[1];
     const int32_t *id = ids->data;
@@ -52,13 +73,36 @@ cg_status cgi_fwd_embedding(cg_tensor *t) {
         });
         return CG_OK;
     }
-    CGI_PAR_FOR(n * d, for (int64_t i = 0; i < n; i++) {
-        const cg_real *row = W + id[cgi_elem_offset(ids, i)] * r0;
-        cg_real *y = Y + i * d;
-        if (c0 == 1) memcpy(y, row, (size_t)d * sizeof *y);
-        else for (int64_t j = 0; j < d; j++) y[j] = row[j * c0];
-    });
+    const gather_args a = {W, Y, ids, d, r0, c0};
+    cgi_par_ranges(n, n * d, gather_rows, (void *)&a);
     return CG_OK;
+}
+
+typedef struct {
+    cg_real *dw;
+    const cg_real *dy;
+    const cg_tensor *ids;
+    int64_t n, v, d, r0, c0;
+    bool assign;
+} scatter_args;
+
+/* Columns [lo, hi) of the table's gradient: zeroed first when assigned, then every id's row added
+ * in order, so each element sees the same adds in the same order however the columns are cut. */
+static void scatter_cols(int64_t lo, int64_t hi, void *ctx) {
+    const scatter_args *a = ctx;
+    const int32_t *id = a->ids->data;
+    const int64_t r0 = a->r0, c0 = a->c0;
+    if (a->assign)
+        for (int64_t r = 0; r < a->v; r++) {
+            cg_real *row = a->dw + r * r0;
+            if (c0 == 1) memset(row + lo, 0, (size_t)(hi - lo) * sizeof *row);
+            else for (int64_t j = lo; j < hi; j++) row[j * c0] = 0;
+        }
+    for (int64_t i = 0; i < a->n; i++) {
+        cg_real *row = a->dw + id[cgi_elem_offset(a->ids, i)] * r0;
+        const cg_real *dy = a->dy + i * a->d;
+        for (int64_t j = lo; j < hi; j++) row[j * c0] += dy[j];
+    }
 }
 
 /* The op claims the table (ops.def): as its first writer (a parameter after cg_params_zero_grad),
@@ -69,31 +113,22 @@ void cgi_bwd_embedding(cg_tensor *t) {
     cg_tensor *w = t->src[0], *ids = t->src[1];
     if (!w->requires_grad) return;
     const bool assign = cgi_grad_begin(w);
-    const int32_t *id = ids->data;
     const int64_t n = cgi_numel(ids->ndim, ids->shape), v = w->shape[0], d = w->shape[1];
     const int64_t r0 = w->stride[0], c0 = w->stride[1];
-    const cg_real *DY = t->grad;
-    cg_real *DW = w->grad;
+    const scatter_args a = {w->grad, t->grad, ids, n, v, d, r0, c0, assign};
+    /* by columns: no two threads touch one element. Work: the scatter's, or the zeroing's alone
+     * where cgi_zero would share it (from 4 of its 256 kB parts) */
+    const int64_t zero = assign && v * d * (int64_t)sizeof(cg_real) > 3 * (1 << 18) ? CGI_PAR_MIN + 1 : 0,
+                  work = n * d > zero ? n * d : zero;
+    if (cgi_team_sharing()) { /* a team's ranges */
+        cgi_par_ranges(d, work, scatter_cols, (void *)&a);
+        return;
+    }
+    /* else a region of its own (test_regions tells it from cgi_zero's by its body) */
     const int nt = cgi_nthreads();
-    /* a second thread for the scatter's size, or for the zeroing's alone where cgi_zero would use one */
-#pragma omp parallel num_threads(nt) if (n * d > CGI_PAR_MIN || (assign && v * d * (int64_t)sizeof(cg_real) > 3 * (1 << 18)))
+#pragma omp parallel num_threads(nt) if (work > CGI_PAR_MIN)
     {
-        int me = 0, all = 1;
-#ifdef _OPENMP
-        me = omp_get_thread_num();
-        all = omp_get_num_threads();
-#endif
-        const int64_t lo = d * me / all, hi = d * (me + 1) / all;
-        if (assign)
-            for (int64_t r = 0; r < v; r++) {
-                cg_real *row = DW + r * r0;
-                if (c0 == 1) memset(row + lo, 0, (size_t)(hi - lo) * sizeof *row);
-                else for (int64_t j = lo; j < hi; j++) row[j * c0] = 0;
-            }
-        for (int64_t i = 0; i < n; i++) {
-            cg_real *row = DW + id[cgi_elem_offset(ids, i)] * r0;
-            const cg_real *dy = DY + i * d;
-            for (int64_t j = lo; j < hi; j++) row[j * c0] += dy[j];
-        }
+        const int64_t me = omp_get_thread_num(), all = omp_get_num_threads();
+        scatter_cols(d * me / all, d * (me + 1) / all, (void *)&a);
     }
 }

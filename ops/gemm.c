@@ -153,15 +153,25 @@ static void run_piece(const cgi_gemm_job *jobs, const piece *pc, unsigned fl) {
     gemm1(&j, fl);
 }
 
+/* Extra pieces after the products' (cgi_gemm_many_then): task(ctx, i) for i < n. */
+typedef struct {
+    void (*task)(void *ctx, int i);
+    void *ctx;
+    int n;
+} extra_tasks;
+
 typedef struct {
     const cgi_gemm_job *jobs;
     const piece *pcs;
     unsigned fl;
+    int np;               /* product pieces; pieces from np are the extra tasks */
+    const extra_tasks *ex;
 } team_task;
 
 static void run_team_piece(void *ctx, int q) {
     const team_task *t = ctx;
-    run_piece(t->jobs, &t->pcs[q], t->fl);
+    if (q < t->np) run_piece(t->jobs, &t->pcs[q], t->fl);
+    else t->ex->task(t->ex->ctx, q - t->np);
 }
 
 /* A job's pieces inside a team, at most: tapered, half for thread 0 and two quarters, the second
@@ -191,12 +201,6 @@ static bool team_taper(void) {
 /* The weight of pieces [0, q) of p tapered pieces (of p + p / 2 in all). */
 static int64_t cut_weight(int q, int p) { return q + (q < p / 2 ? q : p / 2); }
 
-/* Extra pieces after the products' (cgi_gemm_many_then): task(ctx, i) for i < n. */
-typedef struct {
-    void (*task)(void *ctx, int i);
-    void *ctx;
-    int n;
-} extra_tasks;
 
 static void gemm_many(const cgi_gemm_job *jobs, int njobs, int threads, unsigned fl, const extra_tasks *ex) {
     blis_ready();
@@ -236,10 +240,9 @@ static void gemm_many(const cgi_gemm_job *jobs, int njobs, int threads, unsigned
         }
     }
     const int nx = ex ? ex->n : 0;
-    if (share) {
-        const team_task task = {jobs, pcs, fl};
-        cgi_team_pieces(run_team_piece, (void *)&task, np);
-        for (int q = 0; q < nx; q++) ex->task(ex->ctx, q);
+    if (share) { /* the extra tasks (a linear's bias sums) too: they ran on thread 0 alone after the products */
+        const team_task task = {jobs, pcs, fl, np, ex};
+        cgi_team_pieces(run_team_piece, (void *)&task, np + nx);
         return;
     }
     if (np <= 1 || threads <= 1) {

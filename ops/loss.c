@@ -366,14 +366,24 @@ static cg_real *lce_slab(const lce *c, int64_t s, int64_t *v0, int64_t *w) {
  * row's max and sum of e^(z - max) over the slab go to st[(row * ns + s) * 2], its target's logit,
  * if in the slab, to zt[row], and the slab keeps e^(z - max) in place of z: the softmax's gradient
  * is then one product per element, e^(z - max) e^(max - lse), no exponential. pw: the slot's W pack. */
+static void lce_slab_rows(const lce *c, int64_t r0, int64_t i0, int64_t i1, int64_t s, const cg_real *pw);
+
 static void lce_slab_logits(const lce *c, int64_t r0, int64_t m, int64_t s, cg_real *pw) {
+    int64_t v0, w;
+    lce_slab(c, s, &v0, &w);
+    lce_pack_w(c, c->d, w, v0 * c->wr, c->wc, c->wr, pw);
+    lce_slab_rows(c, r0, 0, m, s, pw);
+}
+
+/* Rows [i0, i1) of the chunk (i0 a multiple of the micro-tile's rows) of lce_slab_logits, from slab
+ * s's W packed in pw. Each tile of rows is computed alone, so any such cut gives the same bits. */
+static void lce_slab_rows(const lce *c, int64_t r0, int64_t i0, int64_t i1, int64_t s, const cg_real *pw) {
     const cgi_ukr *u = &c->u;
     const cg_real *xa = c->fused + c->p->xa;
     int64_t v0, w;
     cg_real *zs = lce_slab(c, s, &v0, &w);
-    lce_pack_w(c, c->d, w, v0 * c->wr, c->wc, c->wr, pw);
-    for (int64_t i = 0; i < m; i += u->mr) {
-        const int64_t mi = m - i < u->mr ? m - i : u->mr;
+    for (int64_t i = i0; i < i1; i += u->mr) {
+        const int64_t mi = i1 - i < u->mr ? i1 - i : u->mr;
         cg_real *z0 = zs + i * w;
         cgi_ukr_gemm(u, mi, w, c->d, 1, xa + i / u->mr * u->pmr * c->d, c->d, pw, c->d, 0, z0, w, 1, CGI_UKR_FULL,
                      CGI_UKR_FULL);
@@ -400,6 +410,28 @@ static void lce_slab_piece(void *ctx, int s) {
     lce_slab_logits(k->c, k->r0, k->m, s, k->c->fused + k->c->p->pw + (size_t)omp_get_thread_num() * k->c->p->pw_one);
 }
 
+/* A vocabulary of one slab (at most LCE_SLAB classes: gpt-tiny's 256 bytes, nanoGPT's 65
+ * characters) would be one piece, which thread 0 ran alone while the helpers waited: 4% of
+ * gpt-tiny's two-thread step (CGRAD_PROFILE's time alone). Its passes are cut instead into
+ * LCE_PARTS pieces of whole micro-tiles: the logits and dX by rows, dW and the bias's sums by the
+ * slab's columns. Each output element is computed as in one piece, so the bits are the same. */
+enum { LCE_PARTS = 4 };
+
+/* Part q of LCE_PARTS of n rows (or columns), cut on multiples of the micro-tile's rows. */
+static void lce_part(const lce *c, int64_t n, int q, int64_t *lo, int64_t *hi) {
+    const int64_t mr = c->u.mr, tiles = (n + mr - 1) / mr;
+    *lo = tiles * q / LCE_PARTS * mr;
+    *hi = q == LCE_PARTS - 1 ? n : tiles * (q + 1) / LCE_PARTS * mr;
+    if (*hi > n) *hi = n;
+}
+
+static void lce_rows_piece(void *ctx, int q) {
+    const lce_slabs_task *k = ctx;
+    int64_t i0, i1;
+    lce_part(k->c, k->m, q, &i0, &i1);
+    if (i1 > i0) lce_slab_rows(k->c, k->r0, i0, i1, 0, k->c->fused + k->c->p->pw);
+}
+
 /* Computes rows [r0, r0+m) of the counted list's logits into c->logits; fused: with each row's
  * log-sum-exp into c->lse */
 static void lce_logits(const lce *c, int64_t r0, int64_t m, bool bwd) {
@@ -408,7 +440,11 @@ static void lce_logits(const lce *c, int64_t r0, int64_t m, bool bwd) {
         const lce_params *p = c->p;
         cg_real *st = c->fused + p->st;
         const lce_slabs_task k = {c, r0, m};
-        cgi_slot_pieces(p->ns, p->slots, lce_slab_piece, (void *)&k); /* each slab in its thread's slot */
+        if (p->ns == 1) { /* one slab: W packed once, its rows in parts */
+            lce_pack_w(c, c->d, c->v, 0, c->wc, c->wr, c->fused + p->pw);
+            cgi_slot_pieces(LCE_PARTS, p->slots, lce_rows_piece, (void *)&k);
+        } else
+            cgi_slot_pieces(p->ns, p->slots, lce_slab_piece, (void *)&k); /* each slab in its thread's slot */
         for (int64_t i = 0; i < m; i++) { /* the slabs' partial sums, merged in slab order */
             const cg_real *o = st + i * p->ns * 2;
             cg_real mx = -INFINITY;
@@ -492,6 +528,59 @@ static void lce_group(const lce_grads_task *k, int64_t g, int me) {
 
 static void lce_group_piece(void *ctx, int g) { lce_group(ctx, g, omp_get_thread_num()); }
 
+/* One slab's gradients (lce_group's, in the same order per element), its rows' part q: the logits
+ * recomputed, dlogits in place and dX's rows, from W's slab packed as B once in slot 0. */
+static void lce_one_slab_rows(void *ctx, int q) {
+    const lce_grads_task *k = ctx;
+    const lce *c = k->c;
+    const lce_params *p = c->p;
+    const cgi_ukr *u = &c->u;
+    const int64_t d = c->d, r0 = k->r0;
+    int64_t i0, i1, v0, sw;
+    lce_part(c, k->m, q, &i0, &i1);
+    if (i1 <= i0) return;
+    cg_real *z0 = lce_slab(c, 0, &v0, &sw), *st = c->fused + p->st;
+    cg_real *pa = c->fused + p->slot + (size_t)omp_get_thread_num() * p->slot_one, *pb = c->fused + p->slot + p->pa_n;
+    if (k->recompute) lce_slab_rows(c, r0, i0, i1, 0, c->fused + p->pw);
+    for (int64_t i = i0; i < i1; i++) {
+        cg_real *z = z0 + i * sw;
+        const cg_real l = c->lse[r0 + i], *o = st + i * 2;
+        const cg_real f = k->gscale * (cg_real)exp((double)o[0] - l);
+        for (int64_t j = 0; j < sw; j++) z[j] *= f;
+        const int64_t kk = c->tg[cgi_elem_offset(c->t->src[2], (int64_t)c->index[r0 + i])] - v0;
+        if (kk >= 0 && kk < sw) z[kk] -= k->gscale;
+    }
+    if (k->dx) {
+        cgi_ukr_pack_a(u, i1 - i0, sw, z0 + i0 * sw, sw, 1, pa);
+        cgi_ukr_gemm(u, i1 - i0, d, sw, 1, pa, sw, pb, sw, 0, k->dxu + i0 * d, d, 1, CGI_UKR_FULL, CGI_UKR_FULL);
+    }
+}
+
+/* ... its columns' part q: the bias's sums over the rows in order, and dW's rows. */
+static void lce_one_slab_cols(void *ctx, int q) {
+    const lce_grads_task *k = ctx;
+    const lce *c = k->c;
+    const lce_params *p = c->p;
+    cg_tensor *w = c->t->src[1];
+    int64_t j0, j1, v0, sw;
+    const cg_real *z0 = lce_slab(c, 0, &v0, &sw);
+    lce_part(c, sw, q, &j0, &j1);
+    if (j1 <= j0) return;
+    cg_real *pa = c->fused + p->slot + (size_t)omp_get_thread_num() * p->slot_one, *pt = pa + p->pa_n + p->pb_n,
+            *cs = pt + p->pt_n;
+    if (k->db) {
+        memset(cs, 0, (size_t)(j1 - j0) * sizeof *cs);
+        for (int64_t i = 0; i < k->m; i++)
+            for (int64_t j = j0; j < j1; j++) cs[j - j0] += z0[i * sw + j];
+        for (int64_t j = j0; j < j1; j++) k->bias_grad[(v0 + j) * k->bias_stride] += cs[j - j0];
+    }
+    if (k->dw) {
+        cgi_ukr_pack_a(&c->u, j1 - j0, k->m, z0 + j0, 1, sw, pt);
+        cgi_ukr_gemm(&c->u, j1 - j0, c->d, k->m, 1, pt, k->m, c->fused + p->xb, k->m, k->w_assign ? 0 : 1,
+                     w->grad + (v0 + j0) * w->stride[0], w->stride[0], w->stride[1], CGI_UKR_FULL, CGI_UKR_FULL);
+    }
+}
+
 /* The fused path's gradients over one chunk of m rows from r0 (logits in place: forward's e^(z - max),
  * or recomputed), for an upstream gradient of gscale * (counted rows): dW (+)= into w's gradient
  * (w_assign: written, not added to); dX into dxu's rows of the chunk; the bias's gradient added to
@@ -505,6 +594,19 @@ static void lce_grads(const lce *c, int64_t r0, int64_t m, bool recompute, cg_re
     lce_grads_task k = {c, r0, m, recompute, w_assign, dx, dw, db, gscale,
                         ahead ? c->fused + p->dbu : db ? b->grad : NULL, ahead ? 1 : db ? b->stride[0] : 0, dxu};
     if (dw) cgi_ukr_pack_b(&c->u, m, d, c->xs, d, 1, xb);
+    if (p->ns == 1) { /* one slab: its rows' parts, then its columns' */
+        if (recompute) lce_pack_w(c, d, c->v, 0, c->wc, c->wr, c->fused + p->pw);
+        if (dx) lce_pack_w(c, c->v, d, 0, c->wr, c->wc, c->fused + p->slot + p->pa_n);
+        cgi_slot_pieces(LCE_PARTS, p->slots, lce_one_slab_rows, &k);
+        if (db && dw && cgi_grads_alias(w, b)) { /* the bias's sums, then dW, on one thread, as one group did */
+            lce_grads_task only_b = k, only_w = k;
+            only_b.dw = false, only_w.db = false;
+            for (int q = 0; q < LCE_PARTS; q++) lce_one_slab_cols(&only_b, q);
+            for (int q = 0; q < LCE_PARTS; q++) lce_one_slab_cols(&only_w, q);
+        } else if (dw || db)
+            cgi_slot_pieces(LCE_PARTS, p->slots, lce_one_slab_cols, &k);
+        return; /* one group: no partial sums to add */
+    }
     cgi_slot_pieces(p->groups, p->slots, lce_group_piece, &k); /* each group in its thread's slot */
     if (dx) /* the groups' partials in order */
         for (int64_t i = 0; i < m; i++)

@@ -22,6 +22,8 @@ typedef struct {
     int64_t chunk;    /* the caller's chunk rows (cgi_linear_cross_entropy_rows); 0: the op's own */
 } lce_case;
 
+static cgi_team_counts passes; /* team pieces during the last run's forward and backward */
+
 static void run(bool fused, const lce_case *k, double *loss, cg_real **grads) {
     const int64_t rows = k->rows, d = k->d, v = k->v;
     if (k->threads) cg_set_threads(k->threads);
@@ -51,6 +53,8 @@ static void run(bool fused, const lce_case *k, double *loss, cg_real **grads) {
     if (k->between == 3) l = cg_scale(g, l, 2.5);
     if (k->between == 4) l = cg_add(g, l, cg_sum_all(g, cg_mul(g, wl, wl)));
     if (ps) cg_params_zero_grad(ps);
+    cgi_team_counts before;
+    cgi_team_stats(&before);
     CHECK(l && cg_graph_forward(g) == CG_OK, "%s", cg_last_error());
     if (k->between == 1 || k->between == 2) {
         cg_real *tmp = malloc((size_t)cg_numel(wl) * sizeof *tmp);
@@ -59,6 +63,8 @@ static void run(bool fused, const lce_case *k, double *loss, cg_real **grads) {
         if (k->between == 2) cg_params_zero_grad(ps);
     }
     CHECK(cg_graph_backward(g, l) == CG_OK, "%s", cg_last_error());
+    cgi_team_stats(&passes);
+    passes.pieces -= before.pieces, passes.helper_pieces -= before.helper_pieces;
     *loss = cg_item(l);
     cg_tensor *leaves[3] = {x, k->between == 5 ? NULL : wl, bl};
     for (int i = 0; i < 3; i++) {
@@ -210,6 +216,52 @@ static void halved_by_plan(void) {
     free(after[0]), free(after[1]);
 }
 
+typedef struct {
+    lce_case k;
+    double loss;
+    cg_real *grads[3];
+} team_run;
+
+static cg_status run_in_team(void *ctx) {
+    team_run *r = ctx;
+    run(true, &r->k, &r->loss, r->grads);
+    return CG_OK;
+}
+
+/* A vocabulary of one slab (at most 256 classes) is cut into parts by rows and by columns
+ * (ops/loss.c): as a team's pieces, which the helpers take, with the same bits at 1 and 2 threads
+ * and the composite's values. */
+static void one_slab_shared(const char *what, lce_case k) {
+    compare(what, k);
+    same_bits(what, k);
+    cgi_team_set_guard(CGI_TEAM_GUARD_ON);
+    cgi_team_wait_for_helpers(true); /* else a loaded machine may keep the helpers switched out */
+    cg_set_threads(2);
+    long long pieces = 0, helped = 0;
+    for (int attempt = 0; attempt < 20 && helped == 0; attempt++) {
+        team_run r = {k, 0, {NULL, NULL, NULL}};
+        CHECK(cg_run_with_team(run_in_team, &r) == CG_OK, "%s", cg_last_error());
+        pieces = passes.pieces, helped = passes.helper_pieces;
+        double l1;
+        cg_real *g1[3];
+        k.threads = 1;
+        run(true, &k, &l1, g1);
+        k.threads = 0;
+        cg_set_threads(2);
+        CHECK(l1 == r.loss, "%s: loss %.9g at 1 thread, %.9g in a team", what, l1, r.loss);
+        const int64_t n[3] = {k.rows * k.d, k.v * k.d, k.v};
+        for (int i = 0; i < 3; i++) {
+            if (g1[i]) CHECK(!memcmp(g1[i], r.grads[i], (size_t)n[i] * sizeof(cg_real)), "%s: gradient %d differs", what, i);
+            free(g1[i]);
+            free(r.grads[i]);
+        }
+    }
+    CHECK(pieces > 0 && helped > 0, "%s: the helpers took %lld of %lld pieces of the head", what, helped, pieces);
+    cg_set_threads(0);
+    cgi_team_set_guard(CGI_TEAM_GUARD_AUTO);
+    cgi_team_wait_for_helpers(false);
+}
+
 int main(void) {
     chunk_rows();
     halved_by_plan();
@@ -250,5 +302,9 @@ int main(void) {
     same_bits("caller's chunk: 300 counted rows in one", (lce_case){600, 16, 8200, true, false, false, 300, 0, false, 0, 300});
     lazy_zero(100, 600);
     lazy_zero(1000, 300);
+    one_slab_shared("one slab: 1000 rows x 256 classes, bias", (lce_case){1000, 48, 256, true, false, false, -1, 0, false, 0, 0});
+    one_slab_shared("one slab: 700 rows x 65 classes, transposed weight", (lce_case){700, 40, 65, false, true, false, -1, 0, false, 0, 0});
+    one_slab_shared("one slab, params: 1100 rows x 200 classes, 3 chunks", (lce_case){1100, 32, 200, true, false, false, -1, 0, true, 0, 0});
+    one_slab_shared("one slab: strided bias, 90 rows x 13 classes", (lce_case){90, 12, 13, true, false, true, -1, 0, false, 0, 0});
     TEST_END();
 }

@@ -516,6 +516,196 @@ static void test_small_training_in_team(void) {
     cg_set_threads(0);
 }
 
+/* Embedding's gather (by rows) and gradient scatter (by columns, repeated ids included) in a team:
+ * the helpers take ranges of both, and the values are the table's rows and, element by element,
+ * the upstream rows added in order from zero, as a plain loop computes them. */
+enum { EV = 50, ED = 96, EN = 1200 };
+typedef struct {
+    cg_real *y, *dw;
+    bool plain; /* the same graph with a parameter [EN, ED] in the embedding's place */
+} embed_case;
+
+static cg_status embed_runs(void *ctx) {
+    embed_case *e = ctx;
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    cg_params *ps = cg_params_new();
+    cg_tensor *w = cg_params_add(ps, "w", 2, S(EV, ED));
+    cg_tensor *ids = cg_input(g, "ids", CG_INT32, 1, S(EN));
+    cg_tensor *u = cg_input(g, "u", CG_REAL, 2, S(EN, ED)); /* the upstream gradient, as mul's */
+    for (int64_t i = 0; i < EV * ED; i++) cg_data(w)[i] = (cg_real)sin(0.37 * (double)i);
+    for (int64_t i = 0; i < EN; i++) cg_idata(ids)[i] = (int32_t)((i * 7 + i / 13) % EV);
+    for (int64_t i = 0; i < EN * ED; i++) cg_data(u)[i] = (cg_real)cos(0.011 * (double)i);
+    cg_tensor *y = e->plain ? cg_params_add(ps, "y", 2, S(EN, ED)) : cg_retain(cg_embedding(g, w, ids));
+    cg_tensor *l = cg_sum_all(g, cg_mul(g, y, u));
+    cg_params_zero_grad(ps);
+    cg_status st = l ? cg_graph_forward(g) : CG_ERR_NOMEM;
+    if (!st) st = cg_graph_backward(g, l);
+    if (!st && !e->plain) memcpy(e->y, cg_data(y), sizeof(cg_real) * EN * ED), cg_read_grad(w, e->dw);
+    cg_graph_free(g);
+    cg_params_free(ps);
+    return st;
+}
+
+static void test_team_embedding(void) {
+    static cg_real y[EN * ED], dw[EV * ED], want_dw[EV * ED];
+    embed_case e = {y, dw, false}, plain = {y, dw, true};
+    for (int64_t i = 0; i < EN; i++) {
+        const int32_t k = (int32_t)((i * 7 + i / 13) % EV);
+        for (int64_t j = 0; j < ED; j++) want_dw[k * ED + j] += (cg_real)cos(0.011 * (double)(i * ED + j));
+    }
+    cgi_team_set_guard(CGI_TEAM_GUARD_ON);
+    cgi_team_wait_for_helpers(true); /* else a loaded machine may keep the helpers switched out */
+    cg_set_threads(2);
+    /* the ops around it share pieces too: the embedding's are the pieces beyond the plain twin's */
+    cgi_team_counts before;
+    cgi_team_stats(&before);
+    CHECK(cg_run_with_team(embed_runs, &plain) == CG_OK, "%s", cg_last_error());
+    const long long others = team_delta(&before).pieces;
+    long long pieces = 0, helped = 0;
+    for (int attempt = 0; attempt < 50 && helped == 0; attempt++) {
+        cgi_team_stats(&before);
+        memset(y, 0, sizeof y), memset(dw, 0, sizeof dw);
+        CHECK(cg_run_with_team(embed_runs, &e) == CG_OK, "%s", cg_last_error());
+        const cgi_team_counts d = team_delta(&before);
+        pieces = d.pieces - others, helped = d.helper_pieces;
+        bool rows_ok = true;
+        for (int64_t i = 0; i < EN && rows_ok; i++)
+            for (int64_t j = 0; j < ED; j++) {
+                const int64_t k = (i * 7 + i / 13) % EV;
+                rows_ok = rows_ok && y[i * ED + j] == (cg_real)sin(0.37 * (double)(k * ED + j));
+            }
+        CHECK(rows_ok, "embedding's rows in a team are not the table's");
+        CHECK(!memcmp(dw, want_dw, sizeof dw), "embedding's gradient in a team differs from the ordered sums");
+    }
+    CHECK(pieces > 0 && helped > 0, "the embedding shared %lld pieces in a team (the helpers took %lld)", pieces, helped);
+    cgi_team_set_guard(CGI_TEAM_GUARD_AUTO);
+    cgi_team_wait_for_helpers(false);
+    cg_set_threads(0);
+}
+
+/* A broadcast summand's gradient (a position embedding's, summed over the batch: cgi_reduce) in a
+ * team: the helpers take ranges of its outputs, and each is the double sum in batch order. */
+enum { RB = 12, RT = 40, RD = 64 };
+typedef struct {
+    cg_real *dp;
+    bool plain; /* the same graph with p taking no gradient */
+} reduce_case;
+
+static cg_status reduce_runs(void *ctx) {
+    reduce_case *e = ctx;
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    cg_params *ps = cg_params_new();
+    cg_tensor *x = cg_params_add(ps, "x", 3, S(RB, RT, RD));
+    cg_tensor *p = e->plain ? cg_input(g, "p", CG_REAL, 2, S(RT, RD)) : cg_params_add(ps, "p", 2, S(RT, RD));
+    cg_tensor *u = cg_input(g, "u", CG_REAL, 3, S(RB, RT, RD));
+    for (int64_t i = 0; i < RB * RT * RD; i++) cg_data(x)[i] = (cg_real)sin(0.3 * (double)i);
+    for (int64_t i = 0; i < RT * RD; i++) cg_data(p)[i] = (cg_real)cos(0.7 * (double)i);
+    for (int64_t i = 0; i < RB * RT * RD; i++) cg_data(u)[i] = (cg_real)cos(0.013 * (double)i);
+    cg_tensor *l = cg_sum_all(g, cg_mul(g, cg_add(g, x, p), u));
+    cg_params_zero_grad(ps);
+    cg_status st = l ? cg_graph_forward(g) : CG_ERR_NOMEM;
+    if (!st) st = cg_graph_backward(g, l);
+    if (!st && !e->plain) cg_read_grad(p, e->dp);
+    cg_graph_free(g);
+    cg_params_free(ps);
+    return st;
+}
+
+static void test_team_reduce(void) {
+    static cg_real dp[RT * RD], want[RT * RD];
+    for (int64_t o = 0; o < RT * RD; o++) {
+        double acc = 0;
+        for (int64_t b = 0; b < RB; b++) acc += (cg_real)cos(0.013 * (double)(b * RT * RD + o));
+        want[o] = (cg_real)acc;
+    }
+    reduce_case e = {dp, false}, plain = {dp, true};
+    cgi_team_set_guard(CGI_TEAM_GUARD_ON);
+    cgi_team_wait_for_helpers(true); /* else a loaded machine may keep the helpers switched out */
+    cg_set_threads(2);
+    cgi_team_counts before;
+    cgi_team_stats(&before);
+    CHECK(cg_run_with_team(reduce_runs, &plain) == CG_OK, "%s", cg_last_error());
+    const long long others = team_delta(&before).pieces;
+    long long pieces = 0, helped = 0;
+    for (int attempt = 0; attempt < 50 && helped == 0; attempt++) {
+        cgi_team_stats(&before);
+        memset(dp, 0, sizeof dp);
+        CHECK(cg_run_with_team(reduce_runs, &e) == CG_OK, "%s", cg_last_error());
+        const cgi_team_counts d = team_delta(&before);
+        pieces = d.pieces - others, helped = d.helper_pieces;
+        CHECK(!memcmp(dp, want, sizeof dp), "the broadcast summand's gradient in a team differs from the ordered sums");
+    }
+    CHECK(pieces > 0 && helped > 0, "the batch sum shared %lld pieces in a team (the helpers took %lld)", pieces, helped);
+    cgi_team_set_guard(CGI_TEAM_GUARD_AUTO);
+    cgi_team_wait_for_helpers(false);
+    cg_set_threads(0);
+}
+
+/* A linear's bias sums, further pieces of its backward's products (cgi_gemm_many_then), in a team:
+ * they are shared as pieces too (a frozen bias's twin counts the products' alone), with one
+ * thread's bits and the column sums' values. */
+enum { LR = 512, LK = 64, LN = 96 };
+typedef struct {
+    cg_real *db;
+    bool frozen; /* the same graph with the bias taking no gradient */
+} bias_case;
+
+static cg_status bias_runs(void *ctx) {
+    bias_case *e = ctx;
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    cg_params *ps = cg_params_new();
+    cg_tensor *x = cg_params_add(ps, "x", 2, S(LR, LK)), *w = cg_params_add(ps, "w", 2, S(LN, LK));
+    cg_tensor *b = cg_params_add(ps, "b", 1, S(LN));
+    if (e->frozen) cg_param_set_trainable(b, false);
+    cg_tensor *u = cg_input(g, "u", CG_REAL, 2, S(LR, LN));
+    for (int64_t i = 0; i < LR * LK; i++) cg_data(x)[i] = (cg_real)sin(0.3 * (double)i);
+    for (int64_t i = 0; i < LN * LK; i++) cg_data(w)[i] = (cg_real)cos(0.7 * (double)i);
+    for (int64_t i = 0; i < LN; i++) cg_data(b)[i] = (cg_real)(0.01 * (double)i);
+    for (int64_t i = 0; i < LR * LN; i++) cg_data(u)[i] = (cg_real)cos(0.013 * (double)i);
+    cg_tensor *l = cg_sum_all(g, cg_mul(g, cg_linear(g, x, w, b), u));
+    cg_params_zero_grad(ps);
+    cg_status st = l ? cg_graph_forward(g) : CG_ERR_NOMEM;
+    if (!st) st = cg_graph_backward(g, l);
+    if (!st && !e->frozen) cg_read_grad(b, e->db);
+    cg_graph_free(g);
+    cg_params_free(ps);
+    return st;
+}
+
+static void test_team_bias_sums(void) {
+    static cg_real one[LN], team[LN];
+    bias_case e = {one, false}, frozen = {team, true};
+    cg_set_threads(1);
+    CHECK(bias_runs(&e) == CG_OK, "%s", cg_last_error());
+    for (int64_t c = 0; c < LN; c++) { /* the column sums of u */
+        double want = 0;
+        for (int64_t r = 0; r < LR; r++) want += (cg_real)cos(0.013 * (double)(r * LN + c));
+        CHECK(fabs(one[c] - want) <= 1e-4 * (1 + fabs(want)), "bias gradient %lld: %.7g, column sum %.7g", (long long)c,
+              (double)one[c], want);
+    }
+    cgi_team_set_guard(CGI_TEAM_GUARD_ON);
+    cgi_team_wait_for_helpers(true); /* else a loaded machine may keep the helpers switched out */
+    cg_set_threads(2);
+    cgi_team_counts before;
+    cgi_team_stats(&before);
+    CHECK(cg_run_with_team(bias_runs, &frozen) == CG_OK, "%s", cg_last_error());
+    const long long products = team_delta(&before).pieces;
+    e.db = team;
+    long long pieces = 0, helped = 0;
+    for (int attempt = 0; attempt < 50 && helped == 0; attempt++) {
+        cgi_team_stats(&before);
+        memset(team, 0, sizeof team);
+        CHECK(cg_run_with_team(bias_runs, &e) == CG_OK, "%s", cg_last_error());
+        const cgi_team_counts d = team_delta(&before);
+        pieces = d.pieces - products, helped = d.helper_pieces;
+        CHECK(!memcmp(one, team, sizeof one), "the bias gradient in a team differs from one thread's");
+    }
+    CHECK(pieces > 0 && helped > 0, "the bias sums shared %lld pieces in a team (the helpers took %lld)", pieces, helped);
+    cgi_team_set_guard(CGI_TEAM_GUARD_AUTO);
+    cgi_team_wait_for_helpers(false);
+    cg_set_threads(0);
+}
+
 /* `test_threads bf16` and `test_threads onednn` (their own ctest entries, skipped where they cannot
  * run): the bf16 products on the fp32 units (needs oneDNN) and on oneDNN's kernel (avx512_bf16). */
 int main(int argc, char **argv) {
@@ -538,5 +728,8 @@ int main(int argc, char **argv) {
     test_team_stall();
     test_team_generation();
     test_small_training_in_team();
+    test_team_embedding();
+    test_team_reduce();
+    test_team_bias_sums();
     TEST_END();
 }
