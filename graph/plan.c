@@ -156,10 +156,12 @@ static void fm_free(free_map *m, size_t lo, size_t bytes) {
 }
 
 /* A birth or death on the plan's time axis; at one time births come first (lives are inclusive),
- * larger buffers before smaller ones. */
+ * the longer-lived before the shorter (an op's scratch for one time above the values that outlive
+ * it, not between them), then larger buffers before smaller ones. */
 typedef struct {
     int64_t time;
     int death;
+    int64_t until; /* births: the buffer's death */
     size_t bytes;
     int buf;
 } event;
@@ -168,6 +170,7 @@ static int by_time(const void *a, const void *b) {
     const event *x = a, *y = b;
     if (x->time != y->time) return x->time < y->time ? -1 : 1;
     if (x->death != y->death) return x->death - y->death;
+    if (x->until != y->until) return x->until > y->until ? -1 : 1;
     if (x->bytes != y->bytes) return x->bytes > y->bytes ? -1 : 1;
     return x->buf - y->buf;
 }
@@ -234,8 +237,8 @@ static size_t place_sweep(buffer *bufs, int nb, uint64_t *steps) {
         goto done;
     }
     for (int i = 0; i < nb; i++) {
-        ev[2 * i] = (event){bufs[i].birth, 0, bufs[i].bytes, i};
-        ev[2 * i + 1] = (event){bufs[i].death, 1, bufs[i].bytes, i};
+        ev[2 * i] = (event){bufs[i].birth, 0, bufs[i].death, bufs[i].bytes, i};
+        ev[2 * i + 1] = (event){bufs[i].death, 1, 0, bufs[i].bytes, i};
     }
     qsort(ev, (size_t)(2 * nb), sizeof *ev, by_time);
     for (int e = 0; e < 2 * nb; e++) {
@@ -358,8 +361,12 @@ static void shrink_at_peak(buffer *bufs, int nb, int64_t end) {
             }
         }
         for (int i = 0; changed && i < nb; i++)
-            for (int k = 0; k < NS; k++)
-                if (scratch_of(&bufs[i], shrinks[k].op)) bufs[i].bytes = round_up(bufs[i].node->aux_bytes);
+            for (int k = 0; k < NS; k++) {
+                const cg_tensor *t = bufs[i].node;
+                if (scratch_of(&bufs[i], shrinks[k].op)) bufs[i].bytes = round_up(t->aux_bytes);
+                else if (t->op == shrinks[k].op && bufs[i].target == &((cg_tensor *)t)->bwd_aux)
+                    bufs[i].bytes = round_up(t->bwd_aux_bytes); /* a remake's own scratch, in backward */
+            }
     }
 }
 
@@ -489,7 +496,7 @@ cg_status cgi_plan(cg_graph *g) {
     int64_t *gown = malloc((size_t)n1 * sizeof *gown), *gdeath = malloc((size_t)n1 * sizeof *gdeath);
     int64_t nsrc_all = 0; /* bounds the parameters the plan may give a gradient buffer */
     for (int64_t c = 0; c < n; c++) nsrc_all += g->nodes[c]->nsrc;
-    const size_t nbuf_max = (size_t)(10 * n + nsrc_all + 1);
+    const size_t nbuf_max = (size_t)(12 * n + nsrc_all + 1);
     buffer *bufs = malloc(nbuf_max * sizeof *bufs);
     buffer **order = malloc(nbuf_max * sizeof *order);
     bool *consumed = malloc((size_t)n1 * sizeof *consumed);
@@ -622,6 +629,11 @@ cg_status cgi_plan(cg_graph *g) {
         }
         if (t->bwd_aux_bytes && t->requires_grad && cgi_ops[t->op].kind == CGI_KIND_COMPUTE)
             bufs[nb++] = (buffer){back, back, round_up(t->bwd_aux_bytes), 0, &t->bwd_aux, t, 'a'};
+        t->fwd_aux = t->fwd_alt = NULL;
+        if (t->fwd_aux_bytes && cgi_ops[t->op].kind == CGI_KIND_COMPUTE) {
+            bufs[nb++] = (buffer){i, i, round_up(t->fwd_aux_bytes), 0, &t->fwd_aux, t, 'a'};
+            if (t->recompute) bufs[nb++] = (buffer){rt[i], rt[i], round_up(t->fwd_aux_bytes), 0, &t->fwd_alt, t, 'a'};
+        }
         if (t->grad_in_value) {
             bufs[nb++] = (buffer){i, back, round_up((size_t)cgi_numel(t->ndim, t->shape) * sizeof(cg_real)), 0, &t->data, t, 'v'};
             if (t->aux_bytes) bufs[nb++] = (buffer){i, back, round_up(t->aux_bytes), 0, &t->aux, t, 'a'};
