@@ -180,7 +180,13 @@ static void regen_for(cg_tensor *t, int i) {
         void *p = r->data;
         r->data = r->alt_data, r->alt_data = p;
         r->regen_live = true;
+        const double t0 = cgi_profiling() ? cgi_profile_clock() : 0;
         cgi_regen(r);
+        if (t0 > 0) { /* a remake is its op's forward once more; the node keeps forward's own time */
+            const float fwd_ms = r->prof_ms[0];
+            cgi_profile_node(r, 0, t0);
+            r->prof_ms[0] = fwd_ms;
+        }
     }
 }
 

@@ -94,6 +94,8 @@ static void swap_buffers(cg_graph *g, int lo, int hi) {
             t->aux = t->alt_aux, t->alt_aux = p;
             p = t->lp_tmp[0];
             t->lp_tmp[0] = t->lp_alt, t->lp_alt = p;
+            p = t->fwd_aux;
+            t->fwd_aux = t->fwd_alt, t->fwd_alt = p;
         } else if (t->root != t && t->root->recompute && t->root->id >= lo) {
             const size_t es = t->dtype == CG_INT32 ? sizeof(int32_t) : sizeof(cg_real);
             t->data = (char *)t->root->data + t->offset * es;

@@ -107,6 +107,10 @@ struct cg_tensor {
     size_t aux_bytes;
     void *bwd_aux;     /* op scratch that only the backward rule uses, alive while it runs */
     size_t bwd_aux_bytes;
+    void *fwd_aux;     /* op scratch that only the forward rule uses, alive while it runs (a checkpoint
+                        * recompute's is fwd_alt, swapped in with alt_data) */
+    size_t fwd_aux_bytes;
+    void *fwd_alt;
     int nsrc;
     cg_tensor **src;
     int64_t iarg[4];   /* op arguments */

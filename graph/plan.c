@@ -156,10 +156,12 @@ static void fm_free(free_map *m, size_t lo, size_t bytes) {
 }
 
 /* A birth or death on the plan's time axis; at one time births come first (lives are inclusive),
- * larger buffers before smaller ones. */
+ * the longer-lived before the shorter (an op's scratch for one time above the values that outlive
+ * it, not between them), then larger buffers before smaller ones. */
 typedef struct {
     int64_t time;
     int death;
+    int64_t until; /* births: the buffer's death */
     size_t bytes;
     int buf;
 } event;
@@ -168,6 +170,7 @@ static int by_time(const void *a, const void *b) {
     const event *x = a, *y = b;
     if (x->time != y->time) return x->time < y->time ? -1 : 1;
     if (x->death != y->death) return x->death - y->death;
+    if (x->until != y->until) return x->until > y->until ? -1 : 1;
     if (x->bytes != y->bytes) return x->bytes > y->bytes ? -1 : 1;
     return x->buf - y->buf;
 }
@@ -234,8 +237,8 @@ static size_t place_sweep(buffer *bufs, int nb, uint64_t *steps) {
         goto done;
     }
     for (int i = 0; i < nb; i++) {
-        ev[2 * i] = (event){bufs[i].birth, 0, bufs[i].bytes, i};
-        ev[2 * i + 1] = (event){bufs[i].death, 1, bufs[i].bytes, i};
+        ev[2 * i] = (event){bufs[i].birth, 0, bufs[i].death, bufs[i].bytes, i};
+        ev[2 * i + 1] = (event){bufs[i].death, 1, 0, bufs[i].bytes, i};
     }
     qsort(ev, (size_t)(2 * nb), sizeof *ev, by_time);
     for (int e = 0; e < 2 * nb; e++) {
@@ -334,9 +337,10 @@ static const struct {
 } shrinks[] = {{CGI_OP_ATTENTION, "CGRAD_ATTN_PROBS", true, cgi_sdpa_remake_probs},
                {CGI_OP_LINEAR_CROSS_ENTROPY, "CGRAD_HEAD_CHUNK", false, cgi_lce_halve_chunks}};
 
-static void shrink_at_peak(buffer *bufs, int nb, int64_t end) {
-    enum { NS = sizeof shrinks / sizeof shrinks[0] };
-    bool off[NS], all[NS];
+static void shrink_at_peak(buffer *bufs, int nb, int64_t end, int nshrink) {
+    enum { NS_ALL = sizeof shrinks / sizeof shrinks[0] };
+    const int NS = nshrink < NS_ALL ? nshrink : NS_ALL;
+    bool off[NS_ALL], all[NS_ALL];
     for (int k = 0; k < NS; k++) {
         const char *env = getenv(shrinks[k].env);
         off[k] = env ? !strcmp(env, "keep") : !shrinks[k].by_default;
@@ -358,8 +362,12 @@ static void shrink_at_peak(buffer *bufs, int nb, int64_t end) {
             }
         }
         for (int i = 0; changed && i < nb; i++)
-            for (int k = 0; k < NS; k++)
-                if (scratch_of(&bufs[i], shrinks[k].op)) bufs[i].bytes = round_up(bufs[i].node->aux_bytes);
+            for (int k = 0; k < NS; k++) {
+                const cg_tensor *t = bufs[i].node;
+                if (scratch_of(&bufs[i], shrinks[k].op)) bufs[i].bytes = round_up(t->aux_bytes);
+                else if (t->op == shrinks[k].op && bufs[i].target == &((cg_tensor *)t)->bwd_aux)
+                    bufs[i].bytes = round_up(t->bwd_aux_bytes); /* a remake's own scratch, in backward */
+            }
     }
 }
 
@@ -445,10 +453,8 @@ void cgi_regen(cg_tensor *t) {
 /* Values backward can remake from what their own backward keeps (cgi_regen_ok) live only through
  * forward; backward remakes each into a buffer of its own before its first backward reader
  * (graph/autodiff.c). Not under checkpointing (whose recompute has the same buffer), nor for a
- * value read through a view or read after the run. CGRAD_REGEN=0 keeps them all, to compare. */
-static void decide_regen(cg_graph *g) {
-    const char *env = getenv("CGRAD_REGEN");
-    const bool on = !g->checkpointing && !(env && !strcmp(env, "0"));
+ * value read through a view or read after the run. */
+static void decide_regen(cg_graph *g, bool on) {
     for (int64_t i = 0; i < g->n; i++) {
         cg_tensor *t = g->nodes[i];
         t->regen = on && t->root == t && !t->kept && t->requires_grad && cgi_regen_ok(t);
@@ -476,67 +482,35 @@ static void regen_reader(cg_tensor *r, int64_t c, int64_t back, int64_t *rbirth,
     if (back > rdeath[r->id]) rdeath[r->id] = back;
 }
 
-cg_status cgi_plan(cg_graph *g) {
-    cg_status wst = widen_params(g);
-    if (wst) return wst;
-    g->npgrad = 0, g->pgrad = NULL;
-    const int64_t n = g->n, n1 = n ? n : 1;
-    int64_t *vdeath = malloc((size_t)n1 * sizeof *vdeath);
-    int64_t *rdeath = malloc((size_t)n1 * sizeof *rdeath), *rbirth = malloc((size_t)n1 * sizeof *rbirth);
-    int64_t *gbirth = malloc((size_t)n1 * sizeof *gbirth);
-    int64_t *bt = malloc((size_t)n1 * sizeof *bt), *rt = malloc((size_t)n1 * sizeof *rt);
-    int64_t *sdeath = malloc((size_t)n1 * sizeof *sdeath);
-    int64_t *gown = malloc((size_t)n1 * sizeof *gown), *gdeath = malloc((size_t)n1 * sizeof *gdeath);
-    int64_t nsrc_all = 0; /* bounds the parameters the plan may give a gradient buffer */
-    for (int64_t c = 0; c < n; c++) nsrc_all += g->nodes[c]->nsrc;
-    const size_t nbuf_max = (size_t)(10 * n + nsrc_all + 1);
-    buffer *bufs = malloc(nbuf_max * sizeof *bufs);
-    buffer **order = malloc(nbuf_max * sizeof *order);
-    bool *consumed = malloc((size_t)n1 * sizeof *consumed);
-    span *used = malloc(nbuf_max * sizeof *used);
+/* What one plan of g needs: each node's storage decisions (bf16 values, attention's kept
+ * probabilities, checkpoint recomputes, remade values if regen_on), every buffer's life, and the
+ * first nshrink of the shrinks at the peak. */
+typedef struct {
+    int64_t *vdeath, *rdeath, *rbirth, *gbirth, *bt, *rt, *sdeath, *gown, *gdeath;
+    int *consumers, *sole;
+    bool *consumed;
+    buffer *bufs;
+    int nb;
+    int64_t end;
+} plan_ctx;
+
+static cg_status plan_buffers(cg_graph *g, plan_ctx *pc, bool regen_on, int nshrink) {
+    const int64_t n = g->n;
+    int64_t *vdeath = pc->vdeath, *rdeath = pc->rdeath, *rbirth = pc->rbirth, *gbirth = pc->gbirth, *bt = pc->bt,
+            *rt = pc->rt, *sdeath = pc->sdeath, *gown = pc->gown, *gdeath = pc->gdeath;
+    const int *consumers = pc->consumers, *sole = pc->sole;
+    const bool *consumed = pc->consumed;
+    buffer *bufs = pc->bufs;
+    int nb = 0;
     cg_status st = CG_OK;
-    int *consumers = NULL, *sole = NULL;
-    if (!vdeath || !rdeath || !rbirth || !sdeath || !gbirth || !bt || !rt || !bufs || !order || !consumed || !used || !gown || !gdeath) {
-        st = cgi_fail(CG_ERR_NOMEM, "[plan] out of memory for %lld nodes", (long long)n);
-        goto done;
-    }
-    consumers = calloc((size_t)n1, sizeof *consumers);
-    sole = calloc((size_t)n1, sizeof *sole);
-    if (!consumers || !sole) {
-        st = cgi_fail(CG_ERR_NOMEM, "[plan] out of memory for %lld nodes", (long long)n);
-        goto done;
-    }
-    for (int64_t i = 0; i < n; i++) {
-        consumed[i] = false;
-        consumers[i] = 0;
-        sole[i] = -1;
-    }
-    for (int64_t c = 0; c < n; c++) {
-        cg_tensor *t = g->nodes[c];
-        for (int k = 0; k < t->nsrc; k++) {
-            cg_tensor *r = t->src[k]->root;
-            if (r->id < 0) continue; /* parameters own their storage */
-            consumers[r->id]++;
-            sole[r->id] = (int)c;
-            consumed[t->src[k]->id] = true; /* the direct source, so a view nobody reads counts as an output */
-        }
-    }
-    for (int64_t i = 0; i < n; i++) { /* a root whose view is an output is an output too */
-        cg_tensor *t = g->nodes[i];
-        if (t->root != t && t->root->id >= 0 && !consumed[i]) consumed[t->root->id] = false;
-    }
-    for (int64_t i = 0; i < n; i++) {
-        cg_tensor *t = g->nodes[i];
-        t->kept = cgi_ops[t->op].kind != CGI_KIND_COMPUTE || t->retain || !consumed[i] ||
-                  (cgi_ops[t->op].bwd_grad & CGI_OUT_IN_SRC0);
-    }
+    g->npgrad = 0, g->pgrad = NULL;
     cgi_lp_plan_values(g, consumers); /* bf16 graphs: values stored at half size */
     for (int64_t i = 0; i < n; i++) /* and attention's kept probabilities */
         if (g->nodes[i]->op == CGI_OP_ATTENTION) cgi_sdpa_plan(g->nodes[i]);
     /* Checkpoint segments add a recompute to the time axis; without them node i's backward is at 2n-1-i. */
     cgi_ckpt_decide(g, consumers, sole);
     const int64_t end = cgi_ckpt_timeline(g, bt, rt);
-    decide_regen(g);
+    decide_regen(g, regen_on);
     for (int64_t i = 0; i < n; i++) {
         vdeath[i] = sdeath[i] = i;
         rdeath[i] = rt[i];
@@ -606,7 +580,6 @@ cg_status cgi_plan(cg_graph *g) {
             break;
         }
     }
-    int nb = 0;
     for (int64_t i = 0; i < n; i++) {
         cg_tensor *t = g->nodes[i];
         if (t->root != t) continue;
@@ -622,6 +595,11 @@ cg_status cgi_plan(cg_graph *g) {
         }
         if (t->bwd_aux_bytes && t->requires_grad && cgi_ops[t->op].kind == CGI_KIND_COMPUTE)
             bufs[nb++] = (buffer){back, back, round_up(t->bwd_aux_bytes), 0, &t->bwd_aux, t, 'a'};
+        t->fwd_aux = t->fwd_alt = NULL;
+        if (t->fwd_aux_bytes && cgi_ops[t->op].kind == CGI_KIND_COMPUTE) {
+            bufs[nb++] = (buffer){i, i, round_up(t->fwd_aux_bytes), 0, &t->fwd_aux, t, 'a'};
+            if (t->recompute) bufs[nb++] = (buffer){rt[i], rt[i], round_up(t->fwd_aux_bytes), 0, &t->fwd_alt, t, 'a'};
+        }
         if (t->grad_in_value) {
             bufs[nb++] = (buffer){i, back, round_up((size_t)cgi_numel(t->ndim, t->shape) * sizeof(cg_real)), 0, &t->data, t, 'v'};
             if (t->aux_bytes) bufs[nb++] = (buffer){i, back, round_up(t->aux_bytes), 0, &t->aux, t, 'a'};
@@ -655,13 +633,102 @@ cg_status cgi_plan(cg_graph *g) {
             t->grad = cgi_arena_alloc(&g->bufs, round_up((size_t)cgi_numel(t->ndim, t->shape) * sizeof(cg_real)));
             if (!t->grad) {
                 st = CG_ERR_NOMEM;
-                goto done;
+                goto out;
             }
             memset(t->grad, 0, (size_t)cgi_numel(t->ndim, t->shape) * sizeof(cg_real)); /* read before any backward */
         }
     }
-    if (g->param_grads_planned && (st = plan_param_grads(g, bt, bufs, &nb))) goto done;
-    shrink_at_peak(bufs, nb, end);
+    if (g->param_grads_planned && (st = plan_param_grads(g, bt, bufs, &nb))) goto out;
+    shrink_at_peak(bufs, nb, end, nshrink);
+out:
+    pc->nb = nb;
+    pc->end = end;
+    return st;
+}
+
+/* A bf16 graph remakes values only when its plan would otherwise need more memory than the same
+ * graph in fp32 (its values in float, remade wherever cgi_regen_ok allows, attention's
+ * probabilities remade at the peak), the bf16 weight copies outside the plan added: its values
+ * take half a float's bytes, so remaking them mostly buys memory below what fp32 needs anyway at
+ * the price of a pass each (a layer norm's, a GELU's tanh): gpt-tiny's bf16 plan without them is
+ * 198 MB against fp32's 224, and its step skips 4 GELU and 9 layer norm passes. When it would need
+ * more (gpt-small, bert-small), every value that can be remade is. fp32 graphs remake every value
+ * they can. CGRAD_REGEN=0 remakes none, =all every one in bf16 too. */
+static cg_status plan_with_regen(cg_graph *g, plan_ctx *pc) {
+    enum { NS_ALL = sizeof shrinks / sizeof shrinks[0] };
+    const char *env = getenv("CGRAD_REGEN");
+    const bool on = !g->checkpointing && !(env && !strcmp(env, "0"));
+    if (!on || g->precision != CG_BF16 || (env && !strcmp(env, "all"))) return plan_buffers(g, pc, on, NS_ALL);
+    g->precision = CG_FP32; /* the plan the graph would get in fp32: its peak only */
+    cg_status st = plan_buffers(g, pc, true, 1);
+    g->precision = CG_BF16;
+    if (st) return st;
+    int64_t fp32_peak, peak;
+    const bool known = peak_time(pc->bufs, pc->nb, pc->end, &fp32_peak) >= 0;
+    if ((st = plan_buffers(g, pc, false, NS_ALL))) return st;
+    if (known && peak_time(pc->bufs, pc->nb, pc->end, &peak) >= 0 &&
+        (size_t)peak + cgi_lp_copy_bytes(g) <= (size_t)fp32_peak)
+        return CG_OK;
+    return plan_buffers(g, pc, true, NS_ALL);
+}
+cg_status cgi_plan(cg_graph *g) {
+    cg_status wst = widen_params(g);
+    if (wst) return wst;
+    g->npgrad = 0, g->pgrad = NULL;
+    const int64_t n = g->n, n1 = n ? n : 1;
+    int64_t *vdeath = malloc((size_t)n1 * sizeof *vdeath);
+    int64_t *rdeath = malloc((size_t)n1 * sizeof *rdeath), *rbirth = malloc((size_t)n1 * sizeof *rbirth);
+    int64_t *gbirth = malloc((size_t)n1 * sizeof *gbirth);
+    int64_t *bt = malloc((size_t)n1 * sizeof *bt), *rt = malloc((size_t)n1 * sizeof *rt);
+    int64_t *sdeath = malloc((size_t)n1 * sizeof *sdeath);
+    int64_t *gown = malloc((size_t)n1 * sizeof *gown), *gdeath = malloc((size_t)n1 * sizeof *gdeath);
+    int64_t nsrc_all = 0; /* bounds the parameters the plan may give a gradient buffer */
+    for (int64_t c = 0; c < n; c++) nsrc_all += g->nodes[c]->nsrc;
+    const size_t nbuf_max = (size_t)(12 * n + nsrc_all + 1);
+    buffer *bufs = malloc(nbuf_max * sizeof *bufs);
+    buffer **order = malloc(nbuf_max * sizeof *order);
+    bool *consumed = malloc((size_t)n1 * sizeof *consumed);
+    span *used = malloc(nbuf_max * sizeof *used);
+    cg_status st = CG_OK;
+    int *consumers = NULL, *sole = NULL;
+    if (!vdeath || !rdeath || !rbirth || !sdeath || !gbirth || !bt || !rt || !bufs || !order || !consumed || !used || !gown || !gdeath) {
+        st = cgi_fail(CG_ERR_NOMEM, "[plan] out of memory for %lld nodes", (long long)n);
+        goto done;
+    }
+    consumers = calloc((size_t)n1, sizeof *consumers);
+    sole = calloc((size_t)n1, sizeof *sole);
+    if (!consumers || !sole) {
+        st = cgi_fail(CG_ERR_NOMEM, "[plan] out of memory for %lld nodes", (long long)n);
+        goto done;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        consumed[i] = false;
+        consumers[i] = 0;
+        sole[i] = -1;
+    }
+    for (int64_t c = 0; c < n; c++) {
+        cg_tensor *t = g->nodes[c];
+        for (int k = 0; k < t->nsrc; k++) {
+            cg_tensor *r = t->src[k]->root;
+            if (r->id < 0) continue; /* parameters own their storage */
+            consumers[r->id]++;
+            sole[r->id] = (int)c;
+            consumed[t->src[k]->id] = true; /* the direct source, so a view nobody reads counts as an output */
+        }
+    }
+    for (int64_t i = 0; i < n; i++) { /* a root whose view is an output is an output too */
+        cg_tensor *t = g->nodes[i];
+        if (t->root != t && t->root->id >= 0 && !consumed[i]) consumed[t->root->id] = false;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        cg_tensor *t = g->nodes[i];
+        t->kept = cgi_ops[t->op].kind != CGI_KIND_COMPUTE || t->retain || !consumed[i] ||
+                  (cgi_ops[t->op].bwd_grad & CGI_OUT_IN_SRC0);
+    }
+    plan_ctx pc = {vdeath, rdeath, rbirth, gbirth, bt, rt, sdeath, gown, gdeath, consumers, sole, consumed, bufs, 0, 0};
+    if ((st = plan_with_regen(g, &pc))) goto done;
+    const int nb = pc.nb;
+    const int64_t end = pc.end;
     /* CGRAD_PLAN_ALLOC=sweep or largest-first forces one placement, to compare them */
     const char *alloc = getenv("CGRAD_PLAN_ALLOC");
     const bool sweep_only = alloc && !strcmp(alloc, "sweep"), exact_only = alloc && !strcmp(alloc, "largest-first");

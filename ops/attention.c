@@ -47,20 +47,37 @@ typedef struct {
 static const sdpa_params *prm(const cg_tensor *t) { return t->params; }
 static bool has_rel(const sdpa_params *p) { return p->alibi || p->table; }
 
-/* aux: lse[B*H*Tq], then P[B*H*Tq*Tk] when kept, then per slot: s[BQ*BK], dp[BQ*BK], acc[BQ*D],
- * rows[3*BQ], rel[nrel] (with a relative bias), a head's q, k and v rows widened from bf16 (when
- * stored so), and when kept the packed operands below. */
+/* aux: lse[B*H*Tq], then P[B*H*Tq*Tk] when kept; per slot (size_scratch): s[R*C], dp[R*C],
+ * acc[R*D], rows[3*R], rel[nrel] (with a relative bias), a head's q, k and v rows widened from bf16
+ * (when stored so), and when kept the packed operands below. R is a query block's rows, BQ, or
+ * fewer with fewer queries (slot_rows), C a block's columns (slot_cols). */
 static size_t align16(size_t n) { return (n + 15) / 16 * 16; }
+/* Rows of a query block a slot has room for: BQ, or Tq rounded up to 32 (token-by-token decoding,
+ * small graphs), which bounds every block's rows. */
+static int64_t slot_rows(const cg_tensor *t) {
+    const int64_t tq = t->shape[2];
+    return tq >= BQ ? BQ : (tq + 31) / 32 * 32;
+}
 static size_t inputs_reals(const cg_tensor *t) {
     const int64_t tq = t->shape[2], tk = t->src[1]->shape[2], dq = t->src[0]->shape[3], dv = t->shape[3];
     return prm(t)->lp_inputs ? align16((size_t)(tq * dq + tk * dq + tk * dv)) : 0;
 }
+/* Columns of a slot's blocks (their row stride): BK, or Tk rounded up to 16 when every key fits
+ * in one block narrower than BK (each block then has at most Tk keys). */
+static int64_t slot_cols(const cg_tensor *t) {
+    const int64_t tk = t->src[1]->shape[2];
+    return tk >= BK ? BK : (tk + 15) / 16 * 16;
+}
 static size_t slot_reals(const cg_tensor *t) {
     const sdpa_params *p = prm(t);
-    return (size_t)(2 * BQ * BK + BQ * t->shape[3] + 3 * BQ) + (has_rel(p) ? align16((size_t)p->nrel) : 0) +
+    const int64_t rq = slot_rows(t);
+    return (size_t)(2 * rq * slot_cols(t) + rq * t->shape[3] + 3 * rq) + (has_rel(p) ? align16((size_t)p->nrel) : 0) +
            inputs_reals(t);
 }
-static cg_real *rel_at(const cg_tensor *t, cg_real *slot) { return slot + 2 * BQ * BK + BQ * t->shape[3] + 3 * BQ; }
+static cg_real *rel_at(const cg_tensor *t, cg_real *slot) {
+    const int64_t rq = slot_rows(t);
+    return slot + 2 * rq * slot_cols(t) + rq * t->shape[3] + 3 * rq;
+}
 static cg_real *inputs_at(const cg_tensor *t, cg_real *slot) {
     return rel_at(t, slot) + (has_rel(prm(t)) ? align16((size_t)prm(t)->nrel) : 0);
 }
@@ -94,10 +111,10 @@ typedef struct {
     cg_real *kt;  /* backward remaking P (remakes_probs): K^T as forward's kv1 holds it */
 } packs;
 
-static size_t packs_reals(const cgi_ukr *u, int64_t tk, int64_t d) {
-    const int64_t rows = BQ > tk ? BQ : tk, depth = d > rows ? d : rows;
+static size_t packs_reals(const cgi_ukr *u, int64_t rq, int64_t tk, int64_t d) {
+    const int64_t rows = rq > tk ? rq : tk, depth = d > rows ? d : rows;
     return align16(cgi_ukr_packed_b(u, d, tk)) + align16(cgi_ukr_packed_b(u, tk, d)) +
-           align16(cgi_ukr_packed_a(u, rows, depth)) + align16(cgi_ukr_packed_b(u, BQ, d)) + 16;
+           align16(cgi_ukr_packed_a(u, rows, depth)) + align16(cgi_ukr_packed_b(u, rq, d)) + 16;
 }
 
 /* Backward's remake of P needs forward's K^T (packed or, direct, plain) beside its own V^T and K. */
@@ -105,22 +122,24 @@ static size_t kt_reals(const cg_tensor *t, const cgi_ukr *u) {
     return prm(t)->remakes_probs ? align16(cgi_ukr_packed_b(u, t->shape[3], t->src[1]->shape[2])) : 0;
 }
 
-static size_t slot_stride(const cg_tensor *t, const cgi_ukr *u) {
-    return align16(slot_reals(t) + (packs_heads(t) ? packs_reals(u, t->src[1]->shape[2], t->shape[3]) + kt_reals(t, u) : 0));
+/* A thread's slot in forward's scratch, or in backward's (bwd: with room for K^T to remake P). */
+static size_t slot_stride(const cg_tensor *t, const cgi_ukr *u, bool bwd) {
+    return align16(slot_reals(t) +
+                   (packs_heads(t) ? packs_reals(u, slot_rows(t), t->src[1]->shape[2], t->shape[3]) + (bwd ? kt_reals(t, u) : 0) : 0));
 }
 
 /* The packed operands of a slot, 64-byte aligned as the micro-kernel's loads want. */
-static packs packs_at(const cg_tensor *t, cg_real *slot, const cgi_ukr *u) {
+static packs packs_at(const cg_tensor *t, cg_real *slot, const cgi_ukr *u, bool bwd) {
     const int64_t tk = t->src[1]->shape[2], d = t->shape[3];
     cg_real *p = slot + slot_reals(t);
     p += (16 - ((uintptr_t)p / sizeof(cg_real)) % 16) % 16;
     packs w;
     w.kv1 = p, p += align16(cgi_ukr_packed_b(u, d, tk));
     w.kv2 = p, p += align16(cgi_ukr_packed_b(u, tk, d));
-    const int64_t rows = BQ > tk ? BQ : tk;
+    const int64_t rq = slot_rows(t), rows = rq > tk ? rq : tk;
     w.a = p, p += align16(cgi_ukr_packed_a(u, rows, d > rows ? d : rows));
-    w.b = p, p += align16(cgi_ukr_packed_b(u, BQ, d));
-    w.kt = prm(t)->remakes_probs ? p : NULL;
+    w.b = p, p += align16(cgi_ukr_packed_b(u, rq, d));
+    w.kt = bwd && prm(t)->remakes_probs ? p : NULL;
     return w;
 }
 
@@ -130,11 +149,23 @@ static size_t probs_reals(const cg_tensor *t) {
     const size_t n = prm(t)->keeps_probs && !prm(t)->remakes_probs ? probs_offset(t) * (size_t)t->src[1]->shape[2] : 0;
     return prm(t)->lp_probs ? (n + 1) / 2 : n;
 }
-static size_t slots_offset(const cg_tensor *t) { return probs_offset(t) + probs_reals(t); }
-static size_t aux_bytes(const cg_tensor *t) {
+/* T5's table gradient per (batch, head) and offset, summed into the table in a fixed order: the
+ * first reals of backward's scratch. */
+static size_t drel_reals(const cg_tensor *t) {
+    const sdpa_params *p = prm(t);
+    return p->table && t->src[p->table]->requires_grad ? align16((size_t)(t->shape[0] * t->shape[1] * p->nrel)) : 0;
+}
+/* The scratch: aux, kept from forward to backward, holds the lse rows and the kept probabilities;
+ * each thread's slot (blocks, packed operands) is forward's scratch (fwd_aux) while forward runs
+ * and backward's (bwd_aux, after the table's gradient) while backward runs, so no slot is live
+ * between them, at a training step's fullest moment. */
+static void size_scratch(cg_tensor *t) {
     cgi_ukr u;
     cgi_ukr_init(&u);
-    return (slots_offset(t) + (size_t)prm(t)->slots * slot_stride(t, &u) + 16) * sizeof(cg_real);
+    const size_t slots = (size_t)prm(t)->slots;
+    t->aux_bytes = (probs_offset(t) + probs_reals(t)) * sizeof(cg_real);
+    t->fwd_aux_bytes = (slots * slot_stride(t, &u, false) + 16) * sizeof(cg_real);
+    t->bwd_aux_bytes = (drel_reals(t) + slots * slot_stride(t, &u, true) + 16) * sizeof(cg_real);
 }
 
 /* In a bf16 graph the kept probabilities (Tq x Tk per head: gpt-small's twelve layers hold 160 MB
@@ -149,7 +180,7 @@ void cgi_sdpa_plan(cg_tensor *t) {
     p->lp_inputs = false;
     for (int i = 0; i < 3; i++) p->lp_inputs |= t->src[i]->root->lp_value;
     p->remakes_probs = false;
-    t->aux_bytes = aux_bytes(t);
+    size_scratch(t);
 }
 
 /* Backward then runs each query block's scores and softmax again, as forward did (block_probs), on
@@ -159,11 +190,12 @@ size_t cgi_sdpa_remake_probs(cg_tensor *t, bool apply) {
     sdpa_params *p = t->params;
     /* below 16 query rows the blocks run on BLIS, whose recompute from the lse is not forward's bits */
     if (!packs_heads(t) || p->remakes_probs) return 0;
-    const size_t before = t->aux_bytes;
+    const size_t before = t->aux_bytes + t->bwd_aux_bytes;
     p->remakes_probs = true;
-    const size_t after = aux_bytes(t);
+    size_scratch(t);
+    const size_t after = t->aux_bytes + t->bwd_aux_bytes;
     p->remakes_probs = apply && after < before; /* few probabilities: K^T's room may outweigh them */
-    t->aux_bytes = p->remakes_probs ? after : before;
+    size_scratch(t);
     return after < before ? before - after : 0;
 }
 
@@ -219,9 +251,7 @@ cg_tensor *cg_sdpa_ex(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, con
     p->nrel = nrel;
     for (int64_t r = 0; table && r < nrel; r++) /* offset r is key - query position r - (Tk - 1) */
         p->bucket[r] = cgi_t5_bucket(r - (tk - 1), !opts->causal, nb, max_distance);
-    t->aux_bytes = aux_bytes(t);
-    /* the T5 table's gradient per (batch, head) and offset, summed into the table in a fixed order */
-    if (table && table->requires_grad) t->bwd_aux_bytes = (size_t)(B * hq * nrel) * sizeof(cg_real);
+    size_scratch(t);
     return t;
 }
 
@@ -262,6 +292,7 @@ typedef struct {
     int64_t tq, tk, d, shift;
     int64_t nk; /* keys present: Tk, or past + Tq at run time */
     int64_t os; /* the output's (and its gradient's) row stride */
+    int64_t sc; /* the row stride of the slot's blocks (slot_cols) */
     int64_t window; /* a query sees keys less than this far from its own position (0: all) */
     bool causal;
     cg_real scale;
@@ -303,6 +334,7 @@ static void head_at(const cg_tensor *t, int64_t bh, cg_real *slot, head *h) {
     h->bias_si = p->bias_st[2], h->bias_sj = p->bias_st[3];
     h->tq = q->shape[2], h->tk = k->shape[2], h->d = q->shape[3];
     h->os = t->stride[2];
+    h->sc = slot_cols(t);
     h->nk = keys_present(t);
     h->shift = h->nk - h->tq;
     h->causal = p->causal;
@@ -468,7 +500,7 @@ CGI_CLONES static bool block_probs(const head *h, int64_t i0, int64_t nq, int64_
 
 /* One key block, probabilities kept: P = softmax(scores) normalised in place (block_probs), O = P V.
  * With w, the products run on the micro-kernel over the head's keys and values packed in w. With
- * dropout, O is made of the dropped weights, put in pt [nq, BK]; P stays whole for backward. lp:
+ * dropout, O is made of the dropped weights, put in pt [nq, sc]; P stays whole for backward. lp:
  * P's rows rounded into a bf16 store too. */
 CGI_CLONES static void fwd_kept(const head *h, int64_t i0, int64_t nq, int64_t kend, cg_real *pb, int64_t ps, cg_real *o,
                      cg_real *lse, const cgi_ukr *u, const packs *w, cg_real *pt, cgi_bf16 *lp) {
@@ -479,8 +511,8 @@ CGI_CLONES static void fwd_kept(const head *h, int64_t i0, int64_t nq, int64_t k
         return;
     }
     if (h->drop) {
-        for (int64_t r = 0; r < nq; r++) drop_probs(h, i0 + r, 0, kend, pb + r * ps, pt + r * BK);
-        pb = pt, ps = BK;
+        for (int64_t r = 0; r < nq; r++) drop_probs(h, i0 + r, 0, kend, pb + r * ps, pt + r * h->sc);
+        pb = pt, ps = h->sc;
     }
     if (w && w->direct) /* V made dense once per head (fwd_head) */
         cgi_attn_mm(nq, h->d, kend, 1, pb, ps, 1, w->rows, h->d, 0, o, h->os, CGI_UKR_FULL, diag(h, i0), CGI_UKR_FULL);
@@ -497,6 +529,7 @@ typedef struct {
     cgi_ukr u;
     bool packed, direct;
     size_t stride;
+    cg_real *slot0; /* thread 0's slot */
 } fwd_run;
 
 /* Head bh of the forward, in scratch slot me. */
@@ -509,13 +542,14 @@ static void fwd_head(const fwd_run *f, int64_t bh, int me) {
     const bool packed = f->packed;
     const size_t stride = f->stride;
     const unsigned csr = flush_begin();
-    cg_real *s = lse + slots_offset(t) + (size_t)me * stride, *acc = s + 2 * BQ * BK, *m = acc + BQ * d, *l = m + BQ;
+    const int64_t rq = slot_rows(t);
+    cg_real *s = f->slot0 + (size_t)me * stride, *acc = s + 2 * rq * slot_cols(t), *m = acc + rq * d, *l = m + rq;
     head h;
     head_at(t, bh, s, &h);
     cg_real *o = out + bh / t->shape[1] * t->stride[0] + bh % t->shape[1] * t->stride[1];
     packs w = {0};
     if (packed) { /* K^T and V for every query block of the head */
-        w = packs_at(t, s, u);
+        w = packs_at(t, s, u, false);
         w.direct = f->direct;
         if (w.direct) {
             cgi_attn_transpose(tk, d, h.k, h.ks, w.kv1, tk);
@@ -530,12 +564,12 @@ static void fwd_head(const fwd_run *f, int64_t bh, int me) {
     for (int64_t i0 = 0; i0 < tq; i0 += bq) {
         const int64_t nq = tq - i0 < bq ? tq - i0 : bq, kend = key_end(&h, i0, nq);
         if (p->past && h.nk <= BK) { /* as a graph built for these nk keys computes it (keeps_probs), in the slot */
-            fwd_kept(&h, i0, nq, kend, s + BQ * BK, BK, o + i0 * h.os, lse + bh * tq + i0, u, NULL, s, NULL);
+            fwd_kept(&h, i0, nq, kend, s + rq * h.sc, h.sc, o + i0 * h.os, lse + bh * tq + i0, u, NULL, s, NULL);
             continue;
         }
         /* a float block in the slot (dP's place in backward), rounded into the store, or not kept */
         if ((probs && p->lp_probs) || p->remakes_probs) {
-            fwd_kept(&h, i0, nq, kend, s + BQ * BK, BK, o + i0 * h.os, lse + bh * tq + i0, u, packed ? &w : NULL, s,
+            fwd_kept(&h, i0, nq, kend, s + rq * h.sc, h.sc, o + i0 * h.os, lse + bh * tq + i0, u, packed ? &w : NULL, s,
                      probs ? (cgi_bf16 *)probs + (bh * tq + i0) * tk : NULL);
             continue;
         }
@@ -548,9 +582,9 @@ static void fwd_head(const fwd_run *f, int64_t bh, int me) {
         memset(acc, 0, (size_t)(nq * d) * sizeof *acc);
         for (int64_t j0 = key_start(&h, i0); j0 < kend; j0 += BK) {
             const int64_t nk = kend - j0 < BK ? kend - j0 : BK;
-            if (!scores(&h, i0, nq, j0, nk, s, BK)) continue;
+            if (!scores(&h, i0, nq, j0, nk, s, h.sc)) continue;
             for (int64_t r = 0; r < nq; r++) { /* online softmax: rescale what came before */
-                cg_real *sr = s + r * BK, mx = cgi_row_max(sr, nk);
+                cg_real *sr = s + r * h.sc, mx = cgi_row_max(sr, nk);
                 mx = m[r] > mx ? m[r] : mx;
                 if (mx == -INFINITY) {
                     for (int64_t c = 0; c < nk; c++) sr[c] = 0;
@@ -562,7 +596,7 @@ static void fwd_head(const fwd_run *f, int64_t bh, int me) {
                 if (h.drop) drop_probs(&h, i0 + r, j0, nk, sr, sr); /* the sum keeps every weight */
                 if (corr != 1) for (int64_t e = 0; e < d; e++) acc[r * d + e] *= corr;
             }
-            probs_v(nq, d, nk, s, BK, h.v + j0 * h.vs, h.vs, 1, acc, d);
+            probs_v(nq, d, nk, s, h.sc, h.v + j0 * h.vs, h.vs, 1, acc, d);
         }
         for (int64_t r = 0; r < nq; r++) {
             cg_real *orow = o + (i0 + r) * h.os;
@@ -589,12 +623,12 @@ cg_status cgi_fwd_attention(cg_tensor *t) {
                         (long long)(keys_present(t) - t->shape[2]), cgi_shp(t->src[0]), (long long)t->shape[2],
                         cgi_shp(t->src[1]), (long long)t->src[1]->shape[2]);
     p->step = t->graph->step; /* backward draws this pass's dropout mask again */
-    fwd_run f = {.t = t, .lse = t->aux, .out = t->data};
+    fwd_run f = {.t = t, .lse = t->aux, .out = t->data, .slot0 = t->fwd_aux};
     f.probs = p->keeps_probs && !p->remakes_probs ? f.lse + probs_offset(t) : NULL;
     cgi_ukr_init(&f.u);
     f.packed = packs_heads(t);
     f.direct = f.packed && cgi_attn_direct();
-    f.stride = slot_stride(t, &f.u);
+    f.stride = slot_stride(t, &f.u, false);
     cgi_slot_pieces(bhn, p->slots, fwd_piece, &f); /* each head whole in its thread's slot */
     return CG_OK;
 }
@@ -607,11 +641,11 @@ typedef struct {
     cg_real bq, bk, bv; /* beta of dQ's, dK's and dV's products: 0 where this op writes them first (claim_qkv) */
 } grads;
 
-/* Adds dS [nq, nk] (row stride BK) of query rows i0.. against keys j0.. into the bias gradients:
+/* Adds dS [nq, nk] (row stride h->sc) of query rows i0.. against keys j0.. into the bias gradients:
  * the bias tensor's elementwise, T5's by relative offset. */
 static void bias_grads(const head *h, const grads *g, int64_t i0, int64_t nq, int64_t j0, int64_t nk, const cg_real *ds) {
     for (int64_t r = 0; r < nq; r++) {
-        const cg_real *dr = ds + r * BK;
+        const cg_real *dr = ds + r * h->sc;
         if (g->rel) {
             cg_real *rr = g->rel + j0 - (i0 + r) + h->tq - 1;
             for (int64_t c = 0; c < nk; c++) rr[c] += dr[c];
@@ -625,7 +659,7 @@ static void bias_grads(const head *h, const grads *g, int64_t i0, int64_t nq, in
 }
 
 /* Backward of one query block with kept probabilities p [nq, kend] (row stride Tk) on the micro-
- * kernel: w holds the head's V^T and K. dp is scratch [nq, BK] for dP, then dS; pt [nq, BK] gets
+ * kernel: w holds the head's V^T and K. dp is scratch [nq, sc] for dP, then dS; pt [nq, sc] gets
  * the dropped weights with dropout. */
 CGI_CLONES static void bwd_packed(const head *h, const cgi_ukr *u, const packs *w, int64_t i0, int64_t nq, int64_t kend,
                        const cg_real *p, int64_t ps, const cg_real *dO, const cg_real *di, cg_real *dp, cg_real *pt,
@@ -635,44 +669,44 @@ CGI_CLONES static void bwd_packed(const head *h, const cgi_ukr *u, const packs *
     const bool ds = g->q || g->k || g->bias || g->rel;
     /* with w->direct: keys j see queries from j - (i0 + shift) on (first), rows past it of dS and P are 0 */
     const int64_t first = h->causal ? -(i0 + h->shift) : CGI_UKR_FULL;
-    if (ds && w->direct) cgi_attn_mm(nq, kend, d, 1, dO, h->os, 1, w->kv1, tk, 0, dp, BK, diag(h, i0), CGI_UKR_FULL, CGI_UKR_FULL);
+    if (ds && w->direct) cgi_attn_mm(nq, kend, d, 1, dO, h->os, 1, w->kv1, tk, 0, dp, h->sc, diag(h, i0), CGI_UKR_FULL, CGI_UKR_FULL);
     else if (ds) { /* dP = dO V^T, skipping the tiles the causal mask hides */
         cgi_ukr_pack_a(u, nq, d, dO, h->os, 1, w->a);
-        cgi_ukr_gemm(u, nq, kend, d, 1, w->a, d, w->kv1, d, 0, dp, BK, 1, diag(h, i0), CGI_UKR_FULL);
+        cgi_ukr_gemm(u, nq, kend, d, 1, w->a, d, w->kv1, d, 0, dp, h->sc, 1, diag(h, i0), CGI_UKR_FULL);
     }
     for (int64_t r = 0; (ds || h->drop) && r < nq; r++) { /* dS = P * (dP - D), zero where hidden */
         const int64_t vis = visible(h, i0 + r, 0, kend);
-        cg_real *dr = dp + r * BK;
+        cg_real *dr = dp + r * h->sc;
         const cg_real *pr = p + r * ps, dr_i = di[r];
         if (h->drop) {
-            drop_grads(h, i0 + r, 0, vis, pr, pt + r * BK, ds ? dr : NULL, dr_i);
-            for (int64_t c = vis; c < kend; c++) pt[r * BK + c] = 0;
+            drop_grads(h, i0 + r, 0, vis, pr, pt + r * h->sc, ds ? dr : NULL, dr_i);
+            for (int64_t c = vis; c < kend; c++) pt[r * h->sc + c] = 0;
         } else
             for (int64_t c = 0; c < vis; c++) dr[c] = pr[c] * (dr[c] - dr_i);
         if (ds) for (int64_t c = vis; c < kend; c++) dr[c] = 0;
     }
-    if (g->v && w->direct) cgi_attn_mm(kend, d, nq, 1, h->drop ? pt : p, 1, h->drop ? BK : ps, dO, h->os, g->bv, g->v,
+    if (g->v && w->direct) cgi_attn_mm(kend, d, nq, 1, h->drop ? pt : p, 1, h->drop ? h->sc : ps, dO, h->os, g->bv, g->v,
                                        g->vr, CGI_UKR_FULL, CGI_UKR_FULL, first);
     else if (g->v) { /* dV += P^T dO, of the dropped weights */
-        if (h->drop) cgi_ukr_pack_a(u, kend, nq, pt, 1, BK, w->a);
+        if (h->drop) cgi_ukr_pack_a(u, kend, nq, pt, 1, h->sc, w->a);
         else cgi_ukr_pack_a(u, kend, nq, p, 1, ps, w->a);
         cgi_ukr_pack_b(u, nq, d, dO, h->os, 1, w->b);
         cgi_ukr_gemm(u, kend, d, nq, 1, w->a, nq, w->b, nq, g->bv, g->v, g->vr, g->vc, CGI_UKR_FULL, CGI_UKR_FULL);
     }
     if (g->bias || g->rel) bias_grads(h, g, i0, nq, 0, kend, dp);
     if (g->q && w->direct)
-        cgi_attn_mm(nq, d, kend, h->scale, dp, BK, 1, w->rows, d, g->bq, g->q + i0 * g->qr, g->qr, CGI_UKR_FULL,
+        cgi_attn_mm(nq, d, kend, h->scale, dp, h->sc, 1, w->rows, d, g->bq, g->q + i0 * g->qr, g->qr, CGI_UKR_FULL,
                     diag(h, i0), CGI_UKR_FULL);
     else if (g->q) { /* dQ += scale * dS K */
-        cgi_ukr_pack_a(u, nq, kend, dp, BK, 1, w->a);
+        cgi_ukr_pack_a(u, nq, kend, dp, h->sc, 1, w->a);
         cgi_ukr_gemm(u, nq, d, kend, h->scale, w->a, kend, w->kv2, tk, g->bq, g->q + i0 * g->qr, g->qr, g->qc,
                      CGI_UKR_FULL, diag(h, i0));
     }
     if (g->k && w->direct)
-        cgi_attn_mm(kend, d, nq, h->scale, dp, 1, BK, h->q + i0 * h->qs, h->qs, g->bk, g->k, g->kr, CGI_UKR_FULL,
+        cgi_attn_mm(kend, d, nq, h->scale, dp, 1, h->sc, h->q + i0 * h->qs, h->qs, g->bk, g->k, g->kr, CGI_UKR_FULL,
                     CGI_UKR_FULL, first);
     else if (g->k) { /* dK += scale * dS^T Q */
-        cgi_ukr_pack_a(u, kend, nq, dp, 1, BK, w->a);
+        cgi_ukr_pack_a(u, kend, nq, dp, 1, h->sc, w->a);
         cgi_ukr_pack_b(u, nq, d, h->q + i0 * h->qs, h->qs, 1, w->b);
         cgi_ukr_gemm(u, kend, d, nq, h->scale, w->a, nq, w->b, nq, g->bk, g->k, g->kr, g->kc, CGI_UKR_FULL, CGI_UKR_FULL);
     }
@@ -733,6 +767,7 @@ typedef struct {
     cg_real *drel;
     size_t stride;
     cgi_ukr u;
+    cg_real *slot0; /* thread 0's slot */
 } bwd_run;
 
 /* Unit un of the backward (a batch and key head, or wider, see cgi_bwd_attention) in slot me. */
@@ -752,13 +787,13 @@ static void bwd_unit(const bwd_run *r, int64_t un, int me) {
     for (int64_t hh = all_h ? 0 : (un % hunits) * group; hh < (all_h ? hq : (un % hunits + 1) * group); hh++) {
         const int64_t bh = b * hq + hh, kh = hh / group;
         const unsigned csr = flush_begin();
-        cg_real *slot = (cg_real *)lse + slots_offset(t) + (size_t)me * stride, *dp = slot + BQ * BK,
-                *di = dp + BQ * BK + BQ * d;
+        const int64_t rq = slot_rows(t);
+        cg_real *slot = r->slot0 + (size_t)me * stride, *dp = slot + rq * slot_cols(t), *di = dp + rq * slot_cols(t) + rq * d;
         head h;
         head_at(t, bh, slot, &h);
         packs w = {0};
         if (packed) { /* V^T and K for every query block of the head */
-            w = packs_at(t, slot, &u);
+            w = packs_at(t, slot, &u, true);
             w.direct = direct;
             if (direct) {
                 cgi_attn_transpose(tk, d, h.v, h.vs, w.kv1, tk);
@@ -799,16 +834,16 @@ static void bwd_unit(const bwd_run *r, int64_t un, int me) {
             if (probs && p->lp_probs) { /* widen the stored bf16 rows into the slot (dropout's M P goes over them) */
                 const cgi_bf16 *src = (const cgi_bf16 *)probs + (bh * tq + i0) * tk;
                 for (int64_t r = 0; r < nq; r++)
-                    for (int64_t c = 0; c < kend; c++) slot[r * BK + c] = cgi_from_bf16(src[r * tk + c]);
-                pk = slot, pks = BK;
+                    for (int64_t c = 0; c < kend; c++) slot[r * h.sc + c] = cgi_from_bf16(src[r * tk + c]);
+                pk = slot, pks = h.sc;
             }
             if (packed && p->remakes_probs) { /* P again, as forward made it (its lse goes to spare rows) */
                 packs wf = w;
                 wf.kv1 = w.kt;
-                block_probs(&h, i0, nq, kend, slot, BK, di + BQ, &u, &wf);
+                block_probs(&h, i0, nq, kend, slot, h.sc, di + rq, &u, &wf);
                 for (int64_t r = 0; p->lp_probs && r < nq; r++) /* as a bf16 store would have kept them */
-                    for (int64_t c = 0; c < kend; c++) slot[r * BK + c] = cgi_from_bf16(cgi_to_bf16(slot[r * BK + c]));
-                pk = slot, pks = BK;
+                    for (int64_t c = 0; c < kend; c++) slot[r * h.sc + c] = cgi_from_bf16(cgi_to_bf16(slot[r * h.sc + c]));
+                pk = slot, pks = h.sc;
             }
             if (packed) {
                 bwd_packed(&h, &u, &w, i0, nq, kend, pk, pks, dO + i0 * os, di, dp, slot, &gr);
@@ -817,26 +852,26 @@ static void bwd_unit(const bwd_run *r, int64_t un, int me) {
             for (int64_t j0 = probs ? 0 : key_start(&h, i0); j0 < kend; j0 += BK) {
                 const int64_t nk = kend - j0 < BK ? kend - j0 : BK;
                 cg_real *pb = probs ? (cg_real *)pk : slot;
-                const int64_t ps = probs ? pks : BK; /* P's row stride */
+                const int64_t ps = probs ? pks : h.sc; /* P's row stride */
                 if (!probs) {
-                    if (!scores(&h, i0, nq, j0, nk, pb, BK)) continue;
+                    if (!scores(&h, i0, nq, j0, nk, pb, h.sc)) continue;
                     for (int64_t r = 0; r < nq; r++) {
-                        cg_real *pr = pb + r * BK;
+                        cg_real *pr = pb + r * h.sc;
                         const cg_real lr = L[i0 + r];
                         for (int64_t c = 0; c < nk; c++) pr[c] = cgi_exp(pr[c] - lr);
                     }
                 }
                 if (ds) /* dP = dO[i] V[j]^T */
-                    gemm1(nq, nk, d, dO + i0 * os, os, 1, h.v + j0 * h.vs, 1, h.vs, 1, 0, dp, BK, 1);
+                    gemm1(nq, nk, d, dO + i0 * os, os, 1, h.v + j0 * h.vs, 1, h.vs, 1, 0, dp, h.sc, 1);
                 const cg_real *pv = pb; /* the weights O was made of */
                 int64_t pvs = ps;
                 if (h.drop) { /* dS = P * (M dP - D), and M P into the slot (over P when it is there) */
                     for (int64_t r = 0; r < nq; r++)
-                        drop_grads(&h, i0 + r, j0, nk, pb + r * ps, slot + r * BK, ds ? dp + r * BK : NULL, di[r]);
-                    pv = slot, pvs = BK;
+                        drop_grads(&h, i0 + r, j0, nk, pb + r * ps, slot + r * h.sc, ds ? dp + r * h.sc : NULL, di[r]);
+                    pv = slot, pvs = h.sc;
                 } else if (ds) /* dS = P * (dP - D) */
                     for (int64_t r = 0; r < nq; r++) {
-                        cg_real *dr = dp + r * BK;
+                        cg_real *dr = dp + r * h.sc;
                         const cg_real *pr = pb + r * ps, dr_i = di[r];
                         for (int64_t c = 0; c < nk; c++) dr[c] = pr[c] * (dr[c] - dr_i);
                     }
@@ -845,9 +880,9 @@ static void bwd_unit(const bwd_run *r, int64_t un, int me) {
                 if (!ds) continue;
                 if (gr.bias || gr.rel) bias_grads(&h, &gr, i0, nq, j0, nk, dp);
                 if (gq) /* dQ[i] += scale * dS K[j] */
-                    gemm1(nq, d, nk, dp, BK, 1, h.k + j0 * h.ks, h.ks, 1, h.scale, 1, gr.q + i0 * gr.qr, gr.qr, gr.qc);
+                    gemm1(nq, d, nk, dp, h.sc, 1, h.k + j0 * h.ks, h.ks, 1, h.scale, 1, gr.q + i0 * gr.qr, gr.qr, gr.qc);
                 if (gk) /* dK[j] += scale * dS^T Q[i] */
-                    gemm1(nk, d, nq, dp, 1, BK, h.q + i0 * h.qs, h.qs, 1, h.scale, 1, gr.k + j0 * gr.kr, gr.kr, gr.kc);
+                    gemm1(nk, d, nq, dp, 1, h.sc, h.q + i0 * h.qs, h.qs, 1, h.scale, 1, gr.k + j0 * gr.kr, gr.kr, gr.kc);
             }
         }
         flush_end(csr);
@@ -861,19 +896,19 @@ void cgi_bwd_attention(cg_tensor *t) {
     cg_tensor *q = t->src[0], *k = t->src[1], *v = t->src[2], *bias = p->bias ? t->src[p->bias] : NULL,
               *table = p->table ? t->src[p->table] : NULL;
     const bool gq = q->requires_grad, gk = k->requires_grad, gv = v->requires_grad, gb = bias && bias->requires_grad,
-               gt = table && table->requires_grad && t->bwd_aux;
+               gt = table && table->requires_grad && drel_reals(t);
     const int64_t B = t->shape[0], hq = t->shape[1], tq = t->shape[2], d = t->shape[3], tk = k->shape[2];
     const cg_real *lse = t->aux, *out = t->data, *dout = t->grad, *probs =
         p->keeps_probs && !p->remakes_probs ? lse + probs_offset(t) : NULL;
     cg_real *drel = gt ? t->bwd_aux : NULL;
-    if (drel) memset(drel, 0, t->bwd_aux_bytes);
+    if (drel) memset(drel, 0, drel_reals(t) * sizeof(cg_real));
     const int slots = p->slots < cgi_nthreads() ? p->slots : cgi_nthreads(); /* a run may use fewer */
     cgi_ukr u;
     cgi_ukr_init(&u);
     /* the direct products write gradients along contiguous features (inputs are made so: cg_sdpa_ex) */
     const bool packed = packs_heads(t), direct = packed && cgi_attn_direct() && q->stride[3] == 1 && k->stride[3] == 1 &&
                                                  v->stride[3] == 1;
-    const size_t stride = slot_stride(t, &u);
+    const size_t stride = slot_stride(t, &u, true);
     /* Heads run in parallel, each writing its own rows of dQ, dK and dV. When two of those are one
      * storage seen differently (keys = queries shifted by a head), one head's dK is another's dQ:
      * the heads then run in order. The same view (q = k = v) keeps each head on one thread. */
@@ -896,7 +931,8 @@ void cgi_bwd_attention(cg_tensor *t) {
     const bool all_b = gb && p->bias_st[0] == 0 && B > 1, all_h = gb && p->bias_st[1] == 0 && hq > 1;
     const int64_t bunits = all_b ? 1 : B, hunits = all_h ? 1 : hkv, units = bunits * hunits;
     const bwd_run r = {t, p, q, k, v, bias, gq, gk, gv, gb, packed, direct, all_b, all_h, {assign[0], assign[1], assign[2]},
-                       B, hq, tq, d, tk, group, hunits, lse, out, dout, probs, drel, stride, u};
+                       B, hq, tq, d, tk, group, hunits, lse, out, dout, probs, drel, stride, u,
+                       (cg_real *)t->bwd_aux + drel_reals(t)};
     if (serial)
         for (int64_t un = 0; un < units; un++) bwd_unit(&r, un, 0);
     else cgi_slot_pieces(units, p->slots, bwd_piece, (void *)&r); /* as the forward's heads */

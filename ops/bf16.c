@@ -104,6 +104,7 @@ void cgi_lp_plan_values(cg_graph *g, const int *consumers) {
 void cgi_lp_shadow_fill(cg_tensor *t) { (void)t; }
 size_t cgi_lp_scratch_bytes(const cg_tensor *t, bool bwd) { return 0; }
 size_t cgi_lp_unplanned_bytes(const cg_graph *g) { return 0; }
+size_t cgi_lp_copy_bytes(const cg_graph *g) { return 0; }
 bool cgi_lp_gemm(const cg_tensor *t, bool bwd, int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa,
                  int64_t csa, const cg_tensor *a_src, const cg_real *b, int64_t rsb, int64_t csb, const cg_tensor *b_src,
                  cg_real alpha, cg_real beta, cg_real *c, int64_t rsc, int64_t csc) {
@@ -770,6 +771,26 @@ size_t cgi_lp_scratch_bytes(const cg_tensor *t, bool bwd) {
 
 size_t cgi_lp_unplanned_bytes(const cg_graph *g) {
     return g && g->lp ? (g->lp->slot_n[0] + g->lp->slot_n[1]) * sizeof(cgi_bf16) : 0;
+}
+
+size_t cgi_lp_copy_bytes(const cg_graph *g) {
+    size_t bytes = 0;
+    for (int64_t c = 0; g->precision == CG_BF16 && c < g->n; c++) {
+        const cg_tensor *t = g->nodes[c];
+        if (t->op != CGI_OP_LINEAR && t->op != CGI_OP_MATMUL && t->op != CGI_OP_LINEAR_CROSS_ENTROPY) continue;
+        for (int k = 0; k < t->nsrc; k++) {
+            const cg_tensor *p = t->src[k]->root;
+            if (!reads_copy(t, t->src[k]) || cgi_param_bf16_mapped((cg_tensor *)p)) continue;
+            bool seen = false; /* an earlier reader of the same parameter */
+            for (int64_t e = 0; e < c && !seen; e++)
+                for (int j = 0; j < g->nodes[e]->nsrc && !seen; j++)
+                    seen = g->nodes[e]->src[j]->root == p && (g->nodes[e]->op == CGI_OP_LINEAR ||
+                           g->nodes[e]->op == CGI_OP_MATMUL || g->nodes[e]->op == CGI_OP_LINEAR_CROSS_ENTROPY) &&
+                           reads_copy(g->nodes[e], g->nodes[e]->src[j]);
+            if (!seen) bytes += (size_t)cgi_numel(p->ndim, p->shape) * sizeof(cgi_bf16);
+        }
+    }
+    return bytes;
 }
 
 /* Conversion area i for n elements: t's planned scratch, else the graph's held slot. */

@@ -71,6 +71,9 @@ size_t cgi_lp_scratch_bytes(const cg_tensor *t, bool bwd);
 /* Bytes of conversion scratch held for the graph's life because a product found no planned
  * scratch (an unplanned graph); tests check the zoo's graphs need none. */
 size_t cgi_lp_unplanned_bytes(const cg_graph *g);
+/* Bytes of the bf16 copies of parameters g's products read (the fused LM head's weight, frozen
+ * weights), outside its plan (cgi_plan weighs them). */
+size_t cgi_lp_copy_bytes(const cg_graph *g);
 
 /* C[m,n] = alpha A[m,k] B[k,n] + beta C in bf16 with float accumulation, for product node t
  * (bwd: in its backward rule, whose scratch it converts into). a and b are cg_real with any

@@ -217,6 +217,41 @@ static void test_large_blocks_use_huge_pages(void) {
     free(q);
 }
 
+/* Attention keeps only its lse rows and probabilities from forward to backward: each thread's
+ * slot (score blocks, packed operands) is scratch of its forward alone and, again, of its backward
+ * alone, so no slot is live at the start of backward; and a slot has room for the blocks these
+ * shapes make (32 queries, 32 keys), not for BQ x BK ones. */
+static void test_attention_slots_live_in_one_rule(void) {
+    enum { B = 2, H = 2, T = 32, D = 16 };
+    setenv("CGRAD_ATTN_PROBS", "keep", 1);
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    const int64_t sh[4] = {B, H, T, D};
+    cg_tensor *q = cg_requires_grad(cg_input(g, "q", CG_REAL, 4, sh)), *k = cg_requires_grad(cg_input(g, "k", CG_REAL, 4, sh)),
+              *v = cg_requires_grad(cg_input(g, "v", CG_REAL, 4, sh)), *u = cg_input(g, "u", CG_REAL, 4, sh);
+    cg_rng r;
+    cg_rng_seed(&r, 5);
+    cg_fill_uniform(q, &r, -1, 1), cg_fill_uniform(k, &r, -1, 1), cg_fill_uniform(v, &r, -1, 1), cg_fill_uniform(u, &r, -1, 1);
+    cg_tensor *a1 = cg_sdpa(g, q, k, v, 0.25, true, NULL);
+    cg_tensor *a2 = a1 ? cg_sdpa(g, a1, k, v, 0.25, true, NULL) : NULL;
+    cg_tensor *loss = a2 ? cg_sum_all(g, cg_mul(g, a2, u)) : NULL;
+    CHECK(loss && cg_graph_forward(g) == CG_OK && cg_graph_backward(g, loss) == CG_OK, "attention: %s", cg_last_error());
+    const cg_tensor *att[2] = {a1, a2};
+    for (int i = 0; loss && i < 2; i++) {
+        const cg_tensor *t = att[i];
+        const size_t kept = (size_t)(B * H * T) * (1 + T) * sizeof(cg_real); /* lse and P */
+        CHECK(t->aux_bytes == kept, "attention %d keeps %zu bytes from forward to backward, want %zu (lse and P)", i,
+              t->aux_bytes, kept);
+        CHECK(t->fwd_aux && t->bwd_aux && t->fwd_aux_bytes > 0 && t->bwd_aux_bytes > 0,
+              "attention %d: forward's and backward's slots planned (%zu, %zu bytes)", i, t->fwd_aux_bytes,
+              t->bwd_aux_bytes);
+        /* two slots of 32 x 32 blocks and packed 32-row operands: well under one BQ x BK pair of blocks */
+        CHECK(t->fwd_aux_bytes < (size_t)(2 * 128 * 256) * sizeof(cg_real), "attention %d: forward's slots %zu bytes", i,
+              t->fwd_aux_bytes);
+    }
+    cg_graph_free(g);
+    unsetenv("CGRAD_ATTN_PROBS");
+}
+
 int main(void) {
     cg_set_threads(2);
     test_large_blocks_use_huge_pages();
@@ -224,5 +259,6 @@ int main(void) {
     test_placements_agree_on_recurrence();
     test_plan_steps_grow_n_log_n();
     test_residual_gradients_share_a_buffer();
+    test_attention_slots_live_in_one_rule();
     TEST_END();
 }

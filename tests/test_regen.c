@@ -100,12 +100,57 @@ static void post_ln_case(cg_precision prec) {
     free(off);
 }
 
+/* A bf16 graph remakes its values only when its plan without remakes would need more than the same
+ * graph in fp32: with 16 x 32 tokens its bf16 values are far below fp32's, and nothing is remade;
+ * CGRAD_REGEN=all remakes them anyway, to the same gradients bit for bit, in a smaller plan. */
+static int remade_in(const char *regen, int batch, int ctx, size_t *plan, cg_real **grads_out, int64_t *span) {
+    if (regen) setenv("CGRAD_REGEN", regen, 1);
+    else unsetenv("CGRAD_REGEN");
+    cg_params *ps = cg_params_new();
+    cg_model *m = cg_model_new(CG_ARCH_GPT2, GPT, 0.1, ps, 11);
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    cg_model_graph mg;
+    CHECK(g && cg_graph_set_precision(g, CG_BF16) == CG_OK, "%s", cg_last_error());
+    CHECK(m && g && cg_model_build(g, m, batch, ctx, 0, &mg) == CG_OK, "%s", cg_last_error());
+    int32_t *ids = cg_idata(cg_model_graph_input(&mg, "input_ids")), *tg = cg_idata(cg_model_graph_input(&mg, "targets"));
+    for (int i = 0; i < batch * ctx; i++) ids[i] = (i * 7 + 3) % V, tg[i] = (i * 5 + 1) % V;
+    cg_params_zero_grad(ps);
+    CHECK(cg_graph_forward(g) == CG_OK && cg_graph_backward(g, mg.loss) == CG_OK, "%s", cg_last_error());
+    int n = 0;
+    for (int i = 0; i < g->n; i++) n += g->nodes[i]->regen;
+    *plan = cg_graph_plan_bytes(g);
+    *span = cg_params_span(ps);
+    *grads_out = malloc((size_t)*span * sizeof **grads_out);
+    memcpy(*grads_out, cg_params_grads(ps), (size_t)*span * sizeof **grads_out);
+    cg_graph_free(g);
+    cg_model_free(m);
+    cg_params_free(ps);
+    unsetenv("CGRAD_REGEN");
+    return n;
+}
+
+static void bf16_remakes_only_above_fp32(void) {
+    size_t plan_auto, plan_all;
+    int64_t span_auto, span_all;
+    cg_real *g_auto, *g_all;
+    const int n_auto = remade_in(NULL, 16, 16, &plan_auto, &g_auto, &span_auto);
+    const int n_all = remade_in("all", 16, 16, &plan_all, &g_all, &span_all);
+    CHECK(n_auto == 0 && n_all == 3 * L + 1, "bf16, 16 x 16 tokens: %d values remade by default (want 0), %d with "
+          "CGRAD_REGEN=all (want %d)", n_auto, n_all, 3 * L + 1);
+    CHECK(plan_all < plan_auto, "bf16: plan %zu bytes remaking all, %zu by default", plan_all, plan_auto);
+    CHECK(span_auto == span_all && memcmp(g_auto, g_all, (size_t)span_auto * sizeof *g_auto) == 0,
+          "bf16: gradients differ with the values remade");
+    free(g_auto);
+    free(g_all);
+}
+
 int main(int argc, char **argv) {
     if (!strcmp(test_part(argc, argv), "bf16")) {
         const char *why = cg_bf16_unavailable();
         if (why) return test_skip("test_regen bf16", why);
         bf16_graph();
         post_ln_case(CG_BF16);
+        bf16_remakes_only_above_fp32();
         TEST_END();
     }
     post_ln_case(CG_FP32);
