@@ -692,7 +692,7 @@ void cgi_lp_need(const cg_tensor *t, bool bwd, int64_t s[2]) {
         const cg_tensor *x = t->src[0], *w = t->src[1];
         const int64_t m = cgi_lp_rows(x), n = w->shape[0], k = w->shape[1], r = t->src[2]->shape[0];
         const bool xb = cgi_lp_no_conversion(t, x);
-        if (!bwd) s[0] = cgi_lp_max2(xb ? 0 : m * k, m * r);
+        if (!bwd) s[0] = (xb ? 0 : m * k) + m * r; /* x, and beside it the low-rank product */
         else {
             s[0] = cgi_lp_dy_in_place(t) ? 0 : m * n;
             s[1] = ((w->requires_grad || t->src[2]->requires_grad) && !xb ? m * k : 0) + 2 * m * r;

@@ -23,6 +23,70 @@ static double lora_serial_below(void) {
     return e && !atoi(e) ? 0 : (double)(1 << 24);
 }
 
+/* The rank-r products run at half the large ones' rate or less per core (bench_bf16_gemm llama:
+ * 120-325 against ~450 GFLOP/s): thread 0's share of the big product's columns is cut by this many
+ * times their multiply-adds. */
+#define LORA_RANK_COST 2.5
+
+/* Column blocks j0[0..pieces] of a product of `cols` columns, `col_macs` multiply-adds each, split
+ * over `pieces` one-thread primitives in whole multiples of SPLIT_COLS: thread 0's narrower by the
+ * estimated time of `rank_macs` multiply-adds of rank-r products it runs first. */
+static void column_blocks(int64_t cols, double col_macs, int pieces, double rank_macs, int64_t *j0) {
+    const double cols_off = LORA_RANK_COST * rank_macs / col_macs;
+    const double fair = ((double)cols + cols_off) / pieces;
+    j0[0] = 0;
+    j0[1] = (int64_t)((fair - cols_off) / SPLIT_COLS + 0.5) * SPLIT_COLS;
+    if (j0[1] < SPLIT_COLS) j0[1] = SPLIT_COLS;
+    for (int p = 2; p <= pieces; p++) j0[p] = j0[1] + (cols - j0[1]) / SPLIT_COLS * (p - 1) / (pieces - 1) * SPLIT_COLS;
+    j0[pieces] = cols;
+}
+
+/* LoRA's forward as one parallel region, where it ran as x A^T on one thread (the other asleep), the
+ * base product (two threads, a wake), then low B^T (one thread, or two and another wake): thread 0
+ * runs low = s x A^T and rounds it to bf16, then its block of y = x W^T's columns, the others wider
+ * blocks; after a barrier each adds low B^T to its own block. One-thread primitives in blocks that
+ * depend on the thread count only: the same bits every run. False (nothing written) where it does
+ * not apply: another kernel or element type, products too small to split, or a primitive oneDNN
+ * refuses. CGRAD_LORA_FWD_OVERLAP=0 turns it off, for comparisons. */
+static bool lora_fwd_overlap(cgi_lp *lp, cg_tensor *t, const cgi_bf16 *xb, int64_t rx, int64_t cx, const cgi_bf16 *wb,
+                             int64_t rw, int64_t cw, const cgi_bf16 *ab, int64_t ra, int64_t ca, const cgi_bf16 *bb,
+                             int64_t rb, int64_t cb, cgi_bf16 *lb, int ty) {
+    const cg_tensor *x = t->src[0], *w = t->src[1], *a = t->src[2];
+    const int64_t m = cgi_lp_rows(x), n = w->shape[0], k = w->shape[1], r = a->shape[0];
+    const char *env = getenv("CGRAD_LORA_FWD_OVERLAP");
+    const int nt = cgi_nthreads(), pieces = nt < SPLIT_MAX ? nt : SPLIT_MAX;
+    if ((env && !atoi(env)) || pieces < 2 || cgi_lp_force_ref || cgi_lp_kernel_for(lp, m, n) != K_ONEDNN ||
+        ty != TY_BF16 || m < 2 || (double)m * (double)n * (double)k < SPLIT_MIN_MACS || n < 2 * SPLIT_COLS * pieces)
+        return false;
+    int64_t j0[SPLIT_MAX + 1];
+    column_blocks(n, (double)m * (double)k, pieces, (double)m * (double)r * (double)k, j0);
+    const float s = (float)t->farg[0];
+    int e_low, e_y[SPLIT_MAX], e_yl[SPLIT_MAX];
+    bool ok = cgi_lp_piece_streams(pieces) && (e_low = cgi_lp_piece_prim(lp, m, r, k, rx, cx, ra, ca, r, s, 0, 0, 0)) >= 0;
+    for (int p = 0; ok && p < pieces; p++) {
+        const int64_t c = j0[p + 1] - j0[p];
+        ok = (e_y[p] = cgi_lp_piece_prim(lp, m, c, k, rx, cx, rw, cw, n, 1, 0, 0, p)) >= 0 &&
+             (e_yl[p] = cgi_lp_piece_prim(lp, m, c, r, r, 1, rb, cb, n, 1, 1, 0, p)) >= 0;
+    }
+    if (!ok) return false;
+    cgi_lp_exec_threads = pieces;
+    cg_real *y = t->data, *low = t->aux;
+#pragma omp parallel num_threads(pieces)
+    {
+        const int p = omp_get_thread_num(), np = omp_get_num_threads();
+        if (p == 0) { /* low = s x A^T [m, r], float (kept for dB), then bf16 */
+            cgi_lp_piece_mm(lp, e_low, 0, m, r, k, xb, rx, cx, ab, ra, ca, s, 0, low, r);
+            cgi_lp_round(lb, low, m * r, 1);
+        }
+        for (int q = p; q < pieces; q += np) /* y's block = x W^T[:, block] */
+            cgi_lp_piece_mm(lp, e_y[q], q, m, j0[q + 1] - j0[q], k, xb, rx, cx, wb + j0[q] * cw, rw, cw, 1, 0, y + j0[q], n);
+#pragma omp barrier
+        for (int q = p; q < pieces; q += np) /* ... += low B^T[:, block] */
+            cgi_lp_piece_mm(lp, e_yl[q], q, m, j0[q + 1] - j0[q], r, lb, r, 1, bb + j0[q] * cb, rb, cb, 1, 1, y + j0[q], n);
+    }
+    return true;
+}
+
 bool cgi_lp_lora_fwd(cg_tensor *t) {
     cg_tensor *x = t->src[0], *w = t->src[1], *a = t->src[2], *b = t->src[3];
     cgi_lp *lp = cgi_lp_ctx(t->graph);
@@ -31,14 +95,18 @@ bool cgi_lp_lora_fwd(cg_tensor *t) {
     int64_t rx = cgi_lp_row_stride(x), cx = x->stride[x->ndim - 1], rw = w->stride[1], cw = w->stride[0];
     int64_t ra = a->stride[1], ca = a->stride[0], rb = b->stride[1], cb = b->stride[0], rl, cl;
     int ex = CGI_EL_BF16, ew = CGI_EL_BF16, ea = CGI_EL_BF16, eb = CGI_EL_BF16; /* the operands' element types */
-    /* area 0 holds x's conversion, then the low-rank product's (r <= k: it never grows the slot) */
-    cgi_bf16 *lb = cgi_lp_scratch(lp, t, false, 0, cgi_lp_max2(m * r, cgi_lp_no_conversion(t, x) ? 0 : m * k));
-    const cgi_bf16 *xb = lb ? cgi_lp_operand(lp, t, false, 0, x->data, m, k, &rx, &cx, x, &ex) : NULL;
+    /* area 0 holds x's conversion, then the low-rank product's in bf16 */
+    const int64_t xn = cgi_lp_no_conversion(t, x) ? 0 : m * k;
+    cgi_bf16 *area = cgi_lp_scratch(lp, t, false, 0, xn + m * r);
+    const cgi_bf16 *xb = area ? cgi_lp_operand(lp, t, false, 0, x->data, m, k, &rx, &cx, x, &ex) : NULL;
     const cgi_bf16 *wb = xb ? cgi_lp_operand(lp, t, false, 1, w->data, k, n, &rw, &cw, w, &ew) : NULL;
     const cgi_bf16 *ab = wb ? cgi_lp_operand(lp, t, false, 1, a->data, k, r, &ra, &ca, a, &ea) : NULL;
     const cgi_bf16 *bb = ab ? cgi_lp_operand(lp, t, false, 1, b->data, r, n, &rb, &cb, b, &eb) : NULL;
     if (!bb) return false; /* nothing written: the float products */
     if (m == 0 || n == 0) return true;
+    cgi_bf16 *lb = area + xn;
+    const int all_bf16 = ex == CGI_EL_BF16 && ew == CGI_EL_BF16 && ea == CGI_EL_BF16 && eb == CGI_EL_BF16 ? TY_BF16 : -1;
+    if (lora_fwd_overlap(lp, t, xb, rx, cx, wb, rw, cw, ab, ra, ca, bb, rb, cb, lb, all_bf16)) return true;
     cg_real *low = t->aux;
     lp->serial_below = lora_serial_below();
     cgi_lp_mm(lp, m, r, k, xb, rx, cx, ab, ra, ca, (float)t->farg[0], 0, low, r, 1, TY(ex, ea)); /* low = s x A^T */
@@ -55,11 +123,6 @@ typedef struct {
     int64_t rx, cx, rw, cw, ra, ca, rb, cb;
     cgi_bf16 *lb, *dlb;
 } lora_operands;
-
-/* The rank-r products run at half the large ones' rate or less per core (bench_bf16_gemm llama:
- * 120-325 against ~450 GFLOP/s): thread 0's share of dX is cut by this many times their
- * multiply-adds. */
-#define LORA_RANK_COST 2.5
 
 /* LoRA's backward on a frozen weight in one parallel region, where it ran as dY's conversion
  * (two threads), the adapter's rank-r products on one thread with the other asleep, dX's product
@@ -86,14 +149,8 @@ static bool lora_bwd_overlap(cgi_lp *lp, cg_tensor *t, const lora_operands *o, i
         return false;
     /* dX's column blocks: thread 0's narrower by the rank-r products' estimated cost */
     const double rank_macs = (double)m * (double)r * ((double)n + (da ? (double)k : 0) + (db ? (double)n : 0));
-    const double cols_off = LORA_RANK_COST * rank_macs / ((double)m * (double)n);
-    const double fair = ((double)k + cols_off) / pieces;
     int64_t j0[SPLIT_MAX + 1];
-    j0[0] = 0;
-    j0[1] = (int64_t)((fair - cols_off) / SPLIT_COLS + 0.5) * SPLIT_COLS;
-    if (j0[1] < SPLIT_COLS) j0[1] = SPLIT_COLS;
-    for (int p = 2; p <= pieces; p++) j0[p] = j0[1] + (k - j0[1]) / SPLIT_COLS * (p - 1) / (pieces - 1) * SPLIT_COLS;
-    j0[pieces] = k;
+    column_blocks(k, (double)m * (double)n, pieces, rank_macs, j0);
     const int64_t rd = 2 * n, rg = cgi_lp_row_stride(x); /* dY in place: bf16 rows in the first half of each float row */
     const float s = (float)t->farg[0], bx = x_assign ? 0 : 1, ba = a_assign ? 0 : 1, bbeta = b_assign ? 0 : 1;
     int e_dlow = -1, e_da = -1, e_db = -1, e_dx[SPLIT_MAX], e_dxa[SPLIT_MAX];
