@@ -3,6 +3,8 @@
  * frozen weight as one parallel region of one-thread pieces (lora_bwd_overlap), on the product
  * engine of ops/bf16.c (ops/bf16_engine.h). */
 #include <omp.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "graph/internal.h"
@@ -28,6 +30,15 @@ static double lora_serial_below(void) {
  * times their multiply-adds. */
 #define LORA_RANK_COST 2.5
 
+/* Thread 0 publishes the rank-r product the others add to their blocks (low, or dlow in backward)
+ * once it is in bf16; each of the others waits for it only when it reaches its add, after its own
+ * block of the big product (by then it is almost always there), in place of a barrier where the
+ * first thread done waited for the last. */
+static void publish(atomic_int *ready) { atomic_store_explicit(ready, 1, memory_order_release); }
+static void await_published(atomic_int *ready) {
+    while (!atomic_load_explicit(ready, memory_order_acquire)) sched_yield();
+}
+
 /* Column blocks j0[0..pieces] of a product of `cols` columns, `col_macs` multiply-adds each, split
  * over `pieces` one-thread primitives in whole multiples of SPLIT_COLS: thread 0's narrower by the
  * estimated time of `rank_macs` multiply-adds of rank-r products it runs first. */
@@ -44,10 +55,10 @@ static void column_blocks(int64_t cols, double col_macs, int pieces, double rank
 /* LoRA's forward as one parallel region, where it ran as x A^T on one thread (the other asleep), the
  * base product (two threads, a wake), then low B^T (one thread, or two and another wake): thread 0
  * runs low = s x A^T and rounds it to bf16, then its block of y = x W^T's columns, the others wider
- * blocks; after a barrier each adds low B^T to its own block. One-thread primitives in blocks that
- * depend on the thread count only: the same bits every run. False (nothing written) where it does
- * not apply: another kernel or element type, products too small to split, or a primitive oneDNN
- * refuses. CGRAD_LORA_FWD_OVERLAP=0 turns it off, for comparisons. */
+ * blocks; then each adds low B^T to its own block (once thread 0 has published low). One-thread
+ * primitives in blocks that depend on the thread count only: the same bits every run. False
+ * (nothing written) where it does not apply: another kernel or element type, products too small to
+ * split, or a primitive oneDNN refuses. CGRAD_LORA_FWD_OVERLAP=0 turns it off, for comparisons. */
 static bool lora_fwd_overlap(cgi_lp *lp, cg_tensor *t, const cgi_bf16 *xb, int64_t rx, int64_t cx, const cgi_bf16 *wb,
                              int64_t rw, int64_t cw, const cgi_bf16 *ab, int64_t ra, int64_t ca, const cgi_bf16 *bb,
                              int64_t rb, int64_t cb, cgi_bf16 *lb, int ty) {
@@ -71,16 +82,18 @@ static bool lora_fwd_overlap(cgi_lp *lp, cg_tensor *t, const cgi_bf16 *xb, int64
     if (!ok) return false;
     cgi_lp_exec_threads = pieces;
     cg_real *y = t->data, *low = t->aux;
+    atomic_int low_ready = 0;
 #pragma omp parallel num_threads(pieces)
     {
         const int p = omp_get_thread_num(), np = omp_get_num_threads();
         if (p == 0) { /* low = s x A^T [m, r], float (kept for dB), then bf16 */
             cgi_lp_piece_mm(lp, e_low, 0, m, r, k, xb, rx, cx, ab, ra, ca, s, 0, low, r);
             cgi_lp_round(lb, low, m * r, 1);
+            publish(&low_ready);
         }
         for (int q = p; q < pieces; q += np) /* y's block = x W^T[:, block] */
             cgi_lp_piece_mm(lp, e_y[q], q, m, j0[q + 1] - j0[q], k, xb, rx, cx, wb + j0[q] * cw, rw, cw, 1, 0, y + j0[q], n);
-#pragma omp barrier
+        await_published(&low_ready);
         for (int q = p; q < pieces; q += np) /* ... += low B^T[:, block] */
             cgi_lp_piece_mm(lp, e_yl[q], q, m, j0[q + 1] - j0[q], r, lb, r, 1, bb + j0[q] * cb, rb, cb, 1, 1, y + j0[q], n);
     }
@@ -129,9 +142,9 @@ typedef struct {
  * (two threads, waking it again), then dlow A on one: each region start costs a wake of the idle
  * vCPU here, and the rank-r products left a core idle. Now every thread converts its rows of dY;
  * thread 0 runs dlow = s dY B, dA and dB, then its block of dX's columns, the others wider blocks
- * (by the rank-r products' estimated time); each adds dlow A to its own block. Each product is a
- * one-thread primitive and the blocks depend on the thread count only, so the bits are the same
- * every run. False (nothing written) where it does not apply: a weight that trains, dY not
+ * (by the rank-r products' estimated time); each adds dlow A to its own block once thread 0 has
+ * published dlow. Each product is a one-thread primitive and the blocks depend on the thread count
+ * only, so the bits are the same every run. False (nothing written) where it does not apply: a weight that trains, dY not
  * converted in place, another kernel or element type, products too small to split, aliased
  * gradients, or a primitive oneDNN refuses. CGRAD_LORA_OVERLAP=0 turns it off, for comparisons. */
 static bool lora_bwd_overlap(cgi_lp *lp, cg_tensor *t, const lora_operands *o, int ty, bool x_assign, bool a_assign,
@@ -166,6 +179,7 @@ static bool lora_bwd_overlap(cgi_lp *lp, cg_tensor *t, const lora_operands *o, i
     cgi_lp_exec_threads = pieces;
     cg_real *dyf = t->grad, *dx = x->grad;
     const cgi_bf16 *dy = (const cgi_bf16 *)t->grad;
+    atomic_int dlow_ready = 0;
 #pragma omp parallel num_threads(pieces)
     {
         const int p = omp_get_thread_num(), np = omp_get_num_threads();
@@ -175,6 +189,7 @@ static bool lora_bwd_overlap(cgi_lp *lp, cg_tensor *t, const lora_operands *o, i
             cg_real *dlow = t->bwd_aux; /* s dY B [m, r], float, then bf16 */
             cgi_lp_piece_mm(lp, e_dlow, 0, m, r, n, dy, rd, 1, o->bb, o->rb, o->cb, s, 0, dlow, r);
             cgi_lp_round(o->dlb, dlow, m * r, 1);
+            publish(&dlow_ready);
             if (da) /* dA [r, k] (+)= dlow^T x */
                 cgi_lp_piece_mm(lp, e_da, 0, r, k, m, o->dlb, 1, r, o->xb, o->rx, o->cx, 1, ba, a->grad, a->stride[0]);
             if (db) { /* dB [n, r] (+)= dY^T low */
@@ -185,7 +200,7 @@ static bool lora_bwd_overlap(cgi_lp *lp, cg_tensor *t, const lora_operands *o, i
         for (int q = p; q < pieces; q += np) /* dX's block (+)= dY W[:, block] */
             cgi_lp_piece_mm(lp, e_dx[q], q, m, j0[q + 1] - j0[q], n, dy, rd, 1, o->wb + j0[q] * o->cw, o->rw, o->cw, 1, bx,
                             dx + j0[q], rg);
-#pragma omp barrier
+        await_published(&dlow_ready);
         for (int q = p; q < pieces; q += np) /* ... += dlow A[:, block] */
             cgi_lp_piece_mm(lp, e_dxa[q], q, m, j0[q + 1] - j0[q], r, o->dlb, r, 1, o->ab + j0[q] * o->ca, o->ra, o->ca, 1, 1,
                             dx + j0[q], rg);
