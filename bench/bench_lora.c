@@ -3,7 +3,8 @@
  * read in place, a bf16 graph), forward + backward, fused into one node (lora_linear) beside the
  * composition linear + linear(scale(linear)) + add (CGRAD_LORA_UNFUSED=1); then the fused node with
  * its rank-16 products split over the threads against on one (CGRAD_LORA_SERIAL), and with its
- * backward as sequential products against one parallel region (CGRAD_LORA_OVERLAP). Interleaved
+ * backward (CGRAD_LORA_OVERLAP) and its forward (CGRAD_LORA_FWD_OVERLAP) as sequential products
+ * against one parallel region. Interleaved
  * repetitions; medians and min-max of wall and process CPU time, ms.
  * Usage: bench_lora [reps] [threads] [fp32] */
 #include <stdio.h>
@@ -94,9 +95,10 @@ int main(int argc, char **argv) {
             printf(" %7.3f [%6.3f-%6.3f] %7.3f", t[v].ms[reps / 2], t[v].ms[0], t[v].ms[reps - 1], t[v].cpu[reps / 2]);
         printf("   %.2f\n", t[1].cpu[reps / 2] / t[0].cpu[reps / 2]);
         /* the fused node with an environment switch off against on: its rank-16 products split over the
-         * threads (CGRAD_LORA_SERIAL=0) against on one; backward in one region (CGRAD_LORA_OVERLAP) or not */
+         * threads (CGRAD_LORA_SERIAL=0) against on one; backward, then forward, in one region or not */
         compare_env(&t[1], reps, "CGRAD_LORA_SERIAL", "0", "1", "  fused: split/serial");
         compare_env(&t[1], reps, "CGRAD_LORA_OVERLAP", "0", "1", "  fused: one-region/sequential bwd");
+        compare_env(&t[1], reps, "CGRAD_LORA_FWD_OVERLAP", "0", "1", "  fused: one-region/sequential fwd");
         for (int v = 0; v < 2; v++) bench_free(&t[v]), cg_params_free(ps[v]);
         free(wb);
     }

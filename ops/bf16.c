@@ -22,7 +22,7 @@
 #if defined(CGRAD_DNNL) && !defined(CGRAD_DOUBLE)
 #define LP_BUILD 1
 #include <cpuid.h>
-#include <oneapi/dnnl/dnnl.h>
+#include "ops/bf16_engine.h"
 #endif
 
 static cg_precision default_precision = CG_FP32;
@@ -64,7 +64,7 @@ bool cgi_lp_fail_param_copy;
 /* In row blocks, each block read whole before it is written: the bf16 row lands in the first half
  * of the float row's bytes, so a write never reaches a float not yet read. memcpy through one char
  * pointer keeps the compiler from reordering the reads and writes of the shared bytes. */
-static void to_bf16_row(cg_real *x, int64_t i, int64_t n) {
+void cgi_lp_to_bf16_row(cg_real *x, int64_t i, int64_t n) {
 #ifndef CGRAD_DOUBLE
     enum { BLK = 64 };
     char *row = (char *)(x + i * n);
@@ -83,7 +83,7 @@ static void to_bf16_row(cg_real *x, int64_t i, int64_t n) {
 
 void cgi_lp_to_bf16_inplace(cg_real *x, int64_t m, int64_t n) {
 #pragma omp parallel for schedule(static) if (m * n > CGI_PAR_MIN) num_threads(cgi_nthreads())
-    for (int64_t i = 0; i < m; i++) to_bf16_row(x, i, n);
+    for (int64_t i = 0; i < m; i++) cgi_lp_to_bf16_row(x, i, n);
 }
 
 #ifndef LP_BUILD
@@ -124,8 +124,6 @@ void cgi_lp_peaks(double *fp32, double *bf16, double *amx) { *fp32 = *bf16 = *am
 double cg_bf16_amx_ratio(void) { return NAN; }
 const char *cg_bf16_kernel_why(void) { return cg_bf16_unavailable(); }
 bool cgi_lp_linear_bwd(cg_tensor *t, bool assign) { return false; }
-bool cgi_lp_lora_fwd(cg_tensor *t) { return false; }
-bool cgi_lp_lora_bwd(cg_tensor *t, bool x_assign, bool w_assign, bool a_assign, bool b_assign) { return false; }
 bool cgi_lp_lce_bwd(cg_tensor *t, int64_t m, int64_t v, int64_t d, cg_real *dlogits, const cg_real *xs, cg_real *dxs,
                     bool dx, bool dw) {
     return false;
@@ -162,7 +160,6 @@ static bool cpu_has_bf16(void) {
  * (cgi_lp_peaks), interleaved, seven repetitions each in thread CPU time, the ratio of the best
  * bf16 rate's median to the FMA's (~6 ms). Below 1 the fp32 units win; the machines seen give
  * 0.49, about 2 (vdpbf16ps at full rate) or above 10 (AMX), far from the threshold. */
-enum { K_ONEDNN, K_FP32 };
 static int kernel = K_FP32;
 int cgi_lp_force_kernel;
 
@@ -385,7 +382,7 @@ static void convert_all(const float *src, cgi_bf16 *dst, int64_t n) {
 
 /* dst = bf16(src[rows, cols]) (strides rs, cs), laid out in the source's own orientation: by rows
  * unless the source is stored by columns. Its strides go to *drs, *dcs. */
-static void convert(const float *src, int64_t rows, int64_t cols, int64_t rs, int64_t cs, cgi_bf16 *dst, int64_t *drs,
+void cgi_lp_convert(const float *src, int64_t rows, int64_t cols, int64_t rs, int64_t cs, cgi_bf16 *dst, int64_t *drs,
                     int64_t *dcs) {
     const bool by_cols = rs == 1 && cs != 1 && rows > 1;
     const int64_t outer = by_cols ? cols : rows, inner = by_cols ? rows : cols;
@@ -441,25 +438,6 @@ static const cgi_bf16 *param_bf16(cg_tensor *p) {
 
 /* ---- per graph: cached primitives and conversion scratch ---- */
 
-typedef struct {
-    int64_t key[11];
-    float alpha, beta;
-    dnnl_primitive_t prim;
-    dnnl_memory_t ma, mb, mc, mbias; /* mbias: only with OUT_BIAS */
-} entry;
-
-/* What a product writes besides C = alpha A B + beta C in float (entry key[9]): a float bias row
- * added to every row, and C stored in bf16 (rounded once, from the float sum). */
-enum { OUT_BIAS = 1, OUT_BF16 = 2 };
-
-struct cgi_lp {
-    entry *e;
-    int n, cap;
-    int force;            /* 0: the process's kernel; 1 + K_ONEDNN or 1 + K_FP32: that one (references, tests) */
-    cgi_bf16 *slot[2];    /* converted operands: A, B */
-    double serial_below;  /* products of fewer multiply-adds run on the calling thread alone */
-    size_t slot_n[2]; /* elements */
-};
 
 /* The kernel a product of this context runs on: forced by the context or the tests, else the choice */
 static int kernel_of(const cgi_lp *lp) {
@@ -471,7 +449,7 @@ static int kernel_of(const cgi_lp *lp) {
  * units' line path, which a generation's thread team shares (graph/team.c), unless a kernel is
  * forced. On oneDNN with AMX, gpt-tiny's cached bf16 generation read 2130 / 2014 tokens/s on 1 / 2
  * threads against 2461-2575 / 3032-3153 on that path. */
-static int kernel_for(const cgi_lp *lp, int64_t m, int64_t n) {
+int cgi_lp_kernel_for(const cgi_lp *lp, int64_t m, int64_t n) {
     if ((lp && lp->force) || cgi_lp_force_kernel || (m != 1 && n != 1)) return kernel_of(lp);
     return K_FP32;
 }
@@ -491,7 +469,7 @@ void cgi_lp_free(cgi_lp *lp) {
     free(lp);
 }
 
-static cgi_lp *ctx(cg_graph *g) {
+cgi_lp *cgi_lp_ctx(cg_graph *g) {
     if (!g->lp && !cg_bf16_unavailable() && (kernel_of(NULL) == K_FP32 || engine_ready())) g->lp = calloc(1, sizeof *g->lp);
     return g->lp;
 }
@@ -571,12 +549,6 @@ static bool run(cgi_lp *lp, int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, 
                 const cgi_bf16 *b, int64_t rsb, int64_t csb, float alpha, float beta, void *c, int64_t rsc,
                 const float *bias, int out, unsigned ty);
 
-/* The element types of a product's two half-precision operands (CGI_EL_BF16 or CGI_EL_F16), packed
- * as A's | B's << 2: an fp16 weight read in place from its file is the one operand not in bf16. */
-#define TY(ta, tb) ((unsigned)(ta) | (unsigned)(tb) << 2)
-enum { TY_BF16 = TY(CGI_EL_BF16, CGI_EL_BF16) };
-static int ty_a(unsigned ty) { return (int)(ty & 3u); }
-static int ty_b(unsigned ty) { return (int)(ty >> 2); }
 
 /* C[m,n] = alpha A B + beta C from bf16 operands. oneDNN's fast kernels want C stored by rows; C
  * stored by columns is computed as C^T = B^T A^T. Other C layouts are refused (false). */
@@ -608,16 +580,11 @@ static bool execute(entry *e, dnnl_stream_t s, const void *a, const void *b, voi
            dnnl_stream_wait(s) == dnnl_success;
 }
 
-/* Products split by hand into column blocks, one one-thread primitive per thread (LoRA's backward,
- * lora_bwd_overlap): at most SPLIT_MAX blocks of whole multiples of SPLIT_COLS columns, for products
- * of SPLIT_MIN_MACS multiply-adds or more. */
-enum { SPLIT_MAX = 8, SPLIT_COLS = 64 };
-#define SPLIT_MIN_MACS (1 << 26)
 
 static dnnl_stream_t piece_stream[SPLIT_MAX];
 
 /* The streams of the first n pieces, made on first use. */
-static bool piece_streams(int n) {
+bool cgi_lp_piece_streams(int n) {
     for (int p = 0; p < n; p++)
         if (!piece_stream[p] && dnnl_stream_create(&piece_stream[p], engine, dnnl_stream_default_flags) != dnnl_success) {
             piece_stream[p] = NULL;
@@ -628,7 +595,7 @@ static bool piece_streams(int n) {
 
 /* The cache index of a one-thread primitive (made now if new), -1 if oneDNN refuses it: an index,
  * since making the next one may move the cache. */
-static int piece_prim(cgi_lp *lp, int64_t m, int64_t n, int64_t k, int64_t rsa, int64_t csa, int64_t rsb, int64_t csb,
+int cgi_lp_piece_prim(cgi_lp *lp, int64_t m, int64_t n, int64_t k, int64_t rsa, int64_t csa, int64_t rsb, int64_t csb,
                       int64_t rsc, float alpha, float beta, int out, int piece) {
     const int was = omp_get_max_threads();
     omp_set_num_threads(1);
@@ -647,7 +614,7 @@ static bool run(cgi_lp *lp, int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, 
      * generation step kept on one thread (graph/threads.c) woke the second thread in every product
      * here, and bf16 cached generation fell from 1795 to 594 tokens/s on two threads */
     const int want = (double)m * (double)n * (double)k < lp->serial_below ? 1 : cgi_nthreads(), was = omp_get_max_threads();
-    if (kernel_for(lp, m, n) == K_FP32 || ty != TY_BF16) { /* an fp16 operand: the fp32 units widen it as they pack */
+    if (cgi_lp_kernel_for(lp, m, n) == K_FP32 || ty != TY_BF16) { /* an fp16 operand: the fp32 units widen it as they pack */
         cgi_lp_exec_threads = want;
         return cgi_gemm_half(m, n, k, a, ty_a(ty), rsa, csa, b, ty_b(ty), rsb, csb, alpha, out & OUT_BF16 ? 0 : beta, c,
                              rsc, out & OUT_BIAS ? bias : NULL, out & OUT_BF16, want);
@@ -664,7 +631,7 @@ static bool run(cgi_lp *lp, int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, 
  * accumulation, C in float or (c_bf16, beta 0) rounded once into bf16: where oneDNN cannot take
  * an operand that only exists in bf16 (and under cgi_lp_force_ref, for the tests). The one
  * reference loop of every bf16 product, linear's output stage included. */
-static void ref_gemm(int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, int64_t rsa, int64_t csa, const cgi_bf16 *b,
+void cgi_lp_ref_gemm(int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, int64_t rsa, int64_t csa, const cgi_bf16 *b,
                      int64_t rsb, int64_t csb, float alpha, float beta, const float *bias, float *c, cgi_bf16 *c_bf16,
                      int64_t rsc, int64_t csc, unsigned ty) {
 #pragma omp parallel for schedule(static) if (m * n * k > CGI_PAR_MIN) num_threads(cgi_nthreads())
@@ -682,22 +649,23 @@ static void ref_gemm(int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, int64_t
         }
 }
 
+/* A one-thread product from the cache (index i) on its own stream, else the reference loops */
+void cgi_lp_piece_mm(cgi_lp *lp, int i, int stream_of, int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, int64_t rsa,
+                     int64_t csa, const cgi_bf16 *b, int64_t rsb, int64_t csb, float alpha, float beta, float *c,
+                     int64_t rsc) {
+    if (!execute(&lp->e[i], piece_stream[stream_of], a, b, c, NULL, 0))
+        cgi_lp_ref_gemm(m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, NULL, c, NULL, rsc, 1, TY_BF16);
+}
+
 /* The product on bf16 operands: oneDNN, else the reference loops, so it always happens. */
-static void mm(cgi_lp *lp, int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, int64_t rsa, int64_t csa, const cgi_bf16 *b,
+void cgi_lp_mm(cgi_lp *lp, int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, int64_t rsa, int64_t csa, const cgi_bf16 *b,
                int64_t rsb, int64_t csb, float alpha, float beta, float *c, int64_t rsc, int64_t csc, unsigned ty) {
     if (cgi_lp_force_ref || !gemm_bf16(lp, m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, c, rsc, csc, ty))
-        ref_gemm(m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, NULL, c, NULL, rsc, csc, ty);
+        cgi_lp_ref_gemm(m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, NULL, c, NULL, rsc, csc, ty);
 }
 
-static int64_t rows_of(const cg_tensor *x) { return cgi_numel(x->ndim - 1, x->shape); }
-static int64_t row_stride(const cg_tensor *x) { return x->ndim >= 2 ? x->stride[x->ndim - 2] : 1; }
-static int64_t max2(int64_t a, int64_t b) { return a > b ? a : b; }
 static size_t round_up(size_t n) { return (n + CGI_ALIGN - 1) / CGI_ALIGN * CGI_ALIGN; }
 
-/* Storage that needs no conversion: a parameter's (its bf16 copy) or a value stored in bf16. */
-static bool param_backed(const cg_tensor *x) {
-    return x && x->root && x->root->op == CGI_OP_PARAM && x->root->pversion;
-}
 /* A weight being trained, read by a linear or matmul of a step that computes gradients (whose many
  * rows make the conversion a small part of the product), is converted into t's planned scratch at
  * each read, as an activation is: its bf16 copy, remade every step anyway, would sit outside the
@@ -710,61 +678,53 @@ static bool converted_per_use(const cg_tensor *t, const cg_tensor *x) {
            x->root->store != CGI_STORE_HALF;
 }
 /* t reads x's bf16 copy: a parameter's, or its mapped half. */
-static bool reads_copy(const cg_tensor *t, const cg_tensor *x) { return param_backed(x) && !converted_per_use(t, x); }
-static bool no_conversion(const cg_tensor *t, const cg_tensor *x) {
+static bool reads_copy(const cg_tensor *t, const cg_tensor *x) { return cgi_lp_param_backed(x) && !converted_per_use(t, x); }
+bool cgi_lp_no_conversion(const cg_tensor *t, const cg_tensor *x) {
     return reads_copy(t, x) || (x && x->root && (x->root->lp_value || x->root->lp_shadowed));
 }
 
-/* A linear's dY can become bf16 in place when nothing reads it after its backward (the caller
- * takes the bias gradient first). */
-static bool dy_in_place(const cg_tensor *t) { return t->root == t && !t->retain && t->requires_grad; }
 
-/* LoRA's fused linear runs in bf16 when its weight and both adapters are parameters (their bf16
- * copies, or the weight read in place): any other operand goes to its float products. */
-static bool lora_backed(const cg_tensor *t) {
-    return t->op == CGI_OP_LORA_LINEAR && param_backed(t->src[1]) && param_backed(t->src[2]) && param_backed(t->src[3]);
-}
 
 /* Elements of the two conversion areas (A, B) that t's forward or backward products use. */
-static void need(const cg_tensor *t, bool bwd, int64_t s[2]) {
+void cgi_lp_need(const cg_tensor *t, bool bwd, int64_t s[2]) {
     s[0] = s[1] = 0;
     if (!t->graph || t->graph->precision != CG_BF16) return;
-    if (lora_backed(t)) { /* forward: x, then the low-rank product; backward: dY; x, low and dlow */
+    if (cgi_lp_lora_backed(t)) { /* forward: x, then the low-rank product; backward: dY; x, low and dlow */
         const cg_tensor *x = t->src[0], *w = t->src[1];
-        const int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1], r = t->src[2]->shape[0];
-        const bool xb = no_conversion(t, x);
-        if (!bwd) s[0] = max2(xb ? 0 : m * k, m * r);
+        const int64_t m = cgi_lp_rows(x), n = w->shape[0], k = w->shape[1], r = t->src[2]->shape[0];
+        const bool xb = cgi_lp_no_conversion(t, x);
+        if (!bwd) s[0] = (xb ? 0 : m * k) + m * r; /* x, and beside it the low-rank product */
         else {
-            s[0] = dy_in_place(t) ? 0 : m * n;
+            s[0] = cgi_lp_dy_in_place(t) ? 0 : m * n;
             s[1] = ((w->requires_grad || t->src[2]->requires_grad) && !xb ? m * k : 0) + 2 * m * r;
         }
     } else if (t->op == CGI_OP_LINEAR) {
         const cg_tensor *x = t->src[0], *w = t->src[1];
-        const int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1];
-        const bool xb = no_conversion(t, x), wb = reads_copy(t, w);
+        const int64_t m = cgi_lp_rows(x), n = w->shape[0], k = w->shape[1];
+        const bool xb = cgi_lp_no_conversion(t, x), wb = reads_copy(t, w);
         if (!bwd) {
             s[0] = xb ? 0 : m * k;
             s[1] = wb ? 0 : n * k;
         } else {
-            s[1] = max2(x->requires_grad && !wb ? n * k : 0, w->requires_grad && !xb ? m * k : 0);
-            s[0] = dy_in_place(t) ? 0 : m * n;
+            s[1] = cgi_lp_max2(x->requires_grad && !wb ? n * k : 0, w->requires_grad && !xb ? m * k : 0);
+            s[0] = cgi_lp_dy_in_place(t) ? 0 : m * n;
         }
     } else if (t->op == CGI_OP_MATMUL) { /* per batch, one at a time; the whole tensors bound it */
         const int64_t na = cgi_numel(t->src[0]->ndim, t->src[0]->shape), nb = cgi_numel(t->src[1]->ndim, t->src[1]->shape);
         const int64_t nc = cgi_numel(t->ndim, t->shape);
-        s[0] = bwd ? max2(na, nc) : na;
-        s[1] = bwd ? max2(nb, nc) : nb;
+        s[0] = bwd ? cgi_lp_max2(na, nc) : na;
+        s[1] = bwd ? cgi_lp_max2(nb, nc) : nb;
     } else if (t->op == CGI_OP_LINEAR_CROSS_ENTROPY) { /* chunks of iarg[2] rows: xs [cap, d], W [v, d] */
         const cg_tensor *w = t->src[1];
         const int64_t cap = t->iarg[2], v = w->shape[0], d = w->shape[1], wn = reads_copy(t, w) ? 0 : v * d;
         s[0] = cap * d; /* xs, for the logits (recomputed in backward when there are several chunks) */
-        s[1] = bwd ? max2(wn, cap * d) : wn;
+        s[1] = bwd ? cgi_lp_max2(wn, cap * d) : wn;
     }
 }
 
 size_t cgi_lp_scratch_bytes(const cg_tensor *t, bool bwd) {
     int64_t s[2];
-    need(t, bwd, s);
+    cgi_lp_need(t, bwd, s);
     if (!s[0] && !s[1]) return 0;
     return round_up((size_t)s[0] * sizeof(cgi_bf16)) + (size_t)s[1] * sizeof(cgi_bf16);
 }
@@ -794,9 +754,9 @@ size_t cgi_lp_copy_bytes(const cg_graph *g) {
 }
 
 /* Conversion area i for n elements: t's planned scratch, else the graph's held slot. */
-static cgi_bf16 *scratch(cgi_lp *lp, const cg_tensor *t, bool bwd, int i, int64_t n) {
+cgi_bf16 *cgi_lp_scratch(cgi_lp *lp, const cg_tensor *t, bool bwd, int i, int64_t n) {
     int64_t s[2];
-    need(t, bwd, s);
+    cgi_lp_need(t, bwd, s);
     char *base = t->lp_tmp[bwd];
     if (base && n <= s[i]) return (cgi_bf16 *)(base + (i ? round_up((size_t)s[0] * sizeof(cgi_bf16)) : 0));
     return slot(lp, i, n);
@@ -806,11 +766,11 @@ static cgi_bf16 *scratch(cgi_lp *lp, const cg_tensor *t, bool bwd, int i, int64_
  * copy or a bf16-stored value (same strides), else a conversion into area i of t's scratch
  * (strides set to its layout). *el gets its element type: CGI_EL_BF16, or CGI_EL_F16 for an fp16
  * parameter read in place from its file. */
-static const cgi_bf16 *operand(cgi_lp *lp, const cg_tensor *t, bool bwd, int i, const float *x, int64_t rows, int64_t cols,
-                           int64_t *rs, int64_t *cs, const cg_tensor *src, int *el) {
+const cgi_bf16 *cgi_lp_operand(cgi_lp *lp, const cg_tensor *t, bool bwd, int i, const float *x, int64_t rows, int64_t cols,
+                               int64_t *rs, int64_t *cs, const cg_tensor *src, int *el) {
     cg_tensor *root = src ? src->root : NULL;
     *el = CGI_EL_BF16;
-    if (param_backed(src) && root->store == CGI_STORE_HALF && root->half == CGI_EL_F16) {
+    if (cgi_lp_param_backed(src) && root->store == CGI_STORE_HALF && root->half == CGI_EL_F16) {
         *el = CGI_EL_F16;
         return (const cgi_bf16 *)root->mapped + (x - (const float *)root->data);
     }
@@ -820,27 +780,27 @@ static const cgi_bf16 *operand(cgi_lp *lp, const cg_tensor *t, bool bwd, int i, 
     }
     if (root && root->lp_value) return (const cgi_bf16 *)x;
     if (root && root->lp_shadowed && root->lp_shadow) return (const cgi_bf16 *)root->lp_shadow + (x - (const float *)root->data);
-    cgi_bf16 *d = scratch(lp, t, bwd, i, rows * cols);
-    if (d) convert(x, rows, cols, *rs, *cs, d, rs, cs);
+    cgi_bf16 *d = cgi_lp_scratch(lp, t, bwd, i, rows * cols);
+    if (d) cgi_lp_convert(x, rows, cols, *rs, *cs, d, rs, cs);
     return d;
 }
 
 bool cgi_lp_gemm(const cg_tensor *t, bool bwd, int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa,
                  int64_t csa, const cg_tensor *a_src, const cg_real *b, int64_t rsb, int64_t csb, const cg_tensor *b_src,
                  cg_real alpha, cg_real beta, cg_real *c, int64_t rsc, int64_t csc) {
-    cgi_lp *lp = t->graph && t->graph->precision == CG_BF16 ? ctx(t->graph) : NULL;
+    cgi_lp *lp = t->graph && t->graph->precision == CG_BF16 ? cgi_lp_ctx(t->graph) : NULL;
     if (!lp) return false;
     if (m == 0 || n == 0 || k == 0) return gemm_bf16(lp, m, n, k, NULL, 0, 0, NULL, 0, 0, alpha, beta, c, rsc, csc, TY_BF16);
     int ea, eb;
-    const cgi_bf16 *ab = operand(lp, t, bwd, 0, a, m, k, &rsa, &csa, a_src, &ea);
-    const cgi_bf16 *bb = ab ? operand(lp, t, bwd, 1, b, k, n, &rsb, &csb, b_src, &eb) : NULL;
+    const cgi_bf16 *ab = cgi_lp_operand(lp, t, bwd, 0, a, m, k, &rsa, &csa, a_src, &ea);
+    const cgi_bf16 *bb = ab ? cgi_lp_operand(lp, t, bwd, 1, b, k, n, &rsb, &csb, b_src, &eb) : NULL;
     if (!bb) return false;
     const unsigned ty = TY(ea, eb);
     if (cgi_lp_force_ref || !gemm_bf16(lp, m, n, k, ab, rsa, csa, bb, rsb, csb, alpha, beta, c, rsc, csc, ty)) {
         /* a C layout oneDNN refuses: float operands go back to the caller's BLIS product */
         const bool bf16_only = (a_src && a_src->root->lp_value) || (b_src && b_src->root->lp_value);
         if (!bf16_only && !cgi_lp_force_ref) return false;
-        ref_gemm(m, n, k, ab, rsa, csa, bb, rsb, csb, alpha, beta, NULL, c, NULL, rsc, csc, ty);
+        cgi_lp_ref_gemm(m, n, k, ab, rsa, csa, bb, rsb, csb, alpha, beta, NULL, c, NULL, rsc, csc, ty);
     }
     return true;
 }
@@ -879,8 +839,8 @@ bool cgi_lp_product(int which, int64_t m, int64_t n, int64_t k, const cgi_bf16 *
         ((which == 1 || (which == 3 && kernel == K_ONEDNN)) && (!cpu_has_bf16() || !engine_ready())))
         return false;
     if (which == 0) {
-        ref_gemm(m, n, k, a, rsa, csa, b, rsb, csb, alpha, c_bf16 ? 0 : beta, bias, c_bf16 ? NULL : c,
-                 c_bf16 ? c : NULL, rsc, csc, TY_BF16);
+        cgi_lp_ref_gemm(m, n, k, a, rsa, csa, b, rsb, csb, alpha, c_bf16 ? 0 : beta, bias, c_bf16 ? NULL : c,
+                        c_bf16 ? c : NULL, rsc, csc, TY_BF16);
         return true;
     }
     bool ok;
@@ -906,13 +866,13 @@ double cg_bf16_onednn_gemm_gflops(int64_t n, int reps) { return gemm_ref(n, reps
  * copied into the output first and added as C (beta 1), as before. */
 bool cgi_lp_linear_fwd(cg_tensor *t) {
     cg_tensor *x = t->src[0], *w = t->src[1], *bias = t->nsrc > 2 ? t->src[2] : NULL;
-    cgi_lp *lp = ctx(t->graph);
+    cgi_lp *lp = cgi_lp_ctx(t->graph);
     if (!lp) return false;
-    const int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1];
-    int64_t rsa = row_stride(x), csa = x->stride[x->ndim - 1], rsb = w->stride[1], csb = w->stride[0];
+    const int64_t m = cgi_lp_rows(x), n = w->shape[0], k = w->shape[1];
+    int64_t rsa = cgi_lp_row_stride(x), csa = x->stride[x->ndim - 1], rsb = w->stride[1], csb = w->stride[0];
     int ea, eb;
-    const cgi_bf16 *ab = operand(lp, t, false, 0, x->data, m, k, &rsa, &csa, x, &ea);
-    const cgi_bf16 *bb = ab ? operand(lp, t, false, 1, w->data, k, n, &rsb, &csb, w, &eb) : NULL;
+    const cgi_bf16 *ab = cgi_lp_operand(lp, t, false, 0, x->data, m, k, &rsa, &csa, x, &ea);
+    const cgi_bf16 *bb = ab ? cgi_lp_operand(lp, t, false, 1, w->data, k, n, &rsb, &csb, w, &eb) : NULL;
     if (!bb) return false; /* nothing written: the caller's float product (its bias included) */
     const unsigned ty = TY(ea, eb);
     const bool filled = bias && bias->stride[0] != 1 && !t->lp_value;
@@ -927,231 +887,45 @@ bool cgi_lp_linear_fwd(cg_tensor *t) {
     const int out = (t->lp_value ? OUT_BF16 : 0) | (bv ? OUT_BIAS : 0);
     if (m == 0 || n == 0) return true;
     if (cgi_lp_force_ref || k == 0 || !run(lp, m, n, k, ab, rsa, csa, bb, rsb, csb, 1, filled ? 1 : 0, t->data, n, bv, out, ty)) {
-        ref_gemm(m, n, k, ab, rsa, csa, bb, rsb, csb, 1, filled ? 1 : 0, bv, t->lp_value ? NULL : t->data,
-                 t->lp_value ? t->data : NULL, n, 1, ty);
+        cgi_lp_ref_gemm(m, n, k, ab, rsa, csa, bb, rsb, csb, 1, filled ? 1 : 0, bv, t->lp_value ? NULL : t->data,
+                        t->lp_value ? t->data : NULL, n, 1, ty);
     }
     return true;
 }
 
 bool cgi_lp_linear_bwd(cg_tensor *t, bool assign) {
     cg_tensor *x = t->src[0], *w = t->src[1];
-    cgi_lp *lp = ctx(t->graph);
+    cgi_lp *lp = cgi_lp_ctx(t->graph);
     if (!lp) return false;
-    const int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1];
+    const int64_t m = cgi_lp_rows(x), n = w->shape[0], k = w->shape[1];
     int64_t s[2], rd = n, cd = 1; /* dY, converted once for both products */
-    need(t, true, s);
+    cgi_lp_need(t, true, s);
     const cgi_bf16 *dy;
     int edy = CGI_EL_BF16;
-    if (dy_in_place(t) && (s[1] == 0 || t->lp_tmp[1])) { /* nothing can fail once the floats are gone */
+    if (cgi_lp_dy_in_place(t) && (s[1] == 0 || t->lp_tmp[1])) { /* nothing can fail once the floats are gone */
         cgi_lp_to_bf16_inplace(t->grad, m, n);
         dy = (const cgi_bf16 *)t->grad;
         rd = 2 * n;
-    } else if (!(dy = operand(lp, t, true, 0, t->grad, m, n, &rd, &cd, NULL, &edy)))
+    } else if (!(dy = cgi_lp_operand(lp, t, true, 0, t->grad, m, n, &rd, &cd, NULL, &edy)))
         return false;
     /* from here on nothing fails: planned areas fit, and a held slot that cannot grow leaves dY float */
     if (x->requires_grad) { /* dX[m,k] (+)= dY[m,n] @ W[n,k] */
         int64_t rw = w->stride[0], cw = w->stride[1];
         int ew;
-        const cgi_bf16 *wb = operand(lp, t, true, 1, w->data, n, k, &rw, &cw, w, &ew);
+        const cgi_bf16 *wb = cgi_lp_operand(lp, t, true, 1, w->data, n, k, &rw, &cw, w, &ew);
         if (!wb) return false; /* only with dY still float and nothing written */
-        mm(lp, m, k, n, dy, rd, cd, wb, rw, cw, 1, assign ? 0 : 1, x->grad, row_stride(x), x->stride[x->ndim - 1],
-           TY(edy, ew));
+        cgi_lp_mm(lp, m, k, n, dy, rd, cd, wb, rw, cw, 1, assign ? 0 : 1, x->grad, cgi_lp_row_stride(x), x->stride[x->ndim - 1],
+                  TY(edy, ew));
     }
     if (w->requires_grad) { /* dW[n,k] += dY^T[n,m] @ X[m,k] */
-        int64_t rx = row_stride(x), cx = x->stride[x->ndim - 1];
+        int64_t rx = cgi_lp_row_stride(x), cx = x->stride[x->ndim - 1];
         int ex;
-        const cgi_bf16 *xb = operand(lp, t, true, 1, x->data, m, k, &rx, &cx, x, &ex);
-        if (xb) mm(lp, n, k, m, dy, cd, rd, xb, rx, cx, 1, 1, w->grad, w->stride[0], w->stride[1], TY(edy, ex));
+        const cgi_bf16 *xb = cgi_lp_operand(lp, t, true, 1, x->data, m, k, &rx, &cx, x, &ex);
+        if (xb) cgi_lp_mm(lp, n, k, m, dy, cd, rd, xb, rx, cx, 1, 1, w->grad, w->stride[0], w->stride[1], TY(edy, ex));
         else /* dX is already written (and dY is float: a held slot failed): finish in float */
-            cgi_gemm(n, k, m, t->grad, 1, n, x->data, row_stride(x), x->stride[x->ndim - 1], 1, 1, w->grad,
+            cgi_gemm(n, k, m, t->grad, 1, n, x->data, cgi_lp_row_stride(x), x->stride[x->ndim - 1], 1, 1, w->grad,
                      w->stride[0], w->stride[1], cgi_nthreads());
     }
-    return true;
-}
-
-/* ---- LoRA's fused linear: y = x W^T + s (x A^T) B^T ---- */
-
-/* The adapter's smallest products (at 256 tokens and rank 16 on a 2048-wide weight, 8.4M
- * multiply-adds, ~40 us on one core) run on the calling thread: split over two, the halves cost
- * about a wake of the other thread each, and on a shared machine they wait on a partner thread that
- * lost its core. Below 2^24 multiply-adds; the larger ones (23M on a 5632-wide weight) split.
- * CGRAD_LORA_SERIAL=0 splits them all, for comparisons. */
-static double lora_serial_below(void) {
-    const char *e = getenv("CGRAD_LORA_SERIAL");
-    return e && !atoi(e) ? 0 : (double)(1 << 24);
-}
-
-bool cgi_lp_lora_fwd(cg_tensor *t) {
-    cg_tensor *x = t->src[0], *w = t->src[1], *a = t->src[2], *b = t->src[3];
-    cgi_lp *lp = ctx(t->graph);
-    if (!lp || !lora_backed(t)) return false;
-    const int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1], r = a->shape[0];
-    int64_t rx = row_stride(x), cx = x->stride[x->ndim - 1], rw = w->stride[1], cw = w->stride[0];
-    int64_t ra = a->stride[1], ca = a->stride[0], rb = b->stride[1], cb = b->stride[0], rl, cl;
-    int ex = CGI_EL_BF16, ew = CGI_EL_BF16, ea = CGI_EL_BF16, eb = CGI_EL_BF16; /* the operands' element types */
-    /* area 0 holds x's conversion, then the low-rank product's (r <= k: it never grows the slot) */
-    cgi_bf16 *lb = scratch(lp, t, false, 0, max2(m * r, no_conversion(t, x) ? 0 : m * k));
-    const cgi_bf16 *xb = lb ? operand(lp, t, false, 0, x->data, m, k, &rx, &cx, x, &ex) : NULL;
-    const cgi_bf16 *wb = xb ? operand(lp, t, false, 1, w->data, k, n, &rw, &cw, w, &ew) : NULL;
-    const cgi_bf16 *ab = wb ? operand(lp, t, false, 1, a->data, k, r, &ra, &ca, a, &ea) : NULL;
-    const cgi_bf16 *bb = ab ? operand(lp, t, false, 1, b->data, r, n, &rb, &cb, b, &eb) : NULL;
-    if (!bb) return false; /* nothing written: the float products */
-    if (m == 0 || n == 0) return true;
-    cg_real *low = t->aux;
-    lp->serial_below = lora_serial_below();
-    mm(lp, m, r, k, xb, rx, cx, ab, ra, ca, (float)t->farg[0], 0, low, r, 1, TY(ex, ea)); /* low = s x A^T */
-    mm(lp, m, n, k, xb, rx, cx, wb, rw, cw, 1, 0, t->data, n, 1, TY(ex, ew)); /* y = x W^T */
-    convert(low, m, r, r, 1, lb, &rl, &cl);
-    mm(lp, m, n, r, lb, rl, cl, bb, rb, cb, 1, 1, t->data, n, 1, TY(CGI_EL_BF16, eb)); /* y += low B^T */
-    lp->serial_below = 0;
-    return true;
-}
-
-/* LoRA's backward operands in bf16, as cgi_lp_lora_bwd found them (x A^T and dY B land in lb, dlb) */
-typedef struct {
-    const cgi_bf16 *xb, *wb, *ab, *bb;
-    int64_t rx, cx, rw, cw, ra, ca, rb, cb;
-    cgi_bf16 *lb, *dlb;
-} lora_operands;
-
-/* A one-thread product from the cache (index i) on its own stream, else the reference loops */
-static void piece_mm(cgi_lp *lp, int i, int stream_of, int64_t m, int64_t n, int64_t k, const cgi_bf16 *a, int64_t rsa,
-                     int64_t csa, const cgi_bf16 *b, int64_t rsb, int64_t csb, float alpha, float beta, float *c,
-                     int64_t rsc) {
-    if (!execute(&lp->e[i], piece_stream[stream_of], a, b, c, NULL, 0))
-        ref_gemm(m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, NULL, c, NULL, rsc, 1, TY_BF16);
-}
-
-/* The rank-r products run at half the large ones' rate or less per core (bench_bf16_gemm llama:
- * 120-325 against ~450 GFLOP/s): thread 0's share of dX is cut by this many times their
- * multiply-adds. */
-#define LORA_RANK_COST 2.5
-
-/* LoRA's backward on a frozen weight in one parallel region, where it ran as dY's conversion
- * (two threads), the adapter's rank-r products on one thread with the other asleep, dX's product
- * (two threads, waking it again), then dlow A on one: each region start costs a wake of the idle
- * vCPU here, and the rank-r products left a core idle. Now every thread converts its rows of dY;
- * thread 0 runs dlow = s dY B, dA and dB, then its block of dX's columns, the others wider blocks
- * (by the rank-r products' estimated time); each adds dlow A to its own block. Each product is a
- * one-thread primitive and the blocks depend on the thread count only, so the bits are the same
- * every run. False (nothing written) where it does not apply: a weight that trains, dY not
- * converted in place, another kernel or element type, products too small to split, aliased
- * gradients, or a primitive oneDNN refuses. CGRAD_LORA_OVERLAP=0 turns it off, for comparisons. */
-static bool lora_bwd_overlap(cgi_lp *lp, cg_tensor *t, const lora_operands *o, int ty, bool x_assign, bool a_assign,
-                             bool b_assign) {
-    cg_tensor *x = t->src[0], *w = t->src[1], *a = t->src[2], *b = t->src[3];
-    const bool da = a->requires_grad, db = b->requires_grad;
-    const int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1], r = a->shape[0];
-    const char *env = getenv("CGRAD_LORA_OVERLAP");
-    const int nt = cgi_nthreads(), pieces = nt < SPLIT_MAX ? nt : SPLIT_MAX;
-    if ((env && !atoi(env)) || pieces < 2 || cgi_lp_force_ref || kernel_for(lp, m, k) != K_ONEDNN || ty != TY_BF16 ||
-        !x->requires_grad || w->requires_grad || !dy_in_place(t) || m < 2 || r < 2 ||
-        (double)m * (double)n * (double)k < SPLIT_MIN_MACS || k < 2 * SPLIT_COLS * pieces || x->stride[x->ndim - 1] != 1 ||
-        (da && a->stride[1] != 1) || (db && b->stride[1] != 1) || cgi_grads_alias(x, a) || cgi_grads_alias(x, b) ||
-        cgi_grads_alias(a, b))
-        return false;
-    /* dX's column blocks: thread 0's narrower by the rank-r products' estimated cost */
-    const double rank_macs = (double)m * (double)r * ((double)n + (da ? (double)k : 0) + (db ? (double)n : 0));
-    const double cols_off = LORA_RANK_COST * rank_macs / ((double)m * (double)n);
-    const double fair = ((double)k + cols_off) / pieces;
-    int64_t j0[SPLIT_MAX + 1];
-    j0[0] = 0;
-    j0[1] = (int64_t)((fair - cols_off) / SPLIT_COLS + 0.5) * SPLIT_COLS;
-    if (j0[1] < SPLIT_COLS) j0[1] = SPLIT_COLS;
-    for (int p = 2; p <= pieces; p++) j0[p] = j0[1] + (k - j0[1]) / SPLIT_COLS * (p - 1) / (pieces - 1) * SPLIT_COLS;
-    j0[pieces] = k;
-    const int64_t rd = 2 * n, rg = row_stride(x); /* dY in place: bf16 rows in the first half of each float row */
-    const float s = (float)t->farg[0], bx = x_assign ? 0 : 1, ba = a_assign ? 0 : 1, bbeta = b_assign ? 0 : 1;
-    int e_dlow = -1, e_da = -1, e_db = -1, e_dx[SPLIT_MAX], e_dxa[SPLIT_MAX];
-    bool ok = piece_streams(pieces) && (e_dlow = piece_prim(lp, m, r, n, rd, 1, o->rb, o->cb, r, s, 0, 0, 0)) >= 0 &&
-              (!da || (e_da = piece_prim(lp, r, k, m, 1, r, o->rx, o->cx, a->stride[0], 1, ba, 0, 0)) >= 0) &&
-              (!db || (e_db = piece_prim(lp, n, r, m, 1, rd, r, 1, b->stride[0], 1, bbeta, 0, 0)) >= 0);
-    for (int p = 0; ok && p < pieces; p++) {
-        const int64_t c = j0[p + 1] - j0[p];
-        ok = (e_dx[p] = piece_prim(lp, m, c, n, rd, 1, o->rw, o->cw, rg, 1, bx, 0, p)) >= 0 &&
-             (e_dxa[p] = piece_prim(lp, m, c, r, r, 1, o->ra, o->ca, rg, 1, 1, 0, p)) >= 0;
-    }
-    if (!ok) return false;
-    cgi_lp_exec_threads = pieces;
-    cg_real *dyf = t->grad, *dx = x->grad;
-    const cgi_bf16 *dy = (const cgi_bf16 *)t->grad;
-#pragma omp parallel num_threads(pieces)
-    {
-        const int p = omp_get_thread_num(), np = omp_get_num_threads();
-        for (int64_t i = m * p / np; i < m * (p + 1) / np; i++) to_bf16_row(dyf, i, n);
-#pragma omp barrier
-        if (p == 0) {
-            cg_real *dlow = t->bwd_aux; /* s dY B [m, r], float, then bf16 */
-            piece_mm(lp, e_dlow, 0, m, r, n, dy, rd, 1, o->bb, o->rb, o->cb, s, 0, dlow, r);
-            cgi_lp_round(o->dlb, dlow, m * r, 1);
-            if (da) /* dA [r, k] (+)= dlow^T x */
-                piece_mm(lp, e_da, 0, r, k, m, o->dlb, 1, r, o->xb, o->rx, o->cx, 1, ba, a->grad, a->stride[0]);
-            if (db) { /* dB [n, r] (+)= dY^T low */
-                cgi_lp_round(o->lb, t->aux, m * r, 1);
-                piece_mm(lp, e_db, 0, n, r, m, dy, 1, rd, o->lb, r, 1, 1, bbeta, b->grad, b->stride[0]);
-            }
-        }
-        for (int q = p; q < pieces; q += np) /* dX's block (+)= dY W[:, block] */
-            piece_mm(lp, e_dx[q], q, m, j0[q + 1] - j0[q], n, dy, rd, 1, o->wb + j0[q] * o->cw, o->rw, o->cw, 1, bx,
-                     dx + j0[q], rg);
-#pragma omp barrier
-        for (int q = p; q < pieces; q += np) /* ... += dlow A[:, block] */
-            piece_mm(lp, e_dxa[q], q, m, j0[q + 1] - j0[q], r, o->dlb, r, 1, o->ab + j0[q] * o->ca, o->ra, o->ca, 1, 1,
-                     dx + j0[q], rg);
-    }
-    return true;
-}
-
-bool cgi_lp_lora_bwd(cg_tensor *t, bool x_assign, bool w_assign, bool a_assign, bool b_assign) {
-    cg_tensor *x = t->src[0], *w = t->src[1], *a = t->src[2], *b = t->src[3];
-    cgi_lp *lp = ctx(t->graph);
-    if (!lp || !lora_backed(t)) return false;
-    const bool dx = x->requires_grad, dw = w->requires_grad, da = a->requires_grad, db = b->requires_grad;
-    const int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1], r = a->shape[0];
-    int64_t s[2], rd = n, cd = 1, rl, cl;
-    need(t, true, s);
-    /* every operand that can fail first, then dY (in place: its floats are gone after) */
-    cgi_bf16 *area = scratch(lp, t, true, 1, s[1]);
-    const int64_t xn = s[1] - 2 * m * r; /* x's conversion, then low and dlow in bf16 */
-    int64_t rx = row_stride(x), cx = x->stride[x->ndim - 1], rw = w->stride[0], cw = w->stride[1];
-    int64_t ra = a->stride[0], ca = a->stride[1], rb = b->stride[0], cb = b->stride[1];
-    int ex = CGI_EL_BF16, ew = CGI_EL_BF16, ea = CGI_EL_BF16, eb = CGI_EL_BF16, ed = CGI_EL_BF16;
-    const cgi_bf16 *xb = area && (dw || da) ? operand(lp, t, true, 1, x->data, m, k, &rx, &cx, x, &ex) : NULL;
-    const cgi_bf16 *wb = area && (dx || dw) ? operand(lp, t, true, 1, w->data, n, k, &rw, &cw, w, &ew) : NULL;
-    const cgi_bf16 *ab = area && dx ? operand(lp, t, true, 1, a->data, r, k, &ra, &ca, a, &ea) : NULL;
-    const cgi_bf16 *bb = area && (dx || da) ? operand(lp, t, true, 1, b->data, n, r, &rb, &cb, b, &eb) : NULL;
-    if (!area || ((dw || da) && !xb) || ((dx || dw) && !wb) || (dx && !ab) || ((dx || da) && !bb)) return false;
-    cgi_bf16 *lb = area + xn, *dlb = lb + m * r;
-    const lora_operands ops = {xb, wb, ab, bb, rx, cx, rw, cw, ra, ca, rb, cb, lb, dlb};
-    const int all_bf16 = ex == CGI_EL_BF16 && ew == CGI_EL_BF16 && ea == CGI_EL_BF16 && eb == CGI_EL_BF16 ? TY_BF16 : -1;
-    if (lora_bwd_overlap(lp, t, &ops, all_bf16, x_assign, a_assign, b_assign)) return true;
-    const cgi_bf16 *dy;
-    if (dy_in_place(t)) {
-        cgi_lp_to_bf16_inplace(t->grad, m, n);
-        dy = (const cgi_bf16 *)t->grad;
-        rd = 2 * n;
-    } else if (!(dy = operand(lp, t, true, 0, t->grad, m, n, &rd, &cd, NULL, &ed)))
-        return false;
-    lp->serial_below = lora_serial_below();
-    if (dx || da) { /* dlow = s dY B [m, r], float, then bf16 */
-        cg_real *dlow = t->bwd_aux;
-        mm(lp, m, r, n, dy, rd, cd, bb, rb, cb, (float)t->farg[0], 0, dlow, r, 1, TY(ed, eb));
-        convert(dlow, m, r, r, 1, dlb, &rl, &cl);
-    }
-    if (dx) { /* dX (+)= dY W + dlow A */
-        const int64_t rg = row_stride(x), cg = x->stride[x->ndim - 1];
-        mm(lp, m, k, n, dy, rd, cd, wb, rw, cw, 1, x_assign ? 0 : 1, x->grad, rg, cg, TY(ed, ew));
-        mm(lp, m, k, r, dlb, r, 1, ab, ra, ca, 1, 1, x->grad, rg, cg, TY(CGI_EL_BF16, ea));
-    }
-    if (da) /* dA [r, k] (+)= dlow^T x */
-        mm(lp, r, k, m, dlb, 1, r, xb, rx, cx, 1, a_assign ? 0 : 1, a->grad, a->stride[0], a->stride[1], TY(CGI_EL_BF16, ex));
-    if (db) { /* dB [n, r] (+)= dY^T low */
-        convert(t->aux, m, r, r, 1, lb, &rl, &cl);
-        mm(lp, n, r, m, dy, cd, rd, lb, r, 1, 1, b_assign ? 0 : 1, b->grad, b->stride[0], b->stride[1], TY(ed, CGI_EL_BF16));
-    }
-    if (dw) /* dW [n, k] (+)= dY^T x */
-        mm(lp, n, k, m, dy, cd, rd, xb, rx, cx, 1, w_assign ? 0 : 1, w->grad, w->stride[0], w->stride[1], TY(ed, ex));
-    lp->serial_below = 0;
     return true;
 }
 
@@ -1160,23 +934,23 @@ bool cgi_lp_lora_bwd(cg_tensor *t, bool x_assign, bool w_assign, bool a_assign, 
 bool cgi_lp_lce_bwd(cg_tensor *t, int64_t m, int64_t v, int64_t d, cg_real *dlogits, const cg_real *xs, cg_real *dxs,
                     bool dx, bool dw) {
     cg_tensor *w = t->src[1];
-    cgi_lp *lp = t->graph->precision == CG_BF16 ? ctx(t->graph) : NULL;
+    cgi_lp *lp = t->graph->precision == CG_BF16 ? cgi_lp_ctx(t->graph) : NULL;
     int64_t s[2];
-    need(t, true, s);
+    cgi_lp_need(t, true, s);
     if (!lp || (s[1] && !t->lp_tmp[1])) return false; /* unplanned: the caller's float products */
     cgi_lp_to_bf16_inplace(dlogits, m, v);
     const cgi_bf16 *dl = (const cgi_bf16 *)dlogits;
     if (dx) { /* dxs[m,d] = dlogits[m,v] @ W[v,d] */
         int64_t rw = w->stride[0], cw = w->stride[1];
         int ew;
-        const cgi_bf16 *wb = operand(lp, t, true, 1, w->data, v, d, &rw, &cw, w, &ew);
-        mm(lp, m, d, v, dl, 2 * v, 1, wb, rw, cw, 1, 0, dxs, d, 1, TY(CGI_EL_BF16, ew));
+        const cgi_bf16 *wb = cgi_lp_operand(lp, t, true, 1, w->data, v, d, &rw, &cw, w, &ew);
+        cgi_lp_mm(lp, m, d, v, dl, 2 * v, 1, wb, rw, cw, 1, 0, dxs, d, 1, TY(CGI_EL_BF16, ew));
     }
     if (dw) { /* dW[v,d] += dlogits^T[v,m] @ xs[m,d] */
         int64_t rx = d, cx = 1;
         int ex;
-        const cgi_bf16 *xb = operand(lp, t, true, 1, xs, m, d, &rx, &cx, NULL, &ex);
-        mm(lp, v, d, m, dl, 1, 2 * v, xb, rx, cx, 1, 1, w->grad, w->stride[0], w->stride[1], TY(CGI_EL_BF16, ex));
+        const cgi_bf16 *xb = cgi_lp_operand(lp, t, true, 1, xs, m, d, &rx, &cx, NULL, &ex);
+        cgi_lp_mm(lp, v, d, m, dl, 1, 2 * v, xb, rx, cx, 1, 1, w->grad, w->stride[0], w->stride[1], TY(CGI_EL_BF16, ex));
     }
     return true;
 }
@@ -1212,7 +986,7 @@ static void plan_shadows(cg_graph *g) {
             if (r->id < 0) continue;
             if (d->kind == CGI_KIND_VIEW) other[r->id]++; /* a view may pass it to anything */
             else if (t->requires_grad && k < 32 && (cgi_bwd_reads(t) & (1u << k)))
-                ((t->op == CGI_OP_LINEAR || lora_backed(t)) && k == 0 && t->src[0] == r ? lin : other)[r->id]++;
+                ((t->op == CGI_OP_LINEAR || cgi_lp_lora_backed(t)) && k == 0 && t->src[0] == r ? lin : other)[r->id]++;
         }
     }
     for (int i = 0; lin && other && !segs && i < g->n; i++) {
@@ -1287,7 +1061,7 @@ void cgi_lp_plan_values(cg_graph *g, const int *consumers) {
         g->nodes[i]->lp_value = g->nodes[i]->lp_shadowed = false;
         g->nodes[i]->lp_shadow = NULL;
     }
-    if (g->precision != CG_BF16 || !ctx(g) || getenv("CGRAD_BF16_VALUES_OFF")) return;
+    if (g->precision != CG_BF16 || !cgi_lp_ctx(g) || getenv("CGRAD_BF16_VALUES_OFF")) return;
     int *linear_readers = calloc((size_t)g->n + 1, sizeof *linear_readers);
     if (!linear_readers) return; /* everything stays float: slower, not wrong */
     for (int c = 0; c < g->n; c++) {
@@ -1295,7 +1069,7 @@ void cgi_lp_plan_values(cg_graph *g, const int *consumers) {
         if (t->op == CGI_OP_LINEAR && t->src[0]->root == t->src[0] && t->src[0]->id >= 0 && t->src[1]->root != t->src[0] &&
             (t->nsrc < 3 || t->src[2]->root != t->src[0]))
             linear_readers[t->src[0]->id]++;
-        else if (lora_backed(t) && t->src[0]->root == t->src[0] && t->src[0]->id >= 0) /* its weights are parameters */
+        else if (cgi_lp_lora_backed(t) && t->src[0]->root == t->src[0] && t->src[0]->id >= 0) /* its weights are parameters */
             linear_readers[t->src[0]->id]++;
     }
     for (int i = 0; i < g->n; i++) {

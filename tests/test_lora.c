@@ -187,9 +187,10 @@ static void test_fused_matches_composed(void) {
  * 2^26 multiply-adds: dX in column blocks, one per thread, beside the adapter's products), its
  * weight frozen and read in place from bf16, in a graph of precision prec: the loss, dX, dA and dB
  * into out; *threads gets cgi_lp_exec_threads after backward (the one-region path leaves its
- * thread count there, the sequential one its last rank-r product's, 1). */
+ * thread count there, the sequential one its last rank-r product's, 1). y_only: the graph is y
+ * alone, forward only: y [BM, BN] into out, *threads after forward (the same way). */
 enum { BM = 256, BK = 512, BN = 512, BR = 8, BO = 1 + BM * BK + BR * BK + BN * BR };
-static void big_adapted_linear(const uint16_t *wb, cg_precision prec, cg_real *out, int *threads) {
+static void big_adapted_linear(const uint16_t *wb, cg_precision prec, cg_real *out, int *threads, bool y_only) {
     cg_params *ps = cg_params_new();
     cg_tensor *p = cg_params_add(ps, "w", 2, (int64_t[]){BN, BK});
     cg_rng r;
@@ -203,9 +204,17 @@ static void big_adapted_linear(const uint16_t *wb, cg_precision prec, cg_real *o
     cg_fill_uniform(x, &r, -1, 1);
     cg_tensor *u = cg_input(g, "u", CG_REAL, 2, (int64_t[]){BM, BN});
     cg_fill_uniform(u, &r, -1, 1);
-    cg_tensor *loss = cg_sum_all(g, cg_mul(g, cg_linear(g, x, p, NULL), u));
-    cg_params_zero_grad(ps);
+    cg_tensor *y = cg_linear(g, x, p, NULL);
     cgi_lp_exec_threads = 0;
+    if (y_only) {
+        CHECK(cg_graph_forward(g) == CG_OK && cg_read(y, out) == CG_OK, "%s", cg_last_error());
+        *threads = cgi_lp_exec_threads;
+        cg_graph_free(g);
+        cg_params_free(ps);
+        return;
+    }
+    cg_tensor *loss = cg_sum_all(g, cg_mul(g, y, u));
+    cg_params_zero_grad(ps);
     CHECK(cg_graph_forward(g) == CG_OK && cg_graph_backward(g, loss) == CG_OK, "%s", cg_last_error());
     *threads = cgi_lp_exec_threads;
     out[0] = cg_item(loss);
@@ -236,12 +245,12 @@ static void test_bf16_backward_one_region(void) {
     for (int i = 0; i < BN * BK; i++) wb[i] = (uint16_t)(0x3c00 + (i * 7919) % 512 + (i % 3 ? 0 : 0x8000)); /* +-[0.008, 0.03] */
     static cg_real one[BO], again[BO], seq[BO], f32[BO];
     int t_one, t_again, t_seq, t_f32;
-    big_adapted_linear(wb, CG_BF16, one, &t_one);
-    big_adapted_linear(wb, CG_BF16, again, &t_again);
+    big_adapted_linear(wb, CG_BF16, one, &t_one, false);
+    big_adapted_linear(wb, CG_BF16, again, &t_again, false);
     setenv("CGRAD_LORA_OVERLAP", "0", 1);
-    big_adapted_linear(wb, CG_BF16, seq, &t_seq);
+    big_adapted_linear(wb, CG_BF16, seq, &t_seq, false);
     unsetenv("CGRAD_LORA_OVERLAP");
-    big_adapted_linear(wb, CG_FP32, f32, &t_f32);
+    big_adapted_linear(wb, CG_FP32, f32, &t_f32, false);
     CHECK(t_one == 2 && t_again == 2 && t_seq == 1, "last bf16 product's threads: one region %d, %d; sequential %d", t_one,
           t_again, t_seq);
     CHECK(!memcmp(one, again, sizeof one), "one-region backward: two runs differ");
@@ -252,6 +261,34 @@ static void test_bf16_backward_one_region(void) {
           rel_diff_n(one + 1 + BM * BK + BR * BK, seq + 1 + BM * BK + BR * BK, BN * BR));
     CHECK(rel_diff_n(one, f32, BO) < 3e-2 && rel_diff_n(one, f32, BO) > 0, "bf16 vs fp32: rel diff %g",
           rel_diff_n(one, f32, BO));
+}
+
+/* bf16 LoRA forward on two threads in one region (CGRAD_LORA_FWD_OVERLAP, the default: x A^T on
+ * thread 0 beside the base product's column blocks, then low B^T per block) against the sequential
+ * products (=0): the same bf16 operands; the same bits on every run; within bf16's error of fp32. */
+static void test_bf16_forward_one_region(void) {
+    if (cg_bf16_unavailable() || strcmp(cg_bf16_kernel(), "onednn") || cg_threads() < 2) {
+        printf("the one-region bf16 forward needs oneDNN's bf16 kernel and 2 threads (here %s, %d): check skipped\n",
+               cg_bf16_unavailable() ? cg_bf16_unavailable() : cg_bf16_kernel(), cg_threads());
+        return;
+    }
+    enum { YN = BM * BN };
+    static uint16_t wb[BN * BK];
+    for (int i = 0; i < BN * BK; i++) wb[i] = (uint16_t)(0x3c00 + (i * 7919) % 512 + (i % 3 ? 0 : 0x8000)); /* +-[0.008, 0.03] */
+    static cg_real one[YN], again[YN], seq[YN], f32[YN];
+    int t_one, t_again, t_seq, t_f32;
+    big_adapted_linear(wb, CG_BF16, one, &t_one, true);
+    big_adapted_linear(wb, CG_BF16, again, &t_again, true);
+    setenv("CGRAD_LORA_FWD_OVERLAP", "0", 1);
+    big_adapted_linear(wb, CG_BF16, seq, &t_seq, true);
+    unsetenv("CGRAD_LORA_FWD_OVERLAP");
+    big_adapted_linear(wb, CG_FP32, f32, &t_f32, true);
+    CHECK(t_one == 2 && t_again == 2 && t_seq == 1, "last bf16 product's threads: one region %d, %d; sequential %d", t_one,
+          t_again, t_seq);
+    CHECK(!memcmp(one, again, sizeof one), "one-region forward: two runs differ");
+    CHECK(rel_diff_n(one, seq, YN) < 1e-6, "one region vs sequential: rel diff %g", rel_diff_n(one, seq, YN));
+    CHECK(rel_diff_n(one, f32, YN) < 3e-2 && rel_diff_n(one, f32, YN) > 0, "bf16 vs fp32: rel diff %g",
+          rel_diff_n(one, f32, YN));
 }
 
 /* A tiny GPT fine-tuned through adapters on its attention and MLP: only adapters move, the loss
@@ -431,6 +468,7 @@ int main(void) {
     test_adapter_gradients();
     test_fused_matches_composed();
     test_bf16_backward_one_region();
+    test_bf16_forward_one_region();
     test_gpt_finetune();
     test_errors();
     TEST_END();
