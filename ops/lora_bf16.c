@@ -39,6 +39,14 @@ static void await_published(atomic_int *ready) {
     while (!atomic_load_explicit(ready, memory_order_acquire)) sched_yield();
 }
 
+/* The pieces of a one-region product: the configured thread count (cg_threads, at most SPLIT_MAX),
+ * not the run's: the cores guard may hold a run on one thread under load (graph/cores.c), and the
+ * blocks, so the bits, must not follow it. The region then runs every piece on the threads it has. */
+static int region_pieces(void) {
+    const int nt = cg_threads();
+    return nt < SPLIT_MAX ? nt : SPLIT_MAX;
+}
+
 /* Column blocks j0[0..pieces] of a product of `cols` columns, `col_macs` multiply-adds each, split
  * over `pieces` one-thread primitives in whole multiples of SPLIT_COLS: thread 0's narrower by the
  * estimated time of `rank_macs` multiply-adds of rank-r products it runs first. */
@@ -65,7 +73,7 @@ static bool lora_fwd_overlap(cgi_lp *lp, cg_tensor *t, const cgi_bf16 *xb, int64
     const cg_tensor *x = t->src[0], *w = t->src[1], *a = t->src[2];
     const int64_t m = cgi_lp_rows(x), n = w->shape[0], k = w->shape[1], r = a->shape[0];
     const char *env = getenv("CGRAD_LORA_FWD_OVERLAP");
-    const int nt = cgi_nthreads(), pieces = nt < SPLIT_MAX ? nt : SPLIT_MAX;
+    const int pieces = region_pieces();
     if ((env && !atoi(env)) || pieces < 2 || cgi_lp_force_ref || cgi_lp_kernel_for(lp, m, n) != K_ONEDNN ||
         ty != TY_BF16 || m < 2 || (double)m * (double)n * (double)k < SPLIT_MIN_MACS || n < 2 * SPLIT_COLS * pieces)
         return false;
@@ -80,10 +88,11 @@ static bool lora_fwd_overlap(cgi_lp *lp, cg_tensor *t, const cgi_bf16 *xb, int64
              (e_yl[p] = cgi_lp_piece_prim(lp, m, c, r, r, 1, rb, cb, n, 1, 1, 0, p)) >= 0;
     }
     if (!ok) return false;
-    cgi_lp_exec_threads = pieces;
+    const int team = cgi_nthreads() < pieces ? cgi_nthreads() : pieces;
+    cgi_lp_exec_threads = team;
     cg_real *y = t->data, *low = t->aux;
     atomic_int low_ready = 0;
-#pragma omp parallel num_threads(pieces)
+#pragma omp parallel num_threads(team)
     {
         const int p = omp_get_thread_num(), np = omp_get_num_threads();
         if (p == 0) { /* low = s x A^T [m, r], float (kept for dB), then bf16 */
@@ -143,8 +152,8 @@ typedef struct {
  * vCPU here, and the rank-r products left a core idle. Now every thread converts its rows of dY;
  * thread 0 runs dlow = s dY B, dA and dB, then its block of dX's columns, the others wider blocks
  * (by the rank-r products' estimated time); each adds dlow A to its own block once thread 0 has
- * published dlow. Each product is a one-thread primitive and the blocks depend on the thread count
- * only, so the bits are the same every run. False (nothing written) where it does not apply: a weight that trains, dY not
+ * published dlow. Each product is a one-thread primitive and the blocks depend on the configured
+ * thread count only, so the bits are the same every run, on however many threads the run gets. False (nothing written) where it does not apply: a weight that trains, dY not
  * converted in place, another kernel or element type, products too small to split, aliased
  * gradients, or a primitive oneDNN refuses. CGRAD_LORA_OVERLAP=0 turns it off, for comparisons. */
 static bool lora_bwd_overlap(cgi_lp *lp, cg_tensor *t, const lora_operands *o, int ty, bool x_assign, bool a_assign,
@@ -153,7 +162,7 @@ static bool lora_bwd_overlap(cgi_lp *lp, cg_tensor *t, const lora_operands *o, i
     const bool da = a->requires_grad, db = b->requires_grad;
     const int64_t m = cgi_lp_rows(x), n = w->shape[0], k = w->shape[1], r = a->shape[0];
     const char *env = getenv("CGRAD_LORA_OVERLAP");
-    const int nt = cgi_nthreads(), pieces = nt < SPLIT_MAX ? nt : SPLIT_MAX;
+    const int pieces = region_pieces();
     if ((env && !atoi(env)) || pieces < 2 || cgi_lp_force_ref || cgi_lp_kernel_for(lp, m, k) != K_ONEDNN || ty != TY_BF16 ||
         !x->requires_grad || w->requires_grad || !cgi_lp_dy_in_place(t) || m < 2 || r < 2 ||
         (double)m * (double)n * (double)k < SPLIT_MIN_MACS || k < 2 * SPLIT_COLS * pieces || x->stride[x->ndim - 1] != 1 ||
@@ -176,11 +185,12 @@ static bool lora_bwd_overlap(cgi_lp *lp, cg_tensor *t, const lora_operands *o, i
              (e_dxa[p] = cgi_lp_piece_prim(lp, m, c, r, r, 1, o->ra, o->ca, rg, 1, 1, 0, p)) >= 0;
     }
     if (!ok) return false;
-    cgi_lp_exec_threads = pieces;
+    const int team = cgi_nthreads() < pieces ? cgi_nthreads() : pieces;
+    cgi_lp_exec_threads = team;
     cg_real *dyf = t->grad, *dx = x->grad;
     const cgi_bf16 *dy = (const cgi_bf16 *)t->grad;
     atomic_int dlow_ready = 0;
-#pragma omp parallel num_threads(pieces)
+#pragma omp parallel num_threads(team)
     {
         const int p = omp_get_thread_num(), np = omp_get_num_threads();
         for (int64_t i = m * p / np; i < m * (p + 1) / np; i++) cgi_lp_to_bf16_row(dyf, i, n);

@@ -291,6 +291,32 @@ static void test_bf16_forward_one_region(void) {
           rel_diff_n(one, f32, YN));
 }
 
+/* The one-region bf16 forward and backward held on one thread by the cores guard (as under load)
+ * run the same pieces in turn: the bits of the two-thread run, not the sequential path's. */
+static void test_bf16_one_region_guarded(void) {
+    if (cg_bf16_unavailable() || strcmp(cg_bf16_kernel(), "onednn") || cg_threads() < 2) {
+        printf("the one-region bf16 products need oneDNN's bf16 kernel and 2 threads (here %s, %d): check skipped\n",
+               cg_bf16_unavailable() ? cg_bf16_unavailable() : cg_bf16_kernel(), cg_threads());
+        return;
+    }
+    static uint16_t wb[BN * BK];
+    for (int i = 0; i < BN * BK; i++) wb[i] = (uint16_t)(0x3c00 + (i * 7919) % 512 + (i % 3 ? 0 : 0x8000));
+    static cg_real two[BO], held[BO], y_two[BM * BN], y_held[BM * BN];
+    int t_two, t_held, ty_two, ty_held;
+    big_adapted_linear(wb, CG_BF16, two, &t_two, false);
+    big_adapted_linear(wb, CG_BF16, y_two, &ty_two, true);
+    cgi_cores_force(1);
+    big_adapted_linear(wb, CG_BF16, held, &t_held, false);
+    big_adapted_linear(wb, CG_BF16, y_held, &ty_held, true);
+    cgi_cores_force(-1);
+    CHECK(t_two == 2 && ty_two == 2 && t_held == 1 && ty_held == 1, "threads: two %d, %d; held %d, %d", t_two, ty_two,
+          t_held, ty_held);
+    CHECK(!memcmp(two, held, sizeof two), "backward held on one thread differs from two: rel diff %g",
+          rel_diff_n(held, two, BO));
+    CHECK(!memcmp(y_two, y_held, sizeof y_two), "forward held on one thread differs from two: rel diff %g",
+          rel_diff_n(y_held, y_two, BM * BN));
+}
+
 /* A tiny GPT fine-tuned through adapters on its attention and MLP: only adapters move, the loss
  * falls, and merging then gives the same logits without the adapter path. */
 static void test_gpt_finetune(void) {
@@ -469,6 +495,7 @@ int main(void) {
     test_fused_matches_composed();
     test_bf16_backward_one_region();
     test_bf16_forward_one_region();
+    test_bf16_one_region_guarded();
     test_gpt_finetune();
     test_errors();
     TEST_END();
