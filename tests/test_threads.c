@@ -516,6 +516,33 @@ static void test_small_training_in_team(void) {
     cg_set_threads(0);
 }
 
+/* Runs `runs` on ctx in a two-thread team until a helper took one of the op's pieces (at most 50
+ * times), with `clear(ctx)` before and `check(ctx)` after each run; the op's pieces are those beyond
+ * the ones of `plain`, the same graph without the op under test. */
+static void shared_in_team(const char *what, cg_status (*runs)(void *), void *plain, void *ctx, void (*clear)(void *),
+                           void (*check)(void *)) {
+    cgi_team_set_guard(CGI_TEAM_GUARD_ON);
+    cgi_team_wait_for_helpers(true); /* else a loaded machine may keep the helpers switched out */
+    cg_set_threads(2);
+    cgi_team_counts before;
+    cgi_team_stats(&before);
+    CHECK(cg_run_with_team(runs, plain) == CG_OK, "%s", cg_last_error());
+    const long long others = team_delta(&before).pieces;
+    long long pieces = 0, helped = 0;
+    for (int attempt = 0; attempt < 50 && helped == 0; attempt++) {
+        cgi_team_stats(&before);
+        clear(ctx);
+        CHECK(cg_run_with_team(runs, ctx) == CG_OK, "%s", cg_last_error());
+        const cgi_team_counts d = team_delta(&before);
+        pieces = d.pieces - others, helped = d.helper_pieces;
+        check(ctx);
+    }
+    CHECK(pieces > 0 && helped > 0, "%s shared %lld pieces in a team (the helpers took %lld)", what, pieces, helped);
+    cgi_team_set_guard(CGI_TEAM_GUARD_AUTO);
+    cgi_team_wait_for_helpers(false);
+    cg_set_threads(0);
+}
+
 /* Embedding's gather (by rows) and gradient scatter (by columns, repeated ids included) in a team:
  * the helpers take ranges of both, and the values are the table's rows and, element by element,
  * the upstream rows added in order from zero, as a plain loop computes them. */
@@ -546,41 +573,34 @@ static cg_status embed_runs(void *ctx) {
     return st;
 }
 
+static cg_real embed_want_dw[EV * ED];
+
+static void embed_clear(void *ctx) {
+    embed_case *e = ctx;
+    memset(e->y, 0, EN * ED * sizeof *e->y), memset(e->dw, 0, EV * ED * sizeof *e->dw);
+}
+
+static void embed_check(void *ctx) {
+    const embed_case *e = ctx;
+    bool rows_ok = true;
+    for (int64_t i = 0; i < EN && rows_ok; i++)
+        for (int64_t j = 0; j < ED; j++) {
+            const int64_t k = (i * 7 + i / 13) % EV;
+            rows_ok = rows_ok && e->y[i * ED + j] == (cg_real)sin(0.37 * (double)(k * ED + j));
+        }
+    CHECK(rows_ok, "embedding's rows in a team are not the table's");
+    CHECK(!memcmp(e->dw, embed_want_dw, sizeof embed_want_dw), "embedding's gradient in a team differs from the ordered sums");
+}
+
 static void test_team_embedding(void) {
-    static cg_real y[EN * ED], dw[EV * ED], want_dw[EV * ED];
+    static cg_real y[EN * ED], dw[EV * ED];
     embed_case e = {y, dw, false}, plain = {y, dw, true};
     for (int64_t i = 0; i < EN; i++) {
         const int32_t k = (int32_t)((i * 7 + i / 13) % EV);
-        for (int64_t j = 0; j < ED; j++) want_dw[k * ED + j] += (cg_real)cos(0.011 * (double)(i * ED + j));
+        for (int64_t j = 0; j < ED; j++) embed_want_dw[k * ED + j] += (cg_real)cos(0.011 * (double)(i * ED + j));
     }
-    cgi_team_set_guard(CGI_TEAM_GUARD_ON);
-    cgi_team_wait_for_helpers(true); /* else a loaded machine may keep the helpers switched out */
-    cg_set_threads(2);
     /* the ops around it share pieces too: the embedding's are the pieces beyond the plain twin's */
-    cgi_team_counts before;
-    cgi_team_stats(&before);
-    CHECK(cg_run_with_team(embed_runs, &plain) == CG_OK, "%s", cg_last_error());
-    const long long others = team_delta(&before).pieces;
-    long long pieces = 0, helped = 0;
-    for (int attempt = 0; attempt < 50 && helped == 0; attempt++) {
-        cgi_team_stats(&before);
-        memset(y, 0, sizeof y), memset(dw, 0, sizeof dw);
-        CHECK(cg_run_with_team(embed_runs, &e) == CG_OK, "%s", cg_last_error());
-        const cgi_team_counts d = team_delta(&before);
-        pieces = d.pieces - others, helped = d.helper_pieces;
-        bool rows_ok = true;
-        for (int64_t i = 0; i < EN && rows_ok; i++)
-            for (int64_t j = 0; j < ED; j++) {
-                const int64_t k = (i * 7 + i / 13) % EV;
-                rows_ok = rows_ok && y[i * ED + j] == (cg_real)sin(0.37 * (double)(k * ED + j));
-            }
-        CHECK(rows_ok, "embedding's rows in a team are not the table's");
-        CHECK(!memcmp(dw, want_dw, sizeof dw), "embedding's gradient in a team differs from the ordered sums");
-    }
-    CHECK(pieces > 0 && helped > 0, "the embedding shared %lld pieces in a team (the helpers took %lld)", pieces, helped);
-    cgi_team_set_guard(CGI_TEAM_GUARD_AUTO);
-    cgi_team_wait_for_helpers(false);
-    cg_set_threads(0);
+    shared_in_team("the embedding", embed_runs, &plain, &e, embed_clear, embed_check);
 }
 
 /* A broadcast summand's gradient (a position embedding's, summed over the batch: cgi_reduce) in a
@@ -611,34 +631,24 @@ static cg_status reduce_runs(void *ctx) {
     return st;
 }
 
+static cg_real reduce_want[RT * RD];
+
+static void reduce_clear(void *ctx) { memset(((reduce_case *)ctx)->dp, 0, RT * RD * sizeof(cg_real)); }
+
+static void reduce_check(void *ctx) {
+    CHECK(!memcmp(((reduce_case *)ctx)->dp, reduce_want, sizeof reduce_want),
+          "the broadcast summand's gradient in a team differs from the ordered sums");
+}
+
 static void test_team_reduce(void) {
-    static cg_real dp[RT * RD], want[RT * RD];
+    static cg_real dp[RT * RD];
     for (int64_t o = 0; o < RT * RD; o++) {
         double acc = 0;
         for (int64_t b = 0; b < RB; b++) acc += (cg_real)cos(0.013 * (double)(b * RT * RD + o));
-        want[o] = (cg_real)acc;
+        reduce_want[o] = (cg_real)acc;
     }
     reduce_case e = {dp, false}, plain = {dp, true};
-    cgi_team_set_guard(CGI_TEAM_GUARD_ON);
-    cgi_team_wait_for_helpers(true); /* else a loaded machine may keep the helpers switched out */
-    cg_set_threads(2);
-    cgi_team_counts before;
-    cgi_team_stats(&before);
-    CHECK(cg_run_with_team(reduce_runs, &plain) == CG_OK, "%s", cg_last_error());
-    const long long others = team_delta(&before).pieces;
-    long long pieces = 0, helped = 0;
-    for (int attempt = 0; attempt < 50 && helped == 0; attempt++) {
-        cgi_team_stats(&before);
-        memset(dp, 0, sizeof dp);
-        CHECK(cg_run_with_team(reduce_runs, &e) == CG_OK, "%s", cg_last_error());
-        const cgi_team_counts d = team_delta(&before);
-        pieces = d.pieces - others, helped = d.helper_pieces;
-        CHECK(!memcmp(dp, want, sizeof dp), "the broadcast summand's gradient in a team differs from the ordered sums");
-    }
-    CHECK(pieces > 0 && helped > 0, "the batch sum shared %lld pieces in a team (the helpers took %lld)", pieces, helped);
-    cgi_team_set_guard(CGI_TEAM_GUARD_AUTO);
-    cgi_team_wait_for_helpers(false);
-    cg_set_threads(0);
+    shared_in_team("the batch sum", reduce_runs, &plain, &e, reduce_clear, reduce_check);
 }
 
 /* A linear's bias sums, further pieces of its backward's products (cgi_gemm_many_then), in a team:
@@ -672,38 +682,27 @@ static cg_status bias_runs(void *ctx) {
     return st;
 }
 
+static cg_real bias_one[LN]; /* one thread's bias gradient */
+
+static void bias_clear(void *ctx) { memset(((bias_case *)ctx)->db, 0, LN * sizeof(cg_real)); }
+
+static void bias_check(void *ctx) {
+    CHECK(!memcmp(bias_one, ((bias_case *)ctx)->db, sizeof bias_one), "the bias gradient in a team differs from one thread's");
+}
+
 static void test_team_bias_sums(void) {
-    static cg_real one[LN], team[LN];
-    bias_case e = {one, false}, frozen = {team, true};
+    static cg_real team[LN];
+    bias_case e = {bias_one, false}, frozen = {team, true};
     cg_set_threads(1);
     CHECK(bias_runs(&e) == CG_OK, "%s", cg_last_error());
     for (int64_t c = 0; c < LN; c++) { /* the column sums of u */
         double want = 0;
         for (int64_t r = 0; r < LR; r++) want += (cg_real)cos(0.013 * (double)(r * LN + c));
-        CHECK(fabs(one[c] - want) <= 1e-4 * (1 + fabs(want)), "bias gradient %lld: %.7g, column sum %.7g", (long long)c,
-              (double)one[c], want);
+        CHECK(fabs(bias_one[c] - want) <= 1e-4 * (1 + fabs(want)), "bias gradient %lld: %.7g, column sum %.7g",
+              (long long)c, (double)bias_one[c], want);
     }
-    cgi_team_set_guard(CGI_TEAM_GUARD_ON);
-    cgi_team_wait_for_helpers(true); /* else a loaded machine may keep the helpers switched out */
-    cg_set_threads(2);
-    cgi_team_counts before;
-    cgi_team_stats(&before);
-    CHECK(cg_run_with_team(bias_runs, &frozen) == CG_OK, "%s", cg_last_error());
-    const long long products = team_delta(&before).pieces;
     e.db = team;
-    long long pieces = 0, helped = 0;
-    for (int attempt = 0; attempt < 50 && helped == 0; attempt++) {
-        cgi_team_stats(&before);
-        memset(team, 0, sizeof team);
-        CHECK(cg_run_with_team(bias_runs, &e) == CG_OK, "%s", cg_last_error());
-        const cgi_team_counts d = team_delta(&before);
-        pieces = d.pieces - products, helped = d.helper_pieces;
-        CHECK(!memcmp(one, team, sizeof one), "the bias gradient in a team differs from one thread's");
-    }
-    CHECK(pieces > 0 && helped > 0, "the bias sums shared %lld pieces in a team (the helpers took %lld)", pieces, helped);
-    cgi_team_set_guard(CGI_TEAM_GUARD_AUTO);
-    cgi_team_wait_for_helpers(false);
-    cg_set_threads(0);
+    shared_in_team("the bias sums", bias_runs, &frozen, &e, bias_clear, bias_check);
 }
 
 /* `test_threads bf16` and `test_threads onednn` (their own ctest entries, skipped where they cannot
