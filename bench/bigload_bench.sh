@@ -8,7 +8,7 @@
 #
 #   bench/bigload_bench.sh [DIR]        (default runs/tinyllama)
 #
-# Environment: CGRAD (build/cgrad), LAYERS (22), STEPS (4 timed steps after 1 warm-up), ROUNDS (1:
+# Environment: CGRAD (build/cgrad), LAYERS (22), STEPS (4 timed steps after 1 warm-up, each framework), ROUNDS (1:
 # the frameworks alternate round by round), GEN (32 generated tokens), TORCH (fp32,bf16: PyTorch
 # variants), TEXT (data/tinyshakespeare.txt when present, else data/moby-dick.txt), TOKENIZER
 # (data/llama2/tokenizer.json).
@@ -60,11 +60,16 @@ rss() { awk -F': ' '/Maximum resident set size/ {printf "%.2f", $2 / 1048576}' "
 
 cgrad_train() {
   /usr/bin/time -v "$CGRAD" train --init-from "$DIR" --data "$TEXT" --lora-rank 16 --lora-alpha 32 --lora-targets "$TARGETS" \
-    --context 256 --batch 1 --steps $((STEPS + 1)) --warmup 0 --eval-every 0 --eval-batches 1 --threads 2 --samples 0 \
+    --context 256 --batch 1 --steps $((STEPS + 2)) --warmup 0 --eval-every 0 --eval-batches 1 --threads 2 --samples 0 \
     --precision bf16 --checkpoint "$OUT/lora.ckpt" --save-every 0 --log-every 1 > "$OUT/cgrad.txt" 2> "$OUT/cgrad.time"
-  # tokens/s of the timed steps: the step lines after the first (warm-up), as the median
+  # tokens/s of the timed steps, as PyTorch's are timed (bench/bigload_torch.py): 256 over the median
+  # of steps 2..STEPS+1's own seconds, the differences of the metrics file's elapsed_s. Not the
+  # progress line's tok/s: that averages the last 20 steps, so over a few steps it still holds the
+  # warm-up step (first reads of the mapped weights, oneDNN's primitives made); the last step's row
+  # comes after the final evaluation.
   local tps load
-  tps=$(grep -o '[0-9.]* tok/s' "$OUT/cgrad.txt" | awk 'NR > 1 {print $1}' | sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')
+  tps=$(awk -F, -v last=$((STEPS + 1)) 'NR > 1 && $1 >= 2 && $1 <= last {print $6 - prev} NR > 1 {prev = $6}' \
+    "$OUT/lora_metrics.csv" | sort -n | awk '{a[NR] = $1} END {printf "%.1f", 512 / (a[int((NR + 1) / 2)] + a[int(NR / 2) + 1])}')
   load=$(sed -n 's/.*loaded .* in \([0-9.]*\) s/\1/p' "$OUT/cgrad.txt")
   row "cgrad LoRA train, bf16 base read in place" "$tps" "$load" "$(rss "$OUT/cgrad.time")"
 }
@@ -76,7 +81,8 @@ torch_run() { # mode precision
     local id kern
     kern=$("$CGRAD" --version | sed -n 's/.*kernels \([a-z0-9]*\).*/\1/p' | head -1)
     id=$("$PY" -c "import sys; sys.path.insert(0, 'bench'); import torch_bench; print(torch_bench.blis_arch_id('${kern:-skx}') or '')")
-    env=(LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/blis-openmp OMP_WAIT_POLICY=passive)
+    # BLIS threads its products by its own count (as bench/torch_bench.py sets it), not torch's
+    env=(LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/blis-openmp OMP_WAIT_POLICY=passive BLIS_NUM_THREADS=2)
     [ -n "$id" ] && env+=(BLIS_ARCH_TYPE="$id")
   fi
   env "${env[@]}" /usr/bin/time -v "$PY" bench/bigload_torch.py "$DIR" --mode "$1" --precision "$2" --steps "$STEPS" \
