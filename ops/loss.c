@@ -480,16 +480,27 @@ typedef struct {
     cg_real *dxu;
 } lce_grads_task;
 
+/* Row i of the chunk's slab s (columns v0.., sw wide) in place: e^(z - max) -> d(loss)/d(logits),
+ * for an upstream gradient of gscale per counted row. */
+static void lce_dlogits_row(const lce *c, int64_t r0, int64_t i, int64_t s, int64_t v0, int64_t sw, cg_real gscale,
+                            cg_real *z) {
+    const cg_real l = c->lse[r0 + i], *o = c->fused + c->p->st + (i * c->p->ns + s) * 2;
+    const cg_real f = gscale * (cg_real)exp((double)o[0] - l);
+    for (int64_t j = 0; j < sw; j++) z[j] *= f;
+    const int64_t kk = c->tg[cgi_elem_offset(c->t->src[2], (int64_t)c->index[r0 + i])] - v0;
+    if (kk >= 0 && kk < sw) z[kk] -= gscale;
+}
+
 /* Group g of the chunk's slabs, in slot `me`: dlogits in place, the bias's sums, the group's dX
  * partial and its slabs' dW rows. */
 static void lce_group(const lce_grads_task *k, int64_t g, int me) {
     const lce *c = k->c;
-    cg_tensor *w = c->t->src[1], *tgt = c->t->src[2];
+    cg_tensor *w = c->t->src[1];
     const lce_params *p = c->p;
     const cgi_ukr *u = &c->u;
     const int64_t d = c->d, cap = c->t->iarg[2], r0 = k->r0, m = k->m;
     const cg_real gscale = k->gscale;
-    cg_real *xb = c->fused + p->xb, *dxp = c->fused + p->dxp, *st = c->fused + p->st;
+    cg_real *xb = c->fused + p->xb, *dxp = c->fused + p->dxp;
     cg_real *pa = c->fused + p->slot + (size_t)me * p->slot_one, *pb = pa + p->pa_n, *pt = pb + p->pb_n,
             *cs = pt + p->pt_n;
     cg_real *dxg = g ? dxp + (g - 1) * cap * d : k->dxu;
@@ -501,13 +512,9 @@ static void lce_group(const lce_grads_task *k, int64_t g, int me) {
          * they come out the same (and the same as the composite's up to rounding) */
         if (k->recompute) lce_slab_logits(c, r0, m, s, c->fused + p->pw + (size_t)me * p->pw_one);
         if (k->db) memset(cs, 0, (size_t)sw * sizeof *cs);
-        for (int64_t i = 0; i < m; i++) { /* e^(z - max) -> d(loss)/d(logits) in place */
+        for (int64_t i = 0; i < m; i++) {
             cg_real *z = z0 + i * sw;
-            const cg_real l = c->lse[r0 + i], *o = st + (i * p->ns + s) * 2;
-            const cg_real f = gscale * (cg_real)exp((double)o[0] - l);
-            for (int64_t j = 0; j < sw; j++) z[j] *= f;
-            const int64_t kk = c->tg[cgi_elem_offset(tgt, (int64_t)c->index[r0 + i])] - v0;
-            if (kk >= 0 && kk < sw) z[kk] -= gscale;
+            lce_dlogits_row(c, r0, i, s, v0, sw, gscale, z);
             if (k->db)
                 for (int64_t j = 0; j < sw; j++) cs[j] += z[j];
         }
@@ -539,17 +546,10 @@ static void lce_one_slab_rows(void *ctx, int q) {
     int64_t i0, i1, v0, sw;
     lce_part(c, k->m, q, &i0, &i1);
     if (i1 <= i0) return;
-    cg_real *z0 = lce_slab(c, 0, &v0, &sw), *st = c->fused + p->st;
+    cg_real *z0 = lce_slab(c, 0, &v0, &sw);
     cg_real *pa = c->fused + p->slot + (size_t)omp_get_thread_num() * p->slot_one, *pb = c->fused + p->slot + p->pa_n;
     if (k->recompute) lce_slab_rows(c, r0, i0, i1, 0, c->fused + p->pw);
-    for (int64_t i = i0; i < i1; i++) {
-        cg_real *z = z0 + i * sw;
-        const cg_real l = c->lse[r0 + i], *o = st + i * 2;
-        const cg_real f = k->gscale * (cg_real)exp((double)o[0] - l);
-        for (int64_t j = 0; j < sw; j++) z[j] *= f;
-        const int64_t kk = c->tg[cgi_elem_offset(c->t->src[2], (int64_t)c->index[r0 + i])] - v0;
-        if (kk >= 0 && kk < sw) z[kk] -= k->gscale;
-    }
+    for (int64_t i = i0; i < i1; i++) lce_dlogits_row(c, r0, i, 0, v0, sw, k->gscale, z0 + i * sw);
     if (k->dx) {
         cgi_ukr_pack_a(u, i1 - i0, sw, z0 + i0 * sw, sw, 1, pa);
         cgi_ukr_gemm(u, i1 - i0, d, sw, 1, pa, sw, pb, sw, 0, k->dxu + i0 * d, d, 1, CGI_UKR_FULL, CGI_UKR_FULL);
