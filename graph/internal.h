@@ -236,6 +236,9 @@ struct cg_graph {
     size_t block_bytes;
     size_t plan_bytes;   /* the last plan's size (block_bytes may be larger, from an earlier plan) */
     uint64_t plan_steps; /* elementary steps the last plan took, for the test of its growth */
+    size_t regen_peak;   /* the last plan's peak live bytes plus its bf16 weight copies (cgi_lp_copy_bytes) */
+    size_t regen_line;   /* bf16: the same graph's fp32 peak, which regen_peak stays at or below; 0 if not compared */
+    int regen_plans;     /* bf16: plans the choice of remade values took */
     uint64_t seed, step;
     uint64_t fwd_step;  /* the step the last forward drew dropout masks with (recompute redraws them) */
     bool checkpointing; /* segments drop their activations in forward and recompute them in backward */

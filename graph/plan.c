@@ -7,6 +7,8 @@
  * node's backward has run. The plan is made once per graph and reused by every step. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
 
 #include "graph/internal.h"
 #include "ops/bf16_internal.h"
@@ -452,12 +454,13 @@ void cgi_regen(cg_tensor *t) {
 
 /* Values backward can remake from what their own backward keeps (cgi_regen_ok) live only through
  * forward; backward remakes each into a buffer of its own before its first backward reader
- * (graph/autodiff.c). Not under checkpointing (whose recompute has the same buffer), nor for a
- * value read through a view or read after the run. */
-static void decide_regen(cg_graph *g, bool on) {
+ * (graph/autodiff.c): all of them, or those pick marks (by node index). Not under checkpointing
+ * (whose recompute has the same buffer), nor for a value read through a view or read after the
+ * run. */
+static void decide_regen(cg_graph *g, bool on, const bool *pick) {
     for (int64_t i = 0; i < g->n; i++) {
         cg_tensor *t = g->nodes[i];
-        t->regen = on && t->root == t && !t->kept && t->requires_grad && cgi_regen_ok(t);
+        t->regen = on && (!pick || pick[i]) && t->root == t && !t->kept && t->requires_grad && cgi_regen_ok(t);
         t->regen_live = false;
         t->regen_at = -1;
     }
@@ -483,8 +486,8 @@ static void regen_reader(cg_tensor *r, int64_t c, int64_t back, int64_t *rbirth,
 }
 
 /* What one plan of g needs: each node's storage decisions (bf16 values, attention's kept
- * probabilities, checkpoint recomputes, remade values if regen_on), every buffer's life, and the
- * first nshrink of the shrinks at the peak. */
+ * probabilities, checkpoint recomputes, remade values if regen_on: all, or those pick marks),
+ * every buffer's life, and the first nshrink of the shrinks at the peak. */
 typedef struct {
     int64_t *vdeath, *rdeath, *rbirth, *gbirth, *bt, *rt, *sdeath, *gown, *gdeath;
     int *consumers, *sole;
@@ -494,7 +497,7 @@ typedef struct {
     int64_t end;
 } plan_ctx;
 
-static cg_status plan_buffers(cg_graph *g, plan_ctx *pc, bool regen_on, int nshrink) {
+static cg_status plan_buffers(cg_graph *g, plan_ctx *pc, bool regen_on, const bool *pick, int nshrink) {
     const int64_t n = g->n;
     int64_t *vdeath = pc->vdeath, *rdeath = pc->rdeath, *rbirth = pc->rbirth, *gbirth = pc->gbirth, *bt = pc->bt,
             *rt = pc->rt, *sdeath = pc->sdeath, *gown = pc->gown, *gdeath = pc->gdeath;
@@ -510,7 +513,7 @@ static cg_status plan_buffers(cg_graph *g, plan_ctx *pc, bool regen_on, int nshr
     /* Checkpoint segments add a recompute to the time axis; without them node i's backward is at 2n-1-i. */
     cgi_ckpt_decide(g, consumers, sole);
     const int64_t end = cgi_ckpt_timeline(g, bt, rt);
-    decide_regen(g, regen_on);
+    decide_regen(g, regen_on, pick);
     for (int64_t i = 0; i < n; i++) {
         vdeath[i] = sdeath[i] = i;
         rdeath[i] = rt[i];
@@ -646,30 +649,155 @@ out:
     return st;
 }
 
-/* A bf16 graph remakes values only when its plan would otherwise need more memory than the same
- * graph in fp32 (its values in float, remade wherever cgi_regen_ok allows, attention's
- * probabilities remade at the peak), the bf16 weight copies outside the plan added: its values
- * take half a float's bytes, so remaking them mostly buys memory below what fp32 needs anyway at
- * the price of a pass each (a layer norm's, a GELU's tanh): gpt-tiny's bf16 plan without them is
- * 198 MB against fp32's 224, and its step skips 4 GELU and 9 layer norm passes. When it would need
- * more (gpt-small, bert-small), every value that can be remade is. fp32 graphs remake every value
- * they can. CGRAD_REGEN=0 remakes none, =all every one in bf16 too. */
+/* What remaking t costs, in units of a layer norm's pass over one element: measured on bert-small's
+ * bf16 step (CGRAD_PROFILE=1, one thread), a layer norm's forward takes 0.2 ns an element and a
+ * GELU's (erf) 0.41, so a GELU (erf or tanh) counts 2. */
+static double regen_cost(const cg_tensor *t) {
+    const double w = t->op == CGI_OP_GELU || t->op == CGI_OP_GELU_TANH || t->op == CGI_OP_LINEAR_ACT ? 2 : 1;
+    return w * (double)cgi_numel(t->ndim, t->shape);
+}
+
+typedef struct {
+    int64_t id;
+    size_t saved; /* bytes live at the peak that remaking it frees: its value, and its bf16 shadow */
+    double cost;
+} regen_choice;
+
+/* Cheapest recompute per byte saved first (a*b products: no division by a zero saving); then by
+ * node, so the choice is deterministic. */
+static int by_cost_per_byte(const void *a, const void *b) {
+    const regen_choice *x = a, *y = b;
+    const double l = x->cost * (double)y->saved, r = y->cost * (double)x->saved;
+    if (l != r) return l < r ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* Adds to pick the values (of cand, not yet picked) cheapest to remake per byte they free at the
+ * peak (time at), until they free excess bytes. Returns how many it added. */
+static int pick_at_peak(const cg_graph *g, const plan_ctx *pc, int64_t at, size_t excess, const bool *cand, bool *pick,
+                        regen_choice *ch, int *slot) {
+    int nc = 0;
+    for (int i = 0; i < pc->nb; i++) {
+        const buffer *b = &pc->bufs[i];
+        cg_tensor *t = (cg_tensor *)b->node;
+        if (t->id < 0 || t->id >= g->n || g->nodes[t->id] != t || !cand[t->id] || pick[t->id]) continue;
+        if (b->birth > at || at > b->death) continue;
+        if (!(b->kind == 'v' && b->target == &t->data) && !(b->kind == 'a' && b->target == &t->lp_shadow)) continue;
+        if (slot[t->id] < 0) slot[t->id] = nc, ch[nc++] = (regen_choice){t->id, 0, regen_cost(t)};
+        ch[slot[t->id]].saved += b->bytes;
+    }
+    for (int k = 0; k < nc; k++) slot[ch[k].id] = -1;
+    qsort(ch, (size_t)nc, sizeof *ch, by_cost_per_byte);
+    size_t freed = 0;
+    int added = 0;
+    for (int k = 0; k < nc && freed < excess; k++) {
+        pick[ch[k].id] = true;
+        freed += ch[k].saved;
+        added++;
+    }
+    return added;
+}
+
+/* Prints which values the bf16 plan remakes and against which line (CGRAD_PLAN=1). */
+static void print_regen(const cg_graph *g, int ncand, double ms) {
+    int nr = 0;
+    for (int64_t i = 0; i < g->n; i++) nr += g->nodes[i]->regen;
+    fprintf(stderr, "[plan] bf16 remakes %d of %d values: peak %.1f MB with the weight copies, fp32's %.1f MB; %d plans, "
+            "%.2f ms\n", nr, ncand, (double)g->regen_peak / 1e6, (double)g->regen_line / 1e6, g->regen_plans, ms);
+    if (!nr) return;
+    fprintf(stderr, "  remade:");
+    for (int64_t i = 0, shown = 0; i < g->n; i++) {
+        const cg_tensor *t = g->nodes[i];
+        if (!t->regen) continue;
+        if (shown > 0 && shown % 8 == 0) fprintf(stderr, "\n         ");
+        fprintf(stderr, " %s#%lld%s", cgi_ops[t->op].name, (long long)i, cgi_shp(t));
+        shown++;
+    }
+    fprintf(stderr, "\n");
+}
+
+/* Plans a bf16 graph that remakes only as many values as keep its peak, the bf16 weight copies
+ * outside the plan added, at or below the same graph's fp32 peak (its values in float, remade
+ * wherever cgi_regen_ok allows, attention's probabilities remade at the peak). Its values take
+ * half a float's bytes, so a remake mostly buys memory below what fp32 needs anyway, at the price
+ * of a pass (a layer norm's, a GELU's): gpt-tiny's bf16 plan without any is 198 MB against fp32's
+ * 224 and remakes none. Above the line, each round takes the values live at the peak that are
+ * cheapest to remake per byte they free there (regen_cost: layer norms before GELUs), just enough
+ * of them to close the gap, and plans again, as the peak may move. The plans number at most
+ * REGEN_ROUNDS + 3 (fp32's, none remade, a round's each, the fallback), each linear in the buffers
+ * but for its sorts: gpt-small (37 values that can be remade, 610 buffers) takes 4 plans, 0.2 ms
+ * in all, and remakes 29 (its 25 layer norms, 4 of its 12 GELUs). Still above after them, every
+ * value that can be remade is (the fallback, which no zoo config reaches). The plan is left in pc;
+ * ncand_out: how many values could be remade. */
+enum { REGEN_ROUNDS = 8 };
+
+static cg_status plan_bf16_regen(cg_graph *g, plan_ctx *pc, size_t copies, size_t line, int *ncand_out) {
+    enum { NS_ALL = sizeof shrinks / sizeof shrinks[0] };
+    const int64_t n1 = g->n ? g->n : 1;
+    bool *cand = calloc((size_t)n1, sizeof *cand), *pick = calloc((size_t)n1, sizeof *pick);
+    regen_choice *ch = malloc((size_t)n1 * sizeof *ch);
+    int *slot = malloc((size_t)n1 * sizeof *slot); /* a node's entry in ch, -1 for none */
+    cg_status st = CG_OK;
+    if (!cand || !pick || !ch || !slot) {
+        st = cgi_fail(CG_ERR_NOMEM, "[plan] out of memory for %lld nodes", (long long)g->n);
+        goto done;
+    }
+    decide_regen(g, true, NULL); /* the candidates; the plans below decide every node's flags again */
+    int ncand = 0;
+    for (int64_t i = 0; i < g->n; i++) ncand += cand[i] = g->nodes[i]->regen, slot[i] = -1;
+    *ncand_out = ncand;
+    for (int round = 0;; round++) {
+        if ((st = plan_buffers(g, pc, true, pick, NS_ALL))) goto done;
+        g->regen_plans++;
+        int64_t peak;
+        const int64_t at = peak_time(pc->bufs, pc->nb, pc->end, &peak);
+        if (at < 0) break; /* no memory to count: the fallback */
+        g->regen_peak = (size_t)peak + copies;
+        if (g->regen_peak <= line) goto done;
+        if (round == REGEN_ROUNDS || !pick_at_peak(g, pc, at, g->regen_peak - line, cand, pick, ch, slot)) break;
+    }
+    if ((st = plan_buffers(g, pc, true, NULL, NS_ALL))) goto done;
+    g->regen_plans++;
+    int64_t peak;
+    g->regen_peak = peak_time(pc->bufs, pc->nb, pc->end, &peak) >= 0 ? (size_t)peak + copies : 0;
+done:
+    free(cand);
+    free(pick);
+    free(ch);
+    free(slot);
+    return st;
+}
+
+/* fp32 graphs remake every value they can; bf16 graphs as many as keep them at or below fp32
+ * (plan_bf16_regen). CGRAD_REGEN=0 remakes none, =all every one in bf16 too. */
 static cg_status plan_with_regen(cg_graph *g, plan_ctx *pc) {
     enum { NS_ALL = sizeof shrinks / sizeof shrinks[0] };
     const char *env = getenv("CGRAD_REGEN");
     const bool on = !g->checkpointing && !(env && !strcmp(env, "0"));
-    if (!on || g->precision != CG_BF16 || (env && !strcmp(env, "all"))) return plan_buffers(g, pc, on, NS_ALL);
+    g->regen_peak = g->regen_line = 0;
+    g->regen_plans = 0;
+    if (!on || g->precision != CG_BF16 || (env && !strcmp(env, "all"))) {
+        cg_status st = plan_buffers(g, pc, on, NULL, NS_ALL);
+        int64_t peak;
+        if (!st && peak_time(pc->bufs, pc->nb, pc->end, &peak) >= 0) g->regen_peak = (size_t)peak + cgi_lp_copy_bytes(g);
+        return st;
+    }
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     g->precision = CG_FP32; /* the plan the graph would get in fp32: its peak only */
-    cg_status st = plan_buffers(g, pc, true, 1);
+    cg_status st = plan_buffers(g, pc, true, NULL, 1);
     g->precision = CG_BF16;
     if (st) return st;
-    int64_t fp32_peak, peak;
-    const bool known = peak_time(pc->bufs, pc->nb, pc->end, &fp32_peak) >= 0;
-    if ((st = plan_buffers(g, pc, false, NS_ALL))) return st;
-    if (known && peak_time(pc->bufs, pc->nb, pc->end, &peak) >= 0 &&
-        (size_t)peak + cgi_lp_copy_bytes(g) <= (size_t)fp32_peak)
-        return CG_OK;
-    return plan_buffers(g, pc, true, NS_ALL);
+    g->regen_plans = 1;
+    int64_t fp32_peak;
+    if (peak_time(pc->bufs, pc->nb, pc->end, &fp32_peak) < 0) return plan_buffers(g, pc, true, NULL, NS_ALL);
+    g->regen_line = (size_t)fp32_peak;
+    int ncand = 0;
+    if ((st = plan_bf16_regen(g, pc, cgi_lp_copy_bytes(g), g->regen_line, &ncand))) return st;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (getenv("CGRAD_PLAN"))
+        print_regen(g, ncand, (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6);
+    return CG_OK;
 }
 cg_status cgi_plan(cg_graph *g) {
     cg_status wst = widen_params(g);
