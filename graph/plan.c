@@ -702,8 +702,11 @@ static int pick_at_peak(const cg_graph *g, const plan_ctx *pc, int64_t at, size_
 static void print_regen(const cg_graph *g, int ncand, double ms) {
     int nr = 0;
     for (int64_t i = 0; i < g->n; i++) nr += g->nodes[i]->regen;
-    fprintf(stderr, "[plan] bf16 remakes %d of %d values: peak %.1f MB with the weight copies, fp32's %.1f MB; %d plans, "
-            "%.2f ms\n", nr, ncand, (double)g->regen_peak / 1e6, (double)g->regen_line / 1e6, g->regen_plans, ms);
+    const bool kb = g->regen_line < 10000000; /* a small graph's bytes in kB, where MB would show them equal */
+    const double unit = kb ? 1e3 : 1e6;
+    fprintf(stderr, "[plan] bf16 remakes %d of %d values: peak %.1f %s with the weight copies, fp32's %.1f %s; %d plans, "
+            "%.2f ms%s\n", nr, ncand, (double)g->regen_peak / unit, kb ? "kB" : "MB", (double)g->regen_line / unit,
+            kb ? "kB" : "MB", g->regen_plans, ms, g->regen_peak > g->regen_line ? " (above it: every value remade)" : "");
     if (!nr) return;
     fprintf(stderr, "  remade:");
     for (int64_t i = 0, shown = 0; i < g->n; i++) {
