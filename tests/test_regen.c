@@ -17,7 +17,7 @@ static const char *GPT = "{\"vocab_size\": 61, \"n_positions\": 16, \"n_embd\": 
 typedef struct {
     size_t plan, peak, line;
     int64_t span;
-    int nregen, ngelu;
+    int nregen, ngelu, plans;
 } regen_run;
 
 /* The set's gradients after one forward and backward of a batch x ctx GPT; CGRAD_REGEN as given
@@ -35,7 +35,7 @@ static cg_real *gpt_grads(const char *regen, cg_precision prec, int batch, int c
     for (int i = 0; i < batch * ctx; i++) ids[i] = (i * 7 + 3) % V, tg[i] = (i * 5 + 1) % V;
     cg_params_zero_grad(ps);
     CHECK(cg_graph_forward(g) == CG_OK && cg_graph_backward(g, mg.loss) == CG_OK, "%s", cg_last_error());
-    *r = (regen_run){cg_graph_plan_bytes(g), g->regen_peak, g->regen_line, cg_params_span(ps), 0, 0};
+    *r = (regen_run){cg_graph_plan_bytes(g), g->regen_peak, g->regen_line, cg_params_span(ps), 0, 0, g->regen_plans};
     for (int i = 0; i < g->n; i++) {
         const cg_tensor *t = g->nodes[i];
         if (!t->regen) continue;
@@ -81,6 +81,8 @@ static void bf16_graph(void) {
           on.nregen, all.nregen);
     CHECK(on.ngelu == 0 || on.nregen - on.ngelu == 2 * L + 1, "bf16: %d GELUs remade before all %d layer norms (%d)",
           on.ngelu, 2 * L + 1, on.nregen - on.ngelu);
+    /* the fp32 line's plan, the one remaking none, and a round's each: 8 rounds at most, then all */
+    CHECK(on.plans >= 3 && on.plans <= 11, "bf16: the choice took %d plans (want 3 to 11)", on.plans);
     CHECK(all.plan < on.plan && on.plan < off.plan, "bf16: plans %zu (all remade) < %zu (default) < %zu (none) bytes",
           all.plan, on.plan, off.plan);
     free(g_on);
@@ -139,6 +141,7 @@ static void bf16_remakes_only_above_fp32(void) {
     cg_real *g_auto = gpt_grads(NULL, CG_BF16, 16, 16, &aut), *g_all = gpt_grads("all", CG_BF16, 16, 16, &all);
     CHECK(aut.nregen == 0 && all.nregen == 3 * L + 1, "bf16, 16 x 16 tokens: %d values remade by default (want 0), %d "
           "with CGRAD_REGEN=all (want %d)", aut.nregen, all.nregen, 3 * L + 1);
+    CHECK(aut.plans == 2, "bf16, 16 x 16 tokens: %d plans (want 2: the fp32 line's, the one remaking none)", aut.plans);
     CHECK(aut.line > 0 && aut.peak <= aut.line, "bf16, 16 x 16 tokens: peak %zu bytes, fp32's %zu", aut.peak, aut.line);
     CHECK(all.plan < aut.plan, "bf16: plan %zu bytes remaking all, %zu by default", all.plan, aut.plan);
     CHECK(aut.span == all.span && memcmp(g_auto, g_all, (size_t)aut.span * sizeof *g_auto) == 0,
