@@ -320,6 +320,9 @@ size_t cgi_sdpa_remake_probs(cg_tensor *t, bool apply);
 /* The fused LM head t runs in chunks of half the rows (ops/loss.c): the bytes its scratch would
  * shrink by (0: unchanged), and with apply, done. */
 size_t cgi_lce_halve_chunks(cg_tensor *t, bool apply);
+/* The fused LM head t sizes its chunks from the rows its targets count, if they are a graph input
+ * already filled (ops/loss.c); the plan calls it before it sizes the buffers. */
+void cgi_lce_plan(cg_tensor *t);
 
 /* ---- gradient checkpointing (graph/checkpoint.c) ---- */
 /* Decides which nodes backward recomputes (t->recompute), from each node's kept flag and its
@@ -407,11 +410,6 @@ cg_tensor *cgi_broadcast_node(cg_graph *g, int op, cg_dtype dt, cg_tensor *a, cg
 /* Strides of t read as the broadcast shape (0 where t is broadcast). */
 void cgi_broadcast_strides(const cg_tensor *t, int ndim, const int64_t *shape, int64_t *stride);
 
-/* cg_linear_cross_entropy in chunks of up to chunk_rows counted rows (rounded up to 16) in a float
- * graph, for a caller that knows how many rows its targets count (BERT's masked-LM head); 0 takes
- * the op's own limit (ops/loss.c, lce_rows_limit). */
-cg_tensor *cgi_linear_cross_entropy_rows(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias, cg_tensor *targets,
-                                         int ignore_index, int64_t chunk_rows);
 /* y (= linear(x, w, ...)) plus the low-rank adapter of w's parameter, when it has one (ops/lora.c). */
 cg_tensor *cgi_lora_linear(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *y);
 /* linear(x, w) for a weight with an adapter read as its parameter or a block of its rows, as one

@@ -508,8 +508,9 @@ static cg_status plan_buffers(cg_graph *g, plan_ctx *pc, bool regen_on, const bo
     cg_status st = CG_OK;
     g->npgrad = 0, g->pgrad = NULL;
     cgi_lp_plan_values(g, consumers); /* bf16 graphs: values stored at half size */
-    for (int64_t i = 0; i < n; i++) /* and attention's kept probabilities */
+    for (int64_t i = 0; i < n; i++) /* and attention's kept probabilities, the LM head's chunks */
         if (g->nodes[i]->op == CGI_OP_ATTENTION) cgi_sdpa_plan(g->nodes[i]);
+        else if (g->nodes[i]->op == CGI_OP_LINEAR_CROSS_ENTROPY) cgi_lce_plan(g->nodes[i]);
     /* Checkpoint segments add a recompute to the time axis; without them node i's backward is at 2n-1-i. */
     cgi_ckpt_decide(g, consumers, sole);
     const int64_t end = cgi_ckpt_timeline(g, bt, rt);

@@ -5,7 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "graph/internal.h"
 #include "models/bert.h"
 #include "models/config_json.h"
 #include "models/layers.h"
@@ -184,14 +183,8 @@ cg_status cg_bert_forward_ex(cg_graph *g, const cg_bert *m, cg_tensor *ids, cg_t
         return out->cls_logits ? CG_OK : CG_ERR_SHAPE;
     }
     cg_tensor *h = cg_layernorm(g, cg_linear_gelu(g, x, m->tr_w, m->tr_b, false), m->tln_w, m->tln_b, eps);
-    /* Masked-LM labels cover 15% of the tokens (cg_mlm_options' mask_prob, cgrad bench's random labels):
-     * chunks of 3/16 of the rows hold them in one, so backward recomputes no logits and the products
-     * pass over the 30522-row table once. bert-small (307 of 2048 rows labelled, 1 thread): its head
-     * took 69 ms a step in one chunk, 92 in the op's own two of 154 rows, for 16 MB more peak. More
-     * labelled rows still run, in more chunks. */
-    if (mlm_labels)
-        out->mlm_loss = cgi_linear_cross_entropy_rows(g, h, m->word, m->mlm_b, mlm_labels, -100,
-                                                      cg_numel(mlm_labels) * 3 / 16);
+    /* the head runs only on the labelled rows (15% of the tokens), in chunks sized from them */
+    if (mlm_labels) out->mlm_loss = cg_linear_cross_entropy(g, h, m->word, m->mlm_b, mlm_labels, -100);
     else out->mlm_logits = cg_linear(g, h, m->word, m->mlm_b); /* decoder tied to the word embeddings */
     out->nsp_logits = cg_linear(g, pooled, m->nsp_w, m->nsp_b);
     bool ok = (out->mlm_logits || out->mlm_loss) && out->nsp_logits;

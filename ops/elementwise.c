@@ -292,16 +292,35 @@ static inline cg_real fast_tanh(cg_real u) {
 #endif
 }
 
+/* erf(z) = z P(s) / Q(s), s = (z / 4)^2, z clamped to [-4, 4] (beyond, erf is 1 to working
+ * precision): a rational fit to erf(z) / z over [0, 4] (weighted least squares toward the largest
+ * error, P(0) = 2 / sqrt(pi)), within 4e-7 of erf evaluated in float, and within 4e-7 relative
+ * near 0. It replaced Abramowitz and Stegun's 7.1.26 (1 - t p(t) e^-z^2, t = 1 / (1 + 0.3275911 |z|)),
+ * as accurate in absolute terms (5e-7 in float) but not near 0, where 1 - p e^-z^2 cancels. Its
+ * exponential, reciprocal and clamps made GELU's 16-lane pass compute-bound (some 40 instructions a
+ * vector, 25 now): over bert-small's [2048, 1024] on one thread it took 0.62 ms (best of 21 runs,
+ * CPU time), now 0.45. */
+#define ERF_P0 ((cg_real)1.1283791670955126)
+#define ERF_P1 ((cg_real)3.115161675403347)
+#define ERF_P2 ((cg_real)13.63363313837377)
+#define ERF_P3 ((cg_real)16.11109865823951)
+#define ERF_P4 ((cg_real)18.72819116064787)
+#define ERF_P5 ((cg_real)2.075067474812178)
+#define ERF_Q1 ((cg_real)8.09405884002665)
+#define ERF_Q2 ((cg_real)29.652050449427996)
+#define ERF_Q3 ((cg_real)62.69912655407019)
+#define ERF_Q4 ((cg_real)78.50216182422571)
+#define ERF_Q5 ((cg_real)39.21872617077499)
 static inline cg_real fast_erf(cg_real z) {
 #ifdef CGRAD_DOUBLE
     return erf(z);
 #else
-    const cg_real a = z < 0 ? -z : z, t = 1 / (1 + (cg_real)0.3275911 * a);
-    const cg_real p = t * ((cg_real)0.254829592 +
-                           t * ((cg_real)-0.284496736 + t * ((cg_real)1.421413741 +
-                                                             t * ((cg_real)-1.453152027 + t * (cg_real)1.061405429))));
-    const cg_real r = 1 - p * cgi_exp(-z * z);
-    return z < 0 ? -r : r;
+    if (z != z) return z;
+    const cg_real zc = z > 4 ? 4 : z < -4 ? -4 : z, u = zc * (cg_real)0.25, s = u * u;
+    const cg_real p = ERF_P0 + s * (ERF_P1 + s * (ERF_P2 + s * (ERF_P3 + s * (ERF_P4 + s * ERF_P5))));
+    const cg_real q = 1 + s * (ERF_Q1 + s * (ERF_Q2 + s * (ERF_Q3 + s * (ERF_Q4 + s * ERF_Q5))));
+    const cg_real r = zc * (p / q);
+    return r > 1 ? 1 : r < -1 ? -1 : r;
 #endif
 }
 
@@ -351,20 +370,25 @@ static inline __m512 gelu_tanh16(__m512 x) {
     return _mm512_mul_ps(x, recip16(_mm512_add_ps(cgi_exp16(a), _mm512_set1_ps(1.0f))));
 }
 /* GELU (erf) on 16 lanes: 0.5 x (1 + erf(x / sqrt 2)), erf as fast_erf with its division by the
- * reciprocal; e^-z^2 clamped at e^-87 (there erf is 1 to working precision). */
+ * reciprocal; a NaN x stays NaN through the last product. */
 static inline __m512 gelu_erf16(__m512 x) {
-    const __m512 z = _mm512_mul_ps(x, _mm512_set1_ps((float)INV_SQRT2)), a = _mm512_abs_ps(z);
-    const __m512 t = recip16(_mm512_fmadd_ps(a, _mm512_set1_ps(0.3275911f), _mm512_set1_ps(1.0f)));
-    __m512 p = _mm512_fmadd_ps(t, _mm512_set1_ps(1.061405429f), _mm512_set1_ps(-1.453152027f));
-    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.421413741f));
-    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-0.284496736f));
-    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(0.254829592f));
-    p = _mm512_mul_ps(p, t);
-    const __m512 e =
-        cgi_exp16(_mm512_max_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), z), z), _mm512_set1_ps(-87.0f)));
-    const __m512 r = _mm512_fnmadd_ps(p, e, _mm512_set1_ps(1.0f)); /* erf(|z|) */
-    const __m512 erf = _mm512_mask_sub_ps(r, _mm512_cmp_ps_mask(z, _mm512_setzero_ps(), _CMP_LT_OQ), _mm512_setzero_ps(), r);
-    return _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), x), _mm512_add_ps(erf, _mm512_set1_ps(1.0f)));
+    const __m512 z = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(x, _mm512_set1_ps((float)INV_SQRT2)), _mm512_set1_ps(-4.0f)),
+                                   _mm512_set1_ps(4.0f));
+    const __m512 u = _mm512_mul_ps(z, _mm512_set1_ps(0.25f)), s = _mm512_mul_ps(u, u);
+    __m512 p = _mm512_fmadd_ps(s, _mm512_set1_ps(ERF_P5), _mm512_set1_ps(ERF_P4));
+    p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(ERF_P3));
+    p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(ERF_P2));
+    p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(ERF_P1));
+    p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(ERF_P0));
+    __m512 q = _mm512_fmadd_ps(s, _mm512_set1_ps(ERF_Q5), _mm512_set1_ps(ERF_Q4));
+    q = _mm512_fmadd_ps(q, s, _mm512_set1_ps(ERF_Q3));
+    q = _mm512_fmadd_ps(q, s, _mm512_set1_ps(ERF_Q2));
+    q = _mm512_fmadd_ps(q, s, _mm512_set1_ps(ERF_Q1));
+    q = _mm512_fmadd_ps(q, s, _mm512_set1_ps(1.0f));
+    __m512 erf = _mm512_mul_ps(z, _mm512_mul_ps(p, recip16(q)));
+    erf = _mm512_min_ps(_mm512_max_ps(erf, _mm512_set1_ps(-1.0f)), _mm512_set1_ps(1.0f));
+    const __m512 h = _mm512_mul_ps(x, _mm512_set1_ps(0.5f));
+    return _mm512_fmadd_ps(h, erf, h);
 }
 #endif
 

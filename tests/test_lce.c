@@ -19,7 +19,6 @@ typedef struct {
     int between;      /* 1: w's gradient read between forward and backward, 2: read and zero_grad'ed again;
                        * 3: the loss times 2.5; 4: plus sum(w * w), whose rule writes w's gradient first;
                        * 5: w frozen (only x and b take gradients) */
-    int64_t chunk;    /* the caller's chunk rows (cgi_linear_cross_entropy_rows); 0: the op's own */
 } lce_case;
 
 static cgi_team_counts passes; /* team pieces during the last run's forward and backward */
@@ -48,7 +47,7 @@ static void run(bool fused, const lce_case *k, double *loss, cg_real **grads) {
         const bool counted = k->counted < 0 ? (cg_rng_next(&r) % 10) >= 3 : i < k->counted;
         cg_idata(tg)[i] = counted ? (int32_t)(cg_rng_next(&r) % (uint64_t)v) : -100;
     }
-    cg_tensor *l = fused ? cgi_linear_cross_entropy_rows(g, x, w, b, tg, -100, k->chunk)
+    cg_tensor *l = fused ? cg_linear_cross_entropy(g, x, w, b, tg, -100)
                          : cg_cross_entropy(g, cg_linear(g, x, w, b), tg, -100);
     if (k->between == 3) l = cg_scale(g, l, 2.5);
     if (k->between == 4) l = cg_add(g, l, cg_sum_all(g, cg_mul(g, wl, wl)));
@@ -154,19 +153,36 @@ static void lazy_zero(int64_t rows, int64_t v) {
     cg_params_free(ps);
 }
 
-/* The rows a chunk holds (iarg[2]): the op's own limit, or the caller's rounded up to 16 rows; a
- * bf16 graph keeps its own. */
+/* The rows a chunk holds (iarg[2]) once the plan is made: over 8200 classes of 16 features the
+ * op's own limit is 256 rows; targets that count at most half the rows size it from their count n
+ * (n + 4 sqrt(n), in 16-row steps) up to 3/2 of that limit, so 300 counted rows of 600 run in one
+ * chunk of 384. Every row counted, 400 of 1000 (496 rows, past 384), targets that are not a graph
+ * input (their data comes at run time) and a bf16 graph keep the op's own limit. */
 static void chunk_rows(void) {
-    const int64_t want[3][2] = {{0, 256}, {300, 304}, {5000, 600}};
-    for (int i = 0; i < 4; i++) {
+    const struct {
+        int64_t rows, counted;
+        bool view, bf16;
+        int64_t want;
+    } cases[] = {{600, 300, false, false, 384}, {600, 600, false, false, 256}, {1000, 400, false, false, 256},
+                 {600, 300, true, false, 256},  {600, 300, false, true, 256},   {600, 100, false, false, 256}};
+    for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
+        const int64_t rows = cases[i].rows;
         cg_graph *g = cg_graph_new(CG_TRAIN);
-        const bool bf16 = i == 3 && cg_graph_set_precision(g, CG_BF16) == CG_OK; /* not in a double build */
-        cg_tensor *x = cg_input(g, "x", CG_REAL, 2, (int64_t[]){600, 16}),
-                  *w = cg_input(g, "w", CG_REAL, 2, (int64_t[]){8200, 16}), *t = cg_input(g, "t", CG_INT32, 1, (int64_t[]){600});
-        cg_tensor *l = cgi_linear_cross_entropy_rows(g, x, w, NULL, t, -100, i < 3 ? want[i][0] : 300);
-        const int64_t expect = i < 3 ? want[i][1] : bf16 ? 256 : 304;
-        CHECK(l && l->iarg[2] == expect, "case %d: chunks of %lld rows, want %lld", i, l ? (long long)l->iarg[2] : -1LL,
-              (long long)expect);
+        if (cases[i].bf16 && cg_graph_set_precision(g, CG_BF16) != CG_OK) { /* not in a double build */
+            cg_graph_free(g);
+            continue;
+        }
+        cg_tensor *x = cg_input(g, "x", CG_REAL, 2, (int64_t[]){rows, 16}),
+                  *w = cg_input(g, "w", CG_REAL, 2, (int64_t[]){8200, 16});
+        cg_tensor *t = cg_input(g, "t", CG_INT32, 1, (int64_t[]){rows});
+        for (int64_t r = 0; r < rows; r++) cg_idata(t)[r] = r < cases[i].counted ? (int32_t)r : -100;
+        cg_tensor *tv = cases[i].view ? cg_reshape(g, cg_reshape(g, t, 2, (int64_t[]){2, rows / 2}), 1, &rows) : t;
+        cg_tensor *l = cg_linear_cross_entropy(g, x, w, NULL, tv, -100);
+        CHECK(l && cg_graph_forward(g) == CG_OK, "case %d: %s", i, cg_last_error());
+        CHECK(l && l->iarg[1] == cases[i].counted && l->iarg[2] == cases[i].want,
+              "case %d: %lld counted rows in chunks of %lld rows, want %lld in chunks of %lld", i,
+              l ? (long long)l->iarg[1] : -1LL, l ? (long long)l->iarg[2] : -1LL, (long long)cases[i].counted,
+              (long long)cases[i].want);
         cg_graph_free(g);
     }
 }
@@ -265,46 +281,46 @@ static void one_slab_shared(const char *what, lce_case k) {
 int main(void) {
     chunk_rows();
     halved_by_plan();
-    compare("1600 rows (about 1120 counted: 3 balanced chunks), bias", (lce_case){1600, 32, 300, true, false, false, -1, 0, false, 0, 0});
-    compare("600 rows (one chunk, backward reuses forward's logits), bias", (lce_case){600, 32, 300, true, false, false, -1, 0, false, 0, 0});
-    compare("257 rows, no bias, transposed weight view", (lce_case){257, 16, 129, false, true, false, -1, 0, false, 0, 0});
-    compare("40 rows, one chunk", (lce_case){40, 8, 50, true, false, false, -1, 0, false, 0, 0});
+    compare("1600 rows (about 1120 counted: 3 balanced chunks), bias", (lce_case){1600, 32, 300, true, false, false, -1, 0, false, 0});
+    compare("600 rows (one chunk, backward reuses forward's logits), bias", (lce_case){600, 32, 300, true, false, false, -1, 0, false, 0});
+    compare("257 rows, no bias, transposed weight view", (lce_case){257, 16, 129, false, true, false, -1, 0, false, 0});
+    compare("40 rows, one chunk", (lce_case){40, 8, 50, true, false, false, -1, 0, false, 0});
     /* the fused path's slabs (at most 256 columns): 1000 columns are 4 of 256, 256, 256, 232; with
      * 1100 rows, 2 chunks of about 385 rows, so backward recomputes a chunk slab by slab */
-    compare("1100 rows x 1000 classes: 4 slabs, 2 chunks, bias", (lce_case){1100, 40, 1000, true, false, false, -1, 0, false, 0, 0});
-    compare("13 classes: one slab narrower than a tile", (lce_case){30, 12, 13, true, false, false, -1, 0, false, 0, 0});
-    compare("strided bias view, transposed weight, 4 slabs", (lce_case){200, 24, 777, true, true, true, -1, 0, false, 0, 0});
-    compare("one counted row", (lce_case){50, 16, 600, true, false, false, 1, 0, false, 0, 0});
-    compare("every row ignored", (lce_case){50, 16, 600, true, false, false, 0, 0, false, 0, 0});
-    compare("513 counted rows: 2 chunks of 257 and 256", (lce_case){513, 16, 300, true, false, false, 513, 0, false, 0, 0});
+    compare("1100 rows x 1000 classes: 4 slabs, 2 chunks, bias", (lce_case){1100, 40, 1000, true, false, false, -1, 0, false, 0});
+    compare("13 classes: one slab narrower than a tile", (lce_case){30, 12, 13, true, false, false, -1, 0, false, 0});
+    compare("strided bias view, transposed weight, 4 slabs", (lce_case){200, 24, 777, true, true, true, -1, 0, false, 0});
+    compare("one counted row", (lce_case){50, 16, 600, true, false, false, 1, 0, false, 0});
+    compare("every row ignored", (lce_case){50, 16, 600, true, false, false, 0, 0, false, 0});
+    compare("513 counted rows: 2 chunks of 257 and 256", (lce_case){513, 16, 300, true, false, false, 513, 0, false, 0});
     /* a wide vocabulary: 512 rows of float logits would pass 8 MiB, so chunks of at most 416 rows */
-    compare("600 rows x 5000 classes: 2 chunks under 8 MiB of logits", (lce_case){600, 16, 5000, true, false, false, -1, 0, false, 0, 0});
-    same_bits("1100 rows x 1000 classes", (lce_case){1100, 40, 1000, true, false, false, -1, 0, false, 0, 0});
-    same_bits("300 rows x 2000 classes, one chunk", (lce_case){300, 64, 2000, true, false, false, -1, 0, false, 0, 0});
+    compare("600 rows x 5000 classes: 2 chunks under 8 MiB of logits", (lce_case){600, 16, 5000, true, false, false, -1, 0, false, 0});
+    same_bits("1100 rows x 1000 classes", (lce_case){1100, 40, 1000, true, false, false, -1, 0, false, 0});
+    same_bits("300 rows x 2000 classes, one chunk", (lce_case){300, 64, 2000, true, false, false, -1, 0, false, 0});
     /* parameters: forward computes the gradients ahead (dW into w's stale gradient), backward takes them */
-    compare("params: 1100 rows x 1000 classes, 2 chunks, bias", (lce_case){1100, 40, 1000, true, false, false, -1, 0, true, 0, 0});
-    compare("params: 600 rows, one chunk, bias", (lce_case){600, 32, 300, true, false, false, -1, 0, true, 0, 0});
-    compare("params: strided bias view, transposed weight", (lce_case){200, 24, 777, true, true, true, -1, 0, true, 0, 0});
-    compare("params: w's gradient read before backward", (lce_case){1100, 40, 1000, true, false, false, -1, 0, true, 1, 0});
-    compare("params: read and zeroed again before backward", (lce_case){1100, 40, 1000, true, false, false, -1, 0, true, 2, 0});
-    compare("params: one chunk, read and zeroed again", (lce_case){300, 40, 1000, true, false, false, -1, 0, true, 2, 0});
-    compare("params: loss x 2.5", (lce_case){1100, 40, 1000, true, false, false, -1, 0, true, 3, 0});
-    compare("params: plus sum(w * w)", (lce_case){1100, 40, 1000, true, false, false, -1, 0, true, 4, 0});
-    compare("params: frozen weight", (lce_case){1100, 40, 1000, true, false, false, -1, 0, true, 5, 0});
-    compare("params: every row ignored", (lce_case){50, 16, 600, true, false, false, 0, 0, true, 0, 0});
-    same_bits("params: 1100 rows x 1000 classes", (lce_case){1100, 40, 1000, true, false, false, -1, 0, true, 0, 0});
-    /* a caller's chunk (BERT's masked-LM head): 300 of 600 rows counted over 8200 classes, where the
-     * op's own limit is 256 rows (2 chunks); 304 rows make one chunk, 100 rows three */
-    compare("caller's chunk: 300 counted rows in one", (lce_case){600, 16, 8200, true, false, false, 300, 0, false, 0, 300});
-    compare("caller's chunk: 300 counted rows in three", (lce_case){600, 16, 8200, true, false, false, 300, 0, false, 0, 100});
-    compare("params, caller's chunk: one chunk", (lce_case){600, 16, 8200, true, false, false, 300, 0, true, 0, 300});
-    compare("params, caller's chunk: read and zeroed again", (lce_case){600, 16, 8200, true, false, false, 300, 0, true, 2, 300});
-    same_bits("caller's chunk: 300 counted rows in one", (lce_case){600, 16, 8200, true, false, false, 300, 0, false, 0, 300});
+    compare("params: 1100 rows x 1000 classes, 2 chunks, bias", (lce_case){1100, 40, 1000, true, false, false, -1, 0, true, 0});
+    compare("params: 600 rows, one chunk, bias", (lce_case){600, 32, 300, true, false, false, -1, 0, true, 0});
+    compare("params: strided bias view, transposed weight", (lce_case){200, 24, 777, true, true, true, -1, 0, true, 0});
+    compare("params: w's gradient read before backward", (lce_case){1100, 40, 1000, true, false, false, -1, 0, true, 1});
+    compare("params: read and zeroed again before backward", (lce_case){1100, 40, 1000, true, false, false, -1, 0, true, 2});
+    compare("params: one chunk, read and zeroed again", (lce_case){300, 40, 1000, true, false, false, -1, 0, true, 2});
+    compare("params: loss x 2.5", (lce_case){1100, 40, 1000, true, false, false, -1, 0, true, 3});
+    compare("params: plus sum(w * w)", (lce_case){1100, 40, 1000, true, false, false, -1, 0, true, 4});
+    compare("params: frozen weight", (lce_case){1100, 40, 1000, true, false, false, -1, 0, true, 5});
+    compare("params: every row ignored", (lce_case){50, 16, 600, true, false, false, 0, 0, true, 0});
+    same_bits("params: 1100 rows x 1000 classes", (lce_case){1100, 40, 1000, true, false, false, -1, 0, true, 0});
+    /* sparse targets (BERT's masked-LM labels): 300 of 600 rows counted over 8200 classes, where the
+     * op's own limit is 256 rows (2 chunks), run in one chunk sized from them; 400 of 1000 in 2 */
+    compare("300 of 600 rows counted: one chunk", (lce_case){600, 16, 8200, true, false, false, 300, 0, false, 0});
+    compare("400 of 1000 rows counted: 2 chunks", (lce_case){1000, 16, 8200, true, false, false, 400, 0, false, 0});
+    compare("params, 300 of 600 rows counted: one chunk", (lce_case){600, 16, 8200, true, false, false, 300, 0, true, 0});
+    compare("params, 300 of 600 counted: read and zeroed again", (lce_case){600, 16, 8200, true, false, false, 300, 0, true, 2});
+    same_bits("300 of 600 rows counted: one chunk", (lce_case){600, 16, 8200, true, false, false, 300, 0, false, 0});
     lazy_zero(100, 600);
     lazy_zero(1000, 300);
-    one_slab_shared("one slab: 1000 rows x 256 classes, bias", (lce_case){1000, 48, 256, true, false, false, -1, 0, false, 0, 0});
-    one_slab_shared("one slab: 700 rows x 65 classes, transposed weight", (lce_case){700, 40, 65, false, true, false, -1, 0, false, 0, 0});
-    one_slab_shared("one slab, params: 1100 rows x 200 classes, 3 chunks", (lce_case){1100, 32, 200, true, false, false, -1, 0, true, 0, 0});
-    one_slab_shared("one slab: strided bias, 90 rows x 13 classes", (lce_case){90, 12, 13, true, false, true, -1, 0, false, 0, 0});
+    one_slab_shared("one slab: 1000 rows x 256 classes, bias", (lce_case){1000, 48, 256, true, false, false, -1, 0, false, 0});
+    one_slab_shared("one slab: 700 rows x 65 classes, transposed weight", (lce_case){700, 40, 65, false, true, false, -1, 0, false, 0});
+    one_slab_shared("one slab, params: 1100 rows x 200 classes, 3 chunks", (lce_case){1100, 32, 200, true, false, false, -1, 0, true, 0});
+    one_slab_shared("one slab: strided bias, 90 rows x 13 classes", (lce_case){90, 12, 13, true, false, true, -1, 0, false, 0});
     TEST_END();
 }
