@@ -123,6 +123,8 @@ bool cgi_team_on(void) { return in_span; }
 
 bool cgi_team_sharing(void) { return my_team && atomic_load_explicit(&my_team->rest, memory_order_relaxed) == SHARE; }
 
+int cgi_team_threads(void) { return cgi_team_sharing() ? 1 + my_team->helpers : 1; }
+
 static void spin_pause(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
