@@ -257,7 +257,8 @@ static int64_t cut_weight(int q, int p) { return q + (q < p / 2 ? q : p / 2); }
  * the end and the thread that runs out first waits at most for one floor-sized piece. A piece
  * repacks the operand it does not cut (~12-16 multiply-adds per element on one thread here), so a
  * piece of L rows costs ~14/L more than its share: the floor is 256 rows (or columns; 1/8 of a
- * shorter job, at least 32) and 2^20 multiply-adds. The jobs with the shortest cut side go first,
+ * shorter job) and 2^20 multiply-adds, but at most the tapered cut's smallest piece (a quarter of 3
+ * pieces: an uncached generation step's products of 16 rows stay at 3 pieces), at least 32. The jobs with the shortest cut side go first,
  * whole or in large pieces: a linear's dW (k the batch's rows) repacks 1M elements per piece in a
  * gpt-tiny step, its dX only the weight. Cuts fall on multiples of 32 from each job's start, as the
  * tapered ones: the same bits. Returns the pieces written to pcs (at most max), or -1: not all
@@ -289,7 +290,11 @@ static int guided_pieces(const cgi_gemm_job *jobs, int njobs, int threads, piece
         int64_t least = len / 8 < GUIDED_FLOOR ? len / 8 : GUIDED_FLOOR;
         const double min_rows = per > 0 ? (double)(1 << 20) / per : 0;
         if ((double)least < min_rows) least = (int64_t)min_rows + 1;
-        least = (least + 31) / 32 * 32;
+        /* never coarser than the tapered cut, whose smallest piece is a quarter (3 pieces) or a half */
+        const int tapered = pieces_of(j, TEAM_PIECES, true);
+        const int64_t smallest = tapered < 2 ? len : (tapered < 3 ? len / 2 : len / 4) / 32 * 32;
+        if (least > smallest) least = smallest;
+        least = least < 32 ? 32 : (least + 31) / 32 * 32;
         for (int64_t lo = 0; lo < len;) {
             int64_t take = per > 0 ? (int64_t)(left / threads / per) : len;
             take = (take + 31) / 32 * 32;

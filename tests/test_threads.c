@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <string.h>
 #include <stdlib.h>
+#include <stdint.h>
+#include <unistd.h>
 
 #include "../cgrad.h"
 #include "check.h"
@@ -735,8 +737,10 @@ static void check_cuts(const char *what, const cgi_gemm_job *jobs, int njobs, co
 }
 
 /* Guided: each piece half the work left, down to 256 rows; the shortest cut side first (a linear's
- * dW whole, then its dX); a remnant below the floor joins the piece before it; vectors keep the
- * tapered 3 pieces, as does CGRAD_TEAM_SPLIT=taper. */
+ * dW whole, then its dX); a remnant below the floor joins the piece before it; no piece below
+ * 2^20 multiply-adds unless the tapered cut's smallest is (16 tokens: 3 pieces, not 2) and none
+ * smaller than it (2^21: two halves); vectors keep the tapered 3 pieces, as does
+ * CGRAD_TEAM_SPLIT=taper. */
 static void test_team_guided_cuts(void) {
     cgi_gemm_set_split("guided");
     const cgi_gemm_job fwd = shape_job(4096, 768, 256), bwd[2] = {shape_job(4096, 256, 1024), shape_job(1024, 256, 4096)};
@@ -746,6 +750,11 @@ static void test_team_guided_cuts(void) {
     check_cuts("3000 rows", &odd, 1, (const int64_t[]){1504, 768, 384, 344, -1});
     check_cuts("3000 columns", &cols, 1, (const int64_t[]){1504, 768, 384, 344, -1});
     check_cuts("a vector", &vec, 1, (const int64_t[]){384, 192, 192, -1});
+    const cgi_gemm_job step16 = shape_job(16, 768, 256), step216 = shape_job(216, 768, 256);
+    check_cuts("16 tokens' q/k/v", &step16, 1, (const int64_t[]){384, 192, 192, -1});
+    check_cuts("216 tokens' q/k/v", &step216, 1, (const int64_t[]){384, 192, 96, 96, -1});
+    const cgi_gemm_job small = shape_job(64, 256, 128); /* 2^21 multiply-adds: halves, as tapered */
+    check_cuts("a small product", &small, 1, (const int64_t[]){128, 128, -1});
     cgi_gemm_set_split("taper");
     check_cuts("tapered q/k/v", &fwd, 1, (const int64_t[]){2048, 1024, 1024, -1});
     cgi_gemm_set_split(NULL);
@@ -808,6 +817,66 @@ static void test_team_guided_bits(void) {
     cg_set_threads(0);
 }
 
+/* A piece that asks for pieces itself (attention's heads run their block products through the
+ * product engine): on thread 0 the inner pieces ran as a second task of the same team, which
+ * replaced the open task's claims, so the outer task's unclaimed pieces never ran (or thread 0
+ * waited for them forever: alarm). Every outer and inner piece runs once, and each outer piece's
+ * product, cut for a sharing team when called outside one, has one thread's bits. */
+enum { NO = 4, NI = 6, NR = 96, NK = 256 };
+typedef struct {
+    _Atomic int outer[NO], inner[NO][NI];
+    const cg_real *a, *b;
+    cg_real *c; /* NO products [NR, NK] */
+} nested_case;
+
+static void nested_inner(void *ctx, int i) {
+    nested_case *n = ((void **)ctx)[0];
+    const int o = (int)(intptr_t)((void **)ctx)[1];
+    atomic_fetch_add(&n->inner[o][i], 1);
+}
+
+static void nested_outer(void *ctx, int o) {
+    nested_case *n = ctx;
+    atomic_fetch_add(&n->outer[o], 1);
+    cgi_gemm(NR, NK, NK, n->a, NK, 1, n->b, NK, 1, 1, 0, n->c + o * NR * NK, NK, 1, cgi_nthreads());
+    void *inner[2] = {n, (void *)(intptr_t)o};
+    cgi_team_pieces(nested_inner, inner, NI);
+}
+
+static cg_status nested_runs(void *ctx) {
+    cgi_team_pieces(nested_outer, ctx, NO);
+    return CG_OK;
+}
+
+static void test_team_nested_pieces(void) {
+    static cg_real a[NR * NK], b[NK * NK], one[NR * NK], c[NO * NR * NK];
+    for (int i = 0; i < NR * NK; i++) a[i] = (cg_real)sin(0.1 * i);
+    for (int i = 0; i < NK * NK; i++) b[i] = (cg_real)cos(0.3 * i);
+    cgi_gemm(NR, NK, NK, a, NK, 1, b, NK, 1, 1, 0, one, NK, 1, 1);
+    cgi_team_set_guard(CGI_TEAM_GUARD_ON);
+    cgi_team_wait_for_helpers(true);
+    cg_set_threads(2);
+    alarm(120); /* a lost piece hangs thread 0: end the test instead */
+    for (int run = 0; run < 20; run++) {
+        static nested_case n;
+        memset(&n, 0, sizeof n);
+        memset(c, 0, sizeof c);
+        n.a = a, n.b = b, n.c = c;
+        CHECK(cg_run_with_team(nested_runs, &n) == CG_OK, "%s", cg_last_error());
+        for (int o = 0; o < NO; o++) {
+            CHECK(atomic_load(&n.outer[o]) == 1, "run %d: outer piece %d ran %d times", run, o, atomic_load(&n.outer[o]));
+            for (int i = 0; i < NI; i++)
+                CHECK(atomic_load(&n.inner[o][i]) == atomic_load(&n.outer[o]), "run %d: inner piece %d of %d ran %d times",
+                      run, i, o, atomic_load(&n.inner[o][i]));
+            CHECK(!memcmp(c + o * NR * NK, one, sizeof one), "run %d: outer piece %d's product differs from one thread's", run, o);
+        }
+    }
+    alarm(0);
+    cgi_team_set_guard(CGI_TEAM_GUARD_AUTO);
+    cgi_team_wait_for_helpers(false);
+    cg_set_threads(0);
+}
+
 /* `test_threads bf16` and `test_threads onednn` (their own ctest entries, skipped where they cannot
  * run): the bf16 products on the fp32 units (needs oneDNN) and on oneDNN's kernel (avx512_bf16). */
 int main(int argc, char **argv) {
@@ -835,5 +904,6 @@ int main(int argc, char **argv) {
     test_team_bias_sums();
     test_team_guided_cuts();
     test_team_guided_bits();
+    test_team_nested_pieces();
     TEST_END();
 }
