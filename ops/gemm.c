@@ -203,8 +203,6 @@ static bool team_trace(void) {
     return t;
 }
 
-enum { TRACE_MAX = MAX_PIECES + 64 };
-
 static void trace_print(const cgi_gemm_job *jobs, int njobs, const piece *pcs, int np, int n, double (*tr)[4], double wall) {
     char line[16384];
     size_t at = (size_t)snprintf(line, sizeof line, "team_trace %.0f", 1e6 * wall);
@@ -356,11 +354,11 @@ static void gemm_many(const cgi_gemm_job *jobs, int njobs, int threads, unsigned
     if (np < 0) np = tapered_pieces(jobs, njobs, share ? 0 : threads, team, pcs);
     const int nx = ex ? ex->n : 0;
     if (share) { /* the extra tasks (a linear's bias sums) too: they ran on thread 0 alone after the products */
-        double tr[TRACE_MAX][4];
-        const bool traced = team_trace() && np + nx <= TRACE_MAX;
-        const team_task task = {jobs, pcs, fl, np, ex, traced ? tr : NULL, traced ? omp_get_wtime() : 0};
+        double(*tr)[4] = team_trace() ? malloc((size_t)(np + nx) * sizeof *tr) : NULL; /* a diagnostic: off by default */
+        const team_task task = {jobs, pcs, fl, np, ex, tr, tr ? omp_get_wtime() : 0};
         cgi_team_pieces(run_team_piece, (void *)&task, np + nx);
-        if (traced) trace_print(jobs, njobs, pcs, np, np + nx, tr, omp_get_wtime() - task.t0);
+        if (tr) trace_print(jobs, njobs, pcs, np, np + nx, tr, omp_get_wtime() - task.t0);
+        free(tr);
         return;
     }
     if (np <= 1 || threads <= 1) {
