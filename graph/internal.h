@@ -490,6 +490,8 @@ double cgi_graph_work(const cg_graph *g);
 bool cgi_team_on(void);
 /* True when a team's helpers are awake to share pieces (the guard is not resting them). */
 bool cgi_team_sharing(void);
+/* The threads that take a team's pieces: thread 0 and its helpers while they share, else 1. */
+int cgi_team_threads(void);
 /* fn(ctx, 0 .. pieces-1), shared with the team's helpers when they are awake; returns when all are done. */
 void cgi_team_pieces(void (*fn)(void *ctx, int piece), void *ctx, int pieces);
 /* body(ctx, lo, hi) over [lo, hi) ranges covering [0, n): as a team's pieces while its helpers
@@ -694,6 +696,12 @@ void cgi_gemm_many(const cgi_gemm_job *jobs, int njobs, int threads);
  * not touch the products' operands' memory as written. */
 void cgi_gemm_many_then(const cgi_gemm_job *jobs, int njobs, int threads, void (*task)(void *ctx, int i), void *ctx,
                         int ntasks);
+/* Tests: how a sharing team cuts matrix products, "guided" (the default), "taper" or "even"; NULL
+ * reads CGRAD_TEAM_SPLIT again. */
+void cgi_gemm_set_split(const char *mode);
+/* Tests: the pieces a sharing team of `threads` cuts jobs into, in claiming order, as {job, lo, hi}
+ * (rows of C, or columns where C has more of them); returns how many, or -1 above max. */
+int cgi_gemm_team_cuts(const cgi_gemm_job *jobs, int njobs, int threads, int64_t (*cuts)[3], int max);
 /* Products on BLIS's own micro-kernel over operands packed by the caller, for small products
  * that reuse an operand many times (attention's keys and values): packing it once replaces a
  * repack in every BLIS call (ops/gemm.c). A packed operand is a run of panels: A's of `mr`

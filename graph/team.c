@@ -81,6 +81,7 @@ static void guard_start(int mode) {
 }
 static _Thread_local team *my_team;   /* on thread 0 of an open team */
 static _Thread_local bool in_span;    /* on thread 0 inside cg_run_with_team, with or without helpers */
+static _Thread_local bool in_task;    /* on thread 0 while its team's task is open (see cgi_team_pieces) */
 static int guard_mode = -1;           /* CGI_TEAM_GUARD_*, from CGRAD_TEAM_GUARD once */
 static _Atomic long long stat_on, stat_off, stat_helper_pieces, stat_stalls, stat_pieces, stat_wait_ns;
 static _Atomic bool wait_for_helpers; /* tests: thread 0 leaves each task's first piece to a helper */
@@ -121,7 +122,11 @@ void cgi_team_profile(double *shared, double *wait) { *shared = prof_shared, *wa
 
 bool cgi_team_on(void) { return in_span; }
 
-bool cgi_team_sharing(void) { return my_team && atomic_load_explicit(&my_team->rest, memory_order_relaxed) == SHARE; }
+bool cgi_team_sharing(void) {
+    return my_team && !in_task && atomic_load_explicit(&my_team->rest, memory_order_relaxed) == SHARE;
+}
+
+int cgi_team_threads(void) { return cgi_team_sharing() ? 1 + my_team->helpers : 1; }
 
 static void spin_pause(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -150,12 +155,17 @@ static int take_pieces(team *tm, uint64_t task) {
     return ran;
 }
 
+/* A piece that thread 0 runs may itself ask for pieces (attention's heads run their block products
+ * through the product engine, which cuts them for a sharing team): those run in turn on thread 0,
+ * as they do on a helper. The team has one task at a time, and a nested one would replace the open
+ * task's claims and count: its unclaimed pieces were lost and thread 0 waited for them forever. */
 void cgi_team_pieces(void (*fn)(void *ctx, int piece), void *ctx, int pieces) {
     team *tm = my_team;
-    if (!tm || atomic_load_explicit(&tm->rest, memory_order_relaxed) || pieces < 2 || pieces > 0xffff) {
+    if (!tm || in_task || atomic_load_explicit(&tm->rest, memory_order_relaxed) || pieces < 2 || pieces > 0xffff) {
         for (int i = 0; i < pieces; i++) fn(ctx, i);
         return;
     }
+    in_task = true;
     tm->fn = fn, tm->ctx = ctx;
     atomic_store_explicit(&tm->finished, 0, memory_order_relaxed);
     const uint64_t task = (atomic_load_explicit(&tm->claim, memory_order_relaxed) >> 32) + 1;
@@ -171,6 +181,7 @@ void cgi_team_pieces(void (*fn)(void *ctx, int piece), void *ctx, int pieces) {
     atomic_fetch_add_explicit(&stat_pieces, pieces, memory_order_relaxed);
     if (mine < pieces) atomic_fetch_add_explicit(&stat_helper_pieces, pieces - mine, memory_order_relaxed);
     const double p1 = p0 > 0 ? cgi_profile_now() : 0;
+    in_task = false; /* thread 0's pieces are done: what follows only waits */
     if (atomic_load_explicit(&tm->finished, memory_order_acquire) >= pieces) {
         if (p0 > 0) prof_shared += p1 - p0;
         return;

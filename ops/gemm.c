@@ -9,7 +9,9 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "graph/internal.h"
 #include "ops/bf16_internal.h"
@@ -166,12 +168,52 @@ typedef struct {
     unsigned fl;
     int np;               /* product pieces; pieces from np are the extra tasks */
     const extra_tasks *ex;
+    double (*trace)[4];   /* CGRAD_TEAM_TRACE: each piece's thread, start, end and CPU seconds */
+    double t0;
 } team_task;
+
+static double thread_cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static void run_team_piece(void *ctx, int q) {
     const team_task *t = ctx;
+    const double w0 = t->trace ? omp_get_wtime() : 0, c0 = t->trace ? thread_cpu_s() : 0;
     if (q < t->np) run_piece(t->jobs, &t->pcs[q], t->fl);
     else t->ex->task(t->ex->ctx, q - t->np);
+    if (t->trace) {
+        double *r = t->trace[q];
+        r[0] = omp_get_thread_num(), r[1] = w0 - t->t0, r[2] = omp_get_wtime() - t->t0, r[3] = thread_cpu_s() - c0;
+    }
+}
+
+/* CGRAD_TEAM_TRACE=1: a line on stderr for each shared call of products, "team_trace <wall us>
+ * <m>x<n>x<k> ... | <thread>:<start>-<end>:<rows or columns, -1 an extra task>:<CPU us> ...", in
+ * claiming order; bench/team_trace.py sums it up. */
+static bool team_trace(void) {
+    static _Atomic int on = -1;
+    int t = atomic_load_explicit(&on, memory_order_relaxed);
+    if (t < 0) {
+        const char *e = getenv("CGRAD_TEAM_TRACE");
+        t = e && atoi(e) > 0;
+        atomic_store_explicit(&on, t, memory_order_relaxed);
+    }
+    return t;
+}
+
+static void trace_print(const cgi_gemm_job *jobs, int njobs, const piece *pcs, int np, int n, double (*tr)[4], double wall) {
+    char line[16384];
+    size_t at = (size_t)snprintf(line, sizeof line, "team_trace %.0f", 1e6 * wall);
+    for (int i = 0; i < njobs && at < sizeof line; i++)
+        at += (size_t)snprintf(line + at, sizeof line - at, " %lldx%lldx%lld", (long long)jobs[i].m, (long long)jobs[i].n,
+                               (long long)jobs[i].k);
+    if (at < sizeof line) at += (size_t)snprintf(line + at, sizeof line - at, " |");
+    for (int q = 0; q < n && at < sizeof line; q++)
+        at += (size_t)snprintf(line + at, sizeof line - at, " %d:%.0f-%.0f:%lld:%.0f", (int)tr[q][0], 1e6 * tr[q][1],
+                               1e6 * tr[q][2], q < np ? (long long)(pcs[q].hi - pcs[q].lo) : -1LL, 1e6 * tr[q][3]);
+    fprintf(stderr, "%s\n", line);
 }
 
 /* A job's pieces inside a team, at most: tapered, half for thread 0 and two quarters, the second
@@ -182,25 +224,120 @@ static void run_team_piece(void *ctx, int q) {
  * Matrix products (uncached generation) read the same at 3, 4, 6 and 8 pieces: 3 serves both. */
 enum { TEAM_PIECES = 3 };
 
-/* Inside a team a product's pieces taper: the first half weigh 2, the rest 1. Pieces are claimed in
- * order, so the last ones are the small ones, and the thread that finishes first waits for at most
- * a small piece of the other's (the tail wait, ~100 us of a two-thread token with even pieces).
- * The same holds outside a team. CGRAD_TEAM_SPLIT=even restores even pieces, for comparisons. Either
- * way the cuts fall on multiples of 32 rows: the same bits. */
-static bool team_taper(void) {
-    static _Atomic int taper = -1; /* any thread that cuts a product reads it */
-    int t = atomic_load_explicit(&taper, memory_order_relaxed);
+/* Inside a team a matrix-vector product's pieces taper: the first half weigh 2, the rest 1. Pieces
+ * are claimed in order, so the last ones are the small ones, and the thread that finishes first
+ * waits for at most a small piece of the other's (the tail wait, ~100 us of a two-thread token with
+ * even pieces). The same holds outside a team. A team's matrix products are cut finer to the end
+ * (guided_pieces below). Either way the cuts fall on multiples of 32 rows: the same bits.
+ * CGRAD_TEAM_SPLIT=taper cuts a team's matrix products as its vectors, =even cuts every product
+ * into even pieces, for comparisons. */
+enum { SPLIT_EVEN, SPLIT_TAPER, SPLIT_GUIDED };
+static _Atomic int split = -1; /* any thread that cuts a product reads it */
+static int team_split(void) {
+    int t = atomic_load_explicit(&split, memory_order_relaxed);
     if (t < 0) {
         const char *e = getenv("CGRAD_TEAM_SPLIT");
-        t = !(e && !strcmp(e, "even"));
-        atomic_store_explicit(&taper, t, memory_order_relaxed);
+        t = e && !strcmp(e, "even") ? SPLIT_EVEN : e && !strcmp(e, "taper") ? SPLIT_TAPER : SPLIT_GUIDED;
+        atomic_store_explicit(&split, t, memory_order_relaxed);
     }
     return t;
+}
+
+void cgi_gemm_set_split(const char *mode) {
+    atomic_store(&split, !mode ? -1 : !strcmp(mode, "even") ? SPLIT_EVEN : !strcmp(mode, "taper") ? SPLIT_TAPER : SPLIT_GUIDED);
 }
 
 /* The weight of pieces [0, q) of p tapered pieces (of p + p / 2 in all). */
 static int64_t cut_weight(int q, int p) { return q + (q < p / 2 ? q : p / 2); }
 
+/* Guided pieces for a team's matrix products: each piece takes half the work left over all the
+ * jobs (thread 0 claims the first, half of everything), down to a floor, so the pieces shrink to
+ * the end and the thread that runs out first waits at most for one floor-sized piece. A piece
+ * repacks the operand it does not cut (~12-16 multiply-adds per element on one thread here), so a
+ * piece of L rows costs ~14/L more than its share: the floor is 256 rows (or columns; 1/8 of a
+ * shorter job) and 2^20 multiply-adds, but at most the tapered cut's smallest piece (a quarter of 3
+ * pieces: an uncached generation step's products of 16 rows stay at 3 pieces), at least 32. The jobs with the shortest cut side go first,
+ * whole or in large pieces: a linear's dW (k the batch's rows) repacks 1M elements per piece in a
+ * gpt-tiny step, its dX only the weight. Cuts fall on multiples of 32 from each job's start, as the
+ * tapered ones: the same bits. Returns the pieces written to pcs (at most max), or -1: not all
+ * matrix products, or too many pieces. */
+enum { GUIDED_FLOOR = 256 };
+static int guided_pieces(const cgi_gemm_job *jobs, int njobs, int threads, piece *pcs, int max) {
+    int order[MAX_PIECES], n = 0;
+    double left = 0;
+    for (int i = 0; i < njobs; i++) {
+        const cgi_gemm_job *j = &jobs[i];
+        if (j->m == 0 || j->n == 0) continue;
+        if (j->m == 1 || j->n == 1 || n == MAX_PIECES) return -1;
+        const int64_t len = cut_rows(j) ? j->m : j->n;
+        int at = n++; /* insertion by cut length, stable */
+        while (at > 0) {
+            const cgi_gemm_job *o = &jobs[order[at - 1]];
+            if ((cut_rows(o) ? o->m : o->n) <= len) break;
+            order[at] = order[at - 1], at--;
+        }
+        order[at] = i;
+        left += (double)j->m * (double)j->n * (double)j->k;
+    }
+    int np = 0;
+    for (int o = 0; o < n; o++) {
+        const int i = order[o];
+        const cgi_gemm_job *j = &jobs[i];
+        const int64_t len = cut_rows(j) ? j->m : j->n;
+        const double per = (double)(cut_rows(j) ? j->n : j->m) * (double)j->k; /* multiply-adds per row or column */
+        int64_t least = len / 8 < GUIDED_FLOOR ? len / 8 : GUIDED_FLOOR;
+        const double min_rows = per > 0 ? (double)(1 << 20) / per : 0;
+        if ((double)least < min_rows) least = (int64_t)min_rows + 1;
+        /* never coarser than the tapered cut, whose smallest piece is a quarter (3 pieces) or a half */
+        const int tapered = pieces_of(j, TEAM_PIECES, true);
+        const int64_t smallest = tapered < 2 ? len : (tapered < 3 ? len / 2 : len / 4) / 32 * 32;
+        if (least > smallest) least = smallest;
+        least = least < 32 ? 32 : (least + 31) / 32 * 32;
+        for (int64_t lo = 0; lo < len;) {
+            int64_t take = per > 0 ? (int64_t)(left / threads / per) : len;
+            take = (take + 31) / 32 * 32;
+            if (take < least) take = least;
+            if (len - lo - take < least) take = len - lo; /* no remnant below the floor */
+            if (np == max) return -1;
+            pcs[np++] = (piece){i, lo, lo + take};
+            left -= per * (double)take;
+            lo += take;
+        }
+    }
+    return np;
+}
+
+/* Pieces for `threads` threads (0: a sharing team's, TEAM_PIECES a job), two a thread over all jobs
+ * by work, each job's tapered 2:1 (the first half of its pieces twice the size of the rest). */
+static int tapered_pieces(const cgi_gemm_job *jobs, int njobs, int threads, bool team, piece *pcs) {
+    double total = 0;
+    for (int i = 0; i < njobs; i++) total += (double)jobs[i].m * (double)jobs[i].n * (double)jobs[i].k;
+    int np = 0;
+    for (int i = 0; i < njobs; i++) {
+        const cgi_gemm_job *j = &jobs[i];
+        if (j->m == 0 || j->n == 0) continue;
+        /* two pieces per thread over all jobs, shared by work */
+        const double part = total > 0 ? (double)j->m * (double)j->n * (double)j->k / total : 1;
+        int want = threads == 0 ? TEAM_PIECES : threads > 1 ? (int)(2 * threads * part + 0.5) : 1;
+        if (want < 1) want = 1;
+        if (want > MAX_PIECES - np - (njobs - 1 - i)) want = MAX_PIECES - np - (njobs - 1 - i);
+        const int p = pieces_of(j, want, team);
+        const int64_t len = cut_rows(j) ? j->m : j->n;
+        /* on threads outside a team too: with 4 even pieces on 2 threads the thread that finishes
+         * first waits up to a quarter of the product at the region's join (more when the other was
+         * woken late); tapered 2:2:1:1, at most a sixth */
+        const bool taper = threads != 1 && p > 2 && team_split() != SPLIT_EVEN;
+        for (int q = 0; q < p; q++) {
+            /* cut on multiples of 32 so each piece keeps whole micro-tiles */
+            const int64_t c0 = taper ? cut_weight(q, p) : q, c1 = taper ? cut_weight(q + 1, p) : q + 1,
+                          ct = taper ? cut_weight(p, p) : p;
+            int64_t lo = q == 0 ? 0 : len * c0 / ct / 32 * 32, hi = q == p - 1 ? len : len * c1 / ct / 32 * 32;
+            if (p > 1 && len < 32 * p) lo = len * q / p, hi = len * (q + 1) / p;
+            if (hi > lo) pcs[np++] = (piece){i, lo, hi};
+        }
+    }
+    return np;
+}
 
 static void gemm_many(const cgi_gemm_job *jobs, int njobs, int threads, unsigned fl, const extra_tasks *ex) {
     blis_ready();
@@ -212,37 +349,16 @@ static void gemm_many(const cgi_gemm_job *jobs, int njobs, int threads, unsigned
      * 1 and 2 threads). */
     const bool team = cgi_team_on(), share = team && cgi_team_sharing();
     if (team || (threads > 1 && omp_in_parallel())) threads = 1; /* never nest a team inside a team */
-    double total = 0;
-    for (int i = 0; i < njobs; i++) total += (double)jobs[i].m * (double)jobs[i].n * (double)jobs[i].k;
     piece pcs[MAX_PIECES];
-    int np = 0;
-    for (int i = 0; i < njobs; i++) {
-        const cgi_gemm_job *j = &jobs[i];
-        if (j->m == 0 || j->n == 0) continue;
-        /* two pieces per thread over all jobs, shared by work */
-        const double part = total > 0 ? (double)j->m * (double)j->n * (double)j->k / total : 1;
-        int want = share ? TEAM_PIECES : threads > 1 ? (int)(2 * threads * part + 0.5) : 1;
-        if (want < 1) want = 1;
-        if (want > MAX_PIECES - np - (njobs - 1 - i)) want = MAX_PIECES - np - (njobs - 1 - i);
-        const int p = pieces_of(j, want, team);
-        const int64_t len = cut_rows(j) ? j->m : j->n;
-        /* on threads outside a team too: with 4 even pieces on 2 threads the thread that finishes
-         * first waits up to a quarter of the product at the region's join (more when the other was
-         * woken late); tapered 2:2:1:1, at most a sixth */
-        const bool taper = (share || threads > 1) && p > 2 && team_taper();
-        for (int q = 0; q < p; q++) {
-            /* cut on multiples of 32 so each piece keeps whole micro-tiles */
-            const int64_t c0 = taper ? cut_weight(q, p) : q, c1 = taper ? cut_weight(q + 1, p) : q + 1,
-                          ct = taper ? cut_weight(p, p) : p;
-            int64_t lo = q == 0 ? 0 : len * c0 / ct / 32 * 32, hi = q == p - 1 ? len : len * c1 / ct / 32 * 32;
-            if (p > 1 && len < 32 * p) lo = len * q / p, hi = len * (q + 1) / p;
-            if (hi > lo) pcs[np++] = (piece){i, lo, hi};
-        }
-    }
+    int np = share && team_split() == SPLIT_GUIDED ? guided_pieces(jobs, njobs, cgi_team_threads(), pcs, MAX_PIECES) : -1;
+    if (np < 0) np = tapered_pieces(jobs, njobs, share ? 0 : threads, team, pcs);
     const int nx = ex ? ex->n : 0;
     if (share) { /* the extra tasks (a linear's bias sums) too: they ran on thread 0 alone after the products */
-        const team_task task = {jobs, pcs, fl, np, ex};
+        double(*tr)[4] = team_trace() ? malloc((size_t)(np + nx) * sizeof *tr) : NULL; /* a diagnostic: off by default */
+        const team_task task = {jobs, pcs, fl, np, ex, tr, tr ? omp_get_wtime() : 0};
         cgi_team_pieces(run_team_piece, (void *)&task, np + nx);
+        if (tr) trace_print(jobs, njobs, pcs, np, np + nx, tr, omp_get_wtime() - task.t0);
+        free(tr);
         return;
     }
     if (np <= 1 || threads <= 1) {
@@ -256,6 +372,15 @@ static void gemm_many(const cgi_gemm_job *jobs, int njobs, int threads, unsigned
     for (int q = 0; q < np + nx; q++)
         if (q < np) run_piece(jobs, &pcs[q], fl);
         else ex->task(ex->ctx, q - np);
+}
+
+int cgi_gemm_team_cuts(const cgi_gemm_job *jobs, int njobs, int threads, int64_t (*cuts)[3], int max) {
+    piece pcs[MAX_PIECES];
+    int np = team_split() == SPLIT_GUIDED ? guided_pieces(jobs, njobs, threads, pcs, MAX_PIECES) : -1;
+    if (np < 0) np = tapered_pieces(jobs, njobs, 0, true, pcs);
+    if (np > max) return -1;
+    for (int q = 0; q < np; q++) cuts[q][0] = pcs[q].job, cuts[q][1] = pcs[q].lo, cuts[q][2] = pcs[q].hi;
+    return np;
 }
 
 void cgi_gemm_many(const cgi_gemm_job *jobs, int njobs, int threads) { gemm_many(jobs, njobs, threads, 0, NULL); }

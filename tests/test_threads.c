@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <string.h>
 #include <stdlib.h>
+#include <stdint.h>
+#include <unistd.h>
 
 #include "../cgrad.h"
 #include "check.h"
@@ -705,6 +707,176 @@ static void test_team_bias_sums(void) {
     shared_in_team("the bias sums", bias_runs, &frozen, &e, bias_clear, bias_check);
 }
 
+/* ---- guided pieces (ops/gemm.c): a sharing team's matrix products ---- */
+
+static cgi_gemm_job shape_job(int64_t m, int64_t n, int64_t k) {
+    return (cgi_gemm_job){.m = m, .n = n, .k = k, .alpha = 1};
+}
+
+/* The cuts of jobs for a two-thread team: each job's cut side covered once in order, cuts on
+ * multiples of 32 from its start, sizes falling, into want[] (the pieces' lengths, -1 ended). */
+static void check_cuts(const char *what, const cgi_gemm_job *jobs, int njobs, const int64_t *want) {
+    int64_t cuts[64][3];
+    const int n = cgi_gemm_team_cuts(jobs, njobs, 2, cuts, 64);
+    CHECK(n > 0, "%s: %d pieces", what, n);
+    int64_t at[4] = {0}, last = INT64_MAX;
+    for (int q = 0; q < n; q++) {
+        const int j = (int)cuts[q][0];
+        const int64_t len = jobs[j].m >= jobs[j].n ? jobs[j].m : jobs[j].n, size = cuts[q][2] - cuts[q][1];
+        CHECK(cuts[q][1] == at[j] && size > 0 && cuts[q][1] % 32 == 0 && (cuts[q][2] % 32 == 0 || cuts[q][2] == len),
+              "%s: piece %d of job %d is [%lld, %lld) after %lld", what, q, j, (long long)cuts[q][1], (long long)cuts[q][2],
+              (long long)at[j]);
+        const double work = (double)size * (double)(jobs[j].m + jobs[j].n - len) * (double)jobs[j].k;
+        CHECK(work <= last * 1.01, "%s: piece %d (%.0f multiply-adds) after a smaller one", what, q, work);
+        last = (int64_t)work, at[j] = cuts[q][2];
+        CHECK(want[q] == size, "%s: piece %d has %lld rows, want %lld", what, q, (long long)size, (long long)want[q]);
+    }
+    CHECK(want[n] == -1, "%s: %d pieces, want more", what, n);
+    for (int j = 0; j < njobs; j++)
+        CHECK(at[j] == (jobs[j].m >= jobs[j].n ? jobs[j].m : jobs[j].n), "%s: job %d covered to %lld", what, j, (long long)at[j]);
+}
+
+/* Guided: each piece half the work left, down to 256 rows; the shortest cut side first (a linear's
+ * dW whole, then its dX); a remnant below the floor joins the piece before it; no piece below
+ * 2^20 multiply-adds unless the tapered cut's smallest is (16 tokens: 3 pieces, not 2) and none
+ * smaller than it (2^21: two halves); vectors keep the tapered 3 pieces, as does
+ * CGRAD_TEAM_SPLIT=taper. */
+static void test_team_guided_cuts(void) {
+    cgi_gemm_set_split("guided");
+    const cgi_gemm_job fwd = shape_job(4096, 768, 256), bwd[2] = {shape_job(4096, 256, 1024), shape_job(1024, 256, 4096)};
+    check_cuts("gpt-tiny's q/k/v", &fwd, 1, (const int64_t[]){2048, 1024, 512, 256, 256, -1});
+    check_cuts("a linear's dX and dW", bwd, 2, (const int64_t[]){1024, 2048, 1024, 512, 256, 256, -1});
+    const cgi_gemm_job odd = shape_job(3000, 96, 64), cols = shape_job(96, 3000, 64), vec = shape_job(1, 768, 256);
+    check_cuts("3000 rows", &odd, 1, (const int64_t[]){1504, 768, 384, 344, -1});
+    check_cuts("3000 columns", &cols, 1, (const int64_t[]){1504, 768, 384, 344, -1});
+    check_cuts("a vector", &vec, 1, (const int64_t[]){384, 192, 192, -1});
+    const cgi_gemm_job step16 = shape_job(16, 768, 256), step216 = shape_job(216, 768, 256);
+    check_cuts("16 tokens' q/k/v", &step16, 1, (const int64_t[]){384, 192, 192, -1});
+    check_cuts("216 tokens' q/k/v", &step216, 1, (const int64_t[]){384, 192, 96, 96, -1});
+    const cgi_gemm_job small = shape_job(64, 256, 128); /* 2^21 multiply-adds: halves, as tapered */
+    check_cuts("a small product", &small, 1, (const int64_t[]){128, 128, -1});
+    cgi_gemm_set_split("taper");
+    check_cuts("tapered q/k/v", &fwd, 1, (const int64_t[]){2048, 1024, 1024, -1});
+    cgi_gemm_set_split(NULL);
+}
+
+/* A linear's forward and backward in a two-thread team, its products cut guided (3000 rows: the
+ * last piece a remnant of 344) and tapered, give one thread's bits in y, dX, dW and the bias's
+ * gradient, and the helpers take pieces. */
+enum { GR = 3000, GI = 64, GO = 96, GALL = GR * GO + GR * GI + GO * GI + GO };
+static cg_status guided_runs(void *ctx) {
+    cg_real *out = ctx;
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    cg_params *ps = cg_params_new();
+    cg_tensor *x = cg_params_add(ps, "x", 2, S(GR, GI)), *w = cg_params_add(ps, "w", 2, S(GO, GI));
+    cg_tensor *b = cg_params_add(ps, "b", 1, S(GO)), *u = cg_input(g, "u", CG_REAL, 2, S(GR, GO));
+    for (int64_t i = 0; i < GR * GI; i++) cg_data(x)[i] = (cg_real)sin(0.3 * (double)i);
+    for (int64_t i = 0; i < GO * GI; i++) cg_data(w)[i] = (cg_real)cos(0.7 * (double)i);
+    for (int64_t i = 0; i < GO; i++) cg_data(b)[i] = (cg_real)(0.01 * (double)i);
+    for (int64_t i = 0; i < GR * GO; i++) cg_data(u)[i] = (cg_real)cos(0.013 * (double)i);
+    cg_tensor *y = cg_linear(g, x, w, b), *l = cg_sum_all(g, cg_mul(g, y, u));
+    cg_retain(y);
+    cg_params_zero_grad(ps);
+    cg_status st = l ? cg_graph_forward(g) : CG_ERR_NOMEM;
+    if (!st) memcpy(out, cg_data(y), GR * GO * sizeof(cg_real));
+    if (!st) st = cg_graph_backward(g, l);
+    if (!st) cg_read_grad(x, out + GR * GO), cg_read_grad(w, out + GR * GO + GR * GI), cg_read_grad(b, out + GALL - GO);
+    cg_graph_free(g);
+    cg_params_free(ps);
+    return st;
+}
+
+static void test_team_guided_bits(void) {
+    static cg_real one[GALL], team[GALL];
+    cg_set_threads(1);
+    CHECK(guided_runs(one) == CG_OK, "%s", cg_last_error());
+    cgi_team_set_guard(CGI_TEAM_GUARD_ON);
+    cgi_team_wait_for_helpers(true); /* else a loaded machine may keep the helpers switched out */
+    cg_set_threads(2);
+    const char *modes[] = {"guided", "taper"};
+    for (int m = 0; m < 2; m++) {
+        cgi_gemm_set_split(modes[m]);
+        long long helped = 0;
+        for (int attempt = 0; attempt < 50 && helped == 0; attempt++) {
+            memset(team, 0, sizeof team);
+            cgi_team_counts before;
+            cgi_team_stats(&before);
+            CHECK(cg_run_with_team(guided_runs, team) == CG_OK, "%s", cg_last_error());
+            helped = team_delta(&before).helper_pieces;
+            int64_t diff = -1;
+            for (int64_t i = 0; i < GALL && diff < 0; i++)
+                if (memcmp(&one[i], &team[i], sizeof one[i])) diff = i;
+            CHECK(diff < 0, "%s pieces: value %lld (of y, dX, dW, db) %.9g in a team, %.9g on one thread", modes[m],
+                  (long long)diff, diff < 0 ? 0 : team[diff], diff < 0 ? 0 : one[diff]);
+        }
+        CHECK(helped > 0, "%s pieces: the helpers took none in 50 runs", modes[m]);
+    }
+    cgi_gemm_set_split(NULL);
+    cgi_team_set_guard(CGI_TEAM_GUARD_AUTO);
+    cgi_team_wait_for_helpers(false);
+    cg_set_threads(0);
+}
+
+/* A piece that asks for pieces itself (attention's heads run their block products through the
+ * product engine): on thread 0 the inner pieces ran as a second task of the same team, which
+ * replaced the open task's claims, so the outer task's unclaimed pieces never ran (or thread 0
+ * waited for them forever: alarm). Every outer and inner piece runs once, and each outer piece's
+ * product, cut for a sharing team when called outside one, has one thread's bits. */
+enum { NO = 4, NI = 6, NR = 96, NK = 256 };
+typedef struct {
+    _Atomic int outer[NO], inner[NO][NI];
+    const cg_real *a, *b;
+    cg_real *c; /* NO products [NR, NK] */
+} nested_case;
+
+static void nested_inner(void *ctx, int i) {
+    nested_case *n = ((void **)ctx)[0];
+    const int o = (int)(intptr_t)((void **)ctx)[1];
+    atomic_fetch_add(&n->inner[o][i], 1);
+}
+
+static void nested_outer(void *ctx, int o) {
+    nested_case *n = ctx;
+    atomic_fetch_add(&n->outer[o], 1);
+    cgi_gemm(NR, NK, NK, n->a, NK, 1, n->b, NK, 1, 1, 0, n->c + o * NR * NK, NK, 1, cgi_nthreads());
+    void *inner[2] = {n, (void *)(intptr_t)o};
+    cgi_team_pieces(nested_inner, inner, NI);
+}
+
+static cg_status nested_runs(void *ctx) {
+    cgi_team_pieces(nested_outer, ctx, NO);
+    return CG_OK;
+}
+
+static void test_team_nested_pieces(void) {
+    static cg_real a[NR * NK], b[NK * NK], one[NR * NK], c[NO * NR * NK];
+    for (int i = 0; i < NR * NK; i++) a[i] = (cg_real)sin(0.1 * i);
+    for (int i = 0; i < NK * NK; i++) b[i] = (cg_real)cos(0.3 * i);
+    cgi_gemm(NR, NK, NK, a, NK, 1, b, NK, 1, 1, 0, one, NK, 1, 1);
+    cgi_team_set_guard(CGI_TEAM_GUARD_ON);
+    cgi_team_wait_for_helpers(true);
+    cg_set_threads(2);
+    alarm(120); /* a lost piece hangs thread 0: end the test instead */
+    for (int run = 0; run < 20; run++) {
+        static nested_case n;
+        memset(&n, 0, sizeof n);
+        memset(c, 0, sizeof c);
+        n.a = a, n.b = b, n.c = c;
+        CHECK(cg_run_with_team(nested_runs, &n) == CG_OK, "%s", cg_last_error());
+        for (int o = 0; o < NO; o++) {
+            CHECK(atomic_load(&n.outer[o]) == 1, "run %d: outer piece %d ran %d times", run, o, atomic_load(&n.outer[o]));
+            for (int i = 0; i < NI; i++)
+                CHECK(atomic_load(&n.inner[o][i]) == atomic_load(&n.outer[o]), "run %d: inner piece %d of %d ran %d times",
+                      run, i, o, atomic_load(&n.inner[o][i]));
+            CHECK(!memcmp(c + o * NR * NK, one, sizeof one), "run %d: outer piece %d's product differs from one thread's", run, o);
+        }
+    }
+    alarm(0);
+    cgi_team_set_guard(CGI_TEAM_GUARD_AUTO);
+    cgi_team_wait_for_helpers(false);
+    cg_set_threads(0);
+}
+
 /* `test_threads bf16` and `test_threads onednn` (their own ctest entries, skipped where they cannot
  * run): the bf16 products on the fp32 units (needs oneDNN) and on oneDNN's kernel (avx512_bf16). */
 int main(int argc, char **argv) {
@@ -730,5 +902,8 @@ int main(int argc, char **argv) {
     test_team_embedding();
     test_team_reduce();
     test_team_bias_sums();
+    test_team_guided_cuts();
+    test_team_guided_bits();
+    test_team_nested_pieces();
     TEST_END();
 }
