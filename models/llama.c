@@ -215,9 +215,6 @@ static cg_tensor *llama_hidden(cg_graph *g, const cg_llama *m, cg_tensor *ids, c
         x = cg_residual_linear(g, x, a, b->o.w, b->o.b, p);
         h = cg_rmsnorm(g, x, b->post_norm, eps);
         if (b->moe) x = cg_add(g, x, cg_dropout(g, cg_moe_forward(g, b->moe, h, router_logits ? &router_logits[i] : NULL), p));
-        else if (p == 0 || cg_graph_mode(g) == CG_EVAL) /* the down projection, SwiGLU and the residual in one op */
-            x = cg_swiglu_linear(g, cg_linear(g, h, b->gate.w, b->gate.b), cg_linear(g, h, b->up.w, b->up.b), b->down.w,
-                                 b->down.b, x);
         else x = cg_residual_linear(g, x, cg_swiglu(g, cg_linear(g, h, b->gate.w, b->gate.b), cg_linear(g, h, b->up.w, b->up.b)),
                                     b->down.w, b->down.b, p);
         if (cg_checkpoint_end(g)) return NULL;
