@@ -684,12 +684,10 @@ typedef struct {
     bool relu;
     uint8_t ta, tb; /* CGI_EL_*: a's and b's element type (0, float, unless set); a half-precision operand
                      * is widened as it is packed, its strides counted in its own elements */
-    /* set: epi(epi_ctx, c, rsc, m, n) on each block of C (m x n at c, rows rsc apart, columns
-     * contiguous) once it holds the whole sum and the bias, while it is in cache: a residual add or
-     * an activation's gradient folded into the product (float C, no relu; a block's place in C
-     * is its address's offset from the job's C) */
-    void (*epi)(const void *ctx, cg_real *c, int64_t rsc, int64_t m, int64_t n);
-    const void *epi_ctx;
+    const cg_real *res; /* set: then C += res[m, n] (rows res_rs apart, columns contiguous), added
+                         * after the whole sum (and bias) while each strip of C is in cache: a
+                         * residual add folded into the product (float C, no relu) */
+    int64_t res_rs;
 } cgi_gemm_job;
 /* Independent products (no C shared) side by side on up to `threads` threads, each cut into
  * pieces the threads share: one team, no barrier but the last. */
@@ -776,13 +774,6 @@ typedef enum { CGI_ACT_GELU, CGI_ACT_GELU_TANH, CGI_ACT_RELU } cgi_act;
  * from y's sign for ReLU (c any buffer), with db += its column sums (db NULL: none; scratch as
  * cgi_colsum_add's). */
 void cgi_bias_gelu_fwd(const cg_real *c, const cg_real *b, cg_real *y, int64_t m, int64_t n, bool tanh_form);
-/* SwiGLU's passes for the fused swiglu_linear (ops/elementwise.c), contiguous, cg_swiglu's expressions
- * term for term: y = silu(g) * u over n elements (ranges shared by the threads); and over one range,
- * dg (+)= dy * u * silu'(g), du (+)= dy * silu(g) (assigned when ag / au; NULL: not wanted), where
- * dy may be du itself (each element read before it is written). */
-void cgi_swiglu_rows(cg_real *y, const cg_real *g, const cg_real *u, int64_t n);
-void cgi_swiglu_grads(cg_real *dg, cg_real *du, const cg_real *dy, const cg_real *g, const cg_real *u, int64_t n,
-                      bool ag, bool au);
 void cgi_bias_act_bwd(cg_real *c, const cg_real *b, const cg_real *y, const cg_real *dy, int64_t m, int64_t n,
                       cgi_act act, cg_real *db, cg_real *scratch);
 

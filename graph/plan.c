@@ -562,11 +562,11 @@ static cg_status plan_buffers(cg_graph *g, plan_ctx *pc, bool regen_on, int nshr
      * gradient starts equal to y's, so the add's copy is gone (cgi_bwd_add sees the same pointer).
      * Chains (x -> x + f(x) -> ...) share one buffer: the members' lives follow one another, so no
      * rule ever sees two of them live at once except the add between them. Later indices first: y's
-     * own owner is known when a's is decided. A linear_add y = r + x w^T (or swiglu_linear's) is such
-     * an add for r (its backward reads y's gradient as the product's dY before r's rule adds into it). */
+     * own owner is known when a's is decided. A linear_add y = r + x w^T is such an add for r
+     * (cgi_bwd_linear_add reads y's gradient as the product's dY before r's rule adds into it). */
     for (int64_t i = n - 1; i >= 0; i--) {
         cg_tensor *y = g->nodes[i];
-        const bool lin = (y->op == CGI_OP_LINEAR_ADD || y->op == CGI_OP_SWIGLU_LINEAR) && y->iarg[1] > 0;
+        const bool lin = y->op == CGI_OP_LINEAR_ADD;
         if ((y->op != CGI_OP_ADD && !lin) || y->root != y || !y->requires_grad || y->retain || !consumed[i] ||
             y->grad_in_value || (!lin && y->src[0]->root == y->src[1]->root))
             continue;

@@ -716,42 +716,6 @@ void cgi_bwd_swiglu(cg_tensor *t) {
     }
 }
 
-/* ---- swiglu's passes for swiglu_linear (ops/matmul.c), contiguous ---- */
-
-typedef struct {
-    cg_real *y;
-    const cg_real *g, *u;
-} swiglu_rows_args;
-
-static void swiglu_rows_range(int64_t lo, int64_t hi, void *ctx) {
-    const swiglu_rows_args *k = ctx;
-    cg_real *restrict y = k->y;
-    const cg_real *restrict g = k->g, *restrict u = k->u;
-    for (int64_t j = lo; j < hi; j++) y[j] = g[j] * fast_sigmoid(g[j]) * u[j];
-}
-
-void cgi_swiglu_rows(cg_real *y, const cg_real *g, const cg_real *u, int64_t n) {
-    swiglu_rows_args k = {y, g, u};
-    cgi_par_ranges(n, n, swiglu_rows_range, &k);
-}
-
-/* no restrict: dy may be du (the product's block the gradients are taken from, in up's gradient) */
-static inline void swiglu_grads_range(cg_real *dg, cg_real *du, const cg_real *dy, const cg_real *g, const cg_real *u,
-                                      int64_t n, bool ag, bool au) {
-    for (int64_t j = 0; j < n; j++) {
-        const cg_real a = dy[j], b = g[j], s = fast_sigmoid(b);
-        const cg_real dgate = a * u[j] * s * (1 + b * (1 - s)), dup = a * b * s;
-        if (dg) dg[j] = ag ? dgate : dg[j] + dgate;
-        if (du) du[j] = au ? dup : du[j] + dup;
-    }
-}
-
-void cgi_swiglu_grads(cg_real *dg, cg_real *du, const cg_real *dy, const cg_real *g, const cg_real *u, int64_t n,
-                      bool ag, bool au) {
-    if (dg && du && ag && au) swiglu_grads_range(dg, du, dy, g, u, n, true, true); /* the fused product's case */
-    else swiglu_grads_range(dg, du, dy, g, u, n, ag, au);
-}
-
 /* ---- where: cond (int32) ? a : b, all three broadcast together ---- */
 
 cg_tensor *cg_where(cg_graph *g, cg_tensor *cond, cg_tensor *a, cg_tensor *b) {

@@ -81,9 +81,10 @@ static void gemm_blis(const cgi_gemm_job *j) {
 #undef GEMM
 }
 
-/* The epilogue after a product that ran outside the blocked driver: on this piece of C */
-static void piece_epilogue(const cgi_gemm_job *j) {
-    if (j->epi && j->m > 0 && j->n > 0) j->epi(j->epi_ctx, j->c, j->rsc, j->m, j->n);
+/* C += res after a product that ran outside the blocked driver: a pass over this piece of C */
+static void add_res(const cgi_gemm_job *j) {
+    for (int64_t i = 0; j->res && i < j->m; i++)
+        for (int64_t q = 0; q < j->n; q++) j->c[i * j->rsc + q * j->csc] += j->res[i * j->res_rs + q];
 }
 
 static void gemm1(const cgi_gemm_job *j, unsigned fl) {
@@ -94,7 +95,7 @@ static void gemm1(const cgi_gemm_job *j, unsigned fl) {
     }
     if (gemm_blocked(j, 0)) return;
     gemm_blis(j);
-    piece_epilogue(j);
+    add_res(j);
     if (j->relu) /* after BLIS's product: a pass over this piece of C */
         for (int64_t i = 0; i < j->m; i++)
             for (int64_t q = 0; q < j->n; q++) {
@@ -149,11 +150,13 @@ static void run_piece(const cgi_gemm_job *jobs, const piece *pc, unsigned fl) {
     if (cut_rows(&j)) {
         j.a = ahead(j.a, pc->lo * j.rsa, j.ta != CGI_EL_F32);
         j.c = (cg_real *)ahead(j.c, pc->lo * j.rsc, fl & F_CBF16);
+        if (j.res) j.res += pc->lo * j.res_rs;
         j.m = pc->hi - pc->lo;
     } else {
         j.b = ahead(j.b, pc->lo * j.csb, j.tb != CGI_EL_F32);
         j.c = (cg_real *)ahead(j.c, pc->lo * j.csc, fl & F_CBF16);
         if (j.bias) j.bias += pc->lo * j.bias_stride;
+        if (j.res) j.res += pc->lo;
         j.n = pc->hi - pc->lo;
     }
     gemm1(&j, fl);
@@ -589,24 +592,23 @@ static pthread_once_t blk_once = PTHREAD_ONCE_INIT;
 
 /* C[m, nb] (rows rsc, columns contiguous) = alpha A B + beta C, or alpha A B + the bias, from
  * packed A (12-row panels) and B (32-column panels) of depth kc: cgi_ukr_gemm strip by strip, one
- * A panel in L1 while the B panels stream past, the bias added (relu: and C clamped at 0, on the
- * last depth pass) while the strip is in cache, row by row; then (epi: on the last depth pass) the
- * job's epilogue on the strip. */
+ * A panel in L1 while the B panels stream past, the bias added (relu: and C clamped at 0; res, rows
+ * rsr apart: added, on the last depth pass) while the strip is in cache, row by row. */
 static void blk_macro(const cgi_ukr *u, int64_t m, int64_t nb, int64_t kc, cg_real alpha, const cg_real *ap,
-                      const cg_real *bp, cg_real beta, const cg_real *bias, int64_t bs, bool relu,
-                      const cgi_gemm_job *epi, cg_real *c, int64_t rsc) {
+                      const cg_real *bp, cg_real beta, const cg_real *bias, int64_t bs, bool relu, const cg_real *res,
+                      int64_t rsr, cg_real *c, int64_t rsc) {
     for (int64_t i = 0; i < m; i += u->mr) {
         const int64_t mi = m - i < u->mr ? m - i : u->mr;
         cg_real *cr = c + i * rsc;
         cgi_ukr_gemm(u, mi, nb, kc, alpha, ap + i / u->mr * u->pmr * kc, kc, bp, kc, bias ? 0 : beta, cr, rsc, 1,
                      CGI_UKR_FULL, CGI_UKR_FULL);
-        for (int64_t r = 0; (bias || relu) && r < mi; r++) {
+        for (int64_t r = 0; (bias || relu || res) && r < mi; r++) {
             cg_real *row = cr + r * rsc;
             if (bias) cgi_add_bias_row(row, bias, bs, nb);
+            if (res) cgi_add_bias_row(row, res + (i + r) * rsr, 1, nb);
             if (relu) /* as cg_relu: NaN to 0 */
                 for (int64_t jj = 0; jj < nb; jj++) row[jj] = row[jj] > 0 ? row[jj] : 0;
         }
-        if (epi) epi->epi(epi->epi_ctx, cr, rsc, mi, nb);
     }
 }
 
@@ -727,7 +729,8 @@ static bool gemm_blocked(const cgi_gemm_job *j, unsigned fl) {
 #endif
                 blk_macro(u, mc, nb, kc, j->alpha, ap, bp, pc == 0 ? j->beta : 1,
                           pc == 0 && j->bias ? j->bias + ic * j->bias_stride : NULL, j->bias_stride,
-                          j->relu && pc + kc >= k, j->epi && !c16 && pc + kc >= k ? j : NULL,
+                          j->relu && pc + kc >= k,
+                          j->res && !c16 && pc + kc >= k ? j->res + jc * j->res_rs + ic : NULL, j->res_rs,
                           c16 ? acc : j->c + jc * j->rsc + ic, c16 ? nb : j->rsc);
 #ifndef CGRAD_DOUBLE
                 for (int64_t r = 0; c16 && pc + kc >= k && r < mc; r++) /* the block's last pass: round it */
@@ -898,7 +901,7 @@ static void gemm_half_1(const cgi_gemm_job *j, unsigned fl) {
                 cg_real *v = j->c + i * j->rsc + q * j->csc;
                 *v = *v > 0 ? *v : 0;
             }
-        piece_epilogue(j);
+        add_res(j);
     }
 }
 

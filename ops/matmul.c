@@ -167,16 +167,8 @@ static bool leading_dense(const cg_tensor *x) {
 }
 
 static int64_t rows_of(const cg_tensor *x) { return cgi_numel(x->ndim - 1, x->shape); }
-/* linear_add and swiglu_linear keep their bias's source index in iarg[2] (0: none) and their
- * residual's in iarg[1] (0: none); swiglu_linear's up is src[2]. */
-static bool indexed(const cg_tensor *t) { return t->op == CGI_OP_LINEAR_ADD || t->op == CGI_OP_SWIGLU_LINEAR; }
-/* The bias of a linear node (linear, linear_act, linear_add, swiglu_linear), or NULL. */
-static cg_tensor *bias_of(const cg_tensor *t) {
-    if (indexed(t)) return t->iarg[2] ? t->src[t->iarg[2]] : NULL;
-    return t->nsrc > 2 ? t->src[2] : NULL;
-}
-/* A linear_add's or swiglu_linear's residual, or NULL. */
-static cg_tensor *residual_of(const cg_tensor *t) { return indexed(t) && t->iarg[1] ? t->src[t->iarg[1]] : NULL; }
+/* The bias of a linear, linear_act or linear_add node (linear_add's residual comes after it), or NULL. */
+static cg_tensor *bias_of(const cg_tensor *t) { return t->nsrc > (t->op == CGI_OP_LINEAR_ADD ? 3 : 2) ? t->src[2] : NULL; }
 static int64_t row_stride(const cg_tensor *x) { return x->ndim >= 2 ? x->stride[x->ndim - 2] : 1; }
 
 /* dW can be computed as dW[n,k] = dY^T X, whose packed operand is X (row stride that of x), or as
@@ -201,15 +193,12 @@ static bool dw_in_scratch(const cg_tensor *x, const cg_tensor *w) {
     return dw_as_transpose(x, w) != w_by_columns(w);
 }
 
-/* The shape rule shared by linear, linear_act, linear_add (res: its residual, else NULL) and
- * swiglu_linear (up: its up, x its gate, both made contiguous): a node y[..., out] of op, or NULL.
- * Sources: x, w, then up, bias and res when given. */
+/* The shape rule shared by linear, linear_act and linear_add (res: its residual, else NULL): a node
+ * y[..., out] of op, or NULL. */
 static cg_tensor *linear_node(cg_graph *g, int op, const char *nm, cg_tensor *x, cg_tensor *w, cg_tensor *bias,
-                              cg_tensor *res, cg_tensor *up) {
-    cg_tensor *in[5] = {x, w, bias, res, up};
-    if (!cgi_inputs_ok(g, nm, bias ? 3 : 2, in) || (res && !cgi_inputs_ok(g, nm, 1, &res)) ||
-        (up && !cgi_inputs_ok(g, nm, 1, &up)))
-        return NULL;
+                              cg_tensor *res) {
+    cg_tensor *in[4] = {x, w, bias, res};
+    if (!cgi_inputs_ok(g, nm, bias ? 3 : 2, in) || (res && !cgi_inputs_ok(g, nm, 1, &res))) return NULL;
     if (!cgi_expect_real(nm, x, "x") || !cgi_expect_real(nm, w, "w")) return NULL;
     if (x->ndim < 1 || w->ndim != 2 || x->shape[x->ndim - 1] != w->shape[1]) {
         cgi_fail(CG_ERR_SHAPE, "[%s] x%s with w%s: w must be [out, in] with in = x's last dim", nm, cgi_shp(x),
@@ -221,23 +210,13 @@ static cg_tensor *linear_node(cg_graph *g, int op, const char *nm, cg_tensor *x,
                  cgi_shp(w));
         return NULL;
     }
-    if (up) {
-        if (!cgi_expect_real(nm, up, "up")) return NULL;
-        if (up->ndim != x->ndim || memcmp(up->shape, x->shape, sizeof(int64_t) * (size_t)x->ndim)) {
-            cgi_fail(CG_ERR_SHAPE, "[%s] gate%s and up%s must have the same shape", nm, cgi_shp(x), cgi_shp(up));
-            return NULL;
-        }
-        x = cg_contiguous(g, x); /* the passes read gate, up and their gradients as flat rows */
-        if (!(up = cg_contiguous(g, up))) return NULL;
-    } else if (!leading_dense(x)) x = cg_contiguous(g, x);
+    if (!leading_dense(x)) x = cg_contiguous(g, x);
     if (!x) return NULL;
     in[0] = x;
     int64_t s[CG_MAX_DIMS];
     memcpy(s, x->shape, sizeof s);
     s[x->ndim - 1] = w->shape[0];
-    int n_in = 2, bi = 0;
-    if (up) in[n_in++] = up;
-    if (bias) bi = n_in, in[n_in++] = bias;
+    int n_in = bias ? 3 : 2;
     if (res) {
         if (!cgi_expect_real(nm, res, "r")) return NULL;
         if (res->ndim != x->ndim || memcmp(res->shape, s, sizeof(int64_t) * (size_t)x->ndim)) {
@@ -250,7 +229,6 @@ static cg_tensor *linear_node(cg_graph *g, int op, const char *nm, cg_tensor *x,
     cg_tensor *t = cgi_node(g, op, CG_REAL, x->ndim, s, n_in, in);
     if (!t) return NULL;
     if (res) t->iarg[1] = n_in - 1;
-    if (res || up) t->iarg[2] = bi;
     /* backward scratch: the bias column sums, then dW^T when dW is computed transposed */
     if (bias && bias->requires_grad)
         t->bwd_aux_bytes = cgi_colsum_scratch(cgi_numel(x->ndim - 1, x->shape), w->shape[0]) * sizeof(cg_real);
@@ -265,7 +243,7 @@ cg_tensor *cg_linear(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias) {
                        ? cgi_lora_linear_plain(g, x, w)
                        : NULL;
     if (f) return f;
-    cg_tensor *t = linear_node(g, CGI_OP_LINEAR, "linear", x, w, bias, NULL, NULL);
+    cg_tensor *t = linear_node(g, CGI_OP_LINEAR, "linear", x, w, bias, NULL);
     return t && w->root->lora_a ? cgi_lora_linear(g, t->src[0], w, t) : t;
 }
 
@@ -276,32 +254,17 @@ static const void *weight_elems(cg_tensor *w, int *el) {
     return *el == CGI_EL_F32 && cgi_param_float(w->root) ? NULL : v;
 }
 
-/* A residual r laid out as the product's C, added to a block of C (the gemm epilogue of linear_add). */
-typedef struct {
-    const cg_real *c0, *r; /* C's start, r's */
-} residual_epi;
-
-static void add_residual(const void *ctx, cg_real *c, int64_t rsc, int64_t m, int64_t n) {
-    const residual_epi *e = ctx;
-    const cg_real *r = e->r + (c - e->c0);
-    for (int64_t i = 0; i < m; i++) cgi_add_bias_row(c + i * rsc, r + i * rsc, 1, n);
-}
-
 /* The float product y = x w^T + bias, relu: clamped at 0; the bias goes in with the product, piece
- * by piece (see gemm_blocked), and so does a linear_add's residual after it. A half-precision weight
- * is widened as it is packed. */
+ * by piece (see gemm_blocked). A half-precision weight is widened as it is packed. */
 static cg_status linear_fwd_float(cg_tensor *t, bool relu) {
     cg_tensor *x = t->src[0], *w = t->src[1], *bias = bias_of(t);
     const int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1];
     int we;
     const void *wv = weight_elems(w, &we);
     if (!wv) return CG_ERR_NOMEM;
-    const cg_tensor *r = residual_of(t);
-    const residual_epi res = {t->data, r ? r->data : NULL};
-    const cg_real *xv = t->op == CGI_OP_SWIGLU_LINEAR ? t->aux : x->data; /* swiglu_linear: its SwiGLU, x's layout */
-    const cgi_gemm_job j = {m, n, k, xv, row_stride(x), x->stride[x->ndim - 1], wv, w->stride[1], w->stride[0],
+    const cgi_gemm_job j = {m, n, k, x->data, row_stride(x), x->stride[x->ndim - 1], wv, w->stride[1], w->stride[0],
                             1, 0, t->data, n, 1, bias ? bias->data : NULL, bias ? bias->stride[0] : 0, relu,
-                            CGI_EL_F32, (uint8_t)we, res.r ? add_residual : NULL, &res};
+                            CGI_EL_F32, (uint8_t)we, t->op == CGI_OP_LINEAR_ADD ? t->src[t->iarg[1]]->data : NULL, n};
     cgi_gemm_many(&j, 1, cgi_nthreads());
     return CG_OK;
 }
@@ -349,24 +312,14 @@ static void bias_grad(cg_tensor *t, cg_tensor *bias, int64_t m, int64_t n) {
     }
 }
 
-/* Where swiglu_linear's backward wants dX (its SwiGLU's gradient): into c (laid out as x, assigned;
- * NULL: not at all), epi on each block of it (cgi_gemm_job.epi). */
-typedef struct {
-    cg_real *c;
-    void (*epi)(const void *ctx, cg_real *c, int64_t rsc, int64_t m, int64_t n);
-    const void *epi_ctx;
-} dx_into;
+static void linear_bwd(cg_tensor *t, const cg_real *dy, bool with_bias);
 
-static void linear_bwd(cg_tensor *t, const cg_real *dy, bool with_bias, const dx_into *into);
-
-void cgi_bwd_linear(cg_tensor *t) { linear_bwd(t, t->grad, true, NULL); }
+void cgi_bwd_linear(cg_tensor *t) { linear_bwd(t, t->grad, true); }
 
 /* dX and dW from dy[m, n] (t->grad, or linear_act's pre-activation gradient), and the bias's
- * gradient when with_bias; dX as into says when set (then the product's input is t->aux). */
-static void linear_bwd(cg_tensor *t, const cg_real *dy, bool with_bias, const dx_into *into) {
+ * gradient when with_bias. */
+static void linear_bwd(cg_tensor *t, const cg_real *dy, bool with_bias) {
     cg_tensor *x = t->src[0], *w = t->src[1], *bias = with_bias ? bias_of(t) : NULL;
-    const cg_real *xv = into ? t->aux : x->data;
-    const bool want_dx = into ? into->c != NULL : x->requires_grad;
     int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1];
     const int nt = cgi_nthreads();
     /* dX and dW go to the threads as one list of pieces: side by side they beat cutting each
@@ -377,7 +330,7 @@ static void linear_bwd(cg_tensor *t, const cg_real *dy, bool with_bias, const dx
     /* dX's first writer: beta 0, no zeroing; also through a view holding all of x's node, as dX is
      * written before the gradients claimed after it that may share its storage (dW follows dX when
      * they alias, the bias's sums are added after the products), except in bf16, whose bias goes first */
-    const bool assign = into ? true : x->requires_grad && (lp_on ? cgi_grad_begin(x) : cgi_grad_begin_whole(x));
+    const bool assign = x->requires_grad && (lp_on ? cgi_grad_begin(x) : cgi_grad_begin_whole(x));
     /* the op claims every input (CGI_GRAD_CLAIMS_ALL): dW's first writer since zero_grad assigns too */
     bool w_assign = w->requires_grad && cgi_grad_claim(w, !lp_on); /* bf16's products add into dW */
     if (bias && bias->requires_grad) cgi_grad_prepare(bias);
@@ -385,22 +338,21 @@ static void linear_bwd(cg_tensor *t, const cg_real *dy, bool with_bias, const dx
     if (lp_on && bias && bias->requires_grad) bias_grad(t, bias, m, n);
     const bool lp = lp_on && cgi_lp_linear_bwd(t, assign);
     int we = CGI_EL_F32;
-    const void *wv = !lp && want_dx ? weight_elems(w, &we) : w->data;
+    const void *wv = !lp && x->requires_grad ? weight_elems(w, &we) : w->data;
     if (!wv) return; /* no memory: planning widens such weights first */
     cgi_gemm_job jobs[2];
     int nj = 0;
-    if (want_dx && !lp) /* dX[m,k] += dY[m,n] @ W[n,k], a half-precision W widened as it is packed */
+    if (x->requires_grad && !lp) /* dX[m,k] += dY[m,n] @ W[n,k], a half-precision W widened as it is packed */
         jobs[nj++] = (cgi_gemm_job){m, k, n, dy, n, 1, wv, w->stride[0], w->stride[1], 1, assign ? 0 : 1,
-                                    into ? into->c : x->grad, row_stride(x), x->stride[x->ndim - 1], NULL, 0, false,
-                                    CGI_EL_F32, (uint8_t)we, into ? into->epi : NULL, into ? into->epi_ctx : NULL};
+                                    x->grad, row_stride(x), x->stride[x->ndim - 1], NULL, 0, false, CGI_EL_F32, (uint8_t)we, NULL, 0};
     if (w->requires_grad && !lp) {
         const int64_t xr = row_stride(x), xc = x->stride[x->ndim - 1];
         cg_real *s = dw_scratch(t);
         if (dw_as_transpose(x, w)) /* dW^T[k,n] = X^T[k,m] @ dY[m,n] */
-            jobs[nj++] = (cgi_gemm_job){k, n, m, xv, xc, xr, dy, n, 1, 1, s || w_assign ? 0 : 1, s ? s : w->grad,
+            jobs[nj++] = (cgi_gemm_job){k, n, m, x->data, xc, xr, dy, n, 1, 1, s || w_assign ? 0 : 1, s ? s : w->grad,
                                         s ? n : w->stride[1], s ? 1 : w->stride[0], NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0};
         else /* dW[n,k] = dY^T[n,m] @ X[m,k] */
-            jobs[nj++] = (cgi_gemm_job){n, k, m, dy, 1, n, xv, xr, xc, 1, s || w_assign ? 0 : 1, s ? s : w->grad,
+            jobs[nj++] = (cgi_gemm_job){n, k, m, dy, 1, n, x->data, xr, xc, 1, s || w_assign ? 0 : 1, s ? s : w->grad,
                                         s ? k : w->stride[0], s ? 1 : w->stride[1], NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0};
     }
     /* a contiguous bias's column sums run as further pieces of the products' parallel region: one
@@ -408,7 +360,7 @@ static void linear_bwd(cg_tensor *t, const cg_real *dy, bool with_bias, const dx
     const bool db = bias && bias->requires_grad && !lp_on, db_here = db && bias->stride[0] == 1;
     const cgi_colsum_ctx cs = {db_here ? bias->grad : NULL, db_here ? t->bwd_aux : NULL, dy, m, n, n};
     const int ntask = db_here ? cgi_colsum_tasks() : 0;
-    if (nj == 2 && (into ? cgi_grads_alias(x, w) || cgi_grads_alias(t->src[2], w) : cgi_grads_alias(x, w))) {
+    if (nj == 2 && cgi_grads_alias(x, w)) {
         cgi_gemm_many(&jobs[0], 1, nt);
         cgi_gemm_many_then(&jobs[1], 1, nt, cgi_colsum_task, (void *)&cs, ntask);
     } else cgi_gemm_many_then(jobs, nj, nt, cgi_colsum_task, (void *)&cs, ntask);
@@ -440,7 +392,7 @@ static cg_tensor *linear_act(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor 
         cg_tensor *y = cg_linear(g, x, w, bias);
         return act == CGI_ACT_RELU ? cg_relu(g, y) : act == CGI_ACT_GELU_TANH ? cg_gelu_tanh(g, y) : cg_gelu(g, y);
     }
-    cg_tensor *t = linear_node(g, CGI_OP_LINEAR_ACT, "linear_act", x, w, bias, NULL, NULL);
+    cg_tensor *t = linear_node(g, CGI_OP_LINEAR_ACT, "linear_act", x, w, bias, NULL);
     if (!t) return NULL;
     t->iarg[0] = act;
     const size_t out_bytes = (size_t)cgi_numel(t->ndim, t->shape) * sizeof(cg_real);
@@ -496,7 +448,7 @@ void cgi_bwd_linear_act(cg_tensor *t) {
     cg_real *dpre = relu ? dpre_scratch(t) : t->aux; /* GELU: over the product, which backward no longer needs */
     cgi_bias_act_bwd(dpre, bias ? bias->data : NULL, t->data, t->grad, m, n, (cgi_act)t->iarg[0],
                      db ? bias->grad : NULL, db ? t->bwd_aux : NULL);
-    linear_bwd(t, dpre, false, NULL);
+    linear_bwd(t, dpre, false);
 }
 
 /* ---- linear_add: r + (x @ w^T + bias), a residual add folded into the product ---- */
@@ -509,104 +461,17 @@ void cgi_bwd_linear_act(cg_tensor *t) {
 cg_tensor *cg_linear_add(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias, cg_tensor *r) {
     if ((w && w->root && w->root->lora_a) || (g && cg_graph_precision(g) == CG_BF16))
         return cg_add(g, r, cg_linear(g, x, w, bias));
-    return linear_node(g, CGI_OP_LINEAR_ADD, "linear_add", x, w, bias, r, NULL);
+    return linear_node(g, CGI_OP_LINEAR_ADD, "linear_add", x, w, bias, r);
 }
 
 cg_status cgi_fwd_linear_add(cg_tensor *t) { return linear_fwd_float(t, false); }
 
-/* r's gradient is the sum's: claimed when the planner gave r this op's gradient buffer, else added. */
-static void residual_bwd(cg_tensor *t) {
-    cg_tensor *r = residual_of(t);
-    if (!r || !r->requires_grad) return;
-    if (r->grad == t->grad && r->root == r) cgi_grad_begin(r);
-    else cgi_unbroadcast_claim(r, t->grad, t->ndim, t->shape, 1.0);
-}
-
 void cgi_bwd_linear_add(cg_tensor *t) {
-    linear_bwd(t, t->grad, true, NULL);
-    residual_bwd(t);
-}
-
-/* ---- swiglu_linear: (r +) silu(gate) * up @ w^T + bias, LLaMA's MLP after its gate and up ---- */
-
-/* Forward forms SwiGLU into aux (the product's input, which dW reads in backward) and runs the
- * product with the residual added as linear_add does. Backward's dX is SwiGLU's gradient dS: each
- * block of it, while in cache, becomes gate's and up's gradients (written over dS in up's), so dS
- * is never written out and read back, nor is a buffer held for it. That needs both gradients to
- * be this op's to assign; otherwise dS goes over aux after dW has read it, and a pass adds. The
- * expressions are cg_swiglu's and the products linear's: the composite's bits. */
-cg_tensor *cg_swiglu_linear(cg_graph *g, cg_tensor *gate, cg_tensor *up, cg_tensor *w, cg_tensor *bias, cg_tensor *r) {
-    if ((w && w->root && w->root->lora_a) || (g && cg_graph_precision(g) == CG_BF16)) {
-        cg_tensor *s = cg_swiglu(g, gate, up);
-        return r ? cg_linear_add(g, s, w, bias, r) : cg_linear(g, s, w, bias);
-    }
-    cg_tensor *t = linear_node(g, CGI_OP_SWIGLU_LINEAR, "swiglu_linear", gate, w, bias, r, up);
-    if (t) t->aux_bytes = (size_t)cgi_numel(gate->ndim, gate->shape) * sizeof(cg_real);
-    return t;
-}
-
-cg_status cgi_fwd_swiglu_linear(cg_tensor *t) {
-    cgi_swiglu_rows(t->aux, t->src[0]->data, t->src[2]->data, cgi_numel(t->src[0]->ndim, t->src[0]->shape));
-    return linear_fwd_float(t, false);
-}
-
-/* The dX blocks' epilogue: gate's and up's gradients from dS in up's gradient (all laid out alike). */
-typedef struct {
-    const cg_real *c0, *g, *u;
-    cg_real *dg;
-} swiglu_epi;
-
-static void swiglu_grads_epi(const void *ctx, cg_real *c, int64_t rsc, int64_t m, int64_t n) {
-    const swiglu_epi *e = ctx;
-    const int64_t off = c - e->c0;
-    for (int64_t i = 0; i < m; i++, c += rsc)
-        cgi_swiglu_grads(e->dg + off + i * rsc, c, c, e->g + off + i * rsc, e->u + off + i * rsc, n, true, true);
-}
-
-/* The other way: SwiGLU's gradients added from dS in aux, row ranges shared unless gate's and up's
- * gradients share storage. */
-typedef struct {
-    cg_real *dg, *du;
-    const cg_real *ds, *g, *u;
-    int64_t f;
-    bool ag, au;
-} swiglu_add_args;
-
-static void swiglu_add_rows(int64_t lo, int64_t hi, void *ctx) {
-    const swiglu_add_args *a = ctx;
-    const int64_t o = lo * a->f;
-    cgi_swiglu_grads(a->dg ? a->dg + o : NULL, a->du ? a->du + o : NULL, a->ds + o, a->g + o, a->u + o, (hi - lo) * a->f,
-                     a->ag, a->au);
-}
-
-void cgi_bwd_swiglu_linear(cg_tensor *t) {
-    cg_tensor *ga = t->src[0], *w = t->src[1], *up = t->src[2];
-    const int64_t m = rows_of(ga), f = w->shape[1];
-    const bool alias = ga->requires_grad && up->requires_grad && cgi_grads_alias(ga, up);
-    bool ag = false, au = false;
-    if (!alias) {
-        if (ga->requires_grad) ag = cgi_grad_begin(ga);
-        if (up->requires_grad) au = cgi_grad_begin(up);
-    } else cgi_grad_prepare(ga), cgi_grad_prepare(up);
-    if (ag && au) { /* the usual case: the gradients in dX's epilogue */
-        const swiglu_epi e = {up->grad, ga->data, up->data, ga->grad};
-        linear_bwd(t, t->grad, true, &(dx_into){up->grad, swiglu_grads_epi, &e});
-    } else {
-        linear_bwd(t, t->grad, true, &(dx_into){NULL, NULL, NULL}); /* dW (from aux) and the bias */
-        if (ga->requires_grad || up->requires_grad) {
-            int we;
-            const void *wv = weight_elems(w, &we);
-            if (!wv) return;
-            const cgi_gemm_job j = {m, f, w->shape[0], t->grad, w->shape[0], 1, wv, w->stride[0], w->stride[1], 1, 0,
-                                    t->aux, f, 1, NULL, 0, false, CGI_EL_F32, (uint8_t)we, NULL, NULL};
-            cgi_gemm_many(&j, 1, cgi_nthreads());
-            swiglu_add_args a = {ga->requires_grad ? ga->grad : NULL, up->requires_grad ? up->grad : NULL, t->aux,
-                                 ga->data, up->data, f, ag, au};
-            if (alias) swiglu_add_rows(0, m, &a);
-            else cgi_par_ranges(m, m * f, swiglu_add_rows, &a);
-        }
-    }
-    residual_bwd(t);
+    cg_tensor *r = t->src[t->iarg[1]];
+    linear_bwd(t, t->grad, true);
+    if (!r->requires_grad) return;
+    if (r->grad == t->grad && r->root == r) cgi_grad_begin(r); /* given this op's gradient buffer: claimed */
+    else cgi_unbroadcast_claim(r, t->grad, t->ndim, t->shape, 1.0);
 }
 
 /* ---- batched products composed from matmul (its batched BLIS path and backward) ---- */

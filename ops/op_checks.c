@@ -537,21 +537,6 @@ static cg_tensor *linear_add_self(ctx *c) {
     return cg_linear_add(c->g, x, X2(4, 4), X1(4), x);
 }
 static cg_tensor *linear_add_wide(ctx *c) { return cg_linear_add(c->g, X2(33, 34), X2(35, 34), X1(35), X2(33, 35)); }
-/* swiglu_linear: r + silu(gate) * up @ w^T + bias; gate and up as views and without bias or r, one
- * tensor as both (their gradients add: the pass after the product), and the blocked driver's blocks */
-static cg_tensor *swiglu_linear_(ctx *c) {
-    return cg_swiglu_linear(c->g, X3(2, 3, 4), X3(2, 3, 4), X2(5, 4), X1(5), X3(2, 3, 5));
-}
-static cg_tensor *swiglu_linear_view(ctx *c) {
-    return cg_swiglu_linear(c->g, T(X2(4, 3)), T(X2(4, 3)), T(X2(4, 5)), NULL, NULL);
-}
-static cg_tensor *swiglu_linear_self(ctx *c) {
-    cg_tensor *x = X2(3, 4);
-    return cg_swiglu_linear(c->g, x, x, X2(5, 4), X1(5), X2(3, 5));
-}
-static cg_tensor *swiglu_linear_wide(ctx *c) {
-    return cg_swiglu_linear(c->g, X2(33, 34), X2(33, 34), X2(35, 34), X1(35), X2(33, 35));
-}
 
 static const check_case cases[] = {
     {"add", "[3,4] + [3,4]", add_same},
@@ -767,10 +752,6 @@ static const check_case cases[] = {
     {"linear_add", "[5,3]^T + [4,3]^T w[4,5]^T", linear_add_view},
     {"linear_add", "x[3,4] + x w[4,4] b[4]", linear_add_self},
     {"linear_add", "[33,35] + x[33,34] w[35,34] b[35]", linear_add_wide},
-    {"swiglu_linear", "[2,3,5] + [2,3,4]x2 w[5,4] b[5]", swiglu_linear_},
-    {"swiglu_linear", "[4,3]^T x2 w[4,5]^T", swiglu_linear_view},
-    {"swiglu_linear", "[3,5] + x,x[3,4] w[5,4] b[5]", swiglu_linear_self},
-    {"swiglu_linear", "[33,35] + [33,34]x2 w[35,34] b[35]", swiglu_linear_wide},
 };
 
 int cg_gradcheck_ops(FILE *out, double tol, const char *filter) {

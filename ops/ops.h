@@ -154,11 +154,6 @@ cg_tensor *cg_linear_relu(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bi
  * the product's; equal bit for bit to cg_add(r, cg_linear(...)), which it builds instead in a bf16
  * graph or for a weight with a LoRA adapter. */
 cg_tensor *cg_linear_add(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias, cg_tensor *r);
-/* r + swiglu(gate, up) @ w^T + bias as one op (LLaMA's MLP down projection and residual; r and bias may
- * be NULL): backward turns each block of the product's input gradient into gate's and up's gradients
- * while it is in cache; equal bit for bit to cg_linear_add(cg_swiglu(gate, up), w, bias, r), which it
- * builds instead in a bf16 graph or for a weight with a LoRA adapter. */
-cg_tensor *cg_swiglu_linear(cg_graph *g, cg_tensor *gate, cg_tensor *up, cg_tensor *w, cg_tensor *bias, cg_tensor *r);
 
 /* ---- normalisation and softmax (last axis) ---- */
 

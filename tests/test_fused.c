@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* Every fused op against its composite twin built from simpler ops, forward and backward with
  * respect to every real input: cross_entropy, layernorm, rmsnorm, swiglu, silu, masked_softmax,
- * linear, linear_gelu, linear_relu, add_layernorm, linear_add, swiglu_linear. Both versions
+ * linear, linear_gelu, linear_relu, add_layernorm, linear_add. Both versions
  * get the same inputs (same seed) and the same upstream gradient R (loss = sum(out * R)). */
 #include <math.h>
 #include <stdlib.h>
@@ -618,68 +618,6 @@ static void test_linear_add(void) {
     cg_graph_free(g);
 }
 
-/* ---- swiglu_linear: against linear_add(swiglu(gate, up), ...), LLaMA's MLP down projection ---- */
-
-typedef struct {
-    int64_t rows, f, out;
-    bool bias, residual;
-    int shared; /* 0: gate and up their own leaves; 1: one leaf as both; 2: up also read by a later op */
-} sl_arg;
-
-static cg_tensor *sl_build(bctx *c, bool fused) {
-    const sl_arg *a = c->arg;
-    cg_tensor *w = leaf(c, "w", 2, S(a->out, a->f), -1, 1, true);
-    cg_tensor *b = a->bias ? leaf(c, "b", 1, &a->out, -1, 1, true) : NULL;
-    cg_tensor *gate = leaf(c, "gate", 2, S(a->rows, a->f), -3, 3, false);
-    cg_tensor *up = a->shared == 1 ? gate : leaf(c, "up", 2, S(a->rows, a->f), -1, 1, false);
-    cg_tensor *r = a->residual ? cg_scale(c->g, leaf(c, "r", 2, S(a->rows, a->out), -1, 1, false), 0.5) : NULL;
-    if (a->shared == 2) up = cg_scale(c->g, up, 1.0); /* a node whose gradient the fused op may claim */
-    cg_tensor *y = fused ? cg_swiglu_linear(c->g, gate, up, w, b, r)
-                         : (r ? cg_linear_add(c->g, cg_swiglu(c->g, gate, up), w, b, r)
-                              : cg_linear(c->g, cg_swiglu(c->g, gate, up), w, b));
-    /* up read after: its gradient is written before this op's backward, which then adds */
-    return a->shared == 2 ? cg_add(c->g, y, cg_slice(c->g, up, 1, 0, a->out)) : y;
-}
-
-/* The SwiGLU pass and its gradients are cg_swiglu's expressions and the products linear's, so the
- * fused op has the composite's bits, on one thread and two; and two threads give one's. */
-static void test_swiglu_linear(void) {
-    const int threads = cg_threads();
-    exact = true;
-    for (int nt = 1; nt <= 2; nt++) {
-        cg_set_threads(nt);
-        sl_arg a = {6, 5, 4, true, true, 0};
-        compare("swiglu_linear [6,5] -> 4, bias and residual", sl_build, &a);
-        sl_arg b = {7, 9, 3, false, false, 0};
-        compare("swiglu_linear [7,9] -> 3 plain", sl_build, &b);
-        sl_arg d = {5, 6, 4, true, true, 1};
-        compare("swiglu_linear, gate = up (gradients added after the product)", sl_build, &d);
-        sl_arg e = {64, 96, 40, true, true, 2};
-        compare("swiglu_linear, up read again later (its gradient added)", sl_build, &e);
-        /* the blocked driver's blocks; llama-tiny's widths: 688 columns of dS in two column blocks */
-        sl_arg h = {512, 688, 256, false, true, 0};
-        compare("swiglu_linear [512,688] -> 256 with residual", sl_build, &h);
-    }
-    sl_arg big = {1024, 688, 256, true, true, 0};
-    cg_set_threads(1);
-    result one = run(sl_build, &big, true);
-    cg_set_threads(2);
-    result two = run(sl_build, &big, true);
-    CHECK(one.ok && two.ok && one.count == two.count, "swiglu_linear threads: runs failed");
-    for (int i = 0; one.ok && two.ok && i < one.count; i++)
-        CHECK(one.n[i] == two.n[i] && !memcmp(one.v[i], two.v[i], (size_t)one.n[i] * sizeof(cg_real)),
-              "swiglu_linear [1024,688] -> 256: %s differs on 2 threads from 1", one.name[i]);
-    for (int i = 0; i < MAX_LEAVES + 1; i++) free(one.v[i]), free(two.v[i]);
-    cg_set_threads(threads);
-    exact = false;
-    cg_graph *g = cg_graph_new(CG_TRAIN);
-    cg_tensor *x = cg_input(g, "x", CG_REAL, 2, S(4, 6)), *u = cg_input(g, "u", CG_REAL, 2, S(4, 5)),
-              *w = cg_input(g, "w", CG_REAL, 2, S(3, 6));
-    CHECK(!cg_swiglu_linear(g, x, u, w, NULL, NULL) && strstr(cg_last_error(), "[swiglu_linear] gate[4,6] and up[4,5]"),
-          "mismatched up: %s", cg_last_error());
-    cg_graph_free(g);
-}
-
 int main(void) {
     test_cross_entropy();
     test_layernorm();
@@ -692,6 +630,5 @@ int main(void) {
     test_linear_gelu();
     test_linear_relu();
     test_linear_add();
-    test_swiglu_linear();
     TEST_END();
 }
