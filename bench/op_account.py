@@ -26,7 +26,7 @@ import subprocess
 import sys
 
 # Ops whose work is matrix products (the model FLOPs): everything else is counted as "other ops".
-PRODUCTS = {"linear", "linear_act", "matmul", "attention", "linear_cross_entropy", "lora_linear", "segment_linear",
+PRODUCTS = {"linear", "linear_act", "linear_add", "matmul", "attention", "linear_cross_entropy", "lora_linear", "segment_linear",
             "conv2d", "sdpa"}
 PROFILE_LINE = re.compile(r"\[profile\] (fwd|bwd) node (\d+) (\w+)\S*: ([\d.]+) ms")
 

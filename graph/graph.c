@@ -497,7 +497,7 @@ double cgi_graph_work(const cg_graph *g) {
         }
         const cg_tensor *a = t->nsrc ? t->src[0] : NULL, *b = t->nsrc > 1 ? t->src[1] : NULL;
         if (t->op == CGI_OP_MATMUL) w = (double)cgi_numel(t->ndim, t->shape) * (double)a->shape[a->ndim - 1];
-        else if (cgi_is_linear(t) || t->op == CGI_OP_LINEAR_ACT) w = (double)cgi_numel(t->ndim, t->shape) * (double)b->shape[1];
+        else if (cgi_is_linear(t) || t->op == CGI_OP_LINEAR_ACT || t->op == CGI_OP_LINEAR_ADD) w = (double)cgi_numel(t->ndim, t->shape) * (double)b->shape[1];
         else if (t->op == CGI_OP_LINEAR_CROSS_ENTROPY) w = (double)cgi_numel(a->ndim, a->shape) * (double)b->shape[0];
         else if (t->op == CGI_OP_ATTENTION) w = 2 * (double)cgi_numel(t->ndim, t->shape) * (double)b->shape[2];
         work += w;

@@ -280,7 +280,7 @@ static inline unsigned cgi_bwd_reads(const cg_tensor *t) {
     unsigned r = cgi_ops[t->op].bwd_reads;
     /* a linear reads its input only for dW and its weight only for dX: a frozen weight's product
      * keeps no input alive for backward (LoRA's bases), a constant input keeps no weight */
-    if (t->op == CGI_OP_LINEAR) {
+    if (t->op == CGI_OP_LINEAR || t->op == CGI_OP_LINEAR_ADD) {
         if (!t->src[1]->requires_grad) r &= ~1u;
         if (!t->src[0]->requires_grad) r &= ~2u;
     }
@@ -687,6 +687,10 @@ typedef struct {
     bool relu;
     uint8_t ta, tb; /* CGI_EL_*: a's and b's element type (0, float, unless set); a half-precision operand
                      * is widened as it is packed, its strides counted in its own elements */
+    const cg_real *res; /* set: then C += res[m, n] (rows res_rs apart, columns contiguous), added
+                         * after the whole sum (and bias) while each strip of C is in cache: a
+                         * residual add folded into the product (float C, no relu) */
+    int64_t res_rs;
 } cgi_gemm_job;
 /* Independent products (no C shared) side by side on up to `threads` threads, each cut into
  * pieces the threads share: one team, no barrier but the last. */

@@ -566,13 +566,18 @@ static cg_status plan_buffers(cg_graph *g, plan_ctx *pc, bool regen_on, const bo
      * gradient starts equal to y's, so the add's copy is gone (cgi_bwd_add sees the same pointer).
      * Chains (x -> x + f(x) -> ...) share one buffer: the members' lives follow one another, so no
      * rule ever sees two of them live at once except the add between them. Later indices first: y's
-     * own owner is known when a's is decided. */
+     * own owner is known when a's is decided. A linear_add y = r + x w^T is such an add for r
+     * (cgi_bwd_linear_add reads y's gradient as the product's dY before r's rule adds into it). */
     for (int64_t i = n - 1; i >= 0; i--) {
         cg_tensor *y = g->nodes[i];
-        if (y->op != CGI_OP_ADD || y->root != y || !y->requires_grad || y->retain || !consumed[i] || y->grad_in_value ||
-            y->src[0]->root == y->src[1]->root)
+        const bool lin = y->op == CGI_OP_LINEAR_ADD;
+        if ((y->op != CGI_OP_ADD && !lin) || y->root != y || !y->requires_grad || y->retain || !consumed[i] ||
+            y->grad_in_value || (!lin && y->src[0]->root == y->src[1]->root))
             continue;
-        for (int k = 0; k < 2; k++) {
+        bool shared = false; /* r's storage read or written as another source's too */
+        for (int k = 0; lin && k < y->nsrc; k++) shared |= k != y->iarg[1] && y->src[k]->root == y->src[y->iarg[1]]->root;
+        if (shared) continue;
+        for (int k = lin ? (int)y->iarg[1] : 0; k < (lin ? (int)y->iarg[1] + 1 : 2); k++) {
             cg_tensor *a = y->src[k];
             if (a->root != a || a->id < 0 || cgi_ops[a->op].kind != CGI_KIND_COMPUTE || !a->requires_grad || a->retain ||
                 !consumed[a->id] || a->grad_in_value || a->dtype != CG_REAL || a->ndim != y->ndim ||

@@ -146,10 +146,10 @@ static cg_tensor *gpt_hidden(cg_graph *g, const cg_gpt *m, cg_tensor *ids, cg_kv
         cg_tensor *q = cg_split_heads(g, qkv[0], heads), *k = cg_split_heads(g, qkv[1], heads),
                   *v = cg_split_heads(g, qkv[2], heads);
         cg_tensor *a = cg_merge_heads(g, cg_cached_attention(g, cache, i, q, k, v, p));
-        x = cg_add(g, x, cg_dropout(g, conv1d(g, a, b->proj_w, b->proj_b), p));
+        x = cg_residual_linear(g, x, a, cg_transpose(g, b->proj_w, 0, 1), b->proj_b, p);
         cg_tensor *f = cg_linear_gelu(g, cg_layernorm(g, x, b->ln2_w, b->ln2_b, eps), cg_transpose(g, b->fc_w, 0, 1),
                                       b->fc_b, true);
-        x = cg_add(g, x, cg_dropout(g, conv1d(g, f, b->fc2_w, b->fc2_b), p));
+        x = cg_residual_linear(g, x, f, cg_transpose(g, b->fc2_w, 0, 1), b->fc2_b, p);
         if (cg_checkpoint_end(g)) return NULL;
     }
     return cg_layernorm(g, x, m->lnf_w, m->lnf_b, eps);

@@ -62,6 +62,11 @@ cg_tensor *cg_post_ln_residual(cg_graph *g, cg_tensor *x, cg_tensor *sub, double
     return cg_add_layernorm(g, x, cg_dropout(g, sub, dropout), w, b, eps);
 }
 
+cg_tensor *cg_residual_linear(cg_graph *g, cg_tensor *x, cg_tensor *a, cg_tensor *w, cg_tensor *b, double dropout) {
+    if (dropout == 0 || (g && cg_graph_mode(g) == CG_EVAL)) return cg_linear_add(g, a, w, b, x);
+    return cg_add(g, x, cg_dropout(g, cg_linear(g, a, w, b), dropout));
+}
+
 cg_tensor *cg_position_ids(cg_graph *g, int64_t t, int64_t offset) {
     cg_tensor *p = cg_input(g, "positions", CG_INT32, 1, &t);
     for (int64_t i = 0; p && i < t; i++) cg_idata(p)[i] = (int32_t)(offset + i);

@@ -29,6 +29,10 @@ cg_tensor *cg_multi_head(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, 
 cg_tensor *cg_post_ln_residual(cg_graph *g, cg_tensor *x, cg_tensor *sub, double dropout, cg_tensor *w, cg_tensor *b,
                                double eps);
 
+/* Pre-LN residual after a projection (GPT-2, LLaMA): x + dropout(a @ w^T + b), w [out, in] (b may be
+ * NULL); one linear_add, whose product adds x while in cache, where dropout is the identity (p 0 or eval). */
+cg_tensor *cg_residual_linear(cg_graph *g, cg_tensor *x, cg_tensor *a, cg_tensor *w, cg_tensor *b, double dropout);
+
 /* int32 input [T] holding offset, offset+1, ... (position ids). */
 cg_tensor *cg_position_ids(cg_graph *g, int64_t t, int64_t offset);
 

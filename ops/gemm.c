@@ -83,6 +83,12 @@ static void gemm_blis(const cgi_gemm_job *j) {
 #undef GEMM
 }
 
+/* C += res after a product that ran outside the blocked driver: a pass over this piece of C */
+static void add_res(const cgi_gemm_job *j) {
+    for (int64_t i = 0; j->res && i < j->m; i++)
+        for (int64_t q = 0; q < j->n; q++) j->c[i * j->rsc + q * j->csc] += j->res[i * j->res_rs + q];
+}
+
 static void gemm1(const cgi_gemm_job *j, unsigned fl) {
     if (j->m == 0 || j->n == 0) return;
     if (half_job(j) || (fl & F_CBF16)) {
@@ -91,6 +97,7 @@ static void gemm1(const cgi_gemm_job *j, unsigned fl) {
     }
     if (gemm_blocked(j, 0)) return;
     gemm_blis(j);
+    add_res(j);
     if (j->relu) /* after BLIS's product: a pass over this piece of C */
         for (int64_t i = 0; i < j->m; i++)
             for (int64_t q = 0; q < j->n; q++) {
@@ -145,11 +152,13 @@ static void run_piece(const cgi_gemm_job *jobs, const piece *pc, unsigned fl) {
     if (cut_rows(&j)) {
         j.a = ahead(j.a, pc->lo * j.rsa, j.ta != CGI_EL_F32);
         j.c = (cg_real *)ahead(j.c, pc->lo * j.rsc, fl & F_CBF16);
+        if (j.res) j.res += pc->lo * j.res_rs;
         j.m = pc->hi - pc->lo;
     } else {
         j.b = ahead(j.b, pc->lo * j.csb, j.tb != CGI_EL_F32);
         j.c = (cg_real *)ahead(j.c, pc->lo * j.csc, fl & F_CBF16);
         if (j.bias) j.bias += pc->lo * j.bias_stride;
+        if (j.res) j.res += pc->lo;
         j.n = pc->hi - pc->lo;
     }
     gemm1(&j, fl);
@@ -393,7 +402,7 @@ void cgi_gemm_many_then(const cgi_gemm_job *jobs, int njobs, int threads, void (
 
 void cgi_gemm(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, int64_t csa, const cg_real *b,
               int64_t rsb, int64_t csb, cg_real alpha, cg_real beta, cg_real *c, int64_t rsc, int64_t csc, int threads) {
-    const cgi_gemm_job j = {m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, c, rsc, csc, NULL, 0, false, CGI_EL_F32, CGI_EL_F32};
+    const cgi_gemm_job j = {m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, c, rsc, csc, NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0};
     cgi_gemm_many(&j, 1, threads);
 }
 
@@ -708,19 +717,20 @@ static pthread_once_t blk_once = PTHREAD_ONCE_INIT;
 
 /* C[m, nb] (rows rsc, columns contiguous) = alpha A B + beta C, or alpha A B + the bias, from
  * packed A (12-row panels) and B (32-column panels) of depth kc: cgi_ukr_gemm strip by strip, one
- * A panel in L1 while the B panels stream past, the bias added (relu: and C clamped at 0, on the
- * last depth pass) while the strip is in cache, row by row. */
+ * A panel in L1 while the B panels stream past, the bias added (relu: and C clamped at 0; res, rows
+ * rsr apart: added, on the last depth pass) while the strip is in cache, row by row. */
 static void blk_macro(const cgi_ukr *u, int64_t m, int64_t nb, int64_t kc, cg_real alpha, const cg_real *ap,
-                      const cg_real *bp, cg_real beta, const cg_real *bias, int64_t bs, bool relu, cg_real *c,
-                      int64_t rsc) {
+                      const cg_real *bp, cg_real beta, const cg_real *bias, int64_t bs, bool relu, const cg_real *res,
+                      int64_t rsr, cg_real *c, int64_t rsc) {
     for (int64_t i = 0; i < m; i += u->mr) {
         const int64_t mi = m - i < u->mr ? m - i : u->mr;
         cg_real *cr = c + i * rsc;
         cgi_ukr_gemm(u, mi, nb, kc, alpha, ap + i / u->mr * u->pmr * kc, kc, bp, kc, bias ? 0 : beta, cr, rsc, 1,
                      CGI_UKR_FULL, CGI_UKR_FULL);
-        for (int64_t r = 0; (bias || relu) && r < mi; r++) {
+        for (int64_t r = 0; (bias || relu || res) && r < mi; r++) {
             cg_real *row = cr + r * rsc;
             if (bias) cgi_add_bias_row(row, bias, bs, nb);
+            if (res) cgi_add_bias_row(row, res + (i + r) * rsr, 1, nb);
             if (relu) /* as cg_relu: NaN to 0 */
                 for (int64_t jj = 0; jj < nb; jj++) row[jj] = row[jj] > 0 ? row[jj] : 0;
         }
@@ -844,7 +854,9 @@ static bool gemm_blocked(const cgi_gemm_job *j, unsigned fl) {
 #endif
                 blk_macro(u, mc, nb, kc, j->alpha, ap, bp, pc == 0 ? j->beta : 1,
                           pc == 0 && j->bias ? j->bias + ic * j->bias_stride : NULL, j->bias_stride,
-                          j->relu && pc + kc >= k, c16 ? acc : j->c + jc * j->rsc + ic, c16 ? nb : j->rsc);
+                          j->relu && pc + kc >= k,
+                          j->res && !c16 && pc + kc >= k ? j->res + jc * j->res_rs + ic : NULL, j->res_rs,
+                          c16 ? acc : j->c + jc * j->rsc + ic, c16 ? nb : j->rsc);
 #ifndef CGRAD_DOUBLE
                 for (int64_t r = 0; c16 && pc + kc >= k && r < mc; r++) /* the block's last pass: round it */
                     cgi_lp_round((cgi_bf16 *)j->c + (jc + r) * j->rsc + ic, acc + r * nb, nb, 1);
@@ -1014,6 +1026,7 @@ static void gemm_half_1(const cgi_gemm_job *j, unsigned fl) {
                 cg_real *v = j->c + i * j->rsc + q * j->csc;
                 *v = *v > 0 ? *v : 0;
             }
+        add_res(j);
     }
 }
 
@@ -1021,7 +1034,7 @@ bool cgi_gemm_half(int64_t m, int64_t n, int64_t k, const void *a, int ta, int64
                    int64_t rsb, int64_t csb, float alpha, float beta, void *c, int64_t rsc, const float *bias, bool c_bf16,
                    int threads) {
     const cgi_gemm_job j = {m, n, k, a, rsa, csa, b, rsb, csb, alpha, c_bf16 ? 0 : beta, c, rsc, 1, bias, 1, false,
-                            (uint8_t)ta, (uint8_t)tb};
+                            (uint8_t)ta, (uint8_t)tb, NULL, 0};
     gemm_many(&j, 1, threads, c_bf16 ? F_CBF16 : 0, NULL);
     return true;
 }

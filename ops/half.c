@@ -86,6 +86,7 @@ bool cgi_reads_half(const cg_graph *g, const cg_tensor *t, int k) {
     case CGI_OP_LINEAR:
     case CGI_OP_LORA_LINEAR:
     case CGI_OP_LINEAR_ACT:
+    case CGI_OP_LINEAR_ADD:
     case CGI_OP_LINEAR_CROSS_ENTROPY: return k == 1 && cgi_half_products();
     default: return false;
     }

@@ -167,6 +167,8 @@ static bool leading_dense(const cg_tensor *x) {
 }
 
 static int64_t rows_of(const cg_tensor *x) { return cgi_numel(x->ndim - 1, x->shape); }
+/* The bias of a linear, linear_act or linear_add node (linear_add's residual comes after it), or NULL. */
+static cg_tensor *bias_of(const cg_tensor *t) { return t->nsrc > (t->op == CGI_OP_LINEAR_ADD ? 3 : 2) ? t->src[2] : NULL; }
 static int64_t row_stride(const cg_tensor *x) { return x->ndim >= 2 ? x->stride[x->ndim - 2] : 1; }
 
 /* dW can be computed as dW[n,k] = dY^T X, whose packed operand is X (row stride that of x), or as
@@ -191,10 +193,12 @@ static bool dw_in_scratch(const cg_tensor *x, const cg_tensor *w) {
     return dw_as_transpose(x, w) != w_by_columns(w);
 }
 
-/* The shape rule shared by linear and linear_act: a node y[..., out] of op, or NULL. */
-static cg_tensor *linear_node(cg_graph *g, int op, const char *nm, cg_tensor *x, cg_tensor *w, cg_tensor *bias) {
-    cg_tensor *in[3] = {x, w, bias};
-    if (!cgi_inputs_ok(g, nm, bias ? 3 : 2, in)) return NULL;
+/* The shape rule shared by linear, linear_act and linear_add (res: its residual, else NULL): a node
+ * y[..., out] of op, or NULL. */
+static cg_tensor *linear_node(cg_graph *g, int op, const char *nm, cg_tensor *x, cg_tensor *w, cg_tensor *bias,
+                              cg_tensor *res) {
+    cg_tensor *in[4] = {x, w, bias, res};
+    if (!cgi_inputs_ok(g, nm, bias ? 3 : 2, in) || (res && !cgi_inputs_ok(g, nm, 1, &res))) return NULL;
     if (!cgi_expect_real(nm, x, "x") || !cgi_expect_real(nm, w, "w")) return NULL;
     if (x->ndim < 1 || w->ndim != 2 || x->shape[x->ndim - 1] != w->shape[1]) {
         cgi_fail(CG_ERR_SHAPE, "[%s] x%s with w%s: w must be [out, in] with in = x's last dim", nm, cgi_shp(x),
@@ -212,8 +216,19 @@ static cg_tensor *linear_node(cg_graph *g, int op, const char *nm, cg_tensor *x,
     int64_t s[CG_MAX_DIMS];
     memcpy(s, x->shape, sizeof s);
     s[x->ndim - 1] = w->shape[0];
-    cg_tensor *t = cgi_node(g, op, CG_REAL, x->ndim, s, bias ? 3 : 2, in);
+    int n_in = bias ? 3 : 2;
+    if (res) {
+        if (!cgi_expect_real(nm, res, "r")) return NULL;
+        if (res->ndim != x->ndim || memcmp(res->shape, s, sizeof(int64_t) * (size_t)x->ndim)) {
+            cgi_fail(CG_ERR_SHAPE, "[%s] r%s + x%s @ w%s^T: r must have the product's shape (no broadcasting)", nm,
+                     cgi_shp(res), cgi_shp(x), cgi_shp(w));
+            return NULL;
+        }
+        if (!(in[n_in++] = cg_contiguous(g, res))) return NULL; /* the engine reads r's rows with C's layout */
+    }
+    cg_tensor *t = cgi_node(g, op, CG_REAL, x->ndim, s, n_in, in);
     if (!t) return NULL;
+    if (res) t->iarg[1] = n_in - 1;
     /* backward scratch: the bias column sums, then dW^T when dW is computed transposed */
     if (bias && bias->requires_grad)
         t->bwd_aux_bytes = cgi_colsum_scratch(cgi_numel(x->ndim - 1, x->shape), w->shape[0]) * sizeof(cg_real);
@@ -228,7 +243,7 @@ cg_tensor *cg_linear(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias) {
                        ? cgi_lora_linear_plain(g, x, w)
                        : NULL;
     if (f) return f;
-    cg_tensor *t = linear_node(g, CGI_OP_LINEAR, "linear", x, w, bias);
+    cg_tensor *t = linear_node(g, CGI_OP_LINEAR, "linear", x, w, bias, NULL);
     return t && w->root->lora_a ? cgi_lora_linear(g, t->src[0], w, t) : t;
 }
 
@@ -242,14 +257,14 @@ static const void *weight_elems(cg_tensor *w, int *el) {
 /* The float product y = x w^T + bias, relu: clamped at 0; the bias goes in with the product, piece
  * by piece (see gemm_blocked). A half-precision weight is widened as it is packed. */
 static cg_status linear_fwd_float(cg_tensor *t, bool relu) {
-    cg_tensor *x = t->src[0], *w = t->src[1], *bias = t->nsrc > 2 ? t->src[2] : NULL;
+    cg_tensor *x = t->src[0], *w = t->src[1], *bias = bias_of(t);
     const int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1];
     int we;
     const void *wv = weight_elems(w, &we);
     if (!wv) return CG_ERR_NOMEM;
     const cgi_gemm_job j = {m, n, k, x->data, row_stride(x), x->stride[x->ndim - 1], wv, w->stride[1], w->stride[0],
                             1, 0, t->data, n, 1, bias ? bias->data : NULL, bias ? bias->stride[0] : 0, relu,
-                            CGI_EL_F32, (uint8_t)we};
+                            CGI_EL_F32, (uint8_t)we, t->op == CGI_OP_LINEAR_ADD ? t->src[t->iarg[1]]->data : NULL, n};
     cgi_gemm_many(&j, 1, cgi_nthreads());
     return CG_OK;
 }
@@ -271,7 +286,7 @@ cg_status cgi_fwd_linear(cg_tensor *t) {
 
 /* The backward scratch for dW (after the bias column sums), or NULL when dW is written in place. */
 static cg_real *dw_scratch(const cg_tensor *t) {
-    const cg_tensor *x = t->src[0], *w = t->src[1], *bias = t->nsrc > 2 ? t->src[2] : NULL;
+    const cg_tensor *x = t->src[0], *w = t->src[1], *bias = bias_of(t);
     if (!dw_in_scratch(x, w)) return NULL;
     return (cg_real *)t->bwd_aux + (bias && bias->requires_grad ? cgi_colsum_scratch(rows_of(x), w->shape[0]) : 0);
 }
@@ -304,7 +319,7 @@ void cgi_bwd_linear(cg_tensor *t) { linear_bwd(t, t->grad, true); }
 /* dX and dW from dy[m, n] (t->grad, or linear_act's pre-activation gradient), and the bias's
  * gradient when with_bias. */
 static void linear_bwd(cg_tensor *t, const cg_real *dy, bool with_bias) {
-    cg_tensor *x = t->src[0], *w = t->src[1], *bias = t->nsrc > 2 && with_bias ? t->src[2] : NULL;
+    cg_tensor *x = t->src[0], *w = t->src[1], *bias = with_bias ? bias_of(t) : NULL;
     int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1];
     const int nt = cgi_nthreads();
     /* dX and dW go to the threads as one list of pieces: side by side they beat cutting each
@@ -329,16 +344,16 @@ static void linear_bwd(cg_tensor *t, const cg_real *dy, bool with_bias) {
     int nj = 0;
     if (x->requires_grad && !lp) /* dX[m,k] += dY[m,n] @ W[n,k], a half-precision W widened as it is packed */
         jobs[nj++] = (cgi_gemm_job){m, k, n, dy, n, 1, wv, w->stride[0], w->stride[1], 1, assign ? 0 : 1,
-                                    x->grad, row_stride(x), x->stride[x->ndim - 1], NULL, 0, false, CGI_EL_F32, (uint8_t)we};
+                                    x->grad, row_stride(x), x->stride[x->ndim - 1], NULL, 0, false, CGI_EL_F32, (uint8_t)we, NULL, 0};
     if (w->requires_grad && !lp) {
         const int64_t xr = row_stride(x), xc = x->stride[x->ndim - 1];
         cg_real *s = dw_scratch(t);
         if (dw_as_transpose(x, w)) /* dW^T[k,n] = X^T[k,m] @ dY[m,n] */
             jobs[nj++] = (cgi_gemm_job){k, n, m, x->data, xc, xr, dy, n, 1, 1, s || w_assign ? 0 : 1, s ? s : w->grad,
-                                        s ? n : w->stride[1], s ? 1 : w->stride[0], NULL, 0, false, CGI_EL_F32, CGI_EL_F32};
+                                        s ? n : w->stride[1], s ? 1 : w->stride[0], NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0};
         else /* dW[n,k] = dY^T[n,m] @ X[m,k] */
             jobs[nj++] = (cgi_gemm_job){n, k, m, dy, 1, n, x->data, xr, xc, 1, s || w_assign ? 0 : 1, s ? s : w->grad,
-                                        s ? k : w->stride[0], s ? 1 : w->stride[1], NULL, 0, false, CGI_EL_F32, CGI_EL_F32};
+                                        s ? k : w->stride[0], s ? 1 : w->stride[1], NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0};
     }
     /* a contiguous bias's column sums run as further pieces of the products' parallel region: one
      * region (one wake of a passively waiting thread) fewer per linear, the same sums */
@@ -377,7 +392,7 @@ static cg_tensor *linear_act(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor 
         cg_tensor *y = cg_linear(g, x, w, bias);
         return act == CGI_ACT_RELU ? cg_relu(g, y) : act == CGI_ACT_GELU_TANH ? cg_gelu_tanh(g, y) : cg_gelu(g, y);
     }
-    cg_tensor *t = linear_node(g, CGI_OP_LINEAR_ACT, "linear_act", x, w, bias);
+    cg_tensor *t = linear_node(g, CGI_OP_LINEAR_ACT, "linear_act", x, w, bias, NULL);
     if (!t) return NULL;
     t->iarg[0] = act;
     const size_t out_bytes = (size_t)cgi_numel(t->ndim, t->shape) * sizeof(cg_real);
@@ -403,7 +418,7 @@ cg_status cgi_fwd_linear_act(cg_tensor *t) {
     const void *wv = weight_elems(w, &we);
     if (!wv) return CG_ERR_NOMEM;
     const cgi_gemm_job j = {m, n, k, x->data, row_stride(x), x->stride[x->ndim - 1], wv, w->stride[1], w->stride[0],
-                            1, 0, c, n, 1, NULL, 0, false, CGI_EL_F32, (uint8_t)we};
+                            1, 0, c, n, 1, NULL, 0, false, CGI_EL_F32, (uint8_t)we, NULL, 0};
     cgi_gemm_many(&j, 1, cgi_nthreads());
     cgi_bias_gelu_fwd(c, bias ? bias->data : NULL, t->data, m, n, t->iarg[0] == CGI_ACT_GELU_TANH);
     return CG_OK;
@@ -434,6 +449,29 @@ void cgi_bwd_linear_act(cg_tensor *t) {
     cgi_bias_act_bwd(dpre, bias ? bias->data : NULL, t->data, t->grad, m, n, (cgi_act)t->iarg[0],
                      db ? bias->grad : NULL, db ? t->bwd_aux : NULL);
     linear_bwd(t, dpre, false);
+}
+
+/* ---- linear_add: r + (x @ w^T + bias), a residual add folded into the product ---- */
+
+/* The product engine adds r to each strip of C on its last depth pass, after the bias (cgi_gemm_job.res),
+ * so the sum has the bits of cg_add(r, cg_linear(...)) without writing the product and reading it
+ * back. The sum's gradient is the product's dY and r's gradient: backward reads it in place, and
+ * the planner gives r that buffer when this op is r's first gradient writer (graph/plan.c), as it
+ * does for cg_add, so no pass copies it. */
+cg_tensor *cg_linear_add(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias, cg_tensor *r) {
+    if ((w && w->root && w->root->lora_a) || (g && cg_graph_precision(g) == CG_BF16))
+        return cg_add(g, r, cg_linear(g, x, w, bias));
+    return linear_node(g, CGI_OP_LINEAR_ADD, "linear_add", x, w, bias, r);
+}
+
+cg_status cgi_fwd_linear_add(cg_tensor *t) { return linear_fwd_float(t, false); }
+
+void cgi_bwd_linear_add(cg_tensor *t) {
+    cg_tensor *r = t->src[t->iarg[1]];
+    linear_bwd(t, t->grad, true);
+    if (!r->requires_grad) return;
+    if (r->grad == t->grad && r->root == r) cgi_grad_begin(r); /* given this op's gradient buffer: claimed */
+    else cgi_unbroadcast_claim(r, t->grad, t->ndim, t->shape, 1.0);
 }
 
 /* ---- batched products composed from matmul (its batched BLIS path and backward) ---- */

@@ -528,6 +528,16 @@ static cg_tensor *lora_linear_view(ctx *c) {
     return cgi_lora_linear_fused(c->g, X2(3, 5), T(X2(5, 4)), T(X2(5, 2)), T(X2(2, 4)), -0.75);
 }
 
+/* linear_add: r + x w^T + bias; r as a view (copied to rows), r the product's own input, and 33 x 35
+ * outputs over depth 34 (the blocked driver's strips, where it runs) */
+static cg_tensor *linear_add_(ctx *c) { return cg_linear_add(c->g, X3(2, 3, 4), X2(5, 4), X1(5), X3(2, 3, 5)); }
+static cg_tensor *linear_add_view(ctx *c) { return cg_linear_add(c->g, T(X2(4, 3)), T(X2(4, 5)), NULL, T(X2(5, 3))); }
+static cg_tensor *linear_add_self(ctx *c) {
+    cg_tensor *x = X2(3, 4);
+    return cg_linear_add(c->g, x, X2(4, 4), X1(4), x);
+}
+static cg_tensor *linear_add_wide(ctx *c) { return cg_linear_add(c->g, X2(33, 34), X2(35, 34), X1(35), X2(33, 35)); }
+
 static const check_case cases[] = {
     {"add", "[3,4] + [3,4]", add_same},
     {"add", "[2,3,4] + [4]", add_bias},
@@ -738,6 +748,10 @@ static const check_case cases[] = {
     {"max_pool2d", "[2,3,5,4]^T 3x2 s1 p1,0 overlapping", max_pool_overlap},
     {"avg_pool2d", "[2,3,5,4]^T 2x3 s1,2 p1", avg_pool_overlap},
     {"max_pool2d", "[2,3,4,5] NHWC 2x2 s1,2 p1", max_pool_last},
+    {"linear_add", "[2,3,5] + x[2,3,4] w[5,4] b[5]", linear_add_},
+    {"linear_add", "[5,3]^T + [4,3]^T w[4,5]^T", linear_add_view},
+    {"linear_add", "x[3,4] + x w[4,4] b[4]", linear_add_self},
+    {"linear_add", "[33,35] + x[33,34] w[35,34] b[35]", linear_add_wide},
 };
 
 int cg_gradcheck_ops(FILE *out, double tol, const char *filter) {

@@ -149,6 +149,11 @@ cg_tensor *cg_linear_gelu(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bi
  * cache, and backward's ReLU gradient (from the output's sign; no pre-activation kept) and bias sum
  * in one pass; equal to cg_relu(cg_linear(...)) bit for bit, which it builds instead in a bf16 graph. */
 cg_tensor *cg_linear_relu(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias);
+/* r + (x @ w^T + bias) as one op (a residual add after a projection; r has the output's shape): r
+ * added to each strip of the product while it is in cache, and backward reads the sum's gradient as
+ * the product's; equal bit for bit to cg_add(r, cg_linear(...)), which it builds instead in a bf16
+ * graph or for a weight with a LoRA adapter. */
+cg_tensor *cg_linear_add(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_tensor *bias, cg_tensor *r);
 
 /* ---- normalisation and softmax (last axis) ---- */
 

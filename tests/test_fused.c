@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* Every fused op against its composite twin built from simpler ops, forward and backward with
  * respect to every real input: cross_entropy, layernorm, rmsnorm, swiglu, silu, masked_softmax,
- * linear, linear_gelu, linear_relu, add_layernorm. Both versions
+ * linear, linear_gelu, linear_relu, add_layernorm, linear_add. Both versions
  * get the same inputs (same seed) and the same upstream gradient R (loss = sum(out * R)). */
 #include <math.h>
 #include <stdlib.h>
@@ -551,6 +551,73 @@ static void test_linear_relu(void) {
     exact = false;
 }
 
+/* ---- linear_add: against add(r, linear(...)), the residual add after a projection ---- */
+
+typedef struct {
+    lin_arg lin;
+    bool chain; /* r a computed node and a second linear_add on the first's sum: a residual stream, whose
+                 * gradient buffer the planner hands from sum to summand */
+} la_arg;
+
+static cg_tensor *la_build(bctx *c, bool fused) {
+    const la_arg *a = c->arg;
+    const int64_t in = a->lin.shape[a->lin.nd - 1];
+    cg_tensor *w = a->lin.conv1d ? leaf(c, "w", 2, S(in, a->lin.out), -1, 1, a->lin.params)
+                                 : leaf(c, "w", 2, S(a->lin.out, in), -1, 1, a->lin.params);
+    cg_tensor *b = a->lin.bias ? leaf(c, "b", 1, &a->lin.out, -1, 1, a->lin.params) : NULL;
+    if (a->lin.conv1d) w = cg_transpose(c->g, w, 0, 1);
+    cg_tensor *x = leaf(c, "x", a->lin.nd, a->lin.shape, -1, 1, false);
+    int64_t s[4];
+    memcpy(s, a->lin.shape, sizeof s);
+    s[a->lin.nd - 1] = a->lin.out;
+    cg_tensor *r = leaf(c, "r", a->lin.nd, s, -1, 1, false);
+    if (a->chain) r = cg_scale(c->g, r, 0.5);
+    cg_tensor *y = fused ? cg_linear_add(c->g, x, w, b, r) : cg_add(c->g, r, cg_linear(c->g, x, w, b));
+    if (!a->chain) return y;
+    return fused ? cg_linear_add(c->g, x, w, b, y) : cg_add(c->g, y, cg_linear(c->g, x, w, b));
+}
+
+/* The engine adds r after the product and its bias, as cg_add after cg_linear, and backward runs
+ * the same products on the same gradient: equal bit for bit, at one thread and at two; and two
+ * threads (the product cut into pieces) give one thread's bits. */
+static void test_linear_add(void) {
+    const int threads = cg_threads();
+    exact = true;
+    for (int nt = 1; nt <= 2; nt++) {
+        cg_set_threads(nt);
+        la_arg a = {{4, {2, 3, 5, 7}, 4, true, false, false, false}, false};
+        compare("linear_add [2,3,5,7] -> 4 with bias", la_build, &a);
+        la_arg d = {{2, {9, 5}, 3, false, false, true, false}, true};
+        compare("linear_add [9,5] -> 3 no bias, chained", la_build, &d);
+        la_arg f = {{2, {6, 9}, 5, true, false, true, true}, false};
+        compare("linear_add, column-major weight", la_build, &f);
+        /* the blocked driver's strips (every dim >= 32; two depth passes: r after the last) */
+        la_arg h = {{3, {4, 64, 600}, 96, true, false, true, false}, true};
+        compare("linear_add [4,64,600] -> 96, chained", la_build, &h);
+        la_arg e = {{3, {2, 256, 256}, 256, true, false, true, true}, false};
+        compare("linear_add [2,256,256] -> 256, Conv1D weight", la_build, &e);
+    }
+    la_arg big = {{3, {2, 256, 256}, 256, true, false, true, false}, true};
+    cg_set_threads(1);
+    result one = run(la_build, &big, true);
+    cg_set_threads(2);
+    result two = run(la_build, &big, true);
+    CHECK(one.ok && two.ok && one.count == two.count, "linear_add threads: runs failed");
+    for (int i = 0; one.ok && two.ok && i < one.count; i++)
+        CHECK(one.n[i] == two.n[i] && !memcmp(one.v[i], two.v[i], (size_t)one.n[i] * sizeof(cg_real)),
+              "linear_add [2,256,256] -> 256 chained: %s differs on 2 threads from 1", one.name[i]);
+    for (int i = 0; i < MAX_LEAVES + 1; i++) free(one.v[i]), free(two.v[i]);
+    cg_set_threads(threads);
+    exact = false;
+    /* a residual that does not match the product is an error that names the op and the shapes */
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    cg_tensor *x = cg_input(g, "x", CG_REAL, 2, S(4, 6)), *w = cg_input(g, "w", CG_REAL, 2, S(5, 6)),
+              *r = cg_input(g, "r", CG_REAL, 2, S(1, 5));
+    CHECK(!cg_linear_add(g, x, w, NULL, r) && strstr(cg_last_error(), "[linear_add] r[1,5] + x[4,6] @ w[5,6]^T"),
+          "broadcast residual: %s", cg_last_error());
+    cg_graph_free(g);
+}
+
 int main(void) {
     test_cross_entropy();
     test_layernorm();
@@ -562,5 +629,6 @@ int main(void) {
     test_linear();
     test_linear_gelu();
     test_linear_relu();
+    test_linear_add();
     TEST_END();
 }

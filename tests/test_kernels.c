@@ -81,7 +81,7 @@ static void test_pieces(void) {
         for (int64_t i = 0; i < m * n; i++) c0[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
         for (int tr = 0; tr < 2; tr++) {
             /* tr: B read through a transpose (column strides), C written by columns */
-            cgi_gemm_job j = {m, n, k, a, k, 1, b, tr ? 1 : n, tr ? k : 1, 0.5, 1, c, tr ? 1 : n, tr ? m : 1, NULL, 0, false, CGI_EL_F32, CGI_EL_F32};
+            cgi_gemm_job j = {m, n, k, a, k, 1, b, tr ? 1 : n, tr ? k : 1, 0.5, 1, c, tr ? 1 : n, tr ? m : 1, NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0};
             cgi_gemm_job ref = j;
             ref.c = c1;
             memcpy(c1, c0, sizeof(cg_real) * (size_t)(m * n));
@@ -106,8 +106,8 @@ static void test_pieces(void) {
     for (int64_t i = 0; i < m * k; i++) x[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
     for (int64_t i = 0; i < n * k; i++) w[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
     for (int64_t i = 0; i < m * n; i++) dy[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
-    cgi_gemm_job jobs[2] = {{m, k, n, dy, n, 1, w, k, 1, 1, 0, dx, k, 1, NULL, 0, false, CGI_EL_F32, CGI_EL_F32},
-                            {n, k, m, dy, 1, n, x, k, 1, 1, 0, dw, k, 1, NULL, 0, false, CGI_EL_F32, CGI_EL_F32}};
+    cgi_gemm_job jobs[2] = {{m, k, n, dy, n, 1, w, k, 1, 1, 0, dx, k, 1, NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0},
+                            {n, k, m, dy, 1, n, x, k, 1, 1, 0, dw, k, 1, NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0}};
     cgi_gemm_job refs[2] = {jobs[0], jobs[1]};
     refs[0].c = rx, refs[1].c = rw;
     naive(&refs[0], rx);
@@ -136,8 +136,8 @@ static void test_then_tasks(void) {
     for (int64_t i = 0; i < n * k; i++) w[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
     for (int64_t i = 0; i < m * n; i++) dy[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
     for (int th = 1; th <= 3; th++) {
-        cgi_gemm_job jobs[2] = {{m, k, n, dy, n, 1, w, k, 1, 1, 0, rx, k, 1, NULL, 0, false, CGI_EL_F32, CGI_EL_F32},
-                                {n, k, m, dy, 1, n, x, k, 1, 1, 0, rw, k, 1, NULL, 0, false, CGI_EL_F32, CGI_EL_F32}};
+        cgi_gemm_job jobs[2] = {{m, k, n, dy, n, 1, w, k, 1, 1, 0, rx, k, 1, NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0},
+                                {n, k, m, dy, 1, n, x, k, 1, 1, 0, rw, k, 1, NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0}};
         for (int i = 0; i < n; i++) rb[i] = db[i] = (cg_real)i;
         cgi_gemm_many(jobs, 2, th);
         cgi_colsum_add(rb, dy, m, n, n, scratch);
@@ -178,7 +178,7 @@ static void test_blocked(void) {
             const int bs = v & 1 ? 3 : 0;
             const bool relu = v >= 2;
             /* B as a linear's weight [n, k] seen transposed */
-            cgi_gemm_job j = {m, n, k, a, k, 1, b, 1, k, 0.75, 0, c, n, 1, bs ? bias : NULL, bs, relu, CGI_EL_F32, CGI_EL_F32};
+            cgi_gemm_job j = {m, n, k, a, k, 1, b, 1, k, 0.75, 0, c, n, 1, bs ? bias : NULL, bs, relu, CGI_EL_F32, CGI_EL_F32, NULL, 0};
             cgi_gemm_job ref = j;
             ref.c = want;
             naive(&ref, want);
@@ -208,7 +208,7 @@ static void test_blocked(void) {
  * check fails otherwise); its result is right. */
 static void *product_on_thread(void *arg) {
     cg_real *c = arg, *a = c + 64 * 64, *b = a + 64 * 64;
-    cgi_gemm_job j = {64, 64, 64, a, 64, 1, b, 64, 1, 1, 0, c, 64, 1, NULL, 0, false, CGI_EL_F32, CGI_EL_F32};
+    cgi_gemm_job j = {64, 64, 64, a, 64, 1, b, 64, 1, 1, 0, c, 64, 1, NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0};
     cgi_gemm_many(&j, 1, 1);
     return NULL;
 }
