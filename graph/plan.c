@@ -11,304 +11,10 @@
 #include <time.h>
 
 #include "graph/internal.h"
+#include "graph/plan_place.h"
 #include "ops/bf16_internal.h"
 
-typedef struct {
-    int64_t birth, death; /* inclusive times */
-    size_t bytes, offset;
-    void **target;        /* where the address goes */
-    const cg_tensor *node;
-    char kind;            /* 'v' value, 'r' recomputed value, 'g' gradient, 'a' op scratch */
-} buffer;
-
-/* Free address ranges of the block, as a treap keyed by offset whose nodes also carry the
- * largest free size in their subtree: first fit by address is then one descent, and the ranges on
- * either side of a freed buffer are its neighbours in key order, so each allocation and each free
- * costs O(log n). Priorities come from a fixed hash of the slot, so the plan is deterministic. */
-typedef struct {
-    size_t lo, size, max_size; /* the range [lo, lo + size) and the largest size below */
-    int left, right;           /* slots, -1 for none */
-    uint32_t prio;
-} free_range;
-
-typedef struct {
-    free_range *r;
-    int *spare; /* slots freed by merges, reused before new ones */
-    int nspare, used, root;
-    uint64_t steps; /* nodes visited, for the test of the planner's growth */
-} free_map;
-
-static size_t max3(size_t a, size_t b, size_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
-
-static void fm_fix(free_map *m, int x) {
-    free_range *r = &m->r[x];
-    r->max_size = max3(r->size, r->left >= 0 ? m->r[r->left].max_size : 0, r->right >= 0 ? m->r[r->right].max_size : 0);
-}
-
-/* Splits the treap at x into ranges below lo (*a) and from lo on (*b). */
-static void fm_split(free_map *m, int x, size_t lo, int *a, int *b) {
-    m->steps++;
-    if (x < 0) {
-        *a = *b = -1;
-        return;
-    }
-    if (m->r[x].lo < lo) {
-        fm_split(m, m->r[x].right, lo, &m->r[x].right, b);
-        *a = x;
-    } else {
-        fm_split(m, m->r[x].left, lo, a, &m->r[x].left);
-        *b = x;
-    }
-    fm_fix(m, x);
-}
-
-/* Joins treaps a and b where every key of a is below every key of b. */
-static int fm_join(free_map *m, int a, int b) {
-    m->steps++;
-    if (a < 0) return b;
-    if (b < 0) return a;
-    if (m->r[a].prio > m->r[b].prio) {
-        m->r[a].right = fm_join(m, m->r[a].right, b);
-        fm_fix(m, a);
-        return a;
-    }
-    m->r[b].left = fm_join(m, a, m->r[b].left);
-    fm_fix(m, b);
-    return b;
-}
-
-static void fm_insert(free_map *m, size_t lo, size_t size) {
-    int x = m->nspare ? m->spare[--m->nspare] : m->used++;
-    m->r[x] = (free_range){lo, size, size, -1, -1, (uint32_t)(((uint64_t)x + 1) * 0x9E3779B97F4A7C15ull >> 32)};
-    int a, b;
-    fm_split(m, m->root, lo, &a, &b);
-    m->root = fm_join(m, fm_join(m, a, x), b);
-}
-
-/* Removes and returns the slot of the range starting at lo (which must exist). */
-static int fm_take(free_map *m, size_t lo) {
-    int a, b, c, d;
-    fm_split(m, m->root, lo, &a, &b);
-    fm_split(m, b, lo + 1, &c, &d);
-    m->root = fm_join(m, a, d);
-    m->spare[m->nspare++] = c;
-    return c;
-}
-
-/* The lowest range of at least size bytes, or -1. */
-static int fm_first_fit(free_map *m, size_t size) {
-    int x = m->root;
-    if (x < 0 || m->r[x].max_size < size) return -1;
-    for (;; m->steps++) {
-        const free_range *r = &m->r[x];
-        if (r->left >= 0 && m->r[r->left].max_size >= size) x = r->left;
-        else if (r->size >= size) return x;
-        else x = r->right;
-    }
-}
-
-/* The range ending exactly at hi, or -1. */
-static int fm_ending_at(free_map *m, size_t hi) {
-    int x = m->root, best = -1;
-    for (; x >= 0; m->steps++) { /* the last range starting below hi */
-        if (m->r[x].lo < hi) best = x, x = m->r[x].right;
-        else x = m->r[x].left;
-    }
-    return best >= 0 && m->r[best].lo + m->r[best].size == hi ? best : -1;
-}
-
-/* The range starting exactly at lo, or -1. */
-static int fm_starting_at(free_map *m, size_t lo) {
-    int x = m->root;
-    for (; x >= 0 && m->r[x].lo != lo; m->steps++) x = lo < m->r[x].lo ? m->r[x].left : m->r[x].right;
-    return x;
-}
-
-/* Places a buffer: the lowest free range that holds it, else the top of the block (taking a free
- * range that reaches the top, so the block grows by as little as possible). */
-static size_t fm_alloc(free_map *m, size_t bytes, size_t *top) {
-    int x = fm_first_fit(m, bytes);
-    if (x < 0) {
-        int t = fm_ending_at(m, *top);
-        size_t at = t >= 0 ? m->r[t].lo : *top;
-        if (t >= 0) fm_take(m, at);
-        *top = at + bytes;
-        return at;
-    }
-    const size_t at = m->r[x].lo, size = m->r[x].size;
-    fm_take(m, at);
-    if (size > bytes) fm_insert(m, at + bytes, size - bytes);
-    return at;
-}
-
-/* Returns [lo, lo + bytes) to the map, merged with free neighbours. */
-static void fm_free(free_map *m, size_t lo, size_t bytes) {
-    int below = fm_ending_at(m, lo), above = fm_starting_at(m, lo + bytes);
-    if (below >= 0) {
-        const size_t blo = m->r[below].lo;
-        bytes += lo - blo;
-        lo = blo;
-        fm_take(m, blo);
-    }
-    if (above >= 0) {
-        bytes += m->r[above].size;
-        fm_take(m, m->r[above].lo);
-    }
-    fm_insert(m, lo, bytes);
-}
-
-/* A birth or death on the plan's time axis; at one time births come first (lives are inclusive),
- * the longer-lived before the shorter (an op's scratch for one time above the values that outlive
- * it, not between them), then larger buffers before smaller ones. */
-typedef struct {
-    int64_t time;
-    int death;
-    int64_t until; /* births: the buffer's death */
-    size_t bytes;
-    int buf;
-} event;
-
-static int by_time(const void *a, const void *b) {
-    const event *x = a, *y = b;
-    if (x->time != y->time) return x->time < y->time ? -1 : 1;
-    if (x->death != y->death) return x->death - y->death;
-    if (x->until != y->until) return x->until > y->until ? -1 : 1;
-    if (x->bytes != y->bytes) return x->bytes > y->bytes ? -1 : 1;
-    return x->buf - y->buf;
-}
-
-static int by_size_desc(const void *a, const void *b) {
-    const buffer *x = *(const buffer *const *)a, *y = *(const buffer *const *)b;
-    if (x->bytes != y->bytes) return x->bytes < y->bytes ? 1 : -1;
-    return x->birth < y->birth ? -1 : x->birth > y->birth;
-}
-
-typedef struct {
-    size_t lo, hi;
-} span;
-
-static int by_lo(const void *a, const void *b) {
-    const span *x = a, *y = b;
-    return x->lo < y->lo ? -1 : x->lo > y->lo;
-}
-
-/* Steps the exact placement may take before the sweep takes over: about 1.5 ms, twice what
- * gpt-small (12 layers, 361 buffers) needs. */
-enum { GREEDY_BUDGET = 1 << 19 };
-
-/* Largest buffer first, each at the lowest offset clear of the buffers already placed that live
- * at the same time: on the zoo's graphs the block comes out at the peak of live bytes, where the
- * sweep loses up to 2%. Its work grows with the square of the buffer count, so it gives up (and
- * returns SIZE_MAX) past budget steps. */
-static size_t place_largest_first(buffer *bufs, buffer **order, span *used, int nb, size_t budget, uint64_t *steps) {
-    if ((size_t)nb * (size_t)nb / 2 > budget) return SIZE_MAX; /* the pairs alone would overrun it */
-    for (int i = 0; i < nb; i++) order[i] = &bufs[i];
-    qsort(order, (size_t)nb, sizeof *order, by_size_desc);
-    size_t total = 0, work = 0;
-    for (int i = 0; i < nb; i++) {
-        buffer *b = order[i];
-        int nu = 0;
-        for (int j = 0; j < i; j++) {
-            const buffer *o = order[j];
-            if (o->birth <= b->death && b->birth <= o->death) used[nu++] = (span){o->offset, o->offset + o->bytes};
-        }
-        work += (size_t)i + (size_t)nu * 8;
-        *steps = work;
-        if (work > budget) return SIZE_MAX;
-        qsort(used, (size_t)nu, sizeof *used, by_lo);
-        size_t at = 0;
-        for (int j = 0; j < nu; j++) {
-            if (used[j].lo >= at + b->bytes) break;
-            if (used[j].hi > at) at = used[j].hi;
-        }
-        b->offset = at;
-        if (at + b->bytes > total) total = at + b->bytes;
-    }
-    return total;
-}
-
-/* Gives every buffer an offset by sweeping the time axis: a buffer takes memory at its birth and
- * returns it after its death, O(n log n) in all. Returns the block size, or SIZE_MAX when out of
- * memory. */
-static size_t place_sweep(buffer *bufs, int nb, uint64_t *steps) {
-    event *ev = malloc((size_t)(2 * nb + 1) * sizeof *ev);
-    free_map m = {malloc((size_t)(nb + 1) * sizeof *m.r), malloc((size_t)(nb + 1) * sizeof *m.spare), 0, 0, -1, 0};
-    size_t top = 0;
-    if (!ev || !m.r || !m.spare) {
-        top = SIZE_MAX;
-        goto done;
-    }
-    for (int i = 0; i < nb; i++) {
-        ev[2 * i] = (event){bufs[i].birth, 0, bufs[i].death, bufs[i].bytes, i};
-        ev[2 * i + 1] = (event){bufs[i].death, 1, 0, bufs[i].bytes, i};
-    }
-    qsort(ev, (size_t)(2 * nb), sizeof *ev, by_time);
-    for (int e = 0; e < 2 * nb; e++) {
-        buffer *b = &bufs[ev[e].buf];
-        if (!ev[e].death) b->offset = fm_alloc(&m, b->bytes, &top);
-        else fm_free(&m, b->offset, b->bytes);
-    }
-    *steps += m.steps + 2 * (uint64_t)nb;
-done:
-    free(ev);
-    free(m.r);
-    free(m.spare);
-    return top;
-}
-
-/* The first time (of 0..end) at which the buffers' live bytes are most, and those bytes in *peak;
- * -1 without memory for the count. */
-static int64_t peak_time(const buffer *bufs, int nb, int64_t end, int64_t *peak) {
-    int64_t *delta = calloc((size_t)end + 2, sizeof *delta);
-    *peak = 0;
-    if (!delta) return -1;
-    for (int i = 0; i < nb; i++) {
-        delta[bufs[i].birth] += (int64_t)bufs[i].bytes;
-        delta[bufs[i].death + 1] -= (int64_t)bufs[i].bytes;
-    }
-    int64_t peak_t = 0, live = 0;
-    for (int64_t tm = 0; tm <= end; tm++) {
-        live += delta[tm];
-        if (live > *peak) *peak = live, peak_t = tm;
-    }
-    free(delta);
-    return peak_t;
-}
-
-/* Prints what the block holds at its fullest moment (CGRAD_PLAN=1). */
-static void print_plan(buffer *bufs, buffer **order, int nb, size_t total, int64_t end) {
-    int64_t peak;
-    const int64_t peak_t = peak_time(bufs, nb, end, &peak);
-    if (peak_t < 0) return;
-    for (int i = 0; i < nb; i++) order[i] = &bufs[i];
-    qsort(order, (size_t)nb, sizeof *order, by_size_desc);
-    fprintf(stderr, "[plan] %d buffers in %.1f MB; %.1f MB live at time %lld of %lld, the largest:\n", nb,
-            (double)total / 1e6, (double)peak / 1e6, (long long)peak_t, (long long)end);
-    for (int i = 0, shown = 0; i < nb && shown < 12; i++) {
-        const buffer *b = order[i];
-        if (b->birth > peak_t || peak_t > b->death) continue;
-        fprintf(stderr, "  %8.1f MB %c %-14s %s [%lld, %lld]\n", (double)b->bytes / 1e6, b->kind,
-                cgi_ops[b->node->op].name, cgi_shp(b->node), (long long)b->birth, (long long)b->death);
-        shown++;
-    }
-    if (atoi(getenv("CGRAD_PLAN")) < 2) return;
-    /* CGRAD_PLAN=2: everything live at the peak, summed per kind, op and storage format */
-    enum { GROUPS = 256 };
-    struct peak_group { char kind; int op; bool bf16; size_t bytes; int count; } grp[GROUPS];
-    int ng = 0;
-    for (int i = 0; i < nb; i++) {
-        const buffer *b = &bufs[i];
-        if (b->birth > peak_t || peak_t > b->death) continue;
-        const bool h = b->kind == 'v' && b->node->lp_value;
-        int k = 0;
-        while (k < ng && !(grp[k].kind == b->kind && grp[k].op == b->node->op && grp[k].bf16 == h)) k++;
-        if (k == ng && ng < GROUPS) grp[ng++] = (struct peak_group){b->kind, b->node->op, h, 0, 0};
-        if (k < ng) grp[k].bytes += b->bytes, grp[k].count++;
-    }
-    for (int k = 0; k < ng; k++)
-        fprintf(stderr, "  [peak] %8.1f MB %c %-22s %-4s x%d\n", (double)grp[k].bytes / 1e6, grp[k].kind,
-                cgi_ops[grp[k].op].name, grp[k].bf16 ? "bf16" : "", grp[k].count);
-}
+typedef cgi_plan_buffer buffer;
 
 static size_t round_up(size_t n) { return (n + CGI_ALIGN - 1) / CGI_ALIGN * CGI_ALIGN; }
 
@@ -351,7 +57,7 @@ static void shrink_at_peak(buffer *bufs, int nb, int64_t end, int nshrink) {
     for (bool changed = true; changed;) {
         changed = false;
         int64_t peak;
-        const int64_t at = peak_time(bufs, nb, end, &peak);
+        const int64_t at = cgi_plan_peak_time(bufs, nb, end, &peak);
         if (at < 0) return;
         for (int k = 0; k < NS; k++) {
             size_t saved = 0; /* by every such scratch live at the peak */
@@ -759,7 +465,7 @@ static cg_status plan_bf16_regen(cg_graph *g, plan_ctx *pc, size_t copies, size_
         if ((st = plan_buffers(g, pc, true, pick, NS_ALL))) goto done;
         g->regen_plans++;
         int64_t peak;
-        const int64_t at = peak_time(pc->bufs, pc->nb, pc->end, &peak);
+        const int64_t at = cgi_plan_peak_time(pc->bufs, pc->nb, pc->end, &peak);
         if (at < 0) break; /* no memory to count: the fallback */
         g->regen_peak = (size_t)peak + copies;
         if (g->regen_peak <= line) goto done;
@@ -768,7 +474,7 @@ static cg_status plan_bf16_regen(cg_graph *g, plan_ctx *pc, size_t copies, size_
     if ((st = plan_buffers(g, pc, true, NULL, NS_ALL))) goto done;
     g->regen_plans++;
     int64_t peak;
-    g->regen_peak = peak_time(pc->bufs, pc->nb, pc->end, &peak) >= 0 ? (size_t)peak + copies : 0;
+    g->regen_peak = cgi_plan_peak_time(pc->bufs, pc->nb, pc->end, &peak) >= 0 ? (size_t)peak + copies : 0;
 done:
     free(cand);
     free(pick);
@@ -788,7 +494,7 @@ static cg_status plan_with_regen(cg_graph *g, plan_ctx *pc) {
     if (!on || g->precision != CG_BF16 || (env && !strcmp(env, "all"))) {
         cg_status st = plan_buffers(g, pc, on, NULL, NS_ALL);
         int64_t peak;
-        if (!st && peak_time(pc->bufs, pc->nb, pc->end, &peak) >= 0) g->regen_peak = (size_t)peak + cgi_lp_copy_bytes(g);
+        if (!st && cgi_plan_peak_time(pc->bufs, pc->nb, pc->end, &peak) >= 0) g->regen_peak = (size_t)peak + cgi_lp_copy_bytes(g);
         return st;
     }
     struct timespec t0, t1;
@@ -799,7 +505,7 @@ static cg_status plan_with_regen(cg_graph *g, plan_ctx *pc) {
     if (st) return st;
     g->regen_plans = 1;
     int64_t fp32_peak;
-    if (peak_time(pc->bufs, pc->nb, pc->end, &fp32_peak) < 0) return plan_buffers(g, pc, true, NULL, NS_ALL);
+    if (cgi_plan_peak_time(pc->bufs, pc->nb, pc->end, &fp32_peak) < 0) return plan_buffers(g, pc, true, NULL, NS_ALL);
     g->regen_line = (size_t)fp32_peak;
     int ncand = 0;
     if ((st = plan_bf16_regen(g, pc, cgi_lp_copy_bytes(g), g->regen_line, &ncand))) return st;
@@ -825,10 +531,9 @@ cg_status cgi_plan(cg_graph *g) {
     buffer *bufs = malloc(nbuf_max * sizeof *bufs);
     buffer **order = malloc(nbuf_max * sizeof *order);
     bool *consumed = malloc((size_t)n1 * sizeof *consumed);
-    span *used = malloc(nbuf_max * sizeof *used);
     cg_status st = CG_OK;
     int *consumers = NULL, *sole = NULL;
-    if (!vdeath || !rdeath || !rbirth || !sdeath || !gbirth || !bt || !rt || !bufs || !order || !consumed || !used || !gown || !gdeath) {
+    if (!vdeath || !rdeath || !rbirth || !sdeath || !gbirth || !bt || !rt || !bufs || !order || !consumed || !gown || !gdeath) {
         st = cgi_fail(CG_ERR_NOMEM, "[plan] out of memory for %lld nodes", (long long)n);
         goto done;
     }
@@ -866,12 +571,8 @@ cg_status cgi_plan(cg_graph *g) {
     if ((st = plan_with_regen(g, &pc))) goto done;
     const int nb = pc.nb;
     const int64_t end = pc.end;
-    /* CGRAD_PLAN_ALLOC=sweep or largest-first forces one placement, to compare them */
-    const char *alloc = getenv("CGRAD_PLAN_ALLOC");
-    const bool sweep_only = alloc && !strcmp(alloc, "sweep"), exact_only = alloc && !strcmp(alloc, "largest-first");
     uint64_t steps = 0;
-    size_t total = sweep_only ? SIZE_MAX : place_largest_first(bufs, order, used, nb, exact_only ? SIZE_MAX : GREEDY_BUDGET, &steps);
-    if (total == SIZE_MAX) total = place_sweep(bufs, nb, &steps);
+    const size_t total = cgi_plan_place(bufs, order, nb, &steps);
     if (total == SIZE_MAX) {
         st = cgi_fail(CG_ERR_NOMEM, "[plan] out of memory for %d buffers", nb);
         goto done;
@@ -887,7 +588,7 @@ cg_status cgi_plan(cg_graph *g) {
         g->block_bytes = total;
     }
     for (int i = 0; i < nb; i++) *bufs[i].target = (char *)g->block + bufs[i].offset;
-    if (getenv("CGRAD_PLAN")) print_plan(bufs, order, nb, total, end);
+    if (getenv("CGRAD_PLAN")) cgi_plan_print(bufs, order, nb, total, end);
     for (int64_t i = 0; i < n; i++) {
         if (g->nodes[i]->grad_in_value) g->nodes[i]->grad = g->nodes[i]->data;
         if (gown[i] >= 0) g->nodes[i]->grad = g->nodes[gown[i]]->grad;
@@ -910,6 +611,5 @@ done:
     free(bufs);
     free(order);
     free(consumed);
-    free(used);
     return st;
 }
