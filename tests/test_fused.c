@@ -457,13 +457,19 @@ typedef struct {
     bool conv1d; /* w stored [in, out] and seen through a transpose: a column-major weight, as GPT-2's */
 } lin_arg;
 
+/* A linear's weight [out, in] (or [in, out] seen through a transpose) and bias (NULL without),
+ * made first: no parameter may be added after nodes use the set. */
+static cg_tensor *lin_weights(bctx *c, const lin_arg *a, cg_tensor **bias) {
+    const int64_t in = a->shape[a->nd - 1];
+    cg_tensor *w = a->conv1d ? leaf(c, "w", 2, S(in, a->out), -1, 1, a->params) : leaf(c, "w", 2, S(a->out, in), -1, 1, a->params);
+    *bias = a->bias ? leaf(c, "b", 1, &a->out, -1, 1, a->params) : NULL;
+    return a->conv1d ? cg_transpose(c->g, w, 0, 1) : w;
+}
+
 static cg_tensor *lin_build(bctx *c, bool fused) {
     const lin_arg *a = c->arg;
     const int64_t in = a->shape[a->nd - 1];
-    /* parameters first: none may be added after nodes use the set */
-    cg_tensor *w = a->conv1d ? leaf(c, "w", 2, S(in, a->out), -1, 1, a->params) : leaf(c, "w", 2, S(a->out, in), -1, 1, a->params);
-    cg_tensor *b = a->bias ? leaf(c, "b", 1, &a->out, -1, 1, a->params) : NULL;
-    if (a->conv1d) w = cg_transpose(c->g, w, 0, 1);
+    cg_tensor *b, *w = lin_weights(c, a, &b);
     int64_t s[4];
     memcpy(s, a->shape, sizeof s);
     if (a->transposed) s[a->nd - 1] = a->shape[a->nd - 2], s[a->nd - 2] = in;
@@ -502,11 +508,7 @@ typedef struct {
 
 static cg_tensor *lg_build(bctx *c, bool fused) {
     const lg_arg *a = c->arg;
-    const int64_t in = a->lin.shape[a->lin.nd - 1];
-    cg_tensor *w = a->lin.conv1d ? leaf(c, "w", 2, S(in, a->lin.out), -1, 1, a->lin.params)
-                                 : leaf(c, "w", 2, S(a->lin.out, in), -1, 1, a->lin.params);
-    cg_tensor *b = a->lin.bias ? leaf(c, "b", 1, &a->lin.out, -1, 1, a->lin.params) : NULL;
-    if (a->lin.conv1d) w = cg_transpose(c->g, w, 0, 1);
+    cg_tensor *b, *w = lin_weights(c, &a->lin, &b);
     cg_tensor *x = leaf(c, "x", a->lin.nd, a->lin.shape, -1, 1, false);
     if (fused) return a->relu ? cg_linear_relu(c->g, x, w, b) : cg_linear_gelu(c->g, x, w, b, a->tanh_form);
     cg_tensor *y = cg_linear(c->g, x, w, b);
@@ -561,11 +563,7 @@ typedef struct {
 
 static cg_tensor *la_build(bctx *c, bool fused) {
     const la_arg *a = c->arg;
-    const int64_t in = a->lin.shape[a->lin.nd - 1];
-    cg_tensor *w = a->lin.conv1d ? leaf(c, "w", 2, S(in, a->lin.out), -1, 1, a->lin.params)
-                                 : leaf(c, "w", 2, S(a->lin.out, in), -1, 1, a->lin.params);
-    cg_tensor *b = a->lin.bias ? leaf(c, "b", 1, &a->lin.out, -1, 1, a->lin.params) : NULL;
-    if (a->lin.conv1d) w = cg_transpose(c->g, w, 0, 1);
+    cg_tensor *b, *w = lin_weights(c, &a->lin, &b);
     cg_tensor *x = leaf(c, "x", a->lin.nd, a->lin.shape, -1, 1, false);
     int64_t s[4];
     memcpy(s, a->lin.shape, sizeof s);
