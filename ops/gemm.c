@@ -348,6 +348,13 @@ static int tapered_pieces(const cgi_gemm_job *jobs, int njobs, int threads, bool
     return np;
 }
 
+/* The pieces of jobs for `threads` threads: a sharing team's (share) guided where they can be,
+ * else tapered (a sharing team's TEAM_PIECES a job whatever threads says). */
+static int cut_pieces(const cgi_gemm_job *jobs, int njobs, int threads, bool share, bool team, piece *pcs) {
+    const int np = share && team_split() == SPLIT_GUIDED ? guided_pieces(jobs, njobs, threads, pcs, MAX_PIECES) : -1;
+    return np >= 0 ? np : tapered_pieces(jobs, njobs, share ? 0 : threads, team, pcs);
+}
+
 static void gemm_many(const cgi_gemm_job *jobs, int njobs, int threads, unsigned fl, const extra_tasks *ex) {
     blis_ready();
     /* Inside a team, products are cut into pieces of whole 32-row blocks while the helpers are
@@ -359,8 +366,7 @@ static void gemm_many(const cgi_gemm_job *jobs, int njobs, int threads, unsigned
     const bool team = cgi_team_on(), share = team && cgi_team_sharing();
     if (team || (threads > 1 && omp_in_parallel())) threads = 1; /* never nest a team inside a team */
     piece pcs[MAX_PIECES];
-    int np = share && team_split() == SPLIT_GUIDED ? guided_pieces(jobs, njobs, cgi_team_threads(), pcs, MAX_PIECES) : -1;
-    if (np < 0) np = tapered_pieces(jobs, njobs, share ? 0 : threads, team, pcs);
+    const int np = cut_pieces(jobs, njobs, share ? cgi_team_threads() : threads, share, team, pcs);
     const int nx = ex ? ex->n : 0;
     if (share) { /* the extra tasks (a linear's bias sums) too: they ran on thread 0 alone after the products */
         double(*tr)[4] = team_trace() ? malloc((size_t)(np + nx) * sizeof *tr) : NULL; /* a diagnostic: off by default */
@@ -385,8 +391,7 @@ static void gemm_many(const cgi_gemm_job *jobs, int njobs, int threads, unsigned
 
 int cgi_gemm_team_cuts(const cgi_gemm_job *jobs, int njobs, int threads, int64_t (*cuts)[3], int max) {
     piece pcs[MAX_PIECES];
-    int np = team_split() == SPLIT_GUIDED ? guided_pieces(jobs, njobs, threads, pcs, MAX_PIECES) : -1;
-    if (np < 0) np = tapered_pieces(jobs, njobs, 0, true, pcs);
+    const int np = cut_pieces(jobs, njobs, threads, true, true, pcs);
     if (np > max) return -1;
     for (int q = 0; q < np; q++) cuts[q][0] = pcs[q].job, cuts[q][1] = pcs[q].lo, cuts[q][2] = pcs[q].hi;
     return np;
