@@ -44,9 +44,9 @@ static const struct {
     size_t (*shrink)(cg_tensor *, bool apply);
 } shrinks[] = {{CGI_OP_ATTENTION, "CGRAD_ATTN_PROBS", true, cgi_sdpa_remake_probs},
                {CGI_OP_LINEAR_CROSS_ENTROPY, "CGRAD_HEAD_CHUNK", false, cgi_lce_halve_chunks}};
+enum { NS_ALL = sizeof shrinks / sizeof shrinks[0] }; /* every shrink */
 
 static void shrink_at_peak(buffer *bufs, int nb, int64_t end, int nshrink) {
-    enum { NS_ALL = sizeof shrinks / sizeof shrinks[0] };
     const int NS = nshrink < NS_ALL ? nshrink : NS_ALL;
     bool off[NS_ALL], all[NS_ALL];
     for (int k = 0; k < NS; k++) {
@@ -447,7 +447,6 @@ static void print_regen(const cg_graph *g, int ncand, double ms) {
 enum { REGEN_ROUNDS = 8 };
 
 static cg_status plan_bf16_regen(cg_graph *g, plan_ctx *pc, size_t copies, size_t line, int *ncand_out) {
-    enum { NS_ALL = sizeof shrinks / sizeof shrinks[0] };
     const int64_t n1 = g->n ? g->n : 1;
     bool *cand = calloc((size_t)n1, sizeof *cand), *pick = calloc((size_t)n1, sizeof *pick);
     regen_choice *ch = malloc((size_t)n1 * sizeof *ch);
@@ -486,7 +485,6 @@ done:
 /* fp32 graphs remake every value they can; bf16 graphs as many as keep them at or below fp32
  * (plan_bf16_regen). CGRAD_REGEN=0 remakes none, =all every one in bf16 too. */
 static cg_status plan_with_regen(cg_graph *g, plan_ctx *pc) {
-    enum { NS_ALL = sizeof shrinks / sizeof shrinks[0] };
     const char *env = getenv("CGRAD_REGEN");
     const bool on = !g->checkpointing && !(env && !strcmp(env, "0"));
     g->regen_peak = g->regen_line = 0;
