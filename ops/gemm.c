@@ -124,7 +124,8 @@ static void gemm1(const cgi_gemm_job *j, unsigned fl, const shared_pack *sh) {
  * SMT siblings) a waiting thread burns the time its partner needs, and 2-thread steps took 3-10x
  * as long as 1-thread ones. Pieces share no barrier, only the join at the region's end, and a
  * thread held up elsewhere simply takes fewer of them. The cost is packing the uncut operand
- * once per piece, under 3% of a piece's work at the sizes allowed below. */
+ * once per piece, under 3% of a piece's work at the sizes allowed below (a sharing team's pieces
+ * share that pack instead: share_packs). */
 enum { MAX_PIECES = 256 };
 typedef struct piece {
     int job;
@@ -275,8 +276,9 @@ static int64_t cut_weight(int q, int p) { return q + (q < p / 2 ? q : p / 2); }
 /* Guided pieces for a team's matrix products: each piece takes half the work left over all the
  * jobs (thread 0 claims the first, half of everything), down to a floor, so the pieces shrink to
  * the end and the thread that runs out first waits at most for one floor-sized piece. A piece
- * repacks the operand it does not cut (~12-16 multiply-adds per element on one thread here), so a
- * piece of L rows costs ~14/L more than its share: the floor is 256 rows (or columns; 1/8 of a
+ * repacked the operand it does not cut (~12-16 multiply-adds per element on one thread here), so a
+ * piece of L rows cost ~14/L more than its share (the float products of the blocked driver now
+ * share that pack, share_packs; the first two pieces may each still pack a block): the floor is 256 rows (or columns; 1/8 of a
  * shorter job) and 2^20 multiply-adds, but at most the tapered cut's smallest piece (a quarter of 3
  * pieces: an uncached generation step's products of 16 rows stay at 3 pieces), at least 32. The jobs with the shortest cut side go first,
  * whole or in large pieces: a linear's dW (k the batch's rows) repacks 1M elements per piece in a
@@ -429,6 +431,11 @@ void cgi_gemm(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, in
 
 /* ---- a transposing pack for BLIS's 12-wide panels ---- */
 
+/* Asks for the line at p + by reals in L1 (a hint: it never faults, so it may point past the operand) */
+static inline void prefetch_at(const cg_real *p, int64_t by) {
+    __builtin_prefetch((const void *)((uintptr_t)p + (uintptr_t)(by * (int64_t)sizeof(cg_real))), 0, 3);
+}
+
 /* With skx's column-preferring 32 x 12 micro-kernel and C stored by rows, BLIS packs A (rows of A,
  * each contiguous along k) into 12-wide panels k deep: a transpose, which BLIS's reference kernel
  * does one element at a time. It took 13% of a gpt-tiny training step, 1 thread. This kernel
@@ -440,11 +447,6 @@ void cgi_gemm(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, in
 enum { PW = 12 };
 static spackm_cxk_ker_ft blis_pack12;
 static bool fast_transpose; /* transpose_rows may run (AVX2) */
-
-/* Asks for the line at p + by floats in L1 (a hint: it never faults, so it may point past the operand) */
-static inline void prefetch_at(const float *p, int64_t by) {
-    _mm_prefetch((const char *)((uintptr_t)p + (uintptr_t)(by * (int64_t)sizeof(float))), _MM_HINT_T0);
-}
 
 /* p[c * ldp + i] = kappa * a[i * inca + c] for rows i < rows (a multiple of 4) and depths c below
  * n rounded down to 8, in 4 x 8 register transposes; returns the depth where it stopped. The rows
@@ -602,9 +604,13 @@ static void pack_panel(int64_t rows, int64_t w, int64_t k, const cg_real *src, i
  * depth. Panel by panel, every depth starts a new source line (rows are a matrix's width apart) and
  * a 12-wide panel reads 48 bytes of each 64; here DB depths go across all the panels before the
  * next DB, so the lines a panel leaves half read are still in L1 for the next one. The last panel
- * may be partial: its missing rows are zero. */
-enum { DB = 16 };
+ * may be partial: its missing rows are zero. DB rows are DB streams: where DB rows of the block fit
+ * in half of L1, the next DB rows' lines are asked for as these are read (a linear's dW with 256
+ * outputs, bench/bench_pack: A 310 -> 185 us, B 738 -> 630 us); a wider block's would be gone
+ * again before their turn (1024 wide: no gain, 2% slower). */
+enum { DB = 16, PREFETCH_SPAN = 32768 };
 static void pack_across(int64_t w, int64_t count, int64_t k, const cg_real *src, int64_t sp, cg_real *dst) {
+    const int64_t next = DB * count * (int64_t)sizeof(cg_real) <= PREFETCH_SPAN ? DB * sp : 0;
     for (int64_t p0 = 0; p0 < k; p0 += DB) {
         const int64_t p1 = k - p0 < DB ? k : p0 + DB;
         for (int64_t i = 0; i < count; i += w) {
@@ -612,9 +618,15 @@ static void pack_across(int64_t w, int64_t count, int64_t k, const cg_real *src,
             cg_real *d = dst + i * k;
             const cg_real *sr = src + i;
             if (rows == 32 && w == 32) /* the tile widths here, as constants: the copies inline */
-                for (int64_t p = p0; p < p1; p++) memcpy(d + p * 32, sr + p * sp, 32 * sizeof(cg_real));
+                for (int64_t p = p0; p < p1; p++) {
+                    if (next) prefetch_at(sr + p * sp, next), prefetch_at(sr + p * sp, next + 31);
+                    memcpy(d + p * 32, sr + p * sp, 32 * sizeof(cg_real));
+                }
             else if (rows == 12 && w == 12)
-                for (int64_t p = p0; p < p1; p++) memcpy(d + p * 12, sr + p * sp, 12 * sizeof(cg_real));
+                for (int64_t p = p0; p < p1; p++) {
+                    if (next) prefetch_at(sr + p * sp, next), prefetch_at(sr + p * sp, next + 11);
+                    memcpy(d + p * 12, sr + p * sp, 12 * sizeof(cg_real));
+                }
             else
                 for (int64_t p = p0; p < p1; p++) {
                     memcpy(d + p * w, sr + p * sp, (size_t)rows * sizeof(cg_real));
