@@ -989,8 +989,6 @@ enum { SHARE_MAX = 1 << 22 };
 static bool share_packs(const cgi_gemm_job *jobs, int njobs, unsigned fl, const piece *pcs, int np, shared_pack *sh,
                         _Atomic int *states) {
     if (fl || !cgi_gemm_blocked_on() || team_pack_own()) return false;
-    pack_bufs *bufs = pack_bufs_get();
-    if (!bufs) return false;
     const cgi_ukr *u = &blk_ukr;
     int64_t off[SHARE_JOBS], total = 0, nstates = 0;
     for (int i = 0; i < njobs; i++) {
@@ -1009,7 +1007,8 @@ static bool share_packs(const cgi_gemm_job *jobs, int njobs, unsigned fl, const 
         off[i] = total;
         total += size, nstates += blocks;
     }
-    cg_real *buf = total ? pack_buf_get(&bufs->team, (size_t)total) : NULL;
+    pack_bufs *bufs = total ? pack_bufs_get() : NULL; /* a generation step's vector products: none */
+    cg_real *buf = bufs ? pack_buf_get(&bufs->team, (size_t)total) : NULL;
     for (int i = 0; i < njobs; i++)
         if (sh[i].state) sh[i].buf = buf ? buf + off[i] : NULL;
     return buf != NULL;
