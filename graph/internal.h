@@ -706,6 +706,8 @@ void cgi_gemm_set_split(const char *mode);
 /* Tests: the pieces a sharing team of `threads` cuts jobs into, in claiming order, as {job, lo, hi}
  * (rows of C, or columns where C has more of them); returns how many, or -1 above max. */
 int cgi_gemm_team_cuts(const cgi_gemm_job *jobs, int njobs, int threads, int64_t (*cuts)[3], int max);
+/* Tests: blocks that a sharing team's pieces have read from a shared pack another piece packed, so far. */
+long long cgi_gemm_shared_reads(void);
 /* Products on BLIS's own micro-kernel over operands packed by the caller, for small products
  * that reuse an operand many times (attention's keys and values): packing it once replaces a
  * repack in every BLIS call (ops/gemm.c). A packed operand is a run of panels: A's of `mr`

@@ -22,7 +22,19 @@ static void blis_ready(void);
  * cgi_gemm_job.ta and .tb): F_CBF16, C is bfloat16, rounded once from the float sum plus the bias
  * (beta 0). */
 enum { F_CBF16 = 2 };
-static bool gemm_blocked(const cgi_gemm_job *j, unsigned fl);
+/* A sharing team's pack of the operand a job's pieces do not cut (B when the pieces cut rows, A
+ * when they cut columns; see gemm_many): packed by whichever piece first claims each block, then
+ * read by the others. */
+typedef struct {
+    cg_real *buf;       /* the whole operand in panels, one depth pass after the other */
+    _Atomic int *state; /* per block of the blocked driver: BLOCK_FREE, BLOCK_PACKING or BLOCK_READY */
+    bool a;             /* the shared operand is A */
+} shared_pack;
+static bool gemm_blocked(const cgi_gemm_job *j, unsigned fl, const shared_pack *sh);
+struct piece;
+enum { SHARE_JOBS = 8, SHARE_BLOCKS = 256 }; /* at most: a call's jobs and blocks with shared packs */
+static bool share_packs(const cgi_gemm_job *jobs, int njobs, unsigned fl, const struct piece *pcs, int np,
+                        shared_pack *sh, _Atomic int *states);
 static void gemm_half_1(const cgi_gemm_job *j, unsigned fl);
 static bool half_job(const cgi_gemm_job *j) { return j->ta != CGI_EL_F32 || j->tb != CGI_EL_F32; }
 
@@ -89,13 +101,13 @@ static void add_res(const cgi_gemm_job *j) {
         for (int64_t q = 0; q < j->n; q++) j->c[i * j->rsc + q * j->csc] += j->res[i * j->res_rs + q];
 }
 
-static void gemm1(const cgi_gemm_job *j, unsigned fl) {
+static void gemm1(const cgi_gemm_job *j, unsigned fl, const shared_pack *sh) {
     if (j->m == 0 || j->n == 0) return;
     if (half_job(j) || (fl & F_CBF16)) {
         gemm_half_1(j, fl);
         return;
     }
-    if (gemm_blocked(j, 0)) return;
+    if (gemm_blocked(j, 0, sh)) return;
     gemm_blis(j);
     add_res(j);
     if (j->relu) /* after BLIS's product: a pass over this piece of C */
@@ -112,9 +124,10 @@ static void gemm1(const cgi_gemm_job *j, unsigned fl) {
  * SMT siblings) a waiting thread burns the time its partner needs, and 2-thread steps took 3-10x
  * as long as 1-thread ones. Pieces share no barrier, only the join at the region's end, and a
  * thread held up elsewhere simply takes fewer of them. The cost is packing the uncut operand
- * once per piece, under 3% of a piece's work at the sizes allowed below. */
+ * once per piece, under 3% of a piece's work at the sizes allowed below (a sharing team's pieces
+ * share that pack instead: share_packs). */
 enum { MAX_PIECES = 256 };
-typedef struct {
+typedef struct piece {
     int job;
     int64_t lo, hi; /* the rows (cut_rows) or columns of C the piece computes */
 } piece;
@@ -147,7 +160,7 @@ static const void *ahead(const void *p, int64_t by, bool half) {
     return (const char *)p + by * (half ? (int64_t)sizeof(uint16_t) : (int64_t)sizeof(cg_real));
 }
 
-static void run_piece(const cgi_gemm_job *jobs, const piece *pc, unsigned fl) {
+static void run_piece(const cgi_gemm_job *jobs, const piece *pc, unsigned fl, const shared_pack *sh) {
     cgi_gemm_job j = jobs[pc->job];
     if (cut_rows(&j)) {
         j.a = ahead(j.a, pc->lo * j.rsa, j.ta != CGI_EL_F32);
@@ -161,7 +174,7 @@ static void run_piece(const cgi_gemm_job *jobs, const piece *pc, unsigned fl) {
         if (j.res) j.res += pc->lo;
         j.n = pc->hi - pc->lo;
     }
-    gemm1(&j, fl);
+    gemm1(&j, fl, sh && sh[pc->job].buf ? &sh[pc->job] : NULL);
 }
 
 /* Extra pieces after the products' (cgi_gemm_many_then): task(ctx, i) for i < n. */
@@ -177,6 +190,7 @@ typedef struct {
     unsigned fl;
     int np;               /* product pieces; pieces from np are the extra tasks */
     const extra_tasks *ex;
+    const shared_pack *sh; /* per job: the shared pack of its uncut operand (buf NULL: none) */
     double (*trace)[4];   /* CGRAD_TEAM_TRACE: each piece's thread, start, end and CPU seconds */
     double t0;
 } team_task;
@@ -190,7 +204,7 @@ static double thread_cpu_s(void) {
 static void run_team_piece(void *ctx, int q) {
     const team_task *t = ctx;
     const double w0 = t->trace ? omp_get_wtime() : 0, c0 = t->trace ? thread_cpu_s() : 0;
-    if (q < t->np) run_piece(t->jobs, &t->pcs[q], t->fl);
+    if (q < t->np) run_piece(t->jobs, &t->pcs[q], t->fl, t->sh);
     else t->ex->task(t->ex->ctx, q - t->np);
     if (t->trace) {
         double *r = t->trace[q];
@@ -262,8 +276,9 @@ static int64_t cut_weight(int q, int p) { return q + (q < p / 2 ? q : p / 2); }
 /* Guided pieces for a team's matrix products: each piece takes half the work left over all the
  * jobs (thread 0 claims the first, half of everything), down to a floor, so the pieces shrink to
  * the end and the thread that runs out first waits at most for one floor-sized piece. A piece
- * repacks the operand it does not cut (~12-16 multiply-adds per element on one thread here), so a
- * piece of L rows costs ~14/L more than its share: the floor is 256 rows (or columns; 1/8 of a
+ * repacked the operand it does not cut (~12-16 multiply-adds per element on one thread here), so a
+ * piece of L rows cost ~14/L more than its share (the float products of the blocked driver now
+ * share that pack, share_packs; the first two pieces may each still pack a block): the floor is 256 rows (or columns; 1/8 of a
  * shorter job) and 2^20 multiply-adds, but at most the tapered cut's smallest piece (a quarter of 3
  * pieces: an uncached generation step's products of 16 rows stay at 3 pieces), at least 32. The jobs with the shortest cut side go first,
  * whole or in large pieces: a linear's dW (k the batch's rows) repacks 1M elements per piece in a
@@ -370,7 +385,10 @@ static void gemm_many(const cgi_gemm_job *jobs, int njobs, int threads, unsigned
     const int nx = ex ? ex->n : 0;
     if (share) { /* the extra tasks (a linear's bias sums) too: they ran on thread 0 alone after the products */
         double(*tr)[4] = team_trace() ? malloc((size_t)(np + nx) * sizeof *tr) : NULL; /* a diagnostic: off by default */
-        const team_task task = {jobs, pcs, fl, np, ex, tr, tr ? omp_get_wtime() : 0};
+        shared_pack sh[SHARE_JOBS];
+        _Atomic int states[SHARE_BLOCKS];
+        const bool shared = njobs <= SHARE_JOBS && share_packs(jobs, njobs, fl, pcs, np, sh, states);
+        const team_task task = {jobs, pcs, fl, np, ex, shared ? sh : NULL, tr, tr ? omp_get_wtime() : 0};
         cgi_team_pieces(run_team_piece, (void *)&task, np + nx);
         if (tr) trace_print(jobs, njobs, pcs, np, np + nx, tr, omp_get_wtime() - task.t0);
         free(tr);
@@ -378,14 +396,14 @@ static void gemm_many(const cgi_gemm_job *jobs, int njobs, int threads, unsigned
     }
     if (np <= 1 || threads <= 1) {
         for (int q = 0; q < np + nx; q++)
-            if (q < np) run_piece(jobs, &pcs[q], fl);
+            if (q < np) run_piece(jobs, &pcs[q], fl, NULL);
             else ex->task(ex->ctx, q - np);
         return;
     }
     /* the extra tasks go last, to whichever thread runs out of product pieces first */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads < np + nx ? threads : np + nx)
     for (int q = 0; q < np + nx; q++)
-        if (q < np) run_piece(jobs, &pcs[q], fl);
+        if (q < np) run_piece(jobs, &pcs[q], fl, NULL);
         else ex->task(ex->ctx, q - np);
 }
 
@@ -413,6 +431,11 @@ void cgi_gemm(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, in
 
 /* ---- a transposing pack for BLIS's 12-wide panels ---- */
 
+/* Asks for the line at p + by reals in L1 (a hint: it never faults, so it may point past the operand) */
+static inline void prefetch_at(const cg_real *p, int64_t by) {
+    __builtin_prefetch((const void *)((uintptr_t)p + (uintptr_t)(by * (int64_t)sizeof(cg_real))), 0, 3);
+}
+
 /* With skx's column-preferring 32 x 12 micro-kernel and C stored by rows, BLIS packs A (rows of A,
  * each contiguous along k) into 12-wide panels k deep: a transpose, which BLIS's reference kernel
  * does one element at a time. It took 13% of a gpt-tiny training step, 1 thread. This kernel
@@ -426,15 +449,22 @@ static spackm_cxk_ker_ft blis_pack12;
 static bool fast_transpose; /* transpose_rows may run (AVX2) */
 
 /* p[c * ldp + i] = kappa * a[i * inca + c] for rows i < rows (a multiple of 4) and depths c below
- * n rounded down to 8, in 4 x 8 register transposes; returns the depth where it stopped. */
+ * n rounded down to 8, in 4 x 8 register transposes; returns the depth where it stopped. The rows
+ * are each a stream of their own, more than the hardware prefetcher follows well: each line of
+ * the next panel's rows (rows further on) is asked for as the same line of this panel's is read.
+ * It halved the pack of a gpt-tiny linear's input (4096 x 256 from rows: 455 -> 290 us) and took
+ * 4-8% off the products that pack so (bench/bench_pack). */
 __attribute__((target("avx2"))) static dim_t transpose_rows(const float *a, inc_t inca, dim_t n, dim_t rows,
                                                             float kappa, float *p, inc_t ldp) {
     const bool scaled = kappa != 1;
     const __m256 kv = _mm256_set1_ps(kappa);
+    const int64_t next = rows * inca;
     dim_t c = 0;
     for (; c + 8 <= n; c += 8)
         for (dim_t g = 0; g < rows / 4; g++) { /* rows 4g..4g+3, depths c..c+7 */
             const float *r = a + 4 * g * inca + c;
+            if (!(c & 15)) /* a line holds 16 depths */
+                for (int q = 0; q < 4; q++) prefetch_at(r, next + q * inca);
             __m256 r0 = _mm256_loadu_ps(r), r1 = _mm256_loadu_ps(r + inca), r2 = _mm256_loadu_ps(r + 2 * inca),
                    r3 = _mm256_loadu_ps(r + 3 * inca);
             if (scaled) {
@@ -574,9 +604,13 @@ static void pack_panel(int64_t rows, int64_t w, int64_t k, const cg_real *src, i
  * depth. Panel by panel, every depth starts a new source line (rows are a matrix's width apart) and
  * a 12-wide panel reads 48 bytes of each 64; here DB depths go across all the panels before the
  * next DB, so the lines a panel leaves half read are still in L1 for the next one. The last panel
- * may be partial: its missing rows are zero. */
-enum { DB = 16 };
+ * may be partial: its missing rows are zero. DB rows are DB streams: where DB rows of the block fit
+ * in half of L1, the next DB rows' lines are asked for as these are read (a linear's dW with 256
+ * outputs, bench/bench_pack: A 310 -> 185 us, B 738 -> 630 us); a wider block's would be gone
+ * again before their turn (1024 wide: no gain, 2% slower). */
+enum { DB = 16, PREFETCH_SPAN = 32768 };
 static void pack_across(int64_t w, int64_t count, int64_t k, const cg_real *src, int64_t sp, cg_real *dst) {
+    const int64_t next = DB * count * (int64_t)sizeof(cg_real) <= PREFETCH_SPAN ? DB * sp : 0;
     for (int64_t p0 = 0; p0 < k; p0 += DB) {
         const int64_t p1 = k - p0 < DB ? k : p0 + DB;
         for (int64_t i = 0; i < count; i += w) {
@@ -584,9 +618,15 @@ static void pack_across(int64_t w, int64_t count, int64_t k, const cg_real *src,
             cg_real *d = dst + i * k;
             const cg_real *sr = src + i;
             if (rows == 32 && w == 32) /* the tile widths here, as constants: the copies inline */
-                for (int64_t p = p0; p < p1; p++) memcpy(d + p * 32, sr + p * sp, 32 * sizeof(cg_real));
+                for (int64_t p = p0; p < p1; p++) {
+                    if (next) prefetch_at(sr + p * sp, next), prefetch_at(sr + p * sp, next + 31);
+                    memcpy(d + p * 32, sr + p * sp, 32 * sizeof(cg_real));
+                }
             else if (rows == 12 && w == 12)
-                for (int64_t p = p0; p < p1; p++) memcpy(d + p * 12, sr + p * sp, 12 * sizeof(cg_real));
+                for (int64_t p = p0; p < p1; p++) {
+                    if (next) prefetch_at(sr + p * sp, next), prefetch_at(sr + p * sp, next + 11);
+                    memcpy(d + p * 12, sr + p * sp, 12 * sizeof(cg_real));
+                }
             else
                 for (int64_t p = p0; p < p1; p++) {
                     memcpy(d + p * w, sr + p * sp, (size_t)rows * sizeof(cg_real));
@@ -677,6 +717,7 @@ typedef struct {
 } pack_buf;
 typedef struct {
     pack_buf a, b, s; /* s: a block of C in float, for a bf16 C */
+    pack_buf team;    /* a sharing team's call: the shared packs (thread 0's) */
 } pack_bufs;
 /* Each thread's packing buffers: grown once, then reused; freed when the thread ends. */
 static pthread_key_t pack_key;
@@ -684,7 +725,7 @@ static bool pack_key_ok;
 
 static void pack_bufs_free(void *v) {
     pack_bufs *b = v;
-    free(b->a.p), free(b->b.p), free(b->s.p), free(b);
+    free(b->a.p), free(b->b.p), free(b->s.p), free(b->team.p), free(b);
 }
 
 static pack_bufs *pack_bufs_get(void) {
@@ -816,28 +857,81 @@ void cgi_ukr_pack_a_half(const cgi_ukr *u, int64_t m, int64_t k, const uint16_t 
 }
 #endif
 
+/* The driver's blocking of a job: depth per pass (kc), C columns per packed B block (nc, whole
+ * panels), C rows per packed A block (mc, whole panels), and their counts; pass and block sizes
+ * balanced, so no thin remainder pass or block. A bf16 C is rounded once from the whole sum: each
+ * block of C is summed over every pass into a float block (at most BLK_MC16 x BLK_NC, per thread)
+ * first, so its A blocks are smaller. */
+typedef struct {
+    int64_t kc, nc, mc, passes, nblk, mblk;
+} blk_sizes;
+static blk_sizes blk_sizes_of(const cgi_ukr *u, int64_t m, int64_t n, int64_t k, bool c16) {
+    blk_sizes z;
+    const int64_t mc_max = c16 ? BLK_MC16 : BLK_MC;
+    z.passes = (k + BLK_KC - 1) / BLK_KC, z.kc = (k + z.passes - 1) / z.passes;
+    z.nblk = (n + BLK_NC - 1) / BLK_NC, z.nc = ((n + z.nblk - 1) / z.nblk + u->nr - 1) / u->nr * u->nr;
+    z.mblk = (m + mc_max - 1) / mc_max, z.mc = ((m + z.mblk - 1) / z.mblk + u->mr - 1) / u->mr * u->mr;
+    return z;
+}
+
+/* A's block of rows jc.. (mc of them) and depths pc.. (kc), packed into dst */
+static void pack_a_block(const cgi_ukr *u, const cgi_gemm_job *j, int64_t jc, int64_t pc, int64_t mc, int64_t kc,
+                         cg_real *dst) {
+#ifndef CGRAD_DOUBLE
+    pack_a_el(u, mc, kc, ahead(j->a, jc * j->rsa + pc * j->csa, j->ta), j->ta, j->rsa, j->csa, dst);
+#else
+    cgi_ukr_pack_a(u, mc, kc, j->a + jc * j->rsa + pc * j->csa, j->rsa, j->csa, dst);
+#endif
+}
+
+/* B's block of depths pc.. (kc) and columns ic.. (nb), packed into dst */
+static void pack_b_block(const cgi_ukr *u, const cgi_gemm_job *j, int64_t pc, int64_t ic, int64_t kc, int64_t nb,
+                         cg_real *dst) {
+#ifndef CGRAD_DOUBLE
+    pack_b_el(u, kc, nb, ahead(j->b, pc * j->rsb + ic * j->csb, j->tb), j->tb, j->rsb, j->csb, dst);
+#else
+    cgi_ukr_pack_b(u, kc, nb, j->b + pc * j->rsb + ic * j->csb, j->rsb, j->csb, dst);
+#endif
+}
+
+enum { BLOCK_FREE, BLOCK_PACKING, BLOCK_READY };
+
+/* Where a piece reads block idx of a shared pack (at `at` reals into its buffer) from: the shared
+ * copy when it is ready, or when this piece claims it (*pack set: it packs the block there, then
+ * marks it ready); NULL when another piece is packing it, and the piece packs its own copy: no
+ * piece ever waits for another. */
+static _Atomic long long shared_reads;
+static cg_real *shared_block(const shared_pack *sh, int64_t idx, int64_t at, bool *pack) {
+    int st = atomic_load_explicit(&sh->state[idx], memory_order_acquire);
+    *pack = st == BLOCK_FREE && atomic_compare_exchange_strong_explicit(&sh->state[idx], &st, BLOCK_PACKING,
+                                                                        memory_order_acquire, memory_order_acquire);
+    if (st == BLOCK_READY) atomic_fetch_add_explicit(&shared_reads, 1, memory_order_relaxed);
+    return *pack || st == BLOCK_READY ? sh->buf + at : NULL;
+}
+
+long long cgi_gemm_shared_reads(void) { return atomic_load(&shared_reads); }
+
 /* Runs j through the driver above where it applies (see blk_init; C row-major, no dimension
  * below 32); false: the caller runs BLIS. A job with a half-precision operand or C (cgi_gemm_half)
- * always applies (any sizes, C row-major); false only without memory for the packs. */
-static bool gemm_blocked(const cgi_gemm_job *j, unsigned fl) {
+ * always applies (any sizes, C row-major); false only without memory for the packs. sh: a
+ * sharing team's pack of the operand the job's pieces do not cut (share_packs), or NULL. */
+static bool gemm_blocked(const cgi_gemm_job *j, unsigned fl, const shared_pack *sh) {
     if (half_job(j) || (fl & F_CBF16)) pthread_once(&blk_once, blk_init);
     else if (!cgi_gemm_blocked_on() || j->csc != 1 || j->m < 32 || j->n < 32 || j->k < 32) return false;
     const cgi_ukr *u = &blk_ukr;
     const int64_t m = j->m, n = j->n, k = j->k;
-    /* A bf16 C is rounded once from the whole sum: each block of C is summed over every pass into a
-     * float block (at most BLK_MC16 x BLK_NC, per thread) first, so A blocks are smaller */
     const bool c16 = fl & F_CBF16;
-    const int64_t mc_max = c16 ? BLK_MC16 : BLK_MC;
-    /* pass and block sizes balanced, so no thin remainder pass or block */
-    const int64_t passes = (k + BLK_KC - 1) / BLK_KC, kc0 = (k + passes - 1) / passes;
-    const int64_t nblk = (n + BLK_NC - 1) / BLK_NC, nc0 = ((n + nblk - 1) / nblk + u->nr - 1) / u->nr * u->nr;
-    const int64_t mblk = (m + mc_max - 1) / mc_max, mc0 = ((m + mblk - 1) / mblk + u->mr - 1) / u->mr * u->mr;
+    const blk_sizes z = blk_sizes_of(u, m, n, k, c16);
+    const int64_t kc0 = z.kc, nc0 = z.nc, mc0 = z.mc;
     pack_bufs *bufs = pack_bufs_get();
     if (!bufs) return false;
-    cg_real *ap = pack_buf_get(&bufs->a, cgi_ukr_packed_a(u, m < mc0 ? m : mc0, kc0));
-    cg_real *bp = pack_buf_get(&bufs->b, cgi_ukr_packed_b(u, kc0, n < nc0 ? n : nc0));
+    cg_real *a_own = pack_buf_get(&bufs->a, cgi_ukr_packed_a(u, m < mc0 ? m : mc0, kc0));
+    cg_real *b_own = pack_buf_get(&bufs->b, cgi_ukr_packed_b(u, kc0, n < nc0 ? n : nc0));
     cg_real *acc = c16 ? pack_buf_get(&bufs->s, (size_t)((m < mc0 ? m : mc0) * (n < nc0 ? n : nc0))) : NULL;
-    if (!ap || !bp || (c16 && !acc)) return false;
+    if (!a_own || !b_own || (c16 && !acc)) return false;
+    /* a shared pack holds the whole operand: a pass's panels over all of m (A) or n (B) */
+    const int64_t a_pass = (m + u->mr - 1) / u->mr * u->pmr, b_pass = (n + u->nr - 1) / u->nr * u->pnr;
+    const cg_real *ap = a_own, *bp = b_own;
     for (int64_t jc = 0; jc < m; jc += mc0) {
         const int64_t mc = m - jc < mc0 ? m - jc : mc0;
         /* float C: the passes outermost, one packed A per pass; bf16 C: the passes innermost, into acc */
@@ -845,18 +939,19 @@ static bool gemm_blocked(const cgi_gemm_job *j, unsigned fl) {
             for (int64_t q = 0; q < (c16 ? k : n); q += c16 ? kc0 : nc0) {
                 const int64_t pc = c16 ? q : o, ic = c16 ? o : q;
                 const int64_t kc = k - pc < kc0 ? k - pc : kc0, nb = n - ic < nc0 ? n - ic : nc0;
+                bool pack = true;
                 if (c16 || ic == 0) {
-#ifndef CGRAD_DOUBLE
-                    pack_a_el(u, mc, kc, ahead(j->a, jc * j->rsa + pc * j->csa, j->ta), j->ta, j->rsa, j->csa, ap);
-#else
-                    cgi_ukr_pack_a(u, mc, kc, j->a + jc * j->rsa + pc * j->csa, j->rsa, j->csa, ap);
-#endif
+                    const int64_t idx = jc / mc0 * z.passes + pc / kc0;
+                    cg_real *at = sh && sh->a ? shared_block(sh, idx, pc * a_pass + jc / u->mr * u->pmr * kc, &pack) : NULL;
+                    if (!at || pack) pack_a_block(u, j, jc, pc, mc, kc, at ? at : a_own);
+                    if (at && pack) atomic_store_explicit(&sh->state[idx], BLOCK_READY, memory_order_release);
+                    ap = at ? at : a_own;
                 }
-#ifndef CGRAD_DOUBLE
-                pack_b_el(u, kc, nb, ahead(j->b, pc * j->rsb + ic * j->csb, j->tb), j->tb, j->rsb, j->csb, bp);
-#else
-                cgi_ukr_pack_b(u, kc, nb, j->b + pc * j->rsb + ic * j->csb, j->rsb, j->csb, bp);
-#endif
+                const int64_t idx = pc / kc0 * z.nblk + ic / nc0;
+                cg_real *bt = sh && !sh->a ? shared_block(sh, idx, pc * b_pass + ic / u->nr * u->pnr * kc, &pack) : NULL;
+                if (!bt || pack) pack_b_block(u, j, pc, ic, kc, nb, bt ? bt : b_own);
+                if (bt && pack) atomic_store_explicit(&sh->state[idx], BLOCK_READY, memory_order_release);
+                bp = bt ? bt : b_own;
                 blk_macro(u, mc, nb, kc, j->alpha, ap, bp, pc == 0 ? j->beta : 1,
                           pc == 0 && j->bias ? j->bias + ic * j->bias_stride : NULL, j->bias_stride,
                           j->relu && pc + kc >= k,
@@ -869,6 +964,54 @@ static bool gemm_blocked(const cgi_gemm_job *j, unsigned fl) {
             }
     }
     return true;
+}
+
+/* CGRAD_TEAM_PACK=own: every piece packs its own copy of the uncut operand, for comparisons */
+static bool team_pack_own(void) {
+    static _Atomic int own = -1;
+    int t = atomic_load_explicit(&own, memory_order_relaxed);
+    if (t < 0) {
+        const char *e = getenv("CGRAD_TEAM_PACK");
+        t = e && !strcmp(e, "own");
+        atomic_store_explicit(&own, t, memory_order_relaxed);
+    }
+    return t;
+}
+
+/* A sharing team's pieces each ran the whole product engine on their rows (or columns), so each
+ * packed all of the operand it does not cut: a piece of L rows paid ~14/L more than its share.
+ * Here a float job of the blocked driver cut into several pieces gets one shared pack of that
+ * operand for the call (thread 0's buffer, grown once; at most SHARE_MAX reals a call), packed
+ * block by block by whichever piece needs the block first (shared_block). The packs are copies,
+ * so the bits are those of each piece packing its own. Sets sh[i] for each job (buf NULL: none)
+ * and returns whether any job shares. */
+enum { SHARE_MAX = 1 << 22 };
+static bool share_packs(const cgi_gemm_job *jobs, int njobs, unsigned fl, const piece *pcs, int np, shared_pack *sh,
+                        _Atomic int *states) {
+    if (fl || !cgi_gemm_blocked_on() || team_pack_own()) return false;
+    const cgi_ukr *u = &blk_ukr;
+    int64_t off[SHARE_JOBS], total = 0, nstates = 0;
+    for (int i = 0; i < njobs; i++) {
+        const cgi_gemm_job *j = &jobs[i];
+        sh[i] = (shared_pack){NULL, NULL, false};
+        int pieces = 0;
+        for (int q = 0; q < np; q++) pieces += pcs[q].job == i;
+        if (pieces < 2 || half_job(j) || j->csc != 1 || j->m < 32 || j->n < 32 || j->k < 32) continue;
+        const bool a = !cut_rows(j);
+        const blk_sizes z = blk_sizes_of(u, j->m, j->n, j->k, false);
+        const int64_t blocks = a ? z.mblk * z.passes : z.passes * z.nblk;
+        const int64_t size = (int64_t)(a ? cgi_ukr_packed_a(u, j->m, j->k) : cgi_ukr_packed_b(u, j->k, j->n));
+        if (nstates + blocks > SHARE_BLOCKS || total + size > SHARE_MAX) continue;
+        for (int64_t b = 0; b < blocks; b++) atomic_init(&states[nstates + b], BLOCK_FREE);
+        sh[i] = (shared_pack){NULL, states + nstates, a};
+        off[i] = total;
+        total += size, nstates += blocks;
+    }
+    pack_bufs *bufs = total ? pack_bufs_get() : NULL; /* a generation step's vector products: none */
+    cg_real *buf = bufs ? pack_buf_get(&bufs->team, (size_t)total) : NULL;
+    for (int i = 0; i < njobs; i++)
+        if (sh[i].state) sh[i].buf = buf ? buf + off[i] : NULL;
+    return buf != NULL;
 }
 
 #ifndef CGRAD_DOUBLE
@@ -1023,7 +1166,7 @@ static void gemm_mixed_direct(const cgi_gemm_job *j, unsigned fl) {
 }
 
 static void gemm_half_1(const cgi_gemm_job *j, unsigned fl) {
-    if (j->m == 1 || j->n == 1 || j->k == 0 || j->csc != 1 || !gemm_blocked(j, fl)) {
+    if (j->m == 1 || j->n == 1 || j->k == 0 || j->csc != 1 || !gemm_blocked(j, fl, NULL)) {
         if (j->ta == CGI_EL_BF16 && j->tb == CGI_EL_BF16) gemm_bf16_direct(j, fl);
         else gemm_mixed_direct(j, fl);
         for (int64_t i = 0; j->relu && i < j->m; i++) /* as gemm1 after BLIS's product; float C only */

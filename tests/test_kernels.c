@@ -299,6 +299,69 @@ static void test_ukr_pack(void) {
     for (int64_t N = 44; N <= 45; N++) test_ukr_pack_n(N);
 }
 
+/* A sharing team's call packs the operand its pieces do not cut once, each block by whichever
+ * piece needs it first (ops/gemm.c, share_packs): B where the pieces cut C's rows, A where they
+ * cut its columns, over several depth passes, B blocks and A blocks (m > 3072), with a bias and a
+ * beta; the team's C holds one thread's bits, and pieces did read blocks another packed. */
+typedef struct {
+    cgi_gemm_job jobs[2];
+} team_call;
+
+static cg_status team_products(void *ctx) {
+    team_call *t = ctx;
+    cgi_gemm_many(t->jobs, 2, 2);
+    return CG_OK;
+}
+
+static void test_team_shared_packs(void) {
+#ifndef CGRAD_DOUBLE
+    if (!cgi_gemm_blocked_on()) return; /* no blocked driver with this kernel set: nothing is shared */
+    enum { M0 = 3200, N0 = 520, K0 = 600, M1 = 100, N1 = 1100, K1 = 530 };
+    cg_rng r;
+    cg_rng_seed(&r, 11);
+    cg_real *a0 = malloc(sizeof(cg_real) * M0 * K0), *b0 = malloc(sizeof(cg_real) * K0 * N0),
+            *a1 = malloc(sizeof(cg_real) * M1 * K1), *b1 = malloc(sizeof(cg_real) * K1 * N1),
+            *bias = malloc(sizeof(cg_real) * N0), *one = malloc(sizeof(cg_real) * (M0 * N0 + M1 * N1)),
+            *team = malloc(sizeof(cg_real) * (M0 * N0 + M1 * N1));
+    for (int64_t i = 0; i < M0 * K0; i++) a0[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
+    for (int64_t i = 0; i < K0 * N0; i++) b0[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
+    for (int64_t i = 0; i < M1 * K1; i++) a1[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
+    for (int64_t i = 0; i < K1 * N1; i++) b1[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
+    for (int64_t i = 0; i < N0; i++) bias[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
+    /* job 0: A [M0, K0] by rows, B a weight [N0, K0] read transposed, a bias; job 1: A read
+     * transposed from [K1, M1], B [K1, N1] by rows, beta 0.5 on C */
+    team_call t = {{{M0, N0, K0, a0, K0, 1, b0, 1, K0, 0.75, 0, NULL, N0, 1, bias, 1, false, CGI_EL_F32, CGI_EL_F32, NULL, 0},
+                    {M1, N1, K1, a1, 1, M1, b1, N1, 1, 1, 0.5, NULL, N1, 1, NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0}}};
+    for (int64_t i = 0; i < M1 * N1; i++) one[M0 * N0 + i] = (cg_real)(i % 13) - 6;
+    memcpy(team + M0 * N0, one + M0 * N0, sizeof(cg_real) * M1 * N1);
+    t.jobs[0].c = one, t.jobs[1].c = one + M0 * N0;
+    cgi_gemm_many(t.jobs, 2, 1);
+    cgi_team_set_guard(CGI_TEAM_GUARD_ON);
+    cgi_team_wait_for_helpers(true); /* else a loaded machine may keep the helpers switched out */
+    cg_set_threads(2);
+    t.jobs[0].c = team, t.jobs[1].c = team + M0 * N0;
+    cg_real *c1 = malloc(sizeof(cg_real) * M1 * N1);
+    memcpy(c1, team + M0 * N0, sizeof(cg_real) * M1 * N1);
+    long long reads = 0;
+    for (int attempt = 0; attempt < 50 && reads == 0; attempt++) { /* a loaded machine may keep a helper asleep */
+        const long long before = cgi_gemm_shared_reads();
+        memcpy(team + M0 * N0, c1, sizeof(cg_real) * M1 * N1); /* beta reads C */
+        CHECK(cg_run_with_team(team_products, &t) == CG_OK, "%s", cg_last_error());
+        reads = cgi_gemm_shared_reads() - before;
+        int64_t diff = -1;
+        for (int64_t i = 0; i < M0 * N0 + M1 * N1 && diff < 0; i++)
+            if (memcmp(&one[i], &team[i], sizeof one[i])) diff = i;
+        CHECK(diff < 0, "team C element %lld: %.9g, one thread %.9g", (long long)diff, diff < 0 ? 0 : (double)team[diff],
+              diff < 0 ? 0 : (double)one[diff]);
+    }
+    CHECK(reads > 0, "no piece read a shared pack in 50 team calls");
+    cgi_team_set_guard(CGI_TEAM_GUARD_AUTO);
+    cgi_team_wait_for_helpers(false);
+    cg_set_threads(0);
+    free(a0), free(b0), free(a1), free(b1), free(bias), free(one), free(team), free(c1);
+#endif
+}
+
 int main(void) {
     test_pick_rule();
     test_kernels_in_use();
@@ -308,5 +371,6 @@ int main(void) {
     test_thread_buffers();
     test_pack12();
     test_ukr_pack();
+    test_team_shared_packs();
     TEST_END();
 }
