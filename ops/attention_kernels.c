@@ -166,8 +166,10 @@ static AVX512 bool softmax_rows(float *s, int64_t ss, int64_t nq, int64_t kend, 
     for (int64_t r = 0; r < nq; r++) {
         float *row = s + r * ss;
         const int64_t vis = causal ? vis0 + r : kend;
+        /* a causal row's vectors past its own key hold only hidden keys: zeros, without the passes */
+        const int64_t nvis = vis >= kend ? nv : vis <= 0 ? 0 : (vis + 15) / 16;
         __m512 mx = _mm512_set1_ps(-INFINITY);
-        for (int64_t v = 0; v < nv; v++) /* NaN scores are passed over, as cgi_row_max does */
+        for (int64_t v = 0; v < nvis; v++) /* NaN scores are passed over, as cgi_row_max does */
             mx = _mm512_mask_max_ps(mx, kept[v] & lanes_below(vis - 16 * v), _mm512_loadu_ps(row + 16 * v), mx);
         const float m = _mm512_reduce_max_ps(mx);
         if (m == -INFINITY) { /* every key hidden: zeros, and no gradient */
@@ -179,7 +181,7 @@ static AVX512 bool softmax_rows(float *s, int64_t ss, int64_t nq, int64_t kend, 
         any = true;
         const __m512 mv = _mm512_set1_ps(m);
         __m512 acc = _mm512_setzero_ps();
-        for (int64_t v = 0; v < nv; v++) {
+        for (int64_t v = 0; v < nvis; v++) {
             const __mmask16 k = kept[v] & lanes_below(vis - 16 * v);
             const __m512 e = _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, row + 16 * v), mv)));
             acc = _mm512_add_ps(acc, e);
@@ -187,7 +189,10 @@ static AVX512 bool softmax_rows(float *s, int64_t ss, int64_t nq, int64_t kend, 
         }
         const float l = _mm512_reduce_add_ps(acc);
         const __m512 inv = _mm512_set1_ps(1 / l);
-        for (int64_t v = 0; v < nv; v++) {
+        for (int64_t v = nvis; v < nv; v++)
+            _mm512_mask_storeu_ps(row + 16 * v, lanes_below(kend - 16 * v), _mm512_setzero_ps());
+        const int64_t nscaled = l == l ? nvis : nv; /* a NaN sum (a NaN score) makes every key NaN, hidden too */
+        for (int64_t v = 0; v < nscaled; v++) {
             const __mmask16 k = lanes_below(kend - 16 * v);
             _mm512_mask_storeu_ps(row + 16 * v, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, row + 16 * v), inv));
         }
