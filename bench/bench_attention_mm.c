@@ -5,8 +5,10 @@
  * operands laid out as the op lays them out (q, k, v and dO rows rs apart, K^T and V^T dense, P and
  * dS rows T apart), and the softmax of a T x T block, against the product engine's sgemm (cgi_gemm,
  * one thread) on 1024^3. Thread CPU time, medians [min, max] over the repetitions, GFLOP/s and
- * the fraction of sgemm's. Causal products count only the tiles the kernel runs (half the
- * product, rounded to its strips), as their time does.
+ * the fraction of sgemm's. K^T and V^T lie in panels of 64 keys (cgi_attn_transpose_panels), as
+ * the op keeps them; "dP, V^T by rows" is dP on a plain [D, T] V^T, Tk apart, for comparison.
+ * Causal products count only the tiles the kernel runs (half the product, rounded to its strips),
+ * as their time does. The sgemm runs last in each repetition, so the first product starts cold.
  * Usage: bench_attention_mm [reps] [T] [D] [causal 0/1] [row stride rs, 0: D]; one thread. */
 #include <math.h>
 #include <stdio.h>
@@ -35,7 +37,7 @@ static float *filled(size_t n, cg_rng *r) {
     return x;
 }
 
-enum { MAXREPS = 101, NK = 8 };
+enum { MAXREPS = 101, NK = 9 };
 
 int main(int argc, char **argv) {
     int reps = argc > 1 ? atoi(argv[1]) : 11;
@@ -51,7 +53,7 @@ int main(int argc, char **argv) {
     cg_rng r;
     cg_rng_seed(&r, 1);
     float *q = filled((size_t)(T * rs), &r), *k = filled((size_t)(T * rs), &r), *dO = filled((size_t)(T * rs), &r),
-          *kt = filled((size_t)(T * D), &r), *v = filled((size_t)(T * D), &r), *s = filled((size_t)(T * T), &r),
+          *kt = filled((size_t)cgi_attn_panels_reals(T, D), &r), *v = filled((size_t)(T * D), &r), *s = filled((size_t)(T * T), &r),
           *o = filled((size_t)(T * rs), &r), *g = filled((size_t)(T * D), &r), *lse = filled((size_t)T, &r);
     float *sc = malloc((size_t)(T * T) * sizeof *sc); /* scores for the softmax, copied in before each */
     for (int64_t x = 0; x < T * T; x++) sc[x] = 4 * (float)cg_rng_uniform(&r);
@@ -60,15 +62,15 @@ int main(int argc, char **argv) {
     float *ga = filled((size_t)(N * N), &r), *gb = filled((size_t)(N * N), &r), *gc = filled((size_t)(N * N), &r);
     static double ms[NK][MAXREPS];
     const char *names[NK] = {"S = Q K^T", "O = P V", "dP = dO V^T", "dV = P^T dO", "dQ = dS K", "dK = dS^T Q",
-                             "copy + softmax", "sgemm 1024^3"};
+                             "copy + softmax", "dP, V^T by rows", "sgemm 1024^3"};
     const int inner = (int)(2e7 / (2.0 * T * T * D)) + 1;
     for (int rep = 0; rep < reps; rep++)
         for (int kind = 0; kind < NK; kind++) {
             const double t0 = thread_ms();
             for (int i = 0; i < (kind == NK - 1 ? 1 : inner); i++) switch (kind) {
-                case 0: cgi_attn_mm(T, T, D, 0.125f, q, rs, 1, kt, T, 0, s, T, diag, F, F); break;
+                case 0: cgi_attn_mm_panels(T, T, D, 0.125f, q, rs, 1, kt, 0, s, T, diag, F, F); break;
                 case 1: cgi_attn_mm(T, D, T, 1, s, T, 1, v, D, 0, o, rs, F, diag, F); break;
-                case 2: cgi_attn_mm(T, T, D, 1, dO, rs, 1, kt, T, 0, s, T, diag, F, F); break;
+                case 2: cgi_attn_mm_panels(T, T, D, 1, dO, rs, 1, kt, 0, s, T, diag, F, F); break;
                 case 3: cgi_attn_mm(T, D, T, 1, s, 1, T, dO, rs, 1, g, D, F, F, first); break;
                 case 4: cgi_attn_mm(T, D, T, 0.125f, s, T, 1, k, rs, 1, g, D, F, diag, F); break;
                 case 5: cgi_attn_mm(T, D, T, 0.125f, s, 1, T, q, rs, 1, g, D, F, F, first); break;
@@ -76,6 +78,7 @@ int main(int argc, char **argv) {
                     memcpy(s, sc, (size_t)(T * T) * sizeof *s);
                     cgi_attn_softmax(s, T, T, T, causal, 1, NULL, 0, lse);
                     break;
+                case 7: cgi_attn_mm(T, T, D, 1, dO, rs, 1, kt, T, 0, s, T, diag, F, F); break;
                 default: cgi_gemm(N, N, N, ga, N, 1, gb, N, 1, 1, 0, gc, N, 1, 1);
                 }
             ms[kind][rep] = (thread_ms() - t0) / (kind == NK - 1 ? 1 : inner);

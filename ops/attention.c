@@ -106,20 +106,27 @@ typedef struct {
     cg_real *kv2; /* V in forward, K in backward: B panels of depth Tk over the features */
     cg_real *a;   /* the A operand of one product */
     cg_real *b;   /* a query block's dO or Q as B */
-    bool direct;  /* cgi_attn_mm instead: kv1 holds K^T (forward) or V^T (backward) [D, Tk], nothing else packed */
+    bool direct;  /* cgi_attn_mm instead: kv1 holds K^T (forward) or V^T (backward) [D, Tk] in panels
+                     (cgi_attn_transpose_panels), nothing else packed */
     const cg_real *rows; /* direct: V (forward) or K (backward) with dense rows (cgi_attn_dense_rows, maybe in kv2) */
     cg_real *kt;  /* backward remaking P (remakes_probs): K^T as forward's kv1 holds it */
 } packs;
 
+/* Room for K^T or V^T, packed for the micro-kernel or in the direct path's panels. */
+static size_t keys_t_reals(const cgi_ukr *u, int64_t tk, int64_t d) {
+    const size_t packed = cgi_ukr_packed_b(u, d, tk), panels = (size_t)cgi_attn_panels_reals(tk, d);
+    return align16(packed > panels ? packed : panels);
+}
+
 static size_t packs_reals(const cgi_ukr *u, int64_t rq, int64_t tk, int64_t d) {
     const int64_t rows = rq > tk ? rq : tk, depth = d > rows ? d : rows;
-    return align16(cgi_ukr_packed_b(u, d, tk)) + align16(cgi_ukr_packed_b(u, tk, d)) +
+    return keys_t_reals(u, tk, d) + align16(cgi_ukr_packed_b(u, tk, d)) +
            align16(cgi_ukr_packed_a(u, rows, depth)) + align16(cgi_ukr_packed_b(u, rq, d)) + 16;
 }
 
 /* Backward's remake of P needs forward's K^T (packed or, direct, plain) beside its own V^T and K. */
 static size_t kt_reals(const cg_tensor *t, const cgi_ukr *u) {
-    return prm(t)->remakes_probs ? align16(cgi_ukr_packed_b(u, t->shape[3], t->src[1]->shape[2])) : 0;
+    return prm(t)->remakes_probs ? keys_t_reals(u, t->src[1]->shape[2], t->shape[3]) : 0;
 }
 
 /* A thread's slot in forward's scratch, or in backward's (bwd: with room for K^T to remake P). */
@@ -134,7 +141,7 @@ static packs packs_at(const cg_tensor *t, cg_real *slot, const cgi_ukr *u, bool 
     cg_real *p = slot + slot_reals(t);
     p += (16 - ((uintptr_t)p / sizeof(cg_real)) % 16) % 16;
     packs w;
-    w.kv1 = p, p += align16(cgi_ukr_packed_b(u, d, tk));
+    w.kv1 = p, p += keys_t_reals(u, tk, d);
     w.kv2 = p, p += align16(cgi_ukr_packed_b(u, tk, d));
     const int64_t rq = slot_rows(t), rows = rq > tk ? rq : tk;
     w.a = p, p += align16(cgi_ukr_packed_a(u, rows, d > rows ? d : rows));
@@ -465,8 +472,8 @@ CGI_CLONES static bool block_probs(const head *h, int64_t i0, int64_t nq, int64_
                                    cg_real *lse, const cgi_ukr *u, const packs *w) {
     bool any = kend > 0, normalised = false;
     if (any && w && w->direct) {
-        cgi_attn_mm(nq, kend, h->d, h->scale, h->q + i0 * h->qs, h->qs, 1, w->kv1, h->tk, 0, pb, ps, diag(h, i0),
-                    CGI_UKR_FULL, CGI_UKR_FULL);
+        cgi_attn_mm_panels(nq, kend, h->d, h->scale, h->q + i0 * h->qs, h->qs, 1, w->kv1, 0, pb, ps, diag(h, i0),
+                           CGI_UKR_FULL, CGI_UKR_FULL);
         /* masks that hide a tail of each row or single keys go into the vector softmax */
         normalised = !h->rel && !h->bias && !h->window;
         if (normalised) any = cgi_attn_softmax(pb, ps, nq, kend, h->causal, i0 + h->shift + 1, h->keep, h->keep_s, lse);
@@ -552,7 +559,7 @@ static void fwd_head(const fwd_run *f, int64_t bh, int me) {
         w = packs_at(t, s, u, false);
         w.direct = f->direct;
         if (w.direct) {
-            cgi_attn_transpose(tk, d, h.k, h.ks, w.kv1, tk);
+            cgi_attn_transpose_panels(tk, d, h.k, h.ks, w.kv1);
             int64_t vs = h.vs;
             w.rows = cgi_attn_dense_rows(h.v, &vs, tk, d, w.kv2);
         } else {
@@ -669,7 +676,8 @@ CGI_CLONES static void bwd_packed(const head *h, const cgi_ukr *u, const packs *
     const bool ds = g->q || g->k || g->bias || g->rel;
     /* with w->direct: keys j see queries from j - (i0 + shift) on (first), rows past it of dS and P are 0 */
     const int64_t first = h->causal ? -(i0 + h->shift) : CGI_UKR_FULL;
-    if (ds && w->direct) cgi_attn_mm(nq, kend, d, 1, dO, h->os, 1, w->kv1, tk, 0, dp, h->sc, diag(h, i0), CGI_UKR_FULL, CGI_UKR_FULL);
+    if (ds && w->direct)
+        cgi_attn_mm_panels(nq, kend, d, 1, dO, h->os, 1, w->kv1, 0, dp, h->sc, diag(h, i0), CGI_UKR_FULL, CGI_UKR_FULL);
     else if (ds) { /* dP = dO V^T, skipping the tiles the causal mask hides */
         cgi_ukr_pack_a(u, nq, d, dO, h->os, 1, w->a);
         cgi_ukr_gemm(u, nq, kend, d, 1, w->a, d, w->kv1, d, 0, dp, h->sc, 1, diag(h, i0), CGI_UKR_FULL);
@@ -796,14 +804,14 @@ static void bwd_unit(const bwd_run *r, int64_t un, int me) {
             w = packs_at(t, slot, &u, true);
             w.direct = direct;
             if (direct) {
-                cgi_attn_transpose(tk, d, h.v, h.vs, w.kv1, tk);
+                cgi_attn_transpose_panels(tk, d, h.v, h.vs, w.kv1);
                 int64_t ks = h.ks;
                 w.rows = cgi_attn_dense_rows(h.k, &ks, tk, d, w.kv2);
             } else {
                 cgi_ukr_pack_b(&u, d, tk, h.v, 1, h.vs, w.kv1);
                 cgi_ukr_pack_b(&u, tk, d, h.k, h.ks, 1, w.kv2);
             }
-            if (w.kt && direct) cgi_attn_transpose(tk, d, h.k, h.ks, w.kt, tk); /* forward's K^T, to remake P */
+            if (w.kt && direct) cgi_attn_transpose_panels(tk, d, h.k, h.ks, w.kt); /* forward's K^T, to remake P */
             else if (w.kt) cgi_ukr_pack_b(&u, d, tk, h.k, 1, h.ks, w.kt);
         }
         const grads gr = {

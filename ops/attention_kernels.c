@@ -248,6 +248,24 @@ bool cgi_attn_softmax(cg_real *s, int64_t ss, int64_t nq, int64_t kend, bool cau
 #endif
 }
 
+void cgi_attn_mm_panels(int64_t m, int64_t n, int64_t k, cg_real alpha, const cg_real *a, int64_t ars, int64_t acs,
+                        const cg_real *b, cg_real beta, cg_real *c, int64_t cs, int64_t n_diag, int64_t k_diag,
+                        int64_t k_first) {
+    for (int64_t j = 0; j < n; j += CGI_ATTN_PANEL) /* a panel's columns count from j: its diagonal moves by j */
+        cgi_attn_mm(m, n - j < CGI_ATTN_PANEL ? n - j : CGI_ATTN_PANEL, k, alpha, a, ars, acs, b + j * k,
+                    CGI_ATTN_PANEL, beta, c + j, cs, n_diag == CGI_UKR_FULL ? CGI_UKR_FULL : n_diag - j, k_diag, k_first);
+}
+
+int64_t cgi_attn_panels_reals(int64_t rows, int64_t cols) {
+    return (rows + CGI_ATTN_PANEL - 1) / CGI_ATTN_PANEL * CGI_ATTN_PANEL * cols;
+}
+
+void cgi_attn_transpose_panels(int64_t rows, int64_t cols, const cg_real *src, int64_t ss, cg_real *dst) {
+    for (int64_t r = 0; r < rows; r += CGI_ATTN_PANEL)
+        cgi_attn_transpose(rows - r < CGI_ATTN_PANEL ? rows - r : CGI_ATTN_PANEL, cols, src + r * ss, ss, dst + r * cols,
+                           CGI_ATTN_PANEL);
+}
+
 void cgi_attn_transpose(int64_t rows, int64_t cols, const cg_real *src, int64_t ss, cg_real *dst, int64_t ds) {
 #ifdef ATTN_DIRECT
     transpose(rows, cols, src, ss, dst, ds);

@@ -494,6 +494,43 @@ static void first_writer(void) {
     }
 }
 
+/* cgi_attn_mm_panels on B transposed into panels (cgi_attn_transpose_panels) gives cgi_attn_mm's
+ * result on the plain transpose bit for bit, with columns off the 64-column panels (1..200) and
+ * the causal arguments a query block at i0 gets (n_diag i0, shifts by -8..130, so a panel may start
+ * past every row's diagonal: its columns stay unwritten there, as with the plain B). */
+static void direct_panels(void) {
+    const int64_t ns[] = {1, 15, 63, 64, 65, 130, 200}, diags[] = {CGI_UKR_FULL, -8, 0, 5, 64, 130};
+    enum { M = 70, K = 37, NMAX = 200 };
+    cg_rng r;
+    cg_rng_seed(&r, 5);
+    cg_real *a = malloc(M * K * sizeof *a), *src = malloc(NMAX * (K + 3) * sizeof *src), *bt = malloc(K * NMAX * sizeof *bt),
+            *bp = malloc((size_t)cgi_attn_panels_reals(NMAX, K) * sizeof *bp), *c1 = malloc(M * NMAX * sizeof *c1),
+            *c2 = malloc(M * NMAX * sizeof *c2);
+    for (int64_t i = 0; i < M * K; i++) a[i] = (cg_real)(2 * cg_rng_uniform(&r) - 1);
+    for (int64_t i = 0; i < NMAX * (K + 3); i++) src[i] = (cg_real)(2 * cg_rng_uniform(&r) - 1);
+    int bad = 0, cases = 0;
+    for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+        const int64_t n = ns[ni]; /* B = the transpose of src's n rows of K (rows K + 3 apart), as K^T */
+        cgi_attn_transpose(n, K, src, K + 3, bt, n);
+        cgi_attn_transpose_panels(n, K, src, K + 3, bp);
+        for (int64_t p = 0; p < K; p++) /* the panels hold B's elements where the layout puts them */
+            for (int64_t j = 0; j < n; j++) bad += bp[j / 64 * 64 * K + p * 64 + j % 64] != bt[p * n + j];
+        for (size_t di = 0; di < sizeof diags / sizeof *diags; di++)
+            for (int beta = 0; beta < 2; beta++) {
+                for (int64_t i = 0; i < M * NMAX; i++) c1[i] = c2[i] = (cg_real)i;
+                cgi_attn_mm(M, n, K, 0.5f, a, K, 1, bt, n, (cg_real)beta, c1, NMAX, diags[di], CGI_UKR_FULL, CGI_UKR_FULL);
+                cgi_attn_mm_panels(M, n, K, 0.5f, a, K, 1, bp, (cg_real)beta, c2, NMAX, diags[di], CGI_UKR_FULL,
+                                   CGI_UKR_FULL);
+                const int diff = memcmp(c1, c2, M * NMAX * sizeof *c1) != 0;
+                CHECK(!diff, "cgi_attn_mm_panels n %lld n_diag %lld beta %d: differs from cgi_attn_mm", (long long)n,
+                      (long long)diags[di], beta);
+                cases++;
+            }
+    }
+    CHECK(bad == 0 && cases == 7 * 6 * 2, "transposed panels: %d elements misplaced, %d cases", bad, cases);
+    free(a), free(src), free(bt), free(bp), free(c1), free(c2);
+}
+
 /* The shapes of the direct products' path (kept probabilities, Tq >= 16) at feature sizes and
  * lengths off its tiles, with every option that goes through it, on the direct kernels (on; their
  * own ctest entry) or on BLIS's micro-kernel. */
@@ -519,6 +556,7 @@ int main(int argc, char **argv) {
     if (!strcmp(test_part(argc, argv), "direct")) {
         if (!cgi_attn_direct()) return test_skip("test_attention direct", "no AVX-512 on this CPU, or a float64 build");
         direct_products();
+        direct_panels();
         direct_softmax();
         direct_cases(true);
         remade_cases();
