@@ -742,8 +742,12 @@ static bool grad_of(const cg_tensor *t, int j, const cg_tensor *root) {
  * from one product each, written in full (rows that see no key get zeros). Where q, k and v that
  * share a node (self-attention's split projection; cross-attention's q alone and its split k and v)
  * hold all of its gradient and nothing has written it this pass, those products assign (beta 0)
- * instead of adding into a gradient zeroed first: encdec-base zeroed 63 MB a step for them. Others
- * are zeroed as before (cgi_grad_prepare). */
+ * instead of adding into a gradient zeroed first: encdec-base zeroed 63 MB a step for them. With
+ * several query blocks a head (gpt-tiny's 256 causal queries: four), the blocks add into dK and dV,
+ * so each head zeroes the rows a block is the first to write just before its products (zero_rows),
+ * while they are about to be read anyway, instead of the whole node up front (gpt-tiny: 12.6 MB a
+ * layer, a pass over memory of its own); the sums are the same. Others are zeroed as before
+ * (cgi_grad_prepare). */
 
 static void claim_qkv(cg_tensor *t, bool one_write, bool assign[3]) {
     for (int i = 0; i < 3; i++) {
@@ -763,13 +767,19 @@ static void claim_qkv(cg_tensor *t, bool one_write, bool assign[3]) {
     }
 }
 
+/* Rows [from, to) of a head's gradient g (rows rs apart, d contiguous features) set to 0; g NULL: none. */
+static void zero_grad_rows(cg_real *g, int64_t rs, int64_t from, int64_t to, int64_t d) {
+    for (int64_t r = from; g && r < to; r++) memset(g + r * rs, 0, (size_t)d * sizeof *g);
+}
+
 /* What the backward's units share (cgi_bwd_attention), for bwd_unit. */
 typedef struct {
     const cg_tensor *t;
     const sdpa_params *p;
     cg_tensor *q, *k, *v, *bias;
     bool gq, gk, gv, gb, packed, direct, all_b, all_h;
-    bool assign[3];
+    bool assign[3];    /* the products write dQ, dK, dV first: beta 0 */
+    bool zero_rows[3]; /* or the head zeroes their rows block by block, and they add (claim_qkv) */
     int64_t B, hq, tq, d, tk, group, hunits;
     const cg_real *lse, *out, *dout, *probs;
     cg_real *drel;
@@ -822,6 +832,7 @@ static void bwd_unit(const bwd_run *r, int64_t un, int me) {
             drel ? drel + bh * p->nrel : NULL,
             q->stride[2], q->stride[3], k->stride[2], k->stride[3], v->stride[2], v->stride[3], p->bias_st[2], p->bias_st[3],
             assign[0] ? 0 : 1, assign[1] ? 0 : 1, assign[2] ? 0 : 1};
+        int64_t kzero = 0; /* dK's and dV's rows below this are zeroed (zero_rows) */
         const bool ds = gq || gk || gb || drel;
         const int64_t os = h.os, at = b * t->stride[0] + hh * t->stride[1];
         const cg_real *o = out + at, *dO = dout + at, *L = lse + bh * tq;
@@ -854,6 +865,10 @@ static void bwd_unit(const bwd_run *r, int64_t un, int me) {
                 pk = slot, pks = h.sc;
             }
             if (packed) {
+                zero_grad_rows(r->zero_rows[0] ? gr.q : NULL, gr.qr, i0, i0 + nq, d);
+                zero_grad_rows(r->zero_rows[1] ? gr.k : NULL, gr.kr, kzero, kend, d);
+                zero_grad_rows(r->zero_rows[2] ? gr.v : NULL, gr.vr, kzero, kend, d);
+                kzero = kend > kzero ? kend : kzero;
                 bwd_packed(&h, &u, &w, i0, nq, kend, pk, pks, dO + i0 * os, di, dp, slot, &gr);
                 continue;
             }
@@ -893,6 +908,8 @@ static void bwd_unit(const bwd_run *r, int64_t un, int me) {
                     gemm1(nk, d, nq, dp, 1, h.sc, h.q + i0 * h.qs, h.qs, 1, h.scale, 1, gr.k + j0 * gr.kr, gr.kr, gr.kc);
             }
         }
+        zero_grad_rows(r->zero_rows[1] ? gr.k : NULL, gr.kr, kzero, tk, d); /* keys no query block sees */
+        zero_grad_rows(r->zero_rows[2] ? gr.v : NULL, gr.vr, kzero, tk, d);
         flush_end(csr);
     }
 }
@@ -933,13 +950,16 @@ void cgi_bwd_attention(cg_tensor *t) {
     const int64_t hkv = k->shape[1], group = hq / hkv;
     /* The gradients' first writes (the op claims every input, ops.def): see claim_qkv */
     bool assign[3] = {false, false, false};
-    claim_qkv(t, packed && !p->past && tq <= (p->causal ? BQ / 2 : BQ) && group == 1 && !serial, assign);
+    claim_qkv(t, packed && !p->past && group == 1 && !serial, assign);
+    const bool blocks = tq > (p->causal ? BQ / 2 : BQ); /* several query blocks a head: zero_rows */
+    const bool zero_rows[3] = {assign[0] && blocks, assign[1] && blocks, assign[2] && blocks};
+    for (int i = 0; i < 3; i++) assign[i] = assign[i] && !blocks;
     if (gb) cgi_grad_prepare(bias);
     if (table && table->requires_grad) cgi_grad_prepare(table);
     const bool all_b = gb && p->bias_st[0] == 0 && B > 1, all_h = gb && p->bias_st[1] == 0 && hq > 1;
     const int64_t bunits = all_b ? 1 : B, hunits = all_h ? 1 : hkv, units = bunits * hunits;
     const bwd_run r = {t, p, q, k, v, bias, gq, gk, gv, gb, packed, direct, all_b, all_h, {assign[0], assign[1], assign[2]},
-                       B, hq, tq, d, tk, group, hunits, lse, out, dout, probs, drel, stride, u,
+                       {zero_rows[0], zero_rows[1], zero_rows[2]}, B, hq, tq, d, tk, group, hunits, lse, out, dout, probs, drel, stride, u,
                        (cg_real *)t->bwd_aux + drel_reals(t)};
     if (serial)
         for (int64_t un = 0; un < units; un++) bwd_unit(&r, un, 0);
