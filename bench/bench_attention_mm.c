@@ -53,7 +53,8 @@ int main(int argc, char **argv) {
     cg_rng r;
     cg_rng_seed(&r, 1);
     float *q = filled((size_t)(T * rs), &r), *k = filled((size_t)(T * rs), &r), *dO = filled((size_t)(T * rs), &r),
-          *kt = filled((size_t)cgi_attn_panels_reals(T, D), &r), *v = filled((size_t)(T * D), &r), *s = filled((size_t)(T * T), &r),
+          *kt = filled((size_t)cgi_attn_panels_reals(T, D), &r), *v = filled((size_t)(T * D), &r),
+          *s = filled((size_t)(T * T), &r),
           *o = filled((size_t)(T * rs), &r), *g = filled((size_t)(T * D), &r), *lse = filled((size_t)T, &r);
     float *sc = malloc((size_t)(T * T) * sizeof *sc); /* scores for the softmax, copied in before each */
     for (int64_t x = 0; x < T * T; x++) sc[x] = 4 * (float)cg_rng_uniform(&r);
@@ -99,6 +100,7 @@ int main(int argc, char **argv) {
             printf("%-14s %8.4f ms [%8.4f, %8.4f]  %6.1f GFLOP/s  %.2f of sgemm\n", names[kind], med, ms[kind][0],
                    ms[kind][reps - 1], gf, gf / peak);
     }
-    free(q), free(k), free(dO), free(kt), free(v), free(s), free(o), free(g), free(lse), free(ga), free(gb), free(gc), free(sc);
+    free(q), free(k), free(dO), free(kt), free(v), free(s), free(o), free(g), free(lse);
+    free(ga), free(gb), free(gc), free(sc);
     return 0;
 }

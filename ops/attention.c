@@ -959,8 +959,8 @@ void cgi_bwd_attention(cg_tensor *t) {
     const bool all_b = gb && p->bias_st[0] == 0 && B > 1, all_h = gb && p->bias_st[1] == 0 && hq > 1;
     const int64_t bunits = all_b ? 1 : B, hunits = all_h ? 1 : hkv, units = bunits * hunits;
     const bwd_run r = {t, p, q, k, v, bias, gq, gk, gv, gb, packed, direct, all_b, all_h, {assign[0], assign[1], assign[2]},
-                       {zero_rows[0], zero_rows[1], zero_rows[2]}, B, hq, tq, d, tk, group, hunits, lse, out, dout, probs, drel, stride, u,
-                       (cg_real *)t->bwd_aux + drel_reals(t)};
+                       {zero_rows[0], zero_rows[1], zero_rows[2]}, B, hq, tq, d, tk, group, hunits, lse, out, dout, probs,
+                       drel, stride, u, (cg_real *)t->bwd_aux + drel_reals(t)};
     if (serial)
         for (int64_t un = 0; un < units; un++) bwd_unit(&r, un, 0);
     else cgi_slot_pieces(units, p->slots, bwd_piece, (void *)&r); /* as the forward's heads */

@@ -506,7 +506,8 @@ static void direct_panels(void) {
     enum { M = 70, K = 37, NMAX = 200 };
     cg_rng r;
     cg_rng_seed(&r, 5);
-    cg_real *a = malloc(M * K * sizeof *a), *src = malloc(NMAX * (K + 3) * sizeof *src), *bt = malloc(K * NMAX * sizeof *bt),
+    cg_real *a = malloc(M * K * sizeof *a), *src = malloc(NMAX * (K + 3) * sizeof *src),
+            *bt = malloc(K * NMAX * sizeof *bt),
             *bp = malloc((size_t)cgi_attn_panels_reals(NMAX, K) * sizeof *bp), *c1 = malloc(M * NMAX * sizeof *c1),
             *c2 = malloc(M * NMAX * sizeof *c2);
     for (int64_t i = 0; i < M * K; i++) a[i] = (cg_real)(2 * cg_rng_uniform(&r) - 1);
