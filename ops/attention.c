@@ -746,8 +746,9 @@ static bool grad_of(const cg_tensor *t, int j, const cg_tensor *root) {
  * several query blocks a head (gpt-tiny's 256 causal queries: four), the blocks add into dK and dV,
  * so each head zeroes the rows a block is the first to write just before its products (zero_rows),
  * while they are about to be read anyway, instead of the whole node up front (gpt-tiny: 12.6 MB a
- * layer, a pass over memory of its own); the sums are the same. Others are zeroed as before
- * (cgi_grad_prepare). */
+ * layer, a pass over memory of its own); the sums are the same. With grouped-query heads the
+ * first query head of a group zeroes its key head's dK and dV rows, and the others add to them (a
+ * unit runs them in order). Others are zeroed as before (cgi_grad_prepare). */
 
 static void claim_qkv(cg_tensor *t, bool one_write, bool assign[3]) {
     for (int i = 0; i < 3; i++) {
@@ -832,7 +833,8 @@ static void bwd_unit(const bwd_run *r, int64_t un, int me) {
             drel ? drel + bh * p->nrel : NULL,
             q->stride[2], q->stride[3], k->stride[2], k->stride[3], v->stride[2], v->stride[3], p->bias_st[2], p->bias_st[3],
             assign[0] ? 0 : 1, assign[1] ? 0 : 1, assign[2] ? 0 : 1};
-        int64_t kzero = 0; /* dK's and dV's rows below this are zeroed (zero_rows) */
+        /* dK's and dV's rows below this are zeroed (zero_rows); by the first query head of their group */
+        int64_t kzero = hh % group == 0 ? 0 : tk;
         const bool ds = gq || gk || gb || drel;
         const int64_t os = h.os, at = b * t->stride[0] + hh * t->stride[1];
         const cg_real *o = out + at, *dO = dout + at, *L = lse + bh * tq;
@@ -950,8 +952,9 @@ void cgi_bwd_attention(cg_tensor *t) {
     const int64_t hkv = k->shape[1], group = hq / hkv;
     /* The gradients' first writes (the op claims every input, ops.def): see claim_qkv */
     bool assign[3] = {false, false, false};
-    claim_qkv(t, packed && !p->past && group == 1 && !serial, assign);
-    const bool blocks = tq > (p->causal ? BQ / 2 : BQ); /* several query blocks a head: zero_rows */
+    claim_qkv(t, packed && !p->past && !serial, assign);
+    /* several query blocks a head, or several query heads a key head (grouped-query): zero_rows */
+    const bool blocks = tq > (p->causal ? BQ / 2 : BQ) || group > 1;
     const bool zero_rows[3] = {assign[0] && blocks, assign[1] && blocks, assign[2] && blocks};
     for (int i = 0; i < 3; i++) assign[i] = assign[i] && !blocks;
     if (gb) cgi_grad_prepare(bias);

@@ -457,29 +457,30 @@ static void direct_softmax(void) {
     CHECK(cases == 35, "%d cases", cases);
 }
 
-/* Self-attention on q, k and v cut from one [B, T, 3 H D] node: its backward writes that node's
- * gradient first, in full, instead of adding into a zeroed one (claim_qkv in ops/attention.c): with
- * one query block a head (100 queries, not causal) its products assign, with several (200, or
- * causal) each head zeroes the rows a block writes first. A second backward zeroes less than the
- * node's gradient (the rest of the graph zeroes a third of it at most), and the gradient equals the
- * first pass's bit for bit (the graph's memory is reused, so stale values would show). */
+/* Self-attention on q, k and v cut from one [B, T, (Hq + 2 Hk) D] node: its backward writes that
+ * node's gradient first, in full, instead of adding into a zeroed one (claim_qkv in ops/attention.c):
+ * with one query block a head (100 queries, not causal) its products assign, with several (200, or
+ * causal) or grouped query heads (4 on 2) each head zeroes the rows a block writes first. A second
+ * backward zeroes none of the node's gradient (only the rest of the graph's), and the gradient
+ * equals the first pass's bit for bit (the graph's memory is reused, so stale values would show). */
 static void first_writer(void) {
-    for (int variant = 0; variant < 4; variant++) {
+    for (int variant = 0; variant < 6; variant++) {
         const int64_t t = variant & 1 ? 200 : 100;
-        const bool causal = variant & 2;
+        const bool causal = variant & 2, grouped = variant >= 4; /* 4: 4 query heads on 2 key heads */
         cg_graph *g = cg_graph_new(CG_TRAIN);
         cg_rng r;
         cg_rng_seed(&r, 21);
-        const int64_t b = 2, h = 2, d = 16, s3[3] = {b, t, 3 * h * d}, so[4] = {b, h, t, d};
+        const int64_t b = 2, h = grouped ? 4 : 2, hk = 2, d = 16, s3[3] = {b, t, (h + 2 * hk) * d}, so[4] = {b, h, t, d};
+        const int64_t sizes[3] = {h * d, hk * d, hk * d};
         cg_tensor *qkv = cg_requires_grad(cg_input(g, "qkv", CG_REAL, 3, s3)), *p[3];
         cg_fill_uniform(qkv, &r, -2, 2);
-        cg_split(g, qkv, -1, 3, NULL, p);
-        cg_tensor *o = cg_sdpa(g, cg_split_heads(g, p[0], (int)h), cg_split_heads(g, p[1], (int)h),
-                               cg_split_heads(g, p[2], (int)h), 0.25, causal, NULL);
+        cg_split(g, qkv, -1, 3, sizes, p);
+        cg_tensor *o = cg_sdpa(g, cg_split_heads(g, p[0], (int)h), cg_split_heads(g, p[1], (int)hk),
+                               cg_split_heads(g, p[2], (int)hk), 0.25, causal, NULL);
         cg_tensor *w = cg_input(g, "w", CG_REAL, 4, so);
         cg_fill_uniform(w, &r, -1, 1);
         cg_tensor *loss = cg_sum_all(g, cg_mul(g, o, w));
-        const size_t n = (size_t)(b * t * 3 * h * d);
+        const size_t n = (size_t)(b * t * (h + 2 * hk) * d);
         cg_real *g1 = malloc(n * sizeof *g1), *g2 = malloc(n * sizeof *g2);
         CHECK(loss && !cg_graph_forward(g) && !cg_graph_backward(g, loss), "%s", cg_last_error());
         cg_read_grad(qkv, g1);
@@ -488,10 +489,12 @@ static void first_writer(void) {
         CHECK(!cg_graph_backward(g, loss), "%s", cg_last_error());
         const long long zeroed = cgi_zeroed_bytes() - before, node = (long long)(n * sizeof(cg_real));
         cg_read_grad(qkv, g2);
-        CHECK(memcmp(g1, g2, n * sizeof *g1) == 0, "T %lld causal %d: the second pass's gradient differs", (long long)t,
-              causal);
-        CHECK(zeroed < node, "T %lld causal %d: backward zeroed %lld bytes, the q/k/v node alone %lld", (long long)t,
-              causal, zeroed, node);
+        CHECK(memcmp(g1, g2, n * sizeof *g1) == 0, "T %lld causal %d grouped %d: the second pass's gradient differs",
+              (long long)t, causal, grouped);
+        /* the rest of the graph zeroes o's gradient and the product's (and a few scalars) */
+        const long long rest = 2 * (long long)(b * h * t * d * sizeof(cg_real)) + 64;
+        CHECK(zeroed <= rest, "T %lld causal %d grouped %d: backward zeroed %lld bytes, want %lld at most (node %lld)",
+              (long long)t, causal, grouped, zeroed, rest, node);
         free(g1), free(g2);
         cg_graph_free(g);
     }
