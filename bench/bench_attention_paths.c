@@ -8,7 +8,8 @@
  * step's model FLOPs count it).
  * With views 1, q, k and v are head views of one [B, T, 3 H D] tensor (a fused q/k/v projection,
  * as GPT-2 and encdec's self-attention), so their rows lie 3 H D apart.
- * Usage: bench_attention_paths [reps] [B] [H] [T] [D] [causal 0/1] [views 0/1]; one thread. */
+ * With direct_only 1 the micro-kernel path is not run (for a profile of the direct one).
+ * Usage: bench_attention_paths [reps] [B] [H] [T] [D] [causal 0/1] [views 0/1] [direct_only 0/1]; one thread. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,7 +36,8 @@ int main(int argc, char **argv) {
     reps = reps < 1 ? 1 : reps > MAXREPS ? MAXREPS : reps;
     const int64_t B = argc > 2 ? atoll(argv[2]) : 16, H = argc > 3 ? atoll(argv[3]) : 8, T = argc > 4 ? atoll(argv[4]) : 64,
                   D = argc > 5 ? atoll(argv[5]) : 64;
-    const bool causal = argc > 6 ? atoi(argv[6]) != 0 : false, views = argc > 7 && atoi(argv[7]) != 0;
+    const bool causal = argc > 6 ? atoi(argv[6]) != 0 : false, views = argc > 7 && atoi(argv[7]) != 0,
+               direct_only = argc > 8 && atoi(argv[8]) != 0;
     cg_set_threads(1);
     cg_graph *g = cg_graph_new(CG_TRAIN);
     cg_rng r;
@@ -63,7 +65,7 @@ int main(int argc, char **argv) {
     const bool direct = cgi_attn_direct();
     static double fwd[2][MAXREPS], bwd[2][MAXREPS];
     for (int k = 0; k < reps; k++)
-        for (int path = 0; path < 2; path++) { /* 0: micro-kernel, 1: direct */
+        for (int path = direct_only; path < 2; path++) { /* 0: micro-kernel, 1: direct */
             cgi_attn_direct_force(path == 1);
             const double t0 = thread_ms();
             for (int i = 0; i < PASSES; i++) cgi_fwd_attention(o);
@@ -78,7 +80,7 @@ int main(int argc, char **argv) {
            views ? ", head views of one q/k/v tensor" : "",
            direct ? "available" : "not on this CPU: both rows are the micro-kernel");
     double tot[2];
-    for (int path = 0; path < 2; path++) {
+    for (int path = direct_only; path < 2; path++) {
         double sum[MAXREPS];
         for (int k = 0; k < reps; k++) sum[k] = fwd[path][k] + bwd[path][k];
         qsort(fwd[path], (size_t)reps, sizeof(double), cmp);
@@ -89,7 +91,7 @@ int main(int argc, char **argv) {
                path ? "direct" : "micro-kernel", fwd[path][reps / 2], fwd[path][0], fwd[path][reps - 1], bwd[path][reps / 2],
                bwd[path][0], bwd[path][reps - 1], tot[path], flops / 1e6 / tot[path]);
     }
-    printf("speedup (micro-kernel / direct, fwd+bwd medians) x%.2f\n", tot[0] / tot[1]);
+    if (!direct_only) printf("speedup (micro-kernel / direct, fwd+bwd medians) x%.2f\n", tot[0] / tot[1]);
     cg_graph_free(g);
     return 0;
 }

@@ -24,14 +24,16 @@ static bool scratch_of(const buffer *b, int op) {
     return b->kind == 'a' && t->op == op && (b->target == (void **)&t->aux || b->target == (void **)&t->alt_aux);
 }
 
-/* Memory for a little time, where it lowers the peak by 1/64 of it or more: scratch of these ops
- * live at the plan's fullest moment (a training graph's start of backward) shrinks for some
- * recompute.
+/* Memory for a little time, where it lowers the peak by a share of it (per kind, below) or more:
+ * scratch of these ops live at the plan's fullest moment (a training graph's start of backward)
+ * shrinks for some recompute.
  *  - Attention with every key in one block keeps its probabilities (Tq x Tk floats a head) from
  *    forward to backward, which then need not make them again; at the peak every layer's are
  *    live, and backward remakes them instead (cgi_sdpa_remake_probs), a block's scores and
  *    softmax again: gpt-small (12 layers, 4 x 12 heads of 256 x 256) 151 MB off its peak.
- *    Measured (whole steps, interleaved): no slower on gpt-small, within noise elsewhere.
+ *    Measured (whole steps, interleaved): no slower on gpt-small, within noise elsewhere. Where
+ *    they are under an eighth of the peak they stay: bert-small's 16 MB (8% of its plan) cost a
+ *    fifth of attention's backward to remake (its Q K^T product and softmax per head).
  *  - The fused LM head's chunk of logits: half the rows (cgi_lce_halve_chunks), gpt-small 58 MiB
  *    off its peak, but its step took 1.06x the CPU time (each chunk packs all of W again), so
  *    only when asked: CGRAD_HEAD_CHUNK=auto (at the peak) or =halve (wherever it can).
@@ -41,9 +43,10 @@ static const struct {
     int op;
     const char *env;
     bool by_default; /* auto without the environment variable; else keep */
+    int share;       /* auto shrinks where that frees 1/share of the peak or more */
     size_t (*shrink)(cg_tensor *, bool apply);
-} shrinks[] = {{CGI_OP_ATTENTION, "CGRAD_ATTN_PROBS", true, cgi_sdpa_remake_probs},
-               {CGI_OP_LINEAR_CROSS_ENTROPY, "CGRAD_HEAD_CHUNK", false, cgi_lce_halve_chunks}};
+} shrinks[] = {{CGI_OP_ATTENTION, "CGRAD_ATTN_PROBS", true, 8, cgi_sdpa_remake_probs},
+               {CGI_OP_LINEAR_CROSS_ENTROPY, "CGRAD_HEAD_CHUNK", false, 64, cgi_lce_halve_chunks}};
 enum { NS_ALL = sizeof shrinks / sizeof shrinks[0] }; /* every shrink */
 
 static void shrink_at_peak(buffer *bufs, int nb, int64_t end, int nshrink) {
@@ -65,7 +68,7 @@ static void shrink_at_peak(buffer *bufs, int nb, int64_t end, int nshrink) {
                 for (int i = 0; i < nb; i++)
                     if (scratch_of(&bufs[i], shrinks[k].op) && (all[k] || (bufs[i].birth <= at && at <= bufs[i].death)))
                         saved += shrinks[k].shrink((cg_tensor *)bufs[i].node, pass == 1);
-                if (pass == 0 && (saved == 0 || (!all[k] && saved < (size_t)peak / 64))) break;
+                if (pass == 0 && (saved == 0 || (!all[k] && saved < (size_t)peak / (size_t)shrinks[k].share))) break;
                 changed |= pass == 1;
             }
         }

@@ -106,20 +106,27 @@ typedef struct {
     cg_real *kv2; /* V in forward, K in backward: B panels of depth Tk over the features */
     cg_real *a;   /* the A operand of one product */
     cg_real *b;   /* a query block's dO or Q as B */
-    bool direct;  /* cgi_attn_mm instead: kv1 holds K^T (forward) or V^T (backward) [D, Tk], nothing else packed */
+    bool direct;  /* cgi_attn_mm instead: kv1 holds K^T (forward) or V^T (backward) [D, Tk] in panels
+                     (cgi_attn_transpose_panels), nothing else packed */
     const cg_real *rows; /* direct: V (forward) or K (backward) with dense rows (cgi_attn_dense_rows, maybe in kv2) */
     cg_real *kt;  /* backward remaking P (remakes_probs): K^T as forward's kv1 holds it */
 } packs;
 
+/* Room for K^T or V^T, packed for the micro-kernel or in the direct path's panels. */
+static size_t keys_t_reals(const cgi_ukr *u, int64_t tk, int64_t d) {
+    const size_t packed = cgi_ukr_packed_b(u, d, tk), panels = (size_t)cgi_attn_panels_reals(tk, d);
+    return align16(packed > panels ? packed : panels);
+}
+
 static size_t packs_reals(const cgi_ukr *u, int64_t rq, int64_t tk, int64_t d) {
     const int64_t rows = rq > tk ? rq : tk, depth = d > rows ? d : rows;
-    return align16(cgi_ukr_packed_b(u, d, tk)) + align16(cgi_ukr_packed_b(u, tk, d)) +
+    return keys_t_reals(u, tk, d) + align16(cgi_ukr_packed_b(u, tk, d)) +
            align16(cgi_ukr_packed_a(u, rows, depth)) + align16(cgi_ukr_packed_b(u, rq, d)) + 16;
 }
 
 /* Backward's remake of P needs forward's K^T (packed or, direct, plain) beside its own V^T and K. */
 static size_t kt_reals(const cg_tensor *t, const cgi_ukr *u) {
-    return prm(t)->remakes_probs ? align16(cgi_ukr_packed_b(u, t->shape[3], t->src[1]->shape[2])) : 0;
+    return prm(t)->remakes_probs ? keys_t_reals(u, t->src[1]->shape[2], t->shape[3]) : 0;
 }
 
 /* A thread's slot in forward's scratch, or in backward's (bwd: with room for K^T to remake P). */
@@ -134,7 +141,7 @@ static packs packs_at(const cg_tensor *t, cg_real *slot, const cgi_ukr *u, bool 
     cg_real *p = slot + slot_reals(t);
     p += (16 - ((uintptr_t)p / sizeof(cg_real)) % 16) % 16;
     packs w;
-    w.kv1 = p, p += align16(cgi_ukr_packed_b(u, d, tk));
+    w.kv1 = p, p += keys_t_reals(u, tk, d);
     w.kv2 = p, p += align16(cgi_ukr_packed_b(u, tk, d));
     const int64_t rq = slot_rows(t), rows = rq > tk ? rq : tk;
     w.a = p, p += align16(cgi_ukr_packed_a(u, rows, d > rows ? d : rows));
@@ -465,8 +472,8 @@ CGI_CLONES static bool block_probs(const head *h, int64_t i0, int64_t nq, int64_
                                    cg_real *lse, const cgi_ukr *u, const packs *w) {
     bool any = kend > 0, normalised = false;
     if (any && w && w->direct) {
-        cgi_attn_mm(nq, kend, h->d, h->scale, h->q + i0 * h->qs, h->qs, 1, w->kv1, h->tk, 0, pb, ps, diag(h, i0),
-                    CGI_UKR_FULL, CGI_UKR_FULL);
+        cgi_attn_mm_panels(nq, kend, h->d, h->scale, h->q + i0 * h->qs, h->qs, 1, w->kv1, 0, pb, ps, diag(h, i0),
+                           CGI_UKR_FULL, CGI_UKR_FULL);
         /* masks that hide a tail of each row or single keys go into the vector softmax */
         normalised = !h->rel && !h->bias && !h->window;
         if (normalised) any = cgi_attn_softmax(pb, ps, nq, kend, h->causal, i0 + h->shift + 1, h->keep, h->keep_s, lse);
@@ -552,7 +559,7 @@ static void fwd_head(const fwd_run *f, int64_t bh, int me) {
         w = packs_at(t, s, u, false);
         w.direct = f->direct;
         if (w.direct) {
-            cgi_attn_transpose(tk, d, h.k, h.ks, w.kv1, tk);
+            cgi_attn_transpose_panels(tk, d, h.k, h.ks, w.kv1);
             int64_t vs = h.vs;
             w.rows = cgi_attn_dense_rows(h.v, &vs, tk, d, w.kv2);
         } else {
@@ -669,7 +676,8 @@ CGI_CLONES static void bwd_packed(const head *h, const cgi_ukr *u, const packs *
     const bool ds = g->q || g->k || g->bias || g->rel;
     /* with w->direct: keys j see queries from j - (i0 + shift) on (first), rows past it of dS and P are 0 */
     const int64_t first = h->causal ? -(i0 + h->shift) : CGI_UKR_FULL;
-    if (ds && w->direct) cgi_attn_mm(nq, kend, d, 1, dO, h->os, 1, w->kv1, tk, 0, dp, h->sc, diag(h, i0), CGI_UKR_FULL, CGI_UKR_FULL);
+    if (ds && w->direct)
+        cgi_attn_mm_panels(nq, kend, d, 1, dO, h->os, 1, w->kv1, 0, dp, h->sc, diag(h, i0), CGI_UKR_FULL, CGI_UKR_FULL);
     else if (ds) { /* dP = dO V^T, skipping the tiles the causal mask hides */
         cgi_ukr_pack_a(u, nq, d, dO, h->os, 1, w->a);
         cgi_ukr_gemm(u, nq, kend, d, 1, w->a, d, w->kv1, d, 0, dp, h->sc, 1, diag(h, i0), CGI_UKR_FULL);
@@ -734,8 +742,13 @@ static bool grad_of(const cg_tensor *t, int j, const cg_tensor *root) {
  * from one product each, written in full (rows that see no key get zeros). Where q, k and v that
  * share a node (self-attention's split projection; cross-attention's q alone and its split k and v)
  * hold all of its gradient and nothing has written it this pass, those products assign (beta 0)
- * instead of adding into a gradient zeroed first: encdec-base zeroed 63 MB a step for them. Others
- * are zeroed as before (cgi_grad_prepare). */
+ * instead of adding into a gradient zeroed first: encdec-base zeroed 63 MB a step for them. With
+ * several query blocks a head (gpt-tiny's 256 causal queries: four), the blocks add into dK and dV,
+ * so each head zeroes the rows a block is the first to write just before its products (zero_rows),
+ * while they are about to be read anyway, instead of the whole node up front (gpt-tiny: 12.6 MB a
+ * layer, a pass over memory of its own); the sums are the same. With grouped-query heads the
+ * first query head of a group zeroes its key head's dK and dV rows, and the others add to them (a
+ * unit runs them in order). Others are zeroed as before (cgi_grad_prepare). */
 
 static void claim_qkv(cg_tensor *t, bool one_write, bool assign[3]) {
     for (int i = 0; i < 3; i++) {
@@ -755,13 +768,19 @@ static void claim_qkv(cg_tensor *t, bool one_write, bool assign[3]) {
     }
 }
 
+/* Rows [from, to) of a head's gradient g (rows rs apart, d contiguous features) set to 0; g NULL: none. */
+static void zero_grad_rows(cg_real *g, int64_t rs, int64_t from, int64_t to, int64_t d) {
+    for (int64_t r = from; g && r < to; r++) memset(g + r * rs, 0, (size_t)d * sizeof *g);
+}
+
 /* What the backward's units share (cgi_bwd_attention), for bwd_unit. */
 typedef struct {
     const cg_tensor *t;
     const sdpa_params *p;
     cg_tensor *q, *k, *v, *bias;
     bool gq, gk, gv, gb, packed, direct, all_b, all_h;
-    bool assign[3];
+    bool assign[3];    /* the products write dQ, dK, dV first: beta 0 */
+    bool zero_rows[3]; /* or the head zeroes their rows block by block, and they add (claim_qkv) */
     int64_t B, hq, tq, d, tk, group, hunits;
     const cg_real *lse, *out, *dout, *probs;
     cg_real *drel;
@@ -796,14 +815,14 @@ static void bwd_unit(const bwd_run *r, int64_t un, int me) {
             w = packs_at(t, slot, &u, true);
             w.direct = direct;
             if (direct) {
-                cgi_attn_transpose(tk, d, h.v, h.vs, w.kv1, tk);
+                cgi_attn_transpose_panels(tk, d, h.v, h.vs, w.kv1);
                 int64_t ks = h.ks;
                 w.rows = cgi_attn_dense_rows(h.k, &ks, tk, d, w.kv2);
             } else {
                 cgi_ukr_pack_b(&u, d, tk, h.v, 1, h.vs, w.kv1);
                 cgi_ukr_pack_b(&u, tk, d, h.k, h.ks, 1, w.kv2);
             }
-            if (w.kt && direct) cgi_attn_transpose(tk, d, h.k, h.ks, w.kt, tk); /* forward's K^T, to remake P */
+            if (w.kt && direct) cgi_attn_transpose_panels(tk, d, h.k, h.ks, w.kt); /* forward's K^T, to remake P */
             else if (w.kt) cgi_ukr_pack_b(&u, d, tk, h.k, 1, h.ks, w.kt);
         }
         const grads gr = {
@@ -814,6 +833,8 @@ static void bwd_unit(const bwd_run *r, int64_t un, int me) {
             drel ? drel + bh * p->nrel : NULL,
             q->stride[2], q->stride[3], k->stride[2], k->stride[3], v->stride[2], v->stride[3], p->bias_st[2], p->bias_st[3],
             assign[0] ? 0 : 1, assign[1] ? 0 : 1, assign[2] ? 0 : 1};
+        /* dK's and dV's rows below this are zeroed (zero_rows); by the first query head of their group */
+        int64_t kzero = hh % group == 0 ? 0 : tk;
         const bool ds = gq || gk || gb || drel;
         const int64_t os = h.os, at = b * t->stride[0] + hh * t->stride[1];
         const cg_real *o = out + at, *dO = dout + at, *L = lse + bh * tq;
@@ -846,6 +867,10 @@ static void bwd_unit(const bwd_run *r, int64_t un, int me) {
                 pk = slot, pks = h.sc;
             }
             if (packed) {
+                zero_grad_rows(r->zero_rows[0] ? gr.q : NULL, gr.qr, i0, i0 + nq, d);
+                zero_grad_rows(r->zero_rows[1] ? gr.k : NULL, gr.kr, kzero, kend, d);
+                zero_grad_rows(r->zero_rows[2] ? gr.v : NULL, gr.vr, kzero, kend, d);
+                kzero = kend > kzero ? kend : kzero;
                 bwd_packed(&h, &u, &w, i0, nq, kend, pk, pks, dO + i0 * os, di, dp, slot, &gr);
                 continue;
             }
@@ -885,6 +910,8 @@ static void bwd_unit(const bwd_run *r, int64_t un, int me) {
                     gemm1(nk, d, nq, dp, 1, h.sc, h.q + i0 * h.qs, h.qs, 1, h.scale, 1, gr.k + j0 * gr.kr, gr.kr, gr.kc);
             }
         }
+        zero_grad_rows(r->zero_rows[1] ? gr.k : NULL, gr.kr, kzero, tk, d); /* keys no query block sees */
+        zero_grad_rows(r->zero_rows[2] ? gr.v : NULL, gr.vr, kzero, tk, d);
         flush_end(csr);
     }
 }
@@ -925,14 +952,18 @@ void cgi_bwd_attention(cg_tensor *t) {
     const int64_t hkv = k->shape[1], group = hq / hkv;
     /* The gradients' first writes (the op claims every input, ops.def): see claim_qkv */
     bool assign[3] = {false, false, false};
-    claim_qkv(t, packed && !p->past && tq <= (p->causal ? BQ / 2 : BQ) && group == 1 && !serial, assign);
+    claim_qkv(t, packed && !p->past && !serial, assign);
+    /* several query blocks a head, or several query heads a key head (grouped-query): zero_rows */
+    const bool blocks = tq > (p->causal ? BQ / 2 : BQ) || group > 1;
+    const bool zero_rows[3] = {assign[0] && blocks, assign[1] && blocks, assign[2] && blocks};
+    for (int i = 0; i < 3; i++) assign[i] = assign[i] && !blocks;
     if (gb) cgi_grad_prepare(bias);
     if (table && table->requires_grad) cgi_grad_prepare(table);
     const bool all_b = gb && p->bias_st[0] == 0 && B > 1, all_h = gb && p->bias_st[1] == 0 && hq > 1;
     const int64_t bunits = all_b ? 1 : B, hunits = all_h ? 1 : hkv, units = bunits * hunits;
     const bwd_run r = {t, p, q, k, v, bias, gq, gk, gv, gb, packed, direct, all_b, all_h, {assign[0], assign[1], assign[2]},
-                       B, hq, tq, d, tk, group, hunits, lse, out, dout, probs, drel, stride, u,
-                       (cg_real *)t->bwd_aux + drel_reals(t)};
+                       {zero_rows[0], zero_rows[1], zero_rows[2]}, B, hq, tq, d, tk, group, hunits, lse, out, dout, probs,
+                       drel, stride, u, (cg_real *)t->bwd_aux + drel_reals(t)};
     if (serial)
         for (int64_t un = 0; un < units; un++) bwd_unit(&r, un, 0);
     else cgi_slot_pieces(units, p->slots, bwd_piece, (void *)&r); /* as the forward's heads */

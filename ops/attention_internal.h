@@ -40,6 +40,21 @@ void cgi_attn_direct_force(bool on);
 void cgi_attn_mm(int64_t m, int64_t n, int64_t k, cg_real alpha, const cg_real *a, int64_t ars, int64_t acs,
                  const cg_real *b, int64_t bs, cg_real beta, cg_real *c, int64_t cs, int64_t n_diag, int64_t k_diag,
                  int64_t k_first);
+/* Columns of a panel of cgi_attn_mm_panels's B. */
+#define CGI_ATTN_PANEL 64
+/* cgi_attn_mm with B in panels of CGI_ATTN_PANEL columns, each k rows of CGI_ATTN_PANEL contiguous:
+ * B(p, j) = b[(j / 64) 64 k + p 64 + j % 64], as cgi_attn_transpose_panels writes K^T or V^T. A
+ * strip's columns then come from one 16 kB run instead of k rows Tk apart (the whole of K^T, 64 kB at
+ * 256 keys, streamed from L2 for every strip of rows): T 256 causal, dP 26 -> 20 us. Same sums as
+ * cgi_attn_mm, element by element. Only when cgi_attn_direct(). */
+void cgi_attn_mm_panels(int64_t m, int64_t n, int64_t k, cg_real alpha, const cg_real *a, int64_t ars, int64_t acs,
+                        const cg_real *b, cg_real beta, cg_real *c, int64_t cs, int64_t n_diag, int64_t k_diag,
+                        int64_t k_first);
+/* Reals cgi_attn_transpose_panels writes for rows x cols of src: cols x rows rounded up to panels. */
+int64_t cgi_attn_panels_reals(int64_t rows, int64_t cols);
+/* src's rows x cols (rows ss apart) transposed into panels of CGI_ATTN_PANEL rows of src (B of
+ * cgi_attn_mm_panels with k = cols). */
+void cgi_attn_transpose_panels(int64_t rows, int64_t cols, const cg_real *src, int64_t ss, cg_real *dst);
 /* The softmax of nq rows of scores s (rows ss apart) over keys [0, kend), kend <= 256, in place: row r
  * sees the keys below vis0 + r when causal (all otherwise) whose keep[c keep_s] is not 0 (keep may be
  * NULL); hidden keys get 0, lse[r] the row's log-sum-exp, a row with no key all zeros and lse

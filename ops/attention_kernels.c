@@ -166,8 +166,10 @@ static AVX512 bool softmax_rows(float *s, int64_t ss, int64_t nq, int64_t kend, 
     for (int64_t r = 0; r < nq; r++) {
         float *row = s + r * ss;
         const int64_t vis = causal ? vis0 + r : kend;
+        /* a causal row's vectors past its own key hold only hidden keys: zeros, without the passes */
+        const int64_t nvis = vis >= kend ? nv : vis <= 0 ? 0 : (vis + 15) / 16;
         __m512 mx = _mm512_set1_ps(-INFINITY);
-        for (int64_t v = 0; v < nv; v++) /* NaN scores are passed over, as cgi_row_max does */
+        for (int64_t v = 0; v < nvis; v++) /* NaN scores are passed over, as cgi_row_max does */
             mx = _mm512_mask_max_ps(mx, kept[v] & lanes_below(vis - 16 * v), _mm512_loadu_ps(row + 16 * v), mx);
         const float m = _mm512_reduce_max_ps(mx);
         if (m == -INFINITY) { /* every key hidden: zeros, and no gradient */
@@ -179,7 +181,7 @@ static AVX512 bool softmax_rows(float *s, int64_t ss, int64_t nq, int64_t kend, 
         any = true;
         const __m512 mv = _mm512_set1_ps(m);
         __m512 acc = _mm512_setzero_ps();
-        for (int64_t v = 0; v < nv; v++) {
+        for (int64_t v = 0; v < nvis; v++) {
             const __mmask16 k = kept[v] & lanes_below(vis - 16 * v);
             const __m512 e = _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, row + 16 * v), mv)));
             acc = _mm512_add_ps(acc, e);
@@ -187,7 +189,10 @@ static AVX512 bool softmax_rows(float *s, int64_t ss, int64_t nq, int64_t kend, 
         }
         const float l = _mm512_reduce_add_ps(acc);
         const __m512 inv = _mm512_set1_ps(1 / l);
-        for (int64_t v = 0; v < nv; v++) {
+        for (int64_t v = nvis; v < nv; v++)
+            _mm512_mask_storeu_ps(row + 16 * v, lanes_below(kend - 16 * v), _mm512_setzero_ps());
+        const int64_t nscaled = l == l ? nvis : nv; /* a NaN sum (a NaN score) makes every key NaN, hidden too */
+        for (int64_t v = 0; v < nscaled; v++) {
             const __mmask16 k = lanes_below(kend - 16 * v);
             _mm512_mask_storeu_ps(row + 16 * v, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, row + 16 * v), inv));
         }
@@ -241,6 +246,24 @@ bool cgi_attn_softmax(cg_real *s, int64_t ss, int64_t nq, int64_t kend, bool cau
     (void)s, (void)ss, (void)nq, (void)kend, (void)causal, (void)vis0, (void)keep, (void)keep_s, (void)lse;
     return false;
 #endif
+}
+
+void cgi_attn_mm_panels(int64_t m, int64_t n, int64_t k, cg_real alpha, const cg_real *a, int64_t ars, int64_t acs,
+                        const cg_real *b, cg_real beta, cg_real *c, int64_t cs, int64_t n_diag, int64_t k_diag,
+                        int64_t k_first) {
+    for (int64_t j = 0; j < n; j += CGI_ATTN_PANEL) /* a panel's columns count from j: its diagonal moves by j */
+        cgi_attn_mm(m, n - j < CGI_ATTN_PANEL ? n - j : CGI_ATTN_PANEL, k, alpha, a, ars, acs, b + j * k,
+                    CGI_ATTN_PANEL, beta, c + j, cs, n_diag == CGI_UKR_FULL ? CGI_UKR_FULL : n_diag - j, k_diag, k_first);
+}
+
+int64_t cgi_attn_panels_reals(int64_t rows, int64_t cols) {
+    return (rows + CGI_ATTN_PANEL - 1) / CGI_ATTN_PANEL * CGI_ATTN_PANEL * cols;
+}
+
+void cgi_attn_transpose_panels(int64_t rows, int64_t cols, const cg_real *src, int64_t ss, cg_real *dst) {
+    for (int64_t r = 0; r < rows; r += CGI_ATTN_PANEL)
+        cgi_attn_transpose(rows - r < CGI_ATTN_PANEL ? rows - r : CGI_ATTN_PANEL, cols, src + r * ss, ss, dst + r * cols,
+                           CGI_ATTN_PANEL);
 }
 
 void cgi_attn_transpose(int64_t rows, int64_t cols, const cg_real *src, int64_t ss, cg_real *dst, int64_t ds) {

@@ -457,26 +457,30 @@ static void direct_softmax(void) {
     CHECK(cases == 35, "%d cases", cases);
 }
 
-/* Self-attention on q, k and v cut from one [B, T, 3 H D] node, one query block a head: its backward
- * writes that node's gradient first, in full, instead of adding into a zeroed one (claim_qkv in
- * ops/attention.c). A second backward zeroes less than the node's gradient (the rest of the graph
- * zeroes a third of it at most), and the gradient equals the first pass's bit for bit (the graph's
- * memory is reused, so stale values would show). With 200 queries (two blocks) it is zeroed again. */
+/* Self-attention on q, k and v cut from one [B, T, (Hq + 2 Hk) D] node: its backward writes that
+ * node's gradient first, in full, instead of adding into a zeroed one (claim_qkv in ops/attention.c):
+ * with one query block a head (100 queries, not causal) its products assign, with several (200, or
+ * causal) or grouped query heads (4 on 2) each head zeroes the rows a block writes first. A second
+ * backward zeroes none of the node's gradient (only the rest of the graph's), and the gradient
+ * equals the first pass's bit for bit (the graph's memory is reused, so stale values would show). */
 static void first_writer(void) {
-    for (int64_t t = 100; t <= 200; t += 100) {
+    for (int variant = 0; variant < 6; variant++) {
+        const int64_t t = variant & 1 ? 200 : 100;
+        const bool causal = variant & 2, grouped = variant >= 4; /* 4: 4 query heads on 2 key heads */
         cg_graph *g = cg_graph_new(CG_TRAIN);
         cg_rng r;
         cg_rng_seed(&r, 21);
-        const int64_t b = 2, h = 2, d = 16, s3[3] = {b, t, 3 * h * d}, so[4] = {b, h, t, d};
+        const int64_t b = 2, h = grouped ? 4 : 2, hk = 2, d = 16, s3[3] = {b, t, (h + 2 * hk) * d}, so[4] = {b, h, t, d};
+        const int64_t sizes[3] = {h * d, hk * d, hk * d};
         cg_tensor *qkv = cg_requires_grad(cg_input(g, "qkv", CG_REAL, 3, s3)), *p[3];
         cg_fill_uniform(qkv, &r, -2, 2);
-        cg_split(g, qkv, -1, 3, NULL, p);
-        cg_tensor *o = cg_sdpa(g, cg_split_heads(g, p[0], (int)h), cg_split_heads(g, p[1], (int)h),
-                               cg_split_heads(g, p[2], (int)h), 0.25, false, NULL);
+        cg_split(g, qkv, -1, 3, sizes, p);
+        cg_tensor *o = cg_sdpa(g, cg_split_heads(g, p[0], (int)h), cg_split_heads(g, p[1], (int)hk),
+                               cg_split_heads(g, p[2], (int)hk), 0.25, causal, NULL);
         cg_tensor *w = cg_input(g, "w", CG_REAL, 4, so);
         cg_fill_uniform(w, &r, -1, 1);
         cg_tensor *loss = cg_sum_all(g, cg_mul(g, o, w));
-        const size_t n = (size_t)(b * t * 3 * h * d);
+        const size_t n = (size_t)(b * t * (h + 2 * hk) * d);
         cg_real *g1 = malloc(n * sizeof *g1), *g2 = malloc(n * sizeof *g2);
         CHECK(loss && !cg_graph_forward(g) && !cg_graph_backward(g, loss), "%s", cg_last_error());
         cg_read_grad(qkv, g1);
@@ -485,13 +489,53 @@ static void first_writer(void) {
         CHECK(!cg_graph_backward(g, loss), "%s", cg_last_error());
         const long long zeroed = cgi_zeroed_bytes() - before, node = (long long)(n * sizeof(cg_real));
         cg_read_grad(qkv, g2);
-        CHECK(memcmp(g1, g2, n * sizeof *g1) == 0, "T %lld: the second pass's gradient differs", (long long)t);
-        if (t == 100)
-            CHECK(zeroed < node, "T 100: backward zeroed %lld bytes, the q/k/v node alone %lld", zeroed, node);
-        if (t == 200) CHECK(zeroed >= node, "T 200: backward zeroed %lld bytes, want the node's %lld", zeroed, node);
+        CHECK(memcmp(g1, g2, n * sizeof *g1) == 0, "T %lld causal %d grouped %d: the second pass's gradient differs",
+              (long long)t, causal, grouped);
+        /* the rest of the graph zeroes o's gradient and the product's (and a few scalars) */
+        const long long rest = 2 * (long long)(b * h * t * d * sizeof(cg_real)) + 64;
+        CHECK(zeroed <= rest, "T %lld causal %d grouped %d: backward zeroed %lld bytes, want %lld at most (node %lld)",
+              (long long)t, causal, grouped, zeroed, rest, node);
         free(g1), free(g2);
         cg_graph_free(g);
     }
+}
+
+/* cgi_attn_mm_panels on B transposed into panels (cgi_attn_transpose_panels) gives cgi_attn_mm's
+ * result on the plain transpose bit for bit, with columns off the 64-column panels (1..200) and
+ * the causal arguments a query block at i0 gets (n_diag i0, shifts by -8..130, so a panel may start
+ * past every row's diagonal: its columns stay unwritten there, as with the plain B). */
+static void direct_panels(void) {
+    const int64_t ns[] = {1, 15, 63, 64, 65, 130, 200}, diags[] = {CGI_UKR_FULL, -8, 0, 5, 64, 130};
+    enum { M = 70, K = 37, NMAX = 200 };
+    cg_rng r;
+    cg_rng_seed(&r, 5);
+    cg_real *a = malloc(M * K * sizeof *a), *src = malloc(NMAX * (K + 3) * sizeof *src),
+            *bt = malloc(K * NMAX * sizeof *bt),
+            *bp = malloc((size_t)cgi_attn_panels_reals(NMAX, K) * sizeof *bp), *c1 = malloc(M * NMAX * sizeof *c1),
+            *c2 = malloc(M * NMAX * sizeof *c2);
+    for (int64_t i = 0; i < M * K; i++) a[i] = (cg_real)(2 * cg_rng_uniform(&r) - 1);
+    for (int64_t i = 0; i < NMAX * (K + 3); i++) src[i] = (cg_real)(2 * cg_rng_uniform(&r) - 1);
+    int bad = 0, cases = 0;
+    for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+        const int64_t n = ns[ni]; /* B = the transpose of src's n rows of K (rows K + 3 apart), as K^T */
+        cgi_attn_transpose(n, K, src, K + 3, bt, n);
+        cgi_attn_transpose_panels(n, K, src, K + 3, bp);
+        for (int64_t p = 0; p < K; p++) /* the panels hold B's elements where the layout puts them */
+            for (int64_t j = 0; j < n; j++) bad += bp[j / 64 * 64 * K + p * 64 + j % 64] != bt[p * n + j];
+        for (size_t di = 0; di < sizeof diags / sizeof *diags; di++)
+            for (int beta = 0; beta < 2; beta++) {
+                for (int64_t i = 0; i < M * NMAX; i++) c1[i] = c2[i] = (cg_real)i;
+                cgi_attn_mm(M, n, K, 0.5f, a, K, 1, bt, n, (cg_real)beta, c1, NMAX, diags[di], CGI_UKR_FULL, CGI_UKR_FULL);
+                cgi_attn_mm_panels(M, n, K, 0.5f, a, K, 1, bp, (cg_real)beta, c2, NMAX, diags[di], CGI_UKR_FULL,
+                                   CGI_UKR_FULL);
+                const int diff = memcmp(c1, c2, M * NMAX * sizeof *c1) != 0;
+                CHECK(!diff, "cgi_attn_mm_panels n %lld n_diag %lld beta %d: differs from cgi_attn_mm", (long long)n,
+                      (long long)diags[di], beta);
+                cases++;
+            }
+    }
+    CHECK(bad == 0 && cases == 7 * 6 * 2, "transposed panels: %d elements misplaced, %d cases", bad, cases);
+    free(a), free(src), free(bt), free(bp), free(c1), free(c2);
 }
 
 /* The shapes of the direct products' path (kept probabilities, Tq >= 16) at feature sizes and
@@ -519,6 +563,7 @@ int main(int argc, char **argv) {
     if (!strcmp(test_part(argc, argv), "direct")) {
         if (!cgi_attn_direct()) return test_skip("test_attention direct", "no AVX-512 on this CPU, or a float64 build");
         direct_products();
+        direct_panels();
         direct_softmax();
         direct_cases(true);
         remade_cases();
