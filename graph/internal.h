@@ -691,13 +691,7 @@ typedef struct {
                          * after the whole sum (and bias) while each strip of C is in cache: a
                          * residual add folded into the product (float C, no relu) */
     int64_t res_rs;
-    uint8_t gelu; /* CGI_GELU_ERF or CGI_GELU_TANH (0: none): the bias (beta 0) is added after the whole
-                   * sum instead, C keeps that pre-activation and y (rows y_rs apart) receives its
-                   * GELU, while each strip of C is in cache (cgi_bias_gelu_strip; float C, no relu) */
-    cg_real *y;
-    int64_t y_rs;
 } cgi_gemm_job;
-enum { CGI_GELU_ERF = 1, CGI_GELU_TANH = 2 }; /* cgi_gemm_job.gelu */
 /* Independent products (no C shared) side by side on up to `threads` threads, each cut into
  * pieces the threads share: one team, no barrier but the last. */
 void cgi_gemm_many(const cgi_gemm_job *jobs, int njobs, int threads);
@@ -783,17 +777,14 @@ void cgi_colsum_add_made(cg_real *dst, int64_t rows, int64_t cols, cg_real *scra
                          const cg_real *(*make)(void *ctx, int64_t r), void *ctx);
 /* The activation of the fused linear + activation op (cg_linear_gelu, cg_linear_relu), its iarg[0]. */
 typedef enum { CGI_ACT_GELU, CGI_ACT_GELU_TANH, CGI_ACT_RELU } cgi_act;
-/* The fused linear + activation's passes (ops/elementwise.c): y = gelu(c + b) over c[m, n] (b NULL:
- * none; GELU's remake: both forwards are in the product, see cgi_gemm_job), and backward
- * c = dpre = dy * act'(pre), pre = c + b for GELU (c the pre-activation, overwritten) and read
+/* The fused linear + activation's passes (ops/elementwise.c): y = gelu(c + b) over the product
+ * c[m, n] (b NULL: none; GELU's only: ReLU's forward is in the product, see cgi_gemm_job), and
+ * backward c = dpre = dy * act'(pre), pre = c + b for GELU (c the product, overwritten) and read
  * from y's sign for ReLU (c any buffer), with db += its column sums (db NULL: none; scratch as
  * cgi_colsum_add's). */
 void cgi_bias_gelu_fwd(const cg_real *c, const cg_real *b, cg_real *y, int64_t m, int64_t n, bool tanh_form);
 void cgi_bias_act_bwd(cg_real *c, const cg_real *b, const cg_real *y, const cg_real *dy, int64_t m, int64_t n,
                       cgi_act act, cg_real *db, cg_real *scratch);
-/* One row of a product's GELU epilogue (cgi_gemm_job.gelu): c[j] += b[j] (b NULL: none), then
- * y[j] = gelu(c[j]); the same bits as cgi_bias_gelu_fwd's row. */
-void cgi_bias_gelu_strip(cg_real *c, const cg_real *b, cg_real *y, int64_t n, bool tanh_form);
 
 /* The constants of cgi_exp's Cephes polynomial: log2(e), ln 2 split in a high and a low part, and
  * the polynomial's coefficients from the highest power down. Named once, so the hand-vectorised copy

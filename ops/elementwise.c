@@ -392,31 +392,28 @@ static inline __m512 gelu_erf16(__m512 x) {
 }
 #endif
 
-/* One row of GELU over a product's row ci: x = ci + b (b NULL: ci), yi[j] = gelu(x[j]); xo (NULL:
- * not kept) receives x, which may be ci itself. */
-static void bias_gelu_row(const cg_real *ci, const cg_real *b, cg_real *xo, cg_real *yi, int64_t n, bool tanh_form) {
+/* One row of cgi_bias_gelu_fwd: yi[j] = gelu(ci[j] + b[j]). */
+static void bias_gelu_row(const cg_real *ci, const cg_real *b, cg_real *yi, int64_t n, bool tanh_form) {
     int64_t j0 = 0;
 #ifdef GELU_AVX512
     for (; j0 + 16 <= n; j0 += 16) {
         __m512 x = _mm512_loadu_ps(ci + j0);
         if (b) x = _mm512_add_ps(x, _mm512_loadu_ps(b + j0));
-        if (xo && b) _mm512_storeu_ps(xo + j0, x);
         _mm512_storeu_ps(yi + j0, tanh_form ? gelu_tanh16(x) : gelu_erf16(x));
     }
 #endif
-    for (int64_t j = j0; j < n; j++) {
-        const cg_real x = b ? ci[j] + b[j] : ci[j];
-        if (xo) xo[j] = x;
-        yi[j] = tanh_form ? gelu_tanh_f(x, 0, 0) : gelu_f(x, 0, 0);
-    }
+    if (tanh_form && b)
+        for (int64_t j = j0; j < n; j++) yi[j] = gelu_tanh_f(ci[j] + b[j], 0, 0);
+    else if (tanh_form)
+        for (int64_t j = j0; j < n; j++) yi[j] = gelu_tanh_f(ci[j], 0, 0);
+    else if (b)
+        for (int64_t j = j0; j < n; j++) yi[j] = gelu_f(ci[j] + b[j], 0, 0);
+    else
+        for (int64_t j = j0; j < n; j++) yi[j] = gelu_f(ci[j], 0, 0);
 }
 
-void cgi_bias_gelu_strip(cg_real *c, const cg_real *b, cg_real *y, int64_t n, bool tanh_form) {
-    bias_gelu_row(c, b, c, y, n, tanh_form);
-}
-
-/* y[i, j] = gelu(c[i, j] + b[j]) over c[m, n] (b NULL: no bias): a linear_act's remake of its
- * output from the pre-activation it keeps (the forward is in the product, cgi_bias_gelu_strip). */
+/* y[i, j] = gelu(c[i, j] + b[j]) over the product c[m, n] (b NULL: no bias), one pass while the
+ * product's rows are fresh, instead of a bias fill before the product and a GELU pass after. */
 typedef struct {
     const cg_real *c, *b;
     cg_real *y;
@@ -426,7 +423,7 @@ typedef struct {
 
 static void bias_gelu_rows(int64_t lo, int64_t hi, void *ctx) {
     const bias_gelu_args *k = ctx;
-    for (int64_t i = lo; i < hi; i++) bias_gelu_row(k->c + i * k->n, k->b, NULL, k->y + i * k->n, k->n, k->tanh_form);
+    for (int64_t i = lo; i < hi; i++) bias_gelu_row(k->c + i * k->n, k->b, k->y + i * k->n, k->n, k->tanh_form);
 }
 
 void cgi_bias_gelu_fwd(const cg_real *c, const cg_real *b, cg_real *y, int64_t m, int64_t n, bool tanh_form) {

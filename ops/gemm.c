@@ -89,21 +89,6 @@ static void add_res(const cgi_gemm_job *j) {
         for (int64_t q = 0; q < j->n; q++) j->c[i * j->rsc + q * j->csc] += j->res[i * j->res_rs + q];
 }
 
-/* A GELU job (cgi_gemm_job.gelu) for a driver that would add its bias before the sum: the same job
- * without it, the bias then added by gelu_pass. */
-static cgi_gemm_job gelu_bare(const cgi_gemm_job *j) {
-    cgi_gemm_job b = *j;
-    if (b.gelu) b.bias = NULL;
-    return b;
-}
-
-/* The GELU epilogue after a product that ran outside the blocked driver (C row-major): a pass over
- * this piece of C, row by row as the blocked driver's strips. */
-static void gelu_pass(const cgi_gemm_job *j) {
-    for (int64_t i = 0; j->gelu && i < j->m; i++)
-        cgi_bias_gelu_strip(j->c + i * j->rsc, j->bias, j->y + i * j->y_rs, j->n, j->gelu == CGI_GELU_TANH);
-}
-
 static void gemm1(const cgi_gemm_job *j, unsigned fl) {
     if (j->m == 0 || j->n == 0) return;
     if (half_job(j) || (fl & F_CBF16)) {
@@ -111,9 +96,7 @@ static void gemm1(const cgi_gemm_job *j, unsigned fl) {
         return;
     }
     if (gemm_blocked(j, 0)) return;
-    const cgi_gemm_job bare = gelu_bare(j);
-    gemm_blis(&bare);
-    gelu_pass(j);
+    gemm_blis(j);
     add_res(j);
     if (j->relu) /* after BLIS's product: a pass over this piece of C */
         for (int64_t i = 0; i < j->m; i++)
@@ -170,14 +153,12 @@ static void run_piece(const cgi_gemm_job *jobs, const piece *pc, unsigned fl) {
         j.a = ahead(j.a, pc->lo * j.rsa, j.ta != CGI_EL_F32);
         j.c = (cg_real *)ahead(j.c, pc->lo * j.rsc, fl & F_CBF16);
         if (j.res) j.res += pc->lo * j.res_rs;
-        if (j.y) j.y += pc->lo * j.y_rs;
         j.m = pc->hi - pc->lo;
     } else {
         j.b = ahead(j.b, pc->lo * j.csb, j.tb != CGI_EL_F32);
         j.c = (cg_real *)ahead(j.c, pc->lo * j.csc, fl & F_CBF16);
         if (j.bias) j.bias += pc->lo * j.bias_stride;
         if (j.res) j.res += pc->lo;
-        if (j.y) j.y += pc->lo;
         j.n = pc->hi - pc->lo;
     }
     gemm1(&j, fl);
@@ -426,7 +407,7 @@ void cgi_gemm_many_then(const cgi_gemm_job *jobs, int njobs, int threads, void (
 
 void cgi_gemm(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, int64_t csa, const cg_real *b,
               int64_t rsb, int64_t csb, cg_real alpha, cg_real beta, cg_real *c, int64_t rsc, int64_t csc, int threads) {
-    const cgi_gemm_job j = {m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, c, rsc, csc, NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0, 0, NULL, 0};
+    const cgi_gemm_job j = {m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, c, rsc, csc, NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0};
     cgi_gemm_many(&j, 1, threads);
 }
 
@@ -742,21 +723,16 @@ static pthread_once_t blk_once = PTHREAD_ONCE_INIT;
 /* C[m, nb] (rows rsc, columns contiguous) = alpha A B + beta C, or alpha A B + the bias, from
  * packed A (12-row panels) and B (32-column panels) of depth kc: cgi_ukr_gemm strip by strip, one
  * A panel in L1 while the B panels stream past, the bias added (relu: and C clamped at 0; res, rows
- * rsr apart: added, on the last depth pass) while the strip is in cache, row by row. gelu (on the
- * last depth pass only; CGI_GELU_*): the bias (contiguous, or NULL) is added to the finished sum,
- * which C keeps, and its GELU goes to y (rows rsy apart): the bits of the whole product followed by
- * cgi_bias_gelu_fwd, without that pass reading C back. */
+ * rsr apart: added, on the last depth pass) while the strip is in cache, row by row. */
 static void blk_macro(const cgi_ukr *u, int64_t m, int64_t nb, int64_t kc, cg_real alpha, const cg_real *ap,
                       const cg_real *bp, cg_real beta, const cg_real *bias, int64_t bs, bool relu, const cg_real *res,
-                      int64_t rsr, cg_real *c, int64_t rsc, int gelu, cg_real *y, int64_t rsy) {
+                      int64_t rsr, cg_real *c, int64_t rsc) {
     for (int64_t i = 0; i < m; i += u->mr) {
         const int64_t mi = m - i < u->mr ? m - i : u->mr;
         cg_real *cr = c + i * rsc;
-        cgi_ukr_gemm(u, mi, nb, kc, alpha, ap + i / u->mr * u->pmr * kc, kc, bp, kc, bias && !gelu ? 0 : beta, cr,
-                     rsc, 1, CGI_UKR_FULL, CGI_UKR_FULL);
-        for (int64_t r = 0; gelu && r < mi; r++)
-            cgi_bias_gelu_strip(cr + r * rsc, bias, y + (i + r) * rsy, nb, gelu == CGI_GELU_TANH);
-        for (int64_t r = 0; !gelu && (bias || relu || res) && r < mi; r++) {
+        cgi_ukr_gemm(u, mi, nb, kc, alpha, ap + i / u->mr * u->pmr * kc, kc, bp, kc, bias ? 0 : beta, cr, rsc, 1,
+                     CGI_UKR_FULL, CGI_UKR_FULL);
+        for (int64_t r = 0; (bias || relu || res) && r < mi; r++) {
             cg_real *row = cr + r * rsc;
             if (bias) cgi_add_bias_row(row, bias, bs, nb);
             if (res) cgi_add_bias_row(row, res + (i + r) * rsr, 1, nb);
@@ -881,12 +857,11 @@ static bool gemm_blocked(const cgi_gemm_job *j, unsigned fl) {
 #else
                 cgi_ukr_pack_b(u, kc, nb, j->b + pc * j->rsb + ic * j->csb, j->rsb, j->csb, bp);
 #endif
-                const bool last = pc + kc >= k, gelu = j->gelu && !c16 && last; /* a GELU's bias after the sum */
                 blk_macro(u, mc, nb, kc, j->alpha, ap, bp, pc == 0 ? j->beta : 1,
-                          j->bias && (j->gelu && !c16 ? gelu : pc == 0) ? j->bias + ic * j->bias_stride : NULL, j->bias_stride,
-                          j->relu && last, j->res && !c16 && last ? j->res + jc * j->res_rs + ic : NULL, j->res_rs,
-                          c16 ? acc : j->c + jc * j->rsc + ic, c16 ? nb : j->rsc, gelu ? j->gelu : 0,
-                          gelu ? j->y + jc * j->y_rs + ic : NULL, j->y_rs);
+                          pc == 0 && j->bias ? j->bias + ic * j->bias_stride : NULL, j->bias_stride,
+                          j->relu && pc + kc >= k,
+                          j->res && !c16 && pc + kc >= k ? j->res + jc * j->res_rs + ic : NULL, j->res_rs,
+                          c16 ? acc : j->c + jc * j->rsc + ic, c16 ? nb : j->rsc);
 #ifndef CGRAD_DOUBLE
                 for (int64_t r = 0; c16 && pc + kc >= k && r < mc; r++) /* the block's last pass: round it */
                     cgi_lp_round((cgi_bf16 *)j->c + (jc + r) * j->rsc + ic, acc + r * nb, nb, 1);
@@ -1049,10 +1024,8 @@ static void gemm_mixed_direct(const cgi_gemm_job *j, unsigned fl) {
 
 static void gemm_half_1(const cgi_gemm_job *j, unsigned fl) {
     if (j->m == 1 || j->n == 1 || j->k == 0 || j->csc != 1 || !gemm_blocked(j, fl)) {
-        const cgi_gemm_job bare = gelu_bare(j);
-        if (j->ta == CGI_EL_BF16 && j->tb == CGI_EL_BF16) gemm_bf16_direct(&bare, fl);
-        else gemm_mixed_direct(&bare, fl);
-        gelu_pass(j);
+        if (j->ta == CGI_EL_BF16 && j->tb == CGI_EL_BF16) gemm_bf16_direct(j, fl);
+        else gemm_mixed_direct(j, fl);
         for (int64_t i = 0; j->relu && i < j->m; i++) /* as gemm1 after BLIS's product; float C only */
             for (int64_t q = 0; q < j->n; q++) {
                 cg_real *v = j->c + i * j->rsc + q * j->csc;
@@ -1066,7 +1039,7 @@ bool cgi_gemm_half(int64_t m, int64_t n, int64_t k, const void *a, int ta, int64
                    int64_t rsb, int64_t csb, float alpha, float beta, void *c, int64_t rsc, const float *bias, bool c_bf16,
                    int threads) {
     const cgi_gemm_job j = {m, n, k, a, rsa, csa, b, rsb, csb, alpha, c_bf16 ? 0 : beta, c, rsc, 1, bias, 1, false,
-                            (uint8_t)ta, (uint8_t)tb, NULL, 0, 0, NULL, 0};
+                            (uint8_t)ta, (uint8_t)tb, NULL, 0};
     gemm_many(&j, 1, threads, c_bf16 ? F_CBF16 : 0, NULL);
     return true;
 }

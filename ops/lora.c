@@ -121,8 +121,8 @@ cg_status cgi_fwd_lora_linear(cg_tensor *t) {
     const cg_tensor *a = t->src[2], *b = t->src[3];
     /* low = s x a^T and y = x w^T side by side; then y += low b^T */
     const cgi_gemm_job jobs[2] = {
-        {d.m, d.r, d.k, x->data, d.rx, d.cx, a->data, d.ca, d.ra, s, 0, low, d.r, 1, NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0, 0, NULL, 0},
-        {d.m, d.n, d.k, x->data, d.rx, d.cx, wv, d.cw, d.rw, 1, 0, t->data, d.n, 1, NULL, 0, false, CGI_EL_F32, (uint8_t)wel, NULL, 0, 0, NULL, 0},
+        {d.m, d.r, d.k, x->data, d.rx, d.cx, a->data, d.ca, d.ra, s, 0, low, d.r, 1, NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0},
+        {d.m, d.n, d.k, x->data, d.rx, d.cx, wv, d.cw, d.rw, 1, 0, t->data, d.n, 1, NULL, 0, false, CGI_EL_F32, (uint8_t)wel, NULL, 0},
     };
     cgi_gemm_many(jobs, 2, cgi_nthreads());
     cgi_gemm(d.m, d.n, d.r, low, d.r, 1, b->data, d.cb, d.rb, 1, 1, t->data, d.n, 1, cgi_nthreads());
@@ -157,16 +157,16 @@ void cgi_bwd_lora_linear(cg_tensor *t) {
     int nj = 0;
     if (dx) /* dX [m, k] (+)= dY w */
         jobs[nj++] = (cgi_gemm_job){d.m, d.k, d.n, dy, d.n, 1, wv, d.rw, d.cw, 1, x_assign ? 0 : 1, x->grad,
-                                    row_stride(x), x->stride[x->ndim - 1], NULL, 0, false, CGI_EL_F32, (uint8_t)wel, NULL, 0, 0, NULL, 0};
+                                    row_stride(x), x->stride[x->ndim - 1], NULL, 0, false, CGI_EL_F32, (uint8_t)wel, NULL, 0};
     if (dw) /* dW [n, k] (+)= dY^T x */
         jobs[nj++] = (cgi_gemm_job){d.n, d.k, d.m, dy, 1, d.n, x->data, d.rx, d.cx, 1, w_assign ? 0 : 1, w->grad,
-                                    w->stride[0], w->stride[1], NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0, 0, NULL, 0};
+                                    w->stride[0], w->stride[1], NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0};
     if (da) /* dA [r, k] (+)= dlow^T x */
         jobs[nj++] = (cgi_gemm_job){d.r, d.k, d.m, dlow, 1, d.r, x->data, d.rx, d.cx, 1, a_assign ? 0 : 1, a->grad,
-                                    a->stride[0], a->stride[1], NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0, 0, NULL, 0};
+                                    a->stride[0], a->stride[1], NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0};
     if (db) /* dB [n, r] (+)= dY^T low */
         jobs[nj++] = (cgi_gemm_job){d.n, d.r, d.m, dy, 1, d.n, low, d.r, 1, 1, b_assign ? 0 : 1, b->grad, b->stride[0],
-                                    b->stride[1], NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0, 0, NULL, 0};
+                                    b->stride[1], NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0};
     if (alias)
         for (int j = 0; j < nj; j++) cgi_gemm_many(&jobs[j], 1, nt);
     else cgi_gemm_many(jobs, nj, nt);

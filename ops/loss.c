@@ -492,7 +492,7 @@ static void lce_logits(const lce *c, int64_t r0, int64_t m, bool bwd) {
                                        c->t->src[1], 1, c->B ? 1 : 0, c->logits, c->v, 1))
         return;
     const cgi_gemm_job j = {m, c->v, c->d, c->xs, c->d, 1, c->Wv, c->wc, c->wr, 1, c->B ? 1 : 0, c->logits, c->v, 1,
-                            NULL, 0, false, CGI_EL_F32, (uint8_t)c->wel, NULL, 0, 0, NULL, 0};
+                            NULL, 0, false, CGI_EL_F32, (uint8_t)c->wel, NULL, 0};
     cgi_gemm_many(&j, 1, cgi_nthreads());
 }
 
@@ -794,10 +794,10 @@ void cgi_bwd_linear_cross_entropy(cg_tensor *t) {
          * when x's and w's gradients alias */
         if (x->requires_grad && !done) /* dx rows = dlogits @ W, gathered; scattered back below */
             jobs[nj++] = (cgi_gemm_job){m, c.d, c.v, c.logits, c.v, 1, c.Wv, c.wr, c.wc, 1, 0, c.dxs, c.d, 1, NULL, 0, false,
-                                        CGI_EL_F32, (uint8_t)c.wel, NULL, 0, 0, NULL, 0};
+                                        CGI_EL_F32, (uint8_t)c.wel, NULL, 0};
         if (w->requires_grad && !done) /* dW += dlogits^T @ xs */
             jobs[nj++] = (cgi_gemm_job){c.v, c.d, m, c.logits, 1, c.v, c.xs, c.d, 1, 1, w_assign ? 0 : 1, w->grad,
-                                        w->stride[0], w->stride[1], NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0, 0, NULL, 0};
+                                        w->stride[0], w->stride[1], NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0};
         cgi_gemm_many(jobs, nj, nt);
         w_assign = false;
         if (x->requires_grad)

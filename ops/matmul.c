@@ -264,7 +264,7 @@ static cg_status linear_fwd_float(cg_tensor *t, bool relu) {
     if (!wv) return CG_ERR_NOMEM;
     const cgi_gemm_job j = {m, n, k, x->data, row_stride(x), x->stride[x->ndim - 1], wv, w->stride[1], w->stride[0],
                             1, 0, t->data, n, 1, bias ? bias->data : NULL, bias ? bias->stride[0] : 0, relu,
-                            CGI_EL_F32, (uint8_t)we, t->op == CGI_OP_LINEAR_ADD ? t->src[t->iarg[1]]->data : NULL, n, 0, NULL, 0};
+                            CGI_EL_F32, (uint8_t)we, t->op == CGI_OP_LINEAR_ADD ? t->src[t->iarg[1]]->data : NULL, n};
     cgi_gemm_many(&j, 1, cgi_nthreads());
     return CG_OK;
 }
@@ -344,16 +344,16 @@ static void linear_bwd(cg_tensor *t, const cg_real *dy, bool with_bias) {
     int nj = 0;
     if (x->requires_grad && !lp) /* dX[m,k] += dY[m,n] @ W[n,k], a half-precision W widened as it is packed */
         jobs[nj++] = (cgi_gemm_job){m, k, n, dy, n, 1, wv, w->stride[0], w->stride[1], 1, assign ? 0 : 1,
-                                    x->grad, row_stride(x), x->stride[x->ndim - 1], NULL, 0, false, CGI_EL_F32, (uint8_t)we, NULL, 0, 0, NULL, 0};
+                                    x->grad, row_stride(x), x->stride[x->ndim - 1], NULL, 0, false, CGI_EL_F32, (uint8_t)we, NULL, 0};
     if (w->requires_grad && !lp) {
         const int64_t xr = row_stride(x), xc = x->stride[x->ndim - 1];
         cg_real *s = dw_scratch(t);
         if (dw_as_transpose(x, w)) /* dW^T[k,n] = X^T[k,m] @ dY[m,n] */
             jobs[nj++] = (cgi_gemm_job){k, n, m, x->data, xc, xr, dy, n, 1, 1, s || w_assign ? 0 : 1, s ? s : w->grad,
-                                        s ? n : w->stride[1], s ? 1 : w->stride[0], NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0, 0, NULL, 0};
+                                        s ? n : w->stride[1], s ? 1 : w->stride[0], NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0};
         else /* dW[n,k] = dY^T[n,m] @ X[m,k] */
             jobs[nj++] = (cgi_gemm_job){n, k, m, dy, 1, n, x->data, xr, xc, 1, s || w_assign ? 0 : 1, s ? s : w->grad,
-                                        s ? k : w->stride[0], s ? 1 : w->stride[1], NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0, 0, NULL, 0};
+                                        s ? k : w->stride[0], s ? 1 : w->stride[1], NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0};
     }
     /* a contiguous bias's column sums run as further pieces of the products' parallel region: one
      * region (one wake of a passively waiting thread) fewer per linear, the same sums */
@@ -376,10 +376,9 @@ static void linear_bwd(cg_tensor *t, const cg_real *dy, bool with_bias) {
 
 /* ---- linear_act: act(x @ w^T + bias), iarg[0] the activation (cgi_act) ---- */
 
-/* GELU: the product goes to aux (beta 0: no bias fill before it, C never read); the product engine
- * adds the bias to each strip of it once the sum is whole and writes the strip's GELU to the output
- * while it is in cache (cgi_gemm_job.gelu). aux keeps that pre-activation for backward, which
- * writes the pre-activation gradient over it and sums the bias gradient in the same pass.
+/* GELU: the product goes to aux (beta 0: no bias fill before it, C never read) and one pass adds
+ * the bias and applies GELU; aux keeps the pre-bias product for backward, which writes the
+ * pre-activation gradient over it and sums the bias gradient in the same pass.
  * ReLU: the product engine adds the bias and clamps each strip of C while it is in cache
  * (cgi_gemm_job.relu), straight into the output; backward reads the output's sign, so no
  * pre-activation is kept, and writes the pre-activation gradient into backward-only scratch.
@@ -419,16 +418,18 @@ cg_status cgi_fwd_linear_act(cg_tensor *t) {
     const void *wv = weight_elems(w, &we);
     if (!wv) return CG_ERR_NOMEM;
     const cgi_gemm_job j = {m, n, k, x->data, row_stride(x), x->stride[x->ndim - 1], wv, w->stride[1], w->stride[0],
-                            1, 0, c, n, 1, bias ? bias->data : NULL, 1, false, CGI_EL_F32, (uint8_t)we, NULL, 0,
-                            t->iarg[0] == CGI_ACT_GELU_TANH ? CGI_GELU_TANH : CGI_GELU_ERF, t->data, n};
+                            1, 0, c, n, 1, NULL, 0, false, CGI_EL_F32, (uint8_t)we, NULL, 0};
     cgi_gemm_many(&j, 1, cgi_nthreads());
+    cgi_bias_gelu_fwd(c, bias ? bias->data : NULL, t->data, m, n, t->iarg[0] == CGI_ACT_GELU_TANH);
     return CG_OK;
 }
 
-/* GELU's output again from the pre-activation forward keeps for backward: forward's epilogue as a
- * pass, so the same bits (cgi_regen). */
+/* GELU's output again from the product forward keeps for backward: forward's own pass, so the
+ * same bits (cgi_regen). */
 void cgi_linear_act_regen(cg_tensor *t) {
-    cgi_bias_gelu_fwd(t->aux, NULL, t->data, rows_of(t->src[0]), t->src[1]->shape[0], t->iarg[0] == CGI_ACT_GELU_TANH);
+    const cg_tensor *bias = t->nsrc > 2 ? t->src[2] : NULL;
+    cgi_bias_gelu_fwd(t->aux, bias ? bias->data : NULL, t->data, rows_of(t->src[0]), t->src[1]->shape[0],
+                      t->iarg[0] == CGI_ACT_GELU_TANH);
 }
 
 /* ReLU's pre-activation gradient [m, n]: backward scratch after the bias sums and dW's (dw_scratch). */
@@ -444,9 +445,9 @@ void cgi_bwd_linear_act(cg_tensor *t) {
     const int64_t m = rows_of(x), n = w->shape[0];
     const bool db = bias && bias->requires_grad, relu = t->iarg[0] == CGI_ACT_RELU;
     if (db) cgi_grad_prepare(bias); /* the op claims every input (CGI_GRAD_CLAIMS_ALL) */
-    cg_real *dpre = relu ? dpre_scratch(t) : t->aux; /* GELU: over the pre-activation, no longer needed */
-    cgi_bias_act_bwd(dpre, NULL, t->data, t->grad, m, n, (cgi_act)t->iarg[0], db ? bias->grad : NULL,
-                     db ? t->bwd_aux : NULL);
+    cg_real *dpre = relu ? dpre_scratch(t) : t->aux; /* GELU: over the product, which backward no longer needs */
+    cgi_bias_act_bwd(dpre, bias ? bias->data : NULL, t->data, t->grad, m, n, (cgi_act)t->iarg[0],
+                     db ? bias->grad : NULL, db ? t->bwd_aux : NULL);
     linear_bwd(t, dpre, false);
 }
 

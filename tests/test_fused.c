@@ -545,10 +545,10 @@ static cg_tensor *lg_small_build(bctx *c, bool fused) {
     return a->tanh_form ? cg_gelu_tanh(c->g, y) : cg_gelu(c->g, y);
 }
 
-/* The product engine adds the bias and applies GELU to each strip of the product once its sum is
- * whole (both depth passes here), in pieces on two threads: within tolerance of the composite on
- * one and two threads, and two threads give one thread's bits. Rows (140) and outputs (100) are
- * no multiples of the strips' 12 rows or the 16 lanes. */
+/* The fused op over a product of two depth passes (600), its product cut into pieces and its bias
+ * + GELU pass, remake and derivative pass run on two threads: within tolerance of the composite on
+ * one and two threads, and two threads give one thread's bits. Rows (140) and outputs (100) are no
+ * multiples of the product's 12-row strips or the passes' 16 lanes. */
 static void test_linear_gelu_threads(void) {
     const int threads = cg_threads();
     for (int form = 0; form < 2; form++) {
