@@ -533,6 +533,42 @@ static void test_linear_gelu(void) {
     compare("linear_gelu, x rows of 1024 (dW^T through scratch)", lg_build, &i);
 }
 
+/* lg_build with x scaled by 1/8: pre-activations of a few units over a depth of 600, as a trained
+ * layer's (with x and w in [-1, 1] they reach 15, where the tanh form's derivative from y / x
+ * cancels in 1 - s and differs from the composite's by 4e-5) */
+static cg_tensor *lg_small_build(bctx *c, bool fused) {
+    const lg_arg *a = c->arg;
+    cg_tensor *b, *w = lin_weights(c, &a->lin, &b);
+    cg_tensor *x = cg_scale(c->g, leaf(c, "x", a->lin.nd, a->lin.shape, -1, 1, false), 0.125);
+    if (fused) return cg_linear_gelu(c->g, x, w, b, a->tanh_form);
+    cg_tensor *y = cg_linear(c->g, x, w, b);
+    return a->tanh_form ? cg_gelu_tanh(c->g, y) : cg_gelu(c->g, y);
+}
+
+/* The fused op over a product of two depth passes (600), its product cut into pieces and its bias
+ * + GELU pass, remake and derivative pass run on two threads: within tolerance of the composite on
+ * one and two threads, and two threads give one thread's bits. Rows (140) and outputs (100) are no
+ * multiples of the product's 12-row strips or the passes' 16 lanes. */
+static void test_linear_gelu_threads(void) {
+    const int threads = cg_threads();
+    for (int form = 0; form < 2; form++) {
+        lg_arg a = {{3, {2, 70, 600}, 100, true, false, true, form == 1}, form == 1, false};
+        const char *what = form ? "linear_gelu tanh [2,70,600] -> 100, Conv1D weight" : "linear_gelu erf [2,70,600] -> 100";
+        result r[2];
+        for (int nt = 1; nt <= 2; nt++) {
+            cg_set_threads(nt);
+            compare(what, lg_small_build, &a);
+            r[nt - 1] = run(lg_small_build, &a, true);
+        }
+        CHECK(r[0].ok && r[1].ok && r[0].count == r[1].count, "%s: runs failed", what);
+        for (int i = 0; r[0].ok && r[1].ok && i < r[0].count; i++)
+            CHECK(r[0].n[i] == r[1].n[i] && !memcmp(r[0].v[i], r[1].v[i], (size_t)r[0].n[i] * sizeof(cg_real)),
+                  "%s: %s differs on 2 threads from 1", what, r[0].name[i]);
+        for (int i = 0; i < MAX_LEAVES + 1; i++) free(r[0].v[i]), free(r[1].v[i]);
+    }
+    cg_set_threads(threads);
+}
+
 /* ReLU's fused op runs the composite's arithmetic in the same order (bias, clamp, the bias sums'
  * blocks, the same products on the same pre-activation gradient): equal bit for bit */
 static void test_linear_relu(void) {
@@ -626,6 +662,7 @@ int main(void) {
     test_masked_softmax();
     test_linear();
     test_linear_gelu();
+    test_linear_gelu_threads();
     test_linear_relu();
     test_linear_add();
     TEST_END();
