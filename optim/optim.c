@@ -341,7 +341,10 @@ cg_status cg_optim_step_scaled(cg_optim *o, double lr, double grad_scale) {
 /* Parameter i's update in place over its own elements [lo, hi) of the block, its gradient a copy
  * of its own (element lo's at g), in pieces on the run's threads: the same elementwise arithmetic
  * as cg_optim_step's, so the same bits. */
-enum { UPDATE_PIECE = 1 << 16 }; /* a multiple of 16 elements: no cache line shared by two threads */
+/* A multiple of 16 elements: no cache line shared by two threads. 2^14, not 2^16: inside a team a
+ * parameter of one piece (gpt-tiny's 256 x 256 projections and embeddings, 2^16 elements) was
+ * updated on thread 0 alone, and a team shares pieces from 2^14 elements (CGI_TEAM_PART_MIN). */
+enum { UPDATE_PIECE = 1 << 14 };
 
 typedef struct {
     cg_optim *o;

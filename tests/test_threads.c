@@ -707,6 +707,78 @@ static void test_team_bias_sums(void) {
     shared_in_team("the bias sums", bias_runs, &frozen, &e, bias_clear, bias_check);
 }
 
+/* Losses and a broadcast sum in a team: their row and element loops were OpenMP loops, which
+ * inside a span ran on thread 0 alone while the helper waited. They are shared as ranges now, with
+ * one thread's bits: cross_entropy (forward and backward), mse_loss, a broadcast add's forward, and
+ * linear_cross_entropy over three vocabulary slabs (its gathers, merges and scatters). */
+enum { CR = 512, CC = 96, CV = 600 };
+enum { LOSS_CE, LOSS_MSE, LOSS_ADD, LOSS_LCE };
+typedef struct {
+    int kind;
+    bool plain;      /* the same graph on 4 rows: nothing in it is shared */
+    cg_real *out;    /* the loss (or the sum's values), then x's gradient */
+} loss_case;
+
+static cg_status loss_runs(void *ctx) {
+    loss_case *e = ctx;
+    const int64_t rows = e->plain ? 4 : CR;
+    cg_graph *g = cg_graph_new(e->kind == LOSS_ADD ? CG_EVAL : CG_TRAIN);
+    cg_params *ps = cg_params_new();
+    cg_tensor *x = cg_params_add(ps, "x", 2, S(rows, CC)), *w = cg_params_add(ps, "w", 2, S(CV, CC));
+    cg_tensor *p = cg_input(g, "p", CG_REAL, 1, S(CC)), *y = cg_input(g, "y", CG_REAL, 2, S(rows, CC));
+    cg_tensor *tg = cg_input(g, "t", CG_INT32, 1, S(rows));
+    for (int64_t i = 0; i < rows * CC; i++) cg_data(x)[i] = (cg_real)(3 * sin(0.37 * (double)i)), cg_data(y)[i] = (cg_real)cos(0.1 * (double)i);
+    for (int64_t i = 0; i < CV * CC; i++) cg_data(w)[i] = (cg_real)(0.2 * cos(0.7 * (double)i));
+    for (int64_t i = 0; i < CC; i++) cg_data(p)[i] = (cg_real)(0.5 * sin((double)i));
+    for (int64_t i = 0; i < rows; i++) cg_idata(tg)[i] = (int32_t)((i * 37) % (e->kind == LOSS_LCE ? CV : CC));
+    cg_tensor *l = e->kind == LOSS_CE    ? cg_cross_entropy(g, x, tg, -100)
+                   : e->kind == LOSS_MSE ? cg_mse_loss(g, x, y)
+                   : e->kind == LOSS_LCE ? cg_linear_cross_entropy(g, x, w, NULL, tg, -100)
+                                         : cg_retain(cg_add(g, x, p));
+    cg_params_zero_grad(ps);
+    cg_status st = l ? cg_graph_forward(g) : CG_ERR_NOMEM;
+    if (!st && e->kind != LOSS_ADD) st = cg_graph_backward(g, l);
+    if (!st && !e->plain) {
+        if (e->kind == LOSS_ADD) memcpy(e->out, cg_data(l), sizeof(cg_real) * CR * CC);
+        else e->out[0] = cg_data(l)[0], memcpy(e->out + 1, x->grad, sizeof(cg_real) * CR * CC); /* cg_read_grad's copy shares pieces too */
+    }
+    cg_graph_free(g);
+    cg_params_free(ps);
+    return st;
+}
+
+static cg_real loss_one[CR * CC + 1]; /* one thread's */
+static const char *loss_name[] = {"cross_entropy", "mse_loss", "a broadcast add", "linear_cross_entropy"};
+
+static void loss_clear(void *ctx) { memset(((loss_case *)ctx)->out, 0, sizeof loss_one); }
+
+static void loss_check(void *ctx) {
+    const loss_case *e = ctx;
+    CHECK(!memcmp(loss_one, e->out, sizeof loss_one), "%s in a team differs from one thread", loss_name[e->kind]);
+}
+
+static void test_team_losses(void) {
+    static cg_real team[CR * CC + 1];
+    for (int kind = LOSS_CE; kind <= LOSS_LCE; kind++) {
+        loss_case one = {kind, false, loss_one}, e = {kind, false, team}, plain = {kind, true, team};
+        cg_set_threads(1);
+        memset(loss_one, 0, sizeof loss_one);
+        CHECK(loss_runs(&one) == CG_OK, "%s", cg_last_error());
+        if (kind == LOSS_CE) { /* one thread's loss against the rows' log-sum-exp, in double */
+            double want = 0;
+            for (int64_t r = 0; r < CR; r++) {
+                double mx = -INFINITY, sum = 0;
+                for (int64_t c = 0; c < CC; c++) mx = fmax(mx, (cg_real)(3 * sin(0.37 * (double)(r * CC + c))));
+                for (int64_t c = 0; c < CC; c++) sum += exp((cg_real)(3 * sin(0.37 * (double)(r * CC + c))) - mx);
+                want += mx + log(sum) - (cg_real)(3 * sin(0.37 * (double)(r * CC + (r * 37) % CC)));
+            }
+            want /= CR;
+            CHECK(fabs(loss_one[0] - want) <= 1e-5 * (1 + fabs(want)), "cross_entropy %.7g, want %.7g", (double)loss_one[0], want);
+        }
+        shared_in_team(loss_name[kind], loss_runs, &plain, &e, loss_clear, loss_check);
+    }
+}
+
 /* ---- guided pieces (ops/gemm.c): a sharing team's matrix products ---- */
 
 static cgi_gemm_job shape_job(int64_t m, int64_t n, int64_t k) {
@@ -902,6 +974,7 @@ int main(int argc, char **argv) {
     test_team_embedding();
     test_team_reduce();
     test_team_bias_sums();
+    test_team_losses();
     test_team_guided_cuts();
     test_team_guided_bits();
     test_team_nested_pieces();
