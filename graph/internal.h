@@ -534,6 +534,10 @@ void cgi_team_profile(double *shared, double *wait);
 /* Tests: thread 0 waits (up to 100 ms) for a helper to claim each task's first piece, so a loaded
  * machine that keeps the helpers switched out cannot leave them without work to check. */
 void cgi_team_wait_for_helpers(bool on);
+/* The executor's place on this thread: node t's pass (0 forward, 1 backward) begins (done false)
+ * or ends (done true). CGRAD_TEAM_STATS=2 names the places around each stretch in which thread 0
+ * gave a team no task for long enough that its helper stopped spinning. */
+void cgi_team_note(const cg_tensor *t, int pass, bool done);
 /* Chooses BLIS's kernel set (graph/kernels.c) once; call before BLIS's first use. */
 void cgi_blis_init(void);
 enum { CGI_CPU_AVX2_FMA = 1, CGI_CPU_AVX512 = 2, CGI_CPU_AMD = 4 };
