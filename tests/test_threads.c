@@ -779,6 +779,64 @@ static void test_team_losses(void) {
     }
 }
 
+/* An optimizer step with gradient clipping inside a team (cg_run_with_team around a user's step):
+ * the norm, the scaling and AdamW's update were OpenMP loops over the blocks' chunks, which ran on
+ * thread 0 alone; the helpers take chunks of each now, with one thread's bits. */
+enum { ON = 150000 };
+typedef struct {
+    cg_real *out; /* the parameters after two steps, then the norms */
+    bool plain;   /* the same steps on 64 elements */
+} optim_case;
+
+static cg_status optim_runs(void *ctx) {
+    optim_case *e = ctx;
+    const int64_t n = e->plain ? 64 : ON;
+    cg_params *ps = cg_params_new();
+    cg_tensor *a = cg_params_add(ps, "a", 1, S(n)), *b = cg_params_add(ps, "b", 1, S(n / 2));
+    cg_optim_config oc = cg_optim_defaults(CG_OPT_ADAMW);
+    cg_optim *o = a && b ? cg_optim_new(ps, &oc) : NULL;
+    if (!o) return CG_ERR_NOMEM;
+    for (int64_t i = 0; i < n; i++) cg_data(a)[i] = (cg_real)sin(0.3 * (double)i);
+    for (int64_t i = 0; i < n / 2; i++) cg_data(b)[i] = (cg_real)cos(0.3 * (double)i);
+    cg_status st = CG_OK;
+    double norm[2] = {0, 0};
+    for (int step = 0; step < 2 && !st; step++) {
+        cg_real *G = cgi_params_grads(ps);
+        cgi_params_settle(ps, 0, -1);
+        for (int64_t i = 0; i < cg_params_span(ps); i++) G[i] = (cg_real)(3 * cos(0.01 * (double)(i + step)));
+        a->grad_stale = b->grad_stale = false;
+        norm[step] = cg_clip_grad_norm(ps, 1.0);
+        st = cg_optim_step(o, 1e-2);
+    }
+    if (!st && !e->plain) {
+        memcpy(e->out, cg_params_values(ps), sizeof(cg_real) * (ON + ON / 2));
+        e->out[ON + ON / 2] = (cg_real)norm[0], e->out[ON + ON / 2 + 1] = (cg_real)norm[1];
+    }
+    cg_optim_free(o);
+    cg_params_free(ps);
+    return st;
+}
+
+static cg_real optim_one[ON + ON / 2 + 2];
+
+static void optim_clear(void *ctx) { memset(((optim_case *)ctx)->out, 0, sizeof optim_one); }
+
+static void optim_check(void *ctx) {
+    CHECK(!memcmp(optim_one, ((optim_case *)ctx)->out, sizeof optim_one), "a clipped AdamW step in a team differs from one thread's");
+}
+
+static void test_team_optim(void) {
+    static cg_real team[ON + ON / 2 + 2];
+    optim_case one = {optim_one, false}, e = {team, false}, plain = {team, true};
+    cg_set_threads(1);
+    CHECK(optim_runs(&one) == CG_OK, "%s", cg_last_error());
+    double want = 0; /* the first norm, of the gradients as written */
+    for (int64_t i = 0; i < ON + ON / 2; i++) want += pow((cg_real)(3 * cos(0.01 * (double)i)), 2);
+    CHECK(fabs(optim_one[ON + ON / 2] - sqrt(want)) <= 1e-6 * sqrt(want), "norm %.9g, want %.9g", (double)optim_one[ON + ON / 2],
+          sqrt(want));
+    shared_in_team("a clipped AdamW step", optim_runs, &plain, &e, optim_clear, optim_check);
+}
+
 /* ---- guided pieces (ops/gemm.c): a sharing team's matrix products ---- */
 
 static cgi_gemm_job shape_job(int64_t m, int64_t n, int64_t k) {
@@ -975,6 +1033,7 @@ int main(int argc, char **argv) {
     test_team_reduce();
     test_team_bias_sums();
     test_team_losses();
+    test_team_optim();
     test_team_guided_cuts();
     test_team_guided_bits();
     test_team_nested_pieces();
