@@ -661,6 +661,15 @@ static void lce_one_slab_cols(void *ctx, int q) {
 
 static void lce_merge_dx(int64_t lo, int64_t hi, void *ctx);
 
+/* Panels [q0, q1) of the chunk's xs [m, d] packed as B (dW's operand): a panel per nr columns, so
+ * packing panels apart gives the bytes of packing them at once. */
+static void lce_pack_xs_panels(int64_t q0, int64_t q1, void *ctx) {
+    const lce_rows_args *a = ctx;
+    const lce *c = a->c;
+    const int64_t nr = c->u.nr, j0 = q0 * nr, j1 = q1 * nr < c->d ? q1 * nr : c->d;
+    cgi_ukr_pack_b(&c->u, a->m, j1 - j0, c->xs + j0, c->d, 1, c->fused + c->p->xb + q0 * c->u.pnr * a->m);
+}
+
 /* The fused path's gradients over one chunk of m rows from r0 (logits in place: forward's e^(z - max),
  * or recomputed), for an upstream gradient of gscale * (counted rows): dW (+)= into w's gradient
  * (w_assign: written, not added to); dX into dxu's rows of the chunk; the bias's gradient added to
@@ -670,10 +679,13 @@ static void lce_grads(const lce *c, int64_t r0, int64_t m, bool recompute, cg_re
     const lce_params *p = c->p;
     const int64_t d = c->d;
     const bool dx = x->requires_grad, dw = w->requires_grad, db = b && b->requires_grad;
-    cg_real *xb = c->fused + p->xb, *dxu = c->fused + p->dxu + r0 * d;
+    cg_real *dxu = c->fused + p->dxu + r0 * d;
     lce_grads_task k = {c, r0, m, recompute, w_assign, dx, dw, db, gscale,
                         ahead ? c->fused + p->dbu : db ? b->grad : NULL, ahead ? 1 : db ? b->stride[0] : 0, dxu};
-    if (dw) cgi_ukr_pack_b(&c->u, m, d, c->xs, d, 1, xb);
+    if (dw) { /* xs packed as B, by panels of its columns */
+        const lce_rows_args a = {c, r0, m, 1};
+        cgi_par_ranges((d + c->u.nr - 1) / c->u.nr, m * d, lce_pack_xs_panels, (void *)&a);
+    }
     if (p->ns == 1) { /* one slab: its rows' parts, then its columns' */
         if (recompute) lce_pack_w(c, d, c->v, 0, c->wc, c->wr, c->fused + p->pw);
         if (dx) lce_pack_w(c, c->v, d, 0, c->wr, c->wc, c->fused + p->slot + p->pa_n);
