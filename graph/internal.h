@@ -525,6 +525,7 @@ void cgi_team_set_guard(int mode);
 typedef struct {
     long long runs_with_helpers, runs_without, helper_pieces, stalls;
     long long pieces, wait_ns; /* pieces shared in all; thread 0's time waiting for helpers' last pieces */
+    long long naps; /* helpers' naps between tasks (never in a large run's span) */
 } cgi_team_counts;
 /* Counts since the process began, for tests and the bench. */
 void cgi_team_stats(cgi_team_counts *c);

@@ -85,7 +85,7 @@ static _Thread_local team *my_team;   /* on thread 0 of an open team */
 static _Thread_local bool in_span;    /* on thread 0 inside cg_run_with_team, with or without helpers */
 static _Thread_local bool in_task;    /* on thread 0 while its team's task is open (see cgi_team_pieces) */
 static int guard_mode = -1;           /* CGI_TEAM_GUARD_*, from CGRAD_TEAM_GUARD once */
-static _Atomic long long stat_on, stat_off, stat_helper_pieces, stat_stalls, stat_pieces, stat_wait_ns;
+static _Atomic long long stat_on, stat_off, stat_helper_pieces, stat_stalls, stat_pieces, stat_wait_ns, stat_naps;
 static _Atomic bool wait_for_helpers; /* tests: thread 0 leaves each task's first piece to a helper */
 static int team_stats = -1; /* CGRAD_TEAM_STATS, read once per span */
 
@@ -137,6 +137,7 @@ void cgi_team_stats(cgi_team_counts *c) {
     c->stalls = atomic_load(&stat_stalls);
     c->pieces = atomic_load(&stat_pieces);
     c->wait_ns = atomic_load(&stat_wait_ns);
+    c->naps = atomic_load(&stat_naps);
 }
 
 void cgi_team_wait_for_helpers(bool on) { atomic_store(&wait_for_helpers, on); }
@@ -425,7 +426,7 @@ static void helper_loop(team *tm) {
         const double idle = omp_get_wtime() - idle_since;
         if (idle < SPIN_S) spin_pause();
         else if (idle < nap_after) sched_yield(), yields++, state = 1;
-        else nap(200000), naps++, state = 2;
+        else nap(200000), naps++, state = 2, atomic_fetch_add_explicit(&stat_naps, 1, memory_order_relaxed);
     }
     if (team_stats)
         fprintf(stderr, "helper: %.0f us, %ld tasks seen, %ld yields, %ld naps, %ld rests; tasks found spinning %ld "

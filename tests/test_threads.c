@@ -275,7 +275,44 @@ static cgi_team_counts team_delta(const cgi_team_counts *a) {
     cgi_team_stats(&b);
     return (cgi_team_counts){b.runs_with_helpers - a->runs_with_helpers, b.runs_without - a->runs_without,
                              b.helper_pieces - a->helper_pieces, b.stalls - a->stalls, b.pieces - a->pieces,
-                             b.wait_ns - a->wait_ns};
+                             b.wait_ns - a->wait_ns, b.naps - a->naps};
+}
+
+/* Between two tasks thread 0 runs 5 ms alone (a loss, an optimizer's small updates): in a large
+ * run's span the helper keeps spinning and yielding, where it napped 200 us at a time after 2 ms and
+ * took the next task up to a nap late; a generation span's helper (not large) still naps. */
+static void two_tasks_apart(void *ctx, int q) {
+    (void)ctx, (void)q;
+    busy(20e-6);
+}
+
+static cg_status tasks_apart(void *ctx) {
+    (void)ctx;
+    cgi_team_pieces(two_tasks_apart, NULL, 4);
+    busy(5e-3);
+    cgi_team_pieces(two_tasks_apart, NULL, 4);
+    return CG_OK;
+}
+
+static void test_team_large_never_naps(void) {
+    cg_set_threads(2);
+    cgi_set_team_large(1), cgi_cores_force(0); /* a busy machine must not keep the run on one thread */
+    cgi_team_counts before;
+    cgi_team_stats(&before);
+    for (int run = 0; run < 5; run++)
+        CHECK(cgi_run_graph(cgi_run_par_min(), true, tasks_apart, NULL) == CG_OK, "%s", cg_last_error());
+    cgi_team_counts d = team_delta(&before);
+    CHECK(d.pieces == 40 && d.naps == 0,
+          "large spans: %lld pieces shared (want 40), the helper napped %lld times", d.pieces, d.naps);
+    cgi_team_set_guard(CGI_TEAM_GUARD_ON);
+    cgi_team_stats(&before);
+    for (int run = 0; run < 5; run++) CHECK(cg_run_with_team(tasks_apart, NULL) == CG_OK, "%s", cg_last_error());
+    d = team_delta(&before);
+    CHECK(d.pieces == 40 && d.naps > 0, "generation's spans: %lld pieces shared (want 40), the helper napped %lld times",
+          d.pieces, d.naps);
+    cgi_team_set_guard(CGI_TEAM_GUARD_AUTO);
+    cgi_set_team_large(-1), cgi_cores_force(-1);
+    cg_set_threads(0);
 }
 
 /* Products in a team: matrix-vector (rows 1) and matrix (rows 96: every product over 2^23
@@ -1021,6 +1058,7 @@ int main(int argc, char **argv) {
     test_work_estimate();
     test_small_runs_stay_on_one_thread();
     test_team_pieces();
+    test_team_large_never_naps();
     test_team_ranges();
     test_team_guard_starts_sharing();
     test_team_products_match_one_thread(1);
