@@ -219,12 +219,14 @@ static void ready_plan(cg_graph *g, cg_tensor *loss) {
 
 /* Runs node i's backward rule and reports parameters whose gradient it made final. */
 static void backward_node(cg_graph *g, cg_tensor *t, int i) {
+    cgi_team_note(t, 1, false);
     const unsigned claims = cgi_ops[t->op].bwd_grad; /* a rule that claims an input zeroes it itself if it must */
     for (int k = 0; k < t->nsrc; k++)
         if (t->src[k]->requires_grad && !(claims & CGI_GRAD_CLAIMS_ALL) && !(k == 0 && (claims & CGI_GRAD_CLAIMS_SRC0)))
             zero_once(t->src[k]);
     double t0 = cgi_profiling() ? cgi_profile_clock() : 0;
     cgi_ops[t->op].backward(t);
+    cgi_team_note(t, 1, true);
     if (t0 > 0) cgi_profile_node(t, 1, t0);
     if (g->ready_fn)
         for (int k = 0; k < t->nsrc; k++) {

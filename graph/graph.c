@@ -471,7 +471,9 @@ void cgi_resolve_views(cg_graph *g) {
 
 cg_status cgi_run_forward(cg_graph *g, cg_tensor *t) {
     double t0 = cgi_profiling() ? cgi_profile_clock() : 0;
+    cgi_team_note(t, 0, false);
     cg_status s = cgi_ops[t->op].forward(t);
+    cgi_team_note(t, 0, true);
     if (t0 > 0) cgi_profile_node(t, 0, t0);
     if (s) return s;
     if (t == g->nudge) {

@@ -525,6 +525,7 @@ void cgi_team_set_guard(int mode);
 typedef struct {
     long long runs_with_helpers, runs_without, helper_pieces, stalls;
     long long pieces, wait_ns; /* pieces shared in all; thread 0's time waiting for helpers' last pieces */
+    long long naps; /* helpers' naps between tasks (never in a large run's span) */
 } cgi_team_counts;
 /* Counts since the process began, for tests and the bench. */
 void cgi_team_stats(cgi_team_counts *c);
@@ -534,6 +535,10 @@ void cgi_team_profile(double *shared, double *wait);
 /* Tests: thread 0 waits (up to 100 ms) for a helper to claim each task's first piece, so a loaded
  * machine that keeps the helpers switched out cannot leave them without work to check. */
 void cgi_team_wait_for_helpers(bool on);
+/* The executor's place on this thread: node t's pass (0 forward, 1 backward) begins (done false)
+ * or ends (done true). CGRAD_TEAM_STATS=2 names the places around each stretch in which thread 0
+ * gave a team no task for long enough that its helper stopped spinning. */
+void cgi_team_note(const cg_tensor *t, int pass, bool done);
 /* Chooses BLIS's kernel set (graph/kernels.c) once; call before BLIS's first use. */
 void cgi_blis_init(void);
 enum { CGI_CPU_AVX2_FMA = 1, CGI_CPU_AVX512 = 2, CGI_CPU_AMD = 4 };

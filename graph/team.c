@@ -17,6 +17,7 @@
  * thread 0 waits for it a whole time slice (spinning helpers collapsed generation from 1700 to
  * ~680 tokens/s with one `yes` beside it). The guard then rests the helpers and retries later. */
 #include <limits.h>
+#include <math.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -47,6 +48,7 @@ typedef struct {
     void *ctx;
     int helpers;
     double run_t0; /* thread 0 only: the run in progress */
+    _Atomic double published; /* CGRAD_TEAM_STATS: when thread 0 published the current task */
     bool stalled;
     bool large; /* a large run's span (cgi_run_graph): helpers always share, the cores guard watches */
 } team;
@@ -83,8 +85,33 @@ static _Thread_local team *my_team;   /* on thread 0 of an open team */
 static _Thread_local bool in_span;    /* on thread 0 inside cg_run_with_team, with or without helpers */
 static _Thread_local bool in_task;    /* on thread 0 while its team's task is open (see cgi_team_pieces) */
 static int guard_mode = -1;           /* CGI_TEAM_GUARD_*, from CGRAD_TEAM_GUARD once */
-static _Atomic long long stat_on, stat_off, stat_helper_pieces, stat_stalls, stat_pieces, stat_wait_ns;
+static _Atomic long long stat_on, stat_off, stat_helper_pieces, stat_stalls, stat_pieces, stat_wait_ns, stat_naps;
 static _Atomic bool wait_for_helpers; /* tests: thread 0 leaves each task's first piece to a helper */
+static int team_stats = -1; /* CGRAD_TEAM_STATS, read once per span */
+
+/* CGRAD_TEAM_STATS=2: thread 0's stretches without a task longer than the helper's spin, each named
+ * by the executor's place where the last task ended and where the next began. */
+static _Thread_local const cg_tensor *note_t;
+static _Thread_local int note_pass;
+static _Thread_local bool note_done;
+static _Thread_local double last_task_end;
+static _Thread_local char last_task_at[96];
+
+static _Thread_local double note_at, in_ops, between_ops; /* CGRAD_TEAM_STATS: thread 0's time in op calls and between them */
+
+void cgi_team_note(const cg_tensor *t, int pass, bool done) {
+    if (team_stats > 0 && in_span) {
+        const double now = omp_get_wtime();
+        if (note_at > 0) *(note_done || !note_t ? &between_ops : &in_ops) += now - note_at;
+        note_at = now;
+    }
+    note_t = t, note_pass = pass, note_done = done;
+}
+
+static void note_place(char *buf, size_t n) {
+    if (!note_t) snprintf(buf, n, "outside the ops");
+    else snprintf(buf, n, "%s %s %s(#%d)", note_done ? "after" : "in", note_pass ? "bwd" : "fwd", cgi_op_name_of(note_t), note_t->id);
+}
 
 static int guard(void) {
     if (guard_mode < 0) {
@@ -110,6 +137,7 @@ void cgi_team_stats(cgi_team_counts *c) {
     c->stalls = atomic_load(&stat_stalls);
     c->pieces = atomic_load(&stat_pieces);
     c->wait_ns = atomic_load(&stat_wait_ns);
+    c->naps = atomic_load(&stat_naps);
 }
 
 void cgi_team_wait_for_helpers(bool on) { atomic_store(&wait_for_helpers, on); }
@@ -137,6 +165,11 @@ static void spin_pause(void) {
 static void nap(long ns) {
     struct timespec ts = {0, ns};
     nanosleep(&ts, NULL);
+}
+
+static void task_ended(void) {
+    last_task_end = omp_get_wtime();
+    note_place(last_task_at, sizeof last_task_at);
 }
 
 /* Runs the pieces of task `task` still unclaimed; returns how many this thread ran. fn and ctx
@@ -167,6 +200,15 @@ void cgi_team_pieces(void (*fn)(void *ctx, int piece), void *ctx, int pieces) {
     }
     in_task = true;
     tm->fn = fn, tm->ctx = ctx;
+    if (team_stats) {
+        const double now = omp_get_wtime();
+        atomic_store_explicit(&tm->published, now, memory_order_relaxed);
+        if (team_stats > 1 && last_task_end > 0 && now - last_task_end > SPIN_S) {
+            char here[96];
+            note_place(here, sizeof here);
+            fprintf(stderr, "team_gap %.0f us from %s to %s\n", 1e6 * (now - last_task_end), last_task_at, here);
+        }
+    }
     atomic_store_explicit(&tm->finished, 0, memory_order_relaxed);
     const uint64_t task = (atomic_load_explicit(&tm->claim, memory_order_relaxed) >> 32) + 1;
     atomic_store_explicit(&tm->claim, task << 32 | (uint64_t)pieces << 16, memory_order_release); /* publishes fn, ctx */
@@ -184,6 +226,7 @@ void cgi_team_pieces(void (*fn)(void *ctx, int piece), void *ctx, int pieces) {
     in_task = false; /* thread 0's pieces are done: what follows only waits */
     if (atomic_load_explicit(&tm->finished, memory_order_acquire) >= pieces) {
         if (p0 > 0) prof_shared += p1 - p0;
+        if (team_stats > 1) task_ended();
         return;
     }
     const double t0 = omp_get_wtime();
@@ -195,6 +238,7 @@ void cgi_team_pieces(void (*fn)(void *ctx, int piece), void *ctx, int pieces) {
     }
     atomic_fetch_add_explicit(&stat_wait_ns, (long long)(1e9 * waited), memory_order_relaxed);
     if (cgi_team_stalled(waited, own)) tm->stalled = true;
+    if (team_stats > 1) task_ended();
 }
 
 /* The ops between the products (layer norms, residual adds, attention's backward) ran on thread 0
@@ -345,7 +389,14 @@ static void helper_loop(team *tm) {
     double idle_since = omp_get_wtime();
     unsigned spins = 0;
     long tasks = 0, yields = 0, naps = 0, rests = 0;
+    int state = 0; /* 0 spinning, 1 yielding, 2 napping: what the helper did when a task came */
+    long late_n[3] = {0}; double late_s[3] = {0};
     const double start = omp_get_wtime();
+    /* A large run's span never naps: its helper waits microseconds between tasks but, after a
+     * stretch of thread 0 alone, took the next task a nap late (up to 200 us plus the wake). Another
+     * busy process is the cores guard's to see (graph/cores.c): it keeps such runs on one thread,
+     * without a span; a yielding helper gives up its core to whoever wants it meanwhile. */
+    const double nap_after = tm->large ? INFINITY : YIELD_S;
     while (!atomic_load_explicit(&tm->stop, memory_order_acquire)) {
         const int rest = atomic_load_explicit(&tm->rest, memory_order_relaxed);
         if (rest == LEAVE) break; /* sleep in the region's barrier until the span ends */
@@ -358,6 +409,11 @@ static void helper_loop(team *tm) {
         const uint64_t task = atomic_load_explicit(&tm->claim, memory_order_acquire) >> 32;
         if (task != seen) {
             seen = task;
+            if (team_stats) {
+                const double late = omp_get_wtime() - atomic_load_explicit(&tm->published, memory_order_relaxed);
+                late_n[state]++, late_s[state] += late;
+            }
+            state = 0;
             take_pieces(tm, task);
             tasks++;
             idle_since = omp_get_wtime(), spins = 0;
@@ -369,12 +425,14 @@ static void helper_loop(team *tm) {
         }
         const double idle = omp_get_wtime() - idle_since;
         if (idle < SPIN_S) spin_pause();
-        else if (idle < YIELD_S) sched_yield(), yields++;
-        else nap(200000), naps++;
+        else if (idle < nap_after) sched_yield(), yields++, state = 1;
+        else nap(200000), naps++, state = 2, atomic_fetch_add_explicit(&stat_naps, 1, memory_order_relaxed);
     }
-    if (getenv("CGRAD_TEAM_STATS"))
-        fprintf(stderr, "helper: %.0f us, %ld tasks seen, %ld yields, %ld naps, %ld rests\n", 1e6 * (omp_get_wtime() - start),
-                tasks, yields, naps, rests);
+    if (team_stats)
+        fprintf(stderr, "helper: %.0f us, %ld tasks seen, %ld yields, %ld naps, %ld rests; tasks found spinning %ld "
+                "(%.1f us late on average), yielding %ld (%.1f us), napping %ld (%.1f us)\n", 1e6 * (omp_get_wtime() - start),
+                tasks, yields, naps, rests, late_n[0], late_n[0] ? 1e6 * late_s[0] / late_n[0] : 0.0, late_n[1],
+                late_n[1] ? 1e6 * late_s[1] / late_n[1] : 0.0, late_n[2], late_n[2] ? 1e6 * late_s[2] / late_n[2] : 0.0);
 }
 
 static cg_status span(cg_status (*body)(void *ctx), void *ctx, bool large) {
@@ -386,6 +444,10 @@ static cg_status span(cg_status (*body)(void *ctx), void *ctx, bool large) {
     cg_status st = CG_OK;
     if (n < 2 || omp_in_parallel()) return body(ctx); /* no helpers: each run as without a team */
     team tm = {.helpers = n - 1, .large = large};
+    if (team_stats < 0) team_stats = !getenv("CGRAD_TEAM_STATS") ? 0 : atoi(getenv("CGRAD_TEAM_STATS")) > 1 ? 2 : 1;
+    last_task_end = 0, note_at = 0, in_ops = 0, between_ops = 0, note_t = NULL;
+    const double span_t0 = omp_get_wtime();
+    double body_t0 = 0, body_t1 = 0;
     /* resume the guard where the last span left it */
     int rest = SHARE;
     const int mode = guard();
@@ -406,18 +468,23 @@ static cg_status span(cg_status (*body)(void *ctx), void *ctx, bool large) {
 #pragma omp parallel num_threads(n)
     {
         if (omp_get_thread_num() == 0) {
+            body_t0 = omp_get_wtime();
             my_team = &tm, in_span = true;
             st = body(ctx);
             my_team = NULL, in_span = false;
             atomic_store_explicit(&tm.stop, 1, memory_order_release);
+            body_t1 = omp_get_wtime();
         } else helper_loop(&tm);
     }
     if (getenv("CGRAD_TEAM_STATS")) {
         cgi_team_counts c;
         cgi_team_stats(&c);
         fprintf(stderr, "team: %lld runs with helpers, %lld without, %lld of %lld pieces by helpers, %lld stalls, "
-                "thread 0 waited %.1f us a run with helpers\n", c.runs_with_helpers, c.runs_without, c.helper_pieces,
-                c.pieces, c.stalls, c.runs_with_helpers ? 1e-3 * (double)c.wait_ns / (double)c.runs_with_helpers : 0.0);
+                "thread 0 waited %.1f us a run with helpers; this span %.0f us: thread 0 %.0f us in ops (from the first to "
+                "the last), %.0f us between them, %.0f us before its body, %.0f us after\n", c.runs_with_helpers, c.runs_without, c.helper_pieces,
+                c.pieces, c.stalls, c.runs_with_helpers ? 1e-3 * (double)c.wait_ns / (double)c.runs_with_helpers : 0.0,
+                1e6 * (omp_get_wtime() - span_t0), 1e6 * in_ops, 1e6 * between_ops, 1e6 * (body_t0 - span_t0),
+                1e6 * (omp_get_wtime() - body_t1));
     }
     return st;
 }

@@ -54,17 +54,21 @@ cg_tensor *cg_cross_entropy_smooth(cg_graph *g, cg_tensor *logits, cg_tensor *ta
         EACH;                                                                                               \
     }
 
-CGI_WIDE cg_status cgi_fwd_cross_entropy(cg_tensor *t) {
-    cg_tensor *lg = t->src[0], *tg = t->src[1];
+/* cross_entropy's rows, for cgi_par_ranges: each row's loss and log-sum-exp (forward), or its
+ * gradient (backward), alone, so the bits do not depend on how the rows are cut. */
+typedef struct {
+    cg_tensor *t;
+    bool in_place;
+    cg_real gscale;
+} ce_rows_args;
+
+CGI_WIDE static void ce_fwd_rows(int64_t lo, int64_t hi, void *ctx) {
+    const cg_tensor *t = ((const ce_rows_args *)ctx)->t, *lg = t->src[0], *tg = t->src[1];
     const int64_t c = lg->shape[lg->ndim - 1], rows = cgi_numel(tg->ndim, tg->shape);
     const int32_t *T = tg->data, ignore = (int32_t)t->iarg[0];
-    int64_t count = 0;
-    FOR_COUNTED_TARGETS("cross_entropy", tg, c, ignore, r, k, count++);
-    const cg_real *X = lg->data;
+    const cg_real *X = lg->data, eps = (cg_real)t->farg[0];
     cg_real *lse = t->aux, *loss = lse + rows;
-    const cg_real eps = (cg_real)t->farg[0];
-#pragma omp parallel for schedule(static) if (rows * c > CGI_PAR_MIN) num_threads(cgi_nthreads())
-    for (int64_t r = 0; r < rows; r++) {
+    for (int64_t r = lo; r < hi; r++) {
         int32_t k = T[cgi_elem_offset(tg, r)];
         if (k == ignore) {
             loss[r] = 0;
@@ -76,11 +80,44 @@ CGI_WIDE cg_status cgi_fwd_cross_entropy(cg_tensor *t) {
         /* smoothing e spreads e / C of the target's mass over every class, as torch */
         loss[r] = lse[r] - (1 - eps) * x[k] - (eps ? eps / (cg_real)c * (cg_real)cgi_row_sum(x, c) : 0);
     }
+}
+
+CGI_WIDE cg_status cgi_fwd_cross_entropy(cg_tensor *t) {
+    cg_tensor *lg = t->src[0], *tg = t->src[1];
+    const int64_t c = lg->shape[lg->ndim - 1], rows = cgi_numel(tg->ndim, tg->shape);
+    int64_t count = 0;
+    FOR_COUNTED_TARGETS("cross_entropy", tg, c, (int32_t)t->iarg[0], r, k, count++);
+    const cg_real *loss = (cg_real *)t->aux + rows;
+    ce_rows_args a = {t, false, 0};
+    cgi_par_ranges(rows, rows * c, ce_fwd_rows, &a);
     double total = 0;
     for (int64_t r = 0; r < rows; r++) total += loss[r];
     t->iarg[1] = count;
     *(cg_real *)t->data = (cg_real)(count ? total / (double)count : 0.0);
     return CG_OK;
+}
+
+CGI_WIDE static void ce_bwd_rows(int64_t lo, int64_t hi, void *ctx) {
+    const ce_rows_args *a = ctx;
+    const cg_tensor *t = a->t, *lg = t->src[0], *tg = t->src[1];
+    const int64_t c = lg->shape[lg->ndim - 1];
+    const int32_t *T = tg->data, ignore = (int32_t)t->iarg[0];
+    const bool in_place = a->in_place;
+    const cg_real gscale = a->gscale, *X = lg->data, *lse = t->aux;
+    const cg_real eps = (cg_real)t->farg[0], spread = eps / (cg_real)c;
+    cg_real *DX = lg->grad;
+    for (int64_t r = lo; r < hi; r++) {
+        int32_t k = T[cgi_elem_offset(tg, r)];
+        const cg_real *x = X + r * c;
+        cg_real *dx = DX + r * c;
+        if (k == ignore) {
+            if (in_place) memset(dx, 0, (size_t)c * sizeof *dx);
+            continue;
+        }
+        if (in_place) for (int64_t j = 0; j < c; j++) dx[j] = gscale * (cgi_exp(x[j] - lse[r]) - spread);
+        else for (int64_t j = 0; j < c; j++) dx[j] += gscale * (cgi_exp(x[j] - lse[r]) - spread);
+        dx[k] -= gscale * (1 - eps);
+    }
 }
 
 CGI_WIDE void cgi_bwd_cross_entropy(cg_tensor *t) {
@@ -93,23 +130,8 @@ CGI_WIDE void cgi_bwd_cross_entropy(cg_tensor *t) {
         return;
     }
     const int64_t c = lg->shape[lg->ndim - 1], rows = cgi_numel(tg->ndim, tg->shape);
-    const int32_t *T = tg->data, ignore = (int32_t)t->iarg[0];
-    const cg_real gscale = t->grad[0] / (cg_real)t->iarg[1], *X = lg->data, *lse = t->aux;
-    const cg_real eps = (cg_real)t->farg[0], spread = eps / (cg_real)c;
-    cg_real *DX = lg->grad;
-#pragma omp parallel for schedule(static) if (rows * c > CGI_PAR_MIN) num_threads(cgi_nthreads())
-    for (int64_t r = 0; r < rows; r++) {
-        int32_t k = T[cgi_elem_offset(tg, r)];
-        const cg_real *x = X + r * c;
-        cg_real *dx = DX + r * c;
-        if (k == ignore) {
-            if (in_place) memset(dx, 0, (size_t)c * sizeof *dx);
-            continue;
-        }
-        if (in_place) for (int64_t j = 0; j < c; j++) dx[j] = gscale * (cgi_exp(x[j] - lse[r]) - spread);
-        else for (int64_t j = 0; j < c; j++) dx[j] += gscale * (cgi_exp(x[j] - lse[r]) - spread);
-        dx[k] -= gscale * (1 - eps);
-    }
+    ce_rows_args a = {t, in_place, t->grad[0] / (cg_real)t->iarg[1]};
+    cgi_par_ranges(rows, rows * c, ce_bwd_rows, &a);
 }
 
 /* ---- linear + cross-entropy in row chunks: iarg[0] ignore_index, iarg[1] counted rows, iarg[2]
@@ -373,11 +395,32 @@ static void lce_pack_w(const lce *c, int64_t k, int64_t n, int64_t off, int64_t 
     cgi_ukr_pack_b(&c->u, k, n, c->W + off, rs, cs, dst);
 }
 
+/* The passes over a chunk's rows between its products (gathering, merging, scattering) ran on
+ * thread 0 alone inside a team: 3.3 ms of a gpt-tiny two-thread step's ~230 (CGRAD_PROFILE's time
+ * alone, 8 chunks of 512 rows each way). They run as row ranges a team shares (cgi_par_ranges);
+ * each row is computed alone, so the bits do not depend on the cut. */
+typedef struct {
+    const lce *c;
+    int64_t r0, m;
+    cg_real scale;
+} lce_rows_args;
+
+/* Tiles [q0, q1) of the micro-kernel's rows: gathered into xs, and on the fused path packed as A
+ * (a panel per tile, so packing tiles apart gives the bytes of packing them at once). */
+static void lce_gather_tiles(int64_t q0, int64_t q1, void *ctx) {
+    const lce_rows_args *a = ctx;
+    const lce *c = a->c;
+    const int64_t mr = c->p ? c->u.mr : 1, i0 = q0 * mr, i1 = q1 * mr < a->m ? q1 * mr : a->m;
+    for (int64_t i = i0; i < i1; i++)
+        memcpy(c->xs + i * c->d, c->X + (int64_t)c->index[a->r0 + i] * c->d, (size_t)c->d * sizeof(cg_real));
+    if (c->p) cgi_ukr_pack_a(&c->u, i1 - i0, c->d, c->xs + i0 * c->d, c->d, 1, c->fused + c->p->xa + q0 * c->u.pmr * c->d);
+}
+
 /* Gathers rows [r0, r0+m) of the counted list into c->xs; the fused path also packs them as A. */
 static void lce_gather(const lce *c, int64_t r0, int64_t m) {
-    for (int64_t i = 0; i < m; i++)
-        memcpy(c->xs + i * c->d, c->X + (int64_t)c->index[r0 + i] * c->d, (size_t)c->d * sizeof(cg_real));
-    if (c->p) cgi_ukr_pack_a(&c->u, m, c->d, c->xs, c->d, 1, c->fused + c->p->xa);
+    const int64_t mr = c->p ? c->u.mr : 1;
+    const lce_rows_args a = {c, r0, m, 1};
+    cgi_par_ranges((m + mr - 1) / mr, m * c->d, lce_gather_tiles, (void *)&a);
 }
 
 /* The fused path keeps a chunk's logits slab after slab, each slab's rows w apart: the gradients
@@ -459,28 +502,36 @@ static void lce_rows_piece(void *ctx, int q) {
     if (i1 > i0) lce_slab_rows(k->c, k->r0, i0, i1, 0, k->c->fused + k->c->p->pw);
 }
 
+/* Rows [lo, hi) of the chunk: the slabs' partial sums, merged in slab order into the log-sum-exp. */
+static void lce_merge_lse(int64_t lo, int64_t hi, void *ctx) {
+    const lce_rows_args *a = ctx;
+    const lce *c = a->c;
+    const lce_params *p = c->p;
+    for (int64_t i = lo; i < hi; i++) {
+        const cg_real *o = c->fused + p->st + i * p->ns * 2;
+        cg_real mx = -INFINITY;
+        for (int64_t s = 0; s < p->ns; s++) mx = o[2 * s] > mx ? o[2 * s] : mx;
+        double sum = 0;
+        for (int64_t s = 0; s < p->ns; s++)
+            if (o[2 * s + 1] != 0) sum += (double)o[2 * s + 1] * exp((double)o[2 * s] - mx);
+        c->lse[a->r0 + i] = mx + (cg_real)log(sum);
+    }
+}
+
 /* Computes rows [r0, r0+m) of the counted list's logits into c->logits; fused: with each row's
  * log-sum-exp into c->lse */
 static void lce_logits(const lce *c, int64_t r0, int64_t m, bool bwd) {
     lce_gather(c, r0, m);
     if (c->p) {
         const lce_params *p = c->p;
-        cg_real *st = c->fused + p->st;
         const lce_slabs_task k = {c, r0, m};
         if (p->ns == 1) { /* one slab: W packed once, its rows in parts */
             lce_pack_w(c, c->d, c->v, 0, c->wc, c->wr, c->fused + p->pw);
             cgi_slot_pieces(LCE_PARTS, p->slots, lce_rows_piece, (void *)&k);
         } else
             cgi_slot_pieces(p->ns, p->slots, lce_slab_piece, (void *)&k); /* each slab in its thread's slot */
-        for (int64_t i = 0; i < m; i++) { /* the slabs' partial sums, merged in slab order */
-            const cg_real *o = st + i * p->ns * 2;
-            cg_real mx = -INFINITY;
-            for (int64_t s = 0; s < p->ns; s++) mx = o[2 * s] > mx ? o[2 * s] : mx;
-            double sum = 0;
-            for (int64_t s = 0; s < p->ns; s++)
-                if (o[2 * s + 1] != 0) sum += (double)o[2 * s + 1] * exp((double)o[2 * s] - mx);
-            c->lse[r0 + i] = mx + (cg_real)log(sum);
-        }
+        const lce_rows_args a = {c, r0, m, 1};
+        cgi_par_ranges(m, m * p->ns * 8, lce_merge_lse, (void *)&a); /* an exp weighs some 8 elements' pass */
         return;
     }
     if (c->B) {
@@ -608,6 +659,17 @@ static void lce_one_slab_cols(void *ctx, int q) {
     }
 }
 
+static void lce_merge_dx(int64_t lo, int64_t hi, void *ctx);
+
+/* Panels [q0, q1) of the chunk's xs [m, d] packed as B (dW's operand): a panel per nr columns, so
+ * packing panels apart gives the bytes of packing them at once. */
+static void lce_pack_xs_panels(int64_t q0, int64_t q1, void *ctx) {
+    const lce_rows_args *a = ctx;
+    const lce *c = a->c;
+    const int64_t nr = c->u.nr, j0 = q0 * nr, j1 = q1 * nr < c->d ? q1 * nr : c->d;
+    cgi_ukr_pack_b(&c->u, a->m, j1 - j0, c->xs + j0, c->d, 1, c->fused + c->p->xb + q0 * c->u.pnr * a->m);
+}
+
 /* The fused path's gradients over one chunk of m rows from r0 (logits in place: forward's e^(z - max),
  * or recomputed), for an upstream gradient of gscale * (counted rows): dW (+)= into w's gradient
  * (w_assign: written, not added to); dX into dxu's rows of the chunk; the bias's gradient added to
@@ -615,12 +677,15 @@ static void lce_one_slab_cols(void *ctx, int q) {
 static void lce_grads(const lce *c, int64_t r0, int64_t m, bool recompute, cg_real gscale, bool w_assign, bool ahead) {
     cg_tensor *x = c->t->src[0], *w = c->t->src[1], *b = c->t->nsrc > 3 ? c->t->src[3] : NULL;
     const lce_params *p = c->p;
-    const int64_t d = c->d, cap = c->t->iarg[2];
+    const int64_t d = c->d;
     const bool dx = x->requires_grad, dw = w->requires_grad, db = b && b->requires_grad;
-    cg_real *xb = c->fused + p->xb, *dxp = c->fused + p->dxp, *dxu = c->fused + p->dxu + r0 * d;
+    cg_real *dxu = c->fused + p->dxu + r0 * d;
     lce_grads_task k = {c, r0, m, recompute, w_assign, dx, dw, db, gscale,
                         ahead ? c->fused + p->dbu : db ? b->grad : NULL, ahead ? 1 : db ? b->stride[0] : 0, dxu};
-    if (dw) cgi_ukr_pack_b(&c->u, m, d, c->xs, d, 1, xb);
+    if (dw) { /* xs packed as B, by panels of its columns */
+        const lce_rows_args a = {c, r0, m, 1};
+        cgi_par_ranges((d + c->u.nr - 1) / c->u.nr, m * d, lce_pack_xs_panels, (void *)&a);
+    }
     if (p->ns == 1) { /* one slab: its rows' parts, then its columns' */
         if (recompute) lce_pack_w(c, d, c->v, 0, c->wc, c->wr, c->fused + p->pw);
         if (dx) lce_pack_w(c, c->v, d, 0, c->wr, c->wc, c->fused + p->slot + p->pa_n);
@@ -635,23 +700,44 @@ static void lce_grads(const lce *c, int64_t r0, int64_t m, bool recompute, cg_re
         return; /* one group: no partial sums to add */
     }
     cgi_slot_pieces(p->groups, p->slots, lce_group_piece, &k); /* each group in its thread's slot */
-    if (dx) /* the groups' partials in order */
-        for (int64_t i = 0; i < m; i++)
-            for (int64_t e = 0; e < d; e++) {
-                cg_real sum = dxu[i * d + e];
-                for (int64_t g = 1; g < p->groups; g++) sum += dxp[(g - 1) * cap * d + i * d + e];
-                dxu[i * d + e] = sum;
-            }
+    if (dx) { /* the groups' partials in order */
+        const lce_rows_args a = {c, r0, m, 1};
+        cgi_par_ranges(m, m * d * p->groups, lce_merge_dx, (void *)&a);
+    }
+}
+
+/* dX (dxu) of chunk rows [lo, hi) from the groups' partial sums, added in group order. */
+static void lce_merge_dx(int64_t lo, int64_t hi, void *ctx) {
+    const lce_rows_args *a = ctx;
+    const lce *c = a->c;
+    const lce_params *p = c->p;
+    const int64_t d = c->d, cap = c->t->iarg[2];
+    const cg_real *dxp = c->fused + p->dxp;
+    cg_real *dxu = c->fused + p->dxu + a->r0 * d;
+    for (int64_t i = lo; i < hi; i++)
+        for (int64_t e = 0; e < d; e++) {
+            cg_real sum = dxu[i * d + e];
+            for (int64_t g = 1; g < p->groups; g++) sum += dxp[(g - 1) * cap * d + i * d + e];
+            dxu[i * d + e] = sum;
+        }
+}
+
+/* Rows [lo, hi) of lce_scatter_dx: the counted rows are distinct rows of x */
+static void lce_scatter_rows(int64_t lo, int64_t hi, void *ctx) {
+    const lce_rows_args *a = ctx;
+    const lce *c = a->c;
+    cg_tensor *x = c->t->src[0];
+    const cg_real *dxu = c->fused + c->p->dxu + a->r0 * c->d, scale = a->scale;
+    for (int64_t i = lo; i < hi; i++) {
+        cg_real *dst = x->grad + (int64_t)c->index[a->r0 + i] * c->d;
+        for (int64_t e = 0; e < c->d; e++) dst[e] += scale * dxu[i * c->d + e];
+    }
 }
 
 /* dX of the chunk's m rows from r0 (dxu) times scale, added to their rows of x's gradient */
 static void lce_scatter_dx(const lce *c, int64_t r0, int64_t m, cg_real scale) {
-    cg_tensor *x = c->t->src[0];
-    const cg_real *dxu = c->fused + c->p->dxu + r0 * c->d;
-    for (int64_t i = 0; i < m; i++) {
-        cg_real *dst = x->grad + (int64_t)c->index[r0 + i] * c->d;
-        for (int64_t e = 0; e < c->d; e++) dst[e] += scale * dxu[i * c->d + e];
-    }
+    const lce_rows_args a = {c, r0, m, scale};
+    cgi_par_ranges(m, m * c->d, lce_scatter_rows, (void *)&a);
 }
 
 /* Whether this forward computes the gradients ahead (see above): the fused path in a graph that
@@ -714,16 +800,25 @@ static void lce_bias_grad(const lce *c, cg_tensor *b, int64_t m) {
     }
 }
 
+typedef struct {
+    cg_real *x, by;
+} scale_args;
+
+static void scale_range(int64_t lo, int64_t hi, void *ctx) {
+    const scale_args *a = ctx;
+    for (int64_t i = lo; i < hi; i++) a->x[i] *= a->by;
+}
+
 /* Backward of a forward that computed the gradients ahead: w's gradient is claimed and scaled by the
  * upstream gradient g, and dX and the bias's gradient, times g, added. */
 static void lce_bwd_ahead(const lce *c, cg_real g) {
     cg_tensor *x = c->t->src[0], *w = c->t->src[1], *b = c->t->nsrc > 3 ? c->t->src[3] : NULL;
     if (w->requires_grad) {
         w->grad_stale = false, w->grad_ahead = NULL; /* it holds this op's term only: the first writer's */
-        const int64_t n = c->v * c->d;
-        if (g != 1)
-#pragma omp parallel for schedule(static) if (n > CGI_PAR_MIN) num_threads(cgi_nthreads())
-            for (int64_t i = 0; i < n; i++) w->grad[i] *= g;
+        if (g != 1) {
+            const scale_args a = {w->grad, g};
+            cgi_par_ranges(c->v * c->d, c->v * c->d, scale_range, (void *)&a);
+        }
     }
     if (x->requires_grad) {
         cgi_grad_prepare(x);
@@ -843,19 +938,26 @@ cg_tensor *cg_bce_with_logits(cg_graph *g, cg_tensor *logits, cg_tensor *target)
 /* max(x, 0) - x t + log(1 + e^-|x|): log-sigmoid without overflow for any x */
 static inline double bce_term(double x, double t) { return (x > 0 ? x : 0) - x * t + log1p(exp(-fabs(x))); }
 
-static cg_status elementwise_loss_fwd(cg_tensor *t) {
-    const cg_tensor *a = t->src[0];
+/* Blocks [lo, hi) of EW_BLOCK elements, each block's partial sum, for cgi_par_ranges. */
+static void elementwise_loss_blocks(int64_t lo, int64_t hi, void *ctx) {
+    const cg_tensor *t = ctx, *a = t->src[0];
     const cg_real *A = a->data, *B = t->src[1]->data;
-    const int64_t n = cgi_numel(a->ndim, a->shape), blocks = (n + EW_BLOCK - 1) / EW_BLOCK;
+    const int64_t n = cgi_numel(a->ndim, a->shape);
     const bool mse = t->op == CGI_OP_MSE_LOSS;
     double *part = t->aux;
-#pragma omp parallel for schedule(static) if (n > CGI_PAR_MIN) num_threads(cgi_nthreads())
-    for (int64_t k = 0; k < blocks; k++) {
+    for (int64_t k = lo; k < hi; k++) {
         double s = 0;
         for (int64_t i = k * EW_BLOCK; i < n && i < (k + 1) * EW_BLOCK; i++)
             s += mse ? ((double)A[i] - B[i]) * ((double)A[i] - B[i]) : bce_term(A[i], B[i]);
         part[k] = s;
     }
+}
+
+static cg_status elementwise_loss_fwd(cg_tensor *t) {
+    const cg_tensor *a = t->src[0];
+    const int64_t n = cgi_numel(a->ndim, a->shape), blocks = (n + EW_BLOCK - 1) / EW_BLOCK;
+    const double *part = t->aux;
+    cgi_par_ranges(blocks, n, elementwise_loss_blocks, t);
     double total = 0;
     for (int64_t k = 0; k < blocks; k++) total += part[k];
     *(cg_real *)t->data = (cg_real)(n ? total / (double)n : 0.0);
@@ -864,15 +966,13 @@ static cg_status elementwise_loss_fwd(cg_tensor *t) {
 
 /* mse: d/dpred = 2 (pred - target) / n, d/dtarget its negative; bce: d/dx = (sigmoid(x) - t) / n,
  * d/dt = -x / n */
-static void elementwise_loss_bwd(cg_tensor *t) {
-    cg_tensor *a = t->src[0], *b = t->src[1];
+static void elementwise_loss_grads(int64_t lo, int64_t hi, void *ctx) {
+    const cg_tensor *t = ctx, *a = t->src[0], *b = t->src[1];
     const int64_t n = cgi_numel(a->ndim, a->shape);
-    if (!n) return;
     const cg_real *A = a->data, *B = b->data, k = t->grad[0] / (cg_real)n;
     const bool mse = t->op == CGI_OP_MSE_LOSS;
     cg_real *DA = a->requires_grad ? a->grad : NULL, *DB = b->requires_grad ? b->grad : NULL;
-#pragma omp parallel for schedule(static) if (n > CGI_PAR_MIN) num_threads(cgi_nthreads())
-    for (int64_t i = 0; i < n; i++) {
+    for (int64_t i = lo; i < hi; i++) {
         if (mse) {
             const cg_real d = 2 * k * (A[i] - B[i]);
             if (DA) DA[i] += d;
@@ -882,6 +982,11 @@ static void elementwise_loss_bwd(cg_tensor *t) {
             if (DB) DB[i] -= k * A[i];
         }
     }
+}
+
+static void elementwise_loss_bwd(cg_tensor *t) {
+    const int64_t n = cgi_numel(t->src[0]->ndim, t->src[0]->shape);
+    if (n) cgi_par_ranges(n, n, elementwise_loss_grads, t);
 }
 
 cg_status cgi_fwd_mse_loss(cg_tensor *t) { return elementwise_loss_fwd(t); }
@@ -913,13 +1018,12 @@ cg_tensor *cg_cross_entropy_soft(cg_graph *g, cg_tensor *logits, cg_tensor *prob
     return t;
 }
 
-cg_status cgi_fwd_cross_entropy_soft(cg_tensor *t) {
-    const cg_tensor *lg = t->src[0];
-    const int64_t c = lg->shape[lg->ndim - 1], rows = c ? cgi_numel(lg->ndim, lg->shape) / c : 0;
+static void soft_ce_rows(int64_t lo, int64_t hi, void *ctx) {
+    const cg_tensor *t = ctx, *lg = t->src[0];
+    const int64_t c = lg->shape[lg->ndim - 1], rows = cgi_numel(lg->ndim, lg->shape) / c;
     const cg_real *X = lg->data, *P = t->src[1]->data;
     cg_real *lse = t->aux, *loss = lse + rows;
-#pragma omp parallel for schedule(static) if (rows * c > CGI_PAR_MIN) num_threads(cgi_nthreads())
-    for (int64_t r = 0; r < rows; r++) {
+    for (int64_t r = lo; r < hi; r++) {
         const cg_real *x = X + r * c, *p = P + r * c;
         const cg_real mx = cgi_row_max(x, c);
         lse[r] = mx + (cg_real)log(cgi_sum_exp(x, c, mx, NULL));
@@ -928,6 +1032,13 @@ cg_status cgi_fwd_cross_entropy_soft(cg_tensor *t) {
             if (p[j] != 0) s += (double)p[j] * (lse[r] - x[j]); /* a zero target never meets an -inf logit */
         loss[r] = (cg_real)s;
     }
+}
+
+cg_status cgi_fwd_cross_entropy_soft(cg_tensor *t) {
+    const cg_tensor *lg = t->src[0];
+    const int64_t c = lg->shape[lg->ndim - 1], rows = c ? cgi_numel(lg->ndim, lg->shape) / c : 0;
+    const cg_real *loss = (cg_real *)t->aux + rows;
+    if (rows) cgi_par_ranges(rows, rows * c, soft_ce_rows, t);
     double total = 0;
     for (int64_t r = 0; r < rows; r++) total += loss[r];
     *(cg_real *)t->data = (cg_real)(rows ? total / (double)rows : 0.0);
@@ -935,13 +1046,11 @@ cg_status cgi_fwd_cross_entropy_soft(cg_tensor *t) {
 }
 
 /* d/dx_c = softmax_c * sum(p) - p_c; d/dp_c = lse - x_c; both over rows */
-void cgi_bwd_cross_entropy_soft(cg_tensor *t) {
-    cg_tensor *lg = t->src[0], *pt = t->src[1];
-    const int64_t c = lg->shape[lg->ndim - 1], rows = c ? cgi_numel(lg->ndim, lg->shape) / c : 0;
-    if (!rows) return;
+static void soft_ce_grad_rows(int64_t lo, int64_t hi, void *ctx) {
+    const cg_tensor *t = ctx, *lg = t->src[0], *pt = t->src[1];
+    const int64_t c = lg->shape[lg->ndim - 1], rows = cgi_numel(lg->ndim, lg->shape) / c;
     const cg_real *X = lg->data, *P = pt->data, *lse = t->aux, k = t->grad[0] / (cg_real)rows;
-#pragma omp parallel for schedule(static) if (rows * c > CGI_PAR_MIN) num_threads(cgi_nthreads())
-    for (int64_t r = 0; r < rows; r++) {
+    for (int64_t r = lo; r < hi; r++) {
         const cg_real *x = X + r * c, *p = P + r * c;
         if (lg->requires_grad) {
             double sp = 0;
@@ -954,4 +1063,10 @@ void cgi_bwd_cross_entropy_soft(cg_tensor *t) {
             for (int64_t j = 0; j < c; j++) dp[j] += k * (lse[r] - x[j]);
         }
     }
+}
+
+void cgi_bwd_cross_entropy_soft(cg_tensor *t) {
+    const cg_tensor *lg = t->src[0];
+    const int64_t c = lg->shape[lg->ndim - 1], rows = c ? cgi_numel(lg->ndim, lg->shape) / c : 0;
+    if (rows) cgi_par_ranges(rows, rows * c, soft_ce_grad_rows, t);
 }

@@ -283,6 +283,33 @@ static void update_range(cg_optim *o, int i, int64_t a, int64_t e, const cg_real
 
 cg_status cg_optim_step(cg_optim *o, double lr) { return cg_optim_step_scaled(o, lr, 1.0); }
 
+/* The passes over the blocks in their NCHUNK fixed chunks, for cgi_par_ranges (a team shares the
+ * chunks; an OpenMP loop inside a span ran on thread 0 alone): the update (o set), the gradient
+ * norm's partial sums (part set) or the gradients' scaling. Each chunk is computed alone. */
+typedef struct {
+    cg_optim *o;
+    cg_params *ps;
+    const coefs *k;
+    double *part;
+    cg_real *grads; /* scaling: the gradients, times by */
+    cg_real by;
+} chunks_args;
+
+static void step_chunks(int64_t c0, int64_t c1, void *ctx) {
+    const chunks_args *c = ctx;
+    cg_optim *o = c->o;
+    const cg_real *G = cgi_params_grads(c->ps);
+    const int n = o->n;
+    const int64_t base = o->lo, len = o->hi - o->lo;
+    for (int ch = (int)c0; ch < (int)c1; ch++) {
+        int64_t lo, hi;
+        chunk_bounds(len, ch, &lo, &hi);
+        lo += base, hi += base;
+        if (lo >= hi) continue;
+        FOR_RANGES(c->ps, n, lo, hi, { update_range(o, i, a, e, G + a, c->k); })
+    }
+}
+
 /* The checks of a step (f names the caller) and its coefficients for the update count's next step. */
 static cg_status step_coefs(cg_optim *o, double lr, double grad_scale, const char *f, coefs *k) {
     if (!o) return cgi_fail(CG_ERR_ARG, "%s optimizer is NULL", f);
@@ -318,21 +345,11 @@ cg_status cg_optim_step_scaled(cg_optim *o, double lr, double grad_scale) {
     if (o->graph)
         return cgi_fail(CG_ERR_STATE, "[optim_step] the optimizer is attached to a graph (cg_optim_attach), whose "
                         "backward keeps no gradients: step with cg_optim_backward_step");
-    cg_params *ps = o->ps;
-    cgi_params_settle(ps, 0, -1); /* unused parameters' gradients read as zero */
-    const cg_real *G = cgi_params_grads(ps);
-    const int n = o->n;
-    const int64_t base = o->lo, len = o->hi - o->lo;
-#pragma omp parallel for schedule(static) if (len > CGI_PAR_MIN) num_threads(cgi_nthreads())
-    for (int ch = 0; ch < NCHUNK; ch++) {
-        int64_t lo, hi;
-        chunk_bounds(len, ch, &lo, &hi);
-        lo += base, hi += base;
-        if (lo >= hi) continue;
-        FOR_RANGES(ps, n, lo, hi, { update_range(o, i, a, e, G + a, &k); })
-    }
+    cgi_params_settle(o->ps, 0, -1); /* unused parameters' gradients read as zero */
+    const chunks_args c = {o, o->ps, &k, NULL, NULL, 0};
+    cgi_par_ranges(NCHUNK, o->hi - o->lo, step_chunks, (void *)&c);
     o->steps++;
-    cgi_params_stepped(ps); /* the trainable weights' bf16 copies are remade once, at their next use */
+    cgi_params_stepped(o->ps); /* the trainable weights' bf16 copies are remade once, at their next use */
     return CG_OK;
 }
 
@@ -341,7 +358,10 @@ cg_status cg_optim_step_scaled(cg_optim *o, double lr, double grad_scale) {
 /* Parameter i's update in place over its own elements [lo, hi) of the block, its gradient a copy
  * of its own (element lo's at g), in pieces on the run's threads: the same elementwise arithmetic
  * as cg_optim_step's, so the same bits. */
-enum { UPDATE_PIECE = 1 << 16 }; /* a multiple of 16 elements: no cache line shared by two threads */
+/* A multiple of 16 elements: no cache line shared by two threads. 2^14, not 2^16: inside a team a
+ * parameter of one piece (gpt-tiny's 256 x 256 projections and embeddings, 2^16 elements) was
+ * updated on thread 0 alone, and a team shares pieces from 2^14 elements (CGI_TEAM_PART_MIN). */
+enum { UPDATE_PIECE = 1 << 14 };
 
 typedef struct {
     cg_optim *o;
@@ -485,26 +505,47 @@ static double sum_squares(const cg_real *x, int64_t n) {
     return s;
 }
 
-/* The norm's pass alone: chunk sums in a fixed order, so the same bits at any thread count. */
-static double grad_norm(cg_params *ps) {
-    int64_t span = cg_params_span(ps);
-    int n = cg_params_count(ps);
-    cgi_params_settle(ps, 0, -1);
-    const cg_real *G = cgi_params_grads(ps);
-    double part[NCHUNK];
-#pragma omp parallel for schedule(static) if (span > CGI_PAR_MIN) num_threads(cgi_nthreads())
-    for (int ch = 0; ch < NCHUNK; ch++) {
+static void norm_chunks(int64_t c0, int64_t c1, void *ctx) {
+    const chunks_args *c = ctx;
+    const int64_t span = cg_params_span(c->ps);
+    const int n = cg_params_count(c->ps);
+    const cg_real *G = cgi_params_grads(c->ps);
+    for (int ch = (int)c0; ch < (int)c1; ch++) {
         int64_t lo, hi;
         chunk_bounds(span, ch, &lo, &hi);
         double s = 0;
         if (lo < hi) {
-            FOR_RANGES(ps, n, lo, hi, {
+            FOR_RANGES(c->ps, n, lo, hi, {
                 (void)i;
                 s += sum_squares(G + a, e - a);
             })
         }
-        part[ch] = s;
+        c->part[ch] = s;
     }
+}
+
+static void scale_chunks(int64_t c0, int64_t c1, void *ctx) {
+    const chunks_args *c = ctx;
+    const int64_t span = cg_params_span(c->ps);
+    const int n = cg_params_count(c->ps);
+    cg_real *G = c->grads;
+    for (int ch = (int)c0; ch < (int)c1; ch++) {
+        int64_t lo, hi;
+        chunk_bounds(span, ch, &lo, &hi);
+        if (lo >= hi) continue;
+        FOR_RANGES(c->ps, n, lo, hi, {
+            (void)i;
+            for (int64_t j = a; j < e; j++) G[j] *= c->by;
+        })
+    }
+}
+
+/* The norm's pass alone: chunk sums in a fixed order, so the same bits at any thread count. */
+static double grad_norm(cg_params *ps) {
+    cgi_params_settle(ps, 0, -1);
+    double part[NCHUNK];
+    const chunks_args c = {NULL, ps, NULL, part, NULL, 0};
+    cgi_par_ranges(NCHUNK, cg_params_span(ps), norm_chunks, (void *)&c);
     double sum = 0;
     for (int ch = 0; ch < NCHUNK; ch++) sum += part[ch];
     return sqrt(sum);
@@ -539,18 +580,7 @@ double cg_clip_grad_norm(cg_params *ps, double max_norm) {
 
 void cg_grads_scale(cg_params *ps, double s) {
     if (!ps) return;
-    int64_t span = cg_params_span(ps);
-    int n = cg_params_count(ps);
     cgi_params_settle(ps, 0, -1);
-    cg_real *G = cgi_params_grads(ps), f = (cg_real)s;
-#pragma omp parallel for schedule(static) if (span > CGI_PAR_MIN) num_threads(cgi_nthreads())
-    for (int ch = 0; ch < NCHUNK; ch++) {
-        int64_t lo, hi;
-        chunk_bounds(span, ch, &lo, &hi);
-        if (lo >= hi) continue;
-        FOR_RANGES(ps, n, lo, hi, {
-            (void)i;
-            for (int64_t j = a; j < e; j++) G[j] *= f;
-        })
-    }
+    const chunks_args c = {NULL, ps, NULL, NULL, cgi_params_grads(ps), (cg_real)s};
+    cgi_par_ranges(NCHUNK, cg_params_span(ps), scale_chunks, (void *)&c);
 }

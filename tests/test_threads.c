@@ -275,7 +275,44 @@ static cgi_team_counts team_delta(const cgi_team_counts *a) {
     cgi_team_stats(&b);
     return (cgi_team_counts){b.runs_with_helpers - a->runs_with_helpers, b.runs_without - a->runs_without,
                              b.helper_pieces - a->helper_pieces, b.stalls - a->stalls, b.pieces - a->pieces,
-                             b.wait_ns - a->wait_ns};
+                             b.wait_ns - a->wait_ns, b.naps - a->naps};
+}
+
+/* Between two tasks thread 0 runs 5 ms alone (a loss, an optimizer's small updates): in a large
+ * run's span the helper keeps spinning and yielding, where it napped 200 us at a time after 2 ms and
+ * took the next task up to a nap late; a generation span's helper (not large) still naps. */
+static void two_tasks_apart(void *ctx, int q) {
+    (void)ctx, (void)q;
+    busy(20e-6);
+}
+
+static cg_status tasks_apart(void *ctx) {
+    (void)ctx;
+    cgi_team_pieces(two_tasks_apart, NULL, 4);
+    busy(5e-3);
+    cgi_team_pieces(two_tasks_apart, NULL, 4);
+    return CG_OK;
+}
+
+static void test_team_large_never_naps(void) {
+    cg_set_threads(2);
+    cgi_set_team_large(1), cgi_cores_force(0); /* a busy machine must not keep the run on one thread */
+    cgi_team_counts before;
+    cgi_team_stats(&before);
+    for (int run = 0; run < 5; run++)
+        CHECK(cgi_run_graph(cgi_run_par_min(), true, tasks_apart, NULL) == CG_OK, "%s", cg_last_error());
+    cgi_team_counts d = team_delta(&before);
+    CHECK(d.pieces == 40 && d.naps == 0,
+          "large spans: %lld pieces shared (want 40), the helper napped %lld times", d.pieces, d.naps);
+    cgi_team_set_guard(CGI_TEAM_GUARD_ON);
+    cgi_team_stats(&before);
+    for (int run = 0; run < 5; run++) CHECK(cg_run_with_team(tasks_apart, NULL) == CG_OK, "%s", cg_last_error());
+    d = team_delta(&before);
+    CHECK(d.pieces == 40 && d.naps > 0, "generation's spans: %lld pieces shared (want 40), the helper napped %lld times",
+          d.pieces, d.naps);
+    cgi_team_set_guard(CGI_TEAM_GUARD_AUTO);
+    cgi_set_team_large(-1), cgi_cores_force(-1);
+    cg_set_threads(0);
 }
 
 /* Products in a team: matrix-vector (rows 1) and matrix (rows 96: every product over 2^23
@@ -707,6 +744,136 @@ static void test_team_bias_sums(void) {
     shared_in_team("the bias sums", bias_runs, &frozen, &e, bias_clear, bias_check);
 }
 
+/* Losses and a broadcast sum in a team: their row and element loops were OpenMP loops, which
+ * inside a span ran on thread 0 alone while the helper waited. They are shared as ranges now, with
+ * one thread's bits: cross_entropy (forward and backward), mse_loss, a broadcast add's forward, and
+ * linear_cross_entropy over three vocabulary slabs (its gathers, merges and scatters). */
+enum { CR = 512, CC = 96, CV = 600 };
+enum { LOSS_CE, LOSS_MSE, LOSS_ADD, LOSS_LCE };
+typedef struct {
+    int kind;
+    bool plain;      /* the same graph on 4 rows: nothing in it is shared */
+    cg_real *out;    /* the loss (or the sum's values), then x's gradient */
+} loss_case;
+
+static cg_status loss_runs(void *ctx) {
+    loss_case *e = ctx;
+    const int64_t rows = e->plain ? 4 : CR;
+    cg_graph *g = cg_graph_new(e->kind == LOSS_ADD ? CG_EVAL : CG_TRAIN);
+    cg_params *ps = cg_params_new();
+    cg_tensor *x = cg_params_add(ps, "x", 2, S(rows, CC)), *w = cg_params_add(ps, "w", 2, S(CV, CC));
+    cg_tensor *p = cg_input(g, "p", CG_REAL, 1, S(CC)), *y = cg_input(g, "y", CG_REAL, 2, S(rows, CC));
+    cg_tensor *tg = cg_input(g, "t", CG_INT32, 1, S(rows));
+    for (int64_t i = 0; i < rows * CC; i++) cg_data(x)[i] = (cg_real)(3 * sin(0.37 * (double)i)), cg_data(y)[i] = (cg_real)cos(0.1 * (double)i);
+    for (int64_t i = 0; i < CV * CC; i++) cg_data(w)[i] = (cg_real)(0.2 * cos(0.7 * (double)i));
+    for (int64_t i = 0; i < CC; i++) cg_data(p)[i] = (cg_real)(0.5 * sin((double)i));
+    for (int64_t i = 0; i < rows; i++) cg_idata(tg)[i] = (int32_t)((i * 37) % (e->kind == LOSS_LCE ? CV : CC));
+    cg_tensor *l = e->kind == LOSS_CE    ? cg_cross_entropy(g, x, tg, -100)
+                   : e->kind == LOSS_MSE ? cg_mse_loss(g, x, y)
+                   : e->kind == LOSS_LCE ? cg_linear_cross_entropy(g, x, w, NULL, tg, -100)
+                                         : cg_retain(cg_add(g, x, p));
+    cg_params_zero_grad(ps);
+    cg_status st = l ? cg_graph_forward(g) : CG_ERR_NOMEM;
+    if (!st && e->kind != LOSS_ADD) st = cg_graph_backward(g, l);
+    if (!st && !e->plain) {
+        if (e->kind == LOSS_ADD) memcpy(e->out, cg_data(l), sizeof(cg_real) * CR * CC);
+        else e->out[0] = cg_data(l)[0], memcpy(e->out + 1, x->grad, sizeof(cg_real) * CR * CC); /* cg_read_grad's copy shares pieces too */
+    }
+    cg_graph_free(g);
+    cg_params_free(ps);
+    return st;
+}
+
+static cg_real loss_one[CR * CC + 1]; /* one thread's */
+static const char *loss_name[] = {"cross_entropy", "mse_loss", "a broadcast add", "linear_cross_entropy"};
+
+static void loss_clear(void *ctx) { memset(((loss_case *)ctx)->out, 0, sizeof loss_one); }
+
+static void loss_check(void *ctx) {
+    const loss_case *e = ctx;
+    CHECK(!memcmp(loss_one, e->out, sizeof loss_one), "%s in a team differs from one thread", loss_name[e->kind]);
+}
+
+static void test_team_losses(void) {
+    static cg_real team[CR * CC + 1];
+    for (int kind = LOSS_CE; kind <= LOSS_LCE; kind++) {
+        loss_case one = {kind, false, loss_one}, e = {kind, false, team}, plain = {kind, true, team};
+        cg_set_threads(1);
+        memset(loss_one, 0, sizeof loss_one);
+        CHECK(loss_runs(&one) == CG_OK, "%s", cg_last_error());
+        if (kind == LOSS_CE) { /* one thread's loss against the rows' log-sum-exp, in double */
+            double want = 0;
+            for (int64_t r = 0; r < CR; r++) {
+                double mx = -INFINITY, sum = 0;
+                for (int64_t c = 0; c < CC; c++) mx = fmax(mx, (cg_real)(3 * sin(0.37 * (double)(r * CC + c))));
+                for (int64_t c = 0; c < CC; c++) sum += exp((cg_real)(3 * sin(0.37 * (double)(r * CC + c))) - mx);
+                want += mx + log(sum) - (cg_real)(3 * sin(0.37 * (double)(r * CC + (r * 37) % CC)));
+            }
+            want /= CR;
+            CHECK(fabs(loss_one[0] - want) <= 1e-5 * (1 + fabs(want)), "cross_entropy %.7g, want %.7g", (double)loss_one[0], want);
+        }
+        shared_in_team(loss_name[kind], loss_runs, &plain, &e, loss_clear, loss_check);
+    }
+}
+
+/* An optimizer step with gradient clipping inside a team (cg_run_with_team around a user's step):
+ * the norm, the scaling and AdamW's update were OpenMP loops over the blocks' chunks, which ran on
+ * thread 0 alone; the helpers take chunks of each now, with one thread's bits. */
+enum { ON = 150000 };
+typedef struct {
+    cg_real *out; /* the parameters after two steps, then the norms */
+    bool plain;   /* the same steps on 64 elements */
+} optim_case;
+
+static cg_status optim_runs(void *ctx) {
+    optim_case *e = ctx;
+    const int64_t n = e->plain ? 64 : ON;
+    cg_params *ps = cg_params_new();
+    cg_tensor *a = cg_params_add(ps, "a", 1, S(n)), *b = cg_params_add(ps, "b", 1, S(n / 2));
+    cg_optim_config oc = cg_optim_defaults(CG_OPT_ADAMW);
+    cg_optim *o = a && b ? cg_optim_new(ps, &oc) : NULL;
+    if (!o) return CG_ERR_NOMEM;
+    for (int64_t i = 0; i < n; i++) cg_data(a)[i] = (cg_real)sin(0.3 * (double)i);
+    for (int64_t i = 0; i < n / 2; i++) cg_data(b)[i] = (cg_real)cos(0.3 * (double)i);
+    cg_status st = CG_OK;
+    double norm[2] = {0, 0};
+    for (int step = 0; step < 2 && !st; step++) {
+        cg_real *G = cgi_params_grads(ps);
+        cgi_params_settle(ps, 0, -1);
+        for (int64_t i = 0; i < cg_params_span(ps); i++) G[i] = (cg_real)(3 * cos(0.01 * (double)(i + step)));
+        a->grad_stale = b->grad_stale = false;
+        norm[step] = cg_clip_grad_norm(ps, 1.0);
+        st = cg_optim_step(o, 1e-2);
+    }
+    if (!st && !e->plain) {
+        memcpy(e->out, cg_params_values(ps), sizeof(cg_real) * (ON + ON / 2));
+        e->out[ON + ON / 2] = (cg_real)norm[0], e->out[ON + ON / 2 + 1] = (cg_real)norm[1];
+    }
+    cg_optim_free(o);
+    cg_params_free(ps);
+    return st;
+}
+
+static cg_real optim_one[ON + ON / 2 + 2];
+
+static void optim_clear(void *ctx) { memset(((optim_case *)ctx)->out, 0, sizeof optim_one); }
+
+static void optim_check(void *ctx) {
+    CHECK(!memcmp(optim_one, ((optim_case *)ctx)->out, sizeof optim_one), "a clipped AdamW step in a team differs from one thread's");
+}
+
+static void test_team_optim(void) {
+    static cg_real team[ON + ON / 2 + 2];
+    optim_case one = {optim_one, false}, e = {team, false}, plain = {team, true};
+    cg_set_threads(1);
+    CHECK(optim_runs(&one) == CG_OK, "%s", cg_last_error());
+    double want = 0; /* the first norm, of the gradients as written */
+    for (int64_t i = 0; i < ON + ON / 2; i++) want += pow((cg_real)(3 * cos(0.01 * (double)i)), 2);
+    CHECK(fabs(optim_one[ON + ON / 2] - sqrt(want)) <= 1e-6 * sqrt(want), "norm %.9g, want %.9g", (double)optim_one[ON + ON / 2],
+          sqrt(want));
+    shared_in_team("a clipped AdamW step", optim_runs, &plain, &e, optim_clear, optim_check);
+}
+
 /* ---- guided pieces (ops/gemm.c): a sharing team's matrix products ---- */
 
 static cgi_gemm_job shape_job(int64_t m, int64_t n, int64_t k) {
@@ -891,6 +1058,7 @@ int main(int argc, char **argv) {
     test_work_estimate();
     test_small_runs_stay_on_one_thread();
     test_team_pieces();
+    test_team_large_never_naps();
     test_team_ranges();
     test_team_guard_starts_sharing();
     test_team_products_match_one_thread(1);
@@ -902,6 +1070,8 @@ int main(int argc, char **argv) {
     test_team_embedding();
     test_team_reduce();
     test_team_bias_sums();
+    test_team_losses();
+    test_team_optim();
     test_team_guided_cuts();
     test_team_guided_bits();
     test_team_nested_pieces();
