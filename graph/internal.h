@@ -317,11 +317,11 @@ void cgi_add_layernorm_regen(cg_tensor *t);
  * scores (ops/attention.c): the bytes its scratch would shrink by (0: it would not), and with
  * apply, done where it does. */
 size_t cgi_sdpa_remake_probs(cg_tensor *t, bool apply);
-/* The fused LM head t runs in chunks of half the rows (ops/loss.c): the bytes its scratch would
+/* The fused LM head t runs in chunks of half the rows (ops/loss_head.c): the bytes its scratch would
  * shrink by (0: unchanged), and with apply, done. */
 size_t cgi_lce_halve_chunks(cg_tensor *t, bool apply);
 /* The fused LM head t sizes its chunks from the rows its targets count, if they are a graph input
- * already filled (ops/loss.c); the plan calls it before it sizes the buffers. */
+ * already filled (ops/loss_head.c); the plan calls it before it sizes the buffers. */
 void cgi_lce_plan(cg_tensor *t);
 
 /* ---- gradient checkpointing (graph/checkpoint.c) ---- */

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /* The product engine under matmul, linear and attention: strided products on BLIS's micro-kernel
- * (a transposed or sliced operand is passed as it lies in memory, never copied), cut into pieces
- * for the threads or a generation team; the register-transposing packs; cgrad's blocked driver,
- * which also runs bf16 operands widened as they are packed (cgi_gemm_bf16). BLIS itself always
- * runs single-threaded. The ops that use it are in ops/matmul.c. */
+ * (a transposed or sliced operand is passed as it lies in memory, never copied), run in pieces by
+ * the threads or a thread team (the cuts: ops/gemm_cut.c); cgrad's blocked driver on its own packs
+ * (ops/gemm_pack.c), which also runs bf16 operands widened as they are packed (cgi_gemm_bf16).
+ * BLIS itself always runs single-threaded. The ops that use it are in ops/matmul.c. */
 #include <blis.h>
 #include <omp.h>
 #include <pthread.h>
@@ -15,9 +15,9 @@
 
 #include "graph/internal.h"
 #include "ops/bf16_internal.h"
+#include "ops/gemm_internal.h"
 #include "ops/half.h"
 
-static void blis_ready(void);
 /* How a job's C is stored (flags beside every job of a call; a and b have their types in the job,
  * cgi_gemm_job.ta and .tb): F_CBF16, C is bfloat16, rounded once from the float sum plus the bias
  * (beta 0). */
@@ -31,9 +31,8 @@ typedef struct {
     bool a;             /* the shared operand is A */
 } shared_pack;
 static bool gemm_blocked(const cgi_gemm_job *j, unsigned fl, const shared_pack *sh);
-struct piece;
 enum { SHARE_JOBS = 8, SHARE_BLOCKS = 256 }; /* at most: a call's jobs and blocks with shared packs */
-static bool share_packs(const cgi_gemm_job *jobs, int njobs, unsigned fl, const struct piece *pcs, int np,
+static bool share_packs(const cgi_gemm_job *jobs, int njobs, unsigned fl, const cgi_gemm_piece *pcs, int np,
                         shared_pack *sh, _Atomic int *states);
 static void gemm_half_1(const cgi_gemm_job *j, unsigned fl);
 static bool half_job(const cgi_gemm_job *j) { return j->ta != CGI_EL_F32 || j->tb != CGI_EL_F32; }
@@ -118,51 +117,15 @@ static void gemm1(const cgi_gemm_job *j, unsigned fl, const shared_pack *sh) {
             }
 }
 
-/* Threads over products. BLIS always runs on one thread; a product is cut into pieces along the
- * longer side of C, which the threads take in turn. BLIS's own threads wait for each other in
- * spinning barriers several times per product: with another busy process on the machine (or on
- * SMT siblings) a waiting thread burns the time its partner needs, and 2-thread steps took 3-10x
- * as long as 1-thread ones. Pieces share no barrier, only the join at the region's end, and a
- * thread held up elsewhere simply takes fewer of them. The cost is packing the uncut operand
- * once per piece, under 3% of a piece's work at the sizes allowed below (a sharing team's pieces
- * share that pack instead: share_packs). */
-enum { MAX_PIECES = 256 };
-typedef struct piece {
-    int job;
-    int64_t lo, hi; /* the rows (cut_rows) or columns of C the piece computes */
-} piece;
-
-static bool cut_rows(const cgi_gemm_job *j) { return j->m >= j->n; }
-
-/* How many pieces job j can be cut into: at most want, each with at least 2^23 multiply-adds (a
- * matrix-vector product: 2^16) and 32 rows or columns (vector: 256 elements). A [64, 256] x
- * [256, 768] product (12.6M) took as long on two threads as on one here, a [128, 256] one 1.28x
- * less: below some 8M a piece, packing and waking the other thread eat the gain. A team's helpers
- * (graph/team.c) are awake already: there a vector piece of 64 outputs (2^15 multiply-adds, 128 kB
- * of gpt-tiny's weights, ~5 us) pays, and a matrix piece of 2^20 (~10 us): a small model's whole
- * training step runs in a team (cgi_run_in_team), and nanoGPT's [768, 128] x [128, 128] projections
- * (12.6M) stayed whole at 2^23. Uncached gpt-tiny generation (steps of 16-216 rows, 89% in products)
- * ran 171-173 tokens/s on two threads with matrix products whole, as on one, and 229-236 with them cut. */
-static int pieces_of(const cgi_gemm_job *j, int want, bool team) {
-    const int64_t len = cut_rows(j) ? j->m : j->n;
-    const bool vec = j->m == 1 || j->n == 1;
-    const double work = (double)j->m * (double)j->n * (double)j->k;
-    const double min_work = vec ? (team ? 1 << 15 : 1 << 16) : team ? 1 << 20 : 1 << 23;
-    const int64_t min_len = vec ? (team ? 64 : 256) : 32;
-    int p = want;
-    while (p > 1 && (work / p < min_work || len / p < min_len)) p--;
-    return p;
-}
-
 /* p advanced by `by` elements of a job's operand: floats (CGI_EL_F32, or a float C), or half
  * precision (CGI_EL_BF16 / CGI_EL_F16, or a bf16 C) */
 static const void *ahead(const void *p, int64_t by, bool half) {
     return (const char *)p + by * (half ? (int64_t)sizeof(uint16_t) : (int64_t)sizeof(cg_real));
 }
 
-static void run_piece(const cgi_gemm_job *jobs, const piece *pc, unsigned fl, const shared_pack *sh) {
+static void run_piece(const cgi_gemm_job *jobs, const cgi_gemm_piece *pc, unsigned fl, const shared_pack *sh) {
     cgi_gemm_job j = jobs[pc->job];
-    if (cut_rows(&j)) {
+    if (cgi_gemm_cut_rows(&j)) {
         j.a = ahead(j.a, pc->lo * j.rsa, j.ta != CGI_EL_F32);
         j.c = (cg_real *)ahead(j.c, pc->lo * j.rsc, fl & F_CBF16);
         if (j.res) j.res += pc->lo * j.res_rs;
@@ -186,7 +149,7 @@ typedef struct {
 
 typedef struct {
     const cgi_gemm_job *jobs;
-    const piece *pcs;
+    const cgi_gemm_piece *pcs;
     unsigned fl;
     int np;               /* product pieces; pieces from np are the extra tasks */
     const extra_tasks *ex;
@@ -226,7 +189,7 @@ static bool team_trace(void) {
     return t;
 }
 
-static void trace_print(const cgi_gemm_job *jobs, int njobs, const piece *pcs, int np, int n, double (*tr)[4], double wall) {
+static void trace_print(const cgi_gemm_job *jobs, int njobs, const cgi_gemm_piece *pcs, int np, int n, double (*tr)[4], double wall) {
     char line[16384];
     size_t at = (size_t)snprintf(line, sizeof line, "team_trace %.0f", 1e6 * wall);
     for (int i = 0; i < njobs && at < sizeof line; i++)
@@ -239,139 +202,8 @@ static void trace_print(const cgi_gemm_job *jobs, int njobs, const piece *pcs, i
     fprintf(stderr, "%s\n", line);
 }
 
-/* A job's pieces inside a team, at most: tapered, half for thread 0 and two quarters, the second
- * to whichever thread is free first. Each piece is one stream through a slab of the weight, and
- * short streams lose to the hardware prefetcher's ramp and the claims' cache-line traffic: cached
- * gpt-tiny generation on two threads read 2122-2169 tokens/s with up to 16 pieces against
- * 2487-2510 with 3 (2459-2503 with 2: nothing left for the faster thread to balance with).
- * Matrix products (uncached generation) read the same at 3, 4, 6 and 8 pieces: 3 serves both. */
-enum { TEAM_PIECES = 3 };
-
-/* Inside a team a matrix-vector product's pieces taper: the first half weigh 2, the rest 1. Pieces
- * are claimed in order, so the last ones are the small ones, and the thread that finishes first
- * waits for at most a small piece of the other's (the tail wait, ~100 us of a two-thread token with
- * even pieces). The same holds outside a team. A team's matrix products are cut finer to the end
- * (guided_pieces below). Either way the cuts fall on multiples of 32 rows: the same bits.
- * CGRAD_TEAM_SPLIT=taper cuts a team's matrix products as its vectors, =even cuts every product
- * into even pieces, for comparisons. */
-enum { SPLIT_EVEN, SPLIT_TAPER, SPLIT_GUIDED };
-static _Atomic int split = -1; /* any thread that cuts a product reads it */
-static int team_split(void) {
-    int t = atomic_load_explicit(&split, memory_order_relaxed);
-    if (t < 0) {
-        const char *e = getenv("CGRAD_TEAM_SPLIT");
-        t = e && !strcmp(e, "even") ? SPLIT_EVEN : e && !strcmp(e, "taper") ? SPLIT_TAPER : SPLIT_GUIDED;
-        atomic_store_explicit(&split, t, memory_order_relaxed);
-    }
-    return t;
-}
-
-void cgi_gemm_set_split(const char *mode) {
-    atomic_store(&split, !mode ? -1 : !strcmp(mode, "even") ? SPLIT_EVEN : !strcmp(mode, "taper") ? SPLIT_TAPER : SPLIT_GUIDED);
-}
-
-/* The weight of pieces [0, q) of p tapered pieces (of p + p / 2 in all). */
-static int64_t cut_weight(int q, int p) { return q + (q < p / 2 ? q : p / 2); }
-
-/* Guided pieces for a team's matrix products: each piece takes half the work left over all the
- * jobs (thread 0 claims the first, half of everything), down to a floor, so the pieces shrink to
- * the end and the thread that runs out first waits at most for one floor-sized piece. A piece
- * repacked the operand it does not cut (~12-16 multiply-adds per element on one thread here), so a
- * piece of L rows cost ~14/L more than its share (the float products of the blocked driver now
- * share that pack, share_packs; the first two pieces may each still pack a block): the floor is 256 rows (or columns; 1/8 of a
- * shorter job) and 2^20 multiply-adds, but at most the tapered cut's smallest piece (a quarter of 3
- * pieces: an uncached generation step's products of 16 rows stay at 3 pieces), at least 32. The jobs with the shortest cut side go first,
- * whole or in large pieces: a linear's dW (k the batch's rows) repacks 1M elements per piece in a
- * gpt-tiny step, its dX only the weight. Cuts fall on multiples of 32 from each job's start, as the
- * tapered ones: the same bits. Returns the pieces written to pcs (at most max), or -1: not all
- * matrix products, or too many pieces. */
-enum { GUIDED_FLOOR = 256 };
-static int guided_pieces(const cgi_gemm_job *jobs, int njobs, int threads, piece *pcs, int max) {
-    int order[MAX_PIECES], n = 0;
-    double left = 0;
-    for (int i = 0; i < njobs; i++) {
-        const cgi_gemm_job *j = &jobs[i];
-        if (j->m == 0 || j->n == 0) continue;
-        if (j->m == 1 || j->n == 1 || n == MAX_PIECES) return -1;
-        const int64_t len = cut_rows(j) ? j->m : j->n;
-        int at = n++; /* insertion by cut length, stable */
-        while (at > 0) {
-            const cgi_gemm_job *o = &jobs[order[at - 1]];
-            if ((cut_rows(o) ? o->m : o->n) <= len) break;
-            order[at] = order[at - 1], at--;
-        }
-        order[at] = i;
-        left += (double)j->m * (double)j->n * (double)j->k;
-    }
-    int np = 0;
-    for (int o = 0; o < n; o++) {
-        const int i = order[o];
-        const cgi_gemm_job *j = &jobs[i];
-        const int64_t len = cut_rows(j) ? j->m : j->n;
-        const double per = (double)(cut_rows(j) ? j->n : j->m) * (double)j->k; /* multiply-adds per row or column */
-        int64_t least = len / 8 < GUIDED_FLOOR ? len / 8 : GUIDED_FLOOR;
-        const double min_rows = per > 0 ? (double)(1 << 20) / per : 0;
-        if ((double)least < min_rows) least = (int64_t)min_rows + 1;
-        /* never coarser than the tapered cut, whose smallest piece is a quarter (3 pieces) or a half */
-        const int tapered = pieces_of(j, TEAM_PIECES, true);
-        const int64_t smallest = tapered < 2 ? len : (tapered < 3 ? len / 2 : len / 4) / 32 * 32;
-        if (least > smallest) least = smallest;
-        least = least < 32 ? 32 : (least + 31) / 32 * 32;
-        for (int64_t lo = 0; lo < len;) {
-            int64_t take = per > 0 ? (int64_t)(left / threads / per) : len;
-            take = (take + 31) / 32 * 32;
-            if (take < least) take = least;
-            if (len - lo - take < least) take = len - lo; /* no remnant below the floor */
-            if (np == max) return -1;
-            pcs[np++] = (piece){i, lo, lo + take};
-            left -= per * (double)take;
-            lo += take;
-        }
-    }
-    return np;
-}
-
-/* Pieces for `threads` threads (0: a sharing team's, TEAM_PIECES a job), two a thread over all jobs
- * by work, each job's tapered 2:1 (the first half of its pieces twice the size of the rest). */
-static int tapered_pieces(const cgi_gemm_job *jobs, int njobs, int threads, bool team, piece *pcs) {
-    double total = 0;
-    for (int i = 0; i < njobs; i++) total += (double)jobs[i].m * (double)jobs[i].n * (double)jobs[i].k;
-    int np = 0;
-    for (int i = 0; i < njobs; i++) {
-        const cgi_gemm_job *j = &jobs[i];
-        if (j->m == 0 || j->n == 0) continue;
-        /* two pieces per thread over all jobs, shared by work */
-        const double part = total > 0 ? (double)j->m * (double)j->n * (double)j->k / total : 1;
-        int want = threads == 0 ? TEAM_PIECES : threads > 1 ? (int)(2 * threads * part + 0.5) : 1;
-        if (want < 1) want = 1;
-        if (want > MAX_PIECES - np - (njobs - 1 - i)) want = MAX_PIECES - np - (njobs - 1 - i);
-        const int p = pieces_of(j, want, team);
-        const int64_t len = cut_rows(j) ? j->m : j->n;
-        /* on threads outside a team too: with 4 even pieces on 2 threads the thread that finishes
-         * first waits up to a quarter of the product at the region's join (more when the other was
-         * woken late); tapered 2:2:1:1, at most a sixth */
-        const bool taper = threads != 1 && p > 2 && team_split() != SPLIT_EVEN;
-        for (int q = 0; q < p; q++) {
-            /* cut on multiples of 32 so each piece keeps whole micro-tiles */
-            const int64_t c0 = taper ? cut_weight(q, p) : q, c1 = taper ? cut_weight(q + 1, p) : q + 1,
-                          ct = taper ? cut_weight(p, p) : p;
-            int64_t lo = q == 0 ? 0 : len * c0 / ct / 32 * 32, hi = q == p - 1 ? len : len * c1 / ct / 32 * 32;
-            if (p > 1 && len < 32 * p) lo = len * q / p, hi = len * (q + 1) / p;
-            if (hi > lo) pcs[np++] = (piece){i, lo, hi};
-        }
-    }
-    return np;
-}
-
-/* The pieces of jobs for `threads` threads: a sharing team's (share) guided where they can be,
- * else tapered (a sharing team's TEAM_PIECES a job whatever threads says). */
-static int cut_pieces(const cgi_gemm_job *jobs, int njobs, int threads, bool share, bool team, piece *pcs) {
-    const int np = share && team_split() == SPLIT_GUIDED ? guided_pieces(jobs, njobs, threads, pcs, MAX_PIECES) : -1;
-    return np >= 0 ? np : tapered_pieces(jobs, njobs, share ? 0 : threads, team, pcs);
-}
-
 static void gemm_many(const cgi_gemm_job *jobs, int njobs, int threads, unsigned fl, const extra_tasks *ex) {
-    blis_ready();
+    cgi_gemm_blis_ready();
     /* Inside a team, products are cut into pieces of whole 32-row blocks while the helpers are
      * awake, and not at all while they rest or at one thread: a cut cost ~4% of a cached token on
      * one thread (1730-1747 -> 1616-1686 tokens/s). BLIS's sgemv runs its fused 8-row dot kernel
@@ -380,8 +212,8 @@ static void gemm_many(const cgi_gemm_job *jobs, int njobs, int threads, unsigned
      * 1 and 2 threads). */
     const bool team = cgi_team_on(), share = team && cgi_team_sharing();
     if (team || (threads > 1 && omp_in_parallel())) threads = 1; /* never nest a team inside a team */
-    piece pcs[MAX_PIECES];
-    const int np = cut_pieces(jobs, njobs, share ? cgi_team_threads() : threads, share, team, pcs);
+    cgi_gemm_piece pcs[CGI_GEMM_MAX_PIECES];
+    const int np = cgi_gemm_cut(jobs, njobs, share ? cgi_team_threads() : threads, share, team, pcs);
     const int nx = ex ? ex->n : 0;
     if (share) { /* the extra tasks (a linear's bias sums) too: they ran on thread 0 alone after the products */
         double(*tr)[4] = team_trace() ? malloc((size_t)(np + nx) * sizeof *tr) : NULL; /* a diagnostic: off by default */
@@ -407,14 +239,6 @@ static void gemm_many(const cgi_gemm_job *jobs, int njobs, int threads, unsigned
         else ex->task(ex->ctx, q - np);
 }
 
-int cgi_gemm_team_cuts(const cgi_gemm_job *jobs, int njobs, int threads, int64_t (*cuts)[3], int max) {
-    piece pcs[MAX_PIECES];
-    const int np = cut_pieces(jobs, njobs, threads, true, true, pcs);
-    if (np > max) return -1;
-    for (int q = 0; q < np; q++) cuts[q][0] = pcs[q].job, cuts[q][1] = pcs[q].lo, cuts[q][2] = pcs[q].hi;
-    return np;
-}
-
 void cgi_gemm_many(const cgi_gemm_job *jobs, int njobs, int threads) { gemm_many(jobs, njobs, threads, 0, NULL); }
 
 void cgi_gemm_many_then(const cgi_gemm_job *jobs, int njobs, int threads, void (*task)(void *ctx, int i), void *ctx,
@@ -429,275 +253,6 @@ void cgi_gemm(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, in
     cgi_gemm_many(&j, 1, threads);
 }
 
-/* ---- a transposing pack for BLIS's 12-wide panels ---- */
-
-/* Asks for the line at p + by reals in L1 (a hint: it never faults, so it may point past the operand) */
-static inline void prefetch_at(const cg_real *p, int64_t by) {
-    __builtin_prefetch((const void *)((uintptr_t)p + (uintptr_t)(by * (int64_t)sizeof(cg_real))), 0, 3);
-}
-
-/* With skx's column-preferring 32 x 12 micro-kernel and C stored by rows, BLIS packs A (rows of A,
- * each contiguous along k) into 12-wide panels k deep: a transpose, which BLIS's reference kernel
- * does one element at a time. It took 13% of a gpt-tiny training step, 1 thread. This kernel
- * transposes 4 x 8 blocks in registers; any other case (other strides, a partial panel) goes to
- * BLIS's own. It copies (times kappa, as BLIS), so products stay bit-identical. */
-#if !defined(CGRAD_DOUBLE) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#define CGI_PACK12 1
-enum { PW = 12 };
-static spackm_cxk_ker_ft blis_pack12;
-static bool fast_transpose; /* transpose_rows may run (AVX2) */
-
-/* p[c * ldp + i] = kappa * a[i * inca + c] for rows i < rows (a multiple of 4) and depths c below
- * n rounded down to 8, in 4 x 8 register transposes; returns the depth where it stopped. The rows
- * are each a stream of their own, more than the hardware prefetcher follows well: each line of
- * the next panel's rows (rows further on) is asked for as the same line of this panel's is read.
- * It halved the pack of a gpt-tiny linear's input (4096 x 256 from rows: 455 -> 290 us) and took
- * 4-8% off the products that pack so (bench/bench_pack). */
-__attribute__((target("avx2"))) static dim_t transpose_rows(const float *a, inc_t inca, dim_t n, dim_t rows,
-                                                            float kappa, float *p, inc_t ldp) {
-    const bool scaled = kappa != 1;
-    const __m256 kv = _mm256_set1_ps(kappa);
-    const int64_t next = rows * inca;
-    dim_t c = 0;
-    for (; c + 8 <= n; c += 8)
-        for (dim_t g = 0; g < rows / 4; g++) { /* rows 4g..4g+3, depths c..c+7 */
-            const float *r = a + 4 * g * inca + c;
-            if (!(c & 15)) /* a line holds 16 depths */
-                for (int q = 0; q < 4; q++) prefetch_at(r, next + q * inca);
-            __m256 r0 = _mm256_loadu_ps(r), r1 = _mm256_loadu_ps(r + inca), r2 = _mm256_loadu_ps(r + 2 * inca),
-                   r3 = _mm256_loadu_ps(r + 3 * inca);
-            if (scaled) {
-                r0 = _mm256_mul_ps(r0, kv), r1 = _mm256_mul_ps(r1, kv);
-                r2 = _mm256_mul_ps(r2, kv), r3 = _mm256_mul_ps(r3, kv);
-            }
-            const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1),
-                         t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
-            const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE),
-                         u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-            float *d = p + c * ldp + 4 * g;
-            _mm_storeu_ps(d, _mm256_castps256_ps128(u0));
-            _mm_storeu_ps(d + ldp, _mm256_castps256_ps128(u1));
-            _mm_storeu_ps(d + 2 * ldp, _mm256_castps256_ps128(u2));
-            _mm_storeu_ps(d + 3 * ldp, _mm256_castps256_ps128(u3));
-            _mm_storeu_ps(d + 4 * ldp, _mm256_extractf128_ps(u0, 1));
-            _mm_storeu_ps(d + 5 * ldp, _mm256_extractf128_ps(u1, 1));
-            _mm_storeu_ps(d + 6 * ldp, _mm256_extractf128_ps(u2, 1));
-            _mm_storeu_ps(d + 7 * ldp, _mm256_extractf128_ps(u3, 1));
-        }
-    return c;
-}
-
-__attribute__((target("avx2"))) static void pack12_rows(conj_t conja, pack_t schema, dim_t cdim, dim_t n, dim_t n_max,
-                                                         float *restrict kappa, float *restrict a, inc_t inca,
-                                                         inc_t lda, float *restrict p, inc_t ldp, cntx_t *restrict cntx) {
-    if (cdim != PW || (lda != 1 && inca != 1) || ldp < PW) {
-        blis_pack12(conja, schema, cdim, n, n_max, kappa, a, inca, lda, p, ldp, cntx);
-        return;
-    }
-    const float k = *kappa;
-    const bool scaled = k != 1;
-    const __m256 kv = _mm256_set1_ps(k);
-    const __m128 kq = _mm_set1_ps(k);
-    dim_t c = 0;
-    if (inca == 1) /* panel rows contiguous: 12 floats per depth, copied as they are */
-        for (; c < n; c++) {
-            const float *r = a + c * lda;
-            __m256 lo = _mm256_loadu_ps(r);
-            __m128 hi = _mm_loadu_ps(r + 8);
-            if (scaled) lo = _mm256_mul_ps(lo, kv), hi = _mm_mul_ps(hi, kq);
-            _mm256_storeu_ps(p + c * ldp, lo);
-            _mm_storeu_ps(p + c * ldp + 8, hi);
-        }
-    if (c < n) c = transpose_rows(a, inca, n, PW, k, p, ldp);
-    for (; c < n; c++)
-        for (int i = 0; i < PW; i++) p[c * ldp + i] = scaled ? k * a[i * inca + c] : a[i * inca + c];
-    for (c = n; c < n_max; c++) /* depth padding, as BLIS's kernel */
-        for (int i = 0; i < PW; i++) p[c * ldp + i] = 0;
-}
-
-/* Puts pack12_rows in BLIS's context in place of its 12-wide float kernel, where the CPU has AVX2. */
-static void install_pack12(void) {
-    cntx_t *cx = bli_gks_query_cntx();
-    blis_pack12 = (spackm_cxk_ker_ft)bli_cntx_get_packm_ker_dt(BLIS_FLOAT, (l1mkr_t)PW, cx);
-    const char *off = getenv("CGRAD_BLIS_PACK"); /* set: BLIS's kernel and plain loops, for comparisons */
-    fast_transpose = (cgi_cpu_features() & CGI_CPU_AVX2_FMA) && !(off && *off);
-    if (blis_pack12 && fast_transpose) bli_cntx_set_packm_ker_dt((void_fp)pack12_rows, BLIS_FLOAT, (l1mkr_t)PW, cx);
-}
-#endif
-
-static pthread_once_t packs_once = PTHREAD_ONCE_INIT;
-
-/* BLIS with cgrad's kernel set and packing kernels in place, before any product. */
-static void blis_ready(void) {
-    cgi_blis_init();
-#ifdef CGI_PACK12
-    pthread_once(&packs_once, install_pack12);
-#else
-    (void)packs_once;
-#endif
-}
-
-/* ---- BLIS's micro-kernel on caller-packed operands ---- */
-
-#ifdef CGRAD_DOUBLE
-#define UKR_DT BLIS_DOUBLE
-typedef dgemm_ukr_ft ukr_fn;
-typedef dpackm_cxk_ker_ft pack_fn;
-#else
-#define UKR_DT BLIS_FLOAT
-typedef sgemm_ukr_ft ukr_fn;
-typedef spackm_cxk_ker_ft pack_fn;
-#endif
-
-/* BLIS's packing kernel for panels w wide: 2-3x faster than the loops below on a transposing
- * pack (6 x 256 from rows: 312 against 681 ns on Zen 3). */
-static void *pack_kernel(int64_t w, cntx_t *cx) {
-    return w >= 1 && w <= 31 ? (void *)bli_cntx_get_packm_ker_dt(UKR_DT, (l1mkr_t)w, cx) : NULL;
-}
-
-/* The kernel takes any C strides but writes its preferred ones about twice as fast: skx's 32 x 12
- * float kernel stores C by columns, and on row-major C (every caller's) it ran at 99 against
- * 206 GFLOP/s (C [128, 256], depth 64, in cache). With such a kernel cgrad computes C^T = B^T A^T:
- * A is packed in panels of the kernel's NR and B in panels of its MR, and the kernel writes
- * C's rows as its columns. */
-void cgi_ukr_init(cgi_ukr *u) {
-    blis_ready();
-    cntx_t *cx = bli_gks_query_cntx();
-    u->cntx = cx;
-    u->kernel = (void *)bli_cntx_get_l3_nat_ukr_dt(UKR_DT, BLIS_GEMM_UKR, cx);
-    const int64_t mr = bli_cntx_get_blksz_def_dt(UKR_DT, BLIS_MR, cx), nr = bli_cntx_get_blksz_def_dt(UKR_DT, BLIS_NR, cx),
-                  pmr = bli_cntx_get_blksz_max_dt(UKR_DT, BLIS_MR, cx), pnr = bli_cntx_get_blksz_max_dt(UKR_DT, BLIS_NR, cx);
-    u->swap = bli_cntx_l3_nat_ukr_prefers_cols_dt(UKR_DT, BLIS_GEMM_UKR, cx);
-    u->mr = u->swap ? nr : mr, u->pmr = u->swap ? pnr : pmr;
-    u->nr = u->swap ? mr : nr, u->pnr = u->swap ? pmr : pnr;
-    u->pack_a = pack_kernel(u->pmr, cx);
-    u->pack_b = pack_kernel(u->pnr, cx);
-}
-
-size_t cgi_ukr_packed_a(const cgi_ukr *u, int64_t m, int64_t k) { return (size_t)((m + u->mr - 1) / u->mr * u->pmr * k); }
-size_t cgi_ukr_packed_b(const cgi_ukr *u, int64_t k, int64_t n) { return (size_t)((n + u->nr - 1) / u->nr * u->pnr * k); }
-
-/* One panel: dst[p * w + i] = src[i * si + p * sp] for i < rows, zero for rows <= i < w. The loop
- * runs along whichever source stride is 1, so the reads are contiguous. */
-static void pack_panel(int64_t rows, int64_t w, int64_t k, const cg_real *src, int64_t si, int64_t sp, cg_real *dst) {
-    if (sp == 1) {
-        int64_t p0 = 0; /* depths done by register transposes */
-#ifdef CGI_PACK12
-        if (fast_transpose && rows % 4 == 0) p0 = transpose_rows(src, si, k, rows, 1, dst, w);
-#endif
-        for (int64_t i = 0; i < rows; i++)
-            for (int64_t p = p0; p < k; p++) dst[p * w + i] = src[i * si + p];
-        for (int64_t p = 0; p < k; p++)
-            for (int64_t i = rows; i < w; i++) dst[p * w + i] = 0;
-        return;
-    }
-    for (int64_t p = 0; p < k; p++) {
-        cg_real *d = dst + p * w;
-        const cg_real *s = src + p * sp;
-        for (int64_t i = 0; i < rows; i++) d[i] = s[i * si];
-        for (int64_t i = rows; i < w; i++) d[i] = 0;
-    }
-}
-
-/* Panels of width w = t when the source's panel rows are contiguous (si 1): a copy of w reals per
- * depth. Panel by panel, every depth starts a new source line (rows are a matrix's width apart) and
- * a 12-wide panel reads 48 bytes of each 64; here DB depths go across all the panels before the
- * next DB, so the lines a panel leaves half read are still in L1 for the next one. The last panel
- * may be partial: its missing rows are zero. DB rows are DB streams: where DB rows of the block fit
- * in half of L1, the next DB rows' lines are asked for as these are read (a linear's dW with 256
- * outputs, bench/bench_pack: A 310 -> 185 us, B 738 -> 630 us); a wider block's would be gone
- * again before their turn (1024 wide: no gain, 2% slower). */
-enum { DB = 16, PREFETCH_SPAN = 32768 };
-static void pack_across(int64_t w, int64_t count, int64_t k, const cg_real *src, int64_t sp, cg_real *dst) {
-    const int64_t next = DB * count * (int64_t)sizeof(cg_real) <= PREFETCH_SPAN ? DB * sp : 0;
-    for (int64_t p0 = 0; p0 < k; p0 += DB) {
-        const int64_t p1 = k - p0 < DB ? k : p0 + DB;
-        for (int64_t i = 0; i < count; i += w) {
-            const int64_t rows = count - i < w ? count - i : w;
-            cg_real *d = dst + i * k;
-            const cg_real *sr = src + i;
-            if (rows == 32 && w == 32) /* the tile widths here, as constants: the copies inline */
-                for (int64_t p = p0; p < p1; p++) {
-                    if (next) prefetch_at(sr + p * sp, next), prefetch_at(sr + p * sp, next + 31);
-                    memcpy(d + p * 32, sr + p * sp, 32 * sizeof(cg_real));
-                }
-            else if (rows == 12 && w == 12)
-                for (int64_t p = p0; p < p1; p++) {
-                    if (next) prefetch_at(sr + p * sp, next), prefetch_at(sr + p * sp, next + 11);
-                    memcpy(d + p * 12, sr + p * sp, 12 * sizeof(cg_real));
-                }
-            else
-                for (int64_t p = p0; p < p1; p++) {
-                    memcpy(d + p * w, sr + p * sp, (size_t)rows * sizeof(cg_real));
-                    memset(d + p * w + rows, 0, (size_t)(w - rows) * sizeof(cg_real));
-                }
-        }
-    }
-}
-
-/* Panels of width w (tile t) over `count` rows of src (strides si along them, sp along depth k). */
-static void pack_panels(const cgi_ukr *u, void *kernel, pack_t schema, int64_t t, int64_t w, int64_t count, int64_t k,
-                        const cg_real *src, int64_t si, int64_t sp, cg_real *dst) {
-    cg_real one = 1;
-    if (si == 1 && w == t) {
-        pack_across(w, count, k, src, sp, dst);
-        return;
-    }
-    for (int64_t i = 0; i < count; i += t, dst += w * k) {
-        const int64_t rows = count - i < t ? count - i : t;
-        if (kernel)
-            ((pack_fn)kernel)(BLIS_NO_CONJUGATE, schema, rows, k, k, &one, (cg_real *)src + i * si, si, sp, dst, w,
-                              (cntx_t *)u->cntx);
-        else pack_panel(rows, w, k, src + i * si, si, sp, dst);
-    }
-}
-
-void cgi_ukr_pack_a(const cgi_ukr *u, int64_t m, int64_t k, const cg_real *a, int64_t rs, int64_t cs, cg_real *dst) {
-    pack_panels(u, u->pack_a, BLIS_PACKED_ROW_PANELS, u->mr, u->pmr, m, k, a, rs, cs, dst);
-}
-
-void cgi_ukr_pack_b(const cgi_ukr *u, int64_t k, int64_t n, const cg_real *b, int64_t rs, int64_t cs, cg_real *dst) {
-    pack_panels(u, u->pack_b, BLIS_PACKED_COL_PANELS, u->nr, u->pnr, n, k, b, cs, rs, dst);
-}
-
-void cgi_ukr_gemm(const cgi_ukr *u, int64_t m, int64_t n, int64_t k, cg_real alpha, const cg_real *a, int64_t ka,
-                  const cg_real *b, int64_t kb, cg_real beta, cg_real *c, int64_t rsc, int64_t csc, int64_t n_diag,
-                  int64_t k_diag) {
-    const ukr_fn kernel = (ukr_fn)u->kernel;
-    auxinfo_t aux;
-    memset(&aux, 0, sizeof aux);
-    if (u->swap) { /* tiles of C^T: B's panels are the kernel's A, A's its B, C's rows its columns */
-        for (int64_t i = 0; i < m; i += u->mr) {
-            int64_t kk = k_diag != CGI_UKR_FULL && i + u->mr + k_diag < k ? i + u->mr + k_diag : k;
-            if (kk < 1) kk = 1;
-            const cg_real *ap = a + i / u->mr * u->pmr * ka;
-            for (int64_t j = 0; j < n; j += u->nr) {
-                if (n_diag != CGI_UKR_FULL && j > i + u->mr - 1 + n_diag) break; /* and every tile after it */
-                const cg_real *bp = b + j / u->nr * u->pnr * kb;
-                bli_auxinfo_set_next_a((void *)(bp + u->pnr * kb), &aux);
-                bli_auxinfo_set_next_b((void *)ap, &aux);
-                kernel(n - j < u->nr ? n - j : u->nr, m - i < u->mr ? m - i : u->mr, kk, &alpha, (cg_real *)bp,
-                       (cg_real *)ap, &beta, c + i * rsc + j * csc, csc, rsc, &aux, (cntx_t *)u->cntx);
-            }
-        }
-        return;
-    }
-    /* as BLIS's macro-kernel: a B panel stays in L1 while the A panels stream past it */
-    for (int64_t j = 0; j < n; j += u->nr) {
-        const cg_real *bp = b + j / u->nr * u->pnr * kb;
-        for (int64_t i = 0; i < m; i += u->mr) {
-            if (n_diag != CGI_UKR_FULL && j > i + u->mr - 1 + n_diag) continue;
-            int64_t kk = k_diag != CGI_UKR_FULL && i + u->mr + k_diag < k ? i + u->mr + k_diag : k;
-            if (kk < 1) kk = 1; /* rows that see nothing still get their tile written */
-            const cg_real *ap = a + i / u->mr * u->pmr * ka;
-            bli_auxinfo_set_next_a((void *)(ap + u->pmr * ka), &aux);
-            bli_auxinfo_set_next_b((void *)bp, &aux);
-            kernel(m - i < u->mr ? m - i : u->mr, n - j < u->nr ? n - j : u->nr, kk, &alpha, (cg_real *)ap,
-                   (cg_real *)bp, &beta, c + i * rsc + j * csc, rsc, csc, &aux, (cntx_t *)u->cntx);
-        }
-    }
-}
 
 /* ---- BLIS's blocking, cgrad's packs ---- */
 
@@ -752,12 +307,7 @@ static void blk_init(void) {
     cgi_ukr_init(&blk_ukr);
     pack_key_ok = pthread_key_create(&pack_key, pack_bufs_free) == 0;
     const char *off = getenv("CGRAD_GEMM_BLIS"); /* set: BLIS's own driver for every product, for comparisons */
-#ifdef CGI_PACK12
-    blk_on = blk_ukr.swap && fast_transpose && !(off && *off);
-#else
-    (void)off;
-    blk_on = false;
-#endif
+    blk_on = blk_ukr.swap && cgi_pack_fast_transpose() && !(off && *off); /* false without the transposing packs */
 }
 static pthread_once_t blk_once = PTHREAD_ONCE_INIT;
 
@@ -815,7 +365,7 @@ static void pack_panel_half(int64_t rows, int64_t w, int64_t k, const uint16_t *
         for (int64_t p0 = 0; p0 < k; p0 += WD) {
             const int64_t dk = k - p0 < WD ? k - p0 : WD;
             for (int64_t i = 0; i < rows; i++) widen_el(tmp + i * WD, src + i * si + p0, dk, el);
-            pack_panel(rows, w, dk, tmp, WD, 1, dst + p0 * w);
+            cgi_pack_panel(rows, w, dk, tmp, WD, 1, dst + p0 * w);
         }
         return;
     }
@@ -986,7 +536,7 @@ static bool team_pack_own(void) {
  * so the bits are those of each piece packing its own. Sets sh[i] for each job (buf NULL: none)
  * and returns whether any job shares. */
 enum { SHARE_MAX = 1 << 22 };
-static bool share_packs(const cgi_gemm_job *jobs, int njobs, unsigned fl, const piece *pcs, int np, shared_pack *sh,
+static bool share_packs(const cgi_gemm_job *jobs, int njobs, unsigned fl, const cgi_gemm_piece *pcs, int np, shared_pack *sh,
                         _Atomic int *states) {
     if (fl || !cgi_gemm_blocked_on() || team_pack_own()) return false;
     const cgi_ukr *u = &blk_ukr;
@@ -997,7 +547,7 @@ static bool share_packs(const cgi_gemm_job *jobs, int njobs, unsigned fl, const 
         int pieces = 0;
         for (int q = 0; q < np; q++) pieces += pcs[q].job == i;
         if (pieces < 2 || half_job(j) || j->csc != 1 || j->m < 32 || j->n < 32 || j->k < 32) continue;
-        const bool a = !cut_rows(j);
+        const bool a = !cgi_gemm_cut_rows(j);
         const blk_sizes z = blk_sizes_of(u, j->m, j->n, j->k, false);
         const int64_t blocks = a ? z.mblk * z.passes : z.passes * z.nblk;
         const int64_t size = (int64_t)(a ? cgi_ukr_packed_a(u, j->m, j->k) : cgi_ukr_packed_b(u, j->k, j->n));

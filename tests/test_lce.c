@@ -245,7 +245,7 @@ static cg_status run_in_team(void *ctx) {
 }
 
 /* A vocabulary of one slab (at most 256 classes) is cut into parts by rows and by columns
- * (ops/loss.c): as a team's pieces, which the helpers take, with the same bits at 1 and 2 threads
+ * (ops/loss_head.c): as a team's pieces, which the helpers take, with the same bits at 1 and 2 threads
  * and the composite's values. */
 static void one_slab_shared(const char *what, lce_case k) {
     compare(what, k);
