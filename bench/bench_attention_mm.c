@@ -17,19 +17,10 @@
 #include <time.h>
 
 #include <cgrad/cgrad.h>
+#include "bench_timing.h"
 #include "graph/internal.h"
 #include "ops/attention_internal.h"
 
-static double thread_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
-}
-
-static int cmp(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 static float *filled(size_t n, cg_rng *r) {
     float *x = malloc(n * sizeof *x);
@@ -67,7 +58,7 @@ int main(int argc, char **argv) {
     const int inner = (int)(2e7 / (2.0 * T * T * D)) + 1;
     for (int rep = 0; rep < reps; rep++)
         for (int kind = 0; kind < NK; kind++) {
-            const double t0 = thread_ms();
+            const double t0 = bench_thread_ms();
             for (int i = 0; i < (kind == NK - 1 ? 1 : inner); i++) switch (kind) {
                 case 0: cgi_attn_mm_panels(T, T, D, 0.125f, q, rs, 1, kt, 0, s, T, diag, F, F); break;
                 case 1: cgi_attn_mm(T, D, T, 1, s, T, 1, v, D, 0, o, rs, F, diag, F); break;
@@ -82,14 +73,14 @@ int main(int argc, char **argv) {
                 case 7: cgi_attn_mm(T, T, D, 1, dO, rs, 1, kt, T, 0, s, T, diag, F, F); break;
                 default: cgi_gemm(N, N, N, ga, N, 1, gb, N, 1, 1, 0, gc, N, 1, 1);
                 }
-            ms[kind][rep] = (thread_ms() - t0) / (kind == NK - 1 ? 1 : inner);
+            ms[kind][rep] = (bench_thread_ms() - t0) / (kind == NK - 1 ? 1 : inner);
         }
     const double full = 2.0 * T * T * D, part = causal ? full * (T + 6) / (2.0 * T) : full;
     printf("# bench_attention_mm: T %lld, D %lld, %s, rows %lld apart, 1 thread, %d repetitions x %d calls\n",
            (long long)T, (long long)D, causal ? "causal" : "full", (long long)rs, reps, inner);
     double peak = 0;
     for (int kind = NK - 1; kind >= 0; kind--) {
-        qsort(ms[kind], (size_t)reps, sizeof(double), cmp);
+        qsort(ms[kind], (size_t)reps, sizeof(double), bench_cmp);
         const double med = ms[kind][reps / 2];
         const double fl = kind == NK - 1 ? 2.0 * N * N * N : kind == 6 ? 0 : part;
         const double gf = fl / 1e6 / med;

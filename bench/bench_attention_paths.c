@@ -16,19 +16,10 @@
 #include <time.h>
 
 #include <cgrad/cgrad.h>
+#include "bench_timing.h"
 #include "graph/internal.h"
 #include "ops/attention_internal.h"
 
-static double thread_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
-}
-
-static int cmp(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 int main(int argc, char **argv) {
     enum { MAXREPS = 101, PASSES = 5 };
@@ -67,11 +58,11 @@ int main(int argc, char **argv) {
     for (int k = 0; k < reps; k++)
         for (int path = direct_only; path < 2; path++) { /* 0: micro-kernel, 1: direct */
             cgi_attn_direct_force(path == 1);
-            const double t0 = thread_ms();
+            const double t0 = bench_thread_ms();
             for (int i = 0; i < PASSES; i++) cgi_fwd_attention(o);
-            const double t1 = thread_ms();
+            const double t1 = bench_thread_ms();
             for (int i = 0; i < PASSES; i++) cgi_bwd_attention(o); /* adds into the gradients again: same work */
-            const double t2 = thread_ms();
+            const double t2 = bench_thread_ms();
             fwd[path][k] = (t1 - t0) / PASSES, bwd[path][k] = (t2 - t1) / PASSES;
         }
     const double flops = 6 * 2.0 * (double)(B * H * T * T * D);
@@ -83,9 +74,9 @@ int main(int argc, char **argv) {
     for (int path = direct_only; path < 2; path++) {
         double sum[MAXREPS];
         for (int k = 0; k < reps; k++) sum[k] = fwd[path][k] + bwd[path][k];
-        qsort(fwd[path], (size_t)reps, sizeof(double), cmp);
-        qsort(bwd[path], (size_t)reps, sizeof(double), cmp);
-        qsort(sum, (size_t)reps, sizeof(double), cmp);
+        qsort(fwd[path], (size_t)reps, sizeof(double), bench_cmp);
+        qsort(bwd[path], (size_t)reps, sizeof(double), bench_cmp);
+        qsort(sum, (size_t)reps, sizeof(double), bench_cmp);
         tot[path] = sum[reps / 2];
         printf("%-13s fwd %7.3f [%7.3f, %7.3f]  bwd %7.3f [%7.3f, %7.3f]  fwd+bwd %7.3f ms  %6.1f GFLOP/s\n",
                path ? "direct" : "micro-kernel", fwd[path][reps / 2], fwd[path][0], fwd[path][reps - 1], bwd[path][reps / 2],

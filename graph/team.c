@@ -476,7 +476,7 @@ static cg_status span(cg_status (*body)(void *ctx), void *ctx, bool large) {
             body_t1 = omp_get_wtime();
         } else helper_loop(&tm);
     }
-    if (getenv("CGRAD_TEAM_STATS")) {
+    if (team_stats) {
         cgi_team_counts c;
         cgi_team_stats(&c);
         fprintf(stderr, "team: %lld runs with helpers, %lld without, %lld of %lld pieces by helpers, %lld stalls, "
