@@ -461,6 +461,20 @@ static cg_real *shared_block(const shared_pack *sh, int64_t idx, int64_t at, boo
 
 long long cgi_gemm_shared_reads(void) { return atomic_load(&shared_reads); }
 
+/* Where a piece's block of A (a) or B goes: its place in the job's shared pack when the pack holds
+ * that operand and the block is ready or claimed (shared_block), else the piece's own buffer. *fill:
+ * the piece packs the block there (then block_filled). */
+static cg_real *block_at(const shared_pack *sh, bool a, int64_t idx, int64_t at, cg_real *own, bool *fill) {
+    cg_real *s = sh && sh->a == a ? shared_block(sh, idx, at, fill) : NULL;
+    if (!s) *fill = true;
+    return s ? s : own;
+}
+
+/* After a piece packed block idx at p: a shared block is ready for the other pieces. */
+static void block_filled(const shared_pack *sh, int64_t idx, const cg_real *p, const cg_real *own) {
+    if (p != own) atomic_store_explicit(&sh->state[idx], BLOCK_READY, memory_order_release);
+}
+
 /* Runs j through the driver above where it applies (see blk_init; C row-major, no dimension
  * below 32); false: the caller runs BLIS. A job with a half-precision operand or C (cgi_gemm_half)
  * always applies (any sizes, C row-major); false only without memory for the packs. sh: a
@@ -489,19 +503,17 @@ static bool gemm_blocked(const cgi_gemm_job *j, unsigned fl, const shared_pack *
             for (int64_t q = 0; q < (c16 ? k : n); q += c16 ? kc0 : nc0) {
                 const int64_t pc = c16 ? q : o, ic = c16 ? o : q;
                 const int64_t kc = k - pc < kc0 ? k - pc : kc0, nb = n - ic < nc0 ? n - ic : nc0;
-                bool pack = true;
+                bool fill;
                 if (c16 || ic == 0) {
                     const int64_t idx = jc / mc0 * z.passes + pc / kc0;
-                    cg_real *at = sh && sh->a ? shared_block(sh, idx, pc * a_pass + jc / u->mr * u->pmr * kc, &pack) : NULL;
-                    if (!at || pack) pack_a_block(u, j, jc, pc, mc, kc, at ? at : a_own);
-                    if (at && pack) atomic_store_explicit(&sh->state[idx], BLOCK_READY, memory_order_release);
-                    ap = at ? at : a_own;
+                    cg_real *at = block_at(sh, true, idx, pc * a_pass + jc / u->mr * u->pmr * kc, a_own, &fill);
+                    if (fill) pack_a_block(u, j, jc, pc, mc, kc, at), block_filled(sh, idx, at, a_own);
+                    ap = at;
                 }
                 const int64_t idx = pc / kc0 * z.nblk + ic / nc0;
-                cg_real *bt = sh && !sh->a ? shared_block(sh, idx, pc * b_pass + ic / u->nr * u->pnr * kc, &pack) : NULL;
-                if (!bt || pack) pack_b_block(u, j, pc, ic, kc, nb, bt ? bt : b_own);
-                if (bt && pack) atomic_store_explicit(&sh->state[idx], BLOCK_READY, memory_order_release);
-                bp = bt ? bt : b_own;
+                cg_real *bt = block_at(sh, false, idx, pc * b_pass + ic / u->nr * u->pnr * kc, b_own, &fill);
+                if (fill) pack_b_block(u, j, pc, ic, kc, nb, bt), block_filled(sh, idx, bt, b_own);
+                bp = bt;
                 blk_macro(u, mc, nb, kc, j->alpha, ap, bp, pc == 0 ? j->beta : 1,
                           pc == 0 && j->bias ? j->bias + ic * j->bias_stride : NULL, j->bias_stride,
                           j->relu && pc + kc >= k,
