@@ -287,30 +287,32 @@ static void two_tasks_apart(void *ctx, int q) {
 }
 
 static cg_status tasks_apart(void *ctx) {
-    (void)ctx;
     cgi_team_pieces(two_tasks_apart, NULL, 4);
-    busy(5e-3);
+    busy(*(const double *)ctx); /* thread 0 alone, seconds */
     cgi_team_pieces(two_tasks_apart, NULL, 4);
     return CG_OK;
 }
 
 static void test_team_large_never_naps(void) {
+    const double alone = 5e-3;
     cg_set_threads(2);
     cgi_set_team_large(1), cgi_cores_force(0); /* a busy machine must not keep the run on one thread */
     cgi_team_counts before;
     cgi_team_stats(&before);
     for (int run = 0; run < 5; run++)
-        CHECK(cgi_run_graph(cgi_run_par_min(), true, tasks_apart, NULL) == CG_OK, "%s", cg_last_error());
+        CHECK(cgi_run_graph(cgi_run_par_min(), true, tasks_apart, (void *)&alone) == CG_OK, "%s", cg_last_error());
     cgi_team_counts d = team_delta(&before);
     CHECK(d.pieces == 40 && d.naps == 0,
           "large spans: %lld pieces shared (want 40), the helper napped %lld times", d.pieces, d.naps);
-    /* a nap needs the helper on a core through 2 ms of thread 0 alone: beside other processes it
-     * may be switched out instead, so up to 50 runs, until it naps */
+    /* a nap needs the helper back on a core after 2 ms idle and before the next task: beside other
+     * processes a yielding helper may stay switched out through 5 ms, and find the next task first.
+     * Here thread 0 runs 30 ms alone, some time slices, up to 50 runs until the helper naps. */
+    const double long_alone = 30e-3;
     cgi_team_set_guard(CGI_TEAM_GUARD_ON);
     cgi_team_stats(&before);
     int runs = 0;
     for (d = team_delta(&before); runs < 50 && d.naps == 0; runs++, d = team_delta(&before))
-        CHECK(cg_run_with_team(tasks_apart, NULL) == CG_OK, "%s", cg_last_error());
+        CHECK(cg_run_with_team(tasks_apart, (void *)&long_alone) == CG_OK, "%s", cg_last_error());
     CHECK(d.pieces == 8 * runs && d.naps > 0,
           "generation's spans: %lld pieces shared in %d runs (want %d), the helper napped %lld times", d.pieces, runs,
           8 * runs, d.naps);
