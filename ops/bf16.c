@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* bf16 mixed precision: the products of a CG_BF16 graph take bfloat16 operands and accumulate in
  * float, on oneDNN's matmul primitive (vdpbf16ps) or on the fp32 FMA units with the operands
- * widened as they are packed (cgi_gemm_bf16), whichever this CPU runs faster (decide_kernel);
+ * widened as they are packed (cgi_gemm_bf16), whichever this CPU runs faster (ops/bf16_kernel.c);
  * everything else stays cg_real (see docs/mixed-precision.md). Conversions happen
  * here and only here:
  *  - a parameter is converted once per change of its set's version (an optimizer step bumps it)
@@ -11,7 +11,6 @@
  *  - results are written as float straight into the op's output or gradient (beta = 1 adds).
  * oneDNN's primitives are made on first use and cached per graph, keyed by shapes, strides and
  * scales, so a graph rebuilt each step of the same shape reuses them. */
-#define _DEFAULT_SOURCE /* syscall: AMX's permission (arch_prctl) */
 #include <omp.h>
 #include <stdlib.h>
 
@@ -21,7 +20,6 @@
 
 #if defined(CGRAD_DNNL) && !defined(CGRAD_DOUBLE)
 #define LP_BUILD 1
-#include <cpuid.h>
 #include "ops/bf16_engine.h"
 #endif
 
@@ -137,224 +135,6 @@ int cgi_lp_force_kernel;
 
 static dnnl_engine_t engine;
 static dnnl_stream_t stream;
-static const char *unavailable; /* decided once */
-static bool decided;
-
-/* avx512_bf16: CPUID leaf 7, sub-leaf 1, EAX bit 5. oneDNN would emulate it on plain AVX-512 at
- * a fraction of the speed, so without it oneDNN is never used (the products run on the fp32 units). */
-static bool cpu_has_bf16(void) {
-    unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
-    return (a >> 5) & 1;
-}
-
-/* ---- which kernel runs the products: oneDNN's bf16 one, or the fp32 units ---- */
-
-/* A bf16 product can run on oneDNN's matmul (vdpbf16ps, or AMX tiles where the CPU has them and
- * the OS allows them), or on the fp32 FMA units with the operands widened to float as they are
- * packed (cgi_gemm_bf16: exact, the values stay stored in bf16). On Zen 4/5 and Cooper Lake
- * vdpbf16ps does twice an FMA's flops at the FMA's rate; on some Xeons it issues at a quarter of
- * it (half the fp32 peak); AMX's tdpbf16ps does 16 x 16 x 32 products per instruction, which
- * oneDNN runs at 2.8x the fp32 units' GEMM on a Xeon with AMX. So the choice is measured, once per
- * process, when bf16 is first asked for: register-only loops of each instruction the CPU has
- * (cgi_lp_peaks), interleaved, seven repetitions each in thread CPU time, the ratio of the best
- * bf16 rate's median to the FMA's (~6 ms). Below 1 the fp32 units win; the machines seen give
- * 0.49, about 2 (vdpbf16ps at full rate) or above 10 (AMX), far from the threshold. */
-static int kernel = K_FP32;
-int cgi_lp_force_kernel;
-
-static double kernel_ratio = NAN, amx_ratio = NAN;
-static const char *kernel_why = "";
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <time.h>
-#include <unistd.h>
-enum { PEAK_ACC = 24, PEAK_ROUNDS = 1 << 15, PEAK_REPS = 7, AMX_ROUNDS = 1 << 13 };
-
-/* AMX with bf16 products: CPUID leaf 7 EDX bits 22 (AMX-BF16) and 24 (AMX-TILE), the OS saving
- * the tile state (XCR0 bits 17 and 18), and Linux's per-process permission for it (arch_prctl
- * ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, which oneDNN requests too). A guest may hide it;
- * without all three a tile instruction faults, so none runs. */
-static bool amx_usable(void) {
-    unsigned a, b, c, d, lo, hi;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d >> 22 & 1) || !(d >> 24 & 1) || !__get_cpuid(1, &a, &b, &c, &d) ||
-        !(c >> 27 & 1)) /* OSXSAVE: xgetbv may run */
-        return false;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 }; /* asking again is harmless */
-    return (lo >> 17 & 3) == 3 && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-}
-
-static double thread_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-/* flops per second of PEAK_ROUNDS rounds of PEAK_ACC independent vdpbf16ps (16 lanes, 2 products) */
-__attribute__((target("avx512f,avx512bf16"))) static double peak_bf16(void) {
-    __m512 acc[PEAK_ACC];
-    for (int i = 0; i < PEAK_ACC; i++) acc[i] = _mm512_setzero_ps();
-    __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3f00);
-    const double t = thread_s();
-    for (long r = 0; r < PEAK_ROUNDS; r++) {
-#pragma GCC unroll 24
-        for (int i = 0; i < PEAK_ACC; i++) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
-        __asm__ volatile("" : "+v"(a), "+v"(b)); /* keeps the loop from being folded */
-    }
-    const double dt = thread_s() - t;
-    float s = 0;
-    for (int i = 0; i < PEAK_ACC; i++) s += _mm512_reduce_add_ps(acc[i]);
-    __asm__ volatile("" ::"x"(s));
-    return (double)PEAK_ROUNDS * PEAK_ACC * 64 / dt;
-}
-
-/* the same for vfmadd231ps (16 lanes, 1 product) */
-__attribute__((target("avx512f"))) static double peak_fp32(void) {
-    __m512 acc[PEAK_ACC];
-    for (int i = 0; i < PEAK_ACC; i++) acc[i] = _mm512_setzero_ps();
-    __m512 a = _mm512_set1_ps(1.0001f), b = _mm512_set1_ps(0.5f);
-    const double t = thread_s();
-    for (long r = 0; r < PEAK_ROUNDS; r++) {
-#pragma GCC unroll 24
-        for (int i = 0; i < PEAK_ACC; i++) acc[i] = _mm512_fmadd_ps(a, b, acc[i]);
-        __asm__ volatile("" : "+v"(a), "+v"(b));
-    }
-    const double dt = thread_s() - t;
-    float s = 0;
-    for (int i = 0; i < PEAK_ACC; i++) s += _mm512_reduce_add_ps(acc[i]);
-    __asm__ volatile("" ::"x"(s));
-    return (double)PEAK_ROUNDS * PEAK_ACC * 32 / dt;
-}
-
-/* the same for tdpbf16ps: AMX_ROUNDS rounds of 4 independent tile products, each 16 x 16 outputs
- * over 32 bf16 pairs (16384 flops); tiles 0-3 accumulate, 4-7 hold the operands */
-__attribute__((target("amx-tile,amx-bf16"))) static double peak_amx(void) {
-    struct {
-        uint8_t palette, start_row, reserved[14];
-        uint16_t colsb[16];
-        uint8_t rows[16];
-    } cfg = {.palette = 1};
-    for (int i = 0; i < 8; i++) cfg.colsb[i] = 64, cfg.rows[i] = 16;
-    cgi_bf16 ones[16 * 32] __attribute__((aligned(64)));
-    float out[16 * 16] __attribute__((aligned(64)));
-    for (int i = 0; i < 16 * 32; i++) ones[i] = 0x3f80;
-    _tile_loadconfig(&cfg);
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    _tile_loadd(4, ones, 64);
-    _tile_loadd(5, ones, 64);
-    _tile_loadd(6, ones, 64);
-    _tile_loadd(7, ones, 64);
-    const double t = thread_s();
-    for (long r = 0; r < AMX_ROUNDS; r++) {
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-    }
-    const double dt = thread_s() - t;
-    _tile_stored(0, out, 64);
-    _tile_release();
-    __asm__ volatile("" ::"m"(out));
-    return (double)AMX_ROUNDS * 4 * 16384 / dt;
-}
-
-static int cmp_double(const void *x, const void *y) {
-    const double a = *(const double *)x, b = *(const double *)y;
-    return (a > b) - (a < b);
-}
-
-static double median(double *v) {
-    qsort(v, PEAK_REPS, sizeof *v, cmp_double);
-    return v[PEAK_REPS / 2];
-}
-
-/* Medians of interleaved runs, after one of each untimed (the AVX-512 units may be powered down
- * until used; the first tile instruction makes the kernel enlarge the thread's saved state): the
- * FMA's, vdpbf16ps's (NaN without avx512_bf16) and tdpbf16ps's (NaN where AMX is not usable) */
-void cgi_lp_peaks(double *fp32, double *bf16, double *amx) {
-    double f[PEAK_REPS], h[PEAK_REPS], x[PEAK_REPS];
-    *fp32 = *bf16 = *amx = NAN;
-    if (!cpu_has_bf16()) return;
-    const bool tiles = amx_usable();
-    peak_fp32(), peak_bf16();
-    if (tiles) peak_amx();
-    for (int r = 0; r < PEAK_REPS; r++) f[r] = peak_fp32(), h[r] = peak_bf16(), x[r] = tiles ? peak_amx() : NAN;
-    *fp32 = median(f), *bf16 = median(h);
-    if (tiles) *amx = median(x);
-}
-#else
-static bool amx_usable(void) { return false; }
-void cgi_lp_peaks(double *fp32, double *bf16, double *amx) { *fp32 = *bf16 = *amx = NAN; }
-#endif
-
-/* kernel_ratio = vdpbf16ps rate / fp32 FMA rate, amx_ratio = tdpbf16ps rate / fp32 FMA rate */
-static void measure_ratios(void) {
-    double f, h, x;
-    cgi_lp_peaks(&f, &h, &x);
-    kernel_ratio = h / f, amx_ratio = x / f;
-}
-
-/* Sets kernel, kernel_ratio and kernel_why; returns why bf16 cannot run, or NULL. */
-static const char *decide_kernel(void) {
-    const bool has = cpu_has_bf16();
-    const char *env = getenv("CGRAD_BF16_GEMM");
-    if (has) measure_ratios();
-    if (env && *env) {
-        if (!strcmp(env, "onednn")) {
-            kernel = K_ONEDNN, kernel_why = "CGRAD_BF16_GEMM=onednn";
-            if (!has) return "CGRAD_BF16_GEMM=onednn, but this CPU lacks avx512_bf16 (see the flags in /proc/cpuinfo); "
-                             "unset it to run bf16 on the fp32 units";
-        } else if (!strcmp(env, "fp32"))
-            kernel = K_FP32, kernel_why = "CGRAD_BF16_GEMM=fp32";
-        else
-            return "CGRAD_BF16_GEMM must be onednn or fp32";
-    } else if (!has)
-        kernel = K_FP32, kernel_why = "this CPU lacks avx512_bf16";
-    else if (amx_ratio >= 1)
-        kernel = K_ONEDNN, kernel_why = "AMX tiles faster than the fp32 FMA (measured)";
-    else if (kernel_ratio < 1)
-        kernel = K_FP32, kernel_why = isfinite(amx_ratio) ? "vdpbf16ps and AMX tiles slower than the fp32 FMA (measured)"
-                                                          : "vdpbf16ps slower than the fp32 FMA (measured)";
-    else
-        kernel = K_ONEDNN, kernel_why = "vdpbf16ps faster than the fp32 FMA (measured)";
-    return NULL;
-}
-
-/* No oneDNN call here: `cgrad bench` asks in a parent process that must stay fork-safe. */
-const char *cg_bf16_unavailable(void) {
-#pragma omp critical(cgi_lp_engine)
-    if (!decided) {
-        decided = true;
-        if (getenv("CGRAD_BF16_DISABLE") && atoi(getenv("CGRAD_BF16_DISABLE")))
-            unavailable = "disabled by CGRAD_BF16_DISABLE";
-        else
-            unavailable = decide_kernel();
-    }
-    return unavailable;
-}
-
-const char *cg_bf16_kernel(void) {
-    if (cg_bf16_unavailable()) return NULL;
-    return kernel == K_ONEDNN ? "onednn" : "fp32";
-}
-double cg_bf16_dot_ratio(void) {
-    cg_bf16_unavailable();
-    return kernel_ratio;
-}
-double cg_bf16_amx_ratio(void) {
-    cg_bf16_unavailable();
-    return amx_ratio;
-}
-const char *cg_bf16_kernel_why(void) {
-    cg_bf16_unavailable();
-    return kernel_why;
-}
 
 /* The engine and stream, made on first use; false if oneDNN cannot make them. */
 static bool engine_ready(void) {
@@ -441,7 +221,7 @@ static const cgi_bf16 *param_bf16(cg_tensor *p) {
 
 /* The kernel a product of this context runs on: forced by the context or the tests, else the choice */
 static int kernel_of(const cgi_lp *lp) {
-    return lp && lp->force ? lp->force - 1 : cgi_lp_force_kernel ? cgi_lp_force_kernel - 1 : kernel;
+    return lp && lp->force ? lp->force - 1 : cgi_lp_force_kernel ? cgi_lp_force_kernel - 1 : cgi_lp_kernel;
 }
 
 /* The kernel an m x n product runs on. One row or one column of C (a generated token's products)
@@ -808,7 +588,7 @@ bool cgi_lp_gemm(const cg_tensor *t, bool bwd, int64_t m, int64_t n, int64_t k, 
 /* ---- the reference: the bf16 kernel's (or oneDNN's) product on square operands already in bf16 ---- */
 
 static double gemm_ref(int64_t n, int reps, bool onednn) {
-    if (cg_bf16_unavailable() || n < 1 || ((onednn || kernel_of(NULL) == K_ONEDNN) && (!cpu_has_bf16() || !engine_ready())))
+    if (cg_bf16_unavailable() || n < 1 || ((onednn || kernel_of(NULL) == K_ONEDNN) && (!cgi_lp_cpu_has_bf16() || !engine_ready())))
         return NAN;
     cgi_lp lp = {.force = onednn ? 1 + K_ONEDNN : 0};
     cgi_bf16 *a = calloc((size_t)(n * n), sizeof *a), *b = calloc((size_t)(n * n), sizeof *b);
@@ -836,7 +616,7 @@ bool cgi_lp_product(int which, int64_t m, int64_t n, int64_t k, const cgi_bf16 *
                     int64_t csc, const float *bias, bool c_bf16) {
     static cgi_lp lp[3]; /* primitives kept for the process, one context per forced kernel and one unforced */
     if (which < 0 || which > 3 || cg_bf16_unavailable() ||
-        ((which == 1 || (which == 3 && kernel == K_ONEDNN)) && (!cpu_has_bf16() || !engine_ready())))
+        ((which == 1 || (which == 3 && cgi_lp_kernel == K_ONEDNN)) && (!cgi_lp_cpu_has_bf16() || !engine_ready())))
         return false;
     if (which == 0) {
         cgi_lp_ref_gemm(m, n, k, a, rsa, csa, b, rsb, csb, alpha, c_bf16 ? 0 : beta, bias, c_bf16 ? NULL : c,
@@ -955,132 +735,6 @@ bool cgi_lp_lce_bwd(cg_tensor *t, int64_t m, int64_t v, int64_t d, cg_real *dlog
     return true;
 }
 
-/* ---- which values are stored in bf16 ---- */
-
-/* The producers that can write their value as bf16: their backward never reads it. */
-static bool writes_bf16(const cg_tensor *t) {
-    if (t->op == CGI_OP_LAYERNORM || t->op == CGI_OP_RMSNORM) return true;
-    /* GELU recomputes its output from x in backward; ReLU's reads only its sign (ops/elementwise.c) */
-    if ((t->op == CGI_OP_GELU || t->op == CGI_OP_GELU_TANH || t->op == CGI_OP_RELU) && cgi_contiguous(t->src[0])) return true;
-    /* SwiGLU's backward reads gate and up (ops/elementwise.c); CGRAD_BF16_SWIGLU_OFF=1 keeps it float */
-    return t->op == CGI_OP_SWIGLU && cgi_contiguous(t->src[0]) && cgi_contiguous(t->src[1]) && cgi_contiguous(t) &&
-           !getenv("CGRAD_BF16_SWIGLU_OFF");
-}
-
 void cgi_lp_shadow_fill(cg_tensor *t) { convert_all(t->data, t->lp_shadow, cgi_numel(t->ndim, t->shape)); }
-
-/* Shadows (t->lp_shadowed): a float value whose only readers in backward are linears taking it
- * as their input (a post-LN block's LayerNorm output, read by the next block's products and by
- * the residual add) keeps a bf16 copy for them, made once right after forward writes it; the float
- * dies with its last forward reader. The same bits as converting it at each product, one
- * conversion instead of one per reader, half the memory from forward's end to backward. Not with
- * checkpoint segments, whose recompute would need the copy remade. */
-static void plan_shadows(cg_graph *g) {
-    int *lin = calloc((size_t)g->n + 1, sizeof *lin), *other = calloc((size_t)g->n + 1, sizeof *other);
-    const bool segs = g->checkpointing;
-    for (int c = 0; lin && other && !segs && c < g->n; c++) {
-        const cg_tensor *t = g->nodes[c];
-        const cgi_op_desc *d = &cgi_ops[t->op];
-        for (int k = 0; k < t->nsrc; k++) {
-            const cg_tensor *r = t->src[k]->root;
-            if (r->id < 0) continue;
-            if (d->kind == CGI_KIND_VIEW) other[r->id]++; /* a view may pass it to anything */
-            else if (t->requires_grad && k < 32 && (cgi_bwd_reads(t) & (1u << k)))
-                ((t->op == CGI_OP_LINEAR || cgi_lp_lora_backed(t)) && k == 0 && t->src[0] == r ? lin : other)[r->id]++;
-        }
-    }
-    for (int i = 0; lin && other && !segs && i < g->n; i++) {
-        cg_tensor *t = g->nodes[i];
-        const cgi_op_desc *d = &cgi_ops[t->op];
-        t->lp_shadowed = !t->lp_value && t->root == t && !t->kept && !t->retain && t->dtype == CG_REAL &&
-                         d->kind == CGI_KIND_COMPUTE && !(d->bwd_grad & CGI_OUT_IN_SRC0) &&
-                         !(cgi_bwd_reads_out(t) && t->requires_grad) && lin[i] > 0 && other[i] == 0;
-    }
-    free(lin);
-    free(other);
-}
-
-/* A linear's value can be stored in bf16 when every reader is a GELU that stores its own value in
- * bf16 (so it runs lp_unary_fwd / lp_unary_bwd, which read a bf16 input): GPT-2's and BERT's FC
- * pre-activation, which GELU's backward reads back. The bias must be contiguous (oneDNN adds it
- * in the product's output stage). */
-static void plan_linear_outputs(cg_graph *g, const int *consumers) {
-    if (getenv("CGRAD_BF16_PREACT_OFF")) return;
-    int *gelu_readers = calloc((size_t)g->n + 1, sizeof *gelu_readers);
-    if (!gelu_readers) return;
-    for (int c = 0; c < g->n; c++) {
-        const cg_tensor *t = g->nodes[c];
-        if ((t->op == CGI_OP_GELU || t->op == CGI_OP_GELU_TANH) && t->lp_value && t->src[0]->root == t->src[0] &&
-            t->src[0]->id >= 0)
-            gelu_readers[t->src[0]->id]++;
-    }
-    for (int i = 0; i < g->n; i++) {
-        cg_tensor *t = g->nodes[i];
-        const cg_tensor *b = t->nsrc > 2 ? t->src[2] : NULL;
-        if (t->op == CGI_OP_LINEAR && t->root == t && !t->kept && !t->retain && consumers[i] > 0 &&
-            gelu_readers[i] == consumers[i] && cgi_contiguous(t) && (!b || b->stride[0] == 1))
-            t->lp_value = true;
-    }
-    free(gelu_readers);
-}
-
-/* A linear's value can be stored in bf16 when everything that reads it, through views (split,
- * split_heads), is fused attention taking it as q, k or v: attention widens a head's rows into its
- * slot when it starts the head (ops/attention.c), in forward and in backward, so the float value
- * (GPT-2's c_attn output, 113 MB over gpt-small's twelve blocks) is never needed. The rounding is
- * oneDNN's output stage's, as for the FC pre-activation, and torch's autocast makes it too (its
- * linear outputs are bf16). CGRAD_BF16_QKV_OFF=1 turns it off. */
-static void plan_attention_inputs(cg_graph *g, const int *consumers) {
-    if (getenv("CGRAD_BF16_QKV_OFF")) return;
-    int *attn = calloc((size_t)g->n + 1, sizeof *attn), *other = calloc((size_t)g->n + 1, sizeof *other);
-    for (int c = 0; attn && other && c < g->n; c++) {
-        const cg_tensor *t = g->nodes[c];
-        for (int k = 0; k < t->nsrc; k++) {
-            const cg_tensor *r = t->src[k]->root;
-            if (r->id < 0) continue;
-            if (cgi_ops[t->op].kind == CGI_KIND_VIEW) { /* its readers are counted as the root's */
-                if (t->retain) other[r->id]++; /* ... but a retained view is read as float */
-                continue;
-            }
-            (t->op == CGI_OP_ATTENTION && k < 3 && t->src[k]->dtype == CG_REAL ? attn : other)[r->id]++;
-        }
-    }
-    for (int i = 0; attn && other && i < g->n; i++) {
-        cg_tensor *t = g->nodes[i];
-        const cg_tensor *b = t->nsrc > 2 ? t->src[2] : NULL;
-        if (t->op == CGI_OP_LINEAR && t->root == t && !t->kept && !t->retain && consumers[i] > 0 && attn[i] > 0 &&
-            other[i] == 0 && cgi_contiguous(t) && (!b || b->stride[0] == 1))
-            t->lp_value = true;
-    }
-    free(attn);
-    free(other);
-}
-
-void cgi_lp_plan_values(cg_graph *g, const int *consumers) {
-    for (int i = 0; i < g->n; i++) {
-        g->nodes[i]->lp_value = g->nodes[i]->lp_shadowed = false;
-        g->nodes[i]->lp_shadow = NULL;
-    }
-    if (g->precision != CG_BF16 || !cgi_lp_ctx(g) || getenv("CGRAD_BF16_VALUES_OFF")) return;
-    int *linear_readers = calloc((size_t)g->n + 1, sizeof *linear_readers);
-    if (!linear_readers) return; /* everything stays float: slower, not wrong */
-    for (int c = 0; c < g->n; c++) {
-        const cg_tensor *t = g->nodes[c];
-        if (t->op == CGI_OP_LINEAR && t->src[0]->root == t->src[0] && t->src[0]->id >= 0 && t->src[1]->root != t->src[0] &&
-            (t->nsrc < 3 || t->src[2]->root != t->src[0]))
-            linear_readers[t->src[0]->id]++;
-        else if (cgi_lp_lora_backed(t) && t->src[0]->root == t->src[0] && t->src[0]->id >= 0) /* its weights are parameters */
-            linear_readers[t->src[0]->id]++;
-    }
-    for (int i = 0; i < g->n; i++) {
-        cg_tensor *t = g->nodes[i];
-        t->lp_value = writes_bf16(t) && t->root == t && !t->kept && !t->retain && t->dtype == CG_REAL &&
-                      cgi_ops[t->op].kind == CGI_KIND_COMPUTE && consumers[i] > 0 && linear_readers[i] == consumers[i];
-    }
-    free(linear_readers);
-    plan_linear_outputs(g, consumers);
-    plan_attention_inputs(g, consumers);
-    plan_shadows(g);
-}
 
 #endif

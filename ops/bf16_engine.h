@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* The bf16 product engine inside ops/bf16.c, shared with the ops whose bf16 paths live in their own
+/* The bf16 product engine inside ops/bf16.c (its kernel chosen in ops/bf16_kernel.c, its stored
+ * values planned in ops/bf16_plan.c), shared with the ops whose bf16 paths live in their own
  * file (ops/lora_bf16.c): oneDNN's cached primitives, conversion scratch, operands in bf16 and the
  * one-thread pieces of a product split by hand. Only in a build with oneDNN. Not installed. */
 #ifndef CGRAD_BF16_ENGINE_H
@@ -10,8 +11,12 @@
 #include "graph/internal.h"
 #include "ops/bf16_internal.h"
 
-/* which kernel runs the products (ops/bf16.c's decide_kernel) */
+/* which kernel runs the products (ops/bf16_kernel.c's decide_kernel) */
 enum { K_ONEDNN, K_FP32 };
+/* The kernel the process chose (K_ONEDNN or K_FP32), set by cg_bf16_unavailable's first call. */
+extern int cgi_lp_kernel;
+/* True when the CPU has avx512_bf16 (without it oneDNN is never used). */
+bool cgi_lp_cpu_has_bf16(void);
 
 /* ---- per graph: cached primitives and conversion scratch ---- */
 
