@@ -19,193 +19,6 @@
 #include "ops/bf16_internal.h"
 #include "ops/ops.h"
 
-/* Measured on Zen 3 (T = 256 causal, T = 128 full): blocks this large run the BLIS products at
- * 1.4x the speed of 64 x 64 ones. A causal block on the diagonal computes scores that the mask
- * then throws away, so causal attention takes the smaller query block. */
-#define BQ 128 /* scratch capacity; the query block is BQ, or BQ / 2 when causal */
-#define BK 256
-
-/* The node's settings (t->params). The bias options (ALiBi, T5's table) depend on the query and
- * key positions only through j - i, so per head they become one vector over the Tq + Tk - 1
- * relative offsets (rel), added to each row of scores as a contiguous run. */
-typedef struct {
-    double scale, dropout;
-    int64_t window;
-    bool causal, alibi, keeps_probs;
-    bool remakes_probs;        /* one key block, but backward remakes P from the scores (decided by the plan) */
-    bool lp_probs;             /* kept probabilities stored in bf16, or remade rounded so (a bf16 graph; the plan) */
-    bool lp_inputs;            /* some of q, k, v stored in bf16: the slots hold a head's widened rows */
-    int slots;                 /* scratch slots (the thread count at construction) */
-    int kp, bias, table;       /* source index of the key padding, the bias tensor, T5's table (0: none) */
-    int past;                  /* source index of the run-time past (opts->past; 0: none) */
-    int64_t bias_st[4];        /* the bias read as [B, Hq, Tq, Tk] (0 where broadcast) */
-    uint64_t step;             /* the graph's dropout step at the last forward */
-    int64_t nrel;              /* Tq + Tk - 1: relative offsets j - i + Tq - 1 */
-    int32_t bucket[];          /* with a T5 table: its bucket for each relative offset */
-} sdpa_params;
-
-static const sdpa_params *prm(const cg_tensor *t) { return t->params; }
-static bool has_rel(const sdpa_params *p) { return p->alibi || p->table; }
-
-/* aux: lse[B*H*Tq], then P[B*H*Tq*Tk] when kept; per slot (size_scratch): s[R*C], dp[R*C],
- * acc[R*D], rows[3*R], rel[nrel] (with a relative bias), a head's q, k and v rows widened from bf16
- * (when stored so), and when kept the packed operands below. R is a query block's rows, BQ, or
- * fewer with fewer queries (slot_rows), C a block's columns (slot_cols). */
-static size_t align16(size_t n) { return (n + 15) / 16 * 16; }
-/* Rows of a query block a slot has room for: BQ, or Tq rounded up to 32 (token-by-token decoding,
- * small graphs), which bounds every block's rows. */
-static int64_t slot_rows(const cg_tensor *t) {
-    const int64_t tq = t->shape[2];
-    return tq >= BQ ? BQ : (tq + 31) / 32 * 32;
-}
-static size_t inputs_reals(const cg_tensor *t) {
-    const int64_t tq = t->shape[2], tk = t->src[1]->shape[2], dq = t->src[0]->shape[3], dv = t->shape[3];
-    return prm(t)->lp_inputs ? align16((size_t)(tq * dq + tk * dq + tk * dv)) : 0;
-}
-/* Columns of a slot's blocks (their row stride): BK, or Tk rounded up to 16 when every key fits
- * in one block narrower than BK (each block then has at most Tk keys). */
-static int64_t slot_cols(const cg_tensor *t) {
-    const int64_t tk = t->src[1]->shape[2];
-    return tk >= BK ? BK : (tk + 15) / 16 * 16;
-}
-static size_t slot_reals(const cg_tensor *t) {
-    const sdpa_params *p = prm(t);
-    const int64_t rq = slot_rows(t);
-    return (size_t)(2 * rq * slot_cols(t) + rq * t->shape[3] + 3 * rq) + (has_rel(p) ? align16((size_t)p->nrel) : 0) +
-           inputs_reals(t);
-}
-static cg_real *rel_at(const cg_tensor *t, cg_real *slot) {
-    const int64_t rq = slot_rows(t);
-    return slot + 2 * rq * slot_cols(t) + rq * t->shape[3] + 3 * rq;
-}
-static cg_real *inputs_at(const cg_tensor *t, cg_real *slot) {
-    return rel_at(t, slot) + (has_rel(prm(t)) ? align16((size_t)prm(t)->nrel) : 0);
-}
-
-/* When every key fits in one block the softmax needs no running rescale, and the probabilities
- * (Tq x Tk per head, at most 256 keys wide, so still linear in Tq) are kept for backward, which
- * then skips recomputing the scores: one product and one exponential pass fewer per block.
- * Measured on gpt-tiny's attention (T = 256, causal): backward 16.2 -> 12.3 ms per layer
- * on two threads, and 6.3 -> 4.7 ms for bert-small's (T = 128, full). */
-static bool keeps_probs(int64_t tk) { return tk <= BK; }
-
-/* With the probabilities kept, the products run on BLIS's micro-kernel over operands packed here:
- * a head's keys and values once for all its query blocks (BLIS packs them again in every call),
- * and causal tiles above the diagonal skipped at the micro-tile rather than the block. Below a
- * few query rows (token-by-token generation) BLIS's own gemv stays the faster. */
-static bool packs_heads(const cg_tensor *t) { return prm(t)->keeps_probs && t->shape[2] >= 16; }
-
-/* The keys present when a run starts: Tk, or past + Tq with a run-time past (read from its int32). */
-static int64_t keys_present(const cg_tensor *t) {
-    const sdpa_params *p = prm(t);
-    return p->past ? *(const int32_t *)t->src[p->past]->data + t->shape[2] : t->src[1]->shape[2];
-}
-
-typedef struct {
-    cg_real *kv1; /* K^T in forward, V^T in backward: B panels of depth D over the keys */
-    cg_real *kv2; /* V in forward, K in backward: B panels of depth Tk over the features */
-    cg_real *a;   /* the A operand of one product */
-    cg_real *b;   /* a query block's dO or Q as B */
-    bool direct;  /* cgi_attn_mm instead: kv1 holds K^T (forward) or V^T (backward) [D, Tk] in panels
-                     (cgi_attn_transpose_panels), nothing else packed */
-    const cg_real *rows; /* direct: V (forward) or K (backward) with dense rows (cgi_attn_dense_rows, maybe in kv2) */
-    cg_real *kt;  /* backward remaking P (remakes_probs): K^T as forward's kv1 holds it */
-} packs;
-
-/* Room for K^T or V^T, packed for the micro-kernel or in the direct path's panels. */
-static size_t keys_t_reals(const cgi_ukr *u, int64_t tk, int64_t d) {
-    const size_t packed = cgi_ukr_packed_b(u, d, tk), panels = (size_t)cgi_attn_panels_reals(tk, d);
-    return align16(packed > panels ? packed : panels);
-}
-
-static size_t packs_reals(const cgi_ukr *u, int64_t rq, int64_t tk, int64_t d) {
-    const int64_t rows = rq > tk ? rq : tk, depth = d > rows ? d : rows;
-    return keys_t_reals(u, tk, d) + align16(cgi_ukr_packed_b(u, tk, d)) +
-           align16(cgi_ukr_packed_a(u, rows, depth)) + align16(cgi_ukr_packed_b(u, rq, d)) + 16;
-}
-
-/* Backward's remake of P needs forward's K^T (packed or, direct, plain) beside its own V^T and K. */
-static size_t kt_reals(const cg_tensor *t, const cgi_ukr *u) {
-    return prm(t)->remakes_probs ? keys_t_reals(u, t->src[1]->shape[2], t->shape[3]) : 0;
-}
-
-/* A thread's slot in forward's scratch, or in backward's (bwd: with room for K^T to remake P). */
-static size_t slot_stride(const cg_tensor *t, const cgi_ukr *u, bool bwd) {
-    return align16(slot_reals(t) +
-                   (packs_heads(t) ? packs_reals(u, slot_rows(t), t->src[1]->shape[2], t->shape[3]) + (bwd ? kt_reals(t, u) : 0) : 0));
-}
-
-/* The packed operands of a slot, 64-byte aligned as the micro-kernel's loads want. */
-static packs packs_at(const cg_tensor *t, cg_real *slot, const cgi_ukr *u, bool bwd) {
-    const int64_t tk = t->src[1]->shape[2], d = t->shape[3];
-    cg_real *p = slot + slot_reals(t);
-    p += (16 - ((uintptr_t)p / sizeof(cg_real)) % 16) % 16;
-    packs w;
-    w.kv1 = p, p += keys_t_reals(u, tk, d);
-    w.kv2 = p, p += align16(cgi_ukr_packed_b(u, tk, d));
-    const int64_t rq = slot_rows(t), rows = rq > tk ? rq : tk;
-    w.a = p, p += align16(cgi_ukr_packed_a(u, rows, d > rows ? d : rows));
-    w.b = p, p += align16(cgi_ukr_packed_b(u, rq, d));
-    w.kt = bwd && prm(t)->remakes_probs ? p : NULL;
-    return w;
-}
-
-static size_t probs_offset(const cg_tensor *t) { return (size_t)(t->shape[0] * t->shape[1] * t->shape[2]); }
-/* Reals the kept probabilities take: half as many in bf16. */
-static size_t probs_reals(const cg_tensor *t) {
-    const size_t n = prm(t)->keeps_probs && !prm(t)->remakes_probs ? probs_offset(t) * (size_t)t->src[1]->shape[2] : 0;
-    return prm(t)->lp_probs ? (n + 1) / 2 : n;
-}
-/* T5's table gradient per (batch, head) and offset, summed into the table in a fixed order: the
- * first reals of backward's scratch. */
-static size_t drel_reals(const cg_tensor *t) {
-    const sdpa_params *p = prm(t);
-    return p->table && t->src[p->table]->requires_grad ? align16((size_t)(t->shape[0] * t->shape[1] * p->nrel)) : 0;
-}
-/* The scratch: aux, kept from forward to backward, holds the lse rows and the kept probabilities;
- * each thread's slot (blocks, packed operands) is forward's scratch (fwd_aux) while forward runs
- * and backward's (bwd_aux, after the table's gradient) while backward runs, so no slot is live
- * between them, at a training step's fullest moment. */
-static void size_scratch(cg_tensor *t) {
-    cgi_ukr u;
-    cgi_ukr_init(&u);
-    const size_t slots = (size_t)prm(t)->slots;
-    t->aux_bytes = (probs_offset(t) + probs_reals(t)) * sizeof(cg_real);
-    t->fwd_aux_bytes = (slots * slot_stride(t, &u, false) + 16) * sizeof(cg_real);
-    t->bwd_aux_bytes = (drel_reals(t) + slots * slot_stride(t, &u, true) + 16) * sizeof(cg_real);
-}
-
-/* In a bf16 graph the kept probabilities (Tq x Tk per head: gpt-small's twelve layers hold 160 MB
- * of them in float at its peak) are stored in bf16, as torch's autocast does (its P V takes bf16
- * P). Forward still runs the softmax and P V in float from a float block, which is then rounded
- * into the store; backward widens a query block's rows into the slot's scratch for dV and dS.
- * Called by the plan before it sizes the buffers, since the precision may be set after this node
- * was made. */
-void cgi_sdpa_plan(cg_tensor *t) {
-    sdpa_params *p = t->params;
-    p->lp_probs = p->keeps_probs && t->graph->precision == CG_BF16;
-    p->lp_inputs = false;
-    for (int i = 0; i < 3; i++) p->lp_inputs |= t->src[i]->root->lp_value;
-    p->remakes_probs = false;
-    size_scratch(t);
-}
-
-/* Backward then runs each query block's scores and softmax again, as forward did (block_probs), on
- * the head's K^T packed once more: one product of Q K^T's size and one exponential pass per block,
- * against Tq x Tk kept floats per head from forward to backward. */
-size_t cgi_sdpa_remake_probs(cg_tensor *t, bool apply) {
-    sdpa_params *p = t->params;
-    /* below 16 query rows the blocks run on BLIS, whose recompute from the lse is not forward's bits */
-    if (!packs_heads(t) || p->remakes_probs) return 0;
-    const size_t before = t->aux_bytes + t->bwd_aux_bytes;
-    p->remakes_probs = true;
-    size_scratch(t);
-    const size_t after = t->aux_bytes + t->bwd_aux_bytes;
-    p->remakes_probs = apply && after < before; /* few probabilities: K^T's room may outweigh them */
-    size_scratch(t);
-    return after < before ? before - after : 0;
-}
-
 cg_tensor *cg_sdpa(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, double scale, bool causal,
                    cg_tensor *key_padding) {
     const cg_sdpa_opts o = {.scale = scale, .causal = causal, .key_padding = key_padding};
@@ -253,12 +66,12 @@ cg_tensor *cg_sdpa_ex(cg_graph *g, cg_tensor *q, cg_tensor *k, cg_tensor *v, con
     p->alibi = opts->alibi;
     p->dropout = g->mode == CG_TRAIN ? opts->dropout : 0; /* as cg_dropout: identity when evaluating */
     p->slots = cgi_nthreads();
-    p->keeps_probs = !past && keeps_probs(tk); /* no backward to keep them for */
+    p->keeps_probs = !past && cgi_sdpa_keeps_probs(tk); /* no backward to keep them for */
     memcpy(p->bias_st, bias_st, sizeof bias_st);
     p->nrel = nrel;
     for (int64_t r = 0; table && r < nrel; r++) /* offset r is key - query position r - (Tk - 1) */
         p->bucket[r] = cgi_t5_bucket(r - (tk - 1), !opts->causal, nb, max_distance);
-    size_scratch(t);
+    cgi_sdpa_size_scratch(t);
     return t;
 }
 
@@ -329,7 +142,7 @@ static void head_at(const cg_tensor *t, int64_t bh, cg_real *slot, head *h) {
     const sdpa_params *p = prm(t);
     const cg_tensor *q = t->src[0], *k = t->src[1], *v = t->src[2];
     const int64_t b = bh / q->shape[1], hh = bh % q->shape[1], hk = hh / (q->shape[1] / k->shape[1]);
-    cg_real *rel = rel_at(t, slot), *in = inputs_at(t, slot);
+    cg_real *rel = cgi_sdpa_rel_at(t, slot), *in = cgi_sdpa_inputs_at(t, slot);
     const int64_t tq = q->shape[2], tk = k->shape[2], dq = q->shape[3];
     h->q = head_rows(q, b, hh, in, &h->qs);
     h->k = head_rows(k, b, hk, in + tq * dq, &h->ks);
@@ -341,8 +154,8 @@ static void head_at(const cg_tensor *t, int64_t bh, cg_real *slot, head *h) {
     h->bias_si = p->bias_st[2], h->bias_sj = p->bias_st[3];
     h->tq = q->shape[2], h->tk = k->shape[2], h->d = q->shape[3];
     h->os = t->stride[2];
-    h->sc = slot_cols(t);
-    h->nk = keys_present(t);
+    h->sc = cgi_sdpa_slot_cols(t);
+    h->nk = cgi_sdpa_keys_present(t);
     h->shift = h->nk - h->tq;
     h->causal = p->causal;
     h->window = p->window;
@@ -549,14 +362,14 @@ static void fwd_head(const fwd_run *f, int64_t bh, int me) {
     const bool packed = f->packed;
     const size_t stride = f->stride;
     const unsigned csr = flush_begin();
-    const int64_t rq = slot_rows(t);
-    cg_real *s = f->slot0 + (size_t)me * stride, *acc = s + 2 * rq * slot_cols(t), *m = acc + rq * d, *l = m + rq;
+    const int64_t rq = cgi_sdpa_slot_rows(t);
+    cg_real *s = f->slot0 + (size_t)me * stride, *acc = s + 2 * rq * cgi_sdpa_slot_cols(t), *m = acc + rq * d, *l = m + rq;
     head h;
     head_at(t, bh, s, &h);
     cg_real *o = out + bh / t->shape[1] * t->stride[0] + bh % t->shape[1] * t->stride[1];
     packs w = {0};
     if (packed) { /* K^T and V for every query block of the head */
-        w = packs_at(t, s, u, false);
+        w = cgi_sdpa_packs_at(t, s, u, false);
         w.direct = f->direct;
         if (w.direct) {
             cgi_attn_transpose_panels(tk, d, h.k, h.ks, w.kv1);
@@ -625,17 +438,17 @@ static void fwd_piece(void *ctx, int bh) { fwd_head(ctx, bh, omp_get_thread_num(
 cg_status cgi_fwd_attention(cg_tensor *t) {
     const int64_t bhn = t->shape[0] * t->shape[1];
     sdpa_params *p = t->params;
-    if (p->past && (keys_present(t) < t->shape[2] || keys_present(t) > t->src[1]->shape[2]))
+    if (p->past && (cgi_sdpa_keys_present(t) < t->shape[2] || cgi_sdpa_keys_present(t) > t->src[1]->shape[2]))
         return cgi_fail(CG_ERR_RANGE, "[sdpa] past %lld + q%s's %lld rows outside k%s's %lld keys",
-                        (long long)(keys_present(t) - t->shape[2]), cgi_shp(t->src[0]), (long long)t->shape[2],
+                        (long long)(cgi_sdpa_keys_present(t) - t->shape[2]), cgi_shp(t->src[0]), (long long)t->shape[2],
                         cgi_shp(t->src[1]), (long long)t->src[1]->shape[2]);
     p->step = t->graph->step; /* backward draws this pass's dropout mask again */
     fwd_run f = {.t = t, .lse = t->aux, .out = t->data, .slot0 = t->fwd_aux};
-    f.probs = p->keeps_probs && !p->remakes_probs ? f.lse + probs_offset(t) : NULL;
+    f.probs = p->keeps_probs && !p->remakes_probs ? f.lse + cgi_sdpa_probs_offset(t) : NULL;
     cgi_ukr_init(&f.u);
-    f.packed = packs_heads(t);
+    f.packed = cgi_sdpa_packs_heads(t);
     f.direct = f.packed && cgi_attn_direct();
-    f.stride = slot_stride(t, &f.u, false);
+    f.stride = cgi_sdpa_slot_stride(t, &f.u, false);
     cgi_slot_pieces(bhn, p->slots, fwd_piece, &f); /* each head whole in its thread's slot */
     return CG_OK;
 }
@@ -806,13 +619,13 @@ static void bwd_unit(const bwd_run *r, int64_t un, int me) {
     for (int64_t hh = all_h ? 0 : (un % hunits) * group; hh < (all_h ? hq : (un % hunits + 1) * group); hh++) {
         const int64_t bh = b * hq + hh, kh = hh / group;
         const unsigned csr = flush_begin();
-        const int64_t rq = slot_rows(t);
-        cg_real *slot = r->slot0 + (size_t)me * stride, *dp = slot + rq * slot_cols(t), *di = dp + rq * slot_cols(t) + rq * d;
+        const int64_t rq = cgi_sdpa_slot_rows(t);
+        cg_real *slot = r->slot0 + (size_t)me * stride, *dp = slot + rq * cgi_sdpa_slot_cols(t), *di = dp + rq * cgi_sdpa_slot_cols(t) + rq * d;
         head h;
         head_at(t, bh, slot, &h);
         packs w = {0};
         if (packed) { /* V^T and K for every query block of the head */
-            w = packs_at(t, slot, &u, true);
+            w = cgi_sdpa_packs_at(t, slot, &u, true);
             w.direct = direct;
             if (direct) {
                 cgi_attn_transpose_panels(tk, d, h.v, h.vs, w.kv1);
@@ -923,19 +736,19 @@ void cgi_bwd_attention(cg_tensor *t) {
     cg_tensor *q = t->src[0], *k = t->src[1], *v = t->src[2], *bias = p->bias ? t->src[p->bias] : NULL,
               *table = p->table ? t->src[p->table] : NULL;
     const bool gq = q->requires_grad, gk = k->requires_grad, gv = v->requires_grad, gb = bias && bias->requires_grad,
-               gt = table && table->requires_grad && drel_reals(t);
+               gt = table && table->requires_grad && cgi_sdpa_drel_reals(t);
     const int64_t B = t->shape[0], hq = t->shape[1], tq = t->shape[2], d = t->shape[3], tk = k->shape[2];
     const cg_real *lse = t->aux, *out = t->data, *dout = t->grad, *probs =
-        p->keeps_probs && !p->remakes_probs ? lse + probs_offset(t) : NULL;
+        p->keeps_probs && !p->remakes_probs ? lse + cgi_sdpa_probs_offset(t) : NULL;
     cg_real *drel = gt ? t->bwd_aux : NULL;
-    if (drel) memset(drel, 0, drel_reals(t) * sizeof(cg_real));
+    if (drel) memset(drel, 0, cgi_sdpa_drel_reals(t) * sizeof(cg_real));
     const int slots = p->slots < cgi_nthreads() ? p->slots : cgi_nthreads(); /* a run may use fewer */
     cgi_ukr u;
     cgi_ukr_init(&u);
     /* the direct products write gradients along contiguous features (inputs are made so: cg_sdpa_ex) */
-    const bool packed = packs_heads(t), direct = packed && cgi_attn_direct() && q->stride[3] == 1 && k->stride[3] == 1 &&
+    const bool packed = cgi_sdpa_packs_heads(t), direct = packed && cgi_attn_direct() && q->stride[3] == 1 && k->stride[3] == 1 &&
                                                  v->stride[3] == 1;
-    const size_t stride = slot_stride(t, &u, true);
+    const size_t stride = cgi_sdpa_slot_stride(t, &u, true);
     /* Heads run in parallel, each writing its own rows of dQ, dK and dV. When two of those are one
      * storage seen differently (keys = queries shifted by a head), one head's dK is another's dQ:
      * the heads then run in order. The same view (q = k = v) keeps each head on one thread. */
@@ -963,7 +776,7 @@ void cgi_bwd_attention(cg_tensor *t) {
     const int64_t bunits = all_b ? 1 : B, hunits = all_h ? 1 : hkv, units = bunits * hunits;
     const bwd_run r = {t, p, q, k, v, bias, gq, gk, gv, gb, packed, direct, all_b, all_h, {assign[0], assign[1], assign[2]},
                        {zero_rows[0], zero_rows[1], zero_rows[2]}, B, hq, tq, d, tk, group, hunits, lse, out, dout, probs,
-                       drel, stride, u, (cg_real *)t->bwd_aux + drel_reals(t)};
+                       drel, stride, u, (cg_real *)t->bwd_aux + cgi_sdpa_drel_reals(t)};
     if (serial)
         for (int64_t un = 0; un < units; un++) bwd_unit(&r, un, 0);
     else cgi_slot_pieces(units, p->slots, bwd_piece, (void *)&r); /* as the forward's heads */

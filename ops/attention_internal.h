@@ -2,12 +2,80 @@
 /* Helpers of the fused attention (ops/attention.c) kept in files of their own: the one-query-row
  * kernels (ops/attention_decode.c), which it calls for a block of a single query row (cached
  * generation), the relative position biases (ops/attention_bias.c) and the checks of the
- * constructor's inputs and options (ops/attention_opts.c). Not installed. */
+ * constructor's inputs and options (ops/attention_opts.c); and its node settings and the layout of
+ * its scratch (ops/attention_scratch.c), which forward and backward share. Not installed. */
 #ifndef CGRAD_ATTENTION_INTERNAL_H
 #define CGRAD_ATTENTION_INTERNAL_H
 
 #include "graph/internal.h"
 #include "ops/ops.h"
+
+/* Measured on Zen 3 (T = 256 causal, T = 128 full): blocks this large run the BLIS products at
+ * 1.4x the speed of 64 x 64 ones. A causal block on the diagonal computes scores that the mask
+ * then throws away, so causal attention takes the smaller query block. */
+#define BQ 128 /* scratch capacity; the query block is BQ, or BQ / 2 when causal */
+#define BK 256
+
+/* The node's settings (t->params). The bias options (ALiBi, T5's table) depend on the query and
+ * key positions only through j - i, so per head they become one vector over the Tq + Tk - 1
+ * relative offsets (rel), added to each row of scores as a contiguous run. */
+typedef struct {
+    double scale, dropout;
+    int64_t window;
+    bool causal, alibi, keeps_probs;
+    bool remakes_probs;        /* one key block, but backward remakes P from the scores (decided by the plan) */
+    bool lp_probs;             /* kept probabilities stored in bf16, or remade rounded so (a bf16 graph; the plan) */
+    bool lp_inputs;            /* some of q, k, v stored in bf16: the slots hold a head's widened rows */
+    int slots;                 /* scratch slots (the thread count at construction) */
+    int kp, bias, table;       /* source index of the key padding, the bias tensor, T5's table (0: none) */
+    int past;                  /* source index of the run-time past (opts->past; 0: none) */
+    int64_t bias_st[4];        /* the bias read as [B, Hq, Tq, Tk] (0 where broadcast) */
+    uint64_t step;             /* the graph's dropout step at the last forward */
+    int64_t nrel;              /* Tq + Tk - 1: relative offsets j - i + Tq - 1 */
+    int32_t bucket[];          /* with a T5 table: its bucket for each relative offset */
+} sdpa_params;
+
+static inline const sdpa_params *prm(const cg_tensor *t) { return t->params; }
+static inline bool has_rel(const sdpa_params *p) { return p->alibi || p->table; }
+
+/* A thread's packed operands in its slot (cgi_sdpa_packs_at). */
+typedef struct {
+    cg_real *kv1; /* K^T in forward, V^T in backward: B panels of depth D over the keys */
+    cg_real *kv2; /* V in forward, K in backward: B panels of depth Tk over the features */
+    cg_real *a;   /* the A operand of one product */
+    cg_real *b;   /* a query block's dO or Q as B */
+    bool direct;  /* cgi_attn_mm instead: kv1 holds K^T (forward) or V^T (backward) [D, Tk] in panels
+                     (cgi_attn_transpose_panels), nothing else packed */
+    const cg_real *rows; /* direct: V (forward) or K (backward) with dense rows (cgi_attn_dense_rows, maybe in kv2) */
+    cg_real *kt;  /* backward remaking P (remakes_probs): K^T as forward's kv1 holds it */
+} packs;
+
+/* ---- the scratch layout (ops/attention_scratch.c): aux, and each thread's slot ---- */
+
+/* Rows of a query block a slot has room for: BQ, or Tq rounded up to 32. */
+int64_t cgi_sdpa_slot_rows(const cg_tensor *t);
+/* Columns of a slot's blocks (their row stride): BK, or Tk rounded up to 16. */
+int64_t cgi_sdpa_slot_cols(const cg_tensor *t);
+/* A slot's relative-offset bias vector (after its blocks, accumulator and row statistics). */
+cg_real *cgi_sdpa_rel_at(const cg_tensor *t, cg_real *slot);
+/* A slot's room for a head's q, k and v rows widened from bf16 (after rel). */
+cg_real *cgi_sdpa_inputs_at(const cg_tensor *t, cg_real *slot);
+/* True when Tk keys fit in one block, so the probabilities are kept for backward. */
+bool cgi_sdpa_keeps_probs(int64_t tk);
+/* True when the products run on BLIS's micro-kernel over operands packed once per head. */
+bool cgi_sdpa_packs_heads(const cg_tensor *t);
+/* The keys present when a run starts: Tk, or past + Tq with a run-time past. */
+int64_t cgi_sdpa_keys_present(const cg_tensor *t);
+/* Reals of a thread's slot in forward's scratch, or in backward's (bwd: with room for K^T). */
+size_t cgi_sdpa_slot_stride(const cg_tensor *t, const cgi_ukr *u, bool bwd);
+/* The packed operands of a slot, 64-byte aligned. */
+packs cgi_sdpa_packs_at(const cg_tensor *t, cg_real *slot, const cgi_ukr *u, bool bwd);
+/* Where the kept probabilities start in aux: after the lse rows. */
+size_t cgi_sdpa_probs_offset(const cg_tensor *t);
+/* Reals of T5's table gradient at the start of backward's scratch (0 without one). */
+size_t cgi_sdpa_drel_reals(const cg_tensor *t);
+/* Sets t's aux, forward and backward scratch sizes from its settings. */
+void cgi_sdpa_size_scratch(cg_tensor *t);
 
 /* s[c] = scale (q . k_c) for nk keys k_c = k + c ks of d features. */
 void cgi_attn_row_scores(const cg_real *restrict q, const cg_real *restrict k, int64_t ks, int64_t nk, int64_t d,
