@@ -8,7 +8,8 @@
    below, a transcription of google-research/bert tokenization.py (BasicTokenizer with
    do_lower_case=True, WordpieceTokenizer) onto Python's own unicodedata, and writes the ids,
    the tokens and BERT's " ".join(tokens).replace(" ##", "") decoding.
-(node tests/make_tokenizer_fixtures.js tables regenerates io/tokenizer_unicode.c; not run here.)
+(node tests/make_tokenizer_fixtures.js tables regenerates io/tokenizer_unicode.c and
+io/tokenizer_casefold.c; not run here.)
 """
 import os
 import subprocess
@@ -112,9 +113,10 @@ def wordpiece_tokenize(vocab, text, unk="[UNK]", max_chars=100):
 
 def random_texts(count, seed):
     """Random strings over characters whose Unicode properties are the same in Python's
-    unicodedata and in the newer tables of io/tokenizer_unicode.c: controls, accents, many scripts,
-    compatibility ideographs, punctuation and spaces of every kind. No capital sigma: Python
-    lower-cases a word-final one to ς, io/ lower-cases per code point (documented)."""
+    unicodedata and in the newer tables of io/tokenizer_unicode.c and io/tokenizer_casefold.c:
+    controls, accents, many scripts, compatibility ideographs, punctuation and spaces of every
+    kind. No capital sigma: Python lower-cases a word-final one to ς, io/ lower-cases per code
+    point (documented)."""
     import random
     rng = random.Random(seed)
     ranges = [(0x20, 0x7E), (0x20, 0x7E), (0x20, 0x7E), (0x00, 0x1F), (0x7F, 0x9F), (0xA0, 0x24F),
