@@ -1,11 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /* The command line's conventions, each against the documented behaviour: --flag=value as well as
  * --flag value, "did you mean" for a misspelt command or flag, --version without diagnostics (they
- * are in info --system), the exit codes (0 done, 1 the work failed, 2 a usage error), no terminal
- * control codes when stdout is not a terminal, one run directory for a run's files, and exports
- * that write valid Hugging Face fields only. */
+ * are in info --system), the exit codes (0 done, 1 the work failed, 2 a usage error, 130 after
+ * Ctrl-C, which saves the run first), no terminal control codes when stdout is not a terminal, one
+ * run directory for a run's files, and exports that write valid Hugging Face fields only. */
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cgrad/cgrad.h>
@@ -158,6 +159,45 @@ static void test_no_control_codes(void) {
     }
 }
 
+/* Ctrl-C: the loop saves, prints the final line and exits 130; the checkpoint is at that step. */
+static void test_sigint(void) {
+    int out[2];
+    if (pipe(out)) return;
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (chdir(dir)) _exit(99);
+        dup2(out[1], 1);
+        close(out[0]);
+        if (!freopen("sigint.err", "w", stderr)) _exit(97);
+        execl(bin, bin, "train", "--data", "text.txt", "--layers", "1", "--heads", "2", "--dim", "16", "--context", "16",
+              "--batch", "2", "--steps", "1000000", "--log-every", "1", "--eval-every", "0", "--samples", "0",
+              "--checkpoint", "sigint.ckpt", "--threads", "1", (char *)NULL);
+        _exit(98);
+    }
+    close(out[1]);
+    FILE *f = fdopen(out[0], "r");
+    char line[1024], last[1024] = "";
+    bool sent = false;
+    while (f && fgets(line, sizeof line, f)) {
+        if (!sent && !strncmp(line, "step 3/", 7)) kill(pid, SIGINT), sent = true;
+        line[strcspn(line, "\n")] = 0;
+        if (*line) snprintf(last, sizeof last, "%s", line);
+    }
+    if (f) fclose(f);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(sent && WIFEXITED(status) && WEXITSTATUS(status) == 130, "sigint: sent %d, status %d", sent, status);
+    long long step = -1;
+    int used = -1; /* a cut-short run ends by saying so, never with a "final" result line */
+    sscanf(last, "interrupted at step %lld, saved sigint.ckpt (continue with: cgrad train --resume sigint.ckpt)%n", &step, &used);
+    CHECK(step >= 3 && used == (int)strlen(last), "sigint last line '%s'", last);
+    result r = cgrad("info --checkpoint sigint.ckpt", NULL);
+    char want[64];
+    snprintf(want, sizeof want, "step        %lld of 1000000", step);
+    CHECK(r.rc == 0 && strstr(r.out, want), "checkpoint after Ctrl-C: want '%s' in %s", want, r.out);
+    result_free(&r);
+}
+
 int main(void) {
     (void)rewrite_ckpt, (void)same_checkpoints, (void)parse_final, (void)last_line, (void)cgrad_t; /* the harness's others */
     if (!test_find_cgrad(bin, sizeof bin, "test_cli_conventions")) return 1;
@@ -170,6 +210,7 @@ int main(void) {
     test_equals_form();
     test_exit_codes_and_export();
     test_no_control_codes();
+    test_sigint();
     if (!test_failed) {
         char cmd[PATH_MAX + 16];
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
