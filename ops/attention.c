@@ -533,6 +533,49 @@ CGI_CLONES static void bwd_packed(const head *h, const cgi_ukr *u, const packs *
     }
 }
 
+/* Backward of one query block on BLIS, key block by key block: P from the kept probabilities pk
+ * (row stride pks) or recomputed from the scores and the lse rows L; dp is scratch for dP, then dS;
+ * slot gets the scores (and the dropped weights with dropout). */
+static void bwd_blocked(const head *h, const grads *gr, const cg_real *probs, const cg_real *pk, int64_t pks, int64_t i0,
+                        int64_t nq, int64_t kend, const cg_real *L, const cg_real *dO, int64_t os, int64_t d,
+                        const cg_real *di, cg_real *dp, cg_real *slot, bool ds, bool gq, bool gk, bool gv) {
+    for (int64_t j0 = probs ? 0 : key_start(h, i0); j0 < kend; j0 += BK) {
+        const int64_t nk = kend - j0 < BK ? kend - j0 : BK;
+        cg_real *pb = probs ? (cg_real *)pk : slot;
+        const int64_t ps = probs ? pks : h->sc; /* P's row stride */
+        if (!probs) {
+            if (!scores(h, i0, nq, j0, nk, pb, h->sc)) continue;
+            for (int64_t r = 0; r < nq; r++) {
+                cg_real *pr = pb + r * h->sc;
+                const cg_real lr = L[i0 + r];
+                for (int64_t c = 0; c < nk; c++) pr[c] = cgi_exp(pr[c] - lr);
+            }
+        }
+        if (ds) /* dP = dO[i] V[j]^T */
+            gemm1(nq, nk, d, dO + i0 * os, os, 1, h->v + j0 * h->vs, 1, h->vs, 1, 0, dp, h->sc, 1);
+        const cg_real *pv = pb; /* the weights O was made of */
+        int64_t pvs = ps;
+        if (h->drop) { /* dS = P * (M dP - D), and M P into the slot (over P when it is there) */
+            for (int64_t r = 0; r < nq; r++)
+                drop_grads(h, i0 + r, j0, nk, pb + r * ps, slot + r * h->sc, ds ? dp + r * h->sc : NULL, di[r]);
+            pv = slot, pvs = h->sc;
+        } else if (ds) /* dS = P * (dP - D) */
+            for (int64_t r = 0; r < nq; r++) {
+                cg_real *dr = dp + r * h->sc;
+                const cg_real *pr = pb + r * ps, dr_i = di[r];
+                for (int64_t c = 0; c < nk; c++) dr[c] = pr[c] * (dr[c] - dr_i);
+            }
+        if (gv) /* dV[j] += P^T dO[i] */
+            gemm1(nk, d, nq, pv, 1, pvs, dO + i0 * os, os, 1, 1, 1, gr->v + j0 * gr->vr, gr->vr, gr->vc);
+        if (!ds) continue;
+        if (gr->bias || gr->rel) bias_grads(h, gr, i0, nq, j0, nk, dp);
+        if (gq) /* dQ[i] += scale * dS K[j] */
+            gemm1(nq, d, nk, dp, h->sc, 1, h->k + j0 * h->ks, h->ks, 1, h->scale, 1, gr->q + i0 * gr->qr, gr->qr, gr->qc);
+        if (gk) /* dK[j] += scale * dS^T Q[i] */
+            gemm1(nk, d, nq, dp, 1, h->sc, h->q + i0 * h->qs, h->qs, 1, h->scale, 1, gr->k + j0 * gr->kr, gr->kr, gr->kc);
+    }
+}
+
 /* sum of x[e] y[e] in CGI_LANES partial sums, as the softmax's row reductions (graph/internal.h): a
  * single running sum is a chain of dependent adds, 3 us of a 64 x 64 head's backward. */
 static cg_real row_dot(const cg_real *x, const cg_real *y, int64_t n) {
@@ -687,41 +730,7 @@ static void bwd_unit(const bwd_run *r, int64_t un, int me) {
                 bwd_packed(&h, &u, &w, i0, nq, kend, pk, pks, dO + i0 * os, di, dp, slot, &gr);
                 continue;
             }
-            for (int64_t j0 = probs ? 0 : key_start(&h, i0); j0 < kend; j0 += BK) {
-                const int64_t nk = kend - j0 < BK ? kend - j0 : BK;
-                cg_real *pb = probs ? (cg_real *)pk : slot;
-                const int64_t ps = probs ? pks : h.sc; /* P's row stride */
-                if (!probs) {
-                    if (!scores(&h, i0, nq, j0, nk, pb, h.sc)) continue;
-                    for (int64_t r = 0; r < nq; r++) {
-                        cg_real *pr = pb + r * h.sc;
-                        const cg_real lr = L[i0 + r];
-                        for (int64_t c = 0; c < nk; c++) pr[c] = cgi_exp(pr[c] - lr);
-                    }
-                }
-                if (ds) /* dP = dO[i] V[j]^T */
-                    gemm1(nq, nk, d, dO + i0 * os, os, 1, h.v + j0 * h.vs, 1, h.vs, 1, 0, dp, h.sc, 1);
-                const cg_real *pv = pb; /* the weights O was made of */
-                int64_t pvs = ps;
-                if (h.drop) { /* dS = P * (M dP - D), and M P into the slot (over P when it is there) */
-                    for (int64_t r = 0; r < nq; r++)
-                        drop_grads(&h, i0 + r, j0, nk, pb + r * ps, slot + r * h.sc, ds ? dp + r * h.sc : NULL, di[r]);
-                    pv = slot, pvs = h.sc;
-                } else if (ds) /* dS = P * (dP - D) */
-                    for (int64_t r = 0; r < nq; r++) {
-                        cg_real *dr = dp + r * h.sc;
-                        const cg_real *pr = pb + r * ps, dr_i = di[r];
-                        for (int64_t c = 0; c < nk; c++) dr[c] = pr[c] * (dr[c] - dr_i);
-                    }
-                if (gv) /* dV[j] += P^T dO[i] */
-                    gemm1(nk, d, nq, pv, 1, pvs, dO + i0 * os, os, 1, 1, 1, gr.v + j0 * gr.vr, gr.vr, gr.vc);
-                if (!ds) continue;
-                if (gr.bias || gr.rel) bias_grads(&h, &gr, i0, nq, j0, nk, dp);
-                if (gq) /* dQ[i] += scale * dS K[j] */
-                    gemm1(nq, d, nk, dp, h.sc, 1, h.k + j0 * h.ks, h.ks, 1, h.scale, 1, gr.q + i0 * gr.qr, gr.qr, gr.qc);
-                if (gk) /* dK[j] += scale * dS^T Q[i] */
-                    gemm1(nk, d, nq, dp, 1, h.sc, h.q + i0 * h.qs, h.qs, 1, h.scale, 1, gr.k + j0 * gr.kr, gr.kr, gr.kc);
-            }
+            bwd_blocked(&h, &gr, probs, pk, pks, i0, nq, kend, L, dO, os, d, di, dp, slot, ds, gq, gk, gv);
         }
         zero_grad_rows(r->zero_rows[1] ? gr.k : NULL, gr.kr, kzero, tk, d); /* keys no query block sees */
         zero_grad_rows(r->zero_rows[2] ? gr.v : NULL, gr.vr, kzero, tk, d);
