@@ -124,6 +124,65 @@ static void test_frozen_copies(void) {
     cg_params_free(ps);
 }
 
+/* The bf16 step's variants against the run lp (fp: the fp32 run, nn: its squared gradient norm):
+ * values stored in bf16 or converted at the product, the reference loops, checkpointing. */
+static void test_gpt_variants(const gpt_run *fp, const gpt_run *lp, double nn) {
+    /* The values read only by linears (per block the two LayerNorm outputs and the GELU's; ln_f's
+     * is read by the head fused with the loss, and stays float) are written in bf16 by the ops that make them: the same numbers
+     * the linear would have converted, and GELU's backward recomputes its output in float, so
+     * the whole run is bit-identical to converting them at the product. The FC pre-activation
+     * GELU reads (one per block, 9 values in all) is a rounding of its own: the run above holds
+     * it to fp32 within the same 8u, and test_activations (test_bf16_ops.c) per element; without it
+     * (CGRAD_BF16_PREACT_OFF) the run is bit-identical to converting at the product. */
+    gpt_run conv, pre, qkv;
+    setenv("CGRAD_BF16_VALUES_OFF", "1", 1);
+    run_gpt(CG_BF16, &conv);
+    unsetenv("CGRAD_BF16_VALUES_OFF");
+    setenv("CGRAD_BF16_QKV_OFF", "1", 1);
+    run_gpt(CG_BF16, &qkv);
+    setenv("CGRAD_BF16_PREACT_OFF", "1", 1);
+    run_gpt(CG_BF16, &pre);
+    unsetenv("CGRAD_BF16_PREACT_OFF");
+    unsetenv("CGRAD_BF16_QKV_OFF");
+    /* and each block's c_attn output (q, k, v), read only by attention: 10 in all */
+    CHECK(lp->lp_values == 10 && qkv.lp_values == 8 && pre.lp_values == 6 && conv.lp_values == 0,
+          "bf16-stored values: %d (expected 10), %d without q/k/v (8), %d without the pre-activations either (6), "
+          "%d with them off", lp->lp_values, qkv.lp_values, pre.lp_values, conv.lp_values);
+    CHECK(memcmp(lp->grads, qkv.grads, (size_t)lp->span * 4), "q, k, v in bf16 changed nothing");
+    free(qkv.grads), free(qkv.values);
+    CHECK(!memcmp(pre.loss, conv.loss, sizeof pre.loss) && !memcmp(pre.grads, conv.grads, (size_t)pre.span * 4) &&
+              !memcmp(pre.values, conv.values, (size_t)pre.span * 4),
+          "values stored in bf16 changed the run (loss %.9g vs %.9g)", pre.loss[2], conv.loss[2]);
+    CHECK(memcmp(lp->grads, pre.grads, (size_t)lp->span * 4), "the bf16 pre-activations changed nothing");
+    free(pre.grads), free(pre.values);
+    /* the reference loops that stand in when oneDNN refuses a bf16-stored operand: same products,
+     * float accumulation in another order, so within the same bounds of fp32 */
+    gpt_run ref;
+    cgi_lp_force_ref = true;
+    run_gpt(CG_BF16, &ref);
+    cgi_lp_force_ref = false;
+    double dr = 0;
+    for (int64_t i = 0; i < fp->span; i++) dr += pow(ref.grads[i] - fp->grads[i], 2);
+    CHECK(fabs(ref.loss[0] - fp->loss[0]) <= 8 * U && sqrt(dr) <= 8 * U * sqrt(nn),
+          "reference bf16 loops: loss %.6f vs fp32 %.6f, gradient error %.3g", ref.loss[0], fp->loss[0], sqrt(dr / nn));
+    CHECK(fabs(ref.loss[0] - lp->loss[0]) <= 1e-4, "reference bf16 loops: loss %.6f vs oneDNN %.6f", ref.loss[0],
+          lp->loss[0]);
+    /* with gradient checkpointing the recomputed products convert into their own planned scratch
+     * (swapped in with the recompute buffers) and store the same bf16 values: the same run */
+    gpt_run ck;
+    gpt_ckpt = true;
+    run_gpt(CG_BF16, &ck);
+    gpt_ckpt = false;
+    CHECK(ck.recomputed > 0 && ck.unplanned == 0 && ck.lp_values == lp->lp_values,
+          "checkpointed bf16: %d nodes recomputed, %zu unplanned bytes, %d bf16 values", ck.recomputed, ck.unplanned,
+          ck.lp_values);
+    CHECK(!memcmp(ck.loss, lp->loss, sizeof lp->loss) && !memcmp(ck.grads, lp->grads, (size_t)lp->span * 4) &&
+              !memcmp(ck.values, lp->values, (size_t)lp->span * 4),
+          "checkpointed bf16 run differs (loss %.9g vs %.9g)", ck.loss[2], lp->loss[2]);
+    free(ck.grads), free(ck.values);
+    free(conv.grads), free(conv.values), free(ref.grads), free(ref.values);
+}
+
 static void test_gpt_step(bool bf16_ok) {
     gpt_run unset, fp, back, lp;
     run_gpt(-1, &unset);
@@ -175,60 +234,7 @@ static void test_gpt_step(bool bf16_ok) {
         /* conversion scratch is planned: nothing is held for the graph's life */
         CHECK(lp.unplanned == 0, "a planned bf16 graph holds %zu bytes of conversion scratch", lp.unplanned);
         CHECK(fp.lp_values == 0 && back.lp_values == 0, "an fp32 graph stored values in bf16");
-        /* The values read only by linears (per block the two LayerNorm outputs and the GELU's; ln_f's
-         * is read by the head fused with the loss, and stays float) are written in bf16 by the ops that make them: the same numbers
-         * the linear would have converted, and GELU's backward recomputes its output in float, so
-         * the whole run is bit-identical to converting them at the product. The FC pre-activation
-         * GELU reads (one per block, 9 values in all) is a rounding of its own: the run above holds
-         * it to fp32 within the same 8u, and test_activations per element; without it
-         * (CGRAD_BF16_PREACT_OFF) the run is bit-identical to converting at the product. */
-        gpt_run conv, pre, qkv;
-        setenv("CGRAD_BF16_VALUES_OFF", "1", 1);
-        run_gpt(CG_BF16, &conv);
-        unsetenv("CGRAD_BF16_VALUES_OFF");
-        setenv("CGRAD_BF16_QKV_OFF", "1", 1);
-        run_gpt(CG_BF16, &qkv);
-        setenv("CGRAD_BF16_PREACT_OFF", "1", 1);
-        run_gpt(CG_BF16, &pre);
-        unsetenv("CGRAD_BF16_PREACT_OFF");
-        unsetenv("CGRAD_BF16_QKV_OFF");
-        /* and each block's c_attn output (q, k, v), read only by attention: 10 in all */
-        CHECK(lp.lp_values == 10 && qkv.lp_values == 8 && pre.lp_values == 6 && conv.lp_values == 0,
-              "bf16-stored values: %d (expected 10), %d without q/k/v (8), %d without the pre-activations either (6), "
-              "%d with them off", lp.lp_values, qkv.lp_values, pre.lp_values, conv.lp_values);
-        CHECK(memcmp(lp.grads, qkv.grads, (size_t)lp.span * 4), "q, k, v in bf16 changed nothing");
-        free(qkv.grads), free(qkv.values);
-        CHECK(!memcmp(pre.loss, conv.loss, sizeof pre.loss) && !memcmp(pre.grads, conv.grads, (size_t)pre.span * 4) &&
-                  !memcmp(pre.values, conv.values, (size_t)pre.span * 4),
-              "values stored in bf16 changed the run (loss %.9g vs %.9g)", pre.loss[2], conv.loss[2]);
-        CHECK(memcmp(lp.grads, pre.grads, (size_t)lp.span * 4), "the bf16 pre-activations changed nothing");
-        free(pre.grads), free(pre.values);
-        /* the reference loops that stand in when oneDNN refuses a bf16-stored operand: same products,
-         * float accumulation in another order, so within the same bounds of fp32 */
-        gpt_run ref;
-        cgi_lp_force_ref = true;
-        run_gpt(CG_BF16, &ref);
-        cgi_lp_force_ref = false;
-        double dr = 0;
-        for (int64_t i = 0; i < fp.span; i++) dr += pow(ref.grads[i] - fp.grads[i], 2);
-        CHECK(fabs(ref.loss[0] - fp.loss[0]) <= 8 * U && sqrt(dr) <= 8 * U * sqrt(nn),
-              "reference bf16 loops: loss %.6f vs fp32 %.6f, gradient error %.3g", ref.loss[0], fp.loss[0], sqrt(dr / nn));
-        CHECK(fabs(ref.loss[0] - lp.loss[0]) <= 1e-4, "reference bf16 loops: loss %.6f vs oneDNN %.6f", ref.loss[0],
-              lp.loss[0]);
-        /* with gradient checkpointing the recomputed products convert into their own planned scratch
-         * (swapped in with the recompute buffers) and store the same bf16 values: the same run */
-        gpt_run ck;
-        gpt_ckpt = true;
-        run_gpt(CG_BF16, &ck);
-        gpt_ckpt = false;
-        CHECK(ck.recomputed > 0 && ck.unplanned == 0 && ck.lp_values == lp.lp_values,
-              "checkpointed bf16: %d nodes recomputed, %zu unplanned bytes, %d bf16 values", ck.recomputed, ck.unplanned,
-              ck.lp_values);
-        CHECK(!memcmp(ck.loss, lp.loss, sizeof lp.loss) && !memcmp(ck.grads, lp.grads, (size_t)lp.span * 4) &&
-                  !memcmp(ck.values, lp.values, (size_t)lp.span * 4),
-              "checkpointed bf16 run differs (loss %.9g vs %.9g)", ck.loss[2], lp.loss[2]);
-        free(ck.grads), free(ck.values);
-        free(conv.grads), free(conv.values), free(ref.grads), free(ref.values);
+        test_gpt_variants(&fp, &lp, nn);
         free(lp.grads), free(lp.values);
     }
     free(unset.grads), free(unset.values), free(fp.grads), free(fp.values), free(back.grads), free(back.values);
