@@ -323,6 +323,13 @@ size_t cgi_lce_halve_chunks(cg_tensor *t, bool apply);
 /* The fused LM head t sizes its chunks from the rows its targets count, if they are a graph input
  * already filled (ops/loss_head.c); the plan calls it before it sizes the buffers. */
 void cgi_lce_plan(cg_tensor *t);
+/* Whether the fused LM head t would write its weight's gradient in its forward if the optimizer's
+ * plan held that gradient from then (ops/loss_head.c): a float training graph, a trainable weight
+ * that is a parameter itself, a forward that checkpointing does not run again in backward. */
+bool cgi_lce_ahead_plannable(const cg_tensor *t);
+/* The plan holds the weight's gradient of LM head t, g->pgrad[j], from t's forward on (j < 0: it
+ * does not); cgi_lce_plan clears it. */
+void cgi_lce_set_planned_grad(cg_tensor *t, int j);
 
 /* ---- gradient checkpointing (graph/checkpoint.c) ---- */
 /* Decides which nodes backward recomputes (t->recompute), from each node's kept flag and its

@@ -104,8 +104,34 @@ static cg_status widen_params(cg_graph *g) {
  * write it) and dead after the backward of its first, where its gradient is final and the update
  * consumes it. Only the parameters of the layers backward is passing through hold a gradient, not
  * all of them from backward's start to the optimizer step. ready_at serves as each parameter's
- * index while the list is made (a backward with a ready callback sets it again). */
-static cg_status plan_param_grads(cg_graph *g, const int64_t *bt, buffer *bufs, int *nb) {
+ * index while the list is made (a backward with a ready callback sets it again).
+ * The fused LM head computes its gradients in forward while each chunk's logits are in cache
+ * (ops/loss_head.c); a backward that has to make them again recomputes every chunk but the last, an
+ * extra [chunk, d] x [d, V] product each: 3 of encdec-base's 4 chunks. So where the head's backward
+ * is its weight's first writer, that gradient is born at the head's forward instead, if that does
+ * not raise the plan's peak: the head is the last forward node, and the start of backward, where
+ * the gradient is live anyway, is the peak of the zoo's LM graphs (gpt-small's 154 MB gradient,
+ * a tied head's: 675 MB at the head's backward either way). A peak it would raise wins over the
+ * recompute: memory is what the plan is for. */
+static void plan_head_ahead(cg_graph *g, const int64_t *bt, buffer *bufs, int nb, buffer *pb, int np, int64_t end) {
+    for (int64_t c = 0; c < g->n; c++) {
+        cg_tensor *t = g->nodes[c];
+        if (t->op != CGI_OP_LINEAR_CROSS_ENTROPY || !cgi_lce_ahead_plannable(t)) continue;
+        const cg_tensor *w = t->src[1];
+        const int j = w->ready_at;
+        if (j < 0 || j >= np || pb[j].node != w || pb[j].birth != bt[c]) continue; /* another rule writes it first */
+        int64_t before, after;
+        if (cgi_plan_peak_time(bufs, nb, end, &before) < 0) return;
+        pb[j].birth = c;
+        if (cgi_plan_peak_time(bufs, nb, end, &after) < 0 || after > before) {
+            pb[j].birth = bt[c];
+            continue;
+        }
+        cgi_lce_set_planned_grad(t, j);
+    }
+}
+
+static cg_status plan_param_grads(cg_graph *g, const int64_t *bt, buffer *bufs, int *nb, int64_t end) {
     buffer *pb = bufs + *nb;
     int np = 0;
     for (int pass = 0; pass < 2; pass++)
@@ -128,6 +154,7 @@ static cg_status plan_param_grads(cg_graph *g, const int64_t *bt, buffer *bufs, 
                 }
             }
         }
+    plan_head_ahead(g, bt, bufs, *nb + np, pb, np, end);
     g->pgrad = np ? cgi_arena_alloc(&g->meta, (size_t)np * sizeof *g->pgrad) : NULL;
     if (np && !g->pgrad) return cgi_fail(CG_ERR_NOMEM, "[plan] out of memory for %d parameter gradients", np);
     for (int j = 0; j < np; j++) {
@@ -356,7 +383,7 @@ static cg_status plan_buffers(cg_graph *g, plan_ctx *pc, bool regen_on, const bo
             memset(t->grad, 0, (size_t)cgi_numel(t->ndim, t->shape) * sizeof(cg_real)); /* read before any backward */
         }
     }
-    if (g->param_grads_planned && (st = plan_param_grads(g, bt, bufs, &nb))) goto out;
+    if (g->param_grads_planned && (st = plan_param_grads(g, bt, bufs, &nb, end))) goto out;
     shrink_at_peak(bufs, nb, end, nshrink);
 out:
     pc->nb = nb;

@@ -36,7 +36,12 @@
  * upstream gradient if that is not 1, and adds dX and the bias's gradient. If anything touched the
  * weight's gradient in between (cleared stale or grad_ahead), backward recomputes every chunk. A
  * gradient being accumulated (not stale) is not written ahead: its chunks but the last are recomputed
- * in backward. ---- */
+ * in backward.
+ * With the optimizer inside backward (cg_optim_attach) the weight's gradient is a buffer of the plan,
+ * which holds other values until that gradient's first writer: the plan then starts it at this op's
+ * forward instead of its backward where that does not raise the peak (graph/plan.c), and forward
+ * writes dW there (pgrad); backward finds it in w's gradient (swapped in, stale until claimed) and
+ * claims it as above. ---- */
 
 #define LCE_ROWS 512
 #define LCE_CHUNK_BYTES ((int64_t)8 << 20)
@@ -58,6 +63,8 @@ typedef struct {
     size_t dxu, dbu;           /* dX of every counted row [rows, D] and the bias's gradient [V] */
     size_t reals;
     bool ahead;                /* run state: the last forward computed the gradients (upstream 1) */
+    int pgrad;                 /* the plan's buffer for w's gradient, live from this op's forward: its
+                                * index in the graph's pgrad, or -1 (cgi_lce_set_planned_grad) */
 } lce_params;
 
 /* Rows per chunk for n counted rows, at most iarg[3] (lce_rows_limit; half of LCE_ROWS in a graph
@@ -150,6 +157,7 @@ cg_tensor *cg_linear_cross_entropy(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_t
         if (!(p = cgi_node_params(g, "linear_cross_entropy", sizeof *p))) return NULL;
         p->slots = cgi_nthreads();
         lce_layout(p, rows, cap, d, v);
+        p->pgrad = -1;
     }
     cg_tensor *t = cgi_node(g, CGI_OP_LINEAR_CROSS_ENTROPY, CG_REAL, 0, NULL, bias ? 4 : 3, in);
     if (!t) return NULL;
@@ -175,7 +183,9 @@ cg_tensor *cg_linear_cross_entropy(cg_graph *g, cg_tensor *x, cg_tensor *w, cg_t
 void cgi_lce_plan(cg_tensor *t) {
     lce_params *p = t->params;
     const cg_tensor *w = t->src[1], *tg = t->src[2];
-    if (!p || t->graph->precision == CG_BF16) return;
+    if (!p) return;
+    p->pgrad = -1; /* plan_param_grads decides again */
+    if (t->graph->precision == CG_BF16) return;
     const int64_t rows = cgi_numel(tg->ndim, tg->shape), v = w->shape[0], d = w->shape[1];
     const int64_t own = lce_rows_limit(false, d, v);
     int64_t lim = own;
@@ -203,9 +213,12 @@ size_t cgi_lce_halve_chunks(cg_tensor *t, bool apply) {
     const cg_tensor *w = t->src[1];
     const int64_t rows = cgi_numel(t->src[2]->ndim, t->src[2]->shape), v = w->shape[0], d = w->shape[1];
     const int64_t lim = LCE_ROWS / 2, cap = rows < lim ? rows : lim;
-    /* Only with the optimizer inside backward, whose backward recomputes every chunk: with the
-     * gradients ahead, a pass after a lazy zero_grad gave the first pass's bits in 2 chunks of 500
-     * rows but not in 4 of 250 (test_lce). */
+    /* Only with the optimizer inside backward. Elsewhere a pass may add into a gradient another
+     * pass's forward wrote ahead (accumulation after a lazy zero_grad), and backward then recomputes
+     * its chunks in reverse order: the same bits as the first pass in 2 chunks of 500 rows but not
+     * in 4 of 250 (test_lce). Inside backward every pass starts its gradient from the plan's buffer
+     * and takes the same path each step (ahead where the plan holds dW from forward, as it does for
+     * the zoo's heads), so more chunks change no pass's bits against another's. */
     if (!p || !t->graph->param_grads_planned || t->iarg[3] <= lim || cap >= t->iarg[2]) return 0;
     const size_t before = t->aux_bytes;
     if (!apply) { /* the layout's size on a copy */
@@ -232,6 +245,7 @@ typedef struct {
     const cg_real *index; /* row positions of the counted targets, stored as reals */
     const lce_params *p;  /* the fused path, NULL when the graph does not take it */
     cg_real *fused;       /* aux's fused part, 64-byte aligned */
+    cg_real *wgrad;       /* where dW goes: w's gradient, or forward's ahead the plan's buffer for it */
     cgi_ukr u;
 } lce;
 
@@ -254,6 +268,7 @@ static void lce_setup(cg_tensor *t, lce *c) {
     c->n = t->iarg[1];
     c->p = cgi_lp_on(t) ? NULL : t->params; /* a graph made bf16 after this op: the bf16 path */
     c->fused = c->p ? align64(c->dxs) : NULL;
+    c->wgrad = w->grad;
     if (c->p) cgi_ukr_init(&c->u);
 }
 
@@ -479,7 +494,7 @@ static void lce_group(const lce_grads_task *k, int64_t g, int me) {
         }
         if (k->dw) { /* dW[slab] (+)= dlogits[:, slab]^T @ xs */
             cgi_ukr_pack_a(u, sw, m, z0, 1, sw, pt);
-            cgi_ukr_gemm(u, sw, d, m, 1, pt, m, xb, m, k->w_assign ? 0 : 1, w->grad + v0 * w->stride[0], w->stride[0],
+            cgi_ukr_gemm(u, sw, d, m, 1, pt, m, xb, m, k->w_assign ? 0 : 1, c->wgrad + v0 * w->stride[0], w->stride[0],
                          w->stride[1], CGI_UKR_FULL, CGI_UKR_FULL);
         }
     }
@@ -529,7 +544,7 @@ static void lce_one_slab_cols(void *ctx, int q) {
     if (k->dw) {
         cgi_ukr_pack_a(&c->u, j1 - j0, k->m, z0 + j0, 1, sw, pt);
         cgi_ukr_gemm(&c->u, j1 - j0, c->d, k->m, 1, pt, k->m, c->fused + p->xb, k->m, k->w_assign ? 0 : 1,
-                     w->grad + (v0 + j0) * w->stride[0], w->stride[0], w->stride[1], CGI_UKR_FULL, CGI_UKR_FULL);
+                     c->wgrad + (v0 + j0) * w->stride[0], w->stride[0], w->stride[1], CGI_UKR_FULL, CGI_UKR_FULL);
     }
 }
 
@@ -615,14 +630,33 @@ static void lce_scatter_dx(const lce *c, int64_t r0, int64_t m, cg_real scale) {
 }
 
 /* Whether this forward computes the gradients ahead (see above): the fused path in a graph that
- * takes gradients, and a weight that takes none or is a parameter whose gradient is stale. */
-static bool lce_ahead(const lce *c) {
+ * takes gradients, and a weight that takes none or is a parameter whose gradient is stale, or, with
+ * an attached optimizer's plan (param_grads_planned), whose plan buffer is live from this forward
+ * (else that memory belongs to other values during forward). Sets where dW goes. */
+static bool lce_ahead(lce *c) {
     const cg_tensor *t = c->t, *w = t->src[1];
-    /* an attached optimizer's plan holds w's gradient only from backward on (param_grads_planned):
-     * during forward that memory belongs to other values */
-    if (!c->p || !t->requires_grad || c->n == 0 || t->graph->mode != CG_TRAIN || t->graph->param_grads_planned)
-        return false;
-    return !w->requires_grad || (w->root == w && w->op == CGI_OP_PARAM && w->grad_stale && w->grad);
+    const cg_graph *g = t->graph;
+    if (!c->p || !t->requires_grad || c->n == 0 || g->mode != CG_TRAIN) return false;
+    if (!w->requires_grad) return true;
+    if (g->param_grads_planned) {
+        const int j = c->p->pgrad;
+        if (j < 0 || j >= g->npgrad || g->pgrad[j].p != w || !g->pgrad[j].grad) return false;
+        c->wgrad = g->pgrad[j].grad; /* w->grad is the set's own until backward swaps this one in */
+        return true;
+    }
+    return w->root == w && w->op == CGI_OP_PARAM && w->grad_stale && w->grad;
+}
+
+bool cgi_lce_ahead_plannable(const cg_tensor *t) {
+    const lce_params *p = t->params;
+    const cg_tensor *w = t->src[1];
+    return p && t->graph->precision != CG_BF16 && t->graph->mode == CG_TRAIN && t->requires_grad && !t->recompute &&
+           w->requires_grad && w->root == w && w->op == CGI_OP_PARAM;
+}
+
+void cgi_lce_set_planned_grad(cg_tensor *t, int j) {
+    lce_params *p = t->params;
+    if (p) p->pgrad = j;
 }
 
 cg_status cgi_fwd_linear_cross_entropy(cg_tensor *t) {
