@@ -3,7 +3,8 @@
  * per form, over c[rows, cols] with a bias: forward's value (the plan remakes it later), the remake
  * with backward's derivative beside it, backward's dpre = dy * gelu' with the bias gradient's column
  * sums, and for comparison forward's pass when the plan keeps the value (value and derivative) and
- * backward from the product alone. One repetition runs every pass once in turn (interleaved, so
+ * backward from the product alone (erf stores no derivative: its "value + derivative" passes make
+ * the value only and both its backward rows read the gate back from the output). One repetition runs every pass once in turn (interleaved, so
  * machine load hits all alike); each pass's input is restored before it, untimed. Reports the median
  * thread-CPU ms per pass with the min and max. Usage: bench_gelu [reps] [rows] [cols] [threads]
  * (default 31 repetitions over gpt-tiny's [4096, 1024] on 1 thread). */
