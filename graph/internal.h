@@ -792,13 +792,15 @@ void cgi_colsum_add_made(cg_real *dst, int64_t rows, int64_t cols, cg_real *scra
 /* The activation of the fused linear + activation op (cg_linear_gelu, cg_linear_relu), its iarg[0]. */
 typedef enum { CGI_ACT_GELU, CGI_ACT_GELU_TANH, CGI_ACT_RELU } cgi_act;
 /* The fused linear + activation's passes (ops/elementwise.c): y = gelu(c + b) over the product
- * c[m, n] (b NULL: none; GELU's only: ReLU's forward is in the product, see cgi_gemm_job), and
- * backward c = dpre = dy * act'(pre), pre = c + b for GELU (c the product, overwritten) and read
- * from y's sign for ReLU (c any buffer), with db += its column sums (db NULL: none; scratch as
+ * c[m, n] (b NULL: none; GELU's only: ReLU's forward is in the product, see cgi_gemm_job), for
+ * the tanh form with deriv also c = gelu'(c + b) over the product, from the same exponential (y NULL:
+ * not written); and backward c = dpre = dy * act'(pre): the tanh form's from the derivative c holds
+ * (c_deriv), else from the product c, pre = c + b, to the same bits; erf's from the product and y;
+ * ReLU's from y's sign (c any buffer); with db += its column sums (db NULL: none; scratch as
  * cgi_colsum_add's). */
-void cgi_bias_gelu_fwd(const cg_real *c, const cg_real *b, cg_real *y, int64_t m, int64_t n, bool tanh_form);
+void cgi_bias_gelu_fwd(cg_real *c, const cg_real *b, cg_real *y, int64_t m, int64_t n, bool tanh_form, bool deriv);
 void cgi_bias_act_bwd(cg_real *c, const cg_real *b, const cg_real *y, const cg_real *dy, int64_t m, int64_t n,
-                      cgi_act act, cg_real *db, cg_real *scratch);
+                      cgi_act act, bool c_deriv, cg_real *db, cg_real *scratch);
 
 /* The constants of cgi_exp's Cephes polynomial: log2(e), ln 2 split in a high and a low part, and
  * the polynomial's coefficients from the highest power down. Named once, so the hand-vectorised copy

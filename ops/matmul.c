@@ -376,9 +376,17 @@ static void linear_bwd(cg_tensor *t, const cg_real *dy, bool with_bias) {
 
 /* ---- linear_act: act(x @ w^T + bias), iarg[0] the activation (cgi_act) ---- */
 
+/* linear_act's iarg slot that is 1 while aux holds GELU's derivative rather than the product */
+#define LINEAR_ACT_DERIV 2
+
 /* GELU: the product goes to aux (beta 0: no bias fill before it, C never read) and one pass adds
- * the bias and applies GELU; aux keeps the pre-bias product for backward, which writes the
- * pre-activation gradient over it and sums the bias gradient in the same pass.
+ * the bias and applies GELU. Backward needs GELU's derivative at the pre-activation. For the tanh
+ * form the pass that makes the output last puts it over the product in aux, from the same
+ * exponential (forward's when the plan keeps the output; else the remake's, cgi_linear_act_regen,
+ * whose product forward keeps for it), so backward's pass is dy times it (iarg[LINEAR_ACT_DERIV]
+ * says aux holds it; else that pass computes it from the product first, to the same bits). For erf
+ * backward reads the gate back from the output and the product, as cgi_bwd_gelu. Backward writes
+ * the pre-activation gradient over aux and sums the bias gradient in the same pass.
  * ReLU: the product engine adds the bias and clamps each strip of C while it is in cache
  * (cgi_gemm_job.relu), straight into the output; backward reads the output's sign, so no
  * pre-activation is kept, and writes the pre-activation gradient into backward-only scratch.
@@ -420,16 +428,20 @@ cg_status cgi_fwd_linear_act(cg_tensor *t) {
     const cgi_gemm_job j = {m, n, k, x->data, row_stride(x), x->stride[x->ndim - 1], wv, w->stride[1], w->stride[0],
                             1, 0, c, n, 1, NULL, 0, false, CGI_EL_F32, (uint8_t)we, NULL, 0};
     cgi_gemm_many(&j, 1, cgi_nthreads());
-    cgi_bias_gelu_fwd(c, bias ? bias->data : NULL, t->data, m, n, t->iarg[0] == CGI_ACT_GELU_TANH);
+    /* the derivative now unless the remake will make it (t->regen) or no backward comes */
+    const bool deriv = t->requires_grad && !t->regen && t->iarg[0] == CGI_ACT_GELU_TANH;
+    cgi_bias_gelu_fwd(c, bias ? bias->data : NULL, t->data, m, n, t->iarg[0] == CGI_ACT_GELU_TANH, deriv);
+    t->iarg[LINEAR_ACT_DERIV] = deriv;
     return CG_OK;
 }
 
 /* GELU's output again from the product forward keeps for backward: forward's own pass, so the
- * same bits (cgi_regen). */
+ * same bits (cgi_regen), and backward's derivative over the product in the same pass. */
 void cgi_linear_act_regen(cg_tensor *t) {
     const cg_tensor *bias = t->nsrc > 2 ? t->src[2] : NULL;
     cgi_bias_gelu_fwd(t->aux, bias ? bias->data : NULL, t->data, rows_of(t->src[0]), t->src[1]->shape[0],
-                      t->iarg[0] == CGI_ACT_GELU_TANH);
+                      t->iarg[0] == CGI_ACT_GELU_TANH, true);
+    t->iarg[LINEAR_ACT_DERIV] = t->iarg[0] == CGI_ACT_GELU_TANH;
 }
 
 /* ReLU's pre-activation gradient [m, n]: backward scratch after the bias sums and dW's (dw_scratch). */
@@ -447,7 +459,8 @@ void cgi_bwd_linear_act(cg_tensor *t) {
     if (db) cgi_grad_prepare(bias); /* the op claims every input (CGI_GRAD_CLAIMS_ALL) */
     cg_real *dpre = relu ? dpre_scratch(t) : t->aux; /* GELU: over the product, which backward no longer needs */
     cgi_bias_act_bwd(dpre, bias ? bias->data : NULL, t->data, t->grad, m, n, (cgi_act)t->iarg[0],
-                     db ? bias->grad : NULL, db ? t->bwd_aux : NULL);
+                     !relu && t->iarg[LINEAR_ACT_DERIV], db ? bias->grad : NULL, db ? t->bwd_aux : NULL);
+    if (!relu) t->iarg[LINEAR_ACT_DERIV] = 0; /* aux holds the pre-activation gradient now */
     linear_bwd(t, dpre, false);
 }
 
