@@ -253,6 +253,7 @@ static cg_status backward_sweep(void *ctx) {
     const cgi_run run = cgi_run_open(g->work, team);
     if (team) cgi_team_run_begin();
     int seg_lo = -1, seg_hi = -1; /* the checkpoint segment whose recomputed values are swapped in */
+    const int seed_at = loss->root->id >= 0 ? loss->root->id : loss->id;
     for (int i = loss->id; i >= 0; i--) {
         cg_tensor *t = g->nodes[i];
         if (t->seg && (i == loss->id || g->nodes[i + 1]->seg != t->seg)) { /* entering a segment */
@@ -271,6 +272,14 @@ static cg_status backward_sweep(void *ctx) {
                 }
                 seg_lo = lo, seg_hi = i;
             }
+        }
+        /* The loss's gradient is born at its node's backward (its root's, for a view), after the
+         * recompute of the segment holding that node (the plan's timeline, graph/checkpoint.c):
+         * seeded earlier, it could share memory with a recomputed value that dies before it, which
+         * would overwrite the 1. */
+        if (i == seed_at) {
+            zero_once(loss);
+            loss->grad[0] += 1;
         }
         if (runs_backward(t)) {
             regen_for(t, i);
@@ -361,8 +370,6 @@ cg_status cg_graph_backward(cg_graph *g, cg_tensor *loss) {
         }
     }
     if (g->ready_fn) ready_plan(g, loss);
-    zero_once(loss);
-    loss->grad[0] += 1;
     g->bwd_status = CG_OK;
     const sweep_args sw = {g, loss};
     const cg_status s = cgi_run_graph(g->work, g->precision != CG_BF16, backward_sweep, (void *)&sw);

@@ -64,5 +64,12 @@ const char *cg_op_name(int i);
  * values leave float32 differences less exact). Returns the number of failed rows. */
 int cg_gradcheck_ops_aliased(FILE *out, double tol, int runs, const char *filter);
 
+/* The same cases inside a checkpoint segment with out * R (R fixed), the loss sum(out * R) after it
+ * and then in it too (a scalar out is then the loss itself): with checkpointing on, backward
+ * recomputes the segment, and the loss and every input's gradient (two passes) must equal those of
+ * the graph without checkpointing bit for bit. Prints one row per case and segment (rec: the nodes
+ * recomputed); returns the number of failed rows. */
+int cg_gradcheck_ops_checkpointed(FILE *out, const char *filter);
+
 CG_END_DECLS
 #endif

@@ -891,3 +891,90 @@ int cg_gradcheck_ops_aliased(FILE *out, double tol, int runs, const char *filter
     cg_set_threads(threads);
     return failed;
 }
+
+/* One case on a fresh graph, its nodes and y * R (R fixed, random) in one checkpoint segment, the
+ * loss sum(y * R) after it, or with loss_inside, in it too (a scalar y is then the loss itself),
+ * checkpointing on or off: two forward and backward passes, the same dropout masks in each. Writes
+ * the loss and the checked inputs' gradients of the second pass to vals (room for cap values; *len
+ * says how many) and how many nodes backward recomputes to *recomputed. */
+static cg_status checkpointed_run(int i, bool ckpt, bool loss_inside, cg_real *vals, int64_t cap, int64_t *len,
+                                  int *recomputed) {
+    ctx c = {0};
+    c.g = cg_graph_new(CG_TRAIN);
+    if (!c.g) return CG_ERR_NOMEM;
+    cg_rng_seed(&c.rng, 1000 + (uint64_t)i);
+    cg_status s = cg_checkpoint_begin(c.g);
+    cg_tensor *y = s ? NULL : cases[i].build(&c), *loss = y;
+    if (y && !(loss_inside && cg_numel(y) == 1)) {
+        cg_tensor *r = cg_input(c.g, "R", CG_REAL, cg_ndim(y), cg_shape(y));
+        cg_rng rr;
+        cg_rng_seed(&rr, 0x9c0ffee);
+        if (r) cg_fill_uniform(r, &rr, -1, 1);
+        cg_tensor *yr = r ? cg_mul(c.g, y, r) : NULL;
+        if (yr && !loss_inside) s = cg_checkpoint_end(c.g);
+        loss = yr ? cg_sum_all(c.g, yr) : NULL;
+    }
+    if (loss && !s && loss_inside) s = cg_checkpoint_end(c.g);
+    if (!loss && !s) s = cg_last_status() ? cg_last_status() : CG_ERR_ARG;
+    cg_graph_set_checkpointing(c.g, ckpt);
+    for (int run = 0; run < 2 && !s; run++) {
+        cg_graph_set_rng(c.g, 0x5eed, 0);
+        s = cg_graph_forward(c.g);
+        if (!s) s = cg_graph_backward(c.g, loss);
+    }
+    *len = 0;
+    if (!s) vals[(*len)++] = *(cg_real *)loss->data;
+    for (int k = 0; k < c.n && !s; k++) {
+        if (*len + cg_numel(c.in[k]) > cap) {
+            s = cgi_fail(CG_ERR_RANGE, "[gradcheck] case inputs exceed %lld values", (long long)cap);
+            break;
+        }
+        s = cg_read_grad(c.in[k], vals + *len);
+        *len += cg_numel(c.in[k]);
+    }
+    *recomputed = 0;
+    for (int j = 0; j < c.g->n; j++) *recomputed += c.g->nodes[j]->recompute;
+    cg_graph_free(c.g);
+    return s;
+}
+
+int cg_gradcheck_ops_checkpointed(FILE *out, const char *filter) {
+    enum { CAP = 1 << 14 };
+    const int ncases = (int)(sizeof cases / sizeof cases[0]);
+    cg_real *ref = malloc(CAP * sizeof *ref), *got = malloc(CAP * sizeof *got);
+    if (!ref || !got) {
+        free(ref);
+        free(got);
+        if (out) fprintf(out, "checkpointed: out of memory\n");
+        return 1;
+    }
+    int failed = 0;
+    if (out)
+        fprintf(out, "checkpoint segments: the loss and every input's gradient with checkpointing on, bit for bit as "
+                     "off\n%-19s %-34s %-13s %4s %12s  %s\n", "op", "shapes", "segment", "rec", "max abs diff", "result");
+    for (int i = 0; i < ncases; i++) {
+        if (filter && !strstr(cases[i].op, filter)) continue;
+        for (int inside = 0; inside < 2; inside++) {
+            int64_t nref = 0, ngot = 0;
+            int rec_off = 0, rec = 0;
+            cg_status s = checkpointed_run(i, false, inside, ref, CAP, &nref, &rec_off);
+            if (!s) s = checkpointed_run(i, true, inside, got, CAP, &ngot, &rec);
+            double worst = 0;
+            bool same = !s && nref == ngot && memcmp(ref, got, (size_t)nref * sizeof *ref) == 0;
+            for (int64_t k = 0; !s && k < nref && k < ngot; k++) {
+                const double d = fabs((double)ref[k] - (double)got[k]);
+                if (!(d <= worst)) worst = isnan(d) ? INFINITY : d;
+            }
+            failed += !same;
+            if (!out) continue;
+            const char *seg = inside ? "op, loss" : "op, loss after";
+            if (s) fprintf(out, "%-19s %-34s %-13s %4s %12s  FAIL (%s)\n", cases[i].op, cases[i].shapes, seg, "-", "-",
+                           cg_last_error());
+            else fprintf(out, "%-19s %-34s %-13s %4d %12.3e  %s\n", cases[i].op, cases[i].shapes, seg, rec, worst,
+                         same ? "PASS" : "FAIL");
+        }
+    }
+    free(ref);
+    free(got);
+    return failed;
+}
