@@ -489,13 +489,16 @@ CGI_CLONES static void bwd_packed(const head *h, const cgi_ukr *u, const packs *
     const bool ds = g->q || g->k || g->bias || g->rel;
     /* with w->direct: keys j see queries from j - (i0 + shift) on (first), rows past it of dS and P are 0 */
     const int64_t first = h->causal ? -(i0 + h->shift) : CGI_UKR_FULL;
-    if (ds && w->direct)
+    /* every row sees every key: dS = P * (dP - D) made in dP's tiles, no pass of its own */
+    const bool fused = ds && w->direct && !h->causal && !h->window && !h->drop;
+    if (fused) cgi_attn_ds_panels(nq, kend, d, dO, h->os, w->kv1, dp, h->sc, p, ps, di);
+    else if (ds && w->direct)
         cgi_attn_mm_panels(nq, kend, d, 1, dO, h->os, 1, w->kv1, 0, dp, h->sc, diag(h, i0), CGI_UKR_FULL, CGI_UKR_FULL);
     else if (ds) { /* dP = dO V^T, skipping the tiles the causal mask hides */
         cgi_ukr_pack_a(u, nq, d, dO, h->os, 1, w->a);
         cgi_ukr_gemm(u, nq, kend, d, 1, w->a, d, w->kv1, d, 0, dp, h->sc, 1, diag(h, i0), CGI_UKR_FULL);
     }
-    for (int64_t r = 0; (ds || h->drop) && r < nq; r++) { /* dS = P * (dP - D), zero where hidden */
+    for (int64_t r = 0; !fused && (ds || h->drop) && r < nq; r++) { /* dS = P * (dP - D), zero where hidden */
         const int64_t vis = visible(h, i0 + r, 0, kend);
         cg_real *dr = dp + r * h->sc;
         const cg_real *pr = p + r * ps, dr_i = di[r];

@@ -118,6 +118,12 @@ void cgi_attn_mm(int64_t m, int64_t n, int64_t k, cg_real alpha, const cg_real *
 void cgi_attn_mm_panels(int64_t m, int64_t n, int64_t k, cg_real alpha, const cg_real *a, int64_t ars, int64_t acs,
                         const cg_real *b, cg_real beta, cg_real *c, int64_t cs, int64_t n_diag, int64_t k_diag,
                         int64_t k_first);
+/* Backward's dS = P * (dO V^T - D) of a full (not causal) block in one pass: C[m, n] (row stride cs)
+ * = P * (A B - d[row]), A's rows ars apart and contiguous, B in panels as cgi_attn_mm_panels's, P's
+ * rows ps apart; each element as cgi_attn_mm_panels's dP then P * (dP - d) rounds it. Only when
+ * cgi_attn_direct(). */
+void cgi_attn_ds_panels(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t ars, const cg_real *b, cg_real *c,
+                        int64_t cs, const cg_real *p, int64_t ps, const cg_real *d);
 /* Reals cgi_attn_transpose_panels writes for rows x cols of src: cols x rows rounded up to panels. */
 int64_t cgi_attn_panels_reals(int64_t rows, int64_t cols);
 /* src's rows x cols (rows ss apart) transposed into panels of CGI_ATTN_PANEL rows of src (B of

@@ -538,6 +538,53 @@ static void direct_panels(void) {
     free(a), free(src), free(bt), free(bp), free(c1), free(c2);
 }
 
+/* cgi_attn_ds_panels (backward's dS = P * (dO V^T - D) in dP's tiles) against the sums in double, and
+ * bit for bit against cgi_attn_mm_panels's dP then P * (dP - D) as the unfused backward rounds it,
+ * with columns off the panels (1..200), rows off the 6-row strips and P's padded keys (zeros). Writes
+ * nothing past n columns. */
+static void direct_ds(void) {
+    const int64_t ns[] = {1, 15, 64, 65, 128, 200};
+    enum { M = 70, K = 37, NMAX = 200, PS = NMAX + 5 };
+    cg_rng r;
+    cg_rng_seed(&r, 9);
+    cg_real *a = malloc(M * (K + 2) * sizeof *a), *src = malloc(NMAX * K * sizeof *src),
+            *bp = malloc((size_t)cgi_attn_panels_reals(NMAX, K) * sizeof *bp), *pm = malloc(M * PS * sizeof *pm),
+            *dd = malloc(M * sizeof *dd), *c1 = malloc(M * NMAX * sizeof *c1), *c2 = malloc(M * NMAX * sizeof *c2);
+    for (int64_t i = 0; i < M * (K + 2); i++) a[i] = (cg_real)(2 * cg_rng_uniform(&r) - 1);
+    for (int64_t i = 0; i < NMAX * K; i++) src[i] = (cg_real)(2 * cg_rng_uniform(&r) - 1);
+    for (int64_t i = 0; i < M * PS; i++) pm[i] = i % 7 == 3 ? 0 : (cg_real)cg_rng_uniform(&r); /* 0: a padded key */
+    for (int64_t i = 0; i < M; i++) dd[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
+    int cases = 0;
+    for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+        const int64_t n = ns[ni]; /* B = the transpose of src's n rows of K, in panels (V^T) */
+        cgi_attn_transpose_panels(n, K, src, K, bp);
+        for (int64_t i = 0; i < M * NMAX; i++) c1[i] = c2[i] = (cg_real)i;
+        cgi_attn_ds_panels(M, n, K, a, K + 2, bp, c1, NMAX, pm, PS, dd);
+        cgi_attn_mm_panels(M, n, K, 1, a, K + 2, 1, bp, 0, c2, NMAX, CGI_UKR_FULL, CGI_UKR_FULL, CGI_UKR_FULL);
+        double worst = 0;
+        int past = 0;
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < NMAX; j++) {
+                if (j >= n) { /* untouched */
+                    past += c1[i * NMAX + j] != (cg_real)(i * NMAX + j);
+                    continue;
+                }
+                double dp = 0;
+                for (int64_t p = 0; p < K; p++) dp += (double)a[i * (K + 2) + p] * src[j * K + p];
+                const double want = pm[i * PS + j] * (dp - dd[i]);
+                worst = fmax(worst, fabs(c1[i * NMAX + j] - want));
+                c2[i * NMAX + j] = pm[i * PS + j] * (c2[i * NMAX + j] - dd[i]);
+            }
+        CHECK(worst < 1e-5 && past == 0, "cgi_attn_ds_panels n %lld: off by %g from the double sums, %d written past n",
+              (long long)n, worst, past);
+        CHECK(memcmp(c1, c2, M * NMAX * sizeof *c1) == 0, "cgi_attn_ds_panels n %lld: differs from dP then P * (dP - D)",
+              (long long)n);
+        cases++;
+    }
+    CHECK(cases == 6, "%d cases", cases);
+    free(a), free(src), free(bp), free(pm), free(dd), free(c1), free(c2);
+}
+
 /* The shapes of the direct products' path (kept probabilities, Tq >= 16) at feature sizes and
  * lengths off its tiles, with every option that goes through it, on the direct kernels (on; their
  * own ctest entry) or on BLIS's micro-kernel. */
@@ -564,6 +611,7 @@ int main(int argc, char **argv) {
         if (!cgi_attn_direct()) return test_skip("test_attention direct", "no AVX-512 on this CPU, or a float64 build");
         direct_products();
         direct_panels();
+        direct_ds();
         direct_softmax();
         direct_cases(true);
         remade_cases();
