@@ -791,7 +791,7 @@ void cgi_colsum_add_made(cg_real *dst, int64_t rows, int64_t cols, cg_real *scra
                          const cg_real *(*make)(void *ctx, int64_t r), void *ctx);
 /* The activation of the fused linear + activation op (cg_linear_gelu, cg_linear_relu), its iarg[0]. */
 typedef enum { CGI_ACT_GELU, CGI_ACT_GELU_TANH, CGI_ACT_RELU } cgi_act;
-/* The fused linear + activation's passes (ops/elementwise.c): y = gelu(c + b) over the product
+/* The fused linear + activation's passes (ops/act_passes.c): y = gelu(c + b) over the product
  * c[m, n] (b NULL: none; GELU's only: ReLU's forward is in the product, see cgi_gemm_job), for
  * the tanh form with deriv also c = gelu'(c + b) over the product, from the same exponential (y NULL:
  * not written); and backward c = dpre = dy * act'(pre): the tanh form's from the derivative c holds

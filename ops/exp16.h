@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* e^x on 16 lanes for the AVX-512 kernels (GELU's passes in ops/elementwise.c, attention's softmax in
+/* e^x on 16 lanes for the AVX-512 kernels (GELU's passes in ops/act_passes.c, attention's softmax in
  * ops/attention_kernels.c): cgi_exp's polynomial and constants (graph/internal.h) in fused
  * multiply-adds. The scalar cgi_exp is compiled without contraction (ISO C11), so it rounds apart
  * from these lanes by an ulp on about 0.1% of inputs (tests/test_exp16.c checks the lanes against

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* The fused linear + GELU's passes (cgi_bias_gelu_fwd, cgi_bias_act_bwd in ops/elementwise.c) against
+/* The fused linear + GELU's passes (cgi_bias_gelu_fwd, cgi_bias_act_bwd in ops/act_passes.c) against
  * GELU and its derivative in double precision (libm's erf and tanh), both forms, over every 4099th
  * float of [-10, 10]: the value within 3e-7 and the derivative (backward's dpre for dy = 1) within
  * 4e-7 of the reference, times max(1, |x|) (measured on every 64th float: 1.9e-7 and 2.5e-7 at
