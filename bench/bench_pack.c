@@ -58,7 +58,8 @@ int main(int argc, char **argv) {
                 *bp = cgi_alloc_large(sizeof(cg_real) * cgi_ukr_packed_b(&u, kc, nc));
         fill(a, m * k), fill(b, k * n);
         const int64_t rsa = sh->a_cols ? 1 : k, csa = sh->a_cols ? m : 1, rsb = sh->b_cols ? 1 : n, csb = sh->b_cols ? k : 1;
-        const cgi_gemm_job j = {m, n, k, a, rsa, csa, b, rsb, csb, 1, 0, c, n, 1, NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0};
+        const cgi_gemm_job j = {.m = m, .n = n, .k = k, .a = a, .rsa = rsa, .csa = csa, .b = b, .rsb = rsb,
+                                .csb = csb, .alpha = 1, .beta = 0, .c = c, .rsc = n, .csc = 1};
         double *tp = malloc(3 * sizeof(double) * (size_t)reps), *ta = tp + reps, *tb = ta + reps;
         for (int r = 0; r < reps; r++) {
             double t0 = bench_cpu_now();

@@ -249,7 +249,8 @@ void cgi_gemm_many_then(const cgi_gemm_job *jobs, int njobs, int threads, void (
 
 void cgi_gemm(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, int64_t csa, const cg_real *b,
               int64_t rsb, int64_t csb, cg_real alpha, cg_real beta, cg_real *c, int64_t rsc, int64_t csc, int threads) {
-    const cgi_gemm_job j = {m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, c, rsc, csc, NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0};
+    const cgi_gemm_job j = {.m = m, .n = n, .k = k, .a = a, .rsa = rsa, .csa = csa, .b = b, .rsb = rsb, .csb = csb,
+                            .alpha = alpha, .beta = beta, .c = c, .rsc = rsc, .csc = csc};
     cgi_gemm_many(&j, 1, threads);
 }
 
@@ -743,8 +744,9 @@ static void gemm_half_1(const cgi_gemm_job *j, unsigned fl) {
 bool cgi_gemm_half(int64_t m, int64_t n, int64_t k, const void *a, int ta, int64_t rsa, int64_t csa, const void *b, int tb,
                    int64_t rsb, int64_t csb, float alpha, float beta, void *c, int64_t rsc, const float *bias, bool c_bf16,
                    int threads) {
-    const cgi_gemm_job j = {m, n, k, a, rsa, csa, b, rsb, csb, alpha, c_bf16 ? 0 : beta, c, rsc, 1, bias, 1, false,
-                            (uint8_t)ta, (uint8_t)tb, NULL, 0};
+    const cgi_gemm_job j = {.m = m, .n = n, .k = k, .a = a, .rsa = rsa, .csa = csa, .b = b, .rsb = rsb, .csb = csb,
+                            .alpha = alpha, .beta = c_bf16 ? 0 : beta, .c = c, .rsc = rsc, .csc = 1, .bias = bias,
+                            .bias_stride = 1, .ta = (uint8_t)ta, .tb = (uint8_t)tb};
     gemm_many(&j, 1, threads, c_bf16 ? F_CBF16 : 0, NULL);
     return true;
 }

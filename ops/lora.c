@@ -156,17 +156,21 @@ void cgi_bwd_lora_linear(cg_tensor *t) {
     cgi_gemm_job jobs[4];
     int nj = 0;
     if (dx) /* dX [m, k] (+)= dY w */
-        jobs[nj++] = (cgi_gemm_job){d.m, d.k, d.n, dy, d.n, 1, wv, d.rw, d.cw, 1, x_assign ? 0 : 1, x->grad,
-                                    row_stride(x), x->stride[x->ndim - 1], NULL, 0, false, CGI_EL_F32, (uint8_t)wel, NULL, 0};
+        jobs[nj++] = (cgi_gemm_job){.m = d.m, .n = d.k, .k = d.n, .a = dy, .rsa = d.n, .csa = 1, .b = wv, .rsb = d.rw,
+                                    .csb = d.cw, .alpha = 1, .beta = x_assign ? 0 : 1, .c = x->grad,
+                                    .rsc = row_stride(x), .csc = x->stride[x->ndim - 1], .tb = (uint8_t)wel};
     if (dw) /* dW [n, k] (+)= dY^T x */
-        jobs[nj++] = (cgi_gemm_job){d.n, d.k, d.m, dy, 1, d.n, x->data, d.rx, d.cx, 1, w_assign ? 0 : 1, w->grad,
-                                    w->stride[0], w->stride[1], NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0};
+        jobs[nj++] = (cgi_gemm_job){.m = d.n, .n = d.k, .k = d.m, .a = dy, .rsa = 1, .csa = d.n, .b = x->data,
+                                    .rsb = d.rx, .csb = d.cx, .alpha = 1, .beta = w_assign ? 0 : 1, .c = w->grad,
+                                    .rsc = w->stride[0], .csc = w->stride[1]};
     if (da) /* dA [r, k] (+)= dlow^T x */
-        jobs[nj++] = (cgi_gemm_job){d.r, d.k, d.m, dlow, 1, d.r, x->data, d.rx, d.cx, 1, a_assign ? 0 : 1, a->grad,
-                                    a->stride[0], a->stride[1], NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0};
+        jobs[nj++] = (cgi_gemm_job){.m = d.r, .n = d.k, .k = d.m, .a = dlow, .rsa = 1, .csa = d.r, .b = x->data,
+                                    .rsb = d.rx, .csb = d.cx, .alpha = 1, .beta = a_assign ? 0 : 1, .c = a->grad,
+                                    .rsc = a->stride[0], .csc = a->stride[1]};
     if (db) /* dB [n, r] (+)= dY^T low */
-        jobs[nj++] = (cgi_gemm_job){d.n, d.r, d.m, dy, 1, d.n, low, d.r, 1, 1, b_assign ? 0 : 1, b->grad, b->stride[0],
-                                    b->stride[1], NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0};
+        jobs[nj++] = (cgi_gemm_job){.m = d.n, .n = d.r, .k = d.m, .a = dy, .rsa = 1, .csa = d.n, .b = low, .rsb = d.r,
+                                    .csb = 1, .alpha = 1, .beta = b_assign ? 0 : 1, .c = b->grad, .rsc = b->stride[0],
+                                    .csc = b->stride[1]};
     if (alias)
         for (int j = 0; j < nj; j++) cgi_gemm_many(&jobs[j], 1, nt);
     else cgi_gemm_many(jobs, nj, nt);

@@ -431,8 +431,9 @@ static void lce_logits(const lce *c, int64_t r0, int64_t m, bool bwd) {
     if (cgi_lp_on(c->t) && cgi_lp_gemm(c->t, bwd, m, c->v, c->d, c->xs, c->d, 1, NULL, c->W, c->wc, c->wr,
                                        c->t->src[1], 1, c->B ? 1 : 0, c->logits, c->v, 1))
         return;
-    const cgi_gemm_job j = {m, c->v, c->d, c->xs, c->d, 1, c->Wv, c->wc, c->wr, 1, c->B ? 1 : 0, c->logits, c->v, 1,
-                            NULL, 0, false, CGI_EL_F32, (uint8_t)c->wel, NULL, 0};
+    const cgi_gemm_job j = {.m = m, .n = c->v, .k = c->d, .a = c->xs, .rsa = c->d, .csa = 1, .b = c->Wv, .rsb = c->wc,
+                            .csb = c->wr, .alpha = 1, .beta = c->B ? 1 : 0, .c = c->logits, .rsc = c->v, .csc = 1,
+                            .tb = (uint8_t)c->wel};
     cgi_gemm_many(&j, 1, cgi_nthreads());
 }
 
@@ -796,11 +797,13 @@ void cgi_bwd_linear_cross_entropy(cg_tensor *t) {
         /* dX lands in scratch and is scattered after both, so the two never share output, even
          * when x's and w's gradients alias */
         if (x->requires_grad && !done) /* dx rows = dlogits @ W, gathered; scattered back below */
-            jobs[nj++] = (cgi_gemm_job){m, c.d, c.v, c.logits, c.v, 1, c.Wv, c.wr, c.wc, 1, 0, c.dxs, c.d, 1, NULL, 0, false,
-                                        CGI_EL_F32, (uint8_t)c.wel, NULL, 0};
+            jobs[nj++] = (cgi_gemm_job){.m = m, .n = c.d, .k = c.v, .a = c.logits, .rsa = c.v, .csa = 1, .b = c.Wv,
+                                        .rsb = c.wr, .csb = c.wc, .alpha = 1, .beta = 0, .c = c.dxs, .rsc = c.d,
+                                        .csc = 1, .tb = (uint8_t)c.wel};
         if (w->requires_grad && !done) /* dW += dlogits^T @ xs */
-            jobs[nj++] = (cgi_gemm_job){c.v, c.d, m, c.logits, 1, c.v, c.xs, c.d, 1, 1, w_assign ? 0 : 1, w->grad,
-                                        w->stride[0], w->stride[1], NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0};
+            jobs[nj++] = (cgi_gemm_job){.m = c.v, .n = c.d, .k = m, .a = c.logits, .rsa = 1, .csa = c.v, .b = c.xs,
+                                        .rsb = c.d, .csb = 1, .alpha = 1, .beta = w_assign ? 0 : 1, .c = w->grad,
+                                        .rsc = w->stride[0], .csc = w->stride[1]};
         cgi_gemm_many(jobs, nj, nt);
         w_assign = false;
         if (x->requires_grad)

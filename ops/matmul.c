@@ -262,9 +262,11 @@ static cg_status linear_fwd_float(cg_tensor *t, bool relu) {
     int we;
     const void *wv = weight_elems(w, &we);
     if (!wv) return CG_ERR_NOMEM;
-    const cgi_gemm_job j = {m, n, k, x->data, row_stride(x), x->stride[x->ndim - 1], wv, w->stride[1], w->stride[0],
-                            1, 0, t->data, n, 1, bias ? bias->data : NULL, bias ? bias->stride[0] : 0, relu,
-                            CGI_EL_F32, (uint8_t)we, t->op == CGI_OP_LINEAR_ADD ? t->src[t->iarg[1]]->data : NULL, n};
+    const cgi_gemm_job j = {.m = m, .n = n, .k = k, .a = x->data, .rsa = row_stride(x), .csa = x->stride[x->ndim - 1],
+                            .b = wv, .rsb = w->stride[1], .csb = w->stride[0], .alpha = 1, .beta = 0, .c = t->data,
+                            .rsc = n, .csc = 1, .bias = bias ? bias->data : NULL,
+                            .bias_stride = bias ? bias->stride[0] : 0, .relu = relu, .tb = (uint8_t)we,
+                            .res = t->op == CGI_OP_LINEAR_ADD ? t->src[t->iarg[1]]->data : NULL, .res_rs = n};
     cgi_gemm_many(&j, 1, cgi_nthreads());
     return CG_OK;
 }
@@ -343,17 +345,20 @@ static void linear_bwd(cg_tensor *t, const cg_real *dy, bool with_bias) {
     cgi_gemm_job jobs[2];
     int nj = 0;
     if (x->requires_grad && !lp) /* dX[m,k] += dY[m,n] @ W[n,k], a half-precision W widened as it is packed */
-        jobs[nj++] = (cgi_gemm_job){m, k, n, dy, n, 1, wv, w->stride[0], w->stride[1], 1, assign ? 0 : 1,
-                                    x->grad, row_stride(x), x->stride[x->ndim - 1], NULL, 0, false, CGI_EL_F32, (uint8_t)we, NULL, 0};
+        jobs[nj++] = (cgi_gemm_job){.m = m, .n = k, .k = n, .a = dy, .rsa = n, .csa = 1, .b = wv, .rsb = w->stride[0],
+                                    .csb = w->stride[1], .alpha = 1, .beta = assign ? 0 : 1, .c = x->grad,
+                                    .rsc = row_stride(x), .csc = x->stride[x->ndim - 1], .tb = (uint8_t)we};
     if (w->requires_grad && !lp) {
         const int64_t xr = row_stride(x), xc = x->stride[x->ndim - 1];
         cg_real *s = dw_scratch(t);
         if (dw_as_transpose(x, w)) /* dW^T[k,n] = X^T[k,m] @ dY[m,n] */
-            jobs[nj++] = (cgi_gemm_job){k, n, m, x->data, xc, xr, dy, n, 1, 1, s || w_assign ? 0 : 1, s ? s : w->grad,
-                                        s ? n : w->stride[1], s ? 1 : w->stride[0], NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0};
+            jobs[nj++] = (cgi_gemm_job){.m = k, .n = n, .k = m, .a = x->data, .rsa = xc, .csa = xr, .b = dy, .rsb = n,
+                                        .csb = 1, .alpha = 1, .beta = s || w_assign ? 0 : 1, .c = s ? s : w->grad,
+                                        .rsc = s ? n : w->stride[1], .csc = s ? 1 : w->stride[0]};
         else /* dW[n,k] = dY^T[n,m] @ X[m,k] */
-            jobs[nj++] = (cgi_gemm_job){n, k, m, dy, 1, n, x->data, xr, xc, 1, s || w_assign ? 0 : 1, s ? s : w->grad,
-                                        s ? k : w->stride[0], s ? 1 : w->stride[1], NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0};
+            jobs[nj++] = (cgi_gemm_job){.m = n, .n = k, .k = m, .a = dy, .rsa = 1, .csa = n, .b = x->data, .rsb = xr,
+                                        .csb = xc, .alpha = 1, .beta = s || w_assign ? 0 : 1, .c = s ? s : w->grad,
+                                        .rsc = s ? k : w->stride[0], .csc = s ? 1 : w->stride[1]};
     }
     /* a contiguous bias's column sums run as further pieces of the products' parallel region: one
      * region (one wake of a passively waiting thread) fewer per linear, the same sums */
@@ -425,8 +430,9 @@ cg_status cgi_fwd_linear_act(cg_tensor *t) {
     int we;
     const void *wv = weight_elems(w, &we);
     if (!wv) return CG_ERR_NOMEM;
-    const cgi_gemm_job j = {m, n, k, x->data, row_stride(x), x->stride[x->ndim - 1], wv, w->stride[1], w->stride[0],
-                            1, 0, c, n, 1, NULL, 0, false, CGI_EL_F32, (uint8_t)we, NULL, 0};
+    const cgi_gemm_job j = {.m = m, .n = n, .k = k, .a = x->data, .rsa = row_stride(x), .csa = x->stride[x->ndim - 1],
+                            .b = wv, .rsb = w->stride[1], .csb = w->stride[0], .alpha = 1, .beta = 0, .c = c,
+                            .rsc = n, .csc = 1, .tb = (uint8_t)we};
     cgi_gemm_many(&j, 1, cgi_nthreads());
     /* the derivative now unless the remake will make it (t->regen) or no backward comes */
     const bool deriv = t->requires_grad && !t->regen && t->iarg[0] == CGI_ACT_GELU_TANH;

@@ -81,7 +81,9 @@ static void test_pieces(void) {
         for (int64_t i = 0; i < m * n; i++) c0[i] = (cg_real)(cg_rng_uniform(&r) - 0.5);
         for (int tr = 0; tr < 2; tr++) {
             /* tr: B read through a transpose (column strides), C written by columns */
-            cgi_gemm_job j = {m, n, k, a, k, 1, b, tr ? 1 : n, tr ? k : 1, 0.5, 1, c, tr ? 1 : n, tr ? m : 1, NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0};
+            cgi_gemm_job j = {.m = m, .n = n, .k = k, .a = a, .rsa = k, .csa = 1, .b = b, .rsb = tr ? 1 : n,
+                              .csb = tr ? k : 1, .alpha = 0.5, .beta = 1, .c = c, .rsc = tr ? 1 : n,
+                              .csc = tr ? m : 1};
             cgi_gemm_job ref = j;
             ref.c = c1;
             memcpy(c1, c0, sizeof(cg_real) * (size_t)(m * n));
@@ -178,7 +180,9 @@ static void test_blocked(void) {
             const int bs = v & 1 ? 3 : 0;
             const bool relu = v >= 2;
             /* B as a linear's weight [n, k] seen transposed */
-            cgi_gemm_job j = {m, n, k, a, k, 1, b, 1, k, 0.75, 0, c, n, 1, bs ? bias : NULL, bs, relu, CGI_EL_F32, CGI_EL_F32, NULL, 0};
+            cgi_gemm_job j = {.m = m, .n = n, .k = k, .a = a, .rsa = k, .csa = 1, .b = b, .rsb = 1, .csb = k,
+                              .alpha = 0.75, .beta = 0, .c = c, .rsc = n, .csc = 1, .bias = bs ? bias : NULL,
+                              .bias_stride = bs, .relu = relu};
             cgi_gemm_job ref = j;
             ref.c = want;
             naive(&ref, want);
@@ -208,7 +212,8 @@ static void test_blocked(void) {
  * check fails otherwise); its result is right. */
 static void *product_on_thread(void *arg) {
     cg_real *c = arg, *a = c + 64 * 64, *b = a + 64 * 64;
-    cgi_gemm_job j = {64, 64, 64, a, 64, 1, b, 64, 1, 1, 0, c, 64, 1, NULL, 0, false, CGI_EL_F32, CGI_EL_F32, NULL, 0};
+    cgi_gemm_job j = {.m = 64, .n = 64, .k = 64, .a = a, .rsa = 64, .csa = 1, .b = b, .rsb = 64, .csb = 1, .alpha = 1,
+                      .beta = 0, .c = c, .rsc = 64, .csc = 1};
     cgi_gemm_many(&j, 1, 1);
     return NULL;
 }
