@@ -169,7 +169,7 @@ static cg_status plan_param_grads(cg_graph *g, const int64_t *bt, buffer *bufs, 
 }
 
 /* A fused linear + GELU remakes its output from the product it keeps, one elementwise pass; a layer
- * norm runs its forward again, one pass over its input, which its own backward keeps, and a
+ * norm from its input and the statistics its own backward keeps, one pass over the input, and a
  * residual add + layer norm from the sum it keeps; so does a GELU (a bf16 graph's, after its
  * linear). A value stored in bf16 (cgi_lp_plan_values) is remade in bf16 by the same forward:
  * gpt-small's bf16 step keeps 113 MB of them otherwise, and without the GELUs' bf16 would sit above
@@ -184,8 +184,8 @@ bool cgi_regen_ok(const cg_tensor *t) {
 
 void cgi_regen(cg_tensor *t) {
     if (t->op == CGI_OP_LINEAR_ACT) cgi_linear_act_regen(t);
-    else if (t->op == CGI_OP_ADD_LAYERNORM) cgi_add_layernorm_regen(t);
-    else cgi_ops[t->op].forward(t); /* a layer norm: also rewrites its statistics, to the same bits */
+    else if (t->op == CGI_OP_ADD_LAYERNORM || t->op == CGI_OP_LAYERNORM) cgi_norm_regen(t); /* from its statistics */
+    else cgi_ops[t->op].forward(t);
 }
 
 /* Values backward can remake from what their own backward keeps (cgi_regen_ok) live only through

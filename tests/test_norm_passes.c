@@ -1,0 +1,131 @@
+/* SPDX-License-Identifier: MIT */
+/* The passes of the layer norms (ops/norm.c), bit for bit:
+ * - add_layernorm forms the residual sum in a row of its own and streams it to the sum it keeps for
+ *   backward (rows of 16 floats and more): its output, statistics and every gradient must be those of
+ *   cg_add followed by cg_layernorm, which form the same sum and reduce it in the same order;
+ * - backward remakes a layer norm's and an add_layernorm's output from the statistics forward kept,
+ *   without summing the rows again: the gradients must be those of the plan that keeps the outputs
+ *   (CGRAD_REGEN=0), and the outputs must have been remade (the test fails if the plan stops).
+ * Widths 256 and 48 (streamed) and 67 (not: rows of a multiple of 16 floats are); two threads under ctest. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../cgrad.h"
+#include "check.h"
+#include "graph/internal.h"
+
+enum { MAXT = 8 };
+
+typedef struct {
+    cg_real *v[MAXT];
+    int64_t n[MAXT];
+    int count, remade;
+} result;
+
+static void result_free(result *r) {
+    for (int i = 0; i < r->count; i++) free(r->v[i]);
+}
+
+static cg_tensor *leaf(cg_graph *g, const char *name, int nd, const int64_t *shape, cg_rng *rng, bool grad) {
+    cg_tensor *t = cg_input(g, name, CG_REAL, nd, shape);
+    if (grad) t = cg_requires_grad(t);
+    if (t) cg_fill_uniform(t, rng, -1.5, 1.5);
+    return t;
+}
+
+/* y = LN(x + r) (fused or composed) over [rows, d]; loss = sum(y * R). Reads y, then the gradients of
+ * x, r, gain and bias. */
+static result fused_or_composed(int64_t rows, int64_t d, bool fused) {
+    result res = {0};
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    cg_rng rng;
+    cg_rng_seed(&rng, 5);
+    const int64_t sh[2] = {rows, d};
+    cg_tensor *x = leaf(g, "x", 2, sh, &rng, true), *r = leaf(g, "r", 2, sh, &rng, true);
+    cg_tensor *gain = leaf(g, "gain", 1, &d, &rng, true), *bias = leaf(g, "bias", 1, &d, &rng, true);
+    cg_tensor *R = leaf(g, "R", 2, sh, &rng, false);
+    cg_tensor *y = cg_retain(fused ? cg_add_layernorm(g, x, r, gain, bias, 1e-5)
+                                   : cg_layernorm(g, cg_add(g, x, r), gain, bias, 1e-5));
+    cg_tensor *loss = cg_sum_all(g, cg_mul(g, y, R));
+    if (!loss || cg_graph_forward(g) || cg_graph_backward(g, loss)) {
+        CHECK(0, "[%lld, %lld] %s: %s", (long long)rows, (long long)d, fused ? "fused" : "composed", cg_last_error());
+        cg_graph_free(g);
+        return res;
+    }
+    cg_tensor *ts[5] = {y, x, r, gain, bias};
+    for (int i = 0; i < 5; i++) {
+        res.n[i] = cg_numel(ts[i]);
+        res.v[i] = malloc((size_t)res.n[i] * sizeof(cg_real));
+        CHECK((i ? cg_read_grad(ts[i], res.v[i]) : cg_read(ts[i], res.v[i])) == CG_OK, "read %d: %s", i, cg_last_error());
+    }
+    res.count = 5;
+    cg_graph_free(g);
+    return res;
+}
+
+/* Two blocks as a post-LN and a pre-LN model have them: h = add_layernorm(x, r) -> linear, then
+ * layernorm -> linear; the linears' weight gradients read the norms' outputs in backward, which the
+ * plan remakes unless CGRAD_REGEN=0. Reads the gradients of x, r, the weights, gains and biases. */
+static result two_blocks(int64_t rows, int64_t d, const char *regen) {
+    result res = {0};
+    if (regen) setenv("CGRAD_REGEN", regen, 1);
+    else unsetenv("CGRAD_REGEN");
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    cg_rng rng;
+    cg_rng_seed(&rng, 9);
+    const int64_t sh[2] = {rows, d}, wsh[2] = {d, d};
+    cg_tensor *x = leaf(g, "x", 2, sh, &rng, true), *r = leaf(g, "r", 2, sh, &rng, true);
+    cg_tensor *g1 = leaf(g, "g1", 1, &d, &rng, true), *b1 = leaf(g, "b1", 1, &d, &rng, true);
+    cg_tensor *g2 = leaf(g, "g2", 1, &d, &rng, true), *b2 = leaf(g, "b2", 1, &d, &rng, true);
+    cg_tensor *w1 = leaf(g, "w1", 2, wsh, &rng, true), *w2 = leaf(g, "w2", 2, wsh, &rng, true);
+    cg_tensor *R = leaf(g, "R", 2, sh, &rng, false);
+    cg_tensor *n1 = cg_add_layernorm(g, x, r, g1, b1, 1e-5);
+    cg_tensor *n2 = cg_layernorm(g, cg_linear(g, n1, w1, NULL), g2, b2, 1e-5);
+    cg_tensor *loss = cg_sum_all(g, cg_mul(g, cg_linear(g, n2, w2, NULL), R));
+    if (!loss || cg_graph_forward(g) || cg_graph_backward(g, loss)) {
+        CHECK(0, "two blocks [%lld, %lld] regen %s: %s", (long long)rows, (long long)d, regen ? regen : "default",
+              cg_last_error());
+        cg_graph_free(g);
+        unsetenv("CGRAD_REGEN");
+        return res;
+    }
+    res.remade = n1->regen + n2->regen;
+    cg_tensor *ts[8] = {x, r, g1, b1, g2, b2, w1, w2};
+    for (int i = 0; i < 8; i++) {
+        res.n[i] = cg_numel(ts[i]);
+        res.v[i] = malloc((size_t)res.n[i] * sizeof(cg_real));
+        CHECK(cg_read_grad(ts[i], res.v[i]) == CG_OK, "read %d: %s", i, cg_last_error());
+    }
+    res.count = 8;
+    cg_graph_free(g);
+    unsetenv("CGRAD_REGEN");
+    return res;
+}
+
+/* Every value of a equals b's, bit for bit. */
+static void same_bits(const result *a, const result *b, const char *what, int64_t d) {
+    CHECK(a->count == b->count, "%s d %lld: %d against %d tensors", what, (long long)d, a->count, b->count);
+    for (int i = 0; i < a->count && i < b->count; i++) {
+        int64_t bad = -1;
+        for (int64_t j = 0; j < a->n[i] && bad < 0; j++)
+            if (memcmp(&a->v[i][j], &b->v[i][j], sizeof(cg_real))) bad = j;
+        CHECK(bad < 0, "%s d %lld: tensor %d element %lld: %.9g against %.9g", what, (long long)d, i, (long long)bad,
+              bad < 0 ? 0.0 : (double)a->v[i][bad], bad < 0 ? 0.0 : (double)b->v[i][bad]);
+    }
+}
+
+int main(void) {
+    const int64_t widths[] = {256, 48, 67};
+    for (int k = 0; k < 3; k++) {
+        const int64_t d = widths[k], rows = 200;
+        result f = fused_or_composed(rows, d, true), c = fused_or_composed(rows, d, false);
+        same_bits(&f, &c, "add_layernorm against add + layernorm", d);
+        result_free(&f), result_free(&c);
+        result kept = two_blocks(rows, d, "0"), remade = two_blocks(rows, d, NULL);
+        CHECK(kept.remade == 0 && remade.remade == 2, "d %lld: %d outputs remade with CGRAD_REGEN=0 (want 0), %d by "
+              "default (want 2)", (long long)d, kept.remade, remade.remade);
+        same_bits(&remade, &kept, "gradients with the norms' outputs remade against kept", d);
+        result_free(&kept), result_free(&remade);
+    }
+    TEST_END();
+}
