@@ -6,7 +6,9 @@
  * - backward remakes a layer norm's and an add_layernorm's output from the statistics forward kept,
  *   without summing the rows again: the gradients must be those of the plan that keeps the outputs
  *   (CGRAD_REGEN=0), and the outputs must have been remade (the test fails if the plan stops).
- * Widths 256 and 48 (streamed) and 67 (not: rows of a multiple of 16 floats are); two threads under ctest. */
+ * The bias's gradient (the blocks' partial rows summed a vector of columns at a time) against its
+ * sums by hand. Widths 256 and 48 (streamed) and 67 (not: rows of a multiple of 16 floats are); two
+ * threads under ctest. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -52,13 +54,14 @@ static result fused_or_composed(int64_t rows, int64_t d, bool fused) {
         cg_graph_free(g);
         return res;
     }
-    cg_tensor *ts[5] = {y, x, r, gain, bias};
-    for (int i = 0; i < 5; i++) {
+    cg_tensor *ts[6] = {y, x, r, gain, bias, R};
+    for (int i = 0; i < 6; i++) {
         res.n[i] = cg_numel(ts[i]);
         res.v[i] = malloc((size_t)res.n[i] * sizeof(cg_real));
-        CHECK((i ? cg_read_grad(ts[i], res.v[i]) : cg_read(ts[i], res.v[i])) == CG_OK, "read %d: %s", i, cg_last_error());
+        CHECK((i && i < 5 ? cg_read_grad(ts[i], res.v[i]) : cg_read(ts[i], res.v[i])) == CG_OK, "read %d: %s", i,
+              cg_last_error());
     }
-    res.count = 5;
+    res.count = 6;
     cg_graph_free(g);
     return res;
 }
@@ -102,6 +105,27 @@ static result two_blocks(int64_t rows, int64_t d, const char *regen) {
     return res;
 }
 
+/* The bias's gradient of y = LN(x + r) under loss = sum(y * R) is R's column sums, which the op
+ * takes in 32 blocks of ceil(rows / 32) rows, each summed down its rows, then the blocks in order:
+ * summed so here by hand, it must be the op's bit for bit. */
+static void bias_by_hand(const result *f, int64_t rows, int64_t d) {
+    const cg_real *R = f->v[5], *got = f->v[4];
+    const int64_t per = (rows + 31) / 32;
+    int64_t bad = -1;
+    cg_real want_bad = 0;
+    for (int64_t j = 0; j < d && bad < 0; j++) {
+        cg_real total = 0;
+        for (int64_t b = 0; b < 32; b++) {
+            cg_real part = 0;
+            for (int64_t i = b * per; i < rows && i < (b + 1) * per; i++) part += R[i * d + j];
+            total += part;
+        }
+        if (memcmp(&total, &got[j], sizeof total)) bad = j, want_bad = total;
+    }
+    CHECK(bad < 0, "d %lld: the bias's gradient [%lld] = %.9g, by hand %.9g", (long long)d, (long long)bad,
+          bad < 0 ? 0.0 : (double)got[bad], (double)want_bad);
+}
+
 /* Every value of a equals b's, bit for bit. */
 static void same_bits(const result *a, const result *b, const char *what, int64_t d) {
     CHECK(a->count == b->count, "%s d %lld: %d against %d tensors", what, (long long)d, a->count, b->count);
@@ -120,6 +144,7 @@ int main(void) {
         const int64_t d = widths[k], rows = 200;
         result f = fused_or_composed(rows, d, true), c = fused_or_composed(rows, d, false);
         same_bits(&f, &c, "add_layernorm against add + layernorm", d);
+        bias_by_hand(&f, rows, d);
         result_free(&f), result_free(&c);
         result kept = two_blocks(rows, d, "0"), remade = two_blocks(rows, d, NULL);
         CHECK(kept.remade == 0 && remade.remade == 2, "d %lld: %d outputs remade with CGRAD_REGEN=0 (want 0), %d by "
