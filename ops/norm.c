@@ -312,6 +312,8 @@ static void norm_bwd(cg_tensor *t) {
         if (x->requires_grad) a.ax = cgi_grad_begin(x);
         if (a.dr) a.ar = cgi_grad_begin(res);
     }
+    /* r holds x's gradient buffer (graph/plan.c, where both start here): written once, through x */
+    if (!serial && a.dr && x->requires_grad && res->grad == x->grad && a.ax && a.ar) a.dr = false;
     if (a.dg) cgi_grad_prepare(gt);
     if (a.db) cgi_grad_prepare(bt);
     if (serial) norm_bwd_blocks(0, LN_BLOCKS, &a);

@@ -6,6 +6,8 @@
  * - backward remakes a layer norm's and an add_layernorm's output from the statistics forward kept,
  *   without summing the rows again: the gradients must be those of the plan that keeps the outputs
  *   (CGRAD_REGEN=0), and the outputs must have been remade (the test fails if the plan stops).
+ * - in a post-LN block the norm's summands share one gradient buffer, which the op writes once: every
+ *   gradient must be the composed block's, and a summand read again later must not share.
  * The bias's gradient (the blocks' partial rows summed a vector of columns at a time) against its
  * sums by hand. Widths 256 and 48 (streamed) and 67 (not: rows of a multiple of 16 floats are); two
  * threads under ctest. */
@@ -126,6 +128,45 @@ static void bias_by_hand(const result *f, int64_t rows, int64_t d) {
           bad < 0 ? 0.0 : (double)got[bad], (double)want_bad);
 }
 
+/* A post-LN block: r = tanh(a); x = linear(gelu(linear(r, wq)), wo); y = LN(r + x) (fused, as the
+ * zoo's blocks order the summands, or with late LN(x + r); or composed); loss = sum(y * R). The fused norm's summands share one gradient buffer (graph/plan.c:
+ * r's other reader, the first linear, comes before x's linear), so it writes dS once; with late, r
+ * is also read between x's linear and the norm (y * (r + 1)), whose rule would add into r's gradient
+ * before x's linear read its dY from the same buffer, so they must not share. Reads the gradients of a,
+ * wq, wo, gain and bias, and whether x's and r's gradients were one buffer. */
+static result post_ln_block(int64_t rows, int64_t d, bool fused, bool late, bool *shared) {
+    result res = {0};
+    cg_graph *g = cg_graph_new(CG_TRAIN);
+    cg_rng rng;
+    cg_rng_seed(&rng, 13);
+    const int64_t sh[2] = {rows, d}, wsh[2] = {d, d};
+    cg_tensor *a = leaf(g, "a", 2, sh, &rng, true), *wq = leaf(g, "wq", 2, wsh, &rng, true);
+    cg_tensor *wo = leaf(g, "wo", 2, wsh, &rng, true), *gain = leaf(g, "gain", 1, &d, &rng, true);
+    cg_tensor *bias = leaf(g, "bias", 1, &d, &rng, true), *R = leaf(g, "R", 2, sh, &rng, false);
+    cg_tensor *r = cg_tanh(g, a);
+    cg_tensor *x = cg_linear(g, cg_gelu(g, cg_linear(g, r, wq, NULL)), wo, NULL);
+    cg_tensor *r1 = late ? cg_add_scalar(g, r, 1) : NULL; /* r read between x's linear and the norm */
+    cg_tensor *y = fused ? (late ? cg_add_layernorm(g, x, r, gain, bias, 1e-5) : cg_add_layernorm(g, r, x, gain, bias, 1e-5))
+                         : cg_layernorm(g, cg_add(g, x, r), gain, bias, 1e-5);
+    if (late) y = cg_mul(g, y, r1);
+    cg_tensor *loss = cg_sum_all(g, cg_mul(g, y, R));
+    if (!loss || cg_graph_forward(g) || cg_graph_backward(g, loss)) {
+        CHECK(0, "post-LN block [%lld, %lld]: %s", (long long)rows, (long long)d, cg_last_error());
+        cg_graph_free(g);
+        return res;
+    }
+    *shared = x->grad == r->grad;
+    cg_tensor *ts[5] = {a, wq, wo, gain, bias};
+    for (int i = 0; i < 5; i++) {
+        res.n[i] = cg_numel(ts[i]);
+        res.v[i] = malloc((size_t)res.n[i] * sizeof(cg_real));
+        CHECK(cg_read_grad(ts[i], res.v[i]) == CG_OK, "read %d: %s", i, cg_last_error());
+    }
+    res.count = 5;
+    cg_graph_free(g);
+    return res;
+}
+
 /* Every value of a equals b's, bit for bit. */
 static void same_bits(const result *a, const result *b, const char *what, int64_t d) {
     CHECK(a->count == b->count, "%s d %lld: %d against %d tensors", what, (long long)d, a->count, b->count);
@@ -146,6 +187,15 @@ int main(void) {
         same_bits(&f, &c, "add_layernorm against add + layernorm", d);
         bias_by_hand(&f, rows, d);
         result_free(&f), result_free(&c);
+        for (int late = 0; late < 2; late++) {
+            bool shared = false, composed_shared = false;
+            result f2 = post_ln_block(rows, d, true, late, &shared), c2 = post_ln_block(rows, d, false, late, &composed_shared);
+            CHECK(shared == !late, "d %lld, r read %s x's linear: x's and r's gradients %s one buffer", (long long)d,
+                  late ? "after" : "only before", shared ? "are" : "are not");
+            same_bits(&f2, &c2, late ? "post-LN block, r read late: fused against composed" :
+                                       "post-LN block, one gradient buffer: fused against composed", d);
+            result_free(&f2), result_free(&c2);
+        }
         result kept = two_blocks(rows, d, "0"), remade = two_blocks(rows, d, NULL);
         CHECK(kept.remade == 0 && remade.remade == 2, "d %lld: %d outputs remade with CGRAD_REGEN=0 (want 0), %d by "
               "default (want 2)", (long long)d, kept.remade, remade.remade);
