@@ -189,10 +189,20 @@ void cgi_regen(cg_tensor *t) {
 }
 
 /* a's gradient could hold another's buffer or lend it its own: a node of its own, computed, in float,
- * whose gradient nothing reads after the run and that no other rule writes in place of its value. */
+ * whose gradient nothing reads after the run and that no other rule writes in place of its value;
+ * not in a bf16 graph, whose linears may turn their dY into bf16 in place (ops/matmul.c). */
 static bool grad_shareable(const cg_tensor *a, const bool *consumed) {
     return a->root == a && a->id >= 0 && cgi_ops[a->op].kind == CGI_KIND_COMPUTE && a->requires_grad && !a->retain &&
-           consumed[a->id] && !a->grad_in_value && a->dtype == CG_REAL;
+           consumed[a->id] && !a->grad_in_value && a->dtype == CG_REAL &&
+           a->graph->precision != CG_BF16;
+}
+
+/* Whether a node other than i, from index `from` on, reads r. */
+static bool read_from(const cg_graph *g, int64_t i, const cg_tensor *r, int64_t from) {
+    for (int64_t j = from; j < g->n; j++)
+        for (int k = 0; j != i && k < g->nodes[j]->nsrc; k++)
+            if (g->nodes[j]->src[k]->root == r) return true;
+    return false;
 }
 
 /* A post-LN block's add_layernorm y = LN(r + x) writes one gradient, dS, to both summands. Where
@@ -209,12 +219,9 @@ static bool share_norm_summand(cg_graph *g, int64_t i, cg_tensor *x, cg_tensor *
         consumers[x->id] != 1 || gown[x->id] >= 0 || gown[r->id] >= 0 || gbirth[x->id] != bt[i] ||
         gbirth[r->id] != bt[i])
         return false;
-    for (int64_t j = 0; j < g->n; j++) {
-        const cg_tensor *u = g->nodes[j];
+    for (int64_t j = 0; j < g->n; j++)
         if (gown[j] == x->id || gown[j] == r->id) return false;
-        for (int k = 0; j != i && k < u->nsrc; k++)
-            if (u->src[k]->root == r && j >= x->id) return false;
-    }
+    if (read_from(g, i, r, x->id)) return false;
     gown[r->id] = x->id;
     if (gdeath[x->id] < gdeath[r->id]) gdeath[x->id] = gdeath[r->id];
     return true;
@@ -365,6 +372,18 @@ static cg_status plan_buffers(cg_graph *g, plan_ctx *pc, bool regen_on, const bo
             const int64_t own = gown[i] >= 0 ? gown[i] : i;
             gown[a->id] = own;
             if (gdeath[own] < bt[a->id]) gdeath[own] = bt[a->id];
+            /* A pre-LN block's residual add y = r + x, x a linear's output read by nothing else: both
+             * gradients are y's, so the other summand takes the buffer as well (cgi_bwd_add copies
+             * nothing), when no reader of r comes after that linear, whose backward reads x's gradient
+             * as its dY before any other rule adds into r's (as for add_layernorm, share_norm_summand). */
+            cg_tensor *b = lin ? NULL : y->src[1 - k];
+            const cg_tensor *x = b && b->op == CGI_OP_LINEAR ? b : a, *r = x == b ? a : b;
+            if (b && grad_shareable(b, consumed) && x->op == CGI_OP_LINEAR && consumers[x->id] == 1 &&
+                gown[b->id] < 0 && gbirth[b->id] == bt[i] && b->ndim == y->ndim &&
+                !memcmp(b->shape, y->shape, (size_t)y->ndim * sizeof *y->shape) && !read_from(g, i, r, x->id)) {
+                gown[b->id] = own;
+                if (gdeath[own] < bt[b->id]) gdeath[own] = bt[b->id];
+            }
             break;
         }
     }
