@@ -5,11 +5,6 @@
  * kernels: y = (x - m) * rstd * gain + bias, with m = 0 for RMS norm. add_layernorm is layer norm
  * of a residual sum x + r (post-LN blocks): the same kernels, the sum formed row by row. */
 #include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
-#if defined(__SSE__)
-#include <xmmintrin.h>
-#endif
 
 #include "graph/internal.h"
 #include "ops/bf16_internal.h"
@@ -97,41 +92,8 @@ typedef struct {
     int64_t bs;
     double eps;
     bool rms;
-    bool stream; /* add_layernorm: the sum formed in a row on the stack and streamed to S */
     bool remake; /* backward's remake: mean and rstd are forward's, read, not summed again */
 } norm_fwd_args;
-
-/* add_layernorm's residual sum S is read again only by backward's remake and rules, long after
- * forward has moved on, so forward writes it with non-temporal stores: a plain store first reads
- * each line of S into the cache (S is a buffer of its own for each norm, so it comes from memory),
- * and the line then only pushes out data forward still reads. The rows' statistics and output read
- * the sum from the row on the stack: the same values, the same bits. encdec-base's add_layernorm
- * forward (12 nodes of [1024, 512], with their remakes) took 4.3 ms of CPU time a step against 4.9
- * storing it in place (CGRAD_LN_STREAM=0, for comparisons). Rows of a multiple of 16 floats up to
- * STREAM_MAX_D. */
-enum { STREAM_MAX_D = 2048 };
-
-static void stream_row(cg_real *dst, const cg_real *src, int64_t d) {
-#if defined(__SSE__) && !defined(CGRAD_DOUBLE)
-    for (int64_t j = 0; j < d; j += 4) _mm_stream_ps(dst + j, _mm_load_ps(src + j));
-#else
-    memcpy(dst, src, (size_t)d * sizeof *dst);
-#endif
-}
-static void stream_fence(void) {
-#if defined(__SSE__) && !defined(CGRAD_DOUBLE)
-    _mm_sfence();
-#endif
-}
-static bool can_stream(const cg_real *S, int64_t d) {
-    static int on = -1;
-    if (on < 0) on = !getenv("CGRAD_LN_STREAM") || atoi(getenv("CGRAD_LN_STREAM"));
-#if defined(__SSE__) && !defined(CGRAD_DOUBLE)
-    return on && S && d <= STREAM_MAX_D && d % 16 == 0 && (uintptr_t)S % 64 == 0;
-#else
-    return false;
-#endif
-}
 
 CGI_CLONES static void norm_fwd_rows(int64_t lo, int64_t hi, void *ctx) {
     const norm_fwd_args *a = ctx;
@@ -139,16 +101,10 @@ CGI_CLONES static void norm_fwd_rows(int64_t lo, int64_t hi, void *ctx) {
     const int64_t d = a->d, gs = a->gs, bs = a->bs;
     const cg_real *gain = a->gain, *bias = a->bias;
     const bool rms = a->rms;
-    _Alignas(64) cg_real row[STREAM_MAX_D];
     for (int64_t r = lo; r < hi; r++) {
         const cg_real *x = a->X + r * d;
         cg_real *y = a->Y + r * d;
-        if (a->S && a->stream) { /* the sum in a row on the stack, streamed to S */
-            const cg_real *rr = a->R + r * d;
-            for (int64_t j = 0; j < d; j++) row[j] = x[j] + rr[j];
-            stream_row(a->S + r * d, row, d);
-            x = row;
-        } else if (a->S) { /* the residual sum, as cg_add would form it, then read from cache */
+        if (a->S) { /* the residual sum, as cg_add would form it, then read from cache */
             cg_real *s = a->S + r * d;
             const cg_real *rr = a->R + r * d;
             for (int64_t j = 0; j < d; j++) s[j] = x[j] + rr[j];
@@ -183,7 +139,6 @@ CGI_CLONES static void norm_fwd_rows(int64_t lo, int64_t hi, void *ctx) {
                 y[j] = h * (gain ? gain[j * gs] : 1) + (bias ? bias[j * bs] : 0);
             }
     }
-    if (a->stream) stream_fence();
 }
 
 static cg_status norm_fwd(cg_tensor *t) {
@@ -195,7 +150,6 @@ static cg_status norm_fwd(cg_tensor *t) {
                        .eps = t->farg[0], .rms = t->op == CGI_OP_RMSNORM};
     a.rstd = a.mean + rows;
     a.S = sum_rows(t, rows, d);
-    a.stream = !t->lp_value && can_stream(a.S, d);
     cgi_par_ranges(rows, rows * d, norm_fwd_rows, &a);
     return CG_OK;
 }

@@ -1,16 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /* The passes of the layer norms (ops/norm.c), bit for bit:
- * - add_layernorm forms the residual sum in a row of its own and streams it to the sum it keeps for
- *   backward (rows of 16 floats and more): its output, statistics and every gradient must be those of
- *   cg_add followed by cg_layernorm, which form the same sum and reduce it in the same order;
+ * - add_layernorm's output and every gradient must be those of cg_add followed by cg_layernorm,
+ *   which form the same sum and reduce it in the same order;
  * - backward remakes a layer norm's and an add_layernorm's output from the statistics forward kept,
  *   without summing the rows again: the gradients must be those of the plan that keeps the outputs
  *   (CGRAD_REGEN=0), and the outputs must have been remade (the test fails if the plan stops).
  * - in a post-LN block the norm's summands share one gradient buffer, which the op writes once: every
  *   gradient must be the composed block's, and a summand read again later must not share.
  * The bias's gradient (the blocks' partial rows summed a vector of columns at a time) against its
- * sums by hand. Widths 256 and 48 (streamed) and 67 (not: rows of a multiple of 16 floats are); two
- * threads under ctest. */
+ * sums by hand. Widths 256, 48 and 67 (a row's tail past the 16 lanes); two threads under ctest. */
 #include <stdlib.h>
 #include <string.h>
 
