@@ -72,8 +72,8 @@ void cgi_profile_node(cg_tensor *t, int pass, double t0) {
     shared -= prof_team_mark[0], wait -= prof_team_mark[1];
     prof_shared[row] += shared, prof_wait[row] += wait;
     if (profile > 1)
-        fprintf(stderr, "[profile] %s node %d %s%s: %.3f ms (%.3f alone)\n", pass ? "bwd" : "fwd", t->id,
-                cgi_op_name_of(t), cgi_shp(t), dt * 1e3, (dt - shared) * 1e3);
+        fprintf(stderr, "[profile] %s node %d %s%s: %.3f ms (%.3f alone, %.3f waiting)\n", pass ? "bwd" : "fwd", t->id,
+                cgi_op_name_of(t), cgi_shp(t), dt * 1e3, (dt - shared) * 1e3, wait * 1e3);
 }
 
 static void profile_report(void) {

@@ -311,8 +311,9 @@ bool cgi_regen_ok(const cg_tensor *t);
 void cgi_regen(cg_tensor *t);
 /* A fused linear + GELU's output again, from the product it keeps (ops/matmul.c). */
 void cgi_linear_act_regen(cg_tensor *t);
-/* A residual add + layer norm's output again, from the sum it keeps (ops/norm.c). */
-void cgi_add_layernorm_regen(cg_tensor *t);
+/* A layer norm's (or residual add + layer norm's, from the sum it keeps) output again, from the
+ * statistics its backward keeps (ops/norm.c). */
+void cgi_norm_regen(cg_tensor *t);
 /* Fused attention node t keeps no probabilities for its backward, which remakes them from the
  * scores (ops/attention.c): the bytes its scratch would shrink by (0: it would not), and with
  * apply, done where it does. */

@@ -88,11 +88,50 @@ typedef struct {
     bool accumulate;
 } reduce_args;
 
+enum { REDUCE_RUN = 64 }; /* outputs summed side by side (a vector of doubles per 8 of them) */
+
+/* Outputs [o, o + n) of one kept row, contiguous in src and dst: each is summed over the reduced
+ * axes in the same order, from the same double 0, as reduce_outputs sums it alone, so the bits are
+ * the same; side by side the loop runs over the outputs, a vector at a time. A position embedding's
+ * gradient summed over the batch (bert-small: [16, 128, 256] to [128, 256]) read 16 rows with a
+ * stride of 128 KB for each output, a scalar add at a time: 1.2 ms of a 300 ms step. */
+CGI_CLONES static void reduce_run(const reduce_args *a, int64_t o, int64_t n) {
+    const cgi_iter *kit = a->kit, *rit = a->rit;
+    const int64_t rinner_st = rit->st[0][rit->ndim - 1];
+    int64_t koff[2];
+    cgi_iter_row(kit, o / kit->inner, koff);
+    const int64_t j0 = o % kit->inner;
+    const cg_real *s = a->src + koff[1] + j0;
+    double acc[REDUCE_RUN] = {0};
+    for (int64_t r = 0; r < rit->rows; r++) {
+        int64_t roff;
+        cgi_iter_row(rit, r, &roff);
+        for (int64_t q = 0; q < rit->inner; q++) {
+            const cg_real *p = s + roff + q * rinner_st;
+            for (int64_t j = 0; j < n; j++) acc[j] += p[j];
+        }
+    }
+    cg_real *d = a->dst + koff[0] + j0;
+    if (a->accumulate)
+        for (int64_t j = 0; j < n; j++) d[j] += (cg_real)(a->scale * acc[j]);
+    else
+        for (int64_t j = 0; j < n; j++) d[j] = (cg_real)(a->scale * acc[j]);
+}
+
 /* Output elements [lo, hi) of cgi_reduce, each summed alone in the fixed order. */
 static void reduce_outputs(int64_t lo, int64_t hi, void *ctx) {
     const reduce_args *a = ctx;
     const cgi_iter *kit = a->kit, *rit = a->rit;
     const int64_t rinner_st = rit->st[0][rit->ndim - 1];
+    if (kit->st[0][kit->ndim - 1] == 1 && kit->st[1][kit->ndim - 1] == 1 && kit->inner > 1) {
+        for (int64_t o = lo; o < hi;) { /* runs that end at the range's end or the kept row's */
+            const int64_t row_end = (o / kit->inner + 1) * kit->inner, end = row_end < hi ? row_end : hi;
+            const int64_t n = end - o < REDUCE_RUN ? end - o : REDUCE_RUN;
+            reduce_run(a, o, n);
+            o += n;
+        }
+        return;
+    }
     for (int64_t o = lo; o < hi; o++) {
         int64_t koff[2];
         cgi_iter_row(kit, o / kit->inner, koff);

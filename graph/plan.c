@@ -169,7 +169,7 @@ static cg_status plan_param_grads(cg_graph *g, const int64_t *bt, buffer *bufs, 
 }
 
 /* A fused linear + GELU remakes its output from the product it keeps, one elementwise pass; a layer
- * norm runs its forward again, one pass over its input, which its own backward keeps, and a
+ * norm from its input and the statistics its own backward keeps, one pass over the input, and a
  * residual add + layer norm from the sum it keeps; so does a GELU (a bf16 graph's, after its
  * linear). A value stored in bf16 (cgi_lp_plan_values) is remade in bf16 by the same forward:
  * gpt-small's bf16 step keeps 113 MB of them otherwise, and without the GELUs' bf16 would sit above
@@ -184,8 +184,58 @@ bool cgi_regen_ok(const cg_tensor *t) {
 
 void cgi_regen(cg_tensor *t) {
     if (t->op == CGI_OP_LINEAR_ACT) cgi_linear_act_regen(t);
-    else if (t->op == CGI_OP_ADD_LAYERNORM) cgi_add_layernorm_regen(t);
-    else cgi_ops[t->op].forward(t); /* a layer norm: also rewrites its statistics, to the same bits */
+    else if (t->op == CGI_OP_ADD_LAYERNORM || t->op == CGI_OP_LAYERNORM) cgi_norm_regen(t); /* from its statistics */
+    else cgi_ops[t->op].forward(t);
+}
+
+/* a's gradient could hold another's buffer or lend it its own: a node of its own, computed, in float,
+ * whose gradient nothing reads after the run and that no other rule writes in place of its value;
+ * not in a bf16 graph, whose linears may turn their dY into bf16 in place (ops/matmul.c). */
+static bool grad_shareable(const cg_tensor *a, const bool *consumed) {
+    return a->root == a && a->id >= 0 && cgi_ops[a->op].kind == CGI_KIND_COMPUTE && a->requires_grad && !a->retain &&
+           consumed[a->id] && !a->grad_in_value && a->dtype == CG_REAL &&
+           a->graph->precision != CG_BF16;
+}
+
+/* Whether a node other than i, from index `from` on, reads r. */
+static bool read_from(const cg_graph *g, int64_t i, const cg_tensor *r, int64_t from) {
+    for (int64_t j = from; j < g->n; j++)
+        for (int k = 0; j != i && k < g->nodes[j]->nsrc; k++)
+            if (g->nodes[j]->src[k]->root == r) return true;
+    return false;
+}
+
+/* A post-LN block's add_layernorm y = LN(r + x) writes one gradient, dS, to both summands. Where
+ * one of them, x, is a linear's output that nothing else reads, and every other reader of the other,
+ * r (the residual stream: the block's first linears read it), comes before that linear in the graph,
+ * r takes x's gradient buffer and the op writes it once (ops/norm.c): the linear's backward reads
+ * x's gradient as its dY before any other rule adds into r's, which starts equal to dS, as it must.
+ * Both are born at the norm's backward (it is their first writer); neither holds another's buffer or
+ * lends its own. bert-small: a pass writing 2 MB fewer per norm. */
+static bool share_norm_summand(cg_graph *g, int64_t i, cg_tensor *x, cg_tensor *r, const bool *consumed,
+                               const int *consumers, const int64_t *bt, const int64_t *gbirth, int64_t *gown,
+                               int64_t *gdeath) {
+    if (!grad_shareable(x, consumed) || !grad_shareable(r, consumed) || x == r || x->op != CGI_OP_LINEAR ||
+        consumers[x->id] != 1 || gown[x->id] >= 0 || gown[r->id] >= 0 || gbirth[x->id] != bt[i] ||
+        gbirth[r->id] != bt[i])
+        return false;
+    for (int64_t j = 0; j < g->n; j++)
+        if (gown[j] == x->id || gown[j] == r->id) return false;
+    if (read_from(g, i, r, x->id)) return false;
+    gown[r->id] = x->id;
+    if (gdeath[x->id] < gdeath[r->id]) gdeath[x->id] = gdeath[r->id];
+    return true;
+}
+
+static void share_norm_summands(cg_graph *g, const bool *consumed, const int *consumers, const int64_t *bt,
+                                const int64_t *gbirth, int64_t *gown, int64_t *gdeath) {
+    for (int64_t i = 0; i < g->n; i++) {
+        cg_tensor *y = g->nodes[i];
+        if (y->op != CGI_OP_ADD_LAYERNORM || !y->iarg[2] || !y->requires_grad) continue;
+        /* the sublayer is the second summand in the zoo's blocks (cg_post_ln_residual) */
+        if (!share_norm_summand(g, i, y->src[1], y->src[0], consumed, consumers, bt, gbirth, gown, gdeath))
+            share_norm_summand(g, i, y->src[0], y->src[1], consumed, consumers, bt, gbirth, gown, gdeath);
+    }
 }
 
 /* Values backward can remake from what their own backward keeps (cgi_regen_ok) live only through
@@ -322,9 +372,22 @@ static cg_status plan_buffers(cg_graph *g, plan_ctx *pc, bool regen_on, const bo
             const int64_t own = gown[i] >= 0 ? gown[i] : i;
             gown[a->id] = own;
             if (gdeath[own] < bt[a->id]) gdeath[own] = bt[a->id];
+            /* A pre-LN block's residual add y = r + x, x a linear's output read by nothing else: both
+             * gradients are y's, so the other summand takes the buffer as well (cgi_bwd_add copies
+             * nothing), when no reader of r comes after that linear, whose backward reads x's gradient
+             * as its dY before any other rule adds into r's (as for add_layernorm, share_norm_summand). */
+            cg_tensor *b = lin ? NULL : y->src[1 - k];
+            const cg_tensor *x = b && b->op == CGI_OP_LINEAR ? b : a, *r = x == b ? a : b;
+            if (b && grad_shareable(b, consumed) && x->op == CGI_OP_LINEAR && consumers[x->id] == 1 &&
+                gown[b->id] < 0 && gbirth[b->id] == bt[i] && b->ndim == y->ndim &&
+                !memcmp(b->shape, y->shape, (size_t)y->ndim * sizeof *y->shape) && !read_from(g, i, r, x->id)) {
+                gown[b->id] = own;
+                if (gdeath[own] < bt[b->id]) gdeath[own] = bt[b->id];
+            }
             break;
         }
     }
+    share_norm_summands(g, consumed, consumers, bt, gbirth, gown, gdeath);
     for (int64_t i = 0; i < n; i++) {
         cg_tensor *t = g->nodes[i];
         if (t->root != t) continue;

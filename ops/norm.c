@@ -92,6 +92,7 @@ typedef struct {
     int64_t bs;
     double eps;
     bool rms;
+    bool remake; /* backward's remake: mean and rstd are forward's, read, not summed again */
 } norm_fwd_args;
 
 CGI_CLONES static void norm_fwd_rows(int64_t lo, int64_t hi, void *ctx) {
@@ -109,10 +110,15 @@ CGI_CLONES static void norm_fwd_rows(int64_t lo, int64_t hi, void *ctx) {
             for (int64_t j = 0; j < d; j++) s[j] = x[j] + rr[j];
             x = s;
         }
-        const cg_real m = rms ? 0 : (cg_real)(cgi_row_sum(x, d) / (double)d);
-        const cg_real q = (cg_real)(1.0 / sqrt(cgi_row_sqdev(x, d, m) / (double)d + a->eps));
-        a->mean[r] = m;
-        a->rstd[r] = q;
+        cg_real m, q;
+        if (a->remake)
+            m = a->mean[r], q = a->rstd[r];
+        else {
+            m = rms ? 0 : (cg_real)(cgi_row_sum(x, d) / (double)d);
+            q = (cg_real)(1.0 / sqrt(cgi_row_sqdev(x, d, m) / (double)d + a->eps));
+            a->mean[r] = m;
+            a->rstd[r] = q;
+        }
         if (t->lp_value) { /* bf16 graphs, read only by linears: stored in bf16 (ops/bf16.c) */
             enum { BLK = 64 };
             cgi_bf16 *yb = (cgi_bf16 *)t->data + r * d;
@@ -222,6 +228,21 @@ CGI_CLONES static void norm_bwd_blocks(int64_t lo, int64_t hi, void *ctx) {
     }
 }
 
+/* grad[j] += the LN_BLOCKS partial rows' column j, summed in block order from 0, as a column at a
+ * time sums it (the same bits), but SUM_RUN columns side by side, a vector at a time: a column at a
+ * time, the walk down the partial rows took encdec-base's (d = 512) 25 us of each 250 us backward, on
+ * thread 0 alone after the shared blocks (CGRAD_PROFILE=2 on two threads). */
+enum { SUM_RUN = 64 };
+CGI_CLONES static void sum_parts(cg_real *grad, int64_t stride, const cg_real *part, int64_t d) {
+    for (int64_t j0 = 0; j0 < d; j0 += SUM_RUN) {
+        const int64_t n = d - j0 < SUM_RUN ? d - j0 : SUM_RUN;
+        cg_real s[SUM_RUN] = {0};
+        for (int b = 0; b < LN_BLOCKS; b++)
+            for (int64_t j = 0; j < n; j++) s[j] += part[b * d + j0 + j];
+        for (int64_t j = 0; j < n; j++) grad[(j0 + j) * stride] += s[j];
+    }
+}
+
 static void norm_bwd(cg_tensor *t) {
     cg_tensor *x = t->src[0], *gt = t->iarg[0] ? t->src[t->iarg[0]] : NULL, *bt = t->iarg[1] ? t->src[t->iarg[1]] : NULL;
     cg_tensor *res = t->iarg[2] ? t->src[1] : NULL;
@@ -245,6 +266,8 @@ static void norm_bwd(cg_tensor *t) {
         if (x->requires_grad) a.ax = cgi_grad_begin(x);
         if (a.dr) a.ar = cgi_grad_begin(res);
     }
+    /* r holds x's gradient buffer (graph/plan.c, where both start here): written once, through x */
+    if (!serial && a.dr && x->requires_grad && res->grad == x->grad && a.ax && a.ar) a.dr = false;
     if (a.dg) cgi_grad_prepare(gt);
     if (a.db) cgi_grad_prepare(bt);
     if (serial) norm_bwd_blocks(0, LN_BLOCKS, &a);
@@ -252,12 +275,7 @@ static void norm_bwd(cg_tensor *t) {
     const cg_real *part[2] = {a.part_g, a.part_b};
     for (int k = 0; k < 2; k++) {
         cg_tensor *p = k ? bt : gt;
-        if (!p || !p->requires_grad) continue;
-        for (int64_t j = 0; j < d; j++) {
-            cg_real s = 0;
-            for (int b = 0; b < LN_BLOCKS; b++) s += part[k][b * d + j];
-            p->grad[j * p->stride[0]] += s;
-        }
+        if (p && p->requires_grad) sum_parts(p->grad, p->stride[0], part[k], d);
     }
 }
 
@@ -265,15 +283,17 @@ cg_status cgi_fwd_layernorm(cg_tensor *t) { return norm_fwd(t); }
 cg_status cgi_fwd_rmsnorm(cg_tensor *t) { return norm_fwd(t); }
 cg_status cgi_fwd_add_layernorm(cg_tensor *t) { return norm_fwd(t); }
 
-/* add_layernorm's output and statistics again, from the residual sum its backward keeps in aux
- * (graph/plan.c's regen): forward's rows read that sum as they formed it, so the bits are the same,
- * and neither x nor r is read. */
-void cgi_add_layernorm_regen(cg_tensor *t) {
+/* A layer norm's output again (graph/plan.c's regen), from the statistics its backward keeps in
+ * aux: one pass over each row, (x - mean) * rstd * gain + bias with forward's mean and rstd, so the
+ * bits are forward's; the two reductions over the row are not made again. add_layernorm reads the
+ * residual sum it keeps, as forward's rows read it once formed, and neither x nor r. */
+void cgi_norm_regen(cg_tensor *t) {
     const int64_t d = t->shape[t->ndim - 1], rows = d ? cgi_numel(t->ndim, t->shape) / d : 0;
     const cg_tensor *gt = t->iarg[0] ? t->src[t->iarg[0]] : NULL, *bt = t->iarg[1] ? t->src[t->iarg[1]] : NULL;
     norm_fwd_args a = {.t = t, .d = d, .rows = rows, .gain = gt ? gt->data : NULL, .bias = bt ? bt->data : NULL,
-                       .gs = gt ? gt->stride[0] : 0, .bs = bt ? bt->stride[0] : 0, .X = sum_rows(t, rows, d),
-                       .Y = t->data, .mean = t->aux, .eps = t->farg[0], .rms = false};
+                       .gs = gt ? gt->stride[0] : 0, .bs = bt ? bt->stride[0] : 0,
+                       .X = t->iarg[2] ? sum_rows(t, rows, d) : t->src[0]->data, .Y = t->data, .mean = t->aux,
+                       .eps = t->farg[0], .rms = t->op == CGI_OP_RMSNORM, .remake = true};
     a.rstd = a.mean + rows;
     cgi_par_ranges(rows, rows * d, norm_fwd_rows, &a);
 }
