@@ -197,12 +197,15 @@ static bool grad_shareable(const cg_tensor *a, const bool *consumed) {
            a->graph->precision != CG_BF16;
 }
 
-/* Whether a node other than i, from index `from` on, reads r. */
-static bool read_from(const cg_graph *g, int64_t i, const cg_tensor *r, int64_t from) {
-    for (int64_t j = from; j < g->n; j++)
+/* Whether node i's summand x can give its gradient buffer to the other summand r: x is a linear's
+ * output that only node i reads, and no node other than i reads r from that linear on, so the
+ * linear's backward reads x's gradient as its dY before any other rule adds into r's. */
+static bool linear_summand(const cg_graph *g, int64_t i, const cg_tensor *x, const cg_tensor *r, const int *consumers) {
+    if (x->op != CGI_OP_LINEAR || consumers[x->id] != 1) return false;
+    for (int64_t j = x->id; j < g->n; j++)
         for (int k = 0; j != i && k < g->nodes[j]->nsrc; k++)
-            if (g->nodes[j]->src[k]->root == r) return true;
-    return false;
+            if (g->nodes[j]->src[k]->root == r) return false;
+    return true;
 }
 
 /* A post-LN block's add_layernorm y = LN(r + x) writes one gradient, dS, to both summands. Where
@@ -215,13 +218,11 @@ static bool read_from(const cg_graph *g, int64_t i, const cg_tensor *r, int64_t 
 static bool share_norm_summand(cg_graph *g, int64_t i, cg_tensor *x, cg_tensor *r, const bool *consumed,
                                const int *consumers, const int64_t *bt, const int64_t *gbirth, int64_t *gown,
                                int64_t *gdeath) {
-    if (!grad_shareable(x, consumed) || !grad_shareable(r, consumed) || x == r || x->op != CGI_OP_LINEAR ||
-        consumers[x->id] != 1 || gown[x->id] >= 0 || gown[r->id] >= 0 || gbirth[x->id] != bt[i] ||
-        gbirth[r->id] != bt[i])
+    if (!grad_shareable(x, consumed) || !grad_shareable(r, consumed) || x == r || gown[x->id] >= 0 ||
+        gown[r->id] >= 0 || gbirth[x->id] != bt[i] || gbirth[r->id] != bt[i] || !linear_summand(g, i, x, r, consumers))
         return false;
     for (int64_t j = 0; j < g->n; j++)
         if (gown[j] == x->id || gown[j] == r->id) return false;
-    if (read_from(g, i, r, x->id)) return false;
     gown[r->id] = x->id;
     if (gdeath[x->id] < gdeath[r->id]) gdeath[x->id] = gdeath[r->id];
     return true;
@@ -378,9 +379,8 @@ static cg_status plan_buffers(cg_graph *g, plan_ctx *pc, bool regen_on, const bo
              * as its dY before any other rule adds into r's (as for add_layernorm, share_norm_summand). */
             cg_tensor *b = lin ? NULL : y->src[1 - k];
             const cg_tensor *x = b && b->op == CGI_OP_LINEAR ? b : a, *r = x == b ? a : b;
-            if (b && grad_shareable(b, consumed) && x->op == CGI_OP_LINEAR && consumers[x->id] == 1 &&
-                gown[b->id] < 0 && gbirth[b->id] == bt[i] && b->ndim == y->ndim &&
-                !memcmp(b->shape, y->shape, (size_t)y->ndim * sizeof *y->shape) && !read_from(g, i, r, x->id)) {
+            if (b && grad_shareable(b, consumed) && gown[b->id] < 0 && gbirth[b->id] == bt[i] && b->ndim == y->ndim &&
+                !memcmp(b->shape, y->shape, (size_t)y->ndim * sizeof *y->shape) && linear_summand(g, i, x, r, consumers)) {
                 gown[b->id] = own;
                 if (gdeath[own] < bt[b->id]) gdeath[own] = bt[b->id];
             }
