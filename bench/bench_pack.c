@@ -5,7 +5,10 @@
  * product through cgi_gemm_many, then A's and B's packs alone as the blocked driver does them
  * (whole operand, one depth pass of at most 512, B in blocks of at most 480 columns), each timed
  * over interleaved repetitions; CPU microseconds, medians with min and max, and the packs' share
- * of the product. Usage: bench_pack [reps]. */
+ * of the product. Last, the product again with an A stored by rows packed as a whole block ahead
+ * instead of a panel at a time (cgi_gemm_set_panels), in the same repetitions, and the median of
+ * the per-repetition ratio panels / block (1 where A is not stored by rows or B does not fit one
+ * block). Usage: bench_pack [reps]. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -45,7 +48,7 @@ int main(int argc, char **argv) {
     cgi_ukr_init(&u);
     printf("# bench_pack: 1 thread, %d interleaved repetitions, CPU us: median [min, max]; packs as the blocked driver\n",
            reps);
-    printf("%-16s %18s %24s %24s %7s\n", "shape", "product", "pack A", "pack B", "share");
+    printf("%-16s %18s %24s %24s %7s %21s\n", "shape", "product", "pack A", "pack B", "share", "panels / block");
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const shape *sh = &shapes[s];
         const int64_t m = sh->m, n = sh->n, k = sh->k;
@@ -60,11 +63,16 @@ int main(int argc, char **argv) {
         const int64_t rsa = sh->a_cols ? 1 : k, csa = sh->a_cols ? m : 1, rsb = sh->b_cols ? 1 : n, csb = sh->b_cols ? k : 1;
         const cgi_gemm_job j = {.m = m, .n = n, .k = k, .a = a, .rsa = rsa, .csa = csa, .b = b, .rsb = rsb,
                                 .csb = csb, .alpha = 1, .beta = 0, .c = c, .rsc = n, .csc = 1};
-        double *tp = malloc(3 * sizeof(double) * (size_t)reps), *ta = tp + reps, *tb = ta + reps;
+        double *tp = malloc(4 * sizeof(double) * (size_t)reps), *ta = tp + reps, *tb = ta + reps, *tr = tb + reps;
         for (int r = 0; r < reps; r++) {
             double t0 = bench_cpu_now();
             cgi_gemm_many(&j, 1, 1);
             tp[r] = (bench_cpu_now() - t0) * 1e6;
+            cgi_gemm_set_panels(false);
+            t0 = bench_cpu_now();
+            cgi_gemm_many(&j, 1, 1);
+            tr[r] = tp[r] / ((bench_cpu_now() - t0) * 1e6);
+            cgi_gemm_set_panels(true);
             t0 = bench_cpu_now();
             for (int64_t pc = 0; pc < k; pc += kc)
                 cgi_ukr_pack_a(&u, m, k - pc < kc ? k - pc : kc, a + pc * csa, rsa, csa, ap);
@@ -76,11 +84,12 @@ int main(int argc, char **argv) {
                                    csb, bp);
             tb[r] = (bench_cpu_now() - t0) * 1e6;
         }
-        double pl, ph, al, ah, bl, bh;
-        const double pm = med(tp, reps, &pl, &ph), am = med(ta, reps, &al, &ah), bm = med(tb, reps, &bl, &bh);
-        printf("%-16s %7.0f [%4.0f,%5.0f] %7.0f [%5.0f,%5.0f] %4.2fns %7.0f [%5.0f,%5.0f] %4.2fns %6.1f%%\n", sh->what, pm,
-               pl, ph, am, al, ah, 1e3 * am / (double)(m * k), bm, bl, bh, 1e3 * bm / (double)(k * n),
-               100 * (am + bm) / pm);
+        double pl, ph, al, ah, bl, bh, rl, rh;
+        const double pm = med(tp, reps, &pl, &ph), am = med(ta, reps, &al, &ah), bm = med(tb, reps, &bl, &bh),
+                     rm = med(tr, reps, &rl, &rh);
+        printf("%-16s %7.0f [%4.0f,%5.0f] %7.0f [%5.0f,%5.0f] %4.2fns %7.0f [%5.0f,%5.0f] %4.2fns %6.1f%% %6.3f [%.3f,%.3f]\n",
+               sh->what, pm, pl, ph, am, al, ah, 1e3 * am / (double)(m * k), bm, bl, bh, 1e3 * bm / (double)(k * n),
+               100 * (am + bm) / pm, rm, rl, rh);
         free(a), free(b), free(c), free(ap), free(bp), free(tp);
     }
     return 0;

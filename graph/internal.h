@@ -653,6 +653,10 @@ void cgi_gemm(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa, in
 /* Whether float products with row-major C run through cgrad's blocked driver (ops/gemm.c) rather
  * than BLIS's (the kernel set and CGRAD_GEMM_BLIS decide). */
 bool cgi_gemm_blocked_on(void);
+/* Whether the blocked driver packs an A stored by rows a panel at a time, just before the panel's
+ * tiles (on: the default; CGRAD_GEMM_PANELS=0 sets it off), or as a whole block ahead; benches
+ * switch it between products to compare the two. The results are the same bits. */
+void cgi_gemm_set_panels(bool on);
 /* C[m,n] (rows rsc, columns contiguous) = alpha A B (+ a contiguous bias row) + beta C from
  * bfloat16 operands (uint16_t, any strides) with float accumulation on the fp32 FMA units: cgrad's
  * blocked driver on BLIS's float micro-kernel, the operands widened to float (exact) as they are

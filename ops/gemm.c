@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "graph/internal.h"
 #include "ops/bf16_internal.h"
@@ -304,26 +305,62 @@ static cg_real *pack_buf_get(pack_buf *b, size_t n) {
 
 static cgi_ukr blk_ukr;
 static bool blk_on;
+static _Atomic bool blk_panels; /* set between products by benches (cgi_gemm_set_panels) */
 static void blk_init(void) {
     cgi_ukr_init(&blk_ukr);
     pack_key_ok = pthread_key_create(&pack_key, pack_bufs_free) == 0;
     const char *off = getenv("CGRAD_GEMM_BLIS"); /* set: BLIS's own driver for every product, for comparisons */
     blk_on = blk_ukr.swap && cgi_pack_fast_transpose() && !(off && *off); /* false without the transposing packs */
+    const char *panels = getenv("CGRAD_GEMM_PANELS"); /* 0: A packed a block at a time, for comparisons */
+    blk_panels = !(panels && *panels == '0');
 }
 static pthread_once_t blk_once = PTHREAD_ONCE_INIT;
+
+/* The largest packed B block that A's panels stream past when A is packed a panel at a time: half
+ * of this CPU's L2 (its size from the C library, else 1 MB), so the block and C's strips share it */
+static int64_t wide_block_bytes(void) {
+    static _Atomic int64_t bytes;
+    int64_t b = atomic_load_explicit(&bytes, memory_order_relaxed);
+    if (!b) {
+        const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+        b = (l2 > 0 ? l2 : 1L << 20) / 2;
+        atomic_store_explicit(&bytes, b, memory_order_relaxed);
+    }
+    return b;
+}
+
+/* Whether the driver packs A a panel at a time into one panel's place, just before that panel's
+ * tiles: where A is stored by rows (a linear's input, dY), its pack is a transpose; packed as a
+ * whole block ahead, the block's stores go to lines long gone from the cache, and on a Xeon whose
+ * L3 is slow to give them the pack ran at 0.8 ns an element. One panel's place stays in L1. This
+ * needs A's panels used once, so B is one block (blk_sizes_of) and A is the piece's own. */
+static bool a_by_panel(const cgi_gemm_job *j, bool c16) {
+    return blk_panels && !c16 && j->ta == CGI_EL_F32 && j->csa == 1 && j->rsa != 1;
+}
+
+/* A's rows jc.. and depths pc.. of job j, packed a panel at a time into panel (a_by_panel) */
+typedef struct {
+    const cgi_gemm_job *j;
+    int64_t jc, pc;
+    cg_real *panel;
+} panel_src;
+static void pack_a_block(const cgi_ukr *u, const cgi_gemm_job *j, int64_t jc, int64_t pc, int64_t mc, int64_t kc,
+                         cg_real *dst);
 
 /* C[m, nb] (rows rsc, columns contiguous) = alpha A B + beta C, or alpha A B + the bias, from
  * packed A (12-row panels) and B (32-column panels) of depth kc: cgi_ukr_gemm strip by strip, one
  * A panel in L1 while the B panels stream past, the bias added (relu: and C clamped at 0; res, rows
- * rsr apart: added, on the last depth pass) while the strip is in cache, row by row. */
+ * rsr apart: added, on the last depth pass) while the strip is in cache, row by row. ps: each A
+ * panel is packed from ps just before its strip, into ps->panel (ap unused). */
 static void blk_macro(const cgi_ukr *u, int64_t m, int64_t nb, int64_t kc, cg_real alpha, const cg_real *ap,
                       const cg_real *bp, cg_real beta, const cg_real *bias, int64_t bs, bool relu, const cg_real *res,
-                      int64_t rsr, cg_real *c, int64_t rsc) {
+                      int64_t rsr, cg_real *c, int64_t rsc, const panel_src *ps) {
     for (int64_t i = 0; i < m; i += u->mr) {
         const int64_t mi = m - i < u->mr ? m - i : u->mr;
         cg_real *cr = c + i * rsc;
-        cgi_ukr_gemm(u, mi, nb, kc, alpha, ap + i / u->mr * u->pmr * kc, kc, bp, kc, bias ? 0 : beta, cr, rsc, 1,
-                     CGI_UKR_FULL, CGI_UKR_FULL);
+        if (ps) pack_a_block(u, ps->j, ps->jc + i, ps->pc, mi, kc, ps->panel);
+        cgi_ukr_gemm(u, mi, nb, kc, alpha, ps ? ps->panel : ap + i / u->mr * u->pmr * kc, kc, bp, kc, bias ? 0 : beta,
+                     cr, rsc, 1, CGI_UKR_FULL, CGI_UKR_FULL);
         for (int64_t r = 0; (bias || relu || res) && r < mi; r++) {
             cg_real *row = cr + r * rsc;
             if (bias) cgi_add_bias_row(row, bias, bs, nb);
@@ -332,6 +369,11 @@ static void blk_macro(const cgi_ukr *u, int64_t m, int64_t nb, int64_t kc, cg_re
                 for (int64_t jj = 0; jj < nb; jj++) row[jj] = row[jj] > 0 ? row[jj] : 0;
         }
     }
+}
+
+void cgi_gemm_set_panels(bool on) {
+    pthread_once(&blk_once, blk_init);
+    blk_panels = on;
 }
 
 bool cgi_gemm_blocked_on(void) {
@@ -412,15 +454,18 @@ void cgi_ukr_pack_a_half(const cgi_ukr *u, int64_t m, int64_t k, const uint16_t 
  * panels), C rows per packed A block (mc, whole panels), and their counts; pass and block sizes
  * balanced, so no thin remainder pass or block. A bf16 C is rounded once from the whole sum: each
  * block of C is summed over every pass into a float block (at most BLK_MC16 x BLK_NC, per thread)
- * first, so its A blocks are smaller. */
+ * first, so its A blocks are smaller. by_panel: A is packed a panel at a time (a_by_panel), so B is
+ * one block over all of n wherever that fits in half of L2: each A panel is then used once. */
 typedef struct {
     int64_t kc, nc, mc, passes, nblk, mblk;
 } blk_sizes;
-static blk_sizes blk_sizes_of(const cgi_ukr *u, int64_t m, int64_t n, int64_t k, bool c16) {
+static blk_sizes blk_sizes_of(const cgi_ukr *u, int64_t m, int64_t n, int64_t k, bool c16, bool by_panel) {
     blk_sizes z;
     const int64_t mc_max = c16 ? BLK_MC16 : BLK_MC;
     z.passes = (k + BLK_KC - 1) / BLK_KC, z.kc = (k + z.passes - 1) / z.passes;
-    z.nblk = (n + BLK_NC - 1) / BLK_NC, z.nc = ((n + z.nblk - 1) / z.nblk + u->nr - 1) / u->nr * u->nr;
+    const int64_t whole = (n + u->nr - 1) / u->nr * u->pnr * z.kc * (int64_t)sizeof(cg_real);
+    z.nblk = by_panel && whole <= wide_block_bytes() ? 1 : (n + BLK_NC - 1) / BLK_NC;
+    z.nc = ((n + z.nblk - 1) / z.nblk + u->nr - 1) / u->nr * u->nr;
     z.mblk = (m + mc_max - 1) / mc_max, z.mc = ((m + z.mblk - 1) / z.mblk + u->mr - 1) / u->mr * u->mr;
     return z;
 }
@@ -486,11 +531,13 @@ static bool gemm_blocked(const cgi_gemm_job *j, unsigned fl, const shared_pack *
     const cgi_ukr *u = &blk_ukr;
     const int64_t m = j->m, n = j->n, k = j->k;
     const bool c16 = fl & F_CBF16;
-    const blk_sizes z = blk_sizes_of(u, m, n, k, c16);
+    const bool by_panel = a_by_panel(j, c16) && !(sh && sh->a);
+    const blk_sizes z = blk_sizes_of(u, m, n, k, c16, by_panel);
     const int64_t kc0 = z.kc, nc0 = z.nc, mc0 = z.mc;
     pack_bufs *bufs = pack_bufs_get();
     if (!bufs) return false;
-    cg_real *a_own = pack_buf_get(&bufs->a, cgi_ukr_packed_a(u, m < mc0 ? m : mc0, kc0));
+    const bool panels_only = by_panel && z.nblk == 1; /* A's own buffer holds one panel */
+    cg_real *a_own = pack_buf_get(&bufs->a, cgi_ukr_packed_a(u, panels_only ? u->mr : m < mc0 ? m : mc0, kc0));
     cg_real *b_own = pack_buf_get(&bufs->b, cgi_ukr_packed_b(u, kc0, n < nc0 ? n : nc0));
     cg_real *acc = c16 ? pack_buf_get(&bufs->s, (size_t)((m < mc0 ? m : mc0) * (n < nc0 ? n : nc0))) : NULL;
     if (!a_own || !b_own || (c16 && !acc)) return false;
@@ -505,7 +552,8 @@ static bool gemm_blocked(const cgi_gemm_job *j, unsigned fl, const shared_pack *
                 const int64_t pc = c16 ? q : o, ic = c16 ? o : q;
                 const int64_t kc = k - pc < kc0 ? k - pc : kc0, nb = n - ic < nc0 ? n - ic : nc0;
                 bool fill;
-                if (c16 || ic == 0) {
+                panel_src ps = {j, jc, pc, a_own}, *panels = panels_only ? &ps : NULL;
+                if (!panels && (c16 || ic == 0)) {
                     const int64_t idx = jc / mc0 * z.passes + pc / kc0;
                     cg_real *at = block_at(sh, true, idx, pc * a_pass + jc / u->mr * u->pmr * kc, a_own, &fill);
                     if (fill) pack_a_block(u, j, jc, pc, mc, kc, at), block_filled(sh, idx, at, a_own);
@@ -519,7 +567,7 @@ static bool gemm_blocked(const cgi_gemm_job *j, unsigned fl, const shared_pack *
                           pc == 0 && j->bias ? j->bias + ic * j->bias_stride : NULL, j->bias_stride,
                           j->relu && pc + kc >= k,
                           j->res && !c16 && pc + kc >= k ? j->res + jc * j->res_rs + ic : NULL, j->res_rs,
-                          c16 ? acc : j->c + jc * j->rsc + ic, c16 ? nb : j->rsc);
+                          c16 ? acc : j->c + jc * j->rsc + ic, c16 ? nb : j->rsc, panels);
 #ifndef CGRAD_DOUBLE
                 for (int64_t r = 0; c16 && pc + kc >= k && r < mc; r++) /* the block's last pass: round it */
                     cgi_lp_round((cgi_bf16 *)j->c + (jc + r) * j->rsc + ic, acc + r * nb, nb, 1);
@@ -561,7 +609,7 @@ static bool share_packs(const cgi_gemm_job *jobs, int njobs, unsigned fl, const 
         for (int q = 0; q < np; q++) pieces += pcs[q].job == i;
         if (pieces < 2 || half_job(j) || j->csc != 1 || j->m < 32 || j->n < 32 || j->k < 32) continue;
         const bool a = !cgi_gemm_cut_rows(j);
-        const blk_sizes z = blk_sizes_of(u, j->m, j->n, j->k, false);
+        const blk_sizes z = blk_sizes_of(u, j->m, j->n, j->k, false, !a && a_by_panel(j, false));
         const int64_t blocks = a ? z.mblk * z.passes : z.passes * z.nblk;
         const int64_t size = (int64_t)(a ? cgi_ukr_packed_a(u, j->m, j->k) : cgi_ukr_packed_b(u, j->k, j->n));
         if (nstates + blocks > SHARE_BLOCKS || total + size > SHARE_MAX) continue;

@@ -162,10 +162,12 @@ static void test_then_tasks(void) {
 /* Products through cgrad's blocked driver (ops/gemm.c): several depth passes (k > 512), several
  * packed B blocks (n > 480, ragged), several A blocks (m > 3072), and a bias row (strides 1 and
  * 3) in place of beta, each also clamped at 0 (relu: on the last depth pass only, or the clamp
- * would cut partial sums), on 1 and 2 threads, against the triple loop; the last shape (m < 32)
- * goes to BLIS, whose relu is a pass after the product. */
+ * would cut partial sums), on 1 and 2 threads, against the triple loop; A is stored by rows, so
+ * where B fits one block (n 600 at depth 128: 311 kB) A is packed a panel at a time, the last
+ * panel partial (200 rows); the last shape (m < 32) goes to BLIS, whose relu is a pass after the
+ * product. */
 static void test_blocked(void) {
-    static const int64_t shapes[][3] = {{3100, 70, 1030}, {100, 1000, 600}, {45, 515, 97}, {20, 300, 700}};
+    static const int64_t shapes[][3] = {{3100, 70, 1030}, {100, 1000, 600}, {45, 515, 97}, {200, 600, 128}, {20, 300, 700}};
     cg_rng r;
     cg_rng_seed(&r, 5);
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
