@@ -306,6 +306,9 @@ static cg_real *pack_buf_get(pack_buf *b, size_t n) {
 static cgi_ukr blk_ukr;
 static bool blk_on;
 static _Atomic bool blk_panels; /* set between products by benches (cgi_gemm_set_panels) */
+/* The largest packed B block that A's panels stream past when A is packed a panel at a time: half
+ * of this CPU's L2 (its size from the C library, else 1 MB), so the block and C's strips share it */
+static int64_t blk_wide_bytes;
 static void blk_init(void) {
     cgi_ukr_init(&blk_ukr);
     pack_key_ok = pthread_key_create(&pack_key, pack_bufs_free) == 0;
@@ -313,21 +316,10 @@ static void blk_init(void) {
     blk_on = blk_ukr.swap && cgi_pack_fast_transpose() && !(off && *off); /* false without the transposing packs */
     const char *panels = getenv("CGRAD_GEMM_PANELS"); /* 0: A packed a block at a time, for comparisons */
     blk_panels = !(panels && *panels == '0');
+    const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    blk_wide_bytes = (l2 > 0 ? l2 : 1L << 20) / 2;
 }
 static pthread_once_t blk_once = PTHREAD_ONCE_INIT;
-
-/* The largest packed B block that A's panels stream past when A is packed a panel at a time: half
- * of this CPU's L2 (its size from the C library, else 1 MB), so the block and C's strips share it */
-static int64_t wide_block_bytes(void) {
-    static _Atomic int64_t bytes;
-    int64_t b = atomic_load_explicit(&bytes, memory_order_relaxed);
-    if (!b) {
-        const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
-        b = (l2 > 0 ? l2 : 1L << 20) / 2;
-        atomic_store_explicit(&bytes, b, memory_order_relaxed);
-    }
-    return b;
-}
 
 /* Whether the driver packs A a panel at a time into one panel's place, just before that panel's
  * tiles: where A is stored by rows (a linear's input, dY), its pack is a transpose; packed as a
@@ -464,7 +456,7 @@ static blk_sizes blk_sizes_of(const cgi_ukr *u, int64_t m, int64_t n, int64_t k,
     const int64_t mc_max = c16 ? BLK_MC16 : BLK_MC;
     z.passes = (k + BLK_KC - 1) / BLK_KC, z.kc = (k + z.passes - 1) / z.passes;
     const int64_t whole = (n + u->nr - 1) / u->nr * u->pnr * z.kc * (int64_t)sizeof(cg_real);
-    z.nblk = by_panel && whole <= wide_block_bytes() ? 1 : (n + BLK_NC - 1) / BLK_NC;
+    z.nblk = by_panel && whole <= blk_wide_bytes ? 1 : (n + BLK_NC - 1) / BLK_NC;
     z.nc = ((n + z.nblk - 1) / z.nblk + u->nr - 1) / u->nr * u->nr;
     z.mblk = (m + mc_max - 1) / mc_max, z.mc = ((m + z.mblk - 1) / z.mblk + u->mr - 1) / u->mr * u->mr;
     return z;
