@@ -103,129 +103,6 @@ static void gemm1(int64_t m, int64_t n, int64_t k, const cg_real *a, int64_t rsa
     cgi_gemm(m, n, k, a, rsa, csa, b, rsb, csb, alpha, beta, c, rsc, csc, 1);
 }
 
-typedef struct {
-    const cg_real *q, *k, *v;
-    int64_t qs, ks, vs; /* row strides */
-    const int32_t *keep; int64_t keep_s;
-    const cg_real *bias; int64_t bias_si, bias_sj; /* this head's slice of the bias tensor */
-    const cg_real *rel; /* ALiBi and T5 bias by relative offset j - i + Tq - 1, or NULL */
-    int64_t tq, tk, d, shift;
-    int64_t nk; /* keys present: Tk, or past + Tq at run time */
-    int64_t os; /* the output's (and its gradient's) row stride */
-    int64_t sc; /* the row stride of the slot's blocks (slot_cols) */
-    int64_t window; /* a query sees keys less than this far from its own position (0: all) */
-    bool causal;
-    cg_real scale;
-    /* dropout: element (i, j) is kept when its hash, counted at row (bh Tq + i) of [B Hq Tq, Tk], clears threshold */
-    bool drop;
-    uint64_t drop_key, drop_threshold, drop_row;
-    cg_real drop_scale;
-} head;
-
-/* Head row pointer of x (q, k or v) at batch b, head hh, with its row stride in *rs. An input stored
- * in bf16 (a linear's value only attention reads, ops/bf16.c) is widened into dst, [rows, D]
- * contiguous, once for the head: every product and the packing then read floats. */
-static const cg_real *head_rows(const cg_tensor *x, int64_t b, int64_t hh, cg_real *dst, int64_t *rs) {
-    const int64_t at = b * x->stride[0] + hh * x->stride[1], rows = x->shape[2], d = x->shape[3];
-    *rs = x->stride[2];
-    if (!x->root->lp_value) return (const cg_real *)x->data + at;
-    /* a view's element offset is the same in the bf16 storage; its float address is not */
-    const cgi_bf16 *src = (const cgi_bf16 *)x->root->data + x->offset + at;
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t e = 0; e < d; e++) dst[r * d + e] = cgi_from_bf16(src[r * *rs + e * x->stride[3]]);
-    *rs = d;
-    return dst;
-}
-
-/* The head bh of t in scratch slot `slot`, whose rel part gets the head's relative bias, if any. */
-static void head_at(const cg_tensor *t, int64_t bh, cg_real *slot, head *h) {
-    const sdpa_params *p = prm(t);
-    const cg_tensor *q = t->src[0], *k = t->src[1], *v = t->src[2];
-    const int64_t b = bh / q->shape[1], hh = bh % q->shape[1], hk = hh / (q->shape[1] / k->shape[1]);
-    cg_real *rel = cgi_sdpa_rel_at(t, slot), *in = cgi_sdpa_inputs_at(t, slot);
-    const int64_t tq = q->shape[2], tk = k->shape[2], dq = q->shape[3];
-    h->q = head_rows(q, b, hh, in, &h->qs);
-    h->k = head_rows(k, b, hk, in + tq * dq, &h->ks);
-    h->v = head_rows(v, b, hk, in + tq * dq + tk * dq, &h->vs);
-    const cg_tensor *kp = p->kp ? t->src[p->kp] : NULL;
-    h->keep = kp ? (const int32_t *)kp->data + b * kp->stride[0] : NULL;
-    h->keep_s = kp ? kp->stride[1] : 0;
-    h->bias = p->bias ? (const cg_real *)t->src[p->bias]->data + b * p->bias_st[0] + hh * p->bias_st[1] : NULL;
-    h->bias_si = p->bias_st[2], h->bias_sj = p->bias_st[3];
-    h->tq = q->shape[2], h->tk = k->shape[2], h->d = q->shape[3];
-    h->os = t->stride[2];
-    h->sc = cgi_sdpa_slot_cols(t);
-    h->nk = cgi_sdpa_keys_present(t);
-    h->shift = h->nk - h->tq;
-    h->causal = p->causal;
-    h->window = p->window;
-    h->scale = (cg_real)p->scale;
-    h->rel = NULL;
-    if (has_rel(p)) { /* offset r is key - query position r - (Tk - 1) */
-        const double slope = p->alibi ? cgi_alibi_slope(hh, q->shape[1]) : 0;
-        const cg_tensor *tb = p->table ? t->src[p->table] : NULL;
-        for (int64_t r = 0; r < p->nrel; r++) {
-            const int64_t dist = r - (h->tk - 1);
-            double x = -slope * (double)(dist < 0 ? -dist : dist);
-            if (tb) x += ((const cg_real *)tb->data)[p->bucket[r] * tb->stride[0] + hh * tb->stride[1]];
-            rel[r] = (cg_real)x;
-        }
-        h->rel = rel;
-    }
-    h->drop = p->dropout > 0;
-    if (h->drop) {
-        h->drop_key = cgi_dropout_key(t->graph->seed, t->id, p->step);
-        h->drop_threshold = cgi_dropout_threshold(p->dropout);
-        h->drop_scale = (cg_real)(1.0 / (1.0 - p->dropout));
-        h->drop_row = (uint64_t)(bh * h->tq);
-    }
-}
-
-/* Query row i sees keys [first, vis) of block [j0, j0+nk), counted from j0: the causal mask ends the
- * range at its own position, a sliding window w starts it w - 1 keys before (and ends it w - 1 keys
- * after, when not causal). */
-static int64_t visible(const head *h, int64_t i, int64_t j0, int64_t nk) {
-    const int64_t vis = h->causal ? i + h->shift + 1 - j0 : h->window ? i + h->shift + h->window - j0 : nk;
-    return vis < 0 ? 0 : vis > nk ? nk : vis;
-}
-static int64_t first_visible(const head *h, int64_t i, int64_t j0, int64_t nk) {
-    const int64_t f = h->window ? i + h->shift - h->window + 1 - j0 : 0;
-    return f < 0 ? 0 : f > nk ? nk : f;
-}
-
-/* Key blocks that start before this hold no key any row of the query block sees. */
-static int64_t key_start(const head *h, int64_t i0) {
-    const int64_t f = h->window ? i0 + h->shift - h->window + 1 : 0;
-    return f <= 0 ? 0 : f / BK * BK;
-}
-
-/* Adds the biases to the scores of query rows [i0, i0+nq) against keys [j0, j0+nk) in s[nq][ss]
- * and masks hidden ones to -inf; returns false when the whole block is hidden. A causal row hides
- * a tail of the block, padding hides single keys. */
-static bool mask(const head *h, int64_t i0, int64_t nq, int64_t j0, int64_t nk, cg_real *s, int64_t ss) {
-    bool any = false;
-    for (int64_t r = 0; r < nq; r++) {
-        const int64_t vis = visible(h, i0 + r, j0, nk), first = first_visible(h, i0 + r, j0, nk);
-        cg_real *sr = s + r * ss;
-        if (h->rel) { /* the relative bias of keys j0 + c, offsets j0 + c - i + Tq - 1 */
-            const cg_real *rr = h->rel + j0 - (i0 + r) + h->tq - 1;
-            for (int64_t c = first; c < vis; c++) sr[c] += rr[c];
-        }
-        if (h->bias) {
-            const cg_real *br = h->bias + (i0 + r) * h->bias_si + j0 * h->bias_sj;
-            if (h->bias_sj) for (int64_t c = first; c < vis; c++) sr[c] += br[c];
-            else for (int64_t c = first; c < vis; c++) sr[c] += br[0];
-        }
-        for (int64_t c = 0; c < first; c++) sr[c] = -INFINITY;
-        for (int64_t c = vis; c < nk; c++) sr[c] = -INFINITY;
-        if (h->keep) {
-            for (int64_t c = first; c < vis; c++)
-                if (h->keep[(j0 + c) * h->keep_s] == 0) sr[c] = -INFINITY;
-                else any = true;
-        } else any = any || vis > first;
-    }
-    return any;
-}
 
 /* O[nq, d] (row stride os) = beta O + P[nq, nk] V (P's rows ps apart, V's vs). */
 static void probs_v(int64_t nq, int64_t d, int64_t nk, const cg_real *p, int64_t ps, const cg_real *v, int64_t vs,
@@ -238,43 +115,7 @@ static void probs_v(int64_t nq, int64_t d, int64_t nk, const cg_real *p, int64_t
 static bool scores(const head *h, int64_t i0, int64_t nq, int64_t j0, int64_t nk, cg_real *s, int64_t ss) {
     if (nq == 1) cgi_attn_row_scores(h->q + i0 * h->qs, h->k + j0 * h->ks, h->ks, nk, h->d, h->scale, s);
     else gemm1(nq, nk, h->d, h->q + i0 * h->qs, h->qs, 1, h->k + j0 * h->ks, 1, h->ks, h->scale, 0, s, ss, 1);
-    return mask(h, i0, nq, j0, nk, s, ss);
-}
-
-/* The micro-kernel's causal arguments for a query block at i0: its rows see keys up to row + diag. */
-static int64_t diag(const head *h, int64_t i0) { return h->causal ? i0 + h->shift : CGI_UKR_FULL; }
-
-/* Keys beyond this cannot be seen by any row of the query block. */
-static int64_t key_end(const head *h, int64_t i0, int64_t nq) {
-    if (!h->causal) return h->nk;
-    int64_t e = i0 + nq + h->shift;
-    return e < 0 ? 0 : e > h->nk ? h->nk : e;
-}
-
-/* Dropout on the probabilities p of query row i against keys [j0, j0 + n): each is kept, scaled by
- * 1 / (1 - dropout), or zeroed, into pt (which may be p). */
-static void drop_probs(const head *h, int64_t i, int64_t j0, int64_t n, const cg_real *p, cg_real *pt) {
-    const uint64_t at = (h->drop_row + (uint64_t)i) * (uint64_t)h->tk + (uint64_t)j0, key = h->drop_key,
-                   thr = h->drop_threshold;
-    const cg_real keep = h->drop_scale;
-    for (int64_t c = 0; c < n; c++) pt[c] = cgi_dropout_keeps(key, at + (uint64_t)c, thr) ? p[c] * keep : 0;
-}
-
-/* Backward through the dropout of row i, keys [j0, j0 + n), with the mask M (0 or the keep scale)
- * drawn again: pt = M P (which may overwrite p), and when dp is given it holds dO V^T on entry and
- * dS = P (M dP - D) on exit. (D = rowsum(dO O) is unchanged: O is made of the dropped weights.) */
-static void drop_grads(const head *h, int64_t i, int64_t j0, int64_t n, const cg_real *p, cg_real *pt, cg_real *dp,
-                       cg_real di) {
-    const uint64_t at = (h->drop_row + (uint64_t)i) * (uint64_t)h->tk + (uint64_t)j0, key = h->drop_key,
-                   thr = h->drop_threshold;
-    const cg_real keep = h->drop_scale;
-    if (dp)
-        for (int64_t c = 0; c < n; c++) {
-            const cg_real m = cgi_dropout_keeps(key, at + (uint64_t)c, thr) ? keep : 0, pc = p[c];
-            dp[c] = pc * (m * dp[c] - di);
-            pt[c] = pc * m;
-        }
-    else drop_probs(h, i, j0, n, p, pt);
+    return cgi_attn_mask(h, i0, nq, j0, nk, s, ss);
 }
 
 /* One key block's probabilities P = softmax(scores) into pb (row stride ps), and each row's
@@ -290,11 +131,11 @@ CGI_CLONES static bool block_probs(const head *h, int64_t i0, int64_t nq, int64_
         /* masks that hide a tail of each row or single keys go into the vector softmax */
         normalised = !h->rel && !h->bias && !h->window;
         if (normalised) any = cgi_attn_softmax(pb, ps, nq, kend, h->causal, i0 + h->shift + 1, h->keep, h->keep_s, lse);
-        else any = mask(h, i0, nq, 0, kend, pb, ps);
+        else any = cgi_attn_mask(h, i0, nq, 0, kend, pb, ps);
     } else if (any && w) {
         cgi_ukr_pack_a(u, nq, h->d, h->q + i0 * h->qs, h->qs, 1, w->a);
         cgi_ukr_gemm(u, nq, kend, h->d, h->scale, w->a, h->d, w->kv1, h->d, 0, pb, ps, 1, diag(h, i0), CGI_UKR_FULL);
-        any = mask(h, i0, nq, 0, kend, pb, ps);
+        any = cgi_attn_mask(h, i0, nq, 0, kend, pb, ps);
     } else if (any) any = scores(h, i0, nq, 0, kend, pb, ps);
     if (!any) { /* every key hidden: zeros, and no gradient */
         for (int64_t r = 0; r < nq; r++) {
@@ -331,7 +172,7 @@ CGI_CLONES static void fwd_kept(const head *h, int64_t i0, int64_t nq, int64_t k
         return;
     }
     if (h->drop) {
-        for (int64_t r = 0; r < nq; r++) drop_probs(h, i0 + r, 0, kend, pb + r * ps, pt + r * h->sc);
+        for (int64_t r = 0; r < nq; r++) cgi_attn_drop_probs(h, i0 + r, 0, kend, pb + r * ps, pt + r * h->sc);
         pb = pt, ps = h->sc;
     }
     if (w && w->direct) /* V made dense once per head (fwd_head) */
@@ -365,7 +206,7 @@ static void fwd_head(const fwd_run *f, int64_t bh, int me) {
     const int64_t rq = cgi_sdpa_slot_rows(t);
     cg_real *s = f->slot0 + (size_t)me * stride, *acc = s + 2 * rq * cgi_sdpa_slot_cols(t), *m = acc + rq * d, *l = m + rq;
     head h;
-    head_at(t, bh, s, &h);
+    cgi_attn_head_at(t, bh, s, &h);
     cg_real *o = out + bh / t->shape[1] * t->stride[0] + bh % t->shape[1] * t->stride[1];
     packs w = {0};
     if (packed) { /* K^T and V for every query block of the head */
@@ -413,7 +254,7 @@ static void fwd_head(const fwd_run *f, int64_t bh, int me) {
                 const cg_real corr = m[r] == -INFINITY ? 0 : cgi_exp(m[r] - mx);
                 l[r] = l[r] * corr + (cg_real)cgi_sum_exp(sr, nk, mx, sr);
                 m[r] = mx;
-                if (h.drop) drop_probs(&h, i0 + r, j0, nk, sr, sr); /* the sum keeps every weight */
+                if (h.drop) cgi_attn_drop_probs(&h, i0 + r, j0, nk, sr, sr); /* the sum keeps every weight */
                 if (corr != 1) for (int64_t e = 0; e < d; e++) acc[r * d + e] *= corr;
             }
             probs_v(nq, d, nk, s, h.sc, h.v + j0 * h.vs, h.vs, 1, acc, d);
@@ -503,7 +344,7 @@ CGI_CLONES static void bwd_packed(const head *h, const cgi_ukr *u, const packs *
         cg_real *dr = dp + r * h->sc;
         const cg_real *pr = p + r * ps, dr_i = di[r];
         if (h->drop) {
-            drop_grads(h, i0 + r, 0, vis, pr, pt + r * h->sc, ds ? dr : NULL, dr_i);
+            cgi_attn_drop_grads(h, i0 + r, 0, vis, pr, pt + r * h->sc, ds ? dr : NULL, dr_i);
             for (int64_t c = vis; c < kend; c++) pt[r * h->sc + c] = 0;
         } else
             for (int64_t c = 0; c < vis; c++) dr[c] = pr[c] * (dr[c] - dr_i);
@@ -560,7 +401,7 @@ static void bwd_blocked(const head *h, const grads *gr, const cg_real *probs, co
         int64_t pvs = ps;
         if (h->drop) { /* dS = P * (M dP - D), and M P into the slot (over P when it is there) */
             for (int64_t r = 0; r < nq; r++)
-                drop_grads(h, i0 + r, j0, nk, pb + r * ps, slot + r * h->sc, ds ? dp + r * h->sc : NULL, di[r]);
+                cgi_attn_drop_grads(h, i0 + r, j0, nk, pb + r * ps, slot + r * h->sc, ds ? dp + r * h->sc : NULL, di[r]);
             pv = slot, pvs = h->sc;
         } else if (ds) /* dS = P * (dP - D) */
             for (int64_t r = 0; r < nq; r++) {
@@ -668,7 +509,7 @@ static void bwd_unit(const bwd_run *r, int64_t un, int me) {
         const int64_t rq = cgi_sdpa_slot_rows(t);
         cg_real *slot = r->slot0 + (size_t)me * stride, *dp = slot + rq * cgi_sdpa_slot_cols(t), *di = dp + rq * cgi_sdpa_slot_cols(t) + rq * d;
         head h;
-        head_at(t, bh, slot, &h);
+        cgi_attn_head_at(t, bh, slot, &h);
         packs w = {0};
         if (packed) { /* V^T and K for every query block of the head */
             w = cgi_sdpa_packs_at(t, slot, &u, true);

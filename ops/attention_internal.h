@@ -2,8 +2,9 @@
 /* Helpers of the fused attention (ops/attention.c) kept in files of their own: the one-query-row
  * kernels (ops/attention_decode.c), which it calls for a block of a single query row (cached
  * generation), the relative position biases (ops/attention_bias.c) and the checks of the
- * constructor's inputs and options (ops/attention_opts.c); and its node settings and the layout of
- * its scratch (ops/attention_scratch.c), which forward and backward share. Not installed. */
+ * constructor's inputs and options (ops/attention_opts.c); its node settings and the layout of its
+ * scratch (ops/attention_scratch.c), which forward and backward share; and one head's view of the
+ * inputs, its masks and its dropout (ops/attention_head.c). Not installed. */
 #ifndef CGRAD_ATTENTION_INTERNAL_H
 #define CGRAD_ATTENTION_INTERNAL_H
 
@@ -139,5 +140,67 @@ bool cgi_attn_softmax(cg_real *s, int64_t ss, int64_t nq, int64_t kend, bool cau
 const cg_real *cgi_attn_dense_rows(const cg_real *x, int64_t *rs, int64_t rows, int64_t d, cg_real *dst);
 /* dst[c ds + r] = src[r ss + c] for r < rows, c < cols. */
 void cgi_attn_transpose(int64_t rows, int64_t cols, const cg_real *src, int64_t ss, cg_real *dst, int64_t ds);
+
+/* One (batch, head) of the op as forward and backward see it (cgi_attn_head_at): its rows of q,
+ * k and v, its masks, biases and dropout. */
+typedef struct {
+    const cg_real *q, *k, *v;
+    int64_t qs, ks, vs; /* row strides */
+    const int32_t *keep; int64_t keep_s;
+    const cg_real *bias; int64_t bias_si, bias_sj; /* this head's slice of the bias tensor */
+    const cg_real *rel; /* ALiBi and T5 bias by relative offset j - i + Tq - 1, or NULL */
+    int64_t tq, tk, d, shift;
+    int64_t nk; /* keys present: Tk, or past + Tq at run time */
+    int64_t os; /* the output's (and its gradient's) row stride */
+    int64_t sc; /* the row stride of the slot's blocks (slot_cols) */
+    int64_t window; /* a query sees keys less than this far from its own position (0: all) */
+    bool causal;
+    cg_real scale;
+    /* dropout: element (i, j) is kept when its hash, counted at row (bh Tq + i) of [B Hq Tq, Tk], clears threshold */
+    bool drop;
+    uint64_t drop_key, drop_threshold, drop_row;
+    cg_real drop_scale;
+} head;
+
+/* The micro-kernel's causal arguments for a query block at i0: its rows see keys up to row + diag. */
+static inline int64_t diag(const head *h, int64_t i0) { return h->causal ? i0 + h->shift : CGI_UKR_FULL; }
+
+/* Keys beyond this cannot be seen by any row of the query block. */
+static inline int64_t key_end(const head *h, int64_t i0, int64_t nq) {
+    if (!h->causal) return h->nk;
+    int64_t e = i0 + nq + h->shift;
+    return e < 0 ? 0 : e > h->nk ? h->nk : e;
+}
+
+/* Query row i sees keys [first, vis) of block [j0, j0+nk), counted from j0: the causal mask ends the
+ * range at its own position, a sliding window w starts it w - 1 keys before (and ends it w - 1 keys
+ * after, when not causal). */
+static inline int64_t visible(const head *h, int64_t i, int64_t j0, int64_t nk) {
+    const int64_t vis = h->causal ? i + h->shift + 1 - j0 : h->window ? i + h->shift + h->window - j0 : nk;
+    return vis < 0 ? 0 : vis > nk ? nk : vis;
+}
+static inline int64_t first_visible(const head *h, int64_t i, int64_t j0, int64_t nk) {
+    const int64_t f = h->window ? i + h->shift - h->window + 1 - j0 : 0;
+    return f < 0 ? 0 : f > nk ? nk : f;
+}
+
+/* Key blocks that start before this hold no key any row of the query block sees. */
+static inline int64_t key_start(const head *h, int64_t i0) {
+    const int64_t f = h->window ? i0 + h->shift - h->window + 1 : 0;
+    return f <= 0 ? 0 : f / BK * BK;
+}
+
+/* Head bh of attention node t, its inputs widened into scratch slot `slot` where stored in bf16,
+ * and its relative bias there (ops/attention_head.c). */
+void cgi_attn_head_at(const cg_tensor *t, int64_t bh, cg_real *slot, head *h);
+/* Adds the biases to the scores s[nq][ss] of query rows [i0, i0+nq) against keys [j0, j0+nk) and
+ * masks hidden ones to -inf; false when the whole block is hidden. */
+bool cgi_attn_mask(const head *h, int64_t i0, int64_t nq, int64_t j0, int64_t nk, cg_real *s, int64_t ss);
+/* Dropout on the probabilities p of query row i against keys [j0, j0 + n), into pt (may be p). */
+void cgi_attn_drop_probs(const head *h, int64_t i, int64_t j0, int64_t n, const cg_real *p, cg_real *pt);
+/* Backward through the dropout of row i, keys [j0, j0 + n): pt = M P, and dp (dO V^T on entry) =
+ * P (M dP - di) when given. */
+void cgi_attn_drop_grads(const head *h, int64_t i, int64_t j0, int64_t n, const cg_real *p, cg_real *pt, cg_real *dp,
+                         cg_real di);
 
 #endif
