@@ -28,6 +28,17 @@ static void result_free(result *r) {
     for (int i = 0; i < r->count; i++) free(r->v[i]);
 }
 
+/* r holds a copy of each of ts's gradients, or of its value where bit i of values is set. */
+static void result_take(result *r, cg_tensor *const *ts, int count, unsigned values) {
+    for (int i = 0; i < count; i++) {
+        r->n[i] = cg_numel(ts[i]);
+        r->v[i] = malloc((size_t)r->n[i] * sizeof(cg_real));
+        CHECK(((values >> i) & 1 ? cg_read(ts[i], r->v[i]) : cg_read_grad(ts[i], r->v[i])) == CG_OK, "read %d: %s", i,
+              cg_last_error());
+    }
+    r->count = count;
+}
+
 static cg_tensor *leaf(cg_graph *g, const char *name, int nd, const int64_t *shape, cg_rng *rng, bool grad) {
     cg_tensor *t = cg_input(g, name, CG_REAL, nd, shape);
     if (grad) t = cg_requires_grad(t);
@@ -55,13 +66,7 @@ static result fused_or_composed(int64_t rows, int64_t d, bool fused) {
         return res;
     }
     cg_tensor *ts[6] = {y, x, r, gain, bias, R};
-    for (int i = 0; i < 6; i++) {
-        res.n[i] = cg_numel(ts[i]);
-        res.v[i] = malloc((size_t)res.n[i] * sizeof(cg_real));
-        CHECK((i && i < 5 ? cg_read_grad(ts[i], res.v[i]) : cg_read(ts[i], res.v[i])) == CG_OK, "read %d: %s", i,
-              cg_last_error());
-    }
-    res.count = 6;
+    result_take(&res, ts, 6, 1u << 0 | 1u << 5); /* y's and R's values, the others' gradients */
     cg_graph_free(g);
     return res;
 }
@@ -94,12 +99,7 @@ static result two_blocks(int64_t rows, int64_t d, const char *regen) {
     }
     res.remade = n1->regen + n2->regen;
     cg_tensor *ts[8] = {x, r, g1, b1, g2, b2, w1, w2};
-    for (int i = 0; i < 8; i++) {
-        res.n[i] = cg_numel(ts[i]);
-        res.v[i] = malloc((size_t)res.n[i] * sizeof(cg_real));
-        CHECK(cg_read_grad(ts[i], res.v[i]) == CG_OK, "read %d: %s", i, cg_last_error());
-    }
-    res.count = 8;
+    result_take(&res, ts, 8, 0);
     cg_graph_free(g);
     unsetenv("CGRAD_REGEN");
     return res;
@@ -155,12 +155,7 @@ static result post_ln_block(int64_t rows, int64_t d, bool fused, bool late, bool
     }
     *shared = x->grad == r->grad;
     cg_tensor *ts[5] = {a, wq, wo, gain, bias};
-    for (int i = 0; i < 5; i++) {
-        res.n[i] = cg_numel(ts[i]);
-        res.v[i] = malloc((size_t)res.n[i] * sizeof(cg_real));
-        CHECK(cg_read_grad(ts[i], res.v[i]) == CG_OK, "read %d: %s", i, cg_last_error());
-    }
-    res.count = 5;
+    result_take(&res, ts, 5, 0);
     cg_graph_free(g);
     return res;
 }
