@@ -738,7 +738,8 @@ typedef struct {
 } cgi_ukr;
 /* The micro-kernel of the running machine for cg_real. */
 void cgi_ukr_init(cgi_ukr *u);
-/* Reals a packed A of m rows (or B of m columns) and depth k occupies. */
+/* Reals to allocate for a packed A of m rows (or B of n columns) and depth k: its panels and the
+ * kernel's read-ahead past the last one. */
 size_t cgi_ukr_packed_a(const cgi_ukr *u, int64_t m, int64_t k);
 size_t cgi_ukr_packed_b(const cgi_ukr *u, int64_t k, int64_t n);
 /* Packs A[m,k] (strides rs, cs) into A panels, rows past m zero. */

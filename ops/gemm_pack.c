@@ -176,8 +176,18 @@ void cgi_ukr_init(cgi_ukr *u) {
     u->pack_b = pack_kernel(u->pnr, cx);
 }
 
-size_t cgi_ukr_packed_a(const cgi_ukr *u, int64_t m, int64_t k) { return (size_t)((m + u->mr - 1) / u->mr * u->pmr * k); }
-size_t cgi_ukr_packed_b(const cgi_ukr *u, int64_t k, int64_t n) { return (size_t)((n + u->nr - 1) / u->nr * u->pnr * k); }
+/* The kernels load the next depth's operands while they multiply this one's, so they read past a
+ * packed operand's last panel: skx's 32 x 12 float kernel reads one depth (128 bytes) beyond it,
+ * and a pack whose end met an unmapped page faulted. BLIS's own packs come from pools with room to
+ * spare; each of ours gets UKR_SLACK depths of the widest panel after its end. */
+enum { UKR_SLACK = 4 };
+static size_t slack(const cgi_ukr *u) { return (size_t)(UKR_SLACK * (u->pmr > u->pnr ? u->pmr : u->pnr)); }
+size_t cgi_ukr_packed_a(const cgi_ukr *u, int64_t m, int64_t k) {
+    return (size_t)((m + u->mr - 1) / u->mr * u->pmr * k) + slack(u);
+}
+size_t cgi_ukr_packed_b(const cgi_ukr *u, int64_t k, int64_t n) {
+    return (size_t)((n + u->nr - 1) / u->nr * u->pnr * k) + slack(u);
+}
 
 /* One panel: dst[p * w + i] = src[i * si + p * sp] for i < rows, zero for rows <= i < w. The loop
  * runs along whichever source stride is 1, so the reads are contiguous. */

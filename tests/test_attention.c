@@ -326,8 +326,11 @@ static void packing_fallback(void) {
     enum { R = 13, K = 37 };
     cg_real src[R * K];
     for (int i = 0; i < R * K; i++) src[i] = (cg_real)(i % 29) - 14;
-    const size_t na = cgi_ukr_packed_a(&u, R, K), nb = cgi_ukr_packed_b(&u, K, R);
-    cg_real *x = malloc((na > nb ? na : nb) * sizeof(cg_real)), *y = malloc((na > nb ? na : nb) * sizeof(cg_real));
+    const size_t room = cgi_ukr_packed_a(&u, R, K) > cgi_ukr_packed_b(&u, K, R) ? cgi_ukr_packed_a(&u, R, K)
+                                                                                  : cgi_ukr_packed_b(&u, K, R);
+    /* the panels; the room after them is the kernel's read-ahead, which no pack writes */
+    const size_t na = (size_t)((R + u.mr - 1) / u.mr * u.pmr * K), nb = (size_t)((R + u.nr - 1) / u.nr * u.pnr * K);
+    cg_real *x = malloc(room * sizeof(cg_real)), *y = malloc(room * sizeof(cg_real));
     for (int order = 0; order < 2; order++) { /* the source by rows, then by columns */
         const int64_t rs = order ? 1 : K, cs = order ? R : 1;
         for (size_t i = 0; i < na; i++) x[i] = 7, y[i] = -7;

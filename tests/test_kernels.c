@@ -1,8 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /* BLIS's kernel set as cgrad chooses it, and products cut into pieces over threads. */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #include <stdlib.h>
 #include <string.h>
 #include <pthread.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cgrad/cgrad.h>
 #include "check.h"
@@ -306,6 +309,59 @@ static void test_ukr_pack(void) {
     for (int64_t N = 44; N <= 45; N++) test_ukr_pack_n(N);
 }
 
+/* Room for `reals` ending where an unreadable page begins (64-byte aligned start, so at most 60
+ * bytes short of it): a read past the end faults. *map, *len: the mapping to unmap. */
+static cg_real *before_guard(size_t reals, void **map, size_t *len) {
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE), bytes = reals * sizeof(cg_real);
+    *len = (bytes + page - 1) / page * page + page;
+    char *m = mmap(NULL, *len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return NULL;
+    *map = m;
+    char *guard = m + *len - page;
+    if (mprotect(guard, page, PROT_NONE)) return NULL;
+    return (cg_real *)((uintptr_t)(guard - bytes) & ~(uintptr_t)63);
+}
+
+/* The kernel reads ahead of the depth it multiplies (skx's float kernel: one depth past a panel's
+ * end). Packs sized by cgi_ukr_packed_a/b and placed right before an unreadable page must still
+ * give the product: without room for the read-ahead this faulted, as a product engine's B block did
+ * when glibc's mapping of it ended on the block's last line. */
+static void test_ukr_read_ahead(void) {
+    cgi_ukr u;
+    cgi_ukr_init(&u);
+    enum { M = 30, N = 70 };
+    const int64_t depths[] = {1, 7, 16, 144};
+    for (size_t t = 0; t < sizeof depths / sizeof *depths; t++) {
+        const int64_t K = depths[t];
+        const size_t na = cgi_ukr_packed_a(&u, M, K), nb = cgi_ukr_packed_b(&u, K, N);
+        void *ma = NULL, *mb = NULL;
+        size_t la = 0, lb = 0;
+        cg_real *pa = before_guard(na, &ma, &la), *pb = before_guard(nb, &mb, &lb);
+        cg_real *a = malloc(sizeof(cg_real) * M * K), *b = malloc(sizeof(cg_real) * K * N),
+                *c = malloc(sizeof(cg_real) * M * N);
+        CHECK(pa && pb && a && b && c, "depth %lld: no memory", (long long)K);
+        if (pa && pb && a && b && c) {
+            for (int64_t i = 0; i < M * K; i++) a[i] = (cg_real)((i * 7) % 13) - 6;
+            for (int64_t i = 0; i < K * N; i++) b[i] = (cg_real)((i * 5) % 11) - 5;
+            cgi_ukr_pack_a(&u, M, K, a, K, 1, pa);
+            cgi_ukr_pack_b(&u, K, N, b, N, 1, pb);
+            cgi_ukr_gemm(&u, M, N, K, 1, pa, K, pb, K, 0, c, N, 1, CGI_UKR_FULL, CGI_UKR_FULL);
+            int bad = 0;
+            for (int64_t i = 0; i < M; i++)
+                for (int64_t j = 0; j < N; j++) {
+                    cg_real want = 0; /* small integers: exact in any order */
+                    for (int64_t p = 0; p < K; p++) want += a[i * K + p] * b[p * N + j];
+                    bad += c[i * N + j] != want;
+                }
+            CHECK(bad == 0, "depth %lld, packs before an unreadable page: %d of C's elements differ", (long long)K,
+                  bad);
+        }
+        free(a), free(b), free(c);
+        if (ma) munmap(ma, la);
+        if (mb) munmap(mb, lb);
+    }
+}
+
 /* A sharing team's call packs the operand its pieces do not cut once, each block by whichever
  * piece needs it first (ops/gemm.c, share_packs): B where the pieces cut C's rows, A where they
  * cut its columns, over several depth passes, B blocks and A blocks (m > 3072), with a bias and a
@@ -378,6 +434,7 @@ int main(void) {
     test_thread_buffers();
     test_pack12();
     test_ukr_pack();
+    test_ukr_read_ahead();
     test_team_shared_packs();
     TEST_END();
 }
