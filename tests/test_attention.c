@@ -326,8 +326,7 @@ static void packing_fallback(void) {
     enum { R = 13, K = 37 };
     cg_real src[R * K];
     for (int i = 0; i < R * K; i++) src[i] = (cg_real)(i % 29) - 14;
-    const size_t room = cgi_ukr_packed_a(&u, R, K) > cgi_ukr_packed_b(&u, K, R) ? cgi_ukr_packed_a(&u, R, K)
-                                                                                  : cgi_ukr_packed_b(&u, K, R);
+    const size_t ra = cgi_ukr_packed_a(&u, R, K), rb = cgi_ukr_packed_b(&u, K, R), room = ra > rb ? ra : rb;
     /* the panels; the room after them is the kernel's read-ahead, which no pack writes */
     const size_t na = (size_t)((R + u.mr - 1) / u.mr * u.pmr * K), nb = (size_t)((R + u.nr - 1) / u.nr * u.pnr * K);
     cg_real *x = malloc(room * sizeof(cg_real)), *y = malloc(room * sizeof(cg_real));
