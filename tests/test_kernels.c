@@ -338,25 +338,23 @@ static void test_ukr_read_ahead(void) {
         size_t la = 0, lb = 0;
         cg_real *pa = before_guard(na, &ma, &la), *pb = before_guard(nb, &mb, &lb);
         cg_real *a = malloc(sizeof(cg_real) * M * K), *b = malloc(sizeof(cg_real) * K * N),
-                *c = malloc(sizeof(cg_real) * M * N);
-        CHECK(pa && pb && a && b && c, "depth %lld: no memory", (long long)K);
-        if (pa && pb && a && b && c) {
+                *c = malloc(sizeof(cg_real) * M * N), *want = calloc(M * N, sizeof(cg_real)); /* naive reads beta C */
+        CHECK(pa && pb && a && b && c && want, "depth %lld: no memory", (long long)K);
+        if (pa && pb && a && b && c && want) {
             for (int64_t i = 0; i < M * K; i++) a[i] = (cg_real)((i * 7) % 13) - 6;
             for (int64_t i = 0; i < K * N; i++) b[i] = (cg_real)((i * 5) % 11) - 5;
             cgi_ukr_pack_a(&u, M, K, a, K, 1, pa);
             cgi_ukr_pack_b(&u, K, N, b, N, 1, pb);
             cgi_ukr_gemm(&u, M, N, K, 1, pa, K, pb, K, 0, c, N, 1, CGI_UKR_FULL, CGI_UKR_FULL);
-            int bad = 0;
-            for (int64_t i = 0; i < M; i++)
-                for (int64_t j = 0; j < N; j++) {
-                    cg_real want = 0; /* small integers: exact in any order */
-                    for (int64_t p = 0; p < K; p++) want += a[i * K + p] * b[p * N + j];
-                    bad += c[i * N + j] != want;
-                }
+            const cgi_gemm_job ref = {.m = M, .n = N, .k = K, .a = a, .rsa = K, .csa = 1, .b = b, .rsb = N, .csb = 1,
+                                      .alpha = 1, .beta = 0, .rsc = N, .csc = 1};
+            naive(&ref, want);
+            int bad = 0; /* small integers: exact in any order */
+            for (int64_t i = 0; i < M * N; i++) bad += c[i] != want[i];
             CHECK(bad == 0, "depth %lld, packs before an unreadable page: %d of C's elements differ", (long long)K,
                   bad);
         }
-        free(a), free(b), free(c);
+        free(a), free(b), free(c), free(want);
         if (ma) munmap(ma, la);
         if (mb) munmap(mb, lb);
     }
