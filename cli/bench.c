@@ -99,6 +99,16 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/* Each timed step's model GFLOP/s over the reference product timed right after it (flops a step,
+ * time[k] s, ref[k] GFLOP/s) into fr, sorted; returns their median. Pairing each step with its own
+ * reference cancels the drift of a shared machine across the run, which a ratio of the two medians
+ * keeps: on a Xeon whose speed swung by a third, three runs of bert-small (1 thread, 7 steps) gave
+ * paired medians of 0.815-0.834 and ratios of medians of 0.768-0.829. */
+static double paired_fraction(double flops, const double *time, const double *ref, int n, double *fr) {
+    for (int k = 0; k < n; k++) fr[k] = flops / time[k] / 1e9 / ref[k];
+    return median(fr, n);
+}
+
 /* The 1, 5 and 15 minute load averages as /proc/loadavg has them, with a newline. */
 static const char *loadavg(void) {
     static char buf[64];
@@ -440,12 +450,18 @@ static int train_child(const void *arg, int threads, double sgemm) {
         if (now > rss) rss = now;
     }
     const double sgemm_best = sgemm; /* best of 3 before the config, in a child of its own */
+    int64_t n_matmul;
+    const double flops = step_flops(c, ps, d, attn, labelled_rows(&mg), &n_matmul);
+    /* before the medians sort times and refs: step k's reference is refs[k] */
+    double *fr = malloc((size_t)(nrefs > 0 ? 2 * nrefs : 1) * sizeof *fr), *blis_fr = fr + nrefs;
+    if (!fr) return fail(c->name, threads, "out of memory");
+    const double frac_paired = nrefs ? paired_fraction(flops, times, refs, nrefs, fr) : NAN,
+                 blis_frac = nrefs ? paired_fraction(flops, times, blis_refs, nrefs, blis_fr) : NAN;
     if (nrefs) sgemm = median(refs, nrefs);
     const double blis_sgemm = nrefs ? median(blis_refs, nrefs) : NAN;
     double med = median(times, opts.steps), med_cpu = median(cpu, opts.steps);
-    int64_t n_matmul;
-    double flops = step_flops(c, ps, d, attn, labelled_rows(&mg), &n_matmul);
     double tokens = (double)(c->batch * c->t), gflops = flops / med / 1e9;
+    const double frac = nrefs ? frac_paired : gflops / sgemm;
     printf("%-12s batch %lld x %lld%s, %.2fM params (%.2fM in matmuls), graph %d nodes / %.0f MB (plan %.0f MB%s), "
            "build %.2f s\n",
            c->name, (long long)c->batch, (long long)c->t, c->arch == CG_ARCH_ENCDEC ? " (+ source 64)" : "",
@@ -455,26 +471,28 @@ static int train_child(const void *arg, int threads, double sgemm) {
     printf("%-12s loss %.4f -> %.4f over %d steps; median %.1f ms/step (min %.1f, max %.1f), %.0f tokens/s, "
            "%.1f GFLOP/s = %.2f of sgemm, peak RSS %.0f MB\n",
            c->name, first_loss, last_loss, total, med * 1e3, times[0] * 1e3, times[opts.steps - 1] * 1e3,
-           tokens / med, gflops, gflops / sgemm, rss);
+           tokens / med, gflops, frac, rss);
     long long runs_all, runs_one, probes;
     cgi_cores_counts(&runs_all, &runs_one, &probes);
     const char *guard_line = cgi_cores_summary();
     if (guard_line) printf("%-12s %s\n", c->name, guard_line);
     if (nrefs)
-        printf("%-12s sgemm between the timed steps: median %.1f GFLOP/s of %d (min %.1f, max %.1f); against the best of 3 "
-               "before the config, %.1f: %.2f\n",
-               c->name, sgemm, nrefs, refs[0], refs[nrefs - 1], sgemm_best, gflops / sgemm_best);
+        printf("%-12s sgemm between the timed steps: median %.1f GFLOP/s of %d (min %.1f, max %.1f); each step against "
+               "the one after it: %.2f (min %.2f, max %.2f); against the best of 3 before the config, %.1f: %.2f\n",
+               c->name, sgemm, nrefs, refs[0], refs[nrefs - 1], frac, fr[0], fr[nrefs - 1], sgemm_best,
+               gflops / sgemm_best);
     if (nrefs)
         printf("%-12s BLIS's own threaded sgemm on the same kernels (bli_sgemm), after each of those: median %.1f GFLOP/s "
                "(min %.1f, max %.1f); against it: %.2f\n",
-               c->name, blis_sgemm, blis_refs[0], blis_refs[nrefs - 1], gflops / blis_sgemm);
+               c->name, blis_sgemm, blis_refs[0], blis_refs[nrefs - 1], blis_frac);
     const bool bf16 = cg_default_precision() == CG_BF16;
     if (bf16) printf("%-12s %.2f of the bf16 GEMM reference (%.1f GFLOP/s)\n", c->name, gflops / bf16_ref, bf16_ref);
     printf("{\"config\":\"%s\", \"threads\":%d, \"precision\":\"%s\", \"batch\":%lld, \"context\":%lld, "
            "\"checkpoint_activations\":%d, \"separate_step\":%d, \"ms_per_step\":%.3f, \"tokens_per_s\":%.1f, \"gflops\":%.3f, \"sgemm_fraction\":%.4f, "
            "\"sgemm_gflops\":%.3f, \"sgemm_fraction_best_before\":%.4f, \"sgemm_gflops_best_before\":%.3f, ",
            c->name, threads, cg_precision_name(cg_default_precision()), (long long)c->batch, (long long)c->t,
-           opts.checkpoint, opts.separate_step, med * 1e3, tokens / med, gflops, gflops / sgemm, sgemm, gflops / sgemm_best, sgemm_best);
+           opts.checkpoint, opts.separate_step, med * 1e3, tokens / med, gflops, frac, sgemm, gflops / sgemm_best, sgemm_best);
+    if (nrefs) printf("\"sgemm_fraction_min\":%.4f, \"sgemm_fraction_max\":%.4f, ", fr[0], fr[nrefs - 1]);
     if (bf16) {
         char amx[32] = "null"; /* no AMX: JSON has no NaN */
         if (isfinite(cg_bf16_amx_ratio())) snprintf(amx, sizeof amx, "%.3f", cg_bf16_amx_ratio());
@@ -482,11 +500,12 @@ static int train_child(const void *arg, int threads, double sgemm) {
                "\"bf16_gemm_gflops\":%.1f, \"onednn_gemm_gflops\":%.1f, ",
                cg_bf16_kernel(), cg_bf16_dot_ratio(), amx, gflops / bf16_ref, bf16_ref, onednn_ref);
     }
-    if (nrefs) printf("\"blis_sgemm_gflops\":%.3f, \"blis_sgemm_fraction\":%.4f, ", blis_sgemm, gflops / blis_sgemm);
+    if (nrefs) printf("\"blis_sgemm_gflops\":%.3f, \"blis_sgemm_fraction\":%.4f, ", blis_sgemm, blis_frac);
     printf("\"peak_rss_mb\":%.1f, \"plan_mb\":%.1f, \"cpu_ms_per_step\":%.3f, \"runs_one_thread\":%lld}\n", rss,
            (double)cg_graph_plan_bytes(g) / 1048576.0, med_cpu * 1e3, runs_one);
     free(times);
     free(cpu);
+    free(fr);
     free(refs);
     free(blis_refs);
     cg_optim_free(opt);
@@ -587,10 +606,11 @@ int cmd_bench(int argc, char **argv) {
     printf("# model FLOPs/step = (6*N + 12*d*sum_attn(keys)) * tokens  (nanoGPT estimate_mfu: 6N + 12*L*H*Q*T per token)\n"
            "#   N = parameters used in matmuls (position/segment tables and untied input embeddings excluded),\n"
            "#   sum_attn(keys) = key length summed over attention blocks (L*T; encdec: Le*S + Ld*(T+S)), tokens = B*T\n");
-    printf("# sgemm fraction = model GFLOP/s / GFLOP/s of a 2048^3 product on the kernel set in use, the median of one\n"
-           "#   warm run after each timed step (interleaved, so both see the same machine; the run before it, with\n"
-           "#   operands the step evicted, is not counted); the best of 3 just before the config is shown beside it;\n"
-           "#   BLIS's own threaded sgemm of the same operands and kernels (bli_sgemm) runs after each, for comparison\n");
+    printf("# sgemm fraction = model GFLOP/s / GFLOP/s of a 2048^3 product on the kernel set in use: the median over the\n"
+           "#   timed steps of each step's against the warm run right after it (interleaved, so both see the same\n"
+           "#   machine; the run before it, with operands the step evicted, is not counted); the best of 3 just before\n"
+           "#   the config is shown beside it; BLIS's own threaded sgemm of the same operands and kernels (bli_sgemm)\n"
+           "#   runs after each, for comparison\n");
     for (int i = 0; i < N_CONFIGS; i++) {
         if (strcmp(name, "all") && strcmp(name, configs[i].name)) continue;
         const double sgemm = measure_sgemm(2048, threads, false);
