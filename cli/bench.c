@@ -405,6 +405,8 @@ static int train_child(const void *arg, int threads, double sgemm) {
     double *cpu = malloc((size_t)(opts.steps > 0 ? opts.steps : 1) * sizeof *cpu);
     double *refs = malloc((size_t)(opts.steps > 0 ? opts.steps : 1) * sizeof *refs);
     double *blis_refs = malloc((size_t)(opts.steps > 0 ? opts.steps : 1) * sizeof *blis_refs);
+    double *ref_times = malloc((size_t)(opts.steps > 0 ? opts.steps : 1) * sizeof *ref_times); /* the step each follows */
+    if (!times || !cpu || !refs || !blis_refs || !ref_times) return fail(c->name, threads, "out of memory");
     double first_loss = NAN, last_loss = NAN, rss = 0;
     int nrefs = 0;
     sgemm_ref ref = {0};
@@ -439,6 +441,7 @@ static int train_child(const void *arg, int threads, double sgemm) {
          * the second runs warm, as the best of 3 before the config does */
         if (k >= opts.warmup && ref.a) {
             sgemm_ref_run(&ref, false);
+            ref_times[nrefs] = dt;
             refs[nrefs] = sgemm_ref_run(&ref, false);
             blis_refs[nrefs++] = sgemm_ref_run(&ref, true);
         }
@@ -452,11 +455,11 @@ static int train_child(const void *arg, int threads, double sgemm) {
     const double sgemm_best = sgemm; /* best of 3 before the config, in a child of its own */
     int64_t n_matmul;
     const double flops = step_flops(c, ps, d, attn, labelled_rows(&mg), &n_matmul);
-    /* before the medians sort times and refs: step k's reference is refs[k] */
+    /* before the medians sort refs (a run without warm-ups times its first step before any reference) */
     double *fr = malloc((size_t)(nrefs > 0 ? 2 * nrefs : 1) * sizeof *fr), *blis_fr = fr + nrefs;
     if (!fr) return fail(c->name, threads, "out of memory");
-    const double frac_paired = nrefs ? paired_fraction(flops, times, refs, nrefs, fr) : NAN,
-                 blis_frac = nrefs ? paired_fraction(flops, times, blis_refs, nrefs, blis_fr) : NAN;
+    const double frac_paired = nrefs ? paired_fraction(flops, ref_times, refs, nrefs, fr) : NAN,
+                 blis_frac = nrefs ? paired_fraction(flops, ref_times, blis_refs, nrefs, blis_fr) : NAN;
     if (nrefs) sgemm = median(refs, nrefs);
     const double blis_sgemm = nrefs ? median(blis_refs, nrefs) : NAN;
     double med = median(times, opts.steps), med_cpu = median(cpu, opts.steps);
@@ -506,6 +509,7 @@ static int train_child(const void *arg, int threads, double sgemm) {
     free(times);
     free(cpu);
     free(fr);
+    free(ref_times);
     free(refs);
     free(blis_refs);
     cg_optim_free(opt);
