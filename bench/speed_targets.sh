@@ -13,7 +13,9 @@
 # the helper's last piece of a product, the account of what the 2-thread fraction leaves.
 #
 # The recipe's fraction takes the model FLOPs per token of the nanogpt-char bench config (the
-# recipe's model and batch) and the median sgemm of that config's 2-thread bench runs. Rounds
+# recipe's model and batch) and the sgemm of two short 2-thread runs of that config just before and
+# just after the recipe (their mean): the machine's speed drifts within minutes, so the reference is
+# taken next to the recipe rather than from the rounds. Rounds
 # alternate configs and thread counts, so every config sees about the same load; the table gives
 # medians (min-max). BUILD_DIR (default build-bench) picks the Release build; OUT_DIR keeps the raw
 # outputs. About 8 minutes with the defaults on 2 idle cores.
@@ -69,8 +71,15 @@ if [ "$account" = 1 ]; then
   done
 fi
 if [ "$recipe" = 1 ]; then
+  recipe_ref() { # the recipe's sgemm reference, next to it
+    "$build/cgrad" bench --config nanogpt-char --threads 2 --steps 3 --warmup 1 2>/dev/null | grep '^{' \
+      >>"$out/recipe_ref.txt" || echo "# cgrad bench failed on nanogpt-char (the recipe's reference)"
+  }
+  rm -f "$out/recipe_ref.txt"
+  recipe_ref
   CGRAD="$build/cgrad" OUT="$out/recipe" "$root/examples/shakespeare_char.sh" --data "$data" >"$out/recipe.log" 2>&1 ||
     echo "# the recipe failed: see $out/recipe.log"
+  recipe_ref
   grep -E "^final step|^wall time" "$out/recipe.log" || true
 fi
 echo "# load average after: $(load); $(( $(date +%s) - start )) s"
@@ -107,15 +116,19 @@ if os.path.exists(log):
     text = open(log).read()
     m = re.search(r"final step=(\d+) train_loss=(\S+) val_loss=(\S+) tokens_per_s=(\S+)", text)
     w = re.search(r"wall time: (\d+) s", text)
-    nano = runs.get(("nanogpt-char", 2), [])
+    ref_path = os.path.join(out, "recipe_ref.txt")
+    refs = [json.loads(l) for l in open(ref_path) if l.startswith("{")] if os.path.exists(ref_path) else []
+    nano = refs or runs.get(("nanogpt-char", 2), [])
     print()
     if m and nano:
         tok_s = float(m.group(4))
         flop_per_token = statistics.median(r["gflops"] / r["tokens_per_s"] for r in nano)  # GFLOP per token
-        sgemm = statistics.median(r["sgemm_gflops"] for r in nano)
+        sgemm = statistics.mean(r["sgemm_gflops"] for r in refs) if refs else statistics.median(r["sgemm_gflops"] for r in nano)
+        where = ("the mean of " + " and ".join(f"{r['sgemm_gflops']:.1f}" for r in refs) + " just before and after it"
+                 if refs else "the nanogpt-char runs' median")
         print(f"nanoGPT CPU recipe (2 threads, {m.group(1)} steps): held-out loss {m.group(3)}, "
               f"{tok_s:.0f} training tokens/s = {tok_s * flop_per_token:.1f} GFLOP/s = "
-              f"**{tok_s * flop_per_token / sgemm:.2f} of sgemm** ({sgemm:.1f} GFLOP/s, the nanogpt-char runs' median); "
+              f"**{tok_s * flop_per_token / sgemm:.2f} of sgemm** ({sgemm:.1f} GFLOP/s, {where}); "
               f"wall time {w.group(1) if w else '?'} s with its evaluations")
     else:
         print("nanoGPT CPU recipe: no final line (see recipe.log) or no 2-thread nanogpt-char bench run")
