@@ -406,7 +406,8 @@ static int train_child(const void *arg, int threads, double sgemm) {
     double *refs = malloc((size_t)(opts.steps > 0 ? opts.steps : 1) * sizeof *refs);
     double *blis_refs = malloc((size_t)(opts.steps > 0 ? opts.steps : 1) * sizeof *blis_refs);
     double *ref_times = malloc((size_t)(opts.steps > 0 ? opts.steps : 1) * sizeof *ref_times); /* the step each follows */
-    if (!times || !cpu || !refs || !blis_refs || !ref_times) return fail(c->name, threads, "out of memory");
+    double *fr = malloc((size_t)(opts.steps > 0 ? 2 * opts.steps : 1) * sizeof *fr); /* paired fractions, sgemm's and BLIS's */
+    if (!times || !cpu || !refs || !blis_refs || !ref_times || !fr) return fail(c->name, threads, "out of memory");
     double first_loss = NAN, last_loss = NAN, rss = 0;
     int nrefs = 0;
     sgemm_ref ref = {0};
@@ -456,8 +457,7 @@ static int train_child(const void *arg, int threads, double sgemm) {
     int64_t n_matmul;
     const double flops = step_flops(c, ps, d, attn, labelled_rows(&mg), &n_matmul);
     /* before the medians sort refs (a run without warm-ups times its first step before any reference) */
-    double *fr = malloc((size_t)(nrefs > 0 ? 2 * nrefs : 1) * sizeof *fr), *blis_fr = fr + nrefs;
-    if (!fr) return fail(c->name, threads, "out of memory");
+    double *blis_fr = fr + nrefs;
     const double frac_paired = nrefs ? paired_fraction(flops, ref_times, refs, nrefs, fr) : NAN,
                  blis_frac = nrefs ? paired_fraction(flops, ref_times, blis_refs, nrefs, blis_fr) : NAN;
     if (nrefs) sgemm = median(refs, nrefs);
