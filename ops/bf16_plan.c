@@ -54,28 +54,33 @@ static void plan_shadows(cg_graph *g) {
     free(other);
 }
 
-/* A linear's value can be stored in bf16 when every reader is a GELU that stores its own value in
- * bf16 (so it runs lp_unary_fwd / lp_unary_bwd, which read a bf16 input): GPT-2's and BERT's FC
- * pre-activation, which GELU's backward reads back. The bias must be contiguous (oneDNN adds it
- * in the product's output stage). */
+/* A linear's value can be stored in bf16 when every reader is an activation that reads it back from
+ * bf16: a GELU that stores its own value in bf16 (lp_unary_fwd / lp_unary_bwd), GPT-2's and BERT's
+ * FC pre-activation, or a SwiGLU that does (lp_swiglu_fwd / lp_swiglu_bwd, ops/elementwise.c),
+ * LLaMA's gate and up, the largest values its MLP keeps for backward (8 x 11.3 MB of llama-tiny's
+ * 276 MB bf16 peak as floats). torch's autocast stores them in bf16 too. The bias must be contiguous
+ * (oneDNN adds it in the product's output stage). CGRAD_BF16_PREACT_OFF=1 keeps them float. */
 static void plan_linear_outputs(cg_graph *g, const int *consumers) {
     if (getenv("CGRAD_BF16_PREACT_OFF")) return;
-    int *gelu_readers = calloc((size_t)g->n + 1, sizeof *gelu_readers);
-    if (!gelu_readers) return;
+    int *act_readers = calloc((size_t)g->n + 1, sizeof *act_readers);
+    if (!act_readers) return;
     for (int c = 0; c < g->n; c++) {
         const cg_tensor *t = g->nodes[c];
-        if ((t->op == CGI_OP_GELU || t->op == CGI_OP_GELU_TANH) && t->lp_value && t->src[0]->root == t->src[0] &&
-            t->src[0]->id >= 0)
-            gelu_readers[t->src[0]->id]++;
+        const bool gelu = t->op == CGI_OP_GELU || t->op == CGI_OP_GELU_TANH;
+        /* gate and up apart: one tensor as both would be read as two operands of one pass */
+        const bool swiglu = t->op == CGI_OP_SWIGLU && t->src[0]->root != t->src[1]->root;
+        if (!t->lp_value || !(gelu || swiglu)) continue;
+        for (int k = 0; k < (swiglu ? 2 : 1); k++)
+            if (t->src[k]->root == t->src[k] && t->src[k]->id >= 0) act_readers[t->src[k]->id]++;
     }
     for (int i = 0; i < g->n; i++) {
         cg_tensor *t = g->nodes[i];
         const cg_tensor *b = t->nsrc > 2 ? t->src[2] : NULL;
         if (t->op == CGI_OP_LINEAR && t->root == t && !t->kept && !t->retain && consumers[i] > 0 &&
-            gelu_readers[i] == consumers[i] && cgi_contiguous(t) && (!b || b->stride[0] == 1))
+            act_readers[i] == consumers[i] && cgi_contiguous(t) && (!b || b->stride[0] == 1))
             t->lp_value = true;
     }
-    free(gelu_readers);
+    free(act_readers);
 }
 
 /* A linear's value can be stored in bf16 when everything that reads it, through views (split,

@@ -443,19 +443,29 @@ cg_tensor *cg_swiglu(cg_graph *g, cg_tensor *gate, cg_tensor *up) {
     return cgi_node(g, CGI_OP_SWIGLU, CG_REAL, gate->ndim, gate->shape, 2, in);
 }
 
+/* bf16 graphs: gate and up are linear outputs stored in bf16 when this SwiGLU, storing its own value
+ * in bf16, is their only reader (plan_linear_outputs, ops/bf16_plan.c). Block b of one of them,
+ * widened into w, or the float value itself. */
+enum { LP_BLK = 256 };
+static const cg_real *lp_operand_block(const cg_tensor *x, int64_t i0, int64_t len, cg_real *w) {
+    if (!x->root->lp_value) return (const cg_real *)x->data + i0;
+    const cgi_bf16 *h = (const cgi_bf16 *)x->data + i0;
+    for (int64_t j = 0; j < len; j++) w[j] = cgi_from_bf16(h[j]);
+    return w;
+}
+
 /* SwiGLU's value read only by linears in a bf16 graph (t->lp_value, ops/bf16.c; all three
  * contiguous): the float products rounded to bf16 as they are made, the bits the linear's own
  * conversion gave, without the float value or its pass. Backward reads gate and up only. */
 static cg_status lp_swiglu_fwd(cg_tensor *t) {
-    enum { BLK = 256 };
     const int64_t n = cgi_numel(t->ndim, t->shape);
-    const cg_real *G = t->src[0]->data, *U = t->src[1]->data;
     cgi_bf16 *Y = t->data;
 #pragma omp parallel for schedule(static) if (n > CGI_PAR_MIN) num_threads(cgi_nthreads())
-    for (int64_t i0 = 0; i0 < n; i0 += BLK) {
-        const int64_t len = n - i0 < BLK ? n - i0 : BLK;
-        cg_real y[BLK];
-        for (int64_t j = 0; j < len; j++) y[j] = G[i0 + j] * fast_sigmoid(G[i0 + j]) * U[i0 + j];
+    for (int64_t i0 = 0; i0 < n; i0 += LP_BLK) {
+        const int64_t len = n - i0 < LP_BLK ? n - i0 : LP_BLK;
+        cg_real y[LP_BLK], gw[LP_BLK], uw[LP_BLK];
+        const cg_real *G = lp_operand_block(t->src[0], i0, len, gw), *U = lp_operand_block(t->src[1], i0, len, uw);
+        for (int64_t j = 0; j < len; j++) y[j] = G[j] * fast_sigmoid(G[j]) * U[j];
         cgi_lp_round(Y + i0, y, len, 1);
     }
     return CG_OK;
@@ -528,11 +538,41 @@ static void swiglu_both(int64_t lo, int64_t hi, void *ctx) {
     else swiglu_both_range(k, lo, hi, false, false);
 }
 
+/* Both gradients of a SwiGLU whose gate or up is stored in bf16 (lp_operand_block), over
+ * [lo, hi) in blocks: the gradients are swiglu_both_range's at the rounded operands. */
+typedef struct {
+    swiglu_both_args b;
+    const cg_tensor *ga, *up;
+} lp_swiglu_args;
+
+static void lp_swiglu_both(int64_t lo, int64_t hi, void *ctx) {
+    const lp_swiglu_args *k = ctx;
+    for (int64_t i0 = lo; i0 < hi; i0 += LP_BLK) {
+        const int64_t len = hi - i0 < LP_BLK ? hi - i0 : LP_BLK;
+        cg_real gw[LP_BLK], uw[LP_BLK], unused_g[LP_BLK], unused_u[LP_BLK]; /* a gradient not asked for */
+        swiglu_both_args b = {.gy = k->b.gy + i0, .g = lp_operand_block(k->ga, i0, len, gw),
+                              .u = lp_operand_block(k->up, i0, len, uw), .dg = k->b.dg ? k->b.dg + i0 : unused_g,
+                              .du = k->b.du ? k->b.du + i0 : unused_u, .assign_g = k->b.assign_g || !k->b.dg,
+                              .assign_u = k->b.assign_u || !k->b.du};
+        swiglu_both(0, len, &b);
+    }
+}
+
 /* Each input's gradient is assigned by its first writer (cgi_grad_begin; the graph does not zero it
  * first: LLaMA's gate and up are linear outputs, 2 x [T, intermediate] zeroed and read back per
  * block before), else added; aliased halves of one tensor add into storage zeroed once. */
 void cgi_bwd_swiglu(cg_tensor *t) {
     cg_tensor *ga = t->src[0], *up = t->src[1];
+    if (ga->root->lp_value || up->root->lp_value) { /* then gate and up are apart, all contiguous */
+        lp_swiglu_args k = {.b = {.dg = ga->requires_grad ? ga->grad : NULL, .du = up->requires_grad ? up->grad : NULL,
+                                  .gy = t->grad},
+                            .ga = ga, .up = up};
+        k.b.assign_g = ga->requires_grad && cgi_grad_begin(ga);
+        k.b.assign_u = up->requires_grad && cgi_grad_begin(up);
+        const int64_t n = cgi_numel(t->ndim, t->shape);
+        cgi_par_ranges(n, n, lp_swiglu_both, &k);
+        return;
+    }
     const bool alias = ga->requires_grad && up->requires_grad && cgi_grads_alias(ga, up);
     if (ga->requires_grad && up->requires_grad && !alias && cgi_contiguous(ga) && cgi_contiguous(up) &&
         cgi_contiguous(t)) {

@@ -231,11 +231,12 @@ static void test_activations(void) {
 
 /* SwiGLU read only by a linear (LLaMA's MLP: down(swiglu(gate x, up x))): its value is written in
  * bf16 (CGRAD_BF16_SWIGLU_OFF=1 keeps it float and the linear converts it, in forward and again
- * for dW), the same rounding of the same floats, so loss and gradients are the same bits. */
+ * for dW), the same rounding of the same floats, so loss and gradients are the same bits. Its
+ * inputs, gate and up, are stored in bf16 too (check_swiglu_preact). */
 typedef struct {
     float dx[AM * AK], dg[AH * AK], du[AH * AK], dd[AN * AH];
     float loss;
-    int swiglu_bf16;
+    int swiglu_bf16, lp_values;
 } swiglu_out;
 
 static void run_swiglu(const float *X, const float *WG, const float *WU, const float *WD, const float *R, swiglu_out *o) {
@@ -253,24 +254,106 @@ static void run_swiglu(const float *X, const float *WG, const float *WU, const f
     o->loss = (float)cg_item(loss);
     cg_read_grad(x, o->dx), cg_read_grad(wg, o->dg), cg_read_grad(wu, o->du), cg_read_grad(wd, o->dd);
     o->swiglu_bf16 = h->lp_value;
+    o->lp_values = 0;
+    for (int i = 0; i < g->n; i++) o->lp_values += g->nodes[i]->lp_value;
     cg_graph_free(g);
     cg_params_free(ps);
 }
 
+static inline double silu_ref(double x) { return x / (1 + exp(-x)); }
+
+/* Gate and up stored in bf16 (the linears write them once, rounded from their float sums; SwiGLU
+ * reads them back) against the same run with them float (CGRAD_BF16_PREACT_OFF), per element. With
+ * g and u the float values, |g~ - g| <= dg = U(1 + U)|g| + 2(AK + 1) 2^-24 sum|x~ wg~| (the sums may
+ * be made in another order), and du alike. Both runs share dh = R~ Wd~ (the down linear's dX). With
+ * |silu'| <= 1.1 and |silu''| <= 0.5:
+ *  - dgate = dh u silu'(g) moves by at most |dh| (1.1 du + 0.5 (|u| + du) dg), dup = dh silu(g) by
+ *    |dh| 1.1 dg, each plus 16 2^-24 of itself for its float formula;
+ *  - dX, dWg and dWu take them rounded to bf16, which may go the other way: each term moves by that
+ *    plus 2U(1 + U) of itself, times |Wg~|, |Wu~| or |X~|, plus two float sums;
+ *  - dWd = R~^T h, h = bf16(silu(g) u): each h moves by 1.1 dg (|u| + du) + |silu(g)| du + 2U(1 + U)|h|,
+ *    times |R~|, plus two float sums. Magnitudes from double references on the bf16-rounded operands. */
+static void check_swiglu_preact(const float *X, const float *WG, const float *WU, const float *WD, const float *R,
+                                const swiglu_out *on, const swiglu_out *off) {
+    static double ag[AM * AH], au[AM * AH], mg[AM * AH], mu[AM * AH], mh[AM * AH], hh[AM * AH];
+    static double bnd[AH * AK > AM * AK ? AH * AK : AM * AK];
+    const double r2 = 2 * U * (1 + U);
+    for (int i = 0; i < AM; i++)
+        for (int j = 0; j < AH; j++) {
+            double g = 0, u = 0, sg = 0, su = 0, t = 0;
+            for (int k = 0; k < AK; k++) {
+                const double x = bf(X[i * AK + k]), a = bf(WG[j * AK + k]), b = bf(WU[j * AK + k]);
+                g += x * a, u += x * b, sg += fabs(x * a), su += fabs(x * b);
+            }
+            for (int n = 0; n < AN; n++) t += (double)bf(R[i * AN + n]) * bf(WD[n * AH + j]);
+            const double eg = U * (1 + U) * fabs(g) + 2 * (AK + 1) * U32 * sg, eu = U * (1 + U) * fabs(u) + 2 * (AK + 1) * U32 * su;
+            const double s = 1 / (1 + exp(-g)), d1 = s * (1 + g * (1 - s));
+            const double vg = t * u * d1, vu = t * silu_ref(g); /* dgate, dup */
+            hh[i * AH + j] = silu_ref(g) * u;
+            ag[i * AH + j] = fabs(vg), au[i * AH + j] = fabs(vu);
+            mg[i * AH + j] = fabs(t) * (1.1 * eu + 0.5 * (fabs(u) + eu) * eg) + 16 * U32 * fabs(vg) + r2 * fabs(vg);
+            mu[i * AH + j] = fabs(t) * 1.1 * eg + 16 * U32 * fabs(vu) + r2 * fabs(vu);
+            mh[i * AH + j] = 1.1 * eg * (fabs(u) + eu) + fabs(silu_ref(g)) * eu + r2 * fabs(hh[i * AH + j]);
+        }
+    int bad = 0, differ = 0;
+    double worst = 0;
+    for (int i = 0; i < AM; i++) /* dX = dgate Wg~ + dup Wu~ */
+        for (int k = 0; k < AK; k++) {
+            double b = 0, m = 0;
+            for (int j = 0; j < AH; j++) {
+                const double wg = fabs(bf(WG[j * AK + k])), wu = fabs(bf(WU[j * AK + k]));
+                b += mg[i * AH + j] * wg + mu[i * AH + j] * wu, m += ag[i * AH + j] * wg + au[i * AH + j] * wu;
+            }
+            bnd[i * AK + k] = b + 4 * (AH + 1) * U32 * m * (1 + U);
+        }
+    within(on->dx, off->dx, bnd, AM * AK, &bad, &differ, &worst);
+    for (int w = 0; w < 2; w++) { /* dWg, dWu = (dgate, dup)^T X~ */
+        const double *mv = w ? mu : mg, *av = w ? au : ag;
+        for (int j = 0; j < AH; j++)
+            for (int k = 0; k < AK; k++) {
+                double b = 0, m = 0;
+                for (int i = 0; i < AM; i++) {
+                    const double x = fabs(bf(X[i * AK + k]));
+                    b += mv[i * AH + j] * x, m += av[i * AH + j] * x;
+                }
+                bnd[j * AK + k] = b + 2 * (AM + 1) * U32 * m * (1 + U);
+            }
+        within(w ? on->du : on->dg, w ? off->du : off->dg, bnd, AH * AK, &bad, &differ, &worst);
+    }
+    for (int n = 0; n < AN; n++) /* dWd = R~^T h */
+        for (int j = 0; j < AH; j++) {
+            double b = 0, m = 0;
+            for (int i = 0; i < AM; i++) {
+                const double r = fabs(bf(R[i * AN + n]));
+                b += mh[i * AH + j] * r, m += fabs(hh[i * AH + j]) * r;
+            }
+            bnd[n * AH + j] = b + 2 * (AM + 1) * U32 * m * (1 + U);
+        }
+    within(on->dd, off->dd, bnd, AN * AH, &bad, &differ, &worst);
+    CHECK(bad == 0, "swiglu: %d gradient elements with gate and up in bf16 outside the bound (worst %.2f of it)", bad, worst);
+    CHECK(differ > 50, "swiglu: only %d gradient elements changed: gate and up were not rounded", differ);
+}
+
 static void test_swiglu_value(void) {
     static float X[AM * AK], WG[AH * AK], WU[AH * AK], WD[AN * AH], R[AM * AN];
-    static swiglu_out on, off;
+    static swiglu_out on, off, pre;
     cg_rng rng;
     cg_rng_seed(&rng, 8);
     fill(X, AM * AK, &rng, 1), fill(WG, AH * AK, &rng, 0.3), fill(WU, AH * AK, &rng, 0.3), fill(WD, AN * AH, &rng, 0.3);
     fill(R, AM * AN, &rng, 1);
+    run_swiglu(X, WG, WU, WD, R, &pre); /* gate, up and SwiGLU's value in bf16 */
+    setenv("CGRAD_BF16_PREACT_OFF", "1", 1); /* gate and up float: SwiGLU's own value alone */
     run_swiglu(X, WG, WU, WD, R, &on);
     setenv("CGRAD_BF16_SWIGLU_OFF", "1", 1);
     run_swiglu(X, WG, WU, WD, R, &off);
     unsetenv("CGRAD_BF16_SWIGLU_OFF");
+    unsetenv("CGRAD_BF16_PREACT_OFF");
     CHECK(on.swiglu_bf16 && !off.swiglu_bf16, "swiglu stored in bf16: %d, with it off %d", on.swiglu_bf16, off.swiglu_bf16);
     CHECK(!memcmp(&on, &off, offsetof(swiglu_out, swiglu_bf16)), "swiglu in bf16 changed the loss or gradients (%.9g, %.9g)",
           on.loss, off.loss);
+    CHECK(pre.lp_values == 3 && on.lp_values == 1, "%d values in bf16 with gate and up (expected 3), %d without (1)",
+          pre.lp_values, on.lp_values);
+    check_swiglu_preact(X, WG, WU, WD, R, &pre, &on);
 }
 
 /* Out of memory for a weight's bf16 copy: a linear whose input exists only in bf16 (a ReLU's value
