@@ -56,7 +56,7 @@ static void plan_shadows(cg_graph *g) {
 
 /* A linear's value can be stored in bf16 when every reader is an activation that reads it back from
  * bf16: a GELU that stores its own value in bf16 (lp_unary_fwd / lp_unary_bwd), GPT-2's and BERT's
- * FC pre-activation, or a SwiGLU that does (lp_swiglu_fwd / lp_swiglu_bwd, ops/elementwise.c),
+ * FC pre-activation, or a SwiGLU that does (lp_swiglu_fwd / lp_swiglu_both, ops/elementwise.c),
  * LLaMA's gate and up, the largest values its MLP keeps for backward (8 x 11.3 MB of llama-tiny's
  * 276 MB bf16 peak as floats). torch's autocast stores them in bf16 too. The bias must be contiguous
  * (oneDNN adds it in the product's output stage). CGRAD_BF16_PREACT_OFF=1 keeps them float. */

@@ -444,8 +444,8 @@ cg_tensor *cg_swiglu(cg_graph *g, cg_tensor *gate, cg_tensor *up) {
 }
 
 /* bf16 graphs: gate and up are linear outputs stored in bf16 when this SwiGLU, storing its own value
- * in bf16, is their only reader (plan_linear_outputs, ops/bf16_plan.c). Block b of one of them,
- * widened into w, or the float value itself. */
+ * in bf16, is their only reader (plan_linear_outputs, ops/bf16_plan.c). Elements [i0, i0 + len) of
+ * one of them, widened into w, or read in place where it is float. */
 enum { LP_BLK = 256 };
 static const cg_real *lp_operand_block(const cg_tensor *x, int64_t i0, int64_t len, cg_real *w) {
     if (!x->root->lp_value) return (const cg_real *)x->data + i0;
