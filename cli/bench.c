@@ -401,13 +401,13 @@ static int train_child(const void *arg, int threads, double sgemm) {
     t_build = now_s() - t_build;
 
     const int total = opts.warmup + opts.steps;
-    double *times = malloc((size_t)(opts.steps > 0 ? opts.steps : 1) * sizeof *times);
-    double *cpu = malloc((size_t)(opts.steps > 0 ? opts.steps : 1) * sizeof *cpu);
-    double *refs = malloc((size_t)(opts.steps > 0 ? opts.steps : 1) * sizeof *refs);
-    double *blis_refs = malloc((size_t)(opts.steps > 0 ? opts.steps : 1) * sizeof *blis_refs);
-    double *ref_times = malloc((size_t)(opts.steps > 0 ? opts.steps : 1) * sizeof *ref_times); /* the step each follows */
-    double *fr = malloc((size_t)(opts.steps > 0 ? 2 * opts.steps : 1) * sizeof *fr); /* paired fractions, sgemm's and BLIS's */
-    if (!times || !cpu || !refs || !blis_refs || !ref_times || !fr) return fail(c->name, threads, "out of memory");
+    /* the per-step arrays in one block: step times, CPU times, the references after them (cgrad's
+     * and BLIS's), the step each follows, and the paired fractions (sgemm's, then BLIS's) */
+    const size_t per_step = (size_t)(opts.steps > 0 ? opts.steps : 1);
+    double *times = malloc(7 * per_step * sizeof *times);
+    if (!times) return fail(c->name, threads, "out of memory");
+    double *cpu = times + per_step, *refs = cpu + per_step, *blis_refs = refs + per_step,
+           *ref_times = blis_refs + per_step, *fr = ref_times + per_step;
     double first_loss = NAN, last_loss = NAN, rss = 0;
     int nrefs = 0;
     sgemm_ref ref = {0};
@@ -457,14 +457,13 @@ static int train_child(const void *arg, int threads, double sgemm) {
     int64_t n_matmul;
     const double flops = step_flops(c, ps, d, attn, labelled_rows(&mg), &n_matmul);
     /* before the medians sort refs (a run without warm-ups times its first step before any reference) */
-    double *blis_fr = fr + nrefs;
     const double frac_paired = nrefs ? paired_fraction(flops, ref_times, refs, nrefs, fr) : NAN,
-                 blis_frac = nrefs ? paired_fraction(flops, ref_times, blis_refs, nrefs, blis_fr) : NAN;
+                 blis_frac = nrefs ? paired_fraction(flops, ref_times, blis_refs, nrefs, fr + nrefs) : NAN;
     if (nrefs) sgemm = median(refs, nrefs);
     const double blis_sgemm = nrefs ? median(blis_refs, nrefs) : NAN;
     double med = median(times, opts.steps), med_cpu = median(cpu, opts.steps);
     double tokens = (double)(c->batch * c->t), gflops = flops / med / 1e9;
-    const double frac = nrefs ? frac_paired : gflops / sgemm;
+    const double frac = nrefs ? frac_paired : gflops / sgemm; /* without references: against the best of 3 before */
     printf("%-12s batch %lld x %lld%s, %.2fM params (%.2fM in matmuls), graph %d nodes / %.0f MB (plan %.0f MB%s), "
            "build %.2f s\n",
            c->name, (long long)c->batch, (long long)c->t, c->arch == CG_ARCH_ENCDEC ? " (+ source 64)" : "",
@@ -507,11 +506,6 @@ static int train_child(const void *arg, int threads, double sgemm) {
     printf("\"peak_rss_mb\":%.1f, \"plan_mb\":%.1f, \"cpu_ms_per_step\":%.3f, \"runs_one_thread\":%lld}\n", rss,
            (double)cg_graph_plan_bytes(g) / 1048576.0, med_cpu * 1e3, runs_one);
     free(times);
-    free(cpu);
-    free(fr);
-    free(ref_times);
-    free(refs);
-    free(blis_refs);
     cg_optim_free(opt);
     cg_graph_free(g);
     cg_model_free(m);

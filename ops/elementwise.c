@@ -316,24 +316,30 @@ UNARY(relu, RELU, x > 0 ? x : 0, y > 0 ? dy : 0) /* from y, so the input can be 
 UNARY(gelu, GELU, gelu_erf_value(x), dy * gelu_grad(x, y))
 UNARY(gelu_tanh, GELU_TANH, gelu_tanh_value(x), dy * gelu_tanh_grad(x, y))
 
+/* Elements [i0, i0 + len) of x, a value that may be stored in bf16 (a linear's output that only
+ * activations read: a GELU's pre-activation, SwiGLU's gate and up; plan_linear_outputs,
+ * ops/bf16_plan.c), widened into w, or read in place where it is float. */
+enum { LP_BLK = 256 };
+static const cg_real *lp_operand_block(const cg_tensor *x, int64_t i0, int64_t len, cg_real *w) {
+    if (!x->root->lp_value) return (const cg_real *)x->data + i0;
+    const cgi_bf16 *h = (const cgi_bf16 *)x->data + i0;
+    for (int64_t j = 0; j < len; j++) w[j] = cgi_from_bf16(h[j]);
+    return w;
+}
+
 /* A GELU or ReLU value read only by linears in a bf16 graph (t->lp_value, ops/bf16.c; x and t
  * contiguous) is written in bf16: half the memory, and the linear reads it without converting.
  * GELU's backward recomputes y = f(x) in float, so its gradient is fp32's bit for bit. ReLU's reads
  * the sign of its bf16 output; a positive y too small for bf16 is stored as the smallest bf16
  * denormal rather than 0, so bf16(y) > 0 exactly when y > 0. */
 static cg_status lp_unary_fwd(cg_tensor *t) {
-    enum { BLK = 256 };
     const int64_t n = cgi_numel(t->ndim, t->shape), op = t->op;
-    const cg_real *X = t->src[0]->data;
-    const cgi_bf16 *XB = t->src[0]->root->lp_value ? t->src[0]->data : NULL; /* a bf16 pre-activation */
     cgi_bf16 *Y = t->data;
 #pragma omp parallel for schedule(static) if (n > CGI_PAR_MIN) num_threads(cgi_nthreads())
-    for (int64_t i0 = 0; i0 < n; i0 += BLK) {
-        const int64_t len = n - i0 < BLK ? n - i0 : BLK;
-        cg_real y[BLK], xw[BLK];
-        if (XB)
-            for (int64_t j = 0; j < len; j++) xw[j] = cgi_from_bf16(XB[i0 + j]);
-        const cg_real *x = XB ? xw : X + i0;
+    for (int64_t i0 = 0; i0 < n; i0 += LP_BLK) {
+        const int64_t len = n - i0 < LP_BLK ? n - i0 : LP_BLK;
+        cg_real y[LP_BLK], xw[LP_BLK];
+        const cg_real *x = lp_operand_block(t->src[0], i0, len, xw);
         if (op == CGI_OP_GELU)
             for (int64_t j = 0; j < len; j++) y[j] = gelu_f(x[j], 0, 0);
         else if (op == CGI_OP_GELU_TANH)
@@ -441,17 +447,6 @@ cg_tensor *cg_swiglu(cg_graph *g, cg_tensor *gate, cg_tensor *up) {
         return NULL;
     }
     return cgi_node(g, CGI_OP_SWIGLU, CG_REAL, gate->ndim, gate->shape, 2, in);
-}
-
-/* bf16 graphs: gate and up are linear outputs stored in bf16 when this SwiGLU, storing its own value
- * in bf16, is their only reader (plan_linear_outputs, ops/bf16_plan.c). Elements [i0, i0 + len) of
- * one of them, widened into w, or read in place where it is float. */
-enum { LP_BLK = 256 };
-static const cg_real *lp_operand_block(const cg_tensor *x, int64_t i0, int64_t len, cg_real *w) {
-    if (!x->root->lp_value) return (const cg_real *)x->data + i0;
-    const cgi_bf16 *h = (const cgi_bf16 *)x->data + i0;
-    for (int64_t j = 0; j < len; j++) w[j] = cgi_from_bf16(h[j]);
-    return w;
 }
 
 /* SwiGLU's value read only by linears in a bf16 graph (t->lp_value, ops/bf16.c; all three
